@@ -1,0 +1,147 @@
+/**
+ * Errors callers catch. Bad arguments throw the built-in `TypeError` or
+ * `RangeError` instead, naming the field (the convention of Deno's std).
+ *
+ * @module
+ */
+
+/**
+ * An error reported by the SQLite engine, carrying its result code
+ * (https://sqlite.org/rescode.html).
+ *
+ * @example Usage
+ * ```ts
+ * import { SqliteError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const error = new SqliteError("disk I/O error", 10);
+ * assert.equal(error.primaryCode, 10);
+ * ```
+ */
+export class SqliteError extends Error {
+  /** The extended result code, e.g. `2067` for `SQLITE_CONSTRAINT_UNIQUE`. */
+  readonly code: number;
+
+  /**
+   * @param message What the engine said.
+   * @param code The extended result code.
+   * @param options `cause`: the engine's own error object.
+   */
+  constructor(message: string, code: number, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "SqliteError";
+    this.code = code;
+  }
+
+  /** The primary result code: the low 8 bits of {@linkcode SqliteError.code}. */
+  get primaryCode(): number {
+    return this.code & 0xff;
+  }
+}
+
+/**
+ * The database stayed locked by another connection for longer than
+ * `busyTimeoutMs` (`SQLITE_BUSY`, result code 5). The operation changed
+ * nothing; calling it again later is safe.
+ *
+ * @example Usage
+ * ```ts
+ * import { BusyError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * assert.equal(new BusyError("database is locked").code, 5);
+ * ```
+ */
+export class BusyError extends SqliteError {
+  /**
+   * @param message What went wrong.
+   * @param code The extended result code (default `5`, `SQLITE_BUSY`).
+   * @param options `cause`: the last engine error seen.
+   */
+  constructor(message: string, code = 5, options?: ErrorOptions) {
+    super(message, code, options);
+    this.name = "BusyError";
+  }
+}
+
+/**
+ * A constraint failed (`SQLITE_CONSTRAINT`, result code 19), e.g. a `UNIQUE`
+ * or `CHECK` in the caller's own SQL inside a transaction.
+ *
+ * @example Usage
+ * ```ts
+ * import { ConstraintError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * assert.equal(new ConstraintError("UNIQUE constraint failed", 2067).primaryCode, 19);
+ * ```
+ */
+export class ConstraintError extends SqliteError {
+  /**
+   * @param message What the engine said.
+   * @param code The extended result code.
+   * @param options `cause`: the engine's own error object.
+   */
+  constructor(message: string, code: number, options?: ErrorOptions) {
+    super(message, code, options);
+    this.name = "ConstraintError";
+  }
+}
+
+/**
+ * A fenced acknowledgement inside {@linkcode Outbox.transaction} found the
+ * lease no longer current (another worker claimed the event, or it was
+ * acknowledged already); the whole transaction was rolled back.
+ *
+ * @example Usage
+ * ```ts
+ * import { LeaseLostError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const error = new LeaseLostError(41, 2);
+ * assert.equal(error.eventId, 41);
+ * assert.equal(error.fence, 2);
+ * ```
+ */
+export class LeaseLostError extends Error {
+  /** The event whose lease was lost. */
+  readonly eventId: number;
+  /** The fence of the lost lease. */
+  readonly fence: number;
+
+  /**
+   * @param eventId The event whose lease was lost.
+   * @param fence The fence of the lost lease.
+   */
+  constructor(eventId: number, fence: number) {
+    super(`Lease on event ${eventId} (fence ${fence}) is no longer current`);
+    this.name = "LeaseLostError";
+    this.eventId = eventId;
+    this.fence = fence;
+  }
+}
+
+/**
+ * Maps a SQLite result code to the typed error for it.
+ *
+ * @param message What the engine said.
+ * @param code The extended result code.
+ * @param cause The engine's own error object.
+ * @returns A {@linkcode BusyError}, {@linkcode ConstraintError} or {@linkcode SqliteError}.
+ */
+export function sqliteError(
+  message: string,
+  code: number,
+  cause?: unknown,
+): SqliteError {
+  const options = cause === undefined ? undefined : { cause };
+  switch (code & 0xff) {
+    case 5: // SQLITE_BUSY
+    case 6: // SQLITE_LOCKED
+      return new BusyError(message, code, options);
+    case 19:
+      return new ConstraintError(message, code, options);
+    default:
+      return new SqliteError(message, code, options);
+  }
+}
