@@ -1,0 +1,1316 @@
+/**
+ * The runtime-neutral lease core: every claim, acknowledge, renew and release
+ * statement lives here, sent through a {@linkcode Driver}. Uses only web
+ * standard APIs (`crypto.getRandomValues`, `performance.now`, `setTimeout`),
+ * so it runs unchanged in Deno, browsers and edge runtimes.
+ *
+ * Semantics follow the contract in DESIGN.md §2, which generalises the seed
+ * scenario (claim under `BEGIN IMMEDIATE`, acknowledge by id *and* token) with
+ * SQS's visibility timeout, receive count and dead-letter queue.
+ *
+ * @module
+ */
+import type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
+import { BusyError, LeaseLostError } from "./errors.ts";
+import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
+
+/** Milliseconds since the Unix epoch, from an injected clock. */
+export type Clock = () => number;
+
+/** The longest accepted `leaseMs` or `delayMs`: 365 days in milliseconds. */
+export const MAX_DURATION_MS = 31_536_000_000;
+/** The largest accepted `maxAttempts`. */
+export const MAX_ATTEMPTS = 1_000_000;
+/** The largest accepted `max` of a batch claim. */
+export const MAX_BATCH = 10_000;
+/** The largest accepted `maxPayloadBytes`, below SQLite's `SQLITE_MAX_LENGTH`. */
+export const MAX_PAYLOAD_BYTES = 512 * 1024 * 1024;
+
+/** Options fixed when an {@linkcode Outbox} is opened. */
+export interface OutboxOptions {
+  /**
+   * The clock leases are judged by, in epoch milliseconds. Every worker
+   * sharing a database must agree on it.
+   *
+   * @default {Date.now}
+   */
+  readonly now?: Clock;
+  /** Queue used when a call names none. @default {"default"} */
+  readonly queue?: string;
+  /** Lease length when a claim names none, in milliseconds. @default {30000} */
+  readonly leaseMs?: number;
+  /** Attempts per event before it becomes a dead letter. @default {5} */
+  readonly maxAttempts?: number;
+  /**
+   * How long a call waits for the database write lock before it throws
+   * {@linkcode BusyError}, in milliseconds. `0` tries once.
+   *
+   * @default {5000}
+   */
+  readonly busyTimeoutMs?: number;
+  /** Largest payload accepted, in bytes (JSON text as UTF-8). @default {1048576} */
+  readonly maxPayloadBytes?: number;
+}
+
+/** Options of {@linkcode Outbox.enqueue}. */
+export interface EnqueueOptions {
+  /** Queue to add the event to. @default {OutboxOptions.queue} */
+  readonly queue?: string;
+  /** Delay before the event can be claimed, in milliseconds. @default {0} */
+  readonly delayMs?: number;
+  /** Attempts before the event becomes a dead letter. @default {OutboxOptions.maxAttempts} */
+  readonly maxAttempts?: number;
+  /**
+   * Idempotency key, unique per queue and kept after the event is done: a
+   * second enqueue with it returns the first event's id with
+   * `deduplicated: true` and inserts nothing.
+   */
+  readonly dedupKey?: string;
+  /**
+   * Per-key FIFO: the event is not claimable while an earlier event of the
+   * same queue with the same key is pending or leased.
+   */
+  readonly orderingKey?: string;
+}
+
+/** What {@linkcode Outbox.enqueue} reports. */
+export interface EnqueueResult {
+  /** The event's id (the original one when deduplicated). */
+  readonly eventId: number;
+  /** `true` when `dedupKey` matched an existing event and nothing was inserted. */
+  readonly deduplicated: boolean;
+}
+
+/** Options of {@linkcode Outbox.claim}. */
+export interface ClaimOptions {
+  /** Queue to claim from. @default {OutboxOptions.queue} */
+  readonly queue?: string;
+  /** Lease length, in milliseconds. @default {OutboxOptions.leaseMs} */
+  readonly leaseMs?: number;
+  /**
+   * The claim token, 1–128 characters of `A-Z a-z 0-9 . _ ~ -`. Minted with
+   * 128 bits of randomness when absent; a token this event was claimed with
+   * before is rejected, since reuse would let a stale worker act again.
+   */
+  readonly token?: string;
+}
+
+/** Options of a batch {@linkcode Outbox.claim}. */
+export interface BatchClaimOptions extends Omit<ClaimOptions, "token"> {
+  /** Most events to claim in one transaction, 1–10000. */
+  readonly max: number;
+}
+
+/** A claim on one event: who holds it (token, fence) and until when. */
+export interface Lease<P = unknown> {
+  /** The event's id. */
+  readonly eventId: number;
+  /** The queue the event is in. */
+  readonly queue: string;
+  /** The claim token that acknowledge, renew and release must present. */
+  readonly token: string;
+  /**
+   * The event's claim number, strictly increasing per event: recipients
+   * dedupe external effects on `${eventId}:${fence}`.
+   */
+  readonly fence: number;
+  /** Attempt number of this claim, from 1. */
+  readonly attempt: number;
+  /** Attempts allowed before the event becomes a dead letter. */
+  readonly maxAttempts: number;
+  /** Deadline in epoch milliseconds: the lease is live while `now < leaseUntil`. */
+  readonly leaseUntil: number;
+  /** The payload as enqueued (JSON value, or `Uint8Array`). */
+  readonly payload: P;
+  /** The ordering key, or `null`. */
+  readonly orderingKey: string | null;
+  /** The error recorded by the previous release or expiry, or `null`. */
+  readonly lastError: string | null;
+}
+
+/** Options of {@linkcode Outbox.release}. */
+export interface ReleaseOptions {
+  /** Delay before the event can be claimed again, in milliseconds. @default {0} */
+  readonly delayMs?: number;
+  /** Why the attempt failed, kept as the event's last error. */
+  readonly error?: string;
+}
+
+/** A dead letter: an event whose attempts ran out. */
+export interface DeadLetter<P = unknown> {
+  /** The event's id. */
+  readonly eventId: number;
+  /** The queue the event is in. */
+  readonly queue: string;
+  /** The payload as enqueued. */
+  readonly payload: P;
+  /** Attempts made. */
+  readonly attempts: number;
+  /** The last error (`"lease expired"` when the last worker never came back). */
+  readonly lastError: string | null;
+  /** When the event was enqueued, epoch milliseconds. */
+  readonly createdAt: number;
+  /** When it became a dead letter, epoch milliseconds. */
+  readonly deadAt: number;
+}
+
+/** Counts per state of one queue, from {@linkcode Outbox.stats}. */
+export interface Stats {
+  /** Events waiting to be claimed (due or delayed). */
+  readonly pending: number;
+  /** Events under a lease, live or lapsed. */
+  readonly leased: number;
+  /** Acknowledged events not yet purged. */
+  readonly done: number;
+  /** Dead letters. */
+  readonly dead: number;
+  /** Age of the oldest pending event in milliseconds, `0` when none. */
+  readonly oldestPendingAgeMs: number;
+}
+
+/** The state of an event. */
+export type EventState = "pending" | "leased" | "done" | "dead";
+
+/** One row of the attempt ledger, from {@linkcode Outbox.explain}. */
+export interface LedgerEntry {
+  /** What happened. */
+  readonly kind:
+    | "claimed"
+    | "renewed"
+    | "released"
+    | "acknowledged"
+    | "stale_acknowledge"
+    | "stale_renew"
+    | "stale_release"
+    | "expired"
+    | "dead"
+    | "retried";
+  /** The fence the entry concerns. */
+  readonly fence: number;
+  /** When it happened, epoch milliseconds. */
+  readonly at: number;
+  /** The token presented or minted, or `null`. */
+  readonly token: string | null;
+  /** The lease deadline after the entry, or `null`. */
+  readonly leaseUntil: number | null;
+  /** Error text or reason, or `null`. */
+  readonly detail: string | null;
+}
+
+/** One event and its history, from {@linkcode Outbox.explain}. */
+export interface Explanation {
+  /** The event's id. */
+  readonly eventId: number;
+  /** The queue it is in. */
+  readonly queue: string;
+  /** Its state now. */
+  readonly state: EventState;
+  /** Attempts made since it was enqueued or retried. */
+  readonly attempt: number;
+  /** Attempts allowed. */
+  readonly maxAttempts: number;
+  /** Its latest fence (0 before the first claim). */
+  readonly fence: number;
+  /** Its last error, or `null`. */
+  readonly lastError: string | null;
+  /** Every ledger entry, oldest first. */
+  readonly history: readonly LedgerEntry[];
+}
+
+/**
+ * A transaction of {@linkcode Outbox.transaction}: the caller's statements,
+ * enqueues and fenced acknowledgements commit together or not at all.
+ */
+export interface Transaction {
+  /** Runs one of the caller's statements inside the transaction. */
+  run(sql: string, params?: readonly SqlValue[]): Promise<RunResult>;
+  /** Runs one of the caller's queries inside the transaction. */
+  query(sql: string, params?: readonly SqlValue[]): Promise<Row[]>;
+  /** Enqueues an event that commits with the caller's rows. */
+  enqueue(payload: unknown, options?: EnqueueOptions): Promise<EnqueueResult>;
+  /**
+   * Acknowledges a lease in this transaction.
+   *
+   * @throws {LeaseLostError} When the lease is stale; the whole transaction
+   * then rolls back.
+   */
+  acknowledge(lease: Lease<unknown>): Promise<true>;
+}
+
+const TOKEN = /^[A-Za-z0-9._~-]{1,128}$/;
+const MAX_NAME_LENGTH = 1024;
+const MAX_ERROR_LENGTH = 65_536;
+const LEASE_EXPIRED = "lease expired";
+const encoder = new TextEncoder();
+const mutexes = new WeakMap<Driver, Mutex>();
+
+const EVENT_COLUMNS =
+  "id, queue, state, payload, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
+
+const SQL = {
+  begin: "BEGIN IMMEDIATE",
+  commit: "COMMIT",
+  rollback: "ROLLBACK",
+  userVersion: "PRAGMA user_version",
+  insert: `INSERT INTO outbox_events
+    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at)
+    VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`,
+  byDedupKey: "SELECT id FROM outbox_events WHERE queue = ? AND dedup_key = ?",
+  // The exhausted leases among the lapsed ones become dead letters (SQS moves
+  // a message to its dead-letter queue when its receive count runs out).
+  expireExhausted: `UPDATE outbox_events
+    SET state = 'dead', lease_until = NULL, token = NULL,
+      last_error = '${LEASE_EXPIRED}', updated_at = ?1, done_at = ?1
+    WHERE state = 'leased' AND due_at <= ?1 AND attempt >= max_attempts
+    RETURNING id, fence`,
+  candidates: `SELECT id, state, fence FROM outbox_events AS e
+    WHERE queue = ?1 AND state IN ('pending', 'leased') AND due_at <= ?2
+      AND attempt < max_attempts
+      AND (ordering_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM outbox_events AS p
+        WHERE p.queue = e.queue AND p.ordering_key = e.ordering_key
+          AND p.id < e.id AND p.state IN ('pending', 'leased')))
+    ORDER BY due_at, id LIMIT ?3`,
+  tokenUsed:
+    "SELECT 1 FROM outbox_attempts WHERE event_id = ? AND kind = 'claimed' AND token = ?",
+  claim: `UPDATE outbox_events
+    SET state = 'leased', token = ?1, fence = fence + 1, attempt = attempt + 1,
+      lease_until = ?2, due_at = ?2, updated_at = ?3,
+      last_error = CASE state WHEN 'leased' THEN '${LEASE_EXPIRED}' ELSE last_error END
+    WHERE id = ?4
+    RETURNING ${EVENT_COLUMNS}`,
+  ledger:
+    `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
+    VALUES (?, ?, ?, ?, ?, ?, ?)`,
+  // A lapsed lease with no attempts left is a dead letter even before a claim
+  // sweeps it, so acknowledge/renew/release agree whether or not one has.
+  acknowledge: `UPDATE outbox_events
+    SET state = 'done', lease_until = NULL, updated_at = ?1, done_at = ?1
+    WHERE id = ?2 AND token = ?3 AND state = 'leased'
+      AND NOT (due_at <= ?1 AND attempt >= max_attempts)`,
+  renew: `UPDATE outbox_events
+    SET lease_until = max(lease_until, ?1), due_at = max(lease_until, ?1), updated_at = ?2
+    WHERE id = ?3 AND token = ?4 AND state = 'leased' AND lease_until > ?2
+    RETURNING lease_until`,
+  release: `UPDATE outbox_events
+    SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'pending' END,
+      done_at = CASE WHEN attempt >= max_attempts THEN ?1 END,
+      token = NULL, lease_until = NULL, due_at = ?2, updated_at = ?1,
+      last_error = coalesce(?3, last_error)
+    WHERE id = ?4 AND token = ?5 AND state = 'leased'
+      AND NOT (due_at <= ?1 AND attempt >= max_attempts)
+    RETURNING state`,
+  fenceOf: "SELECT fence FROM outbox_events WHERE id = ?",
+  deadLetters:
+    `SELECT id, queue, payload, attempt, last_error, created_at, done_at
+    FROM outbox_events WHERE state = 'dead' AND queue = ? ORDER BY id LIMIT ?`,
+  retry: `UPDATE outbox_events
+    SET state = 'pending', attempt = 0, due_at = ?1, updated_at = ?1, done_at = NULL
+    WHERE id = ?2 AND state = 'dead'
+    RETURNING fence`,
+  purgeLedger: `DELETE FROM outbox_attempts WHERE event_id IN (
+    SELECT id FROM outbox_events WHERE state = 'done' AND done_at < ?)`,
+  purge: "DELETE FROM outbox_events WHERE state = 'done' AND done_at < ?",
+  stats: `SELECT state, count(*) AS n, min(created_at) AS oldest
+    FROM outbox_events WHERE queue = ? GROUP BY state`,
+  event: `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE id = ?`,
+  history: `SELECT kind, fence, at, token, lease_until, detail
+    FROM outbox_attempts WHERE event_id = ? ORDER BY id`,
+} as const;
+
+/**
+ * A transactional outbox with leases on one SQLite connection.
+ *
+ * Open it with {@linkcode Outbox.open}, which applies the schema once. Calls
+ * on one outbox are serialized by an async mutex, so they never interleave
+ * inside each other's transactions; use one outbox per connection.
+ *
+ * @typeParam P The payload type callers enqueue and claims return.
+ *
+ * @example Enqueue, claim, acknowledge
+ * ```ts
+ * import { Outbox } from "@leased/outbox";
+ * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+ * import assert from "node:assert/strict";
+ *
+ * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+ * const { eventId } = await outbox.enqueue({ to: "ada@example.com" });
+ * const lease = await outbox.claim({ leaseMs: 30_000 });
+ * assert.equal(lease?.eventId, eventId);
+ * assert.equal(lease?.fence, 1);
+ * assert.equal(await outbox.acknowledge(lease!), true);
+ * assert.equal(await outbox.claim(), null);
+ * ```
+ */
+export class Outbox<P = unknown> implements AsyncDisposable {
+  readonly #driver: Driver;
+  readonly #mutex: Mutex;
+  readonly #now: Clock;
+  readonly #queue: string;
+  readonly #leaseMs: number;
+  readonly #maxAttempts: number;
+  readonly #busyTimeoutMs: number;
+  readonly #maxPayloadBytes: number;
+
+  private constructor(driver: Driver, options: OutboxOptions) {
+    const op = "open outbox";
+    this.#driver = driver;
+    this.#now = options.now ?? Date.now;
+    if (typeof this.#now !== "function") {
+      throw new TypeError(
+        `Cannot ${op} as 'now' must be a function: current value is ${
+          describe(this.#now)
+        }`,
+      );
+    }
+    this.#queue = checkName(op, "queue", options.queue ?? "default");
+    this.#leaseMs =
+      checkInteger(op, "leaseMs", options.leaseMs, 1, MAX_DURATION_MS) ??
+        30_000;
+    this.#maxAttempts =
+      checkInteger(op, "maxAttempts", options.maxAttempts, 1, MAX_ATTEMPTS) ??
+        5;
+    this.#busyTimeoutMs = checkInteger(
+      op,
+      "busyTimeoutMs",
+      options.busyTimeoutMs,
+      0,
+      MAX_DURATION_MS,
+    ) ?? 5_000;
+    this.#maxPayloadBytes = checkInteger(
+      op,
+      "maxPayloadBytes",
+      options.maxPayloadBytes,
+      1,
+      MAX_PAYLOAD_BYTES,
+    ) ?? 1_048_576;
+    let mutex = mutexes.get(driver);
+    if (mutex === undefined) mutexes.set(driver, mutex = new Mutex());
+    this.#mutex = mutex;
+  }
+
+  /**
+   * Opens an outbox on a connection, creating the schema (`schema.sql`) when
+   * the database has none and checking its version otherwise.
+   *
+   * @param driver The connection; the outbox owns it and closes it.
+   * @param options See {@linkcode OutboxOptions}.
+   * @returns The opened outbox.
+   * @throws {TypeError | RangeError} When an option is invalid, naming it.
+   * @throws {Error} When the database has a newer schema version.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  static async open<P = unknown>(
+    driver: Driver,
+    options: OutboxOptions = {},
+  ): Promise<Outbox<P>> {
+    if (driver === null || typeof driver !== "object") {
+      throw new TypeError(
+        `Cannot open outbox as 'driver' must be a Driver: current value is ${
+          describe(driver)
+        }`,
+      );
+    }
+    const outbox = new Outbox<P>(driver, options);
+    await outbox.#write("open outbox", async () => {
+      const [row] = await driver.query(SQL.userVersion);
+      const version = Number(row?.["user_version"] ?? 0);
+      if (version === 0) await driver.exec(SCHEMA_SQL);
+      else if (version > SCHEMA_VERSION) {
+        throw new Error(
+          `Cannot open outbox as the database has schema version ${version}, newer than ${SCHEMA_VERSION}`,
+        );
+      }
+    });
+    return outbox;
+  }
+
+  /**
+   * Adds a pending event. To commit it with business rows, use
+   * {@linkcode Transaction.enqueue} inside {@linkcode Outbox.transaction}.
+   *
+   * @param payload A JSON-serializable value, or a `Uint8Array` stored as is.
+   * @param options See {@linkcode EnqueueOptions}.
+   * @returns The event id, and whether `dedupKey` matched an earlier event.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  enqueue(payload: P, options: EnqueueOptions = {}): Promise<EnqueueResult> {
+    const insert = this.#prepareEnqueue("enqueue", payload, options);
+    return this.#write("enqueue", (now) => this.#enqueue(insert, now));
+  }
+
+  /**
+   * Claims the oldest eligible event of a queue under a new lease: pending
+   * and due, or its previous lease lapsed (`now >= leaseUntil`), with
+   * attempts left and no earlier unfinished event of its ordering key. Runs
+   * in one `BEGIN IMMEDIATE` transaction; lapsed leases with no attempts left
+   * become dead letters on the way.
+   *
+   * @param options See {@linkcode ClaimOptions}; with `max`, claims a batch.
+   * @returns The lease, or `null` when nothing is eligible (with `max`: the
+   * leases, possibly none).
+   * @throws {TypeError | RangeError} When an argument is invalid (before any
+   * SQL), or when a supplied `token` was used on the event before.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  claim(options?: ClaimOptions): Promise<Lease<P> | null>;
+  claim(options: BatchClaimOptions): Promise<Lease<P>[]>;
+  claim(
+    options: ClaimOptions | BatchClaimOptions = {},
+  ): Promise<Lease<P> | null | Lease<P>[]> {
+    const op = "claim";
+    checkOptions(op, options);
+    const queue = options.queue === undefined
+      ? this.#queue
+      : checkName(op, "queue", options.queue);
+    const leaseMs =
+      checkInteger(op, "leaseMs", options.leaseMs, 1, MAX_DURATION_MS) ??
+        this.#leaseMs;
+    if ("max" in options) {
+      const max = checkInteger(op, "max", options.max, 1, MAX_BATCH) ?? 1;
+      if ("token" in options) {
+        throw new TypeError(
+          "Cannot claim as 'token' cannot be supplied with 'max': each lease gets its own",
+        );
+      }
+      return this.#write(
+        op,
+        (now) => this.#claim(queue, leaseMs, max, undefined, now),
+      );
+    }
+    const token = options.token === undefined
+      ? undefined
+      : checkToken(op, "token", options.token);
+    return this.#write(op, async (now) => {
+      const [lease] = await this.#claim(queue, leaseMs, 1, token, now);
+      return lease ?? null;
+    });
+  }
+
+  /**
+   * Marks the event done **iff** the lease's token is still the event's
+   * current one and the event is not done or dead. A stale lease changes
+   * nothing but the ledger's `stale_acknowledge` entry.
+   *
+   * @param lease A lease from {@linkcode Outbox.claim}, or an array of them
+   * acknowledged in one transaction.
+   * @returns `true` when acknowledged, `false` when stale (per lease for an array).
+   * @throws {TypeError | RangeError} When a lease is malformed (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  acknowledge(lease: Lease<unknown>): Promise<boolean>;
+  acknowledge(leases: readonly Lease<unknown>[]): Promise<boolean[]>;
+  acknowledge(
+    leases: Lease<unknown> | readonly Lease<unknown>[],
+  ): Promise<boolean | boolean[]> {
+    const op = "acknowledge";
+    if (Array.isArray(leases)) {
+      const checked = leases.map((lease, i) =>
+        checkLease(op, `leases[${i}]`, lease)
+      );
+      return this.#write(op, async (now) => {
+        const results: boolean[] = [];
+        for (const lease of checked) {
+          results.push(await this.#acknowledge(lease, now));
+        }
+        return results;
+      });
+    }
+    const lease = checkLease(op, "lease", leases);
+    return this.#write(op, (now) => this.#acknowledge(lease, now));
+  }
+
+  /**
+   * Extends a live lease to `now + leaseMs` **iff** its token is current and
+   * `now < leaseUntil`. Never shortens: when the clock stepped back, the old
+   * deadline stays.
+   *
+   * @param lease The lease to extend.
+   * @param leaseMs New lease length from now, in milliseconds.
+   * @default {OutboxOptions.leaseMs}
+   * @returns The new deadline in epoch milliseconds, or `false` when the
+   * lease was lost or had lapsed (nothing changes then).
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  renew(lease: Lease<unknown>, leaseMs?: number): Promise<number | false> {
+    const op = "renew";
+    const checked = checkLease(op, "lease", lease);
+    const ms = checkInteger(op, "leaseMs", leaseMs, 1, MAX_DURATION_MS) ??
+      this.#leaseMs;
+    return this.#write(op, async (now) => {
+      const [row] = await this.#driver.query(SQL.renew, [
+        now + ms,
+        now,
+        checked.eventId,
+        checked.token,
+      ]);
+      if (row === undefined) {
+        await this.#stale(checked, "stale_renew", now);
+        return false;
+      }
+      const leaseUntil = Number(row["lease_until"]);
+      await this.#ledger(
+        checked.eventId,
+        checked.fence,
+        "renewed",
+        now,
+        checked.token,
+        leaseUntil,
+      );
+      return leaseUntil;
+    });
+  }
+
+  /**
+   * Gives an event back before its lease ends, **iff** the token is current:
+   * it becomes claimable after `delayMs`, or a dead letter when it has no
+   * attempts left. A stale lease changes nothing.
+   *
+   * @param lease The lease to give back.
+   * @param options See {@linkcode ReleaseOptions}.
+   * @returns `true` when released, `false` when stale.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  release(
+    lease: Lease<unknown>,
+    options: ReleaseOptions = {},
+  ): Promise<boolean> {
+    const op = "release";
+    const checked = checkLease(op, "lease", lease);
+    checkOptions(op, options);
+    const delayMs =
+      checkInteger(op, "delayMs", options.delayMs, 0, MAX_DURATION_MS) ?? 0;
+    const error = options.error === undefined
+      ? null
+      : checkError(op, options.error);
+    return this.#write(op, async (now) => {
+      const [row] = await this.#driver.query(SQL.release, [
+        now,
+        now + delayMs,
+        error,
+        checked.eventId,
+        checked.token,
+      ]);
+      if (row === undefined) {
+        await this.#stale(checked, "stale_release", now);
+        return false;
+      }
+      await this.#ledger(
+        checked.eventId,
+        checked.fence,
+        "released",
+        now,
+        checked.token,
+        null,
+        error,
+      );
+      if (row["state"] === "dead") {
+        await this.#ledger(
+          checked.eventId,
+          checked.fence,
+          "dead",
+          now,
+          null,
+          null,
+          error,
+        );
+      }
+      return true;
+    });
+  }
+
+  /**
+   * Lists dead letters of a queue, oldest first.
+   *
+   * @param options `queue` (default: the outbox's) and `limit` (default 100).
+   * @returns The dead letters.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   */
+  deadLetters(
+    options: { readonly queue?: string; readonly limit?: number } = {},
+  ): Promise<DeadLetter<P>[]> {
+    const op = "list dead letters";
+    checkOptions(op, options);
+    const queue = options.queue === undefined
+      ? this.#queue
+      : checkName(op, "queue", options.queue);
+    const limit = checkInteger(op, "limit", options.limit, 1, MAX_BATCH) ?? 100;
+    return this.#write(op, async (now) => {
+      await this.#expireExhausted(now);
+      const rows = await this.#driver.query(SQL.deadLetters, [queue, limit]);
+      return rows.map((row) => ({
+        eventId: Number(row["id"]),
+        queue: String(row["queue"]),
+        payload: decodePayload(row["payload"]) as P,
+        attempts: Number(row["attempt"]),
+        lastError: nullableString(row["last_error"]),
+        createdAt: Number(row["created_at"]),
+        deadAt: Number(row["done_at"]),
+      }));
+    });
+  }
+
+  /**
+   * Makes a dead letter claimable again with a fresh attempt count (SQS's
+   * dead-letter queue redrive).
+   *
+   * @param eventId The dead event's id.
+   * @returns `true` when the event was dead and is pending now, else `false`.
+   * @throws {TypeError | RangeError} When `eventId` is invalid (before any SQL).
+   */
+  retry(eventId: number): Promise<boolean> {
+    const id =
+      checkInteger("retry", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
+        0;
+    return this.#write("retry", async (now) => {
+      await this.#expireExhausted(now);
+      const [row] = await this.#driver.query(SQL.retry, [now, id]);
+      if (row === undefined) return false;
+      await this.#ledger(id, Number(row["fence"]), "retried", now);
+      return true;
+    });
+  }
+
+  /**
+   * Deletes done events acknowledged before a time, with their ledger
+   * entries (retention). Their dedup keys stop deduplicating.
+   *
+   * @param options `doneBeforeMs`: epoch milliseconds; events done strictly
+   * earlier are deleted.
+   * @returns How many events were deleted.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   */
+  purge(options: { readonly doneBeforeMs: number }): Promise<number> {
+    const op = "purge";
+    checkOptions(op, options);
+    const before = checkInteger(
+      op,
+      "doneBeforeMs",
+      options.doneBeforeMs,
+      0,
+      Number.MAX_SAFE_INTEGER,
+    );
+    if (before === undefined) {
+      throw new TypeError(
+        "Cannot purge as 'doneBeforeMs' is required: current value is undefined",
+      );
+    }
+    return this.#write(op, async () => {
+      await this.#driver.run(SQL.purgeLedger, [before]);
+      return (await this.#driver.run(SQL.purge, [before])).changes;
+    });
+  }
+
+  /**
+   * Counts the events of a queue per state.
+   *
+   * @param options `queue`: default the outbox's.
+   * @returns See {@linkcode Stats}.
+   */
+  stats(options: { readonly queue?: string } = {}): Promise<Stats> {
+    const op = "read stats";
+    checkOptions(op, options);
+    const queue = options.queue === undefined
+      ? this.#queue
+      : checkName(op, "queue", options.queue);
+    return this.#write(op, async (now) => {
+      await this.#expireExhausted(now);
+      const counts: Record<string, number> = {
+        pending: 0,
+        leased: 0,
+        done: 0,
+        dead: 0,
+      };
+      let oldestPendingAgeMs = 0;
+      for (const row of await this.#driver.query(SQL.stats, [queue])) {
+        counts[String(row["state"])] = Number(row["n"]);
+        if (row["state"] === "pending") {
+          oldestPendingAgeMs = Math.max(0, now - Number(row["oldest"]));
+        }
+      }
+      return {
+        pending: counts["pending"] ?? 0,
+        leased: counts["leased"] ?? 0,
+        done: counts["done"] ?? 0,
+        dead: counts["dead"] ?? 0,
+        oldestPendingAgeMs,
+      };
+    });
+  }
+
+  /**
+   * Tells one event's state and every claim, renewal, release,
+   * acknowledgement, stale call, expiry, dead letter and retry it had.
+   *
+   * @param eventId The event's id.
+   * @returns The explanation, or `null` when no such event exists.
+   * @throws {TypeError | RangeError} When `eventId` is invalid (before any SQL).
+   */
+  explain(eventId: number): Promise<Explanation | null> {
+    const id =
+      checkInteger("explain", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
+        0;
+    return this.#write("explain", async (now) => {
+      await this.#expireExhausted(now);
+      const [row] = await this.#driver.query(SQL.event, [id]);
+      if (row === undefined) return null;
+      const history = (await this.#driver.query(SQL.history, [id])).map((
+        entry,
+      ) => ({
+        kind: entry["kind"] as LedgerEntry["kind"],
+        fence: Number(entry["fence"]),
+        at: Number(entry["at"]),
+        token: nullableString(entry["token"]),
+        leaseUntil: entry["lease_until"] === null
+          ? null
+          : Number(entry["lease_until"]),
+        detail: nullableString(entry["detail"]),
+      }));
+      return {
+        eventId: id,
+        queue: String(row["queue"]),
+        state: row["state"] as EventState,
+        attempt: Number(row["attempt"]),
+        maxAttempts: Number(row["max_attempts"]),
+        fence: Number(row["fence"]),
+        lastError: nullableString(row["last_error"]),
+        history,
+      };
+    });
+  }
+
+  /**
+   * Runs `fn` in one `BEGIN IMMEDIATE` transaction: the caller's statements,
+   * enqueues and fenced acknowledgements commit together, or none of them
+   * does. Throwing from `fn` rolls back and rethrows.
+   *
+   * Inside `fn`, use only the handle: calling this outbox's own methods
+   * would wait for the transaction that is waiting for them.
+   *
+   * @param fn The work; its result is returned after the commit.
+   * @returns What `fn` returned.
+   * @throws {LeaseLostError} When `tx.acknowledge` found its lease stale.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Business row and event commit together
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * await outbox.transaction((tx) => tx.run("CREATE TABLE orders (id INTEGER PRIMARY KEY)"));
+   * const id = await outbox.transaction(async (tx) => {
+   *   const { lastInsertRowid } = await tx.run("INSERT INTO orders DEFAULT VALUES");
+   *   await tx.enqueue({ order: Number(lastInsertRowid) });
+   *   return Number(lastInsertRowid);
+   * });
+   * assert.deepEqual((await outbox.claim())?.payload, { order: id });
+   * ```
+   */
+  transaction<T>(fn: (tx: Transaction) => Promise<T>): Promise<T> {
+    if (typeof fn !== "function") {
+      throw new TypeError(
+        `Cannot run transaction as 'fn' must be a function: current value is ${
+          describe(fn)
+        }`,
+      );
+    }
+    return this.#write("run transaction", (now) => {
+      const driver = this.#driver;
+      const tx: Transaction = {
+        run: (sql, params) => driver.run(sql, params),
+        query: (sql, params) => driver.query(sql, params),
+        enqueue: (payload, options = {}) =>
+          this.#enqueue(this.#prepareEnqueue("enqueue", payload, options), now),
+        acknowledge: async (lease) => {
+          const checked = checkLease("acknowledge", "lease", lease);
+          if (await this.#acknowledge(checked, now)) return true;
+          throw new LeaseLostError(checked.eventId, checked.fence);
+        },
+      };
+      return fn(tx);
+    });
+  }
+
+  /** Closes the connection. Calls after it reject. */
+  close(): Promise<void> {
+    return this.#mutex.run(() => this.#driver.close());
+  }
+
+  /** Same as {@linkcode Outbox.close}, for `await using`. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+
+  #prepareEnqueue(
+    op: string,
+    payload: unknown,
+    options: EnqueueOptions,
+  ): PreparedEnqueue {
+    checkOptions(op, options);
+    const queue = options.queue === undefined
+      ? this.#queue
+      : checkName(op, "queue", options.queue);
+    const delayMs =
+      checkInteger(op, "delayMs", options.delayMs, 0, MAX_DURATION_MS) ?? 0;
+    const maxAttempts =
+      checkInteger(op, "maxAttempts", options.maxAttempts, 1, MAX_ATTEMPTS) ??
+        this.#maxAttempts;
+    const dedupKey = options.dedupKey === undefined
+      ? null
+      : checkName(op, "dedupKey", options.dedupKey);
+    const orderingKey = options.orderingKey === undefined
+      ? null
+      : checkName(op, "orderingKey", options.orderingKey);
+    const stored = encodePayload(op, payload, this.#maxPayloadBytes);
+    // Times are filled in under the write lock, from the clock at that moment.
+    return {
+      queue,
+      payload: stored,
+      dedupKey,
+      orderingKey,
+      delayMs,
+      maxAttempts,
+    };
+  }
+
+  async #enqueue(event: PreparedEnqueue, now: number): Promise<EnqueueResult> {
+    const { changes, lastInsertRowid } = await this.#driver.run(SQL.insert, [
+      event.queue,
+      event.payload,
+      event.dedupKey,
+      event.orderingKey,
+      now + event.delayMs,
+      event.maxAttempts,
+      now,
+      now,
+    ]);
+    if (changes === 1) {
+      return { eventId: Number(lastInsertRowid), deduplicated: false };
+    }
+    const [row] = await this.#driver.query(SQL.byDedupKey, [
+      event.queue,
+      event.dedupKey,
+    ]);
+    return { eventId: Number(row?.["id"]), deduplicated: true };
+  }
+
+  async #claim(
+    queue: string,
+    leaseMs: number,
+    max: number,
+    token: string | undefined,
+    now: number,
+  ): Promise<Lease<P>[]> {
+    await this.#expireExhausted(now);
+    const candidates = await this.#driver.query(SQL.candidates, [
+      queue,
+      now,
+      max,
+    ]);
+    const leases: Lease<P>[] = [];
+    for (const candidate of candidates) {
+      const eventId = Number(candidate["id"]);
+      if (token !== undefined) {
+        const used = await this.#driver.query(SQL.tokenUsed, [eventId, token]);
+        if (used.length > 0) {
+          throw new RangeError(
+            `Cannot claim as 'token' was used on event ${eventId} before: reuse would let a stale worker act`,
+          );
+        }
+      }
+      if (candidate["state"] === "leased") {
+        await this.#ledger(
+          eventId,
+          Number(candidate["fence"]),
+          "expired",
+          now,
+          null,
+          null,
+          LEASE_EXPIRED,
+        );
+      }
+      const leaseToken = token ?? mintToken();
+      const [row] = await this.#driver.query(SQL.claim, [
+        leaseToken,
+        now + leaseMs,
+        now,
+        eventId,
+      ]);
+      const lease = toLease<P>(row!);
+      await this.#ledger(
+        eventId,
+        lease.fence,
+        "claimed",
+        now,
+        leaseToken,
+        lease.leaseUntil,
+      );
+      leases.push(lease);
+    }
+    return leases;
+  }
+
+  async #acknowledge(lease: CheckedLease, now: number): Promise<boolean> {
+    const { changes } = await this.#driver.run(SQL.acknowledge, [
+      now,
+      lease.eventId,
+      lease.token,
+    ]);
+    if (changes === 0) {
+      await this.#stale(lease, "stale_acknowledge", now);
+      return false;
+    }
+    await this.#ledger(
+      lease.eventId,
+      lease.fence,
+      "acknowledged",
+      now,
+      lease.token,
+    );
+    return true;
+  }
+
+  async #expireExhausted(now: number): Promise<void> {
+    for (const row of await this.#driver.query(SQL.expireExhausted, [now])) {
+      const eventId = Number(row["id"]);
+      const fence = Number(row["fence"]);
+      await this.#ledger(
+        eventId,
+        fence,
+        "expired",
+        now,
+        null,
+        null,
+        LEASE_EXPIRED,
+      );
+      await this.#ledger(
+        eventId,
+        fence,
+        "dead",
+        now,
+        null,
+        null,
+        LEASE_EXPIRED,
+      );
+    }
+  }
+
+  /** Records a stale call in the ledger; the event row itself is untouched. */
+  async #stale(
+    lease: CheckedLease,
+    kind: LedgerEntry["kind"],
+    now: number,
+  ): Promise<void> {
+    const [row] = await this.#driver.query(SQL.fenceOf, [lease.eventId]);
+    if (row === undefined) return;
+    await this.#ledger(lease.eventId, lease.fence, kind, now, lease.token);
+  }
+
+  async #ledger(
+    eventId: number,
+    fence: number,
+    kind: LedgerEntry["kind"],
+    at: number,
+    token: string | null = null,
+    leaseUntil: number | null = null,
+    detail: string | null = null,
+  ): Promise<void> {
+    await this.#driver.run(SQL.ledger, [
+      eventId,
+      fence,
+      kind,
+      at,
+      token,
+      leaseUntil,
+      detail,
+    ]);
+  }
+
+  /**
+   * Runs `fn` in a `BEGIN IMMEDIATE` transaction under the connection's
+   * mutex, retrying `SQLITE_BUSY` with jittered exponential backoff until
+   * `busyTimeoutMs` (measured by `performance.now()`, a monotonic clock that
+   * the injected lease clock must not stretch). `fn` sees the lease clock
+   * read once the write lock is held.
+   */
+  #write<T>(op: string, fn: (now: number) => Promise<T>): Promise<T> {
+    return this.#mutex.run(async () => {
+      const deadline = performance.now() + this.#busyTimeoutMs;
+      await this.#untilNotBusy(op, deadline, SQL.begin);
+      let result: T;
+      try {
+        result = await fn(this.#clock(op));
+        await this.#untilNotBusy(op, deadline, SQL.commit);
+      } catch (error) {
+        await this.#driver.run(SQL.rollback).catch(() => {});
+        throw error;
+      }
+      return result;
+    });
+  }
+
+  async #untilNotBusy(
+    op: string,
+    deadline: number,
+    sql: string,
+  ): Promise<void> {
+    for (let backoffMs = 1;; backoffMs = Math.min(backoffMs * 2, 64)) {
+      try {
+        await this.#driver.run(sql);
+        return;
+      } catch (error) {
+        if (!(error instanceof BusyError)) throw error;
+        const remainingMs = deadline - performance.now();
+        if (remainingMs <= 0) {
+          throw new BusyError(
+            `Cannot ${op} as the database stayed locked for ${this.#busyTimeoutMs} ms`,
+            error.code,
+            { cause: error },
+          );
+        }
+        // Full jitter (AWS's backoff advice) keeps contending workers apart.
+        await sleep(Math.min(remainingMs, 1 + Math.random() * backoffMs));
+      }
+    }
+  }
+
+  #clock(op: string): number {
+    const now = this.#now();
+    if (!Number.isSafeInteger(now) || now < 0) {
+      throw new RangeError(
+        `Cannot ${op} as the clock must return a non-negative integer of milliseconds: current value is ${
+          describe(now)
+        }`,
+      );
+    }
+    return now;
+  }
+}
+
+interface PreparedEnqueue {
+  readonly queue: string;
+  readonly payload: SqlValue;
+  readonly dedupKey: string | null;
+  readonly orderingKey: string | null;
+  readonly delayMs: number;
+  readonly maxAttempts: number;
+}
+
+interface CheckedLease {
+  readonly eventId: number;
+  readonly token: string;
+  readonly fence: number;
+}
+
+/** Serializes async sections: each runs after the previous one settles. */
+class Mutex {
+  #tail: Promise<unknown> = Promise.resolve();
+
+  run<T>(fn: () => Promise<T>): Promise<T> {
+    const result = this.#tail.then(fn);
+    this.#tail = result.catch(() => {});
+    return result;
+  }
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/** 128 random bits as 32 hex digits (the size of a UUIDv4's randomness). */
+function mintToken(): string {
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  let token = "";
+  for (const byte of bytes) token += byte.toString(16).padStart(2, "0");
+  return token;
+}
+
+function toLease<P>(row: Row): Lease<P> {
+  return {
+    eventId: Number(row["id"]),
+    queue: String(row["queue"]),
+    token: String(row["token"]),
+    fence: Number(row["fence"]),
+    attempt: Number(row["attempt"]),
+    maxAttempts: Number(row["max_attempts"]),
+    leaseUntil: Number(row["lease_until"]),
+    payload: decodePayload(row["payload"]) as P,
+    orderingKey: nullableString(row["ordering_key"]),
+    lastError: nullableString(row["last_error"]),
+  };
+}
+
+function encodePayload(
+  op: string,
+  payload: unknown,
+  maxBytes: number,
+): SqlValue {
+  if (payload instanceof Uint8Array) {
+    // Checked before any copy: an oversized buffer never reaches the WASM heap.
+    if (payload.byteLength > maxBytes) {
+      throw tooLarge(op, payload.byteLength, maxBytes);
+    }
+    return payload;
+  }
+  let json: string | undefined;
+  try {
+    json = JSON.stringify(payload);
+  } catch (error) {
+    throw new TypeError(`Cannot ${op} as 'payload' must be JSON-serializable`, {
+      cause: error,
+    });
+  }
+  if (json === undefined) {
+    throw new TypeError(
+      `Cannot ${op} as 'payload' must be JSON-serializable: current value is ${
+        describe(payload)
+      }`,
+    );
+  }
+  // UTF-8 is at most 3 bytes per UTF-16 unit, so short texts skip the count.
+  if (json.length * 3 > maxBytes) {
+    const bytes = encoder.encode(json).byteLength;
+    if (bytes > maxBytes) throw tooLarge(op, bytes, maxBytes);
+  }
+  return json;
+}
+
+function decodePayload(value: SqlValue | undefined): unknown {
+  if (value instanceof Uint8Array) return value;
+  if (typeof value === "string") return JSON.parse(value);
+  return value === undefined ? null : value;
+}
+
+function tooLarge(op: string, bytes: number, maxBytes: number): RangeError {
+  return new RangeError(
+    `Cannot ${op} as 'payload' must be at most ${maxBytes} bytes ('maxPayloadBytes'): current size is ${bytes} bytes`,
+  );
+}
+
+function nullableString(value: SqlValue | undefined): string | null {
+  return value === null || value === undefined ? null : String(value);
+}
+
+function checkOptions(op: string, options: unknown): void {
+  if (options === null || typeof options !== "object") {
+    throw new TypeError(
+      `Cannot ${op} as 'options' must be an object: current value is ${
+        describe(options)
+      }`,
+    );
+  }
+}
+
+/** Validates an optional integer field; `undefined` means "use the default". */
+function checkInteger(
+  op: string,
+  field: string,
+  value: unknown,
+  min: number,
+  max: number,
+): number | undefined {
+  if (value === undefined) return undefined;
+  const kind = min === 0 ? "a non-negative integer" : "a positive integer";
+  if (typeof value !== "number") {
+    throw new TypeError(
+      `Cannot ${op} as '${field}' must be ${kind}: current value is ${
+        describe(value)
+      }`,
+    );
+  }
+  if (!Number.isInteger(value) || value < min || value > max) {
+    throw new RangeError(
+      `Cannot ${op} as '${field}' must be ${kind} at most ${max}: current value is ${
+        describe(value)
+      }`,
+    );
+  }
+  return value;
+}
+
+function checkName(op: string, field: string, value: unknown): string {
+  if (
+    typeof value !== "string" || value.length === 0 ||
+    value.length > MAX_NAME_LENGTH
+  ) {
+    throw new TypeError(
+      `Cannot ${op} as '${field}' must be a string of 1 to ${MAX_NAME_LENGTH} characters: current value is ${
+        describe(value)
+      }`,
+    );
+  }
+  return value;
+}
+
+function checkToken(op: string, field: string, value: unknown): string {
+  if (typeof value !== "string" || !TOKEN.test(value)) {
+    throw new TypeError(
+      `Cannot ${op} as '${field}' must be 1 to 128 characters of A-Z a-z 0-9 . _ ~ -: current value is ${
+        describe(value)
+      }`,
+    );
+  }
+  return value;
+}
+
+function checkError(op: string, value: unknown): string {
+  if (typeof value !== "string" || value.length > MAX_ERROR_LENGTH) {
+    throw new TypeError(
+      `Cannot ${op} as 'error' must be a string of at most ${MAX_ERROR_LENGTH} characters: current value is ${
+        describe(value)
+      }`,
+    );
+  }
+  return value;
+}
+
+function checkLease(op: string, field: string, lease: unknown): CheckedLease {
+  if (lease === null || typeof lease !== "object") {
+    throw new TypeError(
+      `Cannot ${op} as '${field}' must be a Lease: current value is ${
+        describe(lease)
+      }`,
+    );
+  }
+  const { eventId, token, fence } = lease as Record<string, unknown>;
+  return {
+    eventId: checkInteger(
+      op,
+      `${field}.eventId`,
+      eventId,
+      1,
+      Number.MAX_SAFE_INTEGER,
+    ) ??
+      missing(op, `${field}.eventId`),
+    token: checkToken(op, `${field}.token`, token),
+    fence:
+      checkInteger(op, `${field}.fence`, fence, 1, Number.MAX_SAFE_INTEGER) ??
+        missing(op, `${field}.fence`),
+  };
+}
+
+function missing(op: string, field: string): never {
+  throw new TypeError(
+    `Cannot ${op} as '${field}' is required: current value is undefined`,
+  );
+}
+
+function describe(value: unknown): string {
+  if (typeof value === "string") {
+    return JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}…` : value);
+  }
+  if (typeof value === "bigint") return `${value}n`;
+  if (typeof value === "function") return "a function";
+  if (value instanceof Uint8Array) {
+    return `a Uint8Array of ${value.byteLength} bytes`;
+  }
+  if (Array.isArray(value)) return "an array";
+  if (value !== null && typeof value === "object") return "an object";
+  return String(value);
+}

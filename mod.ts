@@ -1,0 +1,60 @@
+/**
+ * leased-outbox: a durable transactional outbox with leases on SQLite.
+ *
+ * Producers commit an event together with their business rows; workers
+ * claim it under a lease (a deadline plus a fresh token and a fence), do the
+ * side effect, and acknowledge it. An acknowledgement matches the event id
+ * *and* the current token, so a worker whose lease lapsed can never complete
+ * a newer worker's claim. The core talks to SQLite only through a
+ * {@linkcode Driver}; drivers are separate exports (`./sqlite-wasm`).
+ *
+ * @example Produce, claim, acknowledge
+ * ```ts
+ * import { Outbox } from "@leased/outbox";
+ * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+ * import assert from "node:assert/strict";
+ *
+ * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+ * await outbox.transaction(async (tx) => {
+ *   await tx.run("CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER)");
+ *   await tx.run("INSERT INTO orders (total) VALUES (?)", [4200]);
+ *   await tx.enqueue({ type: "order.placed", total: 4200 });
+ * });
+ * const lease = await outbox.claim({ leaseMs: 30_000 });
+ * assert.deepEqual(lease?.payload, { type: "order.placed", total: 4200 });
+ * // Deliver it with the idempotency key `${lease.eventId}:${lease.fence}`, then:
+ * assert.equal(await outbox.acknowledge(lease!), true);
+ * ```
+ *
+ * @module
+ */
+export {
+  type BatchClaimOptions,
+  type ClaimOptions,
+  type Clock,
+  type DeadLetter,
+  type EnqueueOptions,
+  type EnqueueResult,
+  type EventState,
+  type Explanation,
+  type Lease,
+  type LedgerEntry,
+  MAX_ATTEMPTS,
+  MAX_BATCH,
+  MAX_DURATION_MS,
+  MAX_PAYLOAD_BYTES,
+  Outbox,
+  type OutboxOptions,
+  type ReleaseOptions,
+  type Stats,
+  type Transaction,
+} from "./lease.ts";
+export type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
+export {
+  BusyError,
+  ConstraintError,
+  LeaseLostError,
+  SqliteError,
+  sqliteError,
+} from "./errors.ts";
+export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";

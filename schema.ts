@@ -1,0 +1,82 @@
+/**
+ * The canonical schema, the exact text of `schema.sql` (a test fails if the
+ * two drift).
+ *
+ * @module
+ */
+
+/** The schema version `Outbox.open()` applies, stored in `PRAGMA user_version`. */
+export const SCHEMA_VERSION = 1;
+
+/**
+ * The text of `schema.sql`: STRICT tables `outbox_events` and
+ * `outbox_attempts` with the indexes the claim query uses.
+ */
+export const SCHEMA_SQL: string =
+  `-- leased-outbox schema, version 1 (stored in PRAGMA user_version).
+-- Applied once by Outbox.open() inside one BEGIN IMMEDIATE transaction.
+
+-- One row per event. \`due_at\` is when the event can next be claimed: the end
+-- of its delay while pending, its lease deadline while leased (SQS's
+-- visibility timeout), so one index serves both "pending and due" and
+-- "lease lapsed" claims.
+CREATE TABLE outbox_events (
+  id INTEGER PRIMARY KEY,
+  queue TEXT NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ('pending', 'leased', 'done', 'dead')),
+  payload ANY,
+  dedup_key TEXT,
+  ordering_key TEXT,
+  due_at INTEGER NOT NULL,
+  lease_until INTEGER,
+  token TEXT,
+  fence INTEGER NOT NULL DEFAULT 0,
+  attempt INTEGER NOT NULL DEFAULT 0,
+  max_attempts INTEGER NOT NULL CHECK (max_attempts >= 1),
+  last_error TEXT,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  done_at INTEGER
+) STRICT;
+
+-- Matches the claim query exactly (queue =, state IN, due_at <=, ORDER BY
+-- due_at, id): done and dead rows are not in it, so they cost claims nothing.
+CREATE INDEX outbox_events_claim ON outbox_events (queue, due_at, id)
+  WHERE state IN ('pending', 'leased');
+
+-- Finds lapsed leases with no attempts left, which become dead letters.
+CREATE INDEX outbox_events_leased ON outbox_events (due_at)
+  WHERE state = 'leased';
+
+-- Idempotent enqueue: the key stays after the event is done.
+CREATE UNIQUE INDEX outbox_events_dedup ON outbox_events (queue, dedup_key)
+  WHERE dedup_key IS NOT NULL;
+
+-- Per-key FIFO: finds an earlier unfinished event with the same ordering key.
+CREATE INDEX outbox_events_ordering ON outbox_events (queue, ordering_key, id)
+  WHERE state IN ('pending', 'leased') AND ordering_key IS NOT NULL;
+
+-- Retention: purge() deletes done rows by completion time.
+CREATE INDEX outbox_events_done ON outbox_events (done_at)
+  WHERE state = 'done';
+
+-- The attempt ledger behind explain(): one row per claim, renewal, release,
+-- acknowledgement, stale call, lease expiry, dead letter and retry.
+CREATE TABLE outbox_attempts (
+  id INTEGER PRIMARY KEY,
+  event_id INTEGER NOT NULL,
+  fence INTEGER NOT NULL,
+  kind TEXT NOT NULL CHECK (kind IN (
+    'claimed', 'renewed', 'released', 'acknowledged', 'stale_acknowledge',
+    'stale_renew', 'stale_release', 'expired', 'dead', 'retried'
+  )),
+  at INTEGER NOT NULL,
+  token TEXT,
+  lease_until INTEGER,
+  detail TEXT
+) STRICT;
+
+CREATE INDEX outbox_attempts_event ON outbox_attempts (event_id, id);
+
+PRAGMA user_version = 1;
+`;

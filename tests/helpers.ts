@@ -1,0 +1,43 @@
+/** Test helpers: a manual clock and snapshots for "nothing changed" checks. */
+import type { Driver, Row } from "../driver.ts";
+
+/** A clock tests move by hand: `clock.now` is the injected `now()`. */
+export class ManualClock {
+  /** @param ms Starting time, epoch milliseconds. */
+  constructor(public ms = 0) {}
+  /** The injected clock function. */
+  readonly now = (): number => this.ms;
+  /** Sets the time. */
+  set(ms: number): void {
+    this.ms = ms;
+  }
+  /** Moves the time forward (or back, when negative). */
+  advance(ms: number): void {
+    this.ms += ms;
+  }
+}
+
+/** Every row of both tables plus `total_changes()`, for byte-identical comparisons. */
+export async function snapshot(driver: Driver): Promise<{
+  events: Row[];
+  attempts: Row[];
+  totalChanges: number;
+}> {
+  const events = await driver.query("SELECT * FROM outbox_events ORDER BY id");
+  const attempts = await driver.query(
+    "SELECT * FROM outbox_attempts ORDER BY id",
+  );
+  const [row] = await driver.query("SELECT total_changes() AS n");
+  return { events, attempts, totalChanges: Number(row?.["n"]) };
+}
+
+/** One event's row as stored. */
+export async function eventRow(
+  driver: Driver,
+  id: number,
+): Promise<Row | undefined> {
+  const [row] = await driver.query("SELECT * FROM outbox_events WHERE id = ?", [
+    id,
+  ]);
+  return row;
+}
