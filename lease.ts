@@ -436,7 +436,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
-  enqueue(payload: P, options: EnqueueOptions = {}): Promise<EnqueueResult> {
+  async enqueue(
+    payload: P,
+    options: EnqueueOptions = {},
+  ): Promise<EnqueueResult> {
     const insert = this.#prepareEnqueue("enqueue", payload, options);
     return this.#write("enqueue", (now) => this.#enqueue(insert, now));
   }
@@ -457,7 +460,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    */
   claim(options?: ClaimOptions): Promise<Lease<P> | null>;
   claim(options: BatchClaimOptions): Promise<Lease<P>[]>;
-  claim(
+  async claim(
     options: ClaimOptions | BatchClaimOptions = {},
   ): Promise<Lease<P> | null | Lease<P>[]> {
     const op = "claim";
@@ -502,7 +505,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    */
   acknowledge(lease: Lease<unknown>): Promise<boolean>;
   acknowledge(leases: readonly Lease<unknown>[]): Promise<boolean[]>;
-  acknowledge(
+  async acknowledge(
     leases: Lease<unknown> | readonly Lease<unknown>[],
   ): Promise<boolean | boolean[]> {
     const op = "acknowledge";
@@ -535,7 +538,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
-  renew(lease: Lease<unknown>, leaseMs?: number): Promise<number | false> {
+  async renew(
+    lease: Lease<unknown>,
+    leaseMs?: number,
+  ): Promise<number | false> {
     const op = "renew";
     const checked = checkLease(op, "lease", lease);
     const ms = checkInteger(op, "leaseMs", leaseMs, 1, MAX_DURATION_MS) ??
@@ -575,7 +581,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
-  release(
+  async release(
     lease: Lease<unknown>,
     options: ReleaseOptions = {},
   ): Promise<boolean> {
@@ -630,7 +636,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @returns The dead letters.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    */
-  deadLetters(
+  async deadLetters(
     options: { readonly queue?: string; readonly limit?: number } = {},
   ): Promise<DeadLetter<P>[]> {
     const op = "list dead letters";
@@ -662,7 +668,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @returns `true` when the event was dead and is pending now, else `false`.
    * @throws {TypeError | RangeError} When `eventId` is invalid (before any SQL).
    */
-  retry(eventId: number): Promise<boolean> {
+  async retry(eventId: number): Promise<boolean> {
     const id =
       checkInteger("retry", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
         0;
@@ -684,7 +690,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @returns How many events were deleted.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    */
-  purge(options: { readonly doneBeforeMs: number }): Promise<number> {
+  async purge(options: { readonly doneBeforeMs: number }): Promise<number> {
     const op = "purge";
     checkOptions(op, options);
     const before = checkInteger(
@@ -711,7 +717,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @param options `queue`: default the outbox's.
    * @returns See {@linkcode Stats}.
    */
-  stats(options: { readonly queue?: string } = {}): Promise<Stats> {
+  async stats(options: { readonly queue?: string } = {}): Promise<Stats> {
     const op = "read stats";
     checkOptions(op, options);
     const queue = options.queue === undefined
@@ -750,7 +756,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @returns The explanation, or `null` when no such event exists.
    * @throws {TypeError | RangeError} When `eventId` is invalid (before any SQL).
    */
-  explain(eventId: number): Promise<Explanation | null> {
+  async explain(eventId: number): Promise<Explanation | null> {
     const id =
       checkInteger("explain", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
         0;
@@ -812,7 +818,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * assert.deepEqual((await outbox.claim())?.payload, { order: id });
    * ```
    */
-  transaction<T>(fn: (tx: Transaction) => Promise<T>): Promise<T> {
+  async transaction<T>(fn: (tx: Transaction) => Promise<T>): Promise<T> {
     if (typeof fn !== "function") {
       throw new TypeError(
         `Cannot run transaction as 'fn' must be a function: current value is ${
