@@ -247,7 +247,8 @@ const mutexes = new WeakMap<Driver, Mutex>();
 const EVENT_COLUMNS =
   "id, queue, state, payload, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
 
-const SQL = {
+/** The statements of the core, exported for the query-plan tests only. */
+export const SQL = {
   begin: "BEGIN IMMEDIATE",
   commit: "COMMIT",
   rollback: "ROLLBACK",

@@ -3,28 +3,12 @@
  * semantics and bad input, on every driver.
  */
 import assert from "node:assert/strict";
-import { type Lease, Outbox, type OutboxOptions } from "../mod.ts";
-import type { Driver } from "../driver.ts";
-import { eventRow, ManualClock, snapshot } from "./helpers.ts";
+import { driverTest, eventRow, type Harness, snapshot } from "./helpers.ts";
 import { DRIVERS } from "./drivers.ts";
 
 for (const driver of DRIVERS) {
   const test = (name: string, fn: (t: Harness) => Promise<void>) =>
-    Deno.test(`${driver.name}: ${name}`, async () => {
-      const connections = await driver.open();
-      const clock = new ManualClock();
-      const open = (options: OutboxOptions = {}) =>
-        Promise.all(
-          connections.drivers.map((d) =>
-            Outbox.open(d, { now: clock.now, ...options })
-          ),
-        );
-      try {
-        await fn({ clock, open, raw: connections.drivers[0]! });
-      } finally {
-        await connections.close();
-      }
-    });
+    driverTest(driver, name, fn);
 
   test("C01: a stale acknowledge after takeover returns false and changes nothing", async ({ clock, open, raw }) => {
     const [a, b] = await open();
@@ -298,11 +282,3 @@ for (const driver of DRIVERS) {
     assert.equal((await a!.enqueue("after")).deduplicated, false);
   });
 }
-
-interface Harness {
-  clock: ManualClock;
-  open(options?: OutboxOptions): Promise<Outbox[]>;
-  raw: Driver;
-}
-
-export type { Lease };

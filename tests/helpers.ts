@@ -1,5 +1,7 @@
 /** Test helpers: a manual clock and snapshots for "nothing changed" checks. */
 import type { Driver, Row } from "../driver.ts";
+import { Outbox, type OutboxOptions } from "../mod.ts";
+import type { DriverCase } from "./drivers.ts";
 
 /** A clock tests move by hand: `clock.now` is the injected `now()`. */
 export class ManualClock {
@@ -40,4 +42,37 @@ export async function eventRow(
     id,
   ]);
   return row;
+}
+
+/** What a contract test receives: a manual clock and outboxes on one database. */
+export interface Harness {
+  readonly clock: ManualClock;
+  /** Opens one outbox per connection, in turn, on the manual clock. */
+  open(options?: OutboxOptions): Promise<Outbox[]>;
+  /** The first connection, for reading rows as stored. */
+  readonly raw: Driver;
+}
+
+/** Registers `Deno.test("<driver>: <name>")` with a fresh database and clock. */
+export function driverTest(
+  driver: DriverCase,
+  name: string,
+  fn: (harness: Harness) => Promise<void>,
+): void {
+  Deno.test(`${driver.name}: ${name}`, async () => {
+    const connections = await driver.open();
+    const clock = new ManualClock();
+    const open = async (options: OutboxOptions = {}) => {
+      const outboxes = [];
+      for (const d of connections.drivers) {
+        outboxes.push(await Outbox.open(d, { now: clock.now, ...options }));
+      }
+      return outboxes;
+    };
+    try {
+      await fn({ clock, open, raw: connections.drivers[0]! });
+    } finally {
+      await connections.close();
+    }
+  });
 }

@@ -1,0 +1,297 @@
+/** Features beyond the cases: transactions, dedup, ordering, batches, retention. */
+import assert from "node:assert/strict";
+import { BusyError, LeaseLostError } from "../mod.ts";
+import { driverTest, eventRow, type Harness, snapshot } from "./helpers.ts";
+import { DRIVERS } from "./drivers.ts";
+
+for (const driver of DRIVERS) {
+  const test = (name: string, fn: (t: Harness) => Promise<void>) =>
+    driverTest(driver, name, fn);
+
+  test("transaction() commits the business row and the event together, or neither", async ({ open, raw }) => {
+    const [a] = await open();
+    await raw.exec(
+      "CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER NOT NULL) STRICT",
+    );
+    await a!.transaction(async (tx) => {
+      await tx.run("INSERT INTO orders (total) VALUES (?)", [10]);
+      await tx.enqueue({ order: 1 });
+    });
+    await assert.rejects(
+      () =>
+        a!.transaction(async (tx) => {
+          await tx.enqueue({ order: 2 });
+          await tx.run("INSERT INTO orders (total) VALUES (?)", [
+            "not a number",
+          ]);
+        }),
+      { name: "ConstraintError" },
+    );
+    assert.deepEqual(await raw.query("SELECT total FROM orders"), [{
+      total: 10,
+    }]);
+    assert.equal((await a!.stats()).pending, 1);
+  });
+
+  test("tx.acknowledge() commits the handler's row with the acknowledgement", async ({ open, raw }) => {
+    const [a] = await open();
+    await raw.exec(
+      "CREATE TABLE receipts (event_id INTEGER PRIMARY KEY) STRICT",
+    );
+    const { eventId } = await a!.enqueue("x");
+    const lease = await a!.claim();
+    await a!.transaction(async (tx) => {
+      await tx.run("INSERT INTO receipts VALUES (?)", [lease!.eventId]);
+      await tx.acknowledge(lease!);
+    });
+    assert.deepEqual(await raw.query("SELECT event_id FROM receipts"), [{
+      event_id: eventId,
+    }]);
+    assert.equal((await eventRow(raw, eventId))?.["state"], "done");
+  });
+
+  test("tx.acknowledge() with a stale token rolls back the handler's row too", async ({ clock, open, raw }) => {
+    const [a, b] = await open();
+    await raw.exec(
+      "CREATE TABLE receipts (event_id INTEGER PRIMARY KEY) STRICT",
+    );
+    const { eventId } = await a!.enqueue("x");
+    const stale = await a!.claim({ leaseMs: 10 });
+    clock.set(10);
+    const current = await b!.claim({ leaseMs: 10 });
+    const before = await snapshot(raw);
+    await assert.rejects(
+      () =>
+        a!.transaction(async (tx) => {
+          await tx.run("INSERT INTO receipts VALUES (?)", [eventId]);
+          await tx.acknowledge(stale!);
+        }),
+      (e: unknown) =>
+        e instanceof LeaseLostError && e.eventId === eventId && e.fence === 1,
+    );
+    const after = await snapshot(raw);
+    assert.deepEqual(after.events, before.events);
+    assert.deepEqual(after.attempts, before.attempts);
+    assert.deepEqual(await raw.query("SELECT event_id FROM receipts"), []);
+    assert.equal(await b!.acknowledge(current!), true);
+  });
+
+  test("enqueue() with a dedup key returns the original id, also after it is done", async ({ open }) => {
+    const [a] = await open();
+    const first = await a!.enqueue("x", { dedupKey: "order-7" });
+    assert.deepEqual(await a!.enqueue("y", { dedupKey: "order-7" }), {
+      eventId: first.eventId,
+      deduplicated: true,
+    });
+    await a!.acknowledge((await a!.claim())!);
+    assert.deepEqual(await a!.enqueue("z", { dedupKey: "order-7" }), {
+      eventId: first.eventId,
+      deduplicated: true,
+    });
+    const other = await a!.enqueue("x", {
+      dedupKey: "order-7",
+      queue: "other",
+    });
+    assert.equal(other.deduplicated, false);
+    assert.equal((await a!.stats()).done, 1);
+  });
+
+  test("an ordering key holds later events until the earlier one is done or dead", async ({ open }) => {
+    const [a] = await open({ maxAttempts: 1 });
+    const e1 = await a!.enqueue(1, { orderingKey: "user-1" });
+    const e2 = await a!.enqueue(2, { orderingKey: "user-1" });
+    const e3 = await a!.enqueue(3, { orderingKey: "user-2" });
+    const batch = await a!.claim({ max: 10 });
+    assert.deepEqual(batch.map((l) => l.eventId), [e1.eventId, e3.eventId]);
+    assert.equal(await a!.claim(), null);
+    await a!.release(batch[0]!, { error: "poison" });
+    const next = await a!.claim();
+    assert.equal(next?.eventId, e2.eventId);
+    assert.deepEqual(
+      (await a!.deadLetters()).map((d) => [d.eventId, d.lastError]),
+      [[e1.eventId, "poison"]],
+    );
+  });
+
+  test("delayMs holds an event until its due time", async ({ clock, open }) => {
+    const [a] = await open();
+    const { eventId } = await a!.enqueue("later", { delayMs: 500 });
+    clock.set(499);
+    assert.equal(await a!.claim(), null);
+    clock.set(500);
+    assert.equal((await a!.claim())?.eventId, eventId);
+  });
+
+  test("release() makes the event claimable after its delay and keeps the error", async ({ clock, open }) => {
+    const [a] = await open();
+    const { eventId } = await a!.enqueue("x");
+    const lease = await a!.claim({ leaseMs: 1000 });
+    assert.equal(
+      await a!.release(lease!, { delayMs: 100, error: "503 from receiver" }),
+      true,
+    );
+    assert.equal(await a!.acknowledge(lease!), false);
+    clock.set(99);
+    assert.equal(await a!.claim(), null);
+    clock.set(100);
+    const again = await a!.claim();
+    assert.deepEqual([
+      again?.eventId,
+      again?.attempt,
+      again?.fence,
+      again?.lastError,
+    ], [
+      eventId,
+      2,
+      2,
+      "503 from receiver",
+    ]);
+  });
+
+  test("claim({ max }) and acknowledge([...]) work on batches in one transaction each", async ({ open }) => {
+    const [a] = await open();
+    for (let i = 0; i < 5; i++) await a!.enqueue(i);
+    const leases = await a!.claim({ max: 3 });
+    assert.deepEqual(leases.map((l) => l.payload), [0, 1, 2]);
+    assert.equal(new Set(leases.map((l) => l.token)).size, 3);
+    assert.deepEqual(await a!.acknowledge([...leases, leases[0]!]), [
+      true,
+      true,
+      true,
+      false,
+    ]);
+    assert.deepEqual((await a!.claim({ max: 10 })).map((l) => l.payload), [
+      3,
+      4,
+    ]);
+    assert.deepEqual(await a!.claim({ max: 10 }), []);
+  });
+
+  test("a supplied token the event was claimed with before is refused", async ({ clock, open, raw }) => {
+    const [a] = await open();
+    await a!.enqueue("x");
+    await a!.claim({ token: "worker-1", leaseMs: 10 });
+    clock.set(10);
+    const before = await snapshot(raw);
+    await assert.rejects(() => a!.claim({ token: "worker-1" }), RangeError);
+    assert.deepEqual(await snapshot(raw), before);
+    assert.equal((await a!.claim({ token: "worker-2" }))?.fence, 2);
+  });
+
+  test("purge() deletes done events before a time with their ledger", async ({ clock, open, raw }) => {
+    const [a] = await open();
+    await a!.enqueue("old");
+    await a!.acknowledge((await a!.claim())!);
+    clock.set(100);
+    await a!.enqueue("new");
+    await a!.acknowledge((await a!.claim())!);
+    await a!.enqueue("pending");
+    assert.equal(await a!.purge({ doneBeforeMs: 100 }), 1);
+    assert.deepEqual(await a!.stats(), {
+      pending: 1,
+      leased: 0,
+      done: 1,
+      dead: 0,
+      oldestPendingAgeMs: 0,
+    });
+    const [ledger] = await raw.query(
+      "SELECT count(*) AS n FROM outbox_attempts",
+    );
+    assert.equal(ledger?.["n"], 2);
+  });
+
+  test("stats() counts per state and the oldest pending age", async ({ clock, open }) => {
+    const [a] = await open({ maxAttempts: 1 });
+    await a!.enqueue(1);
+    clock.set(50);
+    await a!.enqueue(2);
+    await a!.enqueue(3);
+    await a!.enqueue(4);
+    const [l1, l2, l3] = await a!.claim({ max: 3, leaseMs: 10 });
+    await a!.acknowledge(l1!);
+    await a!.release(l2!);
+    clock.set(70);
+    assert.deepEqual(await a!.stats(), {
+      pending: 1,
+      leased: 0,
+      done: 1,
+      dead: 2,
+      oldestPendingAgeMs: 20,
+    });
+    assert.ok(l3);
+  });
+
+  test("explain() tells every claim, renewal, release and acknowledgement", async ({ clock, open }) => {
+    const [a] = await open();
+    const { eventId } = await a!.enqueue("x");
+    const l1 = await a!.claim({ leaseMs: 10 });
+    clock.set(5);
+    await a!.renew(l1!, 10);
+    await a!.release(l1!, { error: "boom" });
+    const l2 = await a!.claim({ leaseMs: 10 });
+    await a!.acknowledge(l2!);
+    const explanation = await a!.explain(eventId);
+    assert.deepEqual(
+      explanation?.history.map((
+        e,
+      ) => [e.kind, e.fence, e.at, e.leaseUntil, e.detail]),
+      [
+        ["claimed", 1, 0, 10, null],
+        ["renewed", 1, 5, 15, null],
+        ["released", 1, 5, null, "boom"],
+        ["claimed", 2, 5, 15, null],
+        ["acknowledged", 2, 5, null, null],
+      ],
+    );
+    assert.equal(explanation?.state, "done");
+    assert.equal(await a!.explain(999), null);
+  });
+
+  test("integers stay exact: epoch times plus leases beyond 2^31 ms", async ({ clock, open, raw }) => {
+    const [a] = await open();
+    clock.set(1_700_000_000_123);
+    const { eventId } = await a!.enqueue("x");
+    const lease = await a!.claim({ leaseMs: 2 ** 31 + 7 });
+    assert.equal(lease?.leaseUntil, 1_700_000_000_123 + 2 ** 31 + 7);
+    assert.equal(
+      (await eventRow(raw, eventId))?.["lease_until"],
+      1_700_000_000_123 + 2 ** 31 + 7,
+    );
+    await raw.exec(
+      "CREATE TABLE big (v INTEGER) STRICT; INSERT INTO big VALUES (9007199254740993)",
+    );
+    assert.deepEqual(await raw.query("SELECT v FROM big"), [{
+      v: 9007199254740993n,
+    }]);
+  });
+
+  test("claim() while another connection holds the write lock throws BusyError and changes nothing", async ({ open, raw }) => {
+    const [a, b] = await open({ busyTimeoutMs: 0 });
+    await a!.enqueue("x");
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => release = resolve);
+    let entered!: () => void;
+    const inside = new Promise<void>((resolve) => entered = resolve);
+    const transaction = a!.transaction(async () => {
+      entered();
+      await held;
+    });
+    await inside;
+    await assert.rejects(() => b!.claim(), BusyError);
+    release();
+    await transaction;
+    const before = await snapshot(raw);
+    assert.equal(before.events[0]?.["state"], "pending");
+    assert.equal(before.attempts.length, 0);
+    assert.equal((await b!.claim())?.fence, 1);
+  });
+
+  test("open() applies the schema once and refuses a newer schema version", async ({ open, raw }) => {
+    await open();
+    await open();
+    const [version] = await raw.query("PRAGMA user_version");
+    assert.equal(version?.["user_version"], 1);
+    await raw.exec("PRAGMA user_version = 2");
+    await assert.rejects(() => open(), /schema version 2/);
+  });
+}
