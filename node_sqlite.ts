@@ -1,0 +1,331 @@
+/**
+ * A driver over `node:sqlite`, the native SQLite built into Deno: real WAL
+ * and POSIX byte-range locks, for Deno servers that want native speed, and
+ * the differential oracle the contract suite compares the WASM driver with.
+ *
+ * It behaves like the WASM driver in everything the contract observes:
+ * integers read back as `number` within ±2^53 and as `bigint` beyond; integer
+ * `number` parameters bind as SQLite `INTEGER` (node:sqlite alone binds every
+ * `number` as `REAL`); rows are plain objects; SQLite's busy handler is off;
+ * foreign keys follow SQLite's default (off) rather than node:sqlite's (on).
+ * One difference remains: after another connection changes the schema, the
+ * first run of a cached `SELECT *` here still returns the old column set
+ * (node:sqlite's `all()` counts columns before SQLite re-prepares).
+ *
+ * @module
+ */
+import { DatabaseSync, type StatementSync } from "node:sqlite";
+import type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
+import { sqliteError } from "./errors.ts";
+
+/** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
+export type JournalMode =
+  | "WAL"
+  | "DELETE"
+  | "TRUNCATE"
+  | "PERSIST"
+  | "MEMORY"
+  | "OFF";
+
+/** A `PRAGMA synchronous` level (https://sqlite.org/pragma.html#pragma_synchronous). */
+export type Synchronous = "OFF" | "NORMAL" | "FULL" | "EXTRA";
+
+const JOURNAL_MODES: readonly JournalMode[] = [
+  "WAL",
+  "DELETE",
+  "TRUNCATE",
+  "PERSIST",
+  "MEMORY",
+  "OFF",
+];
+const SYNCHRONOUS_LEVELS: readonly Synchronous[] = [
+  "OFF",
+  "NORMAL",
+  "FULL",
+  "EXTRA",
+];
+
+/** Options for {@linkcode openNodeSqlite}. */
+export interface NodeSqliteOptions {
+  /**
+   * Journal mode set when the connection opens. `WAL` lets readers run
+   * beside the one writer across connections and processes. Ignored for
+   * in-memory databases, whose journal always lives in memory.
+   *
+   * @default {"WAL"}
+   */
+  readonly journalMode?: JournalMode;
+  /**
+   * Sync level set when the connection opens. `FULL` makes every commit
+   * durable across power loss in any journal mode, which an outbox promises;
+   * `NORMAL` in WAL mode may lose the last commits on power loss (not on a
+   * process crash).
+   *
+   * @default {"FULL"}
+   */
+  readonly synchronous?: Synchronous;
+}
+
+/**
+ * Opens one connection through `node:sqlite`.
+ *
+ * @param path A file path, a `file:` URL, or `":memory:"` for a private
+ * in-memory database.
+ * @param options See {@linkcode NodeSqliteOptions}.
+ * @returns A {@linkcode Driver} for the connection.
+ * @throws {TypeError} When `path` is empty or an option has the wrong type.
+ * @throws {RangeError} When an option names no known mode.
+ * @throws {SqliteError} When SQLite cannot open the database or refuses the
+ * journal mode (e.g. WAL on a file system without shared memory).
+ *
+ * @example Two connections to one file in WAL mode
+ * ```ts
+ * import { openNodeSqlite } from "@leased/outbox/node-sqlite";
+ * import assert from "node:assert/strict";
+ *
+ * const dir = await Deno.makeTempDir();
+ * await using a = await openNodeSqlite(`${dir}/outbox.db`);
+ * await using b = await openNodeSqlite(`${dir}/outbox.db`);
+ * await a.exec("CREATE TABLE t(x INTEGER) STRICT");
+ * await a.run("INSERT INTO t VALUES (?)", [2n ** 60n]);
+ * assert.deepEqual(await b.query("SELECT x FROM t"), [{ x: 2n ** 60n }]);
+ * assert.deepEqual(await b.query("PRAGMA journal_mode"), [{ journal_mode: "wal" }]);
+ * ```
+ */
+export function openNodeSqlite(
+  path: string | URL,
+  options: NodeSqliteOptions = {},
+): Promise<NodeSqliteDriver> {
+  if (!(path instanceof URL) && (typeof path !== "string" || path === "")) {
+    return Promise.reject(
+      new TypeError(
+        `Cannot open database as 'path' must be a non-empty string or URL: current value is ${
+          String(path)
+        }`,
+      ),
+    );
+  }
+  let journalMode: JournalMode;
+  let synchronous: Synchronous;
+  try {
+    journalMode = oneOf(
+      "journalMode",
+      options.journalMode,
+      JOURNAL_MODES,
+      "WAL",
+    );
+    synchronous = oneOf(
+      "synchronous",
+      options.synchronous,
+      SYNCHRONOUS_LEVELS,
+      "FULL",
+    );
+  } catch (error) {
+    return Promise.reject(error);
+  }
+  let db: DatabaseSync | undefined;
+  try {
+    db = new DatabaseSync(path, { enableForeignKeyConstraints: false });
+    // Deno's node:sqlite installs a 5 s busy handler whatever `timeout`
+    // says; the core retries SQLITE_BUSY itself without blocking the loop.
+    db.exec(`PRAGMA busy_timeout = 0; PRAGMA synchronous = ${synchronous}`);
+    const [row] = db.prepare(`PRAGMA journal_mode = ${journalMode}`).all();
+    const actual = String(row?.["journal_mode"]);
+    if (actual !== "memory" && actual !== journalMode.toLowerCase()) {
+      throw sqliteError(
+        `SQLite kept journal_mode ${actual} instead of ${journalMode}`,
+        1,
+      );
+    }
+  } catch (error) {
+    db?.close();
+    return Promise.reject(toSqliteError(error));
+  }
+  return Promise.resolve(new NodeSqliteDriver(db));
+}
+
+/**
+ * A {@linkcode Driver} over one `node:sqlite` connection. Statements are
+ * prepared once per SQL text and kept until {@linkcode NodeSqliteDriver.close}.
+ */
+export class NodeSqliteDriver implements Driver, AsyncDisposable {
+  #db: DatabaseSync | undefined;
+  readonly #statements = new Map<string, StatementSync>();
+
+  /** @param db An open connection this driver takes ownership of. */
+  constructor(db: DatabaseSync) {
+    this.#db = db;
+  }
+
+  /** Runs one statement and returns its rows. */
+  query(sql: string, params: readonly SqlValue[] = []): Promise<Row[]> {
+    try {
+      const rows = this.#prepare(sql).all(...bindable(params));
+      return Promise.resolve(rows.map(toRow));
+    } catch (error) {
+      return Promise.reject(toSqliteError(error));
+    }
+  }
+
+  /** Runs one statement and reports its changes. */
+  run(sql: string, params: readonly SqlValue[] = []): Promise<RunResult> {
+    try {
+      const result = this.#prepare(sql).run(...bindable(params));
+      return Promise.resolve({
+        changes: Number(result.changes),
+        lastInsertRowid: exactInteger(result.lastInsertRowid),
+      });
+    } catch (error) {
+      return Promise.reject(toSqliteError(error));
+    }
+  }
+
+  /** Runs a script of several statements. */
+  exec(sql: string): Promise<void> {
+    try {
+      const db = this.#open();
+      // Scripts usually change the schema; see #prepare.
+      this.#statements.clear();
+      db.exec(sql);
+      return Promise.resolve();
+    } catch (error) {
+      return Promise.reject(toSqliteError(error));
+    }
+  }
+
+  /** Closes the connection, which finalizes every cached statement. */
+  close(): Promise<void> {
+    const db = this.#db;
+    this.#db = undefined;
+    this.#statements.clear();
+    db?.close();
+    return Promise.resolve();
+  }
+
+  /** Same as {@linkcode NodeSqliteDriver.close}, for `await using`. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+
+  #open(): DatabaseSync {
+    if (this.#db === undefined) throw new Error("Database is closed");
+    return this.#db;
+  }
+
+  #prepare(sql: string): StatementSync {
+    const cached = this.#statements.get(sql);
+    if (cached !== undefined) return cached;
+    const statement = this.#open().prepare(sql);
+    // Without it, reading an integer past ±2^53 throws a RangeError.
+    statement.setReadBigInts(true);
+    // node:sqlite's all() counts result columns before the step that
+    // re-prepares a statement after a schema change, so the first run of a
+    // cached `SELECT *` would drop new columns; schema changes made through
+    // this connection start a fresh cache instead.
+    if (SCHEMA_CHANGE.test(sql)) this.#statements.clear();
+    else this.#statements.set(sql, statement);
+    return statement;
+  }
+}
+
+const SCHEMA_CHANGE = /^\s*(?:CREATE|ALTER|DROP)\b/i;
+
+type NodeValue = null | number | bigint | string | Uint8Array;
+
+/**
+ * node:sqlite binds every `number` with `sqlite3_bind_double`; binding
+ * integers as `bigint` stores them as `INTEGER`, as the WASM build does, so
+ * `typeof(?)`, untyped columns and integer arithmetic agree across drivers.
+ */
+function bindable(params: readonly SqlValue[]): NodeValue[] {
+  const values: NodeValue[] = new Array(params.length);
+  for (let i = 0; i < params.length; i++) {
+    const value = params[i]!;
+    values[i] = typeof value === "number" && Number.isSafeInteger(value)
+      ? BigInt(value)
+      : value;
+  }
+  return values;
+}
+
+const MIN_SAFE = BigInt(Number.MIN_SAFE_INTEGER);
+const MAX_SAFE = BigInt(Number.MAX_SAFE_INTEGER);
+
+function exactInteger(value: number | bigint): number | bigint {
+  return typeof value === "bigint" && value >= MIN_SAFE && value <= MAX_SAFE
+    ? Number(value)
+    : value;
+}
+
+/**
+ * Copies node:sqlite's null-prototype row into a plain object (so rows
+ * compare equal to the WASM driver's), narrowing exact integers to `number`.
+ */
+function toRow(source: Record<string, unknown>): Row {
+  const row: Row = {};
+  for (const name in source) {
+    row[name] = exactInteger(source[name] as number | bigint) as SqlValue;
+  }
+  return row;
+}
+
+function oneOf<T extends string>(
+  name: string,
+  value: T | undefined,
+  allowed: readonly T[],
+  fallback: T,
+): T {
+  if (value === undefined) return fallback;
+  if (typeof value !== "string") {
+    throw new TypeError(
+      `Cannot open database as '${name}' must be a string: current value is ${
+        String(value)
+      }`,
+    );
+  }
+  if (!allowed.includes(value)) {
+    throw new RangeError(
+      `Cannot open database as '${name}' must be one of ${
+        allowed.join(", ")
+      }: current value is ${value}`,
+    );
+  }
+  return value;
+}
+
+/**
+ * Result codes by `sqlite3_errstr()` text, for errors that Deno's
+ * `DatabaseSync.exec()` reports without `errcode` (statements report it).
+ * Only the primary code can be recovered this way.
+ */
+const CODES_BY_MESSAGE: ReadonlyMap<string, number> = new Map([
+  ["database is locked", 5],
+  ["database table is locked", 6],
+  ["out of memory", 7],
+  ["attempt to write a readonly database", 8],
+  ["interrupted", 9],
+  ["disk I/O error", 10],
+  ["database disk image is malformed", 11],
+  ["database or disk is full", 13],
+  ["unable to open database file", 14],
+  ["database schema has changed", 17],
+  ["string or blob too big", 18],
+  ["datatype mismatch", 20],
+  ["file is not a database", 26],
+]);
+
+function codeFromMessage(message: string): number {
+  return CODES_BY_MESSAGE.get(message) ??
+    (/ constraint failed/.test(message) ? 19 : 1);
+}
+
+function toSqliteError(error: unknown): Error {
+  if (!(error instanceof Error)) return new Error(String(error));
+  if ((error as { code?: unknown }).code !== "ERR_SQLITE_ERROR") return error;
+  const errcode = (error as { errcode?: unknown }).errcode;
+  return sqliteError(
+    error.message,
+    typeof errcode === "number" ? errcode : codeFromMessage(error.message),
+    error,
+  );
+}

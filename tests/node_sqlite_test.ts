@@ -1,0 +1,194 @@
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { BusyError, ConstraintError, SqliteError } from "../errors.ts";
+import { openNodeSqlite } from "../node_sqlite.ts";
+
+async function tempFile(): Promise<{ path: string } & AsyncDisposable> {
+  const dir = await Deno.makeTempDir({ prefix: "node_sqlite_test_" });
+  return {
+    path: join(dir, "test.db"),
+    [Symbol.asyncDispose]: () => Deno.remove(dir, { recursive: true }),
+  };
+}
+
+Deno.test("integers read back as numbers within ±2^53 and as bigints beyond", async () => {
+  await using db = await openNodeSqlite(":memory:");
+  await db.exec("CREATE TABLE t(id INTEGER PRIMARY KEY, v INTEGER) STRICT");
+  const values = [
+    0,
+    1_700_000_000_000 + 2 ** 31,
+    Number.MAX_SAFE_INTEGER,
+    Number.MIN_SAFE_INTEGER,
+    2n ** 53n,
+    -(2n ** 53n),
+    2n ** 63n - 1n,
+  ];
+  for (const [i, v] of values.entries()) {
+    await db.run("INSERT INTO t VALUES (?, ?)", [i, v]);
+  }
+  const rows = await db.query("SELECT v FROM t ORDER BY id");
+  assert.deepEqual(rows.map((row) => row["v"]), values);
+});
+
+Deno.test("integer numbers bind as INTEGER and fractions as REAL", async () => {
+  await using db = await openNodeSqlite(":memory:");
+  assert.deepEqual(
+    await db.query("SELECT typeof(?) AS a, typeof(?) AS b, ? + 1 AS c", [
+      3,
+      1.5,
+      2 ** 31,
+    ]),
+    [{ a: "integer", b: "real", c: 2 ** 31 + 1 }],
+  );
+});
+
+Deno.test("rows are plain objects carrying null, text, real and blob values", async () => {
+  await using db = await openNodeSqlite(":memory:");
+  const [row] = await db.query(
+    "SELECT NULL AS n, 'tök' AS s, 0.25 AS r, x'0102ff' AS b",
+  );
+  assert.equal(Object.getPrototypeOf(row), Object.prototype);
+  assert.deepEqual(row, {
+    n: null,
+    s: "tök",
+    r: 0.25,
+    b: new Uint8Array([1, 2, 255]),
+  });
+});
+
+Deno.test("run() reports changes and the last inserted rowid", async () => {
+  await using db = await openNodeSqlite(":memory:");
+  await db.exec("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT) STRICT");
+  assert.deepEqual(
+    await db.run("INSERT INTO t VALUES (?, ?)", [2n ** 60n, "a"]),
+    { changes: 1, lastInsertRowid: 2n ** 60n },
+  );
+  assert.deepEqual(await db.run("INSERT INTO t(v) VALUES ('b'), ('c')"), {
+    changes: 2,
+    lastInsertRowid: 2n ** 60n + 2n,
+  });
+  assert.equal((await db.run("UPDATE t SET v = 'x'")).changes, 3);
+});
+
+Deno.test("a second writer gets BusyError at once, from statements and from exec()", async () => {
+  await using file = await tempFile();
+  await using a = await openNodeSqlite(file.path);
+  await using b = await openNodeSqlite(file.path);
+  assert.deepEqual(await b.query("PRAGMA busy_timeout"), [{ timeout: 0 }]);
+  await a.exec("CREATE TABLE t(x INTEGER)");
+  await a.run("BEGIN IMMEDIATE");
+  await assert.rejects(b.run("BEGIN IMMEDIATE"), (error) => {
+    assert.ok(error instanceof BusyError);
+    assert.equal(error.code, 5);
+    assert.equal(error.message, "database is locked");
+    return true;
+  });
+  await assert.rejects(b.exec("INSERT INTO t VALUES (1)"), BusyError);
+  await a.run("INSERT INTO t VALUES (1)");
+  await a.run("COMMIT");
+  await b.run("INSERT INTO t VALUES (2)");
+  assert.deepEqual(await a.query("SELECT x FROM t ORDER BY x"), [
+    { x: 1 },
+    { x: 2 },
+  ]);
+});
+
+Deno.test("constraint failures reject with ConstraintError carrying the extended code", async () => {
+  await using db = await openNodeSqlite(":memory:");
+  await db.exec("CREATE TABLE t(x INTEGER UNIQUE); INSERT INTO t VALUES (1)");
+  await assert.rejects(db.run("INSERT INTO t VALUES (?)", [1]), (error) => {
+    assert.ok(error instanceof ConstraintError);
+    assert.equal(error.code, 2067);
+    assert.equal(error.message, "UNIQUE constraint failed: t.x");
+    assert.ok(error.cause instanceof Error);
+    return true;
+  });
+  await assert.rejects(db.exec("INSERT INTO t VALUES (1)"), (error) => {
+    assert.ok(error instanceof ConstraintError);
+    assert.equal(error.code, 19);
+    return true;
+  });
+});
+
+Deno.test("other engine errors reject with SqliteError and keep the cause", async () => {
+  await using db = await openNodeSqlite(":memory:");
+  await assert.rejects(db.query("SELECT * FROM missing"), (error) => {
+    assert.ok(error instanceof SqliteError);
+    assert.ok(!(error instanceof BusyError));
+    assert.equal(error.code, 1);
+    assert.equal(error.message, "no such table: missing");
+    assert.equal((error.cause as { code: string }).code, "ERR_SQLITE_ERROR");
+    return true;
+  });
+});
+
+Deno.test("foreign keys follow SQLite's default (off), like the WASM build", async () => {
+  await using db = await openNodeSqlite(":memory:");
+  assert.deepEqual(await db.query("PRAGMA foreign_keys"), [{
+    foreign_keys: 0,
+  }]);
+});
+
+Deno.test("a file opens in WAL with synchronous FULL by default", async () => {
+  await using file = await tempFile();
+  await using db = await openNodeSqlite(file.path);
+  assert.deepEqual(await db.query("PRAGMA journal_mode"), [
+    { journal_mode: "wal" },
+  ]);
+  assert.deepEqual(await db.query("PRAGMA synchronous"), [{ synchronous: 2 }]);
+});
+
+Deno.test("journalMode and synchronous options set those pragmas", async () => {
+  await using file = await tempFile();
+  await using db = await openNodeSqlite(new URL(`file://${file.path}`), {
+    journalMode: "TRUNCATE",
+    synchronous: "NORMAL",
+  });
+  assert.deepEqual(await db.query("PRAGMA journal_mode"), [
+    { journal_mode: "truncate" },
+  ]);
+  assert.deepEqual(await db.query("PRAGMA synchronous"), [{ synchronous: 1 }]);
+});
+
+Deno.test("bad paths and options throw before opening", async () => {
+  await assert.rejects(
+    openNodeSqlite(""),
+    new TypeError(
+      "Cannot open database as 'path' must be a non-empty string or URL: current value is ",
+    ),
+  );
+  await assert.rejects(
+    // @ts-expect-error: the mode is checked at run time too
+    openNodeSqlite(":memory:", { journalMode: "wal" }),
+    new RangeError(
+      "Cannot open database as 'journalMode' must be one of WAL, DELETE, TRUNCATE, PERSIST, MEMORY, OFF: current value is wal",
+    ),
+  );
+  await assert.rejects(
+    // @ts-expect-error: the level is checked at run time too
+    openNodeSqlite(":memory:", { synchronous: 2 }),
+    new TypeError(
+      "Cannot open database as 'synchronous' must be a string: current value is 2",
+    ),
+  );
+});
+
+Deno.test("calls after close() reject and closing twice is a no-op", async () => {
+  const db = await openNodeSqlite(":memory:");
+  await db.close();
+  await db.close();
+  await assert.rejects(db.query("SELECT 1"), new Error("Database is closed"));
+  await assert.rejects(db.run("SELECT 1"), new Error("Database is closed"));
+  await assert.rejects(db.exec("SELECT 1"), new Error("Database is closed"));
+});
+
+Deno.test("a cached statement sees columns added through run() or exec()", async () => {
+  await using db = await openNodeSqlite(":memory:");
+  await db.run("CREATE TABLE t(a INTEGER)");
+  await db.run("INSERT INTO t VALUES (1)");
+  assert.deepEqual(await db.query("SELECT * FROM t"), [{ a: 1 }]);
+  await db.run("ALTER TABLE t ADD COLUMN b INTEGER DEFAULT 2");
+  assert.deepEqual(await db.query("SELECT * FROM t"), [{ a: 1, b: 2 }]);
+  await db.exec("ALTER TABLE t ADD COLUMN c INTEGER DEFAULT 3");
+  assert.deepEqual(await db.query("SELECT * FROM t"), [{ a: 1, b: 2, c: 3 }]);
+});
