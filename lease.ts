@@ -442,7 +442,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     options: EnqueueOptions = {},
   ): Promise<EnqueueResult> {
     const insert = this.#prepareEnqueue("enqueue", payload, options);
-    return this.#write("enqueue", (now) => this.#enqueue(insert, now));
+    return await this.#write("enqueue", (now) => this.#enqueue(insert, now));
   }
 
   /**
@@ -479,7 +479,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           "Cannot claim as 'token' cannot be supplied with 'max': each lease gets its own",
         );
       }
-      return this.#write(
+      return await this.#write(
         op,
         (now) => this.#claim(queue, leaseMs, max, undefined, now),
       );
@@ -487,7 +487,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const token = options.token === undefined
       ? undefined
       : checkToken(op, "token", options.token);
-    return this.#write(op, async (now) => {
+    return await this.#write(op, async (now) => {
       const [lease] = await this.#claim(queue, leaseMs, 1, token, now);
       return lease ?? null;
     });
@@ -514,7 +514,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       const checked = leases.map((lease, i) =>
         checkLease(op, `leases[${i}]`, lease)
       );
-      return this.#write(op, async (now) => {
+      return await this.#write(op, async (now) => {
         const results: boolean[] = [];
         for (const lease of checked) {
           results.push(await this.#acknowledge(lease, now));
@@ -523,7 +523,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       });
     }
     const lease = checkLease(op, "lease", leases);
-    return this.#write(op, (now) => this.#acknowledge(lease, now));
+    return await this.#write(op, (now) => this.#acknowledge(lease, now));
   }
 
   /**
@@ -547,7 +547,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const checked = checkLease(op, "lease", lease);
     const ms = checkInteger(op, "leaseMs", leaseMs, 1, MAX_DURATION_MS) ??
       this.#leaseMs;
-    return this.#write(op, async (now) => {
+    return await this.#write(op, async (now) => {
       const [row] = await this.#driver.query(SQL.renew, [
         now + ms,
         now,
@@ -594,7 +594,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const error = options.error === undefined
       ? null
       : checkError(op, options.error);
-    return this.#write(op, async (now) => {
+    return await this.#write(op, async (now) => {
       const [row] = await this.#driver.query(SQL.release, [
         now,
         now + delayMs,
@@ -646,7 +646,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       ? this.#queue
       : checkName(op, "queue", options.queue);
     const limit = checkInteger(op, "limit", options.limit, 1, MAX_BATCH) ?? 100;
-    return this.#write(op, async (now) => {
+    return await this.#write(op, async (now) => {
       await this.#expireExhausted(now);
       const rows = await this.#driver.query(SQL.deadLetters, [queue, limit]);
       return rows.map((row) => ({
@@ -673,7 +673,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const id =
       checkInteger("retry", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
         0;
-    return this.#write("retry", async (now) => {
+    return await this.#write("retry", async (now) => {
       await this.#expireExhausted(now);
       const [row] = await this.#driver.query(SQL.retry, [now, id]);
       if (row === undefined) return false;
@@ -706,7 +706,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         "Cannot purge as 'doneBeforeMs' is required: current value is undefined",
       );
     }
-    return this.#write(op, async () => {
+    return await this.#write(op, async () => {
       await this.#driver.run(SQL.purgeLedger, [before]);
       return (await this.#driver.run(SQL.purge, [before])).changes;
     });
@@ -724,7 +724,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const queue = options.queue === undefined
       ? this.#queue
       : checkName(op, "queue", options.queue);
-    return this.#write(op, async (now) => {
+    return await this.#write(op, async (now) => {
       await this.#expireExhausted(now);
       const counts: Record<string, number> = {
         pending: 0,
@@ -761,7 +761,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const id =
       checkInteger("explain", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
         0;
-    return this.#write("explain", async (now) => {
+    return await this.#write("explain", async (now) => {
       await this.#expireExhausted(now);
       const [row] = await this.#driver.query(SQL.event, [id]);
       if (row === undefined) return null;
@@ -827,7 +827,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         }`,
       );
     }
-    return this.#write("run transaction", (now) => {
+    return await this.#write("run transaction", (now) => {
       const driver = this.#driver;
       const tx: Transaction = {
         run: (sql, params) => driver.run(sql, params),
