@@ -1,0 +1,864 @@
+/**
+ * A SQLite VFS that gives the official SQLite WASM build real files under
+ * Deno, over Deno's synchronous file API.
+ *
+ * The package's node build (which Deno loads) only has a transient in-memory
+ * filesystem; {@linkcode installDenoFileVfs} registers this VFS so that file
+ * paths and `file:` URIs open real files on disk.
+ *
+ * Locking follows SQLite's own five lock levels (https://sqlite.org/lockingv3.html)
+ * and the order of `unixLock`/`unixUnlock` in SQLite's `os_unix.c`, but over
+ * `flock(2)`-style whole-file locks (`Deno.FsFile.tryLockSync`), because Deno
+ * has no byte-range locks. Three permanent zero-byte sidecar files next to the
+ * database stand for SQLite's PENDING, RESERVED and SHARED lock bytes:
+ * `<db>-pending.lock`, `<db>-reserved.lock` and `<db>-shared.lock`. flock
+ * locks belong to an open file description, so every connection opens its
+ * own sidecar handles and two connections in one process exclude each other
+ * exactly like two processes do; the kernel drops a dead process's locks, so
+ * a crash never leaves a stale lock behind.
+ *
+ * What this does not do: interlock with native SQLite processes writing the
+ * same file (they use POSIX byte-range locks, which do not see flock locks),
+ * lock reliably on network filesystems, or provide shared memory (so WAL
+ * works only with `PRAGMA locking_mode=EXCLUSIVE`, one connection at a time).
+ *
+ * @module
+ */
+import { basename, dirname, join, resolve } from "node:path";
+import type { Sqlite3Static, WasmPointer } from "@sqlite.org/sqlite-wasm";
+
+/** Options for {@linkcode installDenoFileVfs}. */
+export interface DenoFileVfsOptions {
+  /**
+   * The name the VFS is registered under (`?vfs=` in URIs, `vfs` in oo1).
+   *
+   * @default {"deno-file"}
+   */
+  readonly name?: string;
+  /**
+   * Whether the VFS becomes SQLite's default, so plain paths use it.
+   *
+   * @default {true}
+   */
+  readonly asDefault?: boolean;
+}
+
+/**
+ * Registers the Deno file VFS with a SQLite WASM module, once per module and
+ * name (later calls return the name without registering again).
+ *
+ * Needs `--allow-read` and `--allow-write` for the database's directory: the
+ * VFS creates the journal and the three lock sidecar files there.
+ *
+ * @param sqlite3 The initialised module (from `loadSqlite3()`).
+ * @param options See {@linkcode DenoFileVfsOptions}.
+ * @returns The name the VFS is registered under.
+ * @throws {Error} When SQLite refuses the registration.
+ *
+ * @example Open a database file through the VFS
+ * ```ts
+ * import { installDenoFileVfs } from "@leased/outbox/sqlite-wasm";
+ * import sqlite3InitModule from "@sqlite.org/sqlite-wasm";
+ * import assert from "node:assert/strict";
+ *
+ * const sqlite3 = await sqlite3InitModule();
+ * const vfs = installDenoFileVfs(sqlite3, { name: "deno-file-example", asDefault: false });
+ * const dir = Deno.makeTempDirSync();
+ * const db = new sqlite3.oo1.DB({ filename: `${dir}/example.db`, flags: "c", vfs });
+ * db.exec("CREATE TABLE t(x); INSERT INTO t VALUES (42)");
+ * db.close();
+ * assert.equal(Deno.statSync(`${dir}/example.db`).size > 0, true);
+ * Deno.removeSync(dir, { recursive: true });
+ * ```
+ */
+export function installDenoFileVfs(
+  sqlite3: Sqlite3Static,
+  options: DenoFileVfsOptions = {},
+): string {
+  const name = options.name ?? "deno-file";
+  if (typeof name !== "string" || name.length === 0) {
+    throw new TypeError(
+      `Cannot install the VFS as 'name' must be a non-empty string: current value is ${
+        String(name)
+      }`,
+    );
+  }
+  const asDefault = options.asDefault ?? true;
+  const capi = sqlite3.capi;
+  if (capi.sqlite3_vfs_find(name)) {
+    if (asDefault) capi.sqlite3_vfs_register(capi.sqlite3_vfs_find(name), 1);
+    return name;
+  }
+  const { io, vfs } = createVfs(sqlite3);
+  const ioStruct = new capi.sqlite3_io_methods();
+  // The typings name it `iVersion`; the struct binder's member is `$iVersion`.
+  (ioStruct as unknown as { $iVersion: number }).$iVersion = 1;
+  const vfsStruct = new capi.sqlite3_vfs();
+  vfsStruct.$iVersion = 2;
+  // The typings put structInfo on instances; the binder puts it on the class.
+  vfsStruct.$szOsFile = (capi.sqlite3_file as unknown as {
+    structInfo: { sizeof: number };
+  }).structInfo.sizeof;
+  vfsStruct.$mxPathname = MAX_PATHNAME;
+  ioMethodsPointer.set(sqlite3, ioStruct.pointer);
+  sqlite3.vfs.installVfs({
+    io: { struct: ioStruct, methods: io as never },
+    vfs: { struct: vfsStruct, methods: vfs as never, name, asDefault },
+  });
+  return name;
+}
+
+const MAX_PATHNAME = 1024;
+const SECTOR_SIZE = 4096;
+
+// SQLite's lock levels (sqlite3.h SQLITE_LOCK_*).
+const NONE = 0;
+const SHARED = 1;
+const RESERVED = 2;
+const PENDING = 3;
+const EXCLUSIVE = 4;
+
+// Result codes, spelled out so the hot paths do not look them up.
+const OK = 0;
+const BUSY = 5;
+const IOERR = 10;
+const FULL = 13;
+const CANTOPEN = 14;
+const NOTFOUND = 12;
+const IOERR_READ = IOERR | (1 << 8);
+const IOERR_SHORT_READ = IOERR | (2 << 8);
+const IOERR_WRITE = IOERR | (3 << 8);
+const IOERR_FSYNC = IOERR | (4 << 8);
+const IOERR_DIR_FSYNC = IOERR | (5 << 8);
+const IOERR_TRUNCATE = IOERR | (6 << 8);
+const IOERR_FSTAT = IOERR | (7 << 8);
+const IOERR_UNLOCK = IOERR | (8 << 8);
+const IOERR_RDLOCK = IOERR | (9 << 8);
+const IOERR_DELETE = IOERR | (10 << 8);
+const IOERR_ACCESS = IOERR | (13 << 8);
+const IOERR_CHECKRESERVEDLOCK = IOERR | (14 << 8);
+const IOERR_LOCK = IOERR | (15 << 8);
+const IOERR_CLOSE = IOERR | (16 << 8);
+const IOERR_DELETE_NOENT = IOERR | (23 << 8);
+
+// xOpen flags (sqlite3.h SQLITE_OPEN_*).
+const OPEN_READONLY = 0x1;
+const OPEN_READWRITE = 0x2;
+const OPEN_CREATE = 0x4;
+const OPEN_DELETEONCLOSE = 0x8;
+const OPEN_EXCLUSIVE = 0x10;
+const OPEN_MAIN_DB = 0x100;
+const OPEN_MAIN_JOURNAL = 0x800;
+const OPEN_SUPER_JOURNAL = 0x4000;
+const OPEN_WAL = 0x80000;
+
+const ACCESS_EXISTS = 0;
+const IOCAP_POWERSAFE_OVERWRITE = 0x1000;
+// Readers and writers briefly hold sidecar locks while probing or taking
+// SHARED; a few immediate retries absorb those windows instead of reporting a
+// spurious SQLITE_BUSY to the writer.
+const LOCK_ATTEMPTS = 3;
+
+const ioMethodsPointer = new WeakMap<Sqlite3Static, WasmPointer>();
+const encoder = new TextEncoder();
+
+/** A VFS failure that carries the SQLite result code to report. */
+class VfsError extends Error {
+  readonly code: number;
+  constructor(message: string, code: number, options?: ErrorOptions) {
+    super(message, options);
+    this.code = code;
+  }
+}
+
+/** The operations SQLite calls on one open file. */
+interface OpenFile {
+  readonly path: string;
+  lockLevel(): number;
+  read(into: Uint8Array, offset: number): number;
+  write(from: Uint8Array, offset: number): void;
+  truncate(size: number): void;
+  sync(): void;
+  size(): number;
+  lock(level: number): number;
+  unlock(level: number): number;
+  checkReserved(): boolean;
+  close(): void;
+}
+
+/**
+ * SQLite's lock levels over three sidecar files, one connection's view.
+ *
+ * The order mirrors os_unix.c: a reader takes PENDING shared for a moment
+ * before SHARED (so it cannot slip in while a writer waits for readers to
+ * drain); a writer keeps SHARED while it takes RESERVED (no upgrade gap); the
+ * SHARED→EXCLUSIVE conversion happens only while holding PENDING, so nobody
+ * else can take SHARED or EXCLUSIVE in the moment flock's non-atomic
+ * conversion leaves the SHARED sidecar unlocked.
+ */
+class LockSet {
+  #level = NONE;
+  #pendingHeld = false;
+  #reservedHeld = false;
+  readonly #pending: Deno.FsFile;
+  readonly #reserved: Deno.FsFile;
+  readonly #shared: Deno.FsFile;
+
+  constructor(databasePath: string) {
+    const opened: Deno.FsFile[] = [];
+    try {
+      for (const kind of ["pending", "reserved", "shared"]) {
+        opened.push(openSidecar(`${databasePath}-${kind}.lock`));
+      }
+    } catch (error) {
+      for (const file of opened) file.close();
+      throw error;
+    }
+    [this.#pending, this.#reserved, this.#shared] = opened as [
+      Deno.FsFile,
+      Deno.FsFile,
+      Deno.FsFile,
+    ];
+  }
+
+  get level(): number {
+    return this.#level;
+  }
+
+  lock(target: number): number {
+    if (this.#level >= target) return OK;
+    if (target === SHARED) {
+      if (!this.#pending.tryLockSync(false)) return BUSY;
+      const shared = this.#shared.tryLockSync(false);
+      this.#pending.unlockSync();
+      if (!shared) return BUSY;
+      this.#level = SHARED;
+      return OK;
+    }
+    if (target === RESERVED) {
+      if (!tryLock(this.#reserved, true)) return BUSY;
+      this.#reservedHeld = true;
+      this.#level = RESERVED;
+      return OK;
+    }
+    if (!this.#pendingHeld) {
+      if (!tryLock(this.#pending, true)) return BUSY;
+      this.#pendingHeld = true;
+      this.#level = PENDING;
+    }
+    // flock converts by dropping the old lock first (and on Linux a failed
+    // conversion loses it), so drop it explicitly and re-take it on failure.
+    this.#shared.unlockSync();
+    if (this.#shared.tryLockSync(true)) {
+      this.#level = EXCLUSIVE;
+      return OK;
+    }
+    if (!tryLock(this.#shared, false)) {
+      throw new VfsError(
+        "Could not re-take the SHARED lock after a failed EXCLUSIVE attempt",
+        IOERR_LOCK,
+      );
+    }
+    return BUSY;
+  }
+
+  unlock(target: number): number {
+    if (this.#level <= target) return OK;
+    if (target === SHARED) {
+      if (this.#level === EXCLUSIVE && !tryLock(this.#shared, false)) {
+        throw new VfsError(
+          "Could not downgrade the EXCLUSIVE lock to SHARED",
+          IOERR_RDLOCK,
+        );
+      }
+    } else {
+      this.#shared.unlockSync();
+    }
+    if (this.#reservedHeld) {
+      this.#reserved.unlockSync();
+      this.#reservedHeld = false;
+    }
+    if (this.#pendingHeld) {
+      this.#pending.unlockSync();
+      this.#pendingHeld = false;
+    }
+    this.#level = target;
+    return OK;
+  }
+
+  /**
+   * Whether some connection holds RESERVED or more. A probe with a shared
+   * lock fails only against a real RESERVED holder (an exclusive lock), so
+   * this never reports a reservation that is not there: after a crash the
+   * kernel has dropped the dead writer's lock and the hot journal is seen.
+   */
+  checkReserved(): boolean {
+    if (this.#level > SHARED) return true;
+    if (!this.#reserved.tryLockSync(false)) return true;
+    this.#reserved.unlockSync();
+    return false;
+  }
+
+  close(): void {
+    this.#pending.close();
+    this.#reserved.close();
+    this.#shared.close();
+    this.#level = NONE;
+  }
+}
+
+function tryLock(file: Deno.FsFile, exclusive: boolean): boolean {
+  for (let attempt = 0; attempt < LOCK_ATTEMPTS; attempt++) {
+    if (file.tryLockSync(exclusive)) return true;
+  }
+  return false;
+}
+
+function openSidecar(path: string): Deno.FsFile {
+  try {
+    return Deno.openSync(path, { read: true, write: true, create: true });
+  } catch (error) {
+    // A read-only database in a read-only directory still locks through
+    // sidecars someone created earlier.
+    if (error instanceof Deno.errors.PermissionDenied) {
+      return Deno.openSync(path, { read: true });
+    }
+    throw error;
+  }
+}
+
+/** A file on disk, with the lock set when it is a main database. */
+class DiskFile implements OpenFile {
+  readonly path: string;
+  readonly #file: Deno.FsFile;
+  readonly #locks: LockSet | undefined;
+  readonly #deleteOnClose: boolean;
+  #syncDirectory: boolean;
+  // Where the OS file offset is, so sequential I/O skips the seek; -1 = unknown.
+  #position = -1;
+
+  constructor(
+    path: string,
+    file: Deno.FsFile,
+    locks: LockSet | undefined,
+    deleteOnClose: boolean,
+    syncDirectory: boolean,
+  ) {
+    this.path = path;
+    this.#file = file;
+    this.#locks = locks;
+    this.#deleteOnClose = deleteOnClose;
+    this.#syncDirectory = syncDirectory;
+  }
+
+  lockLevel(): number {
+    return this.#locks?.level ?? NONE;
+  }
+
+  read(into: Uint8Array, offset: number): number {
+    this.#seek(offset);
+    let done = 0;
+    try {
+      while (done < into.length) {
+        const n = this.#file.readSync(into.subarray(done));
+        if (n === null || n === 0) break;
+        done += n;
+      }
+    } catch (error) {
+      this.#position = -1;
+      throw error;
+    }
+    this.#position = offset + done;
+    return done;
+  }
+
+  write(from: Uint8Array, offset: number): void {
+    this.#seek(offset);
+    let done = 0;
+    try {
+      while (done < from.length) {
+        done += this.#file.writeSync(from.subarray(done));
+      }
+    } catch (error) {
+      this.#position = -1;
+      throw error;
+    }
+    this.#position = offset + done;
+  }
+
+  truncate(size: number): void {
+    this.#file.truncateSync(size);
+  }
+
+  sync(): void {
+    // fdatasync also flushes the file size, which is all SQLite needs; on
+    // Linux os_unix uses it for every sync flag.
+    this.#file.syncDataSync();
+    if (this.#syncDirectory) {
+      // A journal created by this open survives power loss only once its
+      // directory entry is on disk (os_unix's UNIXFILE_DIRSYNC).
+      syncDirectory(dirname(this.path));
+      this.#syncDirectory = false;
+    }
+  }
+
+  size(): number {
+    return this.#file.statSync().size;
+  }
+
+  lock(level: number): number {
+    return this.#locks?.lock(level) ?? OK;
+  }
+
+  unlock(level: number): number {
+    return this.#locks?.unlock(level) ?? OK;
+  }
+
+  checkReserved(): boolean {
+    return this.#locks?.checkReserved() ?? false;
+  }
+
+  close(): void {
+    try {
+      this.#locks?.unlock(NONE);
+    } finally {
+      this.#locks?.close();
+      this.#file.close();
+      if (this.#deleteOnClose) removeIfPresent(this.path);
+    }
+  }
+
+  #seek(offset: number): void {
+    if (this.#position === offset) return;
+    this.#position = -1;
+    this.#file.seekSync(offset, Deno.SeekMode.Start);
+    this.#position = offset;
+  }
+}
+
+/**
+ * A nameless temporary file (sorter spill, temp database) kept in memory:
+ * nothing else can see it, so it needs neither locks nor a disk.
+ */
+class MemoryFile implements OpenFile {
+  readonly path = "";
+  #bytes = new Uint8Array(0);
+  #size = 0;
+
+  lockLevel(): number {
+    return NONE;
+  }
+
+  read(into: Uint8Array, offset: number): number {
+    const available = Math.max(0, Math.min(into.length, this.#size - offset));
+    into.set(this.#bytes.subarray(offset, offset + available));
+    return available;
+  }
+
+  write(from: Uint8Array, offset: number): void {
+    const end = offset + from.length;
+    if (end > this.#bytes.length) {
+      const grown = new Uint8Array(Math.max(end, this.#bytes.length * 2));
+      grown.set(this.#bytes.subarray(0, this.#size));
+      this.#bytes = grown;
+    }
+    this.#bytes.set(from, offset);
+    this.#size = Math.max(this.#size, end);
+  }
+
+  truncate(size: number): void {
+    if (size < this.#size) this.#bytes.fill(0, size, this.#size);
+    this.#size = Math.min(this.#size, size);
+  }
+
+  sync(): void {}
+
+  size(): number {
+    return this.#size;
+  }
+
+  lock(): number {
+    return OK;
+  }
+
+  unlock(): number {
+    return OK;
+  }
+
+  checkReserved(): boolean {
+    return false;
+  }
+
+  close(): void {
+    this.#bytes = new Uint8Array(0);
+    this.#size = 0;
+  }
+}
+
+function syncDirectory(path: string): void {
+  let directory: Deno.FsFile;
+  try {
+    directory = Deno.openSync(path, { read: true });
+  } catch {
+    // As in os_unix: a directory that cannot be opened cannot be synced,
+    // which is not the database's failure.
+    return;
+  }
+  try {
+    directory.syncSync();
+  } finally {
+    directory.close();
+  }
+}
+
+function removeIfPresent(path: string): void {
+  try {
+    Deno.removeSync(path);
+  } catch (error) {
+    if (!(error instanceof Deno.errors.NotFound)) throw error;
+  }
+}
+
+function exists(path: string): boolean {
+  try {
+    Deno.statSync(path);
+    return true;
+  } catch (error) {
+    if (error instanceof Deno.errors.NotFound) return false;
+    throw error;
+  }
+}
+
+/**
+ * The absolute path with symlinks resolved, so that two names of one file
+ * share one journal and one set of lock sidecars.
+ */
+function canonicalPath(name: string): string {
+  const absolute = resolve(name);
+  try {
+    return Deno.realPathSync(absolute);
+  } catch (error) {
+    if (!(error instanceof Deno.errors.NotFound)) throw error;
+  }
+  try {
+    return join(Deno.realPathSync(dirname(absolute)), basename(absolute));
+  } catch (error) {
+    if (error instanceof Deno.errors.NotFound) return absolute;
+    throw error;
+  }
+}
+
+function errorCode(error: unknown, fallback: number): number {
+  if (error instanceof VfsError) return error.code;
+  const code = (error as { code?: unknown } | null)?.code;
+  if (code === "ENOSPC" || code === "EDQUOT") return FULL;
+  return fallback;
+}
+
+function createVfs(sqlite3: Sqlite3Static) {
+  const wasm = sqlite3.wasm;
+  const files = new Map<number, OpenFile>();
+  let lastError: { message: string; code: number } | undefined;
+
+  // Exceptions must never cross into WASM: every method reports a result
+  // code and keeps the message for xGetLastError.
+  const fail = (error: unknown, fallback: number): number => {
+    const code = errorCode(error, fallback);
+    lastError = {
+      message: error instanceof Error ? error.message : String(error),
+      code,
+    };
+    return code;
+  };
+  const fileOf = (pFile: WasmPointer): OpenFile => {
+    const file = files.get(Number(pFile));
+    if (file === undefined) {
+      throw new VfsError(`No open file at pointer ${pFile}`, IOERR);
+    }
+    return file;
+  };
+  // Heap views detach when memory grows, so take a fresh one on every call.
+  const heap = (pointer: WasmPointer, length: number): Uint8Array =>
+    wasm.heap8u().subarray(Number(pointer), Number(pointer) + length);
+
+  const io = {
+    xClose(pFile: WasmPointer): number {
+      const file = files.get(Number(pFile));
+      files.delete(Number(pFile));
+      try {
+        file?.close();
+        return OK;
+      } catch (error) {
+        return fail(error, IOERR_CLOSE);
+      }
+    },
+    xRead(
+      pFile: WasmPointer,
+      pDest: WasmPointer,
+      amount: number,
+      offset: bigint,
+    ): number {
+      try {
+        const into = heap(pDest, amount);
+        const done = fileOf(pFile).read(into, Number(offset));
+        if (done < amount) {
+          // SQLite requires the unread tail zero-filled on a short read.
+          into.fill(0, done);
+          return IOERR_SHORT_READ;
+        }
+        return OK;
+      } catch (error) {
+        return fail(error, IOERR_READ);
+      }
+    },
+    xWrite(
+      pFile: WasmPointer,
+      pSource: WasmPointer,
+      amount: number,
+      offset: bigint,
+    ): number {
+      try {
+        fileOf(pFile).write(heap(pSource, amount), Number(offset));
+        return OK;
+      } catch (error) {
+        return fail(error, IOERR_WRITE);
+      }
+    },
+    xTruncate(pFile: WasmPointer, size: bigint): number {
+      try {
+        fileOf(pFile).truncate(Number(size));
+        return OK;
+      } catch (error) {
+        return fail(error, IOERR_TRUNCATE);
+      }
+    },
+    xSync(pFile: WasmPointer): number {
+      try {
+        fileOf(pFile).sync();
+        return OK;
+      } catch (error) {
+        return fail(error, IOERR_FSYNC);
+      }
+    },
+    xFileSize(pFile: WasmPointer, pSize: WasmPointer): number {
+      try {
+        wasm.poke64(pSize, BigInt(fileOf(pFile).size()));
+        return OK;
+      } catch (error) {
+        return fail(error, IOERR_FSTAT);
+      }
+    },
+    xLock(pFile: WasmPointer, level: number): number {
+      try {
+        return fileOf(pFile).lock(level);
+      } catch (error) {
+        return fail(error, IOERR_LOCK);
+      }
+    },
+    xUnlock(pFile: WasmPointer, level: number): number {
+      try {
+        return fileOf(pFile).unlock(level);
+      } catch (error) {
+        return fail(error, IOERR_UNLOCK);
+      }
+    },
+    xCheckReservedLock(pFile: WasmPointer, pOut: WasmPointer): number {
+      try {
+        wasm.poke32(pOut, fileOf(pFile).checkReserved() ? 1 : 0);
+        return OK;
+      } catch (error) {
+        wasm.poke32(pOut, 0);
+        return fail(error, IOERR_CHECKRESERVEDLOCK);
+      }
+    },
+    xFileControl(): number {
+      return NOTFOUND;
+    },
+    xSectorSize(): number {
+      return SECTOR_SIZE;
+    },
+    xDeviceCharacteristics(): number {
+      // What os_unix reports on Linux by default (SQLITE_POWERSAFE_OVERWRITE=1).
+      return IOCAP_POWERSAFE_OVERWRITE;
+    },
+  };
+
+  const vfs = {
+    xOpen(
+      _pVfs: WasmPointer,
+      zName: WasmPointer,
+      pFile: WasmPointer,
+      flags: number,
+      pOutFlags: WasmPointer,
+    ): number {
+      try {
+        const name = zName ? wasm.cstrToJs(zName) : null;
+        let outFlags = flags;
+        let file: OpenFile;
+        if (name === null || name === "") {
+          file = new MemoryFile();
+        } else {
+          const writable = (flags & OPEN_READWRITE) !== 0;
+          const create = writable && (flags & OPEN_CREATE) !== 0;
+          const isJournal =
+            (flags & (OPEN_MAIN_JOURNAL | OPEN_SUPER_JOURNAL | OPEN_WAL)) !== 0;
+          const created = create && isJournal && !exists(name);
+          let handle: Deno.FsFile;
+          try {
+            handle = Deno.openSync(name, {
+              read: true,
+              write: writable,
+              create,
+              createNew: create && (flags & OPEN_EXCLUSIVE) !== 0,
+            });
+          } catch (error) {
+            // Like os_unix: a database we may not write opens read-only.
+            if (
+              !(writable && (flags & OPEN_MAIN_DB) !== 0 &&
+                error instanceof Deno.errors.PermissionDenied)
+            ) throw error;
+            handle = Deno.openSync(name, { read: true });
+            outFlags = (flags & ~(OPEN_READWRITE | OPEN_CREATE)) |
+              OPEN_READONLY;
+          }
+          let locks: LockSet | undefined;
+          if ((flags & OPEN_MAIN_DB) !== 0) {
+            try {
+              locks = new LockSet(name);
+            } catch (error) {
+              handle.close();
+              throw error;
+            }
+          }
+          file = new DiskFile(
+            name,
+            handle,
+            locks,
+            (flags & OPEN_DELETEONCLOSE) !== 0,
+            created,
+          );
+        }
+        files.set(Number(pFile), file);
+        wasm.pokePtr(pFile, ioMethodsPointer.get(sqlite3)!);
+        if (pOutFlags) wasm.poke32(pOutFlags, outFlags);
+        return OK;
+      } catch (error) {
+        return fail(error, CANTOPEN);
+      }
+    },
+    xDelete(_pVfs: WasmPointer, zName: WasmPointer, syncDir: number): number {
+      const path = wasm.cstrToJs(zName) ?? "";
+      try {
+        Deno.removeSync(path);
+      } catch (error) {
+        if (error instanceof Deno.errors.NotFound) {
+          fail(error, IOERR_DELETE_NOENT);
+          return IOERR_DELETE_NOENT;
+        }
+        return fail(error, IOERR_DELETE);
+      }
+      if (syncDir) {
+        try {
+          syncDirectory(dirname(path));
+        } catch (error) {
+          return fail(error, IOERR_DIR_FSYNC);
+        }
+      }
+      return OK;
+    },
+    xAccess(
+      _pVfs: WasmPointer,
+      zName: WasmPointer,
+      flags: number,
+      pOut: WasmPointer,
+    ): number {
+      try {
+        const path = wasm.cstrToJs(zName) ?? "";
+        let result = false;
+        if (flags === ACCESS_EXISTS) {
+          // As os_unix: an empty regular file (a TRUNCATE-mode journal
+          // between transactions) counts as absent, so it is not probed
+          // as a possible hot journal on every read.
+          try {
+            const info = Deno.statSync(path);
+            result = !info.isFile || info.size > 0;
+          } catch (error) {
+            if (!(error instanceof Deno.errors.NotFound)) throw error;
+          }
+        } else {
+          try {
+            Deno.openSync(path, { read: true, write: true }).close();
+            result = true;
+          } catch (error) {
+            if (
+              !(error instanceof Deno.errors.NotFound ||
+                error instanceof Deno.errors.PermissionDenied)
+            ) throw error;
+          }
+        }
+        wasm.poke32(pOut, result ? 1 : 0);
+        return OK;
+      } catch (error) {
+        wasm.poke32(pOut, 0);
+        return fail(error, IOERR_ACCESS);
+      }
+    },
+    xFullPathname(
+      _pVfs: WasmPointer,
+      zName: WasmPointer,
+      nOut: number,
+      pOut: WasmPointer,
+    ): number {
+      try {
+        const bytes = encoder.encode(canonicalPath(wasm.cstrToJs(zName) ?? ""));
+        if (bytes.length >= nOut) {
+          throw new VfsError("Path is longer than mxPathname", CANTOPEN);
+        }
+        const out = heap(pOut, nOut);
+        out.set(bytes);
+        out[bytes.length] = 0;
+        return OK;
+      } catch (error) {
+        return fail(error, CANTOPEN);
+      }
+    },
+    xRandomness(_pVfs: WasmPointer, nOut: number, pOut: WasmPointer): number {
+      // getRandomValues fills at most 65536 bytes per call.
+      for (let done = 0; done < nOut; done += 65536) {
+        crypto.getRandomValues(
+          heap(Number(pOut) + done, Math.min(65536, nOut - done)),
+        );
+      }
+      return nOut;
+    },
+    xSleep(_pVfs: WasmPointer, microseconds: number): number {
+      // A real, synchronous sleep: SQLite calls this between busy retries
+      // and expects the time to pass.
+      Atomics.wait(sleepCell, 0, 0, microseconds / 1000);
+      return microseconds;
+    },
+    xCurrentTime(_pVfs: WasmPointer, pOut: WasmPointer): number {
+      wasm.poke64f(pOut, 2440587.5 + Date.now() / 86_400_000);
+      return OK;
+    },
+    xCurrentTimeInt64(_pVfs: WasmPointer, pOut: WasmPointer): number {
+      // Julian day number in milliseconds, as SQLite's own VFSes report it.
+      wasm.poke64(pOut, 210866760000000n + BigInt(Date.now()));
+      return OK;
+    },
+    xGetLastError(_pVfs: WasmPointer, nOut: number, pOut: WasmPointer): number {
+      const error = lastError;
+      if (error === undefined) return OK;
+      if (nOut > 0) {
+        const bytes = encoder.encode(error.message).subarray(0, nOut - 1);
+        const out = heap(pOut, nOut);
+        out.set(bytes);
+        out[bytes.length] = 0;
+      }
+      return error.code;
+    },
+  };
+  return { io, vfs };
+}
+
+const sleepCell = new Int32Array(new SharedArrayBuffer(4));

@@ -1,0 +1,195 @@
+/**
+ * The default driver on Deno: the official SQLite WASM build
+ * (`npm:@sqlite.org/sqlite-wasm`, pinned to 3.54.1-build1) with database
+ * files on disk through {@linkcode installDenoFileVfs}.
+ *
+ * Permissions: `--allow-read` for the package's `sqlite3.wasm` (in Deno's npm
+ * cache) and for the database's directory, `--allow-write` for that
+ * directory (the journal and three `*.lock` sidecar files live next to the
+ * database). `:memory:` needs only the read permission for the `.wasm`.
+ *
+ * @module
+ */
+import {
+  loadSqlite3,
+  openSqliteWasm as openWithVfs,
+  SqliteWasmDriver,
+  type SqliteWasmOptions,
+} from "./sqlite_wasm.ts";
+import { installDenoFileVfs } from "./deno_file_vfs.ts";
+import { SqliteError } from "./errors.ts";
+
+export { installDenoFileVfs, loadSqlite3, SqliteWasmDriver };
+export type { DenoFileVfsOptions } from "./deno_file_vfs.ts";
+
+/**
+ * How the database keeps its rollback journal (https://sqlite.org/pragma.html#pragma_journal_mode).
+ *
+ * - `"truncate"`: the journal file stays and is truncated at commit (default).
+ * - `"delete"`: the journal file is deleted at commit.
+ * - `"persist"`: the journal file stays and its header is zeroed at commit.
+ * - `"wal"`: write-ahead log with `locking_mode=EXCLUSIVE`: one connection
+ *   holds the database for its whole life, others get `BusyError`. The VFS
+ *   has no shared memory, so WAL is never available across connections.
+ */
+export type JournalMode = "truncate" | "delete" | "persist" | "wal";
+
+/** When SQLite waits for the disk (https://sqlite.org/pragma.html#pragma_synchronous). */
+export type Synchronous = "off" | "normal" | "full" | "extra";
+
+/** Options for {@linkcode openSqliteWasm} on Deno. */
+export interface DenoSqliteWasmOptions extends SqliteWasmOptions {
+  /**
+   * The journal mode of file databases (ignored for in-memory ones).
+   *
+   * @default {"truncate"}
+   */
+  readonly journalMode?: JournalMode;
+  /**
+   * The `synchronous` setting of file databases (ignored for in-memory ones).
+   * `"full"` makes every commit durable before it returns.
+   *
+   * @default {"full"}
+   */
+  readonly synchronous?: Synchronous;
+}
+
+const journalModes: readonly string[] = [
+  "truncate",
+  "delete",
+  "persist",
+  "wal",
+];
+const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
+
+/**
+ * Opens one connection through the SQLite WASM build, with file paths and
+ * `file:` URLs on disk.
+ *
+ * Installs the Deno file VFS as the module's default VFS first, then applies
+ * `journalMode` and `synchronous` to file databases. `":memory:"` and
+ * `"file:/name?vfs=memdb"` stay in memory. A database left in WAL mode by an
+ * earlier `journalMode: "wal"` connection is switched to the requested
+ * rollback mode (which needs the database to itself for a moment).
+ *
+ * @param path A file path, a `file:` URL or URI, or `":memory:"`.
+ * @param options See {@linkcode DenoSqliteWasmOptions}.
+ * @returns A driver for the connection.
+ * @throws {TypeError} When `path` or an option has the wrong type or value.
+ * @throws {BusyError} When `journalMode` is `"wal"` (or the file must leave
+ *   WAL mode) and another connection has the database open.
+ * @throws {SqliteError} When SQLite cannot open the file (`SQLITE_CANTOPEN`).
+ *
+ * @example A database file that outlives its connection
+ * ```ts
+ * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+ * import assert from "node:assert/strict";
+ *
+ * const dir = await Deno.makeTempDir();
+ * {
+ *   await using db = await openSqliteWasm(`${dir}/app.db`);
+ *   await db.exec("CREATE TABLE t(x INTEGER) STRICT; INSERT INTO t VALUES (7)");
+ * }
+ * await using again = await openSqliteWasm(new URL(`file://${dir}/app.db`));
+ * assert.deepEqual(await again.query("SELECT x FROM t"), [{ x: 7 }]);
+ * assert.deepEqual(await again.query("PRAGMA journal_mode"), [{ journal_mode: "truncate" }]);
+ * await again.close();
+ * await Deno.remove(dir, { recursive: true });
+ * ```
+ */
+export async function openSqliteWasm(
+  path: string | URL,
+  options: DenoSqliteWasmOptions = {},
+): Promise<SqliteWasmDriver> {
+  const journalMode = options.journalMode ?? "truncate";
+  const synchronous = options.synchronous ?? "full";
+  if (!journalModes.includes(journalMode)) {
+    throw new TypeError(
+      `Cannot open database as 'journalMode' must be one of ${
+        journalModes.join(", ")
+      }: current value is ${String(journalMode)}`,
+    );
+  }
+  if (!synchronousModes.includes(synchronous)) {
+    throw new TypeError(
+      `Cannot open database as 'synchronous' must be one of ${
+        synchronousModes.join(", ")
+      }: current value is ${String(synchronous)}`,
+    );
+  }
+  let name: string;
+  if (path instanceof URL) {
+    if (path.protocol !== "file:") {
+      throw new TypeError(
+        `Cannot open database as 'path' must be a file: URL: current value is ${path.href}`,
+      );
+    }
+    // SQLite parses file: URIs itself (percent-decoding, ?mode=, ?vfs=).
+    name = path.href;
+  } else {
+    name = path;
+  }
+  installDenoFileVfs(await loadSqlite3());
+  const driver = await openWithVfs(
+    name,
+    options.vfs === undefined ? {} : { vfs: options.vfs },
+  );
+  try {
+    const [main] = await driver.query("PRAGMA database_list");
+    if (main?.file !== "") {
+      await applyJournalMode(driver, journalMode);
+      await driver.exec(`PRAGMA synchronous=${synchronous}`);
+    }
+  } catch (error) {
+    await driver.close();
+    throw error;
+  }
+  return driver;
+}
+
+const SQLITE_CANTOPEN = 14;
+
+async function applyJournalMode(
+  driver: SqliteWasmDriver,
+  journalMode: JournalMode,
+): Promise<void> {
+  if (journalMode === "wal") {
+    // Without shared memory SQLite allows WAL only under an exclusive lock,
+    // and the lock must be asked for before the first read of the file.
+    await driver.exec("PRAGMA locking_mode=EXCLUSIVE");
+    await expectJournalMode(driver, "wal");
+    return;
+  }
+  try {
+    await expectJournalMode(driver, journalMode);
+  } catch (error) {
+    // A file left in WAL mode cannot be read without shared memory unless
+    // the connection holds it exclusively: take it, leave WAL, give it back.
+    if (
+      !(error instanceof SqliteError && error.primaryCode === SQLITE_CANTOPEN)
+    ) {
+      throw error;
+    }
+    await driver.exec("PRAGMA locking_mode=EXCLUSIVE");
+    await expectJournalMode(driver, journalMode);
+    await driver.exec("PRAGMA locking_mode=NORMAL");
+    // The exclusive lock is released at the end of the next read.
+    await driver.query("SELECT count(*) FROM sqlite_schema");
+  }
+}
+
+async function expectJournalMode(
+  driver: SqliteWasmDriver,
+  journalMode: JournalMode,
+): Promise<void> {
+  const [row] = await driver.query(`PRAGMA journal_mode=${journalMode}`);
+  const actual = row?.journal_mode;
+  if (actual !== journalMode) {
+    throw new SqliteError(
+      `Could not set journal_mode=${journalMode}: SQLite kept ${
+        String(actual)
+      }`,
+      1,
+    );
+  }
+}
