@@ -1,0 +1,764 @@
+/**
+ * The outbox in the browser: the unchanged lease core on the official SQLite
+ * WASM build, persisted in OPFS inside a dedicated worker, and shared by
+ * every tab of an origin.
+ *
+ * {@linkcode openSharedOutbox} is what an app uses: one tab per origin (the
+ * leader, elected with `navigator.locks`) hosts the database in its worker;
+ * the other tabs forward calls to it over a `BroadcastChannel`. When the
+ * leader tab closes, another tab takes over with the same database. A tab's
+ * unfinished leases are released on `pagehide`.
+ * {@linkcode openWorkerOutbox} is the single-tab building block: one worker,
+ * one connection, and a typed {@linkcode OpfsBusyError} while someone else
+ * holds the database.
+ *
+ * The bundle (`deno task build:browser`) puts `browser.js`,
+ * `browser_worker.js`, `sqlite3.wasm` and `sqlite3-opfs-async-proxy.js` side
+ * by side; serve them together.
+ *
+ * @example Queue work in any tab, deliver it from the leader
+ * ```ts ignore
+ * import { openSharedOutbox } from "@leased/outbox/browser";
+ *
+ * const outbox = await openSharedOutbox("mail");
+ * await outbox.enqueue({ to: "ada@example.com", text: "hi" });
+ * const lease = await outbox.claim({ leaseMs: 30_000 });
+ * if (lease) {
+ *   await fetch("/send", {
+ *     method: "POST",
+ *     headers: { "idempotency-key": `${lease.eventId}:${lease.fence}` },
+ *     body: JSON.stringify(lease.payload),
+ *   });
+ *   await outbox.acknowledge(lease);
+ * }
+ * ```
+ *
+ * @module
+ */
+import type {
+  BatchClaimOptions,
+  ClaimOptions,
+  DeadLetter,
+  EnqueueOptions,
+  EnqueueResult,
+  Explanation,
+  Lease,
+  OutboxOptions,
+  ReleaseOptions,
+  Stats,
+} from "./lease.ts";
+import type { OpenConfig, OpfsVfs } from "./browser_host.ts";
+import {
+  type ChannelMessage,
+  fromWireError,
+  type ReplyMessage,
+  toWireError,
+} from "./browser_protocol.ts";
+
+export { OpfsBusyError, OpfsUnavailableError } from "./browser_protocol.ts";
+export type { OpfsVfs } from "./browser_host.ts";
+
+/** Options for {@linkcode openWorkerOutbox} and {@linkcode openSharedOutbox}. */
+export interface BrowserOutboxOptions extends Omit<OutboxOptions, "now"> {
+  /**
+   * The OPFS VFS; see {@linkcode OpfsVfs}. Changing it later does not move
+   * data: each VFS keeps its own files.
+   *
+   * @default {"auto"}
+   */
+  readonly vfs?: OpfsVfs;
+  /**
+   * How long opening keeps retrying while another worker or tab holds the
+   * database (a closing tab's worker lets go a moment after the tab), in ms.
+   * `0` fails at once with {@linkcode OpfsBusyError}.
+   *
+   * @default {5000}
+   */
+  readonly openTimeoutMs?: number;
+  /**
+   * Where the worker bundle is served.
+   *
+   * @default {new URL("./browser_worker.js", import.meta.url)}
+   */
+  readonly workerUrl?: string | URL;
+}
+
+const NAME = /^[A-Za-z0-9_-]{1,64}$/;
+
+/**
+ * The outbox API of {@linkcode Outbox}, asynchronous across a worker (and
+ * possibly a tab) boundary. Leases are plain objects that survive
+ * `postMessage`; the typed errors arrive as their own classes.
+ * `transaction()` is not offered: a callback cannot cross a worker boundary.
+ */
+export abstract class RemoteOutbox<P = unknown> extends EventTarget {
+  /** The outbox name (one database per name and origin). */
+  readonly name: string;
+  readonly #held = new Map<string, Lease<unknown>>();
+
+  /** @param name The outbox name. */
+  constructor(name: string) {
+    super();
+    this.name = name;
+  }
+
+  /**
+   * Sends one call to the database worker.
+   *
+   * @param method An outbox method name.
+   * @param args Its arguments, structured-clonable.
+   * @returns What the method returned.
+   */
+  protected abstract invoke(
+    method: string,
+    args: readonly unknown[],
+  ): Promise<unknown>;
+
+  /** Closes the outbox; later calls reject. */
+  abstract close(): Promise<void>;
+
+  /** Same as {@linkcode RemoteOutbox.close}, for `await using`. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+
+  /**
+   * Adds a pending event; see `Outbox.enqueue`.
+   *
+   * @param payload A JSON-serializable value, or a `Uint8Array`.
+   * @param options Delay, attempts, dedup and ordering keys, queue.
+   * @returns The event id and whether `dedupKey` matched an earlier event.
+   * @throws {TypeError | RangeError} When an argument is invalid.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async enqueue(
+    payload: P,
+    options: EnqueueOptions = {},
+  ): Promise<EnqueueResult> {
+    return await this.invoke("enqueue", [payload, options]) as EnqueueResult;
+  }
+
+  /**
+   * Claims the oldest eligible event under a new lease; see `Outbox.claim`.
+   * The lease is remembered until it is acknowledged or released, so that
+   * the tab can give it back when it goes away.
+   *
+   * @param options Lease length, token, queue; with `max`, claims a batch.
+   * @returns The lease or `null` (with `max`: the leases, possibly none).
+   * @throws {TypeError | RangeError} When an argument is invalid.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  claim(options?: ClaimOptions): Promise<Lease<P> | null>;
+  claim(options: BatchClaimOptions): Promise<Lease<P>[]>;
+  async claim(
+    options: ClaimOptions | BatchClaimOptions = {},
+  ): Promise<Lease<P> | null | Lease<P>[]> {
+    const result = await this.invoke("claim", [options]) as
+      | Lease<P>
+      | null
+      | Lease<P>[];
+    for (const lease of Array.isArray(result) ? result : [result]) {
+      if (lease !== null) this.#held.set(leaseKey(lease), lease);
+    }
+    return result;
+  }
+
+  /**
+   * Marks claimed events done iff their tokens are still current; see
+   * `Outbox.acknowledge`.
+   *
+   * @param lease One lease or several (acknowledged in one transaction).
+   * @returns `true` per acknowledged lease, `false` for a stale one.
+   * @throws {TypeError} When a lease is malformed.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  acknowledge(lease: Lease<unknown>): Promise<boolean>;
+  acknowledge(leases: readonly Lease<unknown>[]): Promise<boolean[]>;
+  async acknowledge(
+    lease: Lease<unknown> | readonly Lease<unknown>[],
+  ): Promise<boolean | boolean[]> {
+    const result = await this.invoke("acknowledge", [lease]) as
+      | boolean
+      | boolean[];
+    for (const each of Array.isArray(lease) ? lease : [lease]) {
+      this.#held.delete(leaseKey(each as Lease<unknown>));
+    }
+    return result;
+  }
+
+  /**
+   * Extends a live lease; see `Outbox.renew`.
+   *
+   * @param lease The lease to extend.
+   * @param leaseMs The new lease length from now, in ms.
+   * @returns The new deadline (epoch ms), or `false` when the lease is lost.
+   * @throws {TypeError | RangeError} When an argument is invalid.
+   */
+  async renew(
+    lease: Lease<unknown>,
+    leaseMs?: number,
+  ): Promise<number | false> {
+    return await this.invoke(
+      "renew",
+      leaseMs === undefined ? [lease] : [lease, leaseMs],
+    ) as number | false;
+  }
+
+  /**
+   * Gives a claimed event back early; see `Outbox.release`.
+   *
+   * @param lease The lease to give back.
+   * @param options `delayMs` before it is due again, `error` to record.
+   * @returns `true` when released, `false` when the lease was stale.
+   * @throws {TypeError | RangeError} When an argument is invalid.
+   */
+  async release(
+    lease: Lease<unknown>,
+    options: ReleaseOptions = {},
+  ): Promise<boolean> {
+    const result = await this.invoke("release", [lease, options]) as boolean;
+    this.#held.delete(leaseKey(lease));
+    return result;
+  }
+
+  /**
+   * Lists dead events; see `Outbox.deadLetters`.
+   *
+   * @param options `queue` and `limit`.
+   * @returns The dead letters, oldest first.
+   */
+  async deadLetters(
+    options: { readonly queue?: string; readonly limit?: number } = {},
+  ): Promise<DeadLetter<P>[]> {
+    return await this.invoke("deadLetters", [options]) as DeadLetter<P>[];
+  }
+
+  /**
+   * Makes a dead event claimable again; see `Outbox.retry`.
+   *
+   * @param eventId The dead event.
+   * @returns `true` when it was dead and is pending now.
+   */
+  async retry(eventId: number): Promise<boolean> {
+    return await this.invoke("retry", [eventId]) as boolean;
+  }
+
+  /**
+   * Deletes done events; see `Outbox.purge`.
+   *
+   * @param options `doneBeforeMs`: epoch ms before which done events go.
+   * @returns How many events were deleted.
+   */
+  async purge(options: { readonly doneBeforeMs: number }): Promise<number> {
+    return await this.invoke("purge", [options]) as number;
+  }
+
+  /**
+   * Counts events per state; see `Outbox.stats`.
+   *
+   * @param options `queue`.
+   * @returns Pending, leased, done and dead counts and the oldest pending age.
+   */
+  async stats(options: { readonly queue?: string } = {}): Promise<Stats> {
+    return await this.invoke("stats", [options]) as Stats;
+  }
+
+  /**
+   * Tells the history of one event; see `Outbox.explain`.
+   *
+   * @param eventId The event.
+   * @returns Its state and attempt ledger, or `null` when there is no such event.
+   */
+  async explain(eventId: number): Promise<Explanation | null> {
+    return await this.invoke("explain", [eventId]) as Explanation | null;
+  }
+
+  /**
+   * The leases this tab claimed and has not acknowledged or released yet.
+   *
+   * @returns A snapshot of them.
+   */
+  heldLeases(): Lease<unknown>[] {
+    return [...this.#held.values()];
+  }
+}
+
+function leaseKey(lease: Lease<unknown>): string {
+  return `${lease.eventId}:${lease.token}`;
+}
+
+function checkName(op: string, name: unknown): string {
+  if (typeof name !== "string" || !NAME.test(name)) {
+    throw new TypeError(
+      `Cannot ${op} as 'name' must be 1-64 letters, digits, '_' or '-': current value is ${
+        typeof name === "string" ? JSON.stringify(name) : String(name)
+      }`,
+    );
+  }
+  return name;
+}
+
+function checkOpenTimeout(op: string, value: unknown): number {
+  if (value === undefined) return 5_000;
+  if (typeof value !== "number" || !Number.isInteger(value) || value < 0) {
+    throw new RangeError(
+      `Cannot ${op} as 'openTimeoutMs' must be a non-negative integer: current value is ${
+        String(value)
+      }`,
+    );
+  }
+  return value;
+}
+
+interface WorkerSetup {
+  readonly config: OpenConfig;
+  readonly workerUrl: string | URL;
+}
+
+function setup(
+  op: string,
+  name: unknown,
+  options: BrowserOutboxOptions,
+): WorkerSetup {
+  const { vfs = "auto", openTimeoutMs, workerUrl, ...outbox } = options;
+  return {
+    config: {
+      name: checkName(op, name),
+      vfs,
+      openTimeoutMs: checkOpenTimeout(op, openTimeoutMs),
+      outbox: { ...outbox },
+    },
+    workerUrl: workerUrl ?? new URL("./browser_worker.js", import.meta.url),
+  };
+}
+
+/** One dedicated worker and the calls waiting for its replies. */
+class WorkerConnection {
+  readonly #worker: Worker;
+  readonly #pending = new Map<
+    string,
+    { resolve(value: unknown): void; reject(error: Error): void }
+  >();
+  #next = 0;
+  #broken: Error | undefined;
+  vfs = "";
+
+  constructor(workerUrl: string | URL) {
+    this.#worker = new Worker(workerUrl, { type: "module" });
+    this.#worker.addEventListener("message", (event) => {
+      const reply = event.data as ReplyMessage;
+      const call = this.#pending.get(reply.id);
+      if (reply.type !== "reply" || call === undefined) return;
+      this.#pending.delete(reply.id);
+      if (reply.ok) call.resolve(reply.value);
+      else call.reject(fromWireError(reply.error));
+    });
+    this.#worker.addEventListener("error", (event) => {
+      event.preventDefault();
+      this.#fail(new Error(`Outbox worker failed: ${event.message}`));
+    });
+  }
+
+  static async open(setup: WorkerSetup): Promise<WorkerConnection> {
+    const connection = new WorkerConnection(setup.workerUrl);
+    try {
+      const { vfs } = await connection.call("open", [setup.config]) as {
+        vfs: string;
+      };
+      connection.vfs = vfs;
+      return connection;
+    } catch (error) {
+      connection.terminate();
+      throw error;
+    }
+  }
+
+  call(method: string, args: readonly unknown[]): Promise<unknown> {
+    if (this.#broken) return Promise.reject(this.#broken);
+    const id = String(this.#next++);
+    return new Promise((resolve, reject) => {
+      this.#pending.set(id, { resolve, reject });
+      this.#worker.postMessage({ type: "call", id, method, args });
+    });
+  }
+
+  async close(): Promise<void> {
+    if (this.#broken) return;
+    try {
+      await this.call("close", []);
+    } finally {
+      this.terminate();
+    }
+  }
+
+  terminate(): void {
+    this.#worker.terminate();
+    this.#fail(new Error("The outbox is closed"));
+  }
+
+  #fail(error: Error): void {
+    this.#broken ??= error;
+    for (const call of this.#pending.values()) call.reject(error);
+    this.#pending.clear();
+  }
+}
+
+/**
+ * An outbox in one dedicated worker of this tab, holding the database alone.
+ * Made by {@linkcode openWorkerOutbox}.
+ */
+export class WorkerOutbox<P = unknown> extends RemoteOutbox<P> {
+  readonly #connection: WorkerConnection;
+
+  private constructor(name: string, connection: WorkerConnection) {
+    super(name);
+    this.#connection = connection;
+  }
+
+  /** @internal Use {@linkcode openWorkerOutbox}. */
+  static async open<P>(
+    name: string,
+    setup: WorkerSetup,
+  ): Promise<WorkerOutbox<P>> {
+    return new WorkerOutbox<P>(name, await WorkerConnection.open(setup));
+  }
+
+  /** The SQLite VFS the database was opened through. */
+  get vfs(): string {
+    return this.#connection.vfs;
+  }
+
+  /** Sends one call to the worker. */
+  protected invoke(method: string, args: readonly unknown[]): Promise<unknown> {
+    return this.#connection.call(method, args);
+  }
+
+  /** Closes the database, releases its OPFS handles and ends the worker. */
+  close(): Promise<void> {
+    return this.#connection.close();
+  }
+}
+
+/**
+ * Opens an outbox in a new dedicated worker of this tab, persisted in OPFS.
+ * Only one worker per origin can hold an `opfs-sahpool` database; use
+ * {@linkcode openSharedOutbox} when several tabs need the queue.
+ *
+ * @param name The outbox name: 1-64 letters, digits, `_` or `-`.
+ * @param options See {@linkcode BrowserOutboxOptions}.
+ * @returns The open outbox.
+ * @throws {OpfsBusyError} When another worker or tab holds the database for
+ * longer than `openTimeoutMs`; nothing stays locked by the failed attempt.
+ * @throws {OpfsUnavailableError} When this context cannot use OPFS.
+ * @throws {TypeError | RangeError} When an argument is invalid.
+ *
+ * @example Usage
+ * ```ts ignore
+ * import { openWorkerOutbox } from "@leased/outbox/browser";
+ *
+ * await using outbox = await openWorkerOutbox("uploads", { openTimeoutMs: 0 });
+ * await outbox.enqueue({ file: "photo.jpg" });
+ * ```
+ */
+export function openWorkerOutbox<P = unknown>(
+  name: string,
+  options: BrowserOutboxOptions = {},
+): Promise<WorkerOutbox<P>> {
+  try {
+    return WorkerOutbox.open<P>(name, setup("open outbox", name, options));
+  } catch (error) {
+    return Promise.reject(error);
+  }
+}
+
+// The slice of the Web Locks API used here (absent from Deno's own lib).
+interface LockManager {
+  request(
+    name: string,
+    options: { signal: AbortSignal },
+    callback: () => Promise<void>,
+  ): Promise<void>;
+}
+
+interface ForwardedCall {
+  readonly method: string;
+  readonly args: readonly unknown[];
+  resolve(value: unknown): void;
+  reject(error: Error): void;
+}
+
+// A leader remembers the calls it answered, so a call a tab re-sends after a
+// leadership change is answered again instead of being run twice.
+const ANSWERED_LIMIT = 10_000;
+
+/**
+ * An outbox shared by every tab of the origin. Made by
+ * {@linkcode openSharedOutbox}. Dispatches `"leaderchange"` when the tab
+ * hosting the database changes.
+ */
+export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
+  /** This tab's id on the channel. */
+  readonly tab: string = crypto.randomUUID();
+  readonly #setup: WorkerSetup;
+  readonly #channel: BroadcastChannel;
+  readonly #pending = new Map<string, ForwardedCall>();
+  readonly #answered = new Map<string, Promise<ReplyMessage>>();
+  readonly #abort = new AbortController();
+  readonly #onPageHide = () => this.#releaseHeld();
+  #stopLeading: (() => void) | undefined;
+  #local: WorkerConnection | undefined;
+  #leader: string | undefined;
+  #failure: Error | undefined;
+  #next = 0;
+
+  private constructor(name: string, setup: WorkerSetup) {
+    super(name);
+    this.#setup = setup;
+    this.#channel = new BroadcastChannel(`leased-outbox:${name}`);
+    this.#channel.addEventListener(
+      "message",
+      (event) => this.#receive(event.data as ChannelMessage),
+    );
+    globalThis.addEventListener("pagehide", this.#onPageHide);
+    this.#channel.postMessage({ type: "hello" } satisfies ChannelMessage);
+    (navigator as unknown as { locks: LockManager }).locks.request(
+      `leased-outbox:${name}`,
+      { signal: this.#abort.signal },
+      () => this.#lead(),
+    ).catch(() => {/* aborted by close() before this tab led */});
+  }
+
+  /** @internal Use {@linkcode openSharedOutbox}. */
+  static create<P>(name: string, setup: WorkerSetup): SharedOutbox<P> {
+    return new SharedOutbox<P>(name, setup);
+  }
+
+  /** Whether this tab hosts the database now. */
+  get isLeader(): boolean {
+    return this.#local !== undefined;
+  }
+
+  /** The id of the tab hosting the database, once known. */
+  get leader(): string | undefined {
+    return this.#leader;
+  }
+
+  /** The SQLite VFS the database was opened through, while leading. */
+  get vfs(): string | undefined {
+    return this.#local?.vfs;
+  }
+
+  /**
+   * Adds a pending event; see `Outbox.enqueue`. A call that has to be re-sent
+   * to a new leader carries a generated `dedupKey` (unless one is given), so
+   * it is stored once even when the old leader stored it before it went away.
+   *
+   * @param payload A JSON-serializable value, or a `Uint8Array`.
+   * @param options Delay, attempts, dedup and ordering keys, queue.
+   * @returns The event id and whether the caller's `dedupKey` matched.
+   * @throws {TypeError | RangeError} When an argument is invalid.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  override async enqueue(
+    payload: P,
+    options: EnqueueOptions = {},
+  ): Promise<EnqueueResult> {
+    if (options === null || typeof options !== "object") {
+      return super.enqueue(payload, options);
+    }
+    if (options.dedupKey !== undefined) return super.enqueue(payload, options);
+    const result = await super.enqueue(payload, {
+      ...options,
+      dedupKey: `tab-call:${crypto.randomUUID()}`,
+    });
+    return { ...result, deduplicated: false };
+  }
+
+  /** Runs a call here when leading, else forwards it to the leader. */
+  protected invoke(method: string, args: readonly unknown[]): Promise<unknown> {
+    if (this.#failure) return Promise.reject(this.#failure);
+    if (this.#local) return this.#local.call(method, args);
+    const id = `${this.tab}:${this.#next++}`;
+    return new Promise((resolve, reject) => {
+      this.#pending.set(id, { method, args, resolve, reject });
+      this.#forward(id, method, args);
+    });
+  }
+
+  /**
+   * Leaves the group: a leading tab closes its database and lets another tab
+   * take over; pending calls reject.
+   */
+  async close(): Promise<void> {
+    if (this.#failure) return;
+    this.#failure = new Error("The outbox is closed");
+    globalThis.removeEventListener("pagehide", this.#onPageHide);
+    this.#abort.abort();
+    const local = this.#local;
+    this.#local = undefined;
+    try {
+      await local?.close();
+    } finally {
+      this.#stopLeading?.();
+      this.#rejectPending(this.#failure);
+      this.#channel.close();
+    }
+  }
+
+  #forward(id: string, method: string, args: readonly unknown[]): void {
+    this.#channel.postMessage(
+      {
+        type: "call",
+        id,
+        from: this.tab,
+        method,
+        args,
+      } satisfies ChannelMessage,
+    );
+  }
+
+  async #lead(): Promise<void> {
+    if (this.#failure) return;
+    let local: WorkerConnection;
+    try {
+      local = await WorkerConnection.open(this.#setup);
+    } catch (error) {
+      this.#failure = error instanceof Error ? error : new Error(String(error));
+      this.#rejectPending(this.#failure);
+      return;
+    }
+    if (this.#failure) {
+      await local.close();
+      return;
+    }
+    const stopped = new Promise<void>((resolve) => {
+      this.#stopLeading = resolve;
+    });
+    this.#local = local;
+    this.#leader = this.tab;
+    this.#channel.postMessage(
+      { type: "leader", tab: this.tab } satisfies ChannelMessage,
+    );
+    for (const [id, call] of this.#pending) {
+      this.#pending.delete(id);
+      local.call(call.method, call.args).then(call.resolve, call.reject);
+    }
+    this.dispatchEvent(new Event("leaderchange"));
+    await stopped;
+  }
+
+  #receive(message: ChannelMessage): void {
+    switch (message.type) {
+      case "hello":
+        if (this.#local) {
+          this.#channel.postMessage(
+            { type: "leader", tab: this.tab } satisfies ChannelMessage,
+          );
+        }
+        return;
+      case "leader":
+        if (message.tab === this.#leader) return;
+        this.#leader = message.tab;
+        for (const [id, call] of this.#pending) {
+          this.#forward(id, call.method, call.args);
+        }
+        this.dispatchEvent(new Event("leaderchange"));
+        return;
+      case "call":
+        if (this.#local) this.#answer(this.#local, message);
+        return;
+      case "reply": {
+        const call = this.#pending.get(message.id);
+        if (message.to !== this.tab || call === undefined) return;
+        this.#pending.delete(message.id);
+        if (message.ok) call.resolve(message.value);
+        else call.reject(fromWireError(message.error));
+      }
+    }
+  }
+
+  #answer(
+    local: WorkerConnection,
+    message: Extract<ChannelMessage, { type: "call" }>,
+  ): void {
+    let answer = this.#answered.get(message.id);
+    if (answer === undefined) {
+      answer = local.call(message.method, message.args).then(
+        (value): ReplyMessage => ({
+          type: "reply",
+          id: message.id,
+          ok: true,
+          value,
+        }),
+        (error): ReplyMessage => ({
+          type: "reply",
+          id: message.id,
+          ok: false,
+          error: toWireError(error),
+        }),
+      );
+      this.#answered.set(message.id, answer);
+      if (this.#answered.size > ANSWERED_LIMIT) {
+        this.#answered.delete(this.#answered.keys().next().value!);
+      }
+    }
+    answer.then((reply) => {
+      if (this.#local === local) {
+        this.#channel.postMessage({ ...reply, to: message.from });
+      }
+    });
+  }
+
+  // The page is going away: hand its leases back so that another tab can
+  // claim them now rather than after they lapse. Fire and forget, since
+  // nothing can be awaited during pagehide; a lost release only delays.
+  #releaseHeld(): void {
+    for (const lease of this.heldLeases()) {
+      const args = [lease, { error: "tab closed" }];
+      if (this.#local) {
+        this.#local.call("release", args).catch(() => {});
+      } else {
+        this.#forward(`${this.tab}:${this.#next++}`, "release", args);
+      }
+    }
+  }
+
+  #rejectPending(error: Error): void {
+    for (const call of this.#pending.values()) call.reject(error);
+    this.#pending.clear();
+  }
+}
+
+/**
+ * Joins the outbox every tab of this origin shares under `name`. The first
+ * tab to get the `navigator.locks` lock hosts the database in its worker;
+ * calls from other tabs are forwarded to it. Calls made while no tab leads
+ * (at start, or while leadership passes on) wait for the next leader.
+ *
+ * @param name The outbox name: 1-64 letters, digits, `_` or `-`.
+ * @param options See {@linkcode BrowserOutboxOptions}.
+ * @returns The shared outbox; it resolves at once, calls wait for a leader.
+ * @throws {TypeError | RangeError} When an argument is invalid.
+ *
+ * @example Usage
+ * ```ts ignore
+ * import { openSharedOutbox } from "@leased/outbox/browser";
+ *
+ * const outbox = await openSharedOutbox("mail");
+ * outbox.addEventListener("leaderchange", () => {
+ *   if (outbox.isLeader) console.log("this tab delivers now");
+ * });
+ * ```
+ */
+export function openSharedOutbox<P = unknown>(
+  name: string,
+  options: BrowserOutboxOptions = {},
+): Promise<SharedOutbox<P>> {
+  try {
+    return Promise.resolve(
+      SharedOutbox.create<P>(name, setup("open outbox", name, options)),
+    );
+  } catch (error) {
+    return Promise.reject(error);
+  }
+}

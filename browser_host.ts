@@ -1,0 +1,245 @@
+/**
+ * The database side of the browser outbox: runs inside a dedicated worker,
+ * opens SQLite on OPFS through the official WASM build and answers the calls
+ * of the tab that started it. Kept apart from `browser_worker.ts` (the entry)
+ * so tests can host it with their own outbox factory.
+ *
+ * @module
+ */
+import type { Database, Sqlite3Static } from "@sqlite.org/sqlite-wasm";
+import type { Driver } from "./driver.ts";
+import {
+  type CallMessage,
+  OpfsBusyError,
+  OpfsUnavailableError,
+  type ReplyMessage,
+  toWireError,
+} from "./browser_protocol.ts";
+import { loadSqlite3, SqliteWasmDriver } from "./sqlite_wasm.ts";
+
+/**
+ * Which OPFS VFS to open through. `"auto"` picks `"opfs"` when the worker is
+ * cross-origin isolated (it needs `SharedArrayBuffer` and lets several
+ * connections share a file) and `"opfs-sahpool"` otherwise (no special
+ * headers, one connection per origin). `"opfs-wl"` is never offered: it lost
+ * updates under `BEGIN IMMEDIATE` contention in headless Chromium.
+ */
+export type OpfsVfs = "auto" | "opfs-sahpool" | "opfs";
+
+/** What the tab asks the worker to open. */
+export interface OpenConfig {
+  /** The outbox name: one database (and one sahpool directory) per name. */
+  readonly name: string;
+  /** See {@linkcode OpfsVfs}. */
+  readonly vfs: OpfsVfs;
+  /** How long to keep retrying while another holder has the database, in ms. */
+  readonly openTimeoutMs: number;
+  /** Options handed to the outbox factory as they are. */
+  readonly outbox: Readonly<Record<string, unknown>>;
+}
+
+/** The outbox the worker serves: every method takes and returns clonable data. */
+export interface HostedOutbox {
+  close(): Promise<void>;
+}
+
+/**
+ * Builds the outbox over the opened driver (in production `Outbox.open`).
+ *
+ * @param driver The connection, owned by the outbox from now on.
+ * @param options {@linkcode OpenConfig.outbox}.
+ */
+export type OutboxFactory = (
+  driver: Driver,
+  options: Readonly<Record<string, unknown>>,
+) => Promise<HostedOutbox>;
+
+/** The slice of `DedicatedWorkerGlobalScope` the host uses. */
+export interface WorkerScope {
+  postMessage(message: unknown): void;
+  addEventListener(
+    type: "message",
+    listener: (event: MessageEvent) => void,
+  ): void;
+}
+
+/** The name of the SQLite VFS that must never be chosen. */
+export const LOSSY_VFS = "opfs-wl";
+
+// Must be set before the module initialises: a VFS that is never registered
+// cannot be chosen by anybody in this worker, by name or as a default.
+(globalThis as { sqlite3ApiConfig?: unknown }).sqlite3ApiConfig = {
+  disable: { vfs: { [LOSSY_VFS]: true } },
+};
+
+interface Opened {
+  readonly outbox: HostedOutbox;
+  readonly vfs: string;
+  readonly release: () => void;
+}
+
+/**
+ * Answers {@linkcode CallMessage}s posted to the worker: `open` (once, with
+ * an {@linkcode OpenConfig}), `close`, `hasVfs` (is a VFS of that name registered), and every method of the
+ * outbox the factory built, by name.
+ *
+ * @param scope The worker's global scope.
+ * @param openOutbox Builds the outbox over the opened driver.
+ */
+export function serveOutbox(scope: WorkerScope, openOutbox: OutboxFactory) {
+  let opened: Promise<Opened> | undefined;
+
+  async function handle(message: CallMessage): Promise<unknown> {
+    switch (message.method) {
+      case "open": {
+        opened ??= open(message.args[0] as OpenConfig, openOutbox);
+        return { vfs: (await opened).vfs };
+      }
+      case "hasVfs":
+        return (await loadSqlite3()).capi.sqlite3_vfs_find(
+          String(message.args[0]),
+        ) !== 0;
+    }
+    if (opened === undefined) throw new Error("The outbox is not open");
+    const { outbox, release } = await opened;
+    if (message.method === "close") {
+      await outbox.close();
+      release();
+      return undefined;
+    }
+    const method = (outbox as unknown as Record<string, unknown>)[
+      message.method
+    ];
+    if (
+      typeof method !== "function" || message.method.startsWith("_") ||
+      message.method === "transaction" || message.method === "constructor"
+    ) {
+      throw new TypeError(
+        `Cannot call '${message.method}' as it is not an outbox method`,
+      );
+    }
+    return await method.apply(outbox, message.args);
+  }
+
+  scope.addEventListener("message", (event) => {
+    const message = event.data as CallMessage;
+    if (message?.type !== "call") return;
+    handle(message).then(
+      (value) =>
+        reply(scope, { type: "reply", id: message.id, ok: true, value }),
+      (error) =>
+        reply(scope, {
+          type: "reply",
+          id: message.id,
+          ok: false,
+          error: toWireError(error),
+        }),
+    );
+  });
+}
+
+function reply(scope: WorkerScope, message: ReplyMessage): void {
+  scope.postMessage(message);
+}
+
+async function open(
+  config: OpenConfig,
+  openOutbox: OutboxFactory,
+): Promise<Opened> {
+  const sqlite3 = await loadSqlite3();
+  const vfs = config.vfs === "auto"
+    ? ((globalThis as { crossOriginIsolated?: boolean }).crossOriginIsolated
+      ? "opfs"
+      : "opfs-sahpool")
+    : config.vfs;
+  if (vfs !== "opfs" && vfs !== "opfs-sahpool") {
+    throw new RangeError(
+      `Cannot open outbox as 'vfs' must be "auto", "opfs-sahpool" or "opfs": current value is ${
+        String(config.vfs)
+      }`,
+    );
+  }
+  const { db, release } = vfs === "opfs"
+    ? openOpfs(sqlite3, config.name)
+    : await openSahPool(sqlite3, config.name, config.openTimeoutMs);
+  let driver: SqliteWasmDriver | undefined;
+  try {
+    const chosen = db.dbVfsName();
+    if (chosen !== vfs) {
+      throw new OpfsUnavailableError(
+        `Opened through VFS '${chosen}' instead of '${vfs}'`,
+      );
+    }
+    driver = new SqliteWasmDriver(sqlite3, db);
+    const outbox = await openOutbox(driver, config.outbox);
+    return { outbox, vfs: chosen, release };
+  } catch (error) {
+    if (driver === undefined) db.close();
+    else await driver.close();
+    release();
+    throw error;
+  }
+}
+
+function openOpfs(
+  sqlite3: Sqlite3Static,
+  name: string,
+): { db: Database; release: () => void } {
+  if (!sqlite3.capi.sqlite3_vfs_find("opfs")) {
+    throw new OpfsUnavailableError(
+      "The 'opfs' VFS is not available: it needs a cross-origin isolated dedicated worker",
+    );
+  }
+  const db = new sqlite3.oo1.DB({
+    filename: `/leased-outbox/${name}.sqlite3`,
+    flags: "c",
+    vfs: "opfs",
+  });
+  return { db, release: () => {} };
+}
+
+async function openSahPool(
+  sqlite3: Sqlite3Static,
+  name: string,
+  openTimeoutMs: number,
+): Promise<{ db: Database; release: () => void }> {
+  const poolOptions = {
+    // One pool per outbox name, so outboxes of one origin never contend.
+    name: `leased-outbox-${name}`,
+    directory: `.leased-outbox/${name}`,
+    // The default on a failed init is removeVfs(), which deletes the pool's
+    // directory: a lock held by another tab must never cost data.
+    preserveOnInitFailure: true,
+    // Otherwise the first failure is cached and every retry repeats it.
+    forceReinitIfPreviouslyFailed: true,
+  };
+  const deadline = Date.now() + openTimeoutMs;
+  for (let delayMs = 20;; delayMs = Math.min(delayMs * 2, 250)) {
+    try {
+      const pool = await sqlite3.installOpfsSAHPoolVfs(poolOptions);
+      const db = new pool.OpfsSAHPoolDb(`/${name}.sqlite3`);
+      return { db, release: () => pool.pauseVfs() };
+    } catch (error) {
+      if (!isLockedError(error)) {
+        throw new OpfsUnavailableError(
+          `Cannot open OPFS database '${name}': ${errorMessage(error)}`,
+          { cause: error },
+        );
+      }
+      if (Date.now() + delayMs > deadline) {
+        throw new OpfsBusyError(name, { cause: error });
+      }
+      await new Promise((resolve) => setTimeout(resolve, delayMs));
+    }
+  }
+}
+
+function isLockedError(error: unknown): boolean {
+  return error instanceof DOMException &&
+    (error.name === "NoModificationAllowedError" ||
+      error.name === "InvalidStateError");
+}
+
+function errorMessage(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}

@@ -1,0 +1,181 @@
+/**
+ * The messages a tab, the tab's database worker and the other tabs of the
+ * origin exchange, and the typed errors of opening a database in OPFS.
+ * Everything here crosses `postMessage`/`BroadcastChannel`, so it is plain
+ * structured-clonable data; errors travel as {@linkcode WireError} and are
+ * rebuilt as their own classes on the receiving side.
+ *
+ * @module
+ */
+import {
+  BusyError,
+  ConstraintError,
+  LeaseLostError,
+  SqliteError,
+} from "./errors.ts";
+
+/**
+ * Another worker or tab holds the OPFS database (its sync access handles are
+ * exclusive, `NoModificationAllowedError`), and it stayed held for longer
+ * than `openTimeoutMs`. Nothing was opened and nothing stays locked: opening
+ * again once the holder is gone succeeds. This is never a silent fallback to
+ * an in-memory database.
+ *
+ * @example Usage
+ * ```ts
+ * import { OpfsBusyError } from "@leased/outbox/browser";
+ * import { BusyError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const error = new OpfsBusyError("outbox");
+ * assert.ok(error instanceof BusyError);
+ * assert.equal(error.database, "outbox");
+ * ```
+ */
+export class OpfsBusyError extends BusyError {
+  /** The outbox name whose database is held elsewhere. */
+  readonly database: string;
+
+  /**
+   * @param database The outbox name whose database is held elsewhere.
+   * @param options `cause`: the `DOMException` OPFS raised.
+   */
+  constructor(database: string, options?: ErrorOptions) {
+    super(
+      `OPFS database '${database}' is held by another worker or tab`,
+      5,
+      options,
+    );
+    this.name = "OpfsBusyError";
+    this.database = database;
+  }
+}
+
+/**
+ * This context cannot persist to OPFS at all (no `navigator.storage`, no
+ * sync access handles, not a secure context, or not a dedicated worker).
+ *
+ * @example Usage
+ * ```ts
+ * import { OpfsUnavailableError } from "@leased/outbox/browser";
+ * import assert from "node:assert/strict";
+ *
+ * assert.equal(new OpfsUnavailableError("no OPFS").name, "OpfsUnavailableError");
+ * ```
+ */
+export class OpfsUnavailableError extends Error {
+  /**
+   * @param message What is missing.
+   * @param options `cause`: the underlying error.
+   */
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "OpfsUnavailableError";
+  }
+}
+
+/** An error flattened for `postMessage`. */
+export interface WireError {
+  readonly name: string;
+  readonly message: string;
+  readonly code?: number;
+  readonly eventId?: number;
+  readonly fence?: number;
+  readonly database?: string;
+}
+
+/** A request to the database worker (or, forwarded, to the leader tab). */
+export interface CallMessage {
+  readonly type: "call";
+  readonly id: string;
+  readonly method: string;
+  readonly args: readonly unknown[];
+  /** The tab that waits for the reply (forwarded calls only). */
+  readonly from?: string;
+}
+
+/** The answer to one {@linkcode CallMessage}. */
+export type ReplyMessage =
+  & { readonly type: "reply"; readonly id: string; readonly to?: string }
+  & (
+    | { readonly ok: true; readonly value: unknown }
+    | { readonly ok: false; readonly error: WireError }
+  );
+
+/** Announced on the tabs' channel by a tab whose worker opened the database. */
+export interface LeaderMessage {
+  readonly type: "leader";
+  readonly tab: string;
+}
+
+/** Sent by a tab that joins, so the leader announces itself again. */
+export interface HelloMessage {
+  readonly type: "hello";
+}
+
+/** What travels on the tabs' `BroadcastChannel`. */
+export type ChannelMessage =
+  | CallMessage
+  | ReplyMessage
+  | LeaderMessage
+  | HelloMessage;
+
+/**
+ * Flattens an error for `postMessage`, keeping what the typed classes carry.
+ *
+ * @param error Anything thrown.
+ * @returns Its structured-clonable form.
+ */
+export function toWireError(error: unknown): WireError {
+  if (!(error instanceof Error)) {
+    return { name: "Error", message: String(error) };
+  }
+  const wire: {
+    name: string;
+    message: string;
+    code?: number;
+    eventId?: number;
+    fence?: number;
+    database?: string;
+  } = { name: error.name, message: error.message };
+  if (error instanceof SqliteError) wire.code = error.code;
+  if (error instanceof LeaseLostError) {
+    wire.eventId = error.eventId;
+    wire.fence = error.fence;
+  }
+  if (error instanceof OpfsBusyError) wire.database = error.database;
+  return wire;
+}
+
+/**
+ * Rebuilds the typed error a {@linkcode WireError} came from, so callers in
+ * any tab can `instanceof` it as if the database were local.
+ *
+ * @param wire The flattened error.
+ * @returns An instance of the matching class.
+ */
+export function fromWireError(wire: WireError): Error {
+  switch (wire.name) {
+    case "OpfsBusyError":
+      return new OpfsBusyError(wire.database ?? "");
+    case "OpfsUnavailableError":
+      return new OpfsUnavailableError(wire.message);
+    case "BusyError":
+      return new BusyError(wire.message, wire.code);
+    case "ConstraintError":
+      return new ConstraintError(wire.message, wire.code ?? 19);
+    case "SqliteError":
+      return new SqliteError(wire.message, wire.code ?? 1);
+    case "LeaseLostError":
+      return new LeaseLostError(wire.eventId ?? 0, wire.fence ?? 0);
+    case "TypeError":
+      return new TypeError(wire.message);
+    case "RangeError":
+      return new RangeError(wire.message);
+    default: {
+      const error = new Error(wire.message);
+      error.name = wire.name;
+      return error;
+    }
+  }
+}
