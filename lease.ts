@@ -353,6 +353,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   readonly #maxAttempts: number;
   readonly #busyTimeoutMs: number;
   readonly #maxPayloadBytes: number;
+  readonly #enqueueListeners = new Set<() => void>();
 
   private constructor(driver: Driver, options: OutboxOptions) {
     const op = "open outbox";
@@ -442,7 +443,51 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     options: EnqueueOptions = {},
   ): Promise<EnqueueResult> {
     const insert = this.#prepareEnqueue("enqueue", payload, options);
-    return await this.#write("enqueue", (now) => this.#enqueue(insert, now));
+    const result = await this.#write(
+      "enqueue",
+      (now) => this.#enqueue(insert, now),
+    );
+    this.#enqueued();
+    return result;
+  }
+
+  /**
+   * Calls `listener` after each commit that enqueued events through this
+   * outbox ({@linkcode Outbox.enqueue} or a transaction's `enqueue`), so a
+   * processing loop in the same process can claim at once instead of waiting
+   * for its next poll. Other processes are not notified: they poll.
+   *
+   * @param listener Called synchronously after the commit; what it throws is
+   * reported with `reportError` and does not fail the enqueue.
+   * @returns A function that removes the listener.
+   *
+   * @example Usage
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * let calls = 0;
+   * const off = outbox.onEnqueue(() => calls++);
+   * await outbox.enqueue({ n: 1 });
+   * off();
+   * await outbox.enqueue({ n: 2 });
+   * assert.equal(calls, 1);
+   * ```
+   */
+  onEnqueue(listener: () => void): () => void {
+    if (typeof listener !== "function") {
+      throw new TypeError(
+        `Cannot listen for enqueues as 'listener' must be a function: current value is ${
+          describe(listener)
+        }`,
+      );
+    }
+    // A wrapper per call, so registering one function twice needs two removals.
+    const entry = () => listener();
+    this.#enqueueListeners.add(entry);
+    return () => this.#enqueueListeners.delete(entry);
   }
 
   /**
@@ -827,13 +872,19 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         }`,
       );
     }
-    return await this.#write("run transaction", (now) => {
+    let enqueued = false;
+    const result = await this.#write("run transaction", (now) => {
       const driver = this.#driver;
       const tx: Transaction = {
         run: (sql, params) => driver.run(sql, params),
         query: (sql, params) => driver.query(sql, params),
-        enqueue: (payload, options = {}) =>
-          this.#enqueue(this.#prepareEnqueue("enqueue", payload, options), now),
+        enqueue: (payload, options = {}) => {
+          enqueued = true;
+          return this.#enqueue(
+            this.#prepareEnqueue("enqueue", payload, options),
+            now,
+          );
+        },
         acknowledge: async (lease) => {
           const checked = checkLease("acknowledge", "lease", lease);
           if (await this.#acknowledge(checked, now)) return true;
@@ -842,6 +893,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       };
       return fn(tx);
     });
+    if (enqueued) this.#enqueued();
+    return result;
   }
 
   /** Closes the connection. Calls after it reject. */
@@ -852,6 +905,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   /** Same as {@linkcode Outbox.close}, for `await using`. */
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
+  }
+
+  #enqueued(): void {
+    for (const listener of this.#enqueueListeners) {
+      try {
+        listener();
+      } catch (error) {
+        reportError(error);
+      }
+    }
   }
 
   #prepareEnqueue(
