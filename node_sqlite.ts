@@ -20,48 +20,48 @@ import { sqliteError } from "./errors.ts";
 
 /** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
 export type JournalMode =
-  | "WAL"
-  | "DELETE"
-  | "TRUNCATE"
-  | "PERSIST"
-  | "MEMORY"
-  | "OFF";
+  | "wal"
+  | "delete"
+  | "truncate"
+  | "persist"
+  | "memory"
+  | "off";
 
 /** A `PRAGMA synchronous` level (https://sqlite.org/pragma.html#pragma_synchronous). */
-export type Synchronous = "OFF" | "NORMAL" | "FULL" | "EXTRA";
+export type Synchronous = "off" | "normal" | "full" | "extra";
 
 const JOURNAL_MODES: readonly JournalMode[] = [
-  "WAL",
-  "DELETE",
-  "TRUNCATE",
-  "PERSIST",
-  "MEMORY",
-  "OFF",
+  "wal",
+  "delete",
+  "truncate",
+  "persist",
+  "memory",
+  "off",
 ];
 const SYNCHRONOUS_LEVELS: readonly Synchronous[] = [
-  "OFF",
-  "NORMAL",
-  "FULL",
-  "EXTRA",
+  "off",
+  "normal",
+  "full",
+  "extra",
 ];
 
 /** Options for {@linkcode openNodeSqlite}. */
 export interface NodeSqliteOptions {
   /**
-   * Journal mode set when the connection opens. `WAL` lets readers run
+   * Journal mode set when the connection opens. `"wal"` lets readers run
    * beside the one writer across connections and processes. Ignored for
    * in-memory databases, whose journal always lives in memory.
    *
-   * @default {"WAL"}
+   * @default {"wal"}
    */
   readonly journalMode?: JournalMode;
   /**
    * Sync level set when the connection opens. `FULL` makes every commit
    * durable across power loss in any journal mode, which an outbox promises;
-   * `NORMAL` in WAL mode may lose the last commits on power loss (not on a
+   * `"normal"` in WAL mode may lose the last commits on power loss (not on a
    * process crash).
    *
-   * @default {"FULL"}
+   * @default {"full"}
    */
   readonly synchronous?: Synchronous;
 }
@@ -112,13 +112,13 @@ export function openNodeSqlite(
       "journalMode",
       options.journalMode,
       JOURNAL_MODES,
-      "WAL",
+      "wal",
     );
     synchronous = oneOf(
       "synchronous",
       options.synchronous,
       SYNCHRONOUS_LEVELS,
-      "FULL",
+      "full",
     );
   } catch (error) {
     return Promise.reject(error);
@@ -128,10 +128,12 @@ export function openNodeSqlite(
     db = new DatabaseSync(path, { enableForeignKeyConstraints: false });
     // Deno's node:sqlite installs a 5 s busy handler whatever `timeout`
     // says; the core retries SQLITE_BUSY itself without blocking the loop.
-    db.exec(`PRAGMA busy_timeout = 0; PRAGMA synchronous = ${synchronous}`);
+    db.exec(
+      `PRAGMA busy_timeout = 0; PRAGMA synchronous = ${synchronous}`,
+    );
     const [row] = db.prepare(`PRAGMA journal_mode = ${journalMode}`).all();
     const actual = String(row?.["journal_mode"]);
-    if (actual !== "memory" && actual !== journalMode.toLowerCase()) {
+    if (actual !== "memory" && actual !== journalMode) {
       throw sqliteError(
         `SQLite kept journal_mode ${actual} instead of ${journalMode}`,
         1,

@@ -1,30 +1,73 @@
-/** The table of drivers every contract test runs against. */
+/**
+ * The one table of drivers every contract test runs against: any divergence
+ * between rows is a bug in one of our drivers.
+ */
+import { join } from "node:path";
 import type { Driver } from "../driver.ts";
+import { openNodeSqlite } from "../node_sqlite.ts";
 import { openSqliteWasm } from "../sqlite_wasm.ts";
 
 /** Two or more connections to one fresh database. */
 export interface Connections {
   readonly drivers: readonly Driver[];
+  /** Closes every connection and removes the database's files. */
   close(): Promise<void>;
 }
 
 /** One row of the table. */
 export interface DriverCase {
   readonly name: string;
+  /** Whether the database lives in a file (durability, crash, multi-process). */
+  readonly file: boolean;
   open(): Promise<Connections>;
+}
+
+/** Opens `count` connections with `open`, closing the ones opened on failure. */
+async function connect(
+  open: () => Promise<Driver>,
+  cleanup: () => Promise<void> = () => Promise.resolve(),
+  count = 2,
+): Promise<Connections> {
+  const drivers: Driver[] = [];
+  const close = async () => {
+    await Promise.all(drivers.map((driver) => driver.close()));
+    await cleanup();
+  };
+  try {
+    for (let i = 0; i < count; i++) drivers.push(await open());
+  } catch (error) {
+    await close();
+    throw error;
+  }
+  return { drivers, close };
+}
+
+/** A fresh directory for one database, removed with its files on cleanup. */
+async function tempDatabase(): Promise<
+  { path: string; cleanup(): Promise<void> }
+> {
+  const dir = await Deno.makeTempDir({ prefix: "outbox_contract_" });
+  return {
+    path: join(dir, "outbox.db"),
+    cleanup: () => Deno.remove(dir, { recursive: true }),
+  };
 }
 
 export const DRIVERS: readonly DriverCase[] = [
   {
     name: "wasm memory",
-    async open() {
+    file: false,
+    open() {
       const name = `file:/${crypto.randomUUID()}?vfs=memdb`;
-      const drivers = [await openSqliteWasm(name), await openSqliteWasm(name)];
-      return {
-        drivers,
-        close: async () =>
-          void await Promise.all(drivers.map((d) => d.close())),
-      };
+      return connect(() => openSqliteWasm(name));
+    },
+  },
+  {
+    name: "node:sqlite file",
+    file: true,
+    async open() {
+      const { path, cleanup } = await tempDatabase();
+      return connect(() => openNodeSqlite(path), cleanup);
     },
   },
 ];

@@ -141,8 +141,8 @@ Deno.test("a file opens in WAL with synchronous FULL by default", async () => {
 Deno.test("journalMode and synchronous options set those pragmas", async () => {
   await using file = await tempFile();
   await using db = await openNodeSqlite(new URL(`file://${file.path}`), {
-    journalMode: "TRUNCATE",
-    synchronous: "NORMAL",
+    journalMode: "truncate",
+    synchronous: "normal",
   });
   assert.deepEqual(await db.query("PRAGMA journal_mode"), [
     { journal_mode: "truncate" },
@@ -159,9 +159,9 @@ Deno.test("bad paths and options throw before opening", async () => {
   );
   await assert.rejects(
     // @ts-expect-error: the mode is checked at run time too
-    openNodeSqlite(":memory:", { journalMode: "wal" }),
+    openNodeSqlite(":memory:", { journalMode: "WAL" }),
     new RangeError(
-      "Cannot open database as 'journalMode' must be one of WAL, DELETE, TRUNCATE, PERSIST, MEMORY, OFF: current value is wal",
+      "Cannot open database as 'journalMode' must be one of wal, delete, truncate, persist, memory, off: current value is WAL",
     ),
   );
   await assert.rejects(
