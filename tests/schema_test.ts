@@ -1,0 +1,60 @@
+/** The schema as applied, and the claim query's plan against it. */
+import assert from "node:assert/strict";
+import { Outbox, SCHEMA_SQL } from "../mod.ts";
+import { SQL } from "../lease.ts";
+import { openSqliteWasm } from "../sqlite_wasm.ts";
+import { ManualClock } from "./helpers.ts";
+
+Deno.test("the schema the code applies is exactly schema.sql", async () => {
+  const file = await Deno.readTextFile(
+    new URL("../schema.sql", import.meta.url),
+  );
+  assert.equal(SCHEMA_SQL, file);
+});
+
+Deno.test("the claim query uses the claim index with no temp B-tree sort", async () => {
+  await using driver = await openSqliteWasm(":memory:");
+  await using _outbox = await Outbox.open(driver);
+  const plan = await driver.query(`EXPLAIN QUERY PLAN ${SQL.candidates}`, [
+    "default",
+    0,
+    1,
+  ]);
+  const details = plan.map((row) => String(row["detail"]));
+  assert.ok(
+    details.some((d) =>
+      /SEARCH e USING INDEX outbox_events_claim \(queue=\? AND due_at<\?\)/
+        .test(d)
+    ),
+    details.join("\n"),
+  );
+  assert.ok(
+    !details.some((d) => d.includes("TEMP B-TREE")),
+    details.join("\n"),
+  );
+  assert.ok(
+    details.some((d) =>
+      /SEARCH p USING (COVERING )?INDEX outbox_events_ordering/.test(d)
+    ),
+    details.join("\n"),
+  );
+});
+
+Deno.test("10,000 done rows ahead of one pending row are not in the claim index", async () => {
+  await using driver = await openSqliteWasm(":memory:");
+  const clock = new ManualClock();
+  await using outbox = await Outbox.open(driver, { now: clock.now });
+  await outbox.transaction(async (tx) => {
+    for (let i = 0; i < 10_000; i++) await tx.enqueue(i);
+  });
+  await outbox.acknowledge(await outbox.claim({ max: 10_000 }));
+  const { eventId } = await outbox.enqueue("last");
+  const [indexed] = await driver.query(
+    `SELECT count(*) AS n FROM outbox_events INDEXED BY outbox_events_claim
+     WHERE queue = 'default' AND state IN ('pending', 'leased') AND due_at <= 0`,
+  );
+  assert.equal(indexed?.["n"], 1);
+  const [all] = await driver.query("SELECT count(*) AS n FROM outbox_events");
+  assert.equal(all?.["n"], 10_001);
+  assert.equal((await outbox.claim())?.eventId, eventId);
+});
