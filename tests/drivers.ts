@@ -5,7 +5,7 @@
 import { join } from "node:path";
 import type { Driver } from "../driver.ts";
 import { openNodeSqlite } from "../node_sqlite.ts";
-import { openSqliteWasm } from "../sqlite_wasm.ts";
+import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
 
 /** Two or more connections to one fresh database. */
 export interface Connections {
@@ -60,6 +60,14 @@ export const DRIVERS: readonly DriverCase[] = [
     open() {
       const name = `file:/${crypto.randomUUID()}?vfs=memdb`;
       return connect(() => openSqliteWasm(name));
+    },
+  },
+  {
+    name: "wasm file",
+    file: true,
+    async open() {
+      const { path, cleanup } = await tempDatabase();
+      return connect(() => openSqliteWasm(path), cleanup);
     },
   },
   {
