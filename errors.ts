@@ -23,6 +23,8 @@ export class SqliteError extends Error {
   readonly code: number;
 
   /**
+   * Makes an error for a result code.
+   *
    * @param message What the engine said.
    * @param code The extended result code.
    * @param options `cause`: the engine's own error object.
@@ -54,6 +56,8 @@ export class SqliteError extends Error {
  */
 export class BusyError extends SqliteError {
   /**
+   * Makes a busy error.
+   *
    * @param message What went wrong.
    * @param code The extended result code (default `5`, `SQLITE_BUSY`).
    * @param options `cause`: the last engine error seen.
@@ -78,6 +82,8 @@ export class BusyError extends SqliteError {
  */
 export class ConstraintError extends SqliteError {
   /**
+   * Makes a constraint error.
+   *
    * @param message What the engine said.
    * @param code The extended result code.
    * @param options `cause`: the engine's own error object.
@@ -110,6 +116,8 @@ export class LeaseLostError extends Error {
   readonly fence: number;
 
   /**
+   * Makes the error for a lost lease.
+   *
    * @param eventId The event whose lease was lost.
    * @param fence The fence of the lost lease.
    */

@@ -505,6 +505,15 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   claim(options?: ClaimOptions): Promise<Lease<P> | null>;
+  /**
+   * Claims up to `max` eligible events in one transaction, each under its own
+   * lease and freshly minted token, in claim order.
+   *
+   * @param options See {@linkcode BatchClaimOptions}.
+   * @returns The leases, possibly none.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
   claim(options: BatchClaimOptions): Promise<Lease<P>[]>;
   async claim(
     options: ClaimOptions | BatchClaimOptions = {},
@@ -550,6 +559,15 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   acknowledge(lease: Lease<unknown>): Promise<boolean>;
+  /**
+   * Acknowledges several leases in one transaction, each as
+   * {@linkcode Outbox.acknowledge} does one.
+   *
+   * @param leases Leases from {@linkcode Outbox.claim}.
+   * @returns Per lease: `true` when acknowledged, `false` when stale.
+   * @throws {TypeError | RangeError} When a lease is malformed (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
   acknowledge(leases: readonly Lease<unknown>[]): Promise<boolean[]>;
   async acknowledge(
     leases: Lease<unknown> | readonly Lease<unknown>[],

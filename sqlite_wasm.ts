@@ -12,6 +12,8 @@ import sqlite3InitModule, {
 import type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
 import { sqliteError } from "./errors.ts";
 
+export type { Sqlite3Static };
+
 let sqlite3: Promise<Sqlite3Static> | undefined;
 
 /**
@@ -93,6 +95,8 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
   readonly #statements = new Map<string, PreparedStatement>();
 
   /**
+   * Wraps an open oo1 connection.
+   *
    * @param sqlite3 The module namespace from {@linkcode loadSqlite3}.
    * @param db An open oo1 database this driver takes ownership of.
    */
