@@ -12,13 +12,13 @@ import sqlite3InitModule, {
 import type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
 import { sqliteError } from "./errors.ts";
 
-export type { Sqlite3Static };
-
 let sqlite3: Promise<Sqlite3Static> | undefined;
 
 /**
- * Loads and initialises the SQLite WASM module once per realm.
+ * Loads and initialises the SQLite WASM module once per realm. For the
+ * project's own drivers and VFS, which reach into the module's C API.
  *
+ * @ignore
  * @returns The module's namespace (`capi`, `oo1`, `wasm`, `vfs`).
  */
 export function loadSqlite3(): Promise<Sqlite3Static> {
@@ -95,8 +95,9 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
   readonly #statements = new Map<string, PreparedStatement>();
 
   /**
-   * Wraps an open oo1 connection.
+   * Wraps an open oo1 connection (for the project's own openers).
    *
+   * @ignore
    * @param sqlite3 The module namespace from {@linkcode loadSqlite3}.
    * @param db An open oo1 database this driver takes ownership of.
    */
