@@ -1,0 +1,682 @@
+/**
+ * The processing loop: claims events, runs a handler under a self-fencing
+ * lease that renews itself, acknowledges on success and releases with
+ * backoff on failure, until stopped.
+ *
+ * Self-fencing (the idea of Kleppmann's "fencing tokens" applied on the
+ * worker's side): besides the database's verdict on a renewal, the loop
+ * judges the lease by the local monotonic clock (`performance.now()`), so a
+ * stalled event loop or a suspended process aborts its handler's signal as
+ * soon as it runs again, before it can act on a claim someone else may hold.
+ *
+ * @module
+ */
+import type { Clock, Lease, Outbox } from "./lease.ts";
+import { LeaseLostError } from "./errors.ts";
+
+/** Timer functions, injectable so tests control time; web-standard by default. */
+export interface Timers {
+  /** Calls `callback` once after `delayMs` milliseconds; returns a handle. */
+  setTimeout(callback: () => void, delayMs: number): unknown;
+  /** Cancels a pending callback by its handle. */
+  clearTimeout(handle: unknown): void;
+}
+
+/** What a {@linkcode Handler} receives besides the lease. */
+export interface HandlerContext {
+  /**
+   * Fires when the lease is lost (a renewal was refused), when renewal is
+   * overdue by the monotonic or the lease clock (the lease may lapse before
+   * anyone here could notice), or when the processor stops before the
+   * handler finished. Pass it to `fetch` and check it before side effects.
+   */
+  readonly signal: AbortSignal;
+  /**
+   * Judges the lease against both clocks right now, aborts the signal when
+   * it is overdue, and throws the signal's reason when it is aborted. Call
+   * it just before an external side effect: after a stall, timers run late,
+   * but this check does not.
+   *
+   * @throws {LeaseLostError | DOMException} The signal's reason.
+   */
+  throwIfLost(): void;
+}
+
+/**
+ * Does the work of one event. Resolving acknowledges the event; throwing
+ * (or rejecting) releases it for a retry after a backoff, or makes it a dead
+ * letter when its attempts are used up. Recipients of external effects
+ * should dedupe on `${lease.eventId}:${lease.fence}`.
+ */
+export type Handler<P> = (
+  lease: Lease<P>,
+  context: HandlerContext,
+) => unknown;
+
+/** Options of {@linkcode processEvents}; every duration is in milliseconds. */
+export interface ProcessOptions {
+  /** Stops the processor when aborted, like {@linkcode Processor.stop}. */
+  readonly signal?: AbortSignal;
+  /** Queue to claim from. @default {the outbox's queue} */
+  readonly queue?: string;
+  /** Most handlers running at once; claims are batched up to the free slots. @default {1} */
+  readonly concurrency?: number;
+  /** Lease length of each claim and renewal. @default {30000} */
+  readonly leaseMs?: number;
+  /** Time between renewals of a running handler's lease. @default {leaseMs / 3} */
+  readonly renewIntervalMs?: number;
+  /**
+   * How long before the lease would lapse, unrenewed, the handler's signal
+   * fires. `renewIntervalMs + marginMs` must be below `leaseMs`.
+   *
+   * @default {leaseMs / 5}
+   */
+  readonly marginMs?: number;
+  /** First wait after an empty claim; waits double up to `pollMaxMs`. @default {100} */
+  readonly pollMinMs?: number;
+  /** Longest wait between claims while the queue stays empty. @default {5000} */
+  readonly pollMaxMs?: number;
+  /** Retry delay after the first failed attempt. @default {1000} */
+  readonly retryMinMs?: number;
+  /** Longest retry delay. @default {60000} */
+  readonly retryMaxMs?: number;
+  /** Factor by which the retry delay grows per attempt. @default {2} */
+  readonly retryMultiplier?: number;
+  /**
+   * Fraction of the retry delay taken away at random, from `0` (none) to `1`
+   * ("full jitter", which keeps failing workers from retrying in step).
+   *
+   * @default {1}
+   */
+  readonly retryJitter?: number;
+  /** How long {@linkcode Processor.stop} waits for running handlers. @default {10000} */
+  readonly stopTimeoutMs?: number;
+  /**
+   * The lease clock in epoch milliseconds: the same function the outbox
+   * was opened with.
+   *
+   * @default {Date.now}
+   */
+  readonly now?: Clock;
+  /** The local monotonic clock in milliseconds. @default {performance.now} */
+  readonly monotonicNow?: () => number;
+  /** Timer functions. @default {globalThis's setTimeout and clearTimeout} */
+  readonly timers?: Timers;
+  /** Random numbers in [0, 1) for the jitter. @default {Math.random} */
+  readonly random?: () => number;
+  /**
+   * Receives errors the loop survives (a claim, renewal, acknowledgement or
+   * release that threw, e.g. {@linkcode BusyError}); the loop backs off and
+   * goes on.
+   *
+   * @default {console.error}
+   */
+  readonly onError?: (error: unknown) => void;
+}
+
+/** Counts since the processor started, from {@linkcode Processor.counters}. */
+export interface ProcessorCounters {
+  /** Leases claimed. */
+  readonly claimed: number;
+  /** Events acknowledged. */
+  readonly acknowledged: number;
+  /** Acknowledgements the database rejected as stale (someone else holds the event). */
+  readonly staleAcknowledgements: number;
+  /** Handlers whose signal fired because the lease was lost or overdue. */
+  readonly leasesLost: number;
+  /** Events given back for a retry (after a failure or at stop). */
+  readonly released: number;
+  /** Events that became dead letters on release, their attempts used up. */
+  readonly dead: number;
+}
+
+interface Slot<P> {
+  lease: Lease<P>;
+  state: "running" | "finishing" | "released";
+  validUntilMonotonic: number;
+  renewTimer: unknown;
+  watchdogTimer: unknown;
+  readonly controller: AbortController;
+  done: Promise<void>;
+}
+
+const OP = "process events";
+
+/**
+ * Starts processing events of `outbox` with `handler`, at once.
+ *
+ * Claims up to `concurrency` events (in one batch), runs the handler for each
+ * with a lease that renews every `renewIntervalMs`, acknowledges when it
+ * resolves and releases with exponential backoff and jitter when it throws;
+ * an event whose attempts are used up becomes a dead letter with the last
+ * error kept. When the queue is empty it polls with a doubling wait, and an
+ * enqueue through the same outbox wakes it at once.
+ *
+ * @typeParam P The payload type.
+ * @param outbox The outbox to claim from; keep one per connection.
+ * @param handler Does the work of one event.
+ * @param options See {@linkcode ProcessOptions}.
+ * @returns The running {@linkcode Processor}; stop it with `stop()`, the
+ * `signal` option, or `await using`.
+ * @throws {TypeError | RangeError} When an option is invalid, naming it.
+ *
+ * @example Deliver events until stopped
+ * ```ts
+ * import { Outbox } from "@leased/outbox";
+ * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+ * import { processEvents } from "@leased/outbox/worker";
+ * import assert from "node:assert/strict";
+ *
+ * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+ * const seen: string[] = [];
+ * const delivered = Promise.withResolvers<void>();
+ * {
+ *   await using _processor = processEvents(outbox, (lease, { signal }) => {
+ *     signal.throwIfAborted();
+ *     seen.push(`${lease.eventId}:${lease.fence}`);
+ *     delivered.resolve();
+ *   }, { leaseMs: 10_000 });
+ *   await outbox.enqueue({ to: "ada@example.com" });
+ *   await delivered.promise;
+ * }
+ * assert.deepEqual(seen, ["1:1"]);
+ * assert.equal((await outbox.stats()).done, 1);
+ * ```
+ */
+export function processEvents<P>(
+  outbox: Outbox<P>,
+  handler: Handler<P>,
+  options: ProcessOptions = {},
+): Processor<P> {
+  return new Processor(outbox, handler, options);
+}
+
+/**
+ * A running processing loop, from {@linkcode processEvents}.
+ *
+ * Stopping it stops claiming, waits up to `stopTimeoutMs` for running
+ * handlers, then aborts the signals of the rest and releases their leases
+ * (each release counts as an attempt, as an SQS receive does).
+ */
+export class Processor<P = unknown> implements AsyncDisposable {
+  readonly #outbox: Outbox<P>;
+  readonly #handler: Handler<P>;
+  readonly #queue: string | undefined;
+  readonly #concurrency: number;
+  readonly #leaseMs: number;
+  readonly #renewIntervalMs: number;
+  readonly #marginMs: number;
+  readonly #pollMinMs: number;
+  readonly #pollMaxMs: number;
+  readonly #retryMinMs: number;
+  readonly #retryMaxMs: number;
+  readonly #retryMultiplier: number;
+  readonly #retryJitter: number;
+  readonly #stopTimeoutMs: number;
+  readonly #now: Clock;
+  readonly #monotonicNow: () => number;
+  readonly #timers: Timers;
+  readonly #random: () => number;
+  readonly #onError: (error: unknown) => void;
+  readonly #signal: AbortSignal | undefined;
+  readonly #slots = new Set<Slot<P>>();
+  readonly #counters = {
+    claimed: 0,
+    acknowledged: 0,
+    staleAcknowledgements: 0,
+    leasesLost: 0,
+    released: 0,
+    dead: 0,
+  };
+  readonly #loop: Promise<void>;
+  readonly #unsubscribe: () => void;
+  #stopping = false;
+  #stopped: Promise<void> | undefined;
+  #woken = false;
+  #waiter: (() => void) | undefined;
+
+  /**
+   * Starts the loop at once; {@linkcode processEvents} is the usual way in.
+   *
+   * @param outbox The outbox to claim from.
+   * @param handler Does the work of one event.
+   * @param options See {@linkcode ProcessOptions}.
+   * @throws {TypeError | RangeError} When an option is invalid, naming it.
+   */
+  constructor(
+    outbox: Outbox<P>,
+    handler: Handler<P>,
+    options: ProcessOptions = {},
+  ) {
+    if (typeof handler !== "function") {
+      throw new TypeError(
+        `Cannot ${OP} as 'handler' must be a function: current value is ${typeof handler}`,
+      );
+    }
+    if (options === null || typeof options !== "object") {
+      throw new TypeError(
+        `Cannot ${OP} as 'options' must be an object: current value is ${
+          String(options)
+        }`,
+      );
+    }
+    this.#outbox = outbox;
+    this.#handler = handler;
+    this.#queue = options.queue;
+    this.#concurrency = integer("concurrency", options.concurrency, 1, 1);
+    this.#leaseMs = integer("leaseMs", options.leaseMs, 3, 30_000);
+    this.#renewIntervalMs = integer(
+      "renewIntervalMs",
+      options.renewIntervalMs,
+      1,
+      Math.floor(this.#leaseMs / 3),
+    );
+    this.#marginMs = integer(
+      "marginMs",
+      options.marginMs,
+      0,
+      Math.floor(this.#leaseMs / 5),
+    );
+    if (this.#renewIntervalMs + this.#marginMs >= this.#leaseMs) {
+      throw new RangeError(
+        `Cannot ${OP} as 'renewIntervalMs' + 'marginMs' must be below 'leaseMs' (${this.#leaseMs}): current value is ${
+          this.#renewIntervalMs + this.#marginMs
+        }`,
+      );
+    }
+    this.#pollMinMs = integer("pollMinMs", options.pollMinMs, 1, 100);
+    this.#pollMaxMs = integer(
+      "pollMaxMs",
+      options.pollMaxMs,
+      this.#pollMinMs,
+      Math.max(5_000, this.#pollMinMs),
+    );
+    this.#retryMinMs = integer("retryMinMs", options.retryMinMs, 0, 1_000);
+    this.#retryMaxMs = integer(
+      "retryMaxMs",
+      options.retryMaxMs,
+      this.#retryMinMs,
+      Math.max(60_000, this.#retryMinMs),
+    );
+    this.#retryMultiplier = real(
+      "retryMultiplier",
+      options.retryMultiplier,
+      1,
+      Infinity,
+      2,
+    );
+    this.#retryJitter = real("retryJitter", options.retryJitter, 0, 1, 1);
+    this.#stopTimeoutMs = integer(
+      "stopTimeoutMs",
+      options.stopTimeoutMs,
+      0,
+      10_000,
+    );
+    this.#now = fn("now", options.now) ?? Date.now;
+    this.#monotonicNow = fn("monotonicNow", options.monotonicNow) ??
+      (() => performance.now());
+    this.#random = fn("random", options.random) ?? Math.random;
+    this.#onError = fn("onError", options.onError) ?? console.error;
+    this.#timers = options.timers ?? {
+      setTimeout: (callback, delayMs) => setTimeout(callback, delayMs),
+      clearTimeout: (handle) => clearTimeout(handle as number),
+    };
+    this.#signal = options.signal;
+    this.#unsubscribe = outbox.onEnqueue(() => this.#wake());
+    this.#signal?.addEventListener("abort", this.#onAbort);
+    this.#loop = this.#run();
+    if (this.#signal?.aborted) void this.stop();
+  }
+
+  /** A snapshot of the counters. */
+  get counters(): ProcessorCounters {
+    return { ...this.#counters };
+  }
+
+  /** Handlers running (or finishing their acknowledgement) now. */
+  get inFlight(): number {
+    return this.#slots.size;
+  }
+
+  /**
+   * Stops claiming, waits up to `stopTimeoutMs` for running handlers, then
+   * aborts the signals of the others and releases their leases. Calling it
+   * again returns the same promise.
+   *
+   * @returns Resolves when no handler's lease is held any more.
+   */
+  stop(): Promise<void> {
+    this.#stopped ??= this.#stop();
+    return this.#stopped;
+  }
+
+  /** Same as {@linkcode Processor.stop}, for `await using`. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.stop();
+  }
+
+  readonly #onAbort = () => void this.stop();
+
+  async #run(): Promise<void> {
+    let idleMs = this.#pollMinMs;
+    while (!this.#stopping) {
+      const free = this.#concurrency - this.#slots.size;
+      if (free <= 0) {
+        await this.#wait(undefined);
+        continue;
+      }
+      this.#woken = false;
+      const claimedAt = this.#monotonicNow();
+      let leases: Lease<P>[];
+      try {
+        leases = await this.#outbox.claim({
+          max: free,
+          leaseMs: this.#leaseMs,
+          ...(this.#queue === undefined ? {} : { queue: this.#queue }),
+        });
+      } catch (error) {
+        this.#onError(error);
+        await this.#wait(idleMs);
+        idleMs = Math.min(idleMs * 2, this.#pollMaxMs);
+        continue;
+      }
+      for (const lease of leases) this.#start(lease, claimedAt);
+      if (leases.length > 0) {
+        idleMs = this.#pollMinMs;
+        continue;
+      }
+      await this.#wait(idleMs);
+      idleMs = Math.min(idleMs * 2, this.#pollMaxMs);
+    }
+  }
+
+  /** Waits for `delayMs` (forever when `undefined`) or until woken. */
+  #wait(delayMs: number | undefined): Promise<void> {
+    if (this.#woken || this.#stopping) {
+      this.#woken = false;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      let handle: unknown;
+      this.#waiter = () => {
+        if (handle !== undefined) this.#timers.clearTimeout(handle);
+        this.#waiter = undefined;
+        this.#woken = false;
+        resolve();
+      };
+      if (delayMs !== undefined) {
+        handle = this.#timers.setTimeout(() => this.#waiter?.(), delayMs);
+      }
+    });
+  }
+
+  /** Ends the current wait; a wake that finds no wait makes the next one return at once. */
+  #wake(): void {
+    if (this.#waiter === undefined) this.#woken = true;
+    else this.#waiter();
+  }
+
+  #start(lease: Lease<P>, claimedAt: number): void {
+    this.#counters.claimed++;
+    const slot: Slot<P> = {
+      lease,
+      state: "running",
+      validUntilMonotonic: claimedAt + this.#leaseMs,
+      renewTimer: undefined,
+      watchdogTimer: undefined,
+      controller: new AbortController(),
+      done: Promise.resolve(),
+    };
+    this.#slots.add(slot);
+    this.#armWatchdog(slot);
+    this.#scheduleRenewal(
+      slot,
+      claimedAt + this.#renewIntervalMs - this.#monotonicNow(),
+    );
+    const context: HandlerContext = {
+      signal: slot.controller.signal,
+      throwIfLost: () => {
+        this.#checkOverdue(slot);
+        slot.controller.signal.throwIfAborted();
+      },
+    };
+    let outcome: Promise<unknown>;
+    try {
+      outcome = Promise.resolve(this.#handler(lease, context));
+    } catch (error) {
+      outcome = Promise.reject(error);
+    }
+    slot.done = outcome
+      .then(() => this.#succeed(slot), (error) => this.#fail(slot, error))
+      .finally(() => {
+        this.#slots.delete(slot);
+        this.#wake();
+      });
+  }
+
+  async #succeed(slot: Slot<P>): Promise<void> {
+    if (slot.state !== "running") return;
+    this.#finish(slot);
+    try {
+      if (await this.#outbox.acknowledge(slot.lease)) {
+        this.#counters.acknowledged++;
+      } else {
+        this.#counters.staleAcknowledgements++;
+      }
+    } catch (error) {
+      this.#onError(error);
+    }
+  }
+
+  async #fail(slot: Slot<P>, error: unknown): Promise<void> {
+    if (slot.state !== "running") return;
+    this.#finish(slot);
+    await this.#release(slot, describeError(error), this.#retryDelayMs(slot));
+  }
+
+  /** Exponential backoff with jitter, as in Deno std's `retry`. */
+  #retryDelayMs(slot: Slot<P>): number {
+    const exponent = Math.max(0, slot.lease.attempt - 1);
+    const capped = Math.min(
+      this.#retryMaxMs,
+      this.#retryMinMs * this.#retryMultiplier ** exponent,
+    );
+    return Math.round(capped * (1 - this.#retryJitter * this.#random()));
+  }
+
+  async #release(slot: Slot<P>, error: string, delayMs: number) {
+    try {
+      if (await this.#outbox.release(slot.lease, { delayMs, error })) {
+        if (slot.lease.attempt >= slot.lease.maxAttempts) this.#counters.dead++;
+        else this.#counters.released++;
+      }
+    } catch (releaseError) {
+      this.#onError(releaseError);
+    }
+  }
+
+  #finish(slot: Slot<P>): void {
+    slot.state = "finishing";
+    this.#timers.clearTimeout(slot.renewTimer);
+    this.#timers.clearTimeout(slot.watchdogTimer);
+  }
+
+  #scheduleRenewal(slot: Slot<P>, delayMs: number): void {
+    slot.renewTimer = this.#timers.setTimeout(
+      () => void this.#renew(slot),
+      Math.max(0, delayMs),
+    );
+  }
+
+  async #renew(slot: Slot<P>): Promise<void> {
+    if (slot.state !== "running" || this.#checkOverdue(slot)) return;
+    const startedAt = this.#monotonicNow();
+    let leaseUntil: number | false;
+    try {
+      leaseUntil = await this.#outbox.renew(slot.lease, this.#leaseMs);
+    } catch (error) {
+      this.#onError(error);
+      // The watchdog still guards the deadline; try again soon.
+      if (slot.state === "running") {
+        this.#scheduleRenewal(
+          slot,
+          Math.max(1, Math.floor(this.#renewIntervalMs / 4)),
+        );
+      }
+      return;
+    }
+    if (slot.state !== "running" || slot.controller.signal.aborted) return;
+    if (leaseUntil === false) {
+      this.#lose(
+        slot,
+        new LeaseLostError(slot.lease.eventId, slot.lease.fence),
+      );
+      return;
+    }
+    slot.lease = { ...slot.lease, leaseUntil };
+    // Measured from before the request: the database's deadline is later.
+    slot.validUntilMonotonic = startedAt + this.#leaseMs;
+    this.#armWatchdog(slot);
+    this.#scheduleRenewal(slot, this.#renewIntervalMs);
+  }
+
+  #armWatchdog(slot: Slot<P>): void {
+    this.#timers.clearTimeout(slot.watchdogTimer);
+    const delayMs = slot.validUntilMonotonic - this.#marginMs -
+      this.#monotonicNow();
+    slot.watchdogTimer = this.#timers.setTimeout(() => {
+      if (slot.state === "running" && !this.#checkOverdue(slot)) {
+        this.#armWatchdog(slot);
+      }
+    }, Math.max(0, delayMs));
+  }
+
+  /**
+   * Aborts the slot's signal when its renewal is overdue by either clock;
+   * returns whether the signal is aborted.
+   */
+  #checkOverdue(slot: Slot<P>): boolean {
+    if (slot.controller.signal.aborted) return true;
+    const monotonic = this.#monotonicNow() >=
+      slot.validUntilMonotonic - this.#marginMs;
+    const wall = this.#now() >= slot.lease.leaseUntil - this.#marginMs;
+    if (!monotonic && !wall) return false;
+    this.#lose(
+      slot,
+      new DOMException(
+        `Lease on event ${slot.lease.eventId} (fence ${slot.lease.fence}) is overdue for renewal by the ${
+          monotonic ? "monotonic" : "lease"
+        } clock`,
+        "TimeoutError",
+      ),
+    );
+    return true;
+  }
+
+  #lose(slot: Slot<P>, reason: unknown): void {
+    if (slot.controller.signal.aborted) return;
+    this.#counters.leasesLost++;
+    this.#timers.clearTimeout(slot.renewTimer);
+    this.#timers.clearTimeout(slot.watchdogTimer);
+    slot.controller.abort(reason);
+  }
+
+  async #stop(): Promise<void> {
+    this.#stopping = true;
+    this.#unsubscribe();
+    this.#signal?.removeEventListener("abort", this.#onAbort);
+    this.#wake();
+    await this.#loop;
+    if ([...this.#slots].some((slot) => slot.state === "running")) {
+      await new Promise<void>((resolve) => {
+        const handle = this.#timers.setTimeout(resolve, this.#stopTimeoutMs);
+        void Promise.all([...this.#slots].map((slot) => slot.done)).then(
+          () => {
+            this.#timers.clearTimeout(handle);
+            resolve();
+          },
+        );
+      });
+    }
+    const pending: Promise<void>[] = [];
+    for (const slot of this.#slots) {
+      if (slot.state !== "running") {
+        pending.push(slot.done);
+        continue;
+      }
+      this.#finish(slot);
+      slot.state = "released";
+      slot.controller.abort(
+        new DOMException("The processor stopped", "AbortError"),
+      );
+      pending.push(
+        this.#release(slot, "processor stopped before the handler finished", 0),
+      );
+    }
+    await Promise.all(pending);
+    for (const slot of this.#slots) {
+      if (slot.state === "released") this.#slots.delete(slot);
+    }
+  }
+}
+
+function describeError(error: unknown): string {
+  const text = error instanceof Error
+    ? `${error.name}: ${error.message}`
+    : String(error);
+  // The core keeps at most 65536 characters of error text.
+  return text.length > 65_536 ? text.slice(0, 65_536) : text;
+}
+
+function integer(
+  field: string,
+  value: unknown,
+  min: number,
+  fallback: number,
+): number {
+  if (value === undefined) return fallback;
+  if (typeof value !== "number") {
+    throw new TypeError(
+      `Cannot ${OP} as '${field}' must be an integer of at least ${min}: current value is ${typeof value}`,
+    );
+  }
+  if (!Number.isSafeInteger(value) || value < min) {
+    throw new RangeError(
+      `Cannot ${OP} as '${field}' must be an integer of at least ${min}: current value is ${value}`,
+    );
+  }
+  return value;
+}
+
+function real(
+  field: string,
+  value: unknown,
+  min: number,
+  max: number,
+  fallback: number,
+): number {
+  if (value === undefined) return fallback;
+  const kind = max === Infinity
+    ? `a finite number of at least ${min}`
+    : `a number from ${min} to ${max}`;
+  if (typeof value !== "number") {
+    throw new TypeError(
+      `Cannot ${OP} as '${field}' must be ${kind}: current value is ${typeof value}`,
+    );
+  }
+  if (!Number.isFinite(value) || value < min || value > max) {
+    throw new RangeError(
+      `Cannot ${OP} as '${field}' must be ${kind}: current value is ${value}`,
+    );
+  }
+  return value;
+}
+
+function fn<F>(field: string, value: F | undefined): F | undefined {
+  if (value !== undefined && typeof value !== "function") {
+    throw new TypeError(
+      `Cannot ${OP} as '${field}' must be a function: current value is ${typeof value}`,
+    );
+  }
+  return value;
+}
