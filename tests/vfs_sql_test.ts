@@ -1,0 +1,304 @@
+/**
+ * The Deno file VFS seen through SQL on one process: the lock matrix, the
+ * journal modes, exclusive WAL, symlinks, and files shared with native SQLite.
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
+import { BusyError } from "../errors.ts";
+import {
+  type DenoSqliteWasmOptions,
+  loadSqlite3,
+  openSqliteWasm,
+  type SqliteWasmDriver,
+} from "../sqlite_wasm_deno.ts";
+
+// oo1 logs every failed step; the busy results here are expected.
+(await loadSqlite3()).config.warn = () => {};
+
+async function withDir(fn: (dir: string) => Promise<void>): Promise<void> {
+  const dir = await Deno.makeTempDir({ prefix: "vfs_sql_" });
+  try {
+    await fn(dir);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
+async function open(
+  path: string | URL,
+  options?: DenoSqliteWasmOptions,
+): Promise<SqliteWasmDriver> {
+  return await openSqliteWasm(path, options);
+}
+
+Deno.test("lock matrix over SQL: readers during RESERVED, one writer, COMMIT waits for readers, PENDING refuses new readers", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "matrix.db");
+    await using writer = await open(path);
+    await using reader = await open(path);
+    await using other = await open(path);
+    await using late = await open(path);
+    await writer.exec(
+      "CREATE TABLE t(x INTEGER) STRICT; INSERT INTO t VALUES (1)",
+    );
+    // Each connection learns the schema now: a busy schema reload would
+    // report "no such table" rather than SQLITE_BUSY.
+    for (const db of [reader, other, late]) await db.query("SELECT x FROM t");
+
+    await writer.exec("BEGIN IMMEDIATE");
+    await writer.run("INSERT INTO t VALUES (2)");
+    // The journal is live and non-empty: the reader's hot-journal check must
+    // see the RESERVED lock and read the committed state.
+    assert.deepEqual(await reader.query("SELECT count(*) AS n FROM t"), [{
+      n: 1,
+    }]);
+    await assert.rejects(other.exec("BEGIN IMMEDIATE"), BusyError);
+
+    await reader.exec("BEGIN");
+    assert.deepEqual(await reader.query("SELECT count(*) AS n FROM t"), [{
+      n: 1,
+    }]);
+    await assert.rejects(writer.exec("COMMIT"), BusyError);
+    // The failed COMMIT left the writer on PENDING: no new reader gets in.
+    await assert.rejects(late.query("SELECT count(*) AS n FROM t"), BusyError);
+    await reader.exec("COMMIT");
+    await writer.exec("COMMIT");
+
+    assert.deepEqual(await late.query("SELECT count(*) AS n FROM t"), [{
+      n: 2,
+    }]);
+    // Every connection is back to NONE: an exclusive transaction succeeds.
+    await other.exec("BEGIN EXCLUSIVE");
+    await other.exec("COMMIT");
+    for (const kind of ["pending", "reserved", "shared"]) {
+      using probe = await Deno.open(`${path}-${kind}.lock`, { read: true });
+      assert.equal(probe.tryLockSync(true), true, `${kind} sidecar is free`);
+    }
+  });
+});
+
+Deno.test("journal modes: truncate is the default, delete removes the journal, persist keeps it", async () => {
+  await withDir(async (dir) => {
+    const cases = [
+      { journalMode: undefined, expected: "truncate", journal: 0 },
+      { journalMode: "delete", expected: "delete", journal: null },
+      { journalMode: "persist", expected: "persist", journal: "kept" },
+    ] as const;
+    for (const { journalMode, expected, journal } of cases) {
+      const path = join(dir, `${expected}.db`);
+      await using db = await open(
+        path,
+        journalMode === undefined ? {} : { journalMode },
+      );
+      assert.deepEqual(await db.query("PRAGMA journal_mode"), [{
+        journal_mode: expected,
+      }]);
+      assert.deepEqual(await db.query("PRAGMA synchronous"), [{
+        synchronous: 2,
+      }]);
+      await db.exec("CREATE TABLE t(x); INSERT INTO t VALUES (1)");
+      const size = await Deno.stat(`${path}-journal`).then(
+        (s) => s.size,
+        () => null,
+      );
+      if (journal === "kept") assert.ok(size !== null && size > 0);
+      else assert.equal(size, journal);
+    }
+  });
+});
+
+Deno.test("synchronous can be chosen per connection", async () => {
+  await withDir(async (dir) => {
+    await using db = await open(join(dir, "s.db"), { synchronous: "normal" });
+    assert.deepEqual(await db.query("PRAGMA synchronous"), [{
+      synchronous: 1,
+    }]);
+    await assert.rejects(
+      open(join(dir, "s.db"), { synchronous: "fast" as never }),
+      new TypeError(
+        "Cannot open database as 'synchronous' must be one of off, normal, full, extra: current value is fast",
+      ),
+    );
+  });
+});
+
+Deno.test("journal_mode=wal without exclusive locking stays a rollback journal", async () => {
+  await withDir(async (dir) => {
+    await using db = await open(join(dir, "w.db"));
+    await db.exec("CREATE TABLE t(x)");
+    assert.deepEqual(await db.query("PRAGMA journal_mode=wal"), [{
+      journal_mode: "truncate",
+    }]);
+  });
+});
+
+Deno.test("exclusive WAL mode works for one connection and a second connection gets BusyError", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "wal.db");
+    {
+      await using db = await open(path, { journalMode: "wal" });
+      assert.deepEqual(await db.query("PRAGMA journal_mode"), [{
+        journal_mode: "wal",
+      }]);
+      await db.exec("CREATE TABLE t(x INTEGER) STRICT");
+      for (let i = 0; i < 50; i++) {
+        await db.run("INSERT INTO t VALUES (?)", [i]);
+      }
+      assert.deepEqual(await db.query("SELECT sum(x) AS s FROM t"), [{
+        s: 1225,
+      }]);
+      await assert.rejects(open(path), BusyError);
+      await assert.rejects(open(path, { journalMode: "wal" }), BusyError);
+    }
+    // Reopened later in the default mode: the file leaves WAL and keeps its rows.
+    await using db = await open(path);
+    assert.deepEqual(await db.query("PRAGMA journal_mode"), [{
+      journal_mode: "truncate",
+    }]);
+    assert.deepEqual(await db.query("SELECT count(*) AS n FROM t"), [{
+      n: 50,
+    }]);
+    await using second = await open(path);
+    assert.deepEqual(await second.query("SELECT count(*) AS n FROM t"), [{
+      n: 50,
+    }]);
+  });
+});
+
+Deno.test("a symlink and the real path share one journal and one set of locks", async () => {
+  await withDir(async (dir) => {
+    const real = join(dir, "real.db");
+    const link = join(dir, "link.db");
+    await using a = await open(real);
+    await a.exec("CREATE TABLE t(x)");
+    await Deno.symlink(real, link);
+    await using b = await open(link);
+    await a.exec("BEGIN IMMEDIATE");
+    await assert.rejects(b.exec("BEGIN IMMEDIATE"), BusyError);
+    await a.exec("COMMIT");
+    await b.exec("INSERT INTO t VALUES (1)");
+    assert.deepEqual(await a.query("SELECT count(*) AS n FROM t"), [{ n: 1 }]);
+    const names = [...Deno.readDirSync(dir)].map((e) => e.name).sort();
+    assert.deepEqual(names, [
+      "link.db",
+      "real.db",
+      "real.db-journal",
+      "real.db-pending.lock",
+      "real.db-reserved.lock",
+      "real.db-shared.lock",
+    ]);
+  });
+});
+
+Deno.test("file: URLs and URIs open files; :memory: and memdb stay in memory", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "url db.db");
+    {
+      await using db = await open(new URL(`file://${path}`));
+      await db.exec("CREATE TABLE t(x); INSERT INTO t VALUES ('url')");
+    }
+    await using byUri = await open(`file:${encodeURI(path)}?mode=ro`);
+    assert.deepEqual(await byUri.query("SELECT x FROM t"), [{ x: "url" }]);
+    await assert.rejects(byUri.exec("INSERT INTO t VALUES (1)"), /readonly/);
+    await using memory = await open(":memory:");
+    assert.deepEqual(await memory.query("PRAGMA journal_mode"), [{
+      journal_mode: "memory",
+    }]);
+    await assert.rejects(
+      open(new URL("https://example.com/x.db")),
+      new TypeError(
+        "Cannot open database as 'path' must be a file: URL: current value is https://example.com/x.db",
+      ),
+    );
+  });
+});
+
+Deno.test("a file written through the VFS passes integrity_check in native node:sqlite", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "interop.db");
+    {
+      await using db = await open(path);
+      await db.exec("CREATE TABLE t(id INTEGER PRIMARY KEY, body TEXT) STRICT");
+      await db.exec("CREATE INDEX t_body ON t(body)");
+      await db.exec("BEGIN");
+      for (let i = 0; i < 2000; i++) {
+        await db.run("INSERT INTO t(body) VALUES (?)", [
+          `row ${i} ${"x".repeat(i % 300)}`,
+        ]);
+      }
+      await db.exec("COMMIT");
+      await db.run("DELETE FROM t WHERE id % 3 = 0");
+    }
+    const native = new DatabaseSync(path);
+    try {
+      assert.deepEqual(
+        { ...native.prepare("PRAGMA integrity_check").get() },
+        { integrity_check: "ok" },
+      );
+      assert.deepEqual({
+        ...native.prepare("SELECT count(*) AS n FROM t").get(),
+      }, { n: 1334 });
+    } finally {
+      native.close();
+    }
+  });
+});
+
+Deno.test("a file created by native SQLite opens and works through the VFS", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "native.db");
+    const native = new DatabaseSync(path);
+    native.exec("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT) STRICT");
+    const insert = native.prepare("INSERT INTO t(v) VALUES (?)");
+    native.exec("BEGIN");
+    for (let i = 0; i < 500; i++) insert.run(`native ${i}`);
+    native.exec("COMMIT");
+    native.close();
+
+    {
+      await using db = await open(path);
+      assert.deepEqual(await db.query("SELECT count(*) AS n FROM t"), [{
+        n: 500,
+      }]);
+      await db.run("UPDATE t SET v = v || ' wasm' WHERE id <= 100");
+      await db.run("INSERT INTO t(v) VALUES ('from wasm')");
+      assert.deepEqual(await db.query("PRAGMA integrity_check"), [{
+        integrity_check: "ok",
+      }]);
+    }
+    const again = new DatabaseSync(path);
+    try {
+      assert.deepEqual(
+        {
+          ...again.prepare(
+            "SELECT count(*) AS n FROM t WHERE v LIKE 'native % wasm'",
+          )
+            .get(),
+        },
+        { n: 100 },
+      );
+      assert.deepEqual({ ...again.prepare("PRAGMA integrity_check").get() }, {
+        integrity_check: "ok",
+      });
+    } finally {
+      again.close();
+    }
+  });
+});
+
+Deno.test("a native WAL-mode file is switched to the requested rollback mode", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "native_wal.db");
+    const native = new DatabaseSync(path);
+    native.exec(
+      "PRAGMA journal_mode=wal; CREATE TABLE t(x); INSERT INTO t VALUES (1)",
+    );
+    native.close();
+    await using db = await open(path, { journalMode: "delete" });
+    assert.deepEqual(await db.query("PRAGMA journal_mode"), [{
+      journal_mode: "delete",
+    }]);
+    assert.deepEqual(await db.query("SELECT x FROM t"), [{ x: 1 }]);
+  });
+});
