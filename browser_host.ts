@@ -159,20 +159,20 @@ async function open(
       }`,
     );
   }
-  const { db, release } = vfs === "opfs"
+  const { db, vfsName, release } = vfs === "opfs"
     ? openOpfs(sqlite3, config.name)
     : await openSahPool(sqlite3, config.name, config.openTimeoutMs);
   let driver: SqliteWasmDriver | undefined;
   try {
     const chosen = db.dbVfsName();
-    if (chosen !== vfs) {
+    if (chosen !== vfsName) {
       throw new OpfsUnavailableError(
-        `Opened through VFS '${chosen}' instead of '${vfs}'`,
+        `Opened through VFS '${chosen}' instead of '${vfsName}'`,
       );
     }
     driver = new SqliteWasmDriver(sqlite3, db);
     const outbox = await openOutbox(driver, config.outbox);
-    return { outbox, vfs: chosen, release };
+    return { outbox, vfs, release };
   } catch (error) {
     if (driver === undefined) db.close();
     else await driver.close();
@@ -184,7 +184,7 @@ async function open(
 function openOpfs(
   sqlite3: Sqlite3Static,
   name: string,
-): { db: Database; release: () => void } {
+): { db: Database; vfsName: string; release: () => void } {
   if (!sqlite3.capi.sqlite3_vfs_find("opfs")) {
     throw new OpfsUnavailableError(
       "The 'opfs' VFS is not available: it needs a cross-origin isolated dedicated worker",
@@ -195,14 +195,14 @@ function openOpfs(
     flags: "c",
     vfs: "opfs",
   });
-  return { db, release: () => {} };
+  return { db, vfsName: "opfs", release: () => {} };
 }
 
 async function openSahPool(
   sqlite3: Sqlite3Static,
   name: string,
   openTimeoutMs: number,
-): Promise<{ db: Database; release: () => void }> {
+): Promise<{ db: Database; vfsName: string; release: () => void }> {
   const poolOptions = {
     // One pool per outbox name, so outboxes of one origin never contend.
     name: `leased-outbox-${name}`,
@@ -218,7 +218,7 @@ async function openSahPool(
     try {
       const pool = await sqlite3.installOpfsSAHPoolVfs(poolOptions);
       const db = new pool.OpfsSAHPoolDb(`/${name}.sqlite3`);
-      return { db, release: () => pool.pauseVfs() };
+      return { db, vfsName: pool.vfsName, release: () => pool.pauseVfs() };
     } catch (error) {
       if (!isLockedError(error)) {
         throw new OpfsUnavailableError(

@@ -1,0 +1,154 @@
+/// <reference lib="dom" />
+/**
+ * The example page: messages typed here are queued in the shared outbox and
+ * delivered to the server's `/deliver` endpoint by the leader tab, with the
+ * claim's `${eventId}:${fence}` as idempotency key. Failed deliveries are
+ * released with exponential backoff and retried until the endpoint is back.
+ *
+ * Query parameters (the tests use them): `outbox` (name), `leaseMs`,
+ * `retryBaseMs`, `retryMaxMs`, `concurrency`.
+ *
+ * @module
+ */
+import { openSharedOutbox } from "../../browser.ts";
+import type { Lease } from "../../lease.ts";
+
+/** What one queued job carries. */
+export interface Message {
+  /** The text typed. */
+  readonly text: string;
+  /** A unique id of the job, to check end to end that none is lost. */
+  readonly job: string;
+}
+
+const params = new URL(location.href).searchParams;
+const retryBaseMs = Number(params.get("retryBaseMs") ?? 1_000);
+const retryMaxMs = Number(params.get("retryMaxMs") ?? 30_000);
+const concurrency = Number(params.get("concurrency") ?? 2);
+const leaseMs = Number(params.get("leaseMs") ?? 15_000);
+const idleMs = 200;
+
+const outbox = await openSharedOutbox<Message>(
+  params.get("outbox") ?? "messages",
+  { leaseMs, maxAttempts: 20 },
+);
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * Queues one message.
+ *
+ * @param text The message.
+ * @param job Its job id (a fresh UUID when not given).
+ * @returns The event id.
+ */
+async function add(text: string, job = crypto.randomUUID()): Promise<number> {
+  const { eventId } = await outbox.enqueue({ text, job });
+  return eventId;
+}
+
+function backoffMs(attempt: number): number {
+  const ms = Math.min(retryMaxMs, retryBaseMs * 2 ** (attempt - 1));
+  return Math.round(ms * (0.8 + Math.random() * 0.4));
+}
+
+async function deliver(lease: Lease<Message>): Promise<void> {
+  const response = await fetch("/deliver", {
+    method: "POST",
+    headers: {
+      "content-type": "application/json",
+      "idempotency-key": `${lease.eventId}:${lease.fence}`,
+    },
+    body: JSON.stringify(lease.payload),
+  });
+  await response.body?.cancel();
+  if (!response.ok) throw new Error(`endpoint answered ${response.status}`);
+}
+
+async function drainLoop(): Promise<void> {
+  while (outbox.isLeader) {
+    let lease: Lease<Message> | null;
+    try {
+      lease = await outbox.claim();
+    } catch (error) {
+      show(error);
+      await sleep(500);
+      continue;
+    }
+    if (lease === null) {
+      await sleep(idleMs);
+      continue;
+    }
+    try {
+      await deliver(lease);
+      await outbox.acknowledge(lease);
+    } catch (error) {
+      await outbox.release(lease, {
+        delayMs: backoffMs(lease.attempt),
+        error: String(error),
+      }).catch(show);
+    }
+  }
+}
+
+let draining = false;
+function drain(): void {
+  if (draining || !outbox.isLeader) return;
+  draining = true;
+  Promise.all(Array.from({ length: concurrency }, drainLoop)).finally(() => {
+    draining = false;
+  });
+}
+
+const $ = (id: string) => document.getElementById(id)!;
+
+function show(error: unknown): void {
+  $("error").textContent = String(error);
+}
+
+async function refresh(): Promise<void> {
+  try {
+    const stats = await outbox.stats();
+    for (const key of ["pending", "leased", "done", "dead"] as const) {
+      $(key).textContent = String(stats[key]);
+    }
+    $("role").textContent = outbox.isLeader
+      ? "leader (delivers)"
+      : "follower (forwards to the leader)";
+    const response = await fetch("/deliveries");
+    const { down, deliveries } = await response.json() as {
+      down: boolean;
+      deliveries: { key: string; body: Message }[];
+    };
+    $("endpoint").textContent = down ? "off" : "on";
+    $("toggle").textContent = down ? "switch on" : "switch off";
+    $("delivered").replaceChildren(
+      ...deliveries.reverse().map(({ key, body }) => {
+        const item = document.createElement("li");
+        item.textContent = `${body.text} (${key})`;
+        return item;
+      }),
+    );
+  } catch (error) {
+    show(error);
+  }
+}
+
+$("compose").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = $("text") as HTMLInputElement;
+  add(input.value).then(refresh, show);
+  input.value = "";
+});
+$("toggle").addEventListener("click", async () => {
+  const down = $("endpoint").textContent === "on";
+  await fetch("/endpoint", { method: "POST", body: down ? "down" : "up" });
+  await refresh();
+});
+outbox.addEventListener("leaderchange", drain);
+drain();
+setInterval(refresh, 500);
+void refresh();
+
+// Handles for the browser tests.
+Object.assign(globalThis, { outboxApp: { outbox, add } });

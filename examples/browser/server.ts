@@ -1,0 +1,176 @@
+/**
+ * The example's own server, on 127.0.0.1 only (a secure context, so OPFS
+ * works): it serves the page and the bundle, and it is the endpoint the
+ * page delivers queued messages to.
+ *
+ * The endpoint is what a careful recipient looks like: it logs every
+ * idempotency key `${eventId}:${fence}` it receives and applies each event
+ * once, so a repeated delivery (the same claim sent again, or a later claim
+ * of an event whose acknowledgement was lost) is absorbed. It can be
+ * switched down (503) and up again to watch jobs retry with backoff and
+ * drain.
+ *
+ * Run with `deno task serve:browser` (it builds the bundle first).
+ *
+ * @module
+ */
+import { buildBrowser } from "./build.ts";
+
+/** One message the endpoint applied. */
+export interface Delivery {
+  /** `${eventId}:${fence}` of the claim that delivered it. */
+  readonly key: string;
+  /** The message as the page sent it. */
+  readonly body: unknown;
+}
+
+/** Options for {@linkcode serveExample}. */
+export interface ExampleServerOptions {
+  /** @default {0} (any free port) */
+  readonly port?: number;
+  /** Where the bundle was built. @default {the example's build/ directory} */
+  readonly buildDir?: URL;
+  /** Extra static files served under `/fixtures/` (tests). */
+  readonly fixturesDir?: URL;
+  /**
+   * Send COOP/COEP headers, making pages cross-origin isolated (so the
+   * worker can use the `opfs` VFS).
+   *
+   * @default {false}
+   */
+  readonly isolated?: boolean;
+  /** Delay before the endpoint answers, in ms. @default {0} */
+  readonly deliveryDelayMs?: number;
+}
+
+/** A running example server. */
+export interface ExampleServer {
+  /** The page's URL, e.g. `http://127.0.0.1:8123/`. */
+  readonly url: string;
+  /** Applied deliveries, one per event, in arrival order. */
+  readonly deliveries: Delivery[];
+  /** Every idempotency key received, repeats included. */
+  readonly keys: string[];
+  /** How many deliveries repeated an event already applied. */
+  readonly duplicates: () => number;
+  /** Whether the endpoint answers 503. */
+  down: boolean;
+  /** Stops listening. */
+  shutdown(): Promise<void>;
+}
+
+const pageDir = new URL("./", import.meta.url);
+
+const TYPES: Record<string, string> = {
+  html: "text/html; charset=utf-8",
+  js: "text/javascript; charset=utf-8",
+  wasm: "application/wasm",
+  css: "text/css; charset=utf-8",
+};
+
+/**
+ * Starts the example server.
+ *
+ * @param options See {@linkcode ExampleServerOptions}.
+ * @returns The running server.
+ */
+export function serveExample(
+  options: ExampleServerOptions = {},
+): ExampleServer {
+  const buildDir = options.buildDir ?? new URL("build/", pageDir);
+  const applied = new Set<string>();
+  const keys: string[] = [];
+  let duplicates = 0;
+  const state: { down: boolean } = { down: false };
+  const deliveries: Delivery[] = [];
+  const headers = (type: string): Headers => {
+    const result = new Headers({
+      "content-type": type,
+      "cache-control": "no-store",
+    });
+    if (options.isolated) {
+      result.set("cross-origin-opener-policy", "same-origin");
+      result.set("cross-origin-embedder-policy", "require-corp");
+    }
+    return result;
+  };
+
+  const server = Deno.serve(
+    { hostname: "127.0.0.1", port: options.port ?? 0, onListen() {} },
+    async (request) => {
+      const { pathname } = new URL(request.url);
+      if (pathname === "/deliver" && request.method === "POST") {
+        const body = await request.json();
+        if (options.deliveryDelayMs) {
+          await new Promise((r) => setTimeout(r, options.deliveryDelayMs));
+        }
+        if (state.down) {
+          return new Response("endpoint down", { status: 503 });
+        }
+        const key = request.headers.get("idempotency-key") ?? "";
+        if (!/^\d+:\d+$/.test(key)) {
+          return new Response("missing idempotency-key", { status: 400 });
+        }
+        keys.push(key);
+        const eventId = key.split(":")[0]!;
+        if (applied.has(eventId)) duplicates++;
+        else {
+          applied.add(eventId);
+          deliveries.push({ key, body });
+        }
+        return Response.json({ key }, { headers: headers("application/json") });
+      }
+      if (pathname === "/endpoint" && request.method === "POST") {
+        state.down = (await request.text()) === "down";
+        return new Response(null, { status: 204 });
+      }
+      if (pathname === "/deliveries") {
+        return new Response(
+          JSON.stringify({
+            down: state.down,
+            deliveries: deliveries.slice(-20),
+          }),
+          { headers: headers("application/json") },
+        );
+      }
+      const file = pathname === "/"
+        ? new URL("index.html", pageDir)
+        : pathname.startsWith("/build/")
+        ? new URL(pathname.slice("/build/".length), buildDir)
+        : options.fixturesDir && pathname.startsWith("/fixtures/")
+        ? new URL(pathname.slice("/fixtures/".length), options.fixturesDir)
+        : undefined;
+      if (file === undefined || pathname.includes("..")) {
+        return new Response("not found", { status: 404 });
+      }
+      try {
+        const extension = file.pathname.split(".").pop() ?? "";
+        return new Response(await Deno.readFile(file), {
+          headers: headers(TYPES[extension] ?? "application/octet-stream"),
+        });
+      } catch {
+        return new Response("not found", { status: 404 });
+      }
+    },
+  );
+  return {
+    url: `http://127.0.0.1:${server.addr.port}/`,
+    deliveries,
+    keys,
+    duplicates: () => duplicates,
+    get down() {
+      return state.down;
+    },
+    set down(value: boolean) {
+      state.down = value;
+    },
+    shutdown: () => server.shutdown(),
+  };
+}
+
+if (import.meta.main) {
+  await buildBrowser();
+  const port = Number(Deno.args[0] ?? 8000);
+  const server = serveExample({ port });
+  console.log(`Outbox example at ${server.url}`);
+}

@@ -1,0 +1,213 @@
+import assert from "node:assert/strict";
+import type { Page } from "playwright-core";
+import { browserTest, openSession, PATHS } from "./fixtures/browser/harness.ts";
+
+async function blankPage(
+  session: Awaited<ReturnType<typeof openSession>>,
+): Promise<Page> {
+  const page = await session.context.newPage();
+  await page.goto(`${session.server.url}fixtures/blank.html`);
+  return page;
+}
+
+Deno.test(
+  {
+    name:
+      "C16: opening a held OPFS database is a typed busy error, never memory; after the holder closes the data is there and survives a reload",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const page = await blankPage(session);
+    const first = await page.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const w1 = await m.openWorkerOutbox("c16", { openTimeoutMs: 0 });
+      const e1 = await w1.enqueue("e1");
+      let busy: unknown[] = [];
+      try {
+        await m.openWorkerOutbox("c16", { openTimeoutMs: 0 });
+      } catch (error) {
+        busy = [
+          (error as Error).name,
+          error instanceof m.OpfsBusyError,
+          error instanceof m.OpfsUnavailableError,
+          (error as { code: number }).code,
+        ];
+      }
+      await w1.close();
+      const w2 = await m.openWorkerOutbox("c16", { openTimeoutMs: 1_000 });
+      const seen = await w2.stats();
+      const e3 = await w2.enqueue("e3");
+      await w2.close();
+      return { e1: e1.eventId, busy, pending: seen.pending, e3: e3.eventId };
+    }, PATHS);
+    assert.deepEqual(first, {
+      e1: 1,
+      busy: ["OpfsBusyError", true, false, 5],
+      pending: 1,
+      e3: 2,
+    });
+
+    await page.reload();
+    const after = await page.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openWorkerOutbox("c16");
+      const leases = await outbox.claim({ max: 10 });
+      await outbox.close();
+      return leases.map((lease: { eventId: number; payload: unknown }) => [
+        lease.eventId,
+        lease.payload,
+      ]);
+    }, PATHS);
+    assert.deepEqual(after, [[1, "e1"], [2, "e3"]]);
+  },
+);
+
+Deno.test(
+  {
+    name:
+      "C17: a failed open keeps no lock: once the holding page is gone the next open succeeds within 1 s",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const holder = await blankPage(session);
+    await holder.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openWorkerOutbox("c17");
+      await outbox.enqueue("kept");
+      Object.assign(globalThis, { holder: outbox });
+    }, PATHS);
+    const page = await blankPage(session);
+    const failed = await page.evaluate(async (paths) => {
+      const { connect } = await import(paths.rpc);
+      // Kept alive after its failed open: whatever it took must be released.
+      const failing = connect("/build/browser_worker.js");
+      Object.assign(globalThis, { failing });
+      try {
+        await failing.call("open", {
+          name: "c17",
+          vfs: "auto",
+          openTimeoutMs: 0,
+          outbox: {},
+        });
+        return "opened";
+      } catch (error) {
+        return (error as Error).name;
+      }
+    }, PATHS);
+    assert.equal(failed, "OpfsBusyError");
+
+    const closedAt = Date.now();
+    await holder.close();
+    const reopened = await page.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openWorkerOutbox("c17", { openTimeoutMs: 5_000 });
+      const stats = await outbox.stats();
+      await outbox.close();
+      return stats.pending;
+    }, PATHS);
+    const elapsedMs = Date.now() - closedAt;
+    assert.equal(reopened, 1);
+    assert.ok(elapsedMs < 1_000, `reopened after ${elapsedMs} ms`);
+  },
+);
+
+Deno.test(
+  {
+    name:
+      "C17: an I/O error injected during claim fails only that call; the next enqueue and claim succeed",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const page = await blankPage(session);
+    const result = await page.evaluate(async (paths) => {
+      const { connect } = await import(paths.rpc);
+      const db = connect("/build/fault_worker.js");
+      await db.call("open", {
+        name: "c17f",
+        vfs: "auto",
+        openTimeoutMs: 0,
+        outbox: {},
+      });
+      await db.call("enqueue", "e1", {});
+      await db.call("injectIoError");
+      let failure: unknown[] = [];
+      try {
+        await db.call("claim", {});
+      } catch (error) {
+        const { name, code } = error as { name: string; code: number };
+        failure = [name, code];
+      }
+      const afterFailure = await db.call("stats", {});
+      const e2 = await db.call("enqueue", "e2", {});
+      const lease = await db.call("claim", {});
+      const history = await db.call("explain", lease.eventId);
+      return {
+        failure,
+        afterFailure: [afterFailure.pending, afterFailure.leased],
+        e2: e2.eventId,
+        lease: [lease.eventId, lease.attempt, lease.fence, lease.payload],
+        kinds: history.history.map((entry: { kind: string }) => entry.kind),
+      };
+    }, PATHS);
+    assert.deepEqual(result, {
+      failure: ["SqliteError", 778],
+      afterFailure: [1, 0],
+      e2: 2,
+      lease: [1, 1, 1, "e1"],
+      kinds: ["claimed"],
+    });
+  },
+);
+
+Deno.test(
+  {
+    name:
+      "the worker never selects opfs-wl: isolated pages get opfs, others opfs-sahpool, and opfs-wl is never registered",
+    ...browserTest,
+  },
+  async () => {
+    for (const isolated of [true, false]) {
+      await using session = await openSession({ isolated });
+      const page = await blankPage(session);
+      const seen = await page.evaluate(async (paths) => {
+        const m = await import(paths.bundle);
+        const { connect } = await import(paths.rpc);
+        const outbox = await m.openWorkerOutbox("vfs");
+        await outbox.enqueue({ ok: true });
+        const lease = await outbox.claim();
+        const acknowledged = await outbox.acknowledge(lease);
+        const vfs = outbox.vfs;
+        await outbox.close();
+        const probe = connect("/build/browser_worker.js");
+        const registered = {
+          wl: await probe.call("hasVfs", "opfs-wl"),
+          opfs: await probe.call("hasVfs", "opfs"),
+        };
+        let explicit = "";
+        try {
+          await m.openWorkerOutbox("vfs", { vfs: "opfs-wl" });
+        } catch (error) {
+          explicit = (error as Error).name;
+        }
+        return {
+          isolated: (globalThis as { crossOriginIsolated?: boolean })
+            .crossOriginIsolated,
+          vfs,
+          acknowledged,
+          registered,
+          explicit,
+        };
+      }, PATHS);
+      assert.deepEqual(seen, {
+        isolated,
+        vfs: isolated ? "opfs" : "opfs-sahpool",
+        acknowledged: true,
+        registered: { wl: false, opfs: isolated },
+        explicit: "RangeError",
+      });
+    }
+  },
+);
