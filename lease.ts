@@ -265,7 +265,7 @@ export const SQL = {
       last_error = '${LEASE_EXPIRED}', updated_at = ?1, done_at = ?1
     WHERE state = 'leased' AND due_at <= ?1 AND attempt >= max_attempts
     RETURNING id, fence`,
-  candidates: `SELECT id, state, fence FROM outbox_events AS e
+  candidates: `SELECT id FROM outbox_events AS e
     WHERE queue = ?1 AND state IN ('pending', 'leased') AND due_at <= ?2
       AND attempt < max_attempts
       AND (ordering_key IS NULL OR NOT EXISTS (
@@ -302,7 +302,8 @@ export const SQL = {
     WHERE id = ?4 AND token = ?5 AND state = 'leased'
       AND NOT (due_at <= ?1 AND attempt >= max_attempts)
     RETURNING state`,
-  fenceOf: "SELECT fence FROM outbox_events WHERE id = ?",
+  stale: `INSERT INTO outbox_attempts (event_id, fence, kind, at, token)
+    SELECT id, ?2, ?3, ?4, ?5 FROM outbox_events WHERE id = ?1`,
   deadLetters:
     `SELECT id, queue, payload, attempt, last_error, created_at, done_at
     FROM outbox_events WHERE state = 'dead' AND queue = ? ORDER BY id LIMIT ?`,
@@ -1012,33 +1013,15 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           );
         }
       }
-      if (candidate["state"] === "leased") {
-        await this.#ledger(
-          eventId,
-          Number(candidate["fence"]),
-          "expired",
-          now,
-          null,
-          null,
-          LEASE_EXPIRED,
-        );
-      }
-      const leaseToken = token ?? mintToken();
+      // The schema's trigger records the claim (and the lapsed lease it
+      // replaces) in the ledger.
       const [row] = await this.#driver.query(SQL.claim, [
-        leaseToken,
+        token ?? mintToken(),
         now + leaseMs,
         now,
         eventId,
       ]);
       const lease = toLease<P>(row!);
-      await this.#ledger(
-        eventId,
-        lease.fence,
-        "claimed",
-        now,
-        leaseToken,
-        lease.leaseUntil,
-      );
       leases.push(lease);
     }
     return leases;
@@ -1054,13 +1037,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       await this.#stale(lease, "stale_acknowledge", now);
       return false;
     }
-    await this.#ledger(
-      lease.eventId,
-      lease.fence,
-      "acknowledged",
-      now,
-      lease.token,
-    );
     return true;
   }
 
@@ -1095,9 +1071,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     kind: LedgerEntry["kind"],
     now: number,
   ): Promise<void> {
-    const [row] = await this.#driver.query(SQL.fenceOf, [lease.eventId]);
-    if (row === undefined) return;
-    await this.#ledger(lease.eventId, lease.fence, kind, now, lease.token);
+    await this.#driver.run(SQL.stale, [
+      lease.eventId,
+      lease.fence,
+      kind,
+      now,
+      lease.token,
+    ]);
   }
 
   async #ledger(

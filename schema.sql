@@ -63,4 +63,24 @@ CREATE TABLE outbox_attempts (
 
 CREATE INDEX outbox_attempts_event ON outbox_attempts (event_id, id);
 
+-- The ledger entries of the hot paths are written by triggers, inside the
+-- statement that changes the event, so a claim or an acknowledgement costs no
+-- extra statement. The other entries are rare and written by lease.ts.
+CREATE TRIGGER outbox_events_claimed AFTER UPDATE OF fence ON outbox_events
+WHEN NEW.fence > OLD.fence
+BEGIN
+  INSERT INTO outbox_attempts (event_id, fence, kind, at, detail)
+    SELECT OLD.id, OLD.fence, 'expired', NEW.updated_at, 'lease expired'
+    WHERE OLD.state = 'leased';
+  INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until)
+    VALUES (NEW.id, NEW.fence, 'claimed', NEW.updated_at, NEW.token, NEW.lease_until);
+END;
+
+CREATE TRIGGER outbox_events_acknowledged AFTER UPDATE OF state ON outbox_events
+WHEN OLD.state = 'leased' AND NEW.state = 'done'
+BEGIN
+  INSERT INTO outbox_attempts (event_id, fence, kind, at, token)
+    VALUES (NEW.id, NEW.fence, 'acknowledged', NEW.done_at, NEW.token);
+END;
+
 PRAGMA user_version = 1;
