@@ -1,0 +1,535 @@
+import assert from "node:assert/strict";
+import { BusyError, type Driver, Outbox } from "../mod.ts";
+import { openSqliteWasm } from "../sqlite_wasm.ts";
+import {
+  type Handler,
+  processEvents,
+  type ProcessOptions,
+  type Timers,
+} from "../worker.ts";
+import { ManualClock } from "./helpers.ts";
+
+/**
+ * Manual time for the processor: the monotonic clock and the timers, driven
+ * by hand. `advance` fires due timers in order, letting the promises they
+ * start settle after each; `jump` moves time without firing anything, which
+ * is what a stalled event loop or a suspended process looks like.
+ */
+class ManualTimers implements Timers {
+  ms = 0;
+  readonly #timers = new Map<number, { at: number; callback: () => void }>();
+  #nextId = 1;
+  readonly monotonicNow = (): number => this.ms;
+
+  setTimeout(callback: () => void, delayMs: number): unknown {
+    const id = this.#nextId++;
+    this.#timers.set(id, { at: this.ms + delayMs, callback });
+    return id;
+  }
+
+  clearTimeout(handle: unknown): void {
+    this.#timers.delete(handle as number);
+  }
+
+  /** Fires every timer due up to `ms` from now, in order, then settles. */
+  async advance(ms: number, wall?: ManualClock): Promise<void> {
+    const target = this.ms + ms;
+    for (;;) {
+      await settle();
+      let next: [number, { at: number; callback: () => void }] | undefined;
+      for (const entry of this.#timers) {
+        if (entry[1].at <= target && (!next || entry[1].at < next[1].at)) {
+          next = entry;
+        }
+      }
+      if (next === undefined) break;
+      const [id, { at, callback }] = next;
+      this.#timers.delete(id);
+      wall?.advance(Math.max(0, at - this.ms));
+      this.ms = Math.max(this.ms, at);
+      callback();
+    }
+    wall?.advance(target - this.ms);
+    this.ms = target;
+    await settle();
+  }
+
+  /** Moves time without firing timers, as a stalled event loop sees it. */
+  jump(ms: number, wall?: ManualClock): void {
+    this.ms += ms;
+    wall?.advance(ms);
+  }
+}
+
+/** Lets every pending promise chain run (one macrotask turn). */
+function settle(): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, 0));
+}
+
+interface Fixture {
+  outbox: Outbox;
+  wall: ManualClock;
+  time: ManualTimers;
+  errors: unknown[];
+  options: (extra?: ProcessOptions) => ProcessOptions;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+async function fixture(driver?: Driver): Promise<Fixture> {
+  const wall = new ManualClock(1_000_000);
+  const time = new ManualTimers();
+  const errors: unknown[] = [];
+  const outbox = await Outbox.open(
+    driver ?? await openSqliteWasm(":memory:"),
+    { now: wall.now, leaseMs: 1_000 },
+  );
+  return {
+    outbox,
+    wall,
+    time,
+    errors,
+    options: (extra = {}) => ({
+      leaseMs: 1_000,
+      pollMinMs: 10,
+      pollMaxMs: 10,
+      retryMinMs: 100,
+      retryJitter: 0,
+      now: wall.now,
+      monotonicNow: time.monotonicNow,
+      timers: time,
+      onError: (error) => errors.push(error),
+      ...extra,
+    }),
+    [Symbol.asyncDispose]: () => outbox.close(),
+  };
+}
+
+Deno.test("processEvents() delivers each event once and acknowledges it", async () => {
+  await using f = await fixture();
+  for (const n of [1, 2, 3]) await f.outbox.enqueue({ n });
+  const seen: string[] = [];
+  const processor = processEvents(f.outbox, (lease) => {
+    seen.push(`${lease.eventId}:${lease.fence}:${lease.attempt}`);
+  }, f.options({ concurrency: 2 }));
+  await f.time.advance(0, f.wall);
+  await processor.stop();
+  assert.deepEqual(seen, ["1:1:1", "2:1:1", "3:1:1"]);
+  assert.deepEqual(processor.counters, {
+    claimed: 3,
+    acknowledged: 3,
+    staleAcknowledgements: 0,
+    leasesLost: 0,
+    released: 0,
+    dead: 0,
+  });
+  assert.equal((await f.outbox.stats()).done, 3);
+  assert.deepEqual(f.errors, []);
+});
+
+Deno.test("a stalled handler has its signal aborted, its acknowledge returns false and the event is delivered again with the next fence", async () => {
+  await using f = await fixture();
+  const { eventId } = await f.outbox.enqueue({ to: "ada@example.com" });
+  const gate = Promise.withResolvers<void>();
+  const deliveries: string[] = [];
+  let stalledSignal: AbortSignal | undefined;
+  const handler: Handler<unknown> = async (lease, { signal }) => {
+    deliveries.push(`${lease.eventId}:${lease.fence}`);
+    if (lease.fence === 1) {
+      stalledSignal = signal;
+      await gate.promise;
+    }
+  };
+  await using stalled = processEvents(f.outbox, handler, f.options());
+  await f.time.advance(0, f.wall);
+  assert.equal(stalled.inFlight, 1);
+
+  // The stalled process runs no timers while both clocks pass its lease.
+  f.time.jump(1_500, f.wall);
+  await using healthy = processEvents(f.outbox, handler, f.options());
+  await settle();
+  assert.deepEqual(deliveries, [`${eventId}:1`, `${eventId}:2`]);
+  assert.equal(healthy.counters.acknowledged, 1);
+
+  // The stalled process wakes: its overdue renewal aborts the handler first.
+  await f.time.advance(0, f.wall);
+  assert.equal(stalledSignal?.aborted, true);
+  assert.equal((stalledSignal?.reason as DOMException).name, "TimeoutError");
+  gate.resolve();
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(stalled.counters, {
+    claimed: 1,
+    acknowledged: 0,
+    staleAcknowledgements: 1,
+    leasesLost: 1,
+    released: 0,
+    dead: 0,
+  });
+  const history = (await f.outbox.explain(eventId))!.history;
+  assert.deepEqual(
+    history.map((entry) => `${entry.kind}@${entry.fence}`),
+    [
+      "claimed@1",
+      "expired@1",
+      "claimed@2",
+      "acknowledged@2",
+      "stale_acknowledge@1",
+    ],
+  );
+});
+
+Deno.test("the handler's signal fires when renewal is overdue by the monotonic clock alone", async () => {
+  await using f = await fixture();
+  await f.outbox.enqueue({});
+  const gate = Promise.withResolvers<void>();
+  let signal: AbortSignal | undefined;
+  await using processor = processEvents(f.outbox, async (_, context) => {
+    signal = context.signal;
+    await gate.promise;
+  }, f.options());
+  await f.time.advance(0, f.wall);
+  // A suspended process: monotonic time passed, the lease clock did not
+  // (so the database would still accept a renewal).
+  f.time.jump(900);
+  await f.time.advance(0);
+  assert.equal(signal?.aborted, true);
+  assert.match(
+    (signal?.reason as DOMException).message,
+    /^Lease on event 1 \(fence 1\) is overdue for renewal by the monotonic clock$/,
+  );
+  gate.resolve();
+  await f.time.advance(0);
+  // Nobody else claimed it, so the fenced acknowledgement still succeeds.
+  assert.deepEqual(processor.counters, {
+    claimed: 1,
+    acknowledged: 1,
+    staleAcknowledgements: 0,
+    leasesLost: 1,
+    released: 0,
+    dead: 0,
+  });
+});
+
+Deno.test("throwIfLost() catches an overdue lease before the timers have run", async () => {
+  await using f = await fixture();
+  await f.outbox.enqueue({});
+  const gate = Promise.withResolvers<void>();
+  let outcome = "";
+  await using _processor = processEvents(f.outbox, async (_, context) => {
+    await gate.promise;
+    try {
+      context.throwIfLost();
+      outcome = "sent";
+    } catch (error) {
+      outcome = (error as DOMException).name;
+      throw error;
+    }
+  }, f.options());
+  await f.time.advance(0, f.wall);
+  f.time.jump(850, f.wall);
+  gate.resolve();
+  await settle();
+  assert.equal(outcome, "TimeoutError");
+});
+
+Deno.test("renewals keep a long handler's lease live well before each deadline", async () => {
+  await using f = await fixture();
+  const { eventId } = await f.outbox.enqueue({});
+  const gate = Promise.withResolvers<void>();
+  let signal: AbortSignal | undefined;
+  await using processor = processEvents(f.outbox, async (_, context) => {
+    signal = context.signal;
+    await gate.promise;
+  }, f.options());
+  await f.time.advance(3_100, f.wall);
+  assert.equal(signal?.aborted, false);
+  assert.equal(await f.outbox.claim(), null);
+  gate.resolve();
+  await f.time.advance(0, f.wall);
+  const history = (await f.outbox.explain(eventId))!.history;
+  const renewals = history.filter((entry) => entry.kind === "renewed");
+  // Every renewInterval (1000 / 3 = 333 ms) from the claim at 1_000_000.
+  assert.deepEqual(
+    renewals.map((entry) => entry.at - 1_000_000),
+    [333, 666, 999, 1332, 1665, 1998, 2331, 2664, 2997],
+  );
+  assert.deepEqual(
+    renewals.map((entry) => entry.leaseUntil! - entry.at),
+    Array(9).fill(1_000),
+  );
+  assert.equal(processor.counters.acknowledged, 1);
+  assert.equal(processor.counters.leasesLost, 0);
+});
+
+Deno.test("stop() waits for running handlers up to stopTimeoutMs, then releases what remains", async () => {
+  await using f = await fixture();
+  const first = await f.outbox.enqueue({ n: 1 });
+  const second = await f.outbox.enqueue({ n: 2 });
+  const gate = Promise.withResolvers<void>();
+  const signals = new Map<number, AbortSignal>();
+  const processor = processEvents(f.outbox, async (lease, { signal }) => {
+    signals.set(lease.eventId, signal);
+    if (lease.eventId === first.eventId) return await gate.promise;
+    await new Promise((_, reject) => {
+      signal.addEventListener("abort", () => reject(signal.reason));
+    });
+  }, f.options({ concurrency: 2, stopTimeoutMs: 500 }));
+  await f.time.advance(0, f.wall);
+  const stopped = processor.stop();
+  await f.time.advance(100, f.wall);
+  gate.resolve();
+  await f.time.advance(399, f.wall);
+  assert.equal(signals.get(second.eventId)?.aborted, false);
+  assert.equal(processor.inFlight, 1);
+  await f.time.advance(1, f.wall);
+  await stopped;
+  assert.equal(processor.inFlight, 0);
+  assert.equal(
+    (signals.get(second.eventId)?.reason as DOMException).name,
+    "AbortError",
+  );
+  assert.equal(processor.counters.acknowledged, 1);
+  assert.equal(processor.counters.released, 1);
+  const explained = await f.outbox.explain(second.eventId);
+  assert.equal(explained?.state, "pending");
+  assert.equal(
+    explained?.lastError,
+    "processor stopped before the handler finished",
+  );
+  assert.equal((await f.outbox.claim())?.eventId, second.eventId);
+});
+
+Deno.test("failed attempts are retried on the configured exponential backoff schedule", async () => {
+  await using f = await fixture();
+  await f.outbox.enqueue({}, { maxAttempts: 6 });
+  const startedAt: number[] = [];
+  await using processor = processEvents(f.outbox, () => {
+    startedAt.push(f.time.ms);
+    throw new Error("receiver down");
+  }, f.options({ retryMinMs: 100, retryMultiplier: 3, retryMaxMs: 1_000 }));
+  await f.time.advance(4_000, f.wall);
+  assert.deepEqual(
+    startedAt.slice(1).map((at, i) => at - startedAt[i]!),
+    [100, 300, 900, 1_000, 1_000],
+  );
+  assert.equal(processor.counters.released, 5);
+  assert.equal(processor.counters.dead, 1);
+});
+
+Deno.test("retryJitter takes a random fraction off each delay", async () => {
+  await using f = await fixture();
+  const { eventId } = await f.outbox.enqueue({});
+  await using _processor = processEvents(f.outbox, () => {
+    throw new Error("nope");
+  }, f.options({ retryMinMs: 100, retryJitter: 0.5, random: () => 0.5 }));
+  const delays: number[] = [];
+  for (let i = 0; i < 3; i++) {
+    await f.time.advance(i === 0 ? 0 : delays.at(-1)! + 10, f.wall);
+    const { history } = (await f.outbox.explain(eventId))!;
+    const released = history.filter((entry) => entry.kind === "released");
+    assert.equal(released.length, i + 1);
+    delays.push(await dueIn(f, eventId));
+  }
+  // 100, 200, 400 ms, each times (1 - 0.5 * 0.5).
+  assert.deepEqual(delays, [75, 150, 300]);
+});
+
+/** How long until a pending event is due, by the lease clock. */
+async function dueIn(f: Fixture, eventId: number): Promise<number> {
+  const [row] = await f.outbox.transaction((tx) =>
+    tx.query(
+      "SELECT due_at - updated_at AS ms FROM outbox_events WHERE id = ?",
+      [
+        eventId,
+      ],
+    )
+  );
+  return Number(row?.["ms"]);
+}
+
+Deno.test("a poison event ends in the dead letters after maxAttempts with its last error", async () => {
+  await using f = await fixture();
+  const { eventId } = await f.outbox.enqueue({ poison: true }, {
+    maxAttempts: 3,
+  });
+  await using processor = processEvents(f.outbox, (lease) => {
+    throw new Error(`boom on attempt ${lease.attempt}`);
+  }, f.options({ retryMinMs: 20 }));
+  await f.time.advance(1_000, f.wall);
+  const dead = await f.outbox.deadLetters();
+  assert.deepEqual(
+    dead.map(({ eventId, attempts, lastError }) => ({
+      eventId,
+      attempts,
+      lastError,
+    })),
+    [{ eventId, attempts: 3, lastError: "Error: boom on attempt 3" }],
+  );
+  assert.deepEqual(processor.counters, {
+    claimed: 3,
+    acknowledged: 0,
+    staleAcknowledgements: 0,
+    leasesLost: 0,
+    released: 2,
+    dead: 1,
+  });
+});
+
+Deno.test("the concurrency limit holds while handlers run", async () => {
+  await using f = await fixture();
+  for (let n = 0; n < 10; n++) await f.outbox.enqueue({ n });
+  const gates: PromiseWithResolvers<void>[] = [];
+  let running = 0;
+  let mostRunning = 0;
+  await using processor = processEvents(f.outbox, async () => {
+    running++;
+    mostRunning = Math.max(mostRunning, running);
+    const gate = Promise.withResolvers<void>();
+    gates.push(gate);
+    await gate.promise;
+    running--;
+  }, f.options({ concurrency: 3 }));
+  await f.time.advance(0, f.wall);
+  assert.equal(processor.counters.claimed, 3);
+  assert.equal((await f.outbox.stats()).leased, 3);
+  for (let i = 0; i < 10; i++) {
+    gates[i]!.resolve();
+    await f.time.advance(0, f.wall);
+    assert.ok(running <= 3);
+  }
+  assert.equal(mostRunning, 3);
+  assert.equal(processor.counters.acknowledged, 10);
+});
+
+Deno.test("an enqueue in the same process wakes an idle processor at once", async () => {
+  await using f = await fixture();
+  const seen: unknown[] = [];
+  await using _processor = processEvents(f.outbox, (lease) => {
+    seen.push(lease.payload);
+  }, f.options({ pollMinMs: 60_000, pollMaxMs: 60_000 }));
+  await settle();
+  await f.outbox.enqueue({ n: 1 });
+  await settle();
+  await f.outbox.transaction((tx) => tx.enqueue({ n: 2 }));
+  await settle();
+  assert.deepEqual(seen, [{ n: 1 }, { n: 2 }]);
+});
+
+Deno.test("an empty queue is polled with a doubling wait up to pollMaxMs", async () => {
+  const driver = await openSqliteWasm(":memory:");
+  const time = new ManualTimers();
+  // Every claim is one write transaction; opening the outbox runs one too.
+  const claims: number[] = [];
+  const counting: Driver = {
+    query: (sql, params) => driver.query(sql, params),
+    run: (sql, params) => {
+      if (sql === "BEGIN IMMEDIATE") claims.push(time.ms);
+      return driver.run(sql, params);
+    },
+    exec: (sql) => driver.exec(sql),
+    close: () => driver.close(),
+  };
+  await using f = await fixture(counting);
+  claims.length = 0;
+  await using _processor = processEvents(f.outbox, () => {}, {
+    ...f.options({ pollMinMs: 10, pollMaxMs: 80 }),
+    monotonicNow: time.monotonicNow,
+    timers: time,
+  });
+  await time.advance(400);
+  assert.deepEqual(claims, [0, 10, 30, 70, 150, 230, 310, 390]);
+});
+
+Deno.test("a claim that throws is reported and the loop goes on", async () => {
+  const driver = await openSqliteWasm(":memory:");
+  let busy = 0;
+  const flaky: Driver = {
+    query: (sql, params) => driver.query(sql, params),
+    run: (sql, params) => {
+      if (sql === "BEGIN IMMEDIATE" && busy > 0) {
+        busy--;
+        return Promise.reject(new BusyError("database is locked"));
+      }
+      return driver.run(sql, params);
+    },
+    exec: (sql) => driver.exec(sql),
+    close: () => driver.close(),
+  };
+  await using f = await fixture(flaky);
+  await f.outbox.enqueue({});
+  const outbox = await Outbox.open(flaky, {
+    now: f.wall.now,
+    busyTimeoutMs: 0,
+  });
+  busy = 1;
+  await using processor = processEvents(outbox, () => {}, f.options());
+  await f.time.advance(0, f.wall);
+  assert.equal(processor.counters.claimed, 0);
+  assert.equal(f.errors.length, 1);
+  assert.ok(f.errors[0] instanceof BusyError);
+  await f.time.advance(10, f.wall);
+  assert.equal(processor.counters.acknowledged, 1);
+});
+
+Deno.test("an aborted signal option stops the processor like stop()", async () => {
+  await using f = await fixture();
+  const controller = new AbortController();
+  const processor = processEvents(
+    f.outbox,
+    () => {},
+    f.options({ signal: controller.signal }),
+  );
+  controller.abort();
+  await processor.stop();
+  await f.outbox.enqueue({});
+  await f.time.advance(100, f.wall);
+  assert.equal(processor.counters.claimed, 0);
+  assert.equal((await f.outbox.stats()).pending, 1);
+});
+
+Deno.test("invalid options throw TypeError or RangeError naming the field", async () => {
+  await using f = await fixture();
+  const start = (options: unknown, handler: unknown = () => {}) => () =>
+    processEvents(
+      f.outbox,
+      handler as Handler<unknown>,
+      options as ProcessOptions,
+    );
+  assert.throws(start({ concurrency: 0 }), {
+    name: "RangeError",
+    message:
+      "Cannot process events as 'concurrency' must be an integer of at least 1: current value is 0",
+  });
+  assert.throws(start({ leaseMs: NaN }), {
+    name: "RangeError",
+    message:
+      "Cannot process events as 'leaseMs' must be an integer of at least 3: current value is NaN",
+  });
+  assert.throws(start({ pollMinMs: "10" }), {
+    name: "TypeError",
+    message:
+      "Cannot process events as 'pollMinMs' must be an integer of at least 1: current value is string",
+  });
+  assert.throws(start({ retryJitter: 1.5 }), {
+    name: "RangeError",
+    message:
+      "Cannot process events as 'retryJitter' must be a number from 0 to 1: current value is 1.5",
+  });
+  assert.throws(start({ retryMultiplier: Infinity }), {
+    name: "RangeError",
+    message:
+      "Cannot process events as 'retryMultiplier' must be a finite number of at least 1: current value is Infinity",
+  });
+  assert.throws(start({ leaseMs: 1_000, renewIntervalMs: 900 }), {
+    name: "RangeError",
+    message:
+      "Cannot process events as 'renewIntervalMs' + 'marginMs' must be below 'leaseMs' (1000): current value is 1100",
+  });
+  assert.throws(start({}, "handler"), {
+    name: "TypeError",
+    message:
+      "Cannot process events as 'handler' must be a function: current value is string",
+  });
+  await f.outbox.enqueue({});
+  await settle();
+  assert.equal((await f.outbox.stats()).pending, 1);
+});
