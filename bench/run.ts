@@ -1,0 +1,291 @@
+/**
+ * `deno task bench`: measures the outbox on each driver and prints one
+ * markdown table, then the same rows as one line of JSON. Every row is
+ * measured in this run next to its anchor, and each scenario runs in its own
+ * process (`bench/scenario.ts`). `--smoke` runs every scenario at toy sizes,
+ * to keep the script working without spending minutes.
+ *
+ * @module
+ */
+import { join } from "node:path";
+import type { Scenario, ScenarioResult, Target } from "./scenario.ts";
+
+/** One line of the table. */
+export interface BenchRow {
+  readonly name: string;
+  readonly value: number;
+  readonly unit: string;
+  readonly anchor: string;
+  readonly anchorValue: number;
+  /** `value / anchorValue`, or the median of per-block ratios where blocks alternate. */
+  readonly ratio: number;
+  /** The ratio the issue asks for, e.g. `">= 0.9"`; `value` for absolute goals. */
+  readonly goal: string;
+  readonly met: boolean | null;
+}
+
+const CONFIG = new URL("../deno.json", import.meta.url).pathname;
+const SCENARIO = new URL("./scenario.ts", import.meta.url).pathname;
+
+async function run(scenario: Scenario): Promise<ScenarioResult> {
+  const output = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", "--config", CONFIG, SCENARIO, JSON.stringify(scenario)],
+    stdout: "piped",
+    stderr: "inherit",
+  }).output();
+  if (!output.success) {
+    throw new Error(`Scenario failed: ${JSON.stringify(scenario)}`);
+  }
+  return JSON.parse(new TextDecoder().decode(output.stdout));
+}
+
+async function runAll(
+  scenarios: readonly Scenario[],
+): Promise<ScenarioResult[]> {
+  return await Promise.all(scenarios.map(run));
+}
+
+function rate(result: ScenarioResult, i = 0): number {
+  const m = result.measurements[i]!;
+  return m.operations / (m.elapsedMs / 1000);
+}
+
+function progress(message: string): void {
+  console.error(`bench: ${message}`);
+}
+
+/** Sizes of one run. */
+interface Sizes {
+  durable: { warmup: number; blocks: number; units: number };
+  memory: { warmup: number; blocks: number; units: number };
+  batch: { max: number; warmup: number; blocks: number; units: number };
+  claimCost: { small: number; medium: number; large: number; claims: number };
+  contend: { processes: number; durationMs: number; pending: number };
+}
+
+const FULL: Sizes = {
+  durable: { warmup: 20, blocks: 10, units: 40 },
+  memory: { warmup: 500, blocks: 10, units: 500 },
+  batch: { max: 256, warmup: 1, blocks: 6, units: 4 },
+  claimCost: {
+    small: 1_000,
+    medium: 100_000,
+    large: 1_000_000,
+    claims: 500,
+  },
+  contend: { processes: 4, durationMs: 4_000, pending: 100_000 },
+};
+
+const SMOKE: Sizes = {
+  durable: { warmup: 1, blocks: 2, units: 2 },
+  memory: { warmup: 1, blocks: 2, units: 5 },
+  batch: { max: 8, warmup: 1, blocks: 2, units: 1 },
+  claimCost: { small: 10, medium: 20, large: 40, claims: 5 },
+  contend: { processes: 4, durationMs: 200, pending: 5_000 },
+};
+
+/**
+ * Runs every benchmark.
+ *
+ * @param sizes How much work each scenario does.
+ * @param dir A directory for the database files.
+ * @returns The rows of the table.
+ */
+async function bench(sizes: Sizes, dir: string): Promise<BenchRow[]> {
+  const rows: BenchRow[] = [];
+  const file = (name: string, driver: Target["driver"]): Target => ({
+    driver,
+    path: join(dir, `${name}-${driver}.db`),
+    journalMode: "truncate",
+    synchronous: "full",
+  });
+
+  progress("durable claim+acknowledge cycles, WASM file vs node:sqlite file");
+  const durable = await run({
+    kind: "pair",
+    targets: [file("durable", "wasm"), file("durable", "node")],
+    ...sizes.durable,
+  });
+  rows.push({
+    name: "durable claim+ack cycles/s, WASM file (truncate, full)",
+    value: rate(durable, 0),
+    unit: "cycles/s",
+    anchor: "node:sqlite file (truncate, full)",
+    anchorValue: rate(durable, 1),
+    ratio: durable.medianRatio!,
+    goal: ">= 0.9",
+    met: durable.medianRatio! >= 0.9,
+  });
+
+  progress("in-memory claim+acknowledge cycles, WASM vs node:sqlite");
+  const memory = (driver: Target["driver"]): Target => ({
+    driver,
+    path: ":memory:",
+    journalMode: "truncate",
+    synchronous: "full",
+  });
+  const inMemory = await run({
+    kind: "pair",
+    targets: [memory("wasm"), memory("node")],
+    ...sizes.memory,
+  });
+  rows.push({
+    name: "in-memory claim+ack cycles/s, WASM",
+    value: rate(inMemory, 0),
+    unit: "cycles/s",
+    anchor: "node:sqlite in memory",
+    anchorValue: rate(inMemory, 1),
+    ratio: inMemory.medianRatio!,
+    goal: ">= 0.5",
+    met: inMemory.medianRatio! >= 0.5,
+  });
+
+  progress(`batches of claim({ max: ${sizes.batch.max} }) + acknowledge`);
+  const batch = await run({
+    kind: "pair",
+    targets: [file("batch", "wasm"), file("batch", "node")],
+    ...sizes.batch,
+  });
+  rows.push({
+    name:
+      `durable batch claim({ max: ${sizes.batch.max} }) + ack events/s, WASM file`,
+    value: rate(batch, 0),
+    unit: "events/s",
+    anchor: "node:sqlite file (truncate, full)",
+    anchorValue: rate(batch, 1),
+    ratio: batch.medianRatio!,
+    goal: "value >= 50000",
+    met: rate(batch, 0) >= 50_000,
+  });
+
+  const { small, medium, large, claims } = sizes.claimCost;
+  // synchronous=off so the fsync per commit does not hide what the query
+  // itself costs as the table grows.
+  const costTarget = (name: string): Target => ({
+    ...file(name, "wasm"),
+    synchronous: "off",
+  });
+  const costs: [string, number, number][] = [
+    [`${small} pending`, small, 0],
+    [`${medium} pending`, medium, 0],
+    [`${large} pending`, large, 0],
+    [`${small} pending behind ${large} done`, small, large],
+  ];
+  const costResults: ScenarioResult[] = [];
+  for (const [label, pending, done] of costs) {
+    progress(`claim cost, ${label}`);
+    costResults.push(
+      await run({
+        kind: "claimCost",
+        target: costTarget(`cost-${pending}-${done}`),
+        pending,
+        done,
+        claims,
+      }),
+    );
+  }
+  const base = costResults[0]!.measurements[0]!.medianMs;
+  for (const [i, [label]] of costs.entries()) {
+    if (i === 0) continue;
+    const ms = costResults[i]!.measurements[0]!.medianMs;
+    rows.push({
+      name: `median claim time, ${label}, WASM file (synchronous off)`,
+      value: ms * 1000,
+      unit: "µs",
+      anchor: `${small} pending`,
+      anchorValue: base * 1000,
+      ratio: ms / base,
+      goal: "<= 1.3",
+      met: ms / base <= 1.3,
+    });
+  }
+
+  const { processes, durationMs, pending } = sizes.contend;
+  const contend = async (count: number): Promise<number> => {
+    const target = file(`contend-${count}`, "wasm");
+    await run({ kind: "seed", target, pending });
+    // Far enough ahead for every process to start and open its database.
+    const startAt = Date.now() + 1_500;
+    const results = await runAll(
+      Array.from(
+        { length: count },
+        () => ({ kind: "contend", target, startAt, durationMs }) as const,
+      ),
+    );
+    return results.reduce((sum, result) => sum + rate(result), 0);
+  };
+  progress(`1 process vs ${processes} contending on one WASM file`);
+  const one = await contend(1);
+  const many = await contend(processes);
+  rows.push({
+    name:
+      `${processes} processes contending, total claim+ack cycles/s, WASM file`,
+    value: many,
+    unit: "cycles/s",
+    anchor: "1 process",
+    anchorValue: one,
+    ratio: many / one,
+    goal: ">= 0.7",
+    met: many / one >= 0.7,
+  });
+
+  const rss = (i: number) => costResults[i]!.peakRssBytes / 2 ** 20;
+  rows.push({
+    name: `peak RSS of the ${large} pending run`,
+    value: rss(2),
+    unit: "MiB",
+    anchor: `${small} pending run`,
+    anchorValue: rss(0),
+    ratio: rss(2) / rss(0),
+    goal: "report",
+    met: null,
+  });
+  return rows;
+}
+
+function format(value: number): string {
+  return value >= 100
+    ? Math.round(value).toLocaleString("en-US")
+    : value.toPrecision(3);
+}
+
+/**
+ * Renders rows as a markdown table.
+ *
+ * @param rows The rows.
+ * @returns The table, one line per row after the header.
+ */
+export function markdown(rows: readonly BenchRow[]): string {
+  const lines = [
+    "| measurement | value | anchor | anchor value | ratio | goal | met |",
+    "|---|---:|---|---:|---:|---|---|",
+  ];
+  for (const row of rows) {
+    lines.push(
+      `| ${row.name} | ${format(row.value)} ${row.unit} | ${row.anchor} | ${
+        format(row.anchorValue)
+      } ${row.unit} | ${row.ratio.toFixed(2)}× | ${row.goal} | ${
+        row.met === null ? "–" : row.met ? "yes" : "no"
+      } |`,
+    );
+  }
+  return lines.join("\n");
+}
+
+if (import.meta.main) {
+  const smoke = Deno.args.includes("--smoke");
+  const dir = await Deno.makeTempDir({ prefix: "outbox_bench_" });
+  try {
+    const rows = await bench(smoke ? SMOKE : FULL, dir);
+    console.log(markdown(rows));
+    console.log();
+    console.log(JSON.stringify({
+      deno: Deno.version.deno,
+      smoke,
+      cores: navigator.hardwareConcurrency,
+      rows,
+    }));
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+}

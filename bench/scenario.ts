@@ -1,0 +1,285 @@
+/**
+ * One benchmark scenario per process: `deno run -A bench/scenario.ts '<json>'`
+ * runs the {@linkcode Scenario} given as JSON and prints its
+ * {@linkcode ScenarioResult} as one line of JSON. `bench/run.ts` starts these
+ * processes so every measurement has a fresh heap and its own peak memory.
+ *
+ * @module
+ */
+import type { Driver } from "../driver.ts";
+import { Outbox } from "../mod.ts";
+import { openNodeSqlite } from "../node_sqlite.ts";
+import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+
+/** Which driver a database is opened with. */
+export type DriverName = "wasm" | "node";
+
+/** One database of a scenario. */
+export interface Target {
+  readonly driver: DriverName;
+  /** A file path, or `":memory:"`. */
+  readonly path: string;
+  readonly journalMode: "truncate" | "wal";
+  readonly synchronous: "off" | "normal" | "full";
+}
+
+/** What one process measures. */
+export type Scenario =
+  | {
+    /**
+     * Claim+acknowledge cycles (`max` absent) or batches of `claim({ max })`
+     * plus one batch acknowledge, on each target in turn: `blocks` timed
+     * blocks of `units` each, alternating which target goes first, so
+     * drifting machine load falls on both alike.
+     */
+    readonly kind: "pair";
+    readonly targets: readonly Target[];
+    readonly max?: number;
+    readonly warmup: number;
+    readonly blocks: number;
+    readonly units: number;
+  }
+  | {
+    /**
+     * Per-claim time with `pending` events queued behind `done` finished
+     * ones; times `claims` claims (each acknowledged, untimed).
+     */
+    readonly kind: "claimCost";
+    readonly target: Target;
+    readonly pending: number;
+    readonly done: number;
+    readonly claims: number;
+  }
+  | {
+    /** Creates the schema and `pending` events for contend workers. */
+    readonly kind: "seed";
+    readonly target: Target;
+    readonly pending: number;
+  }
+  | {
+    /**
+     * One of several contending workers: claim+acknowledge from `startAt`
+     * (epoch ms) for `durationMs`, on a database prepared by `seed`.
+     */
+    readonly kind: "contend";
+    readonly target: Target;
+    readonly startAt: number;
+    readonly durationMs: number;
+  };
+
+/** Events (or claims) per second of one target, with how they were timed. */
+export interface Measurement {
+  /** Operations done in the timed part: events for `pair`, claims for `claimCost`. */
+  readonly operations: number;
+  /** Length of the timed part, in milliseconds. */
+  readonly elapsedMs: number;
+  /** Median time of one block (`pair`) or one claim (`claimCost`), in milliseconds. */
+  readonly medianMs: number;
+}
+
+/** What one process reports. */
+export interface ScenarioResult {
+  /** One measurement per target (`pair`), or one. */
+  readonly measurements: readonly Measurement[];
+  /** Median over blocks of the first target's time over the second's (`pair`). */
+  readonly medianRatio?: number;
+  /** Peak resident set size of the process (`VmHWM`), in bytes. */
+  readonly peakRssBytes: number;
+  /** Time spent building databases and warming up, in milliseconds. */
+  readonly setupMs: number;
+}
+
+async function open(target: Target): Promise<Outbox> {
+  const { path, journalMode, synchronous } = target;
+  const driver: Driver = target.driver === "wasm"
+    ? await openSqliteWasm(path, { journalMode, synchronous })
+    : await openNodeSqlite(path, { journalMode, synchronous });
+  // Leases far longer than any run, so no lease lapses while timing; a busy
+  // timeout far longer than any wait, so contention shows as time, not errors.
+  return await Outbox.open(driver, {
+    leaseMs: 3_600_000,
+    busyTimeoutMs: 60_000,
+  });
+}
+
+/**
+ * Inserts `count` events of state `state` with SQL alone, so building a
+ * million rows takes seconds, not a million enqueue() calls.
+ */
+async function fill(
+  outbox: Outbox,
+  count: number,
+  state: "pending" | "done",
+  at: number,
+): Promise<void> {
+  const chunk = 100_000;
+  for (let from = 0; from < count; from += chunk) {
+    await outbox.transaction((tx) =>
+      tx.run(
+        `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
+        INSERT INTO outbox_events
+          (queue, state, payload, due_at, max_attempts, created_at, updated_at, done_at)
+        SELECT 'default', ?2, '{"n":' || i || '}', ?3, 5, ?3, ?3,
+          CASE ?2 WHEN 'done' THEN ?3 END
+        FROM n`,
+        [Math.min(chunk, count - from), state, at],
+      )
+    );
+  }
+}
+
+/** Reads this process's peak resident set size from `/proc` (Linux). */
+function peakRssBytes(): number {
+  try {
+    const status = Deno.readTextFileSync("/proc/self/status");
+    const kb = /VmHWM:\s+(\d+) kB/.exec(status)?.[1];
+    return kb === undefined ? 0 : Number(kb) * 1024;
+  } catch {
+    return 0;
+  }
+}
+
+function median(values: readonly number[]): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  const middle = sorted.length >> 1;
+  return sorted.length % 2 === 1
+    ? sorted[middle]!
+    : (sorted[middle - 1]! + sorted[middle]!) / 2;
+}
+
+async function cycle(outbox: Outbox): Promise<number> {
+  const lease = await outbox.claim();
+  if (lease === null) throw new Error("Queue ran dry");
+  if (!await outbox.acknowledge(lease)) throw new Error("Lost a lease");
+  return 1;
+}
+
+async function batch(outbox: Outbox, max: number): Promise<number> {
+  const leases = await outbox.claim({ max });
+  if (leases.length < max) throw new Error("Queue ran dry");
+  const acknowledged = await outbox.acknowledge(leases);
+  if (!acknowledged.every(Boolean)) throw new Error("Lost a lease");
+  return leases.length;
+}
+
+/**
+ * Runs one scenario in this process.
+ *
+ * @param scenario What to measure.
+ * @returns The measurement.
+ */
+export async function runScenario(
+  scenario: Scenario,
+): Promise<ScenarioResult> {
+  const setupStart = performance.now();
+  let timedMs = 0;
+  const past = Date.now() - 1_000;
+  const measurements: Measurement[] = [];
+  let medianRatio: number | undefined;
+  switch (scenario.kind) {
+    case "seed": {
+      await using outbox = await open(scenario.target);
+      await fill(outbox, scenario.pending, "pending", past);
+      break;
+    }
+    case "pair": {
+      const { max, warmup, blocks, units } = scenario;
+      const unit = max === undefined
+        ? cycle
+        : (outbox: Outbox) => batch(outbox, max);
+      const outboxes = await Promise.all(scenario.targets.map(open));
+      try {
+        for (const outbox of outboxes) {
+          await fill(
+            outbox,
+            (max ?? 1) * (warmup + blocks * units),
+            "pending",
+            past,
+          );
+          for (let i = 0; i < warmup; i++) await unit(outbox);
+        }
+        const times = outboxes.map((): number[] => []);
+        const operations = outboxes.map(() => 0);
+        for (let b = 0; b < blocks; b++) {
+          for (let k = 0; k < outboxes.length; k++) {
+            const i = (b + k) % outboxes.length;
+            const start = performance.now();
+            for (let u = 0; u < units; u++) {
+              operations[i]! += await unit(outboxes[i]!);
+            }
+            times[i]!.push(performance.now() - start);
+          }
+        }
+        for (const [i, blockTimes] of times.entries()) {
+          const elapsedMs = blockTimes.reduce((a, b) => a + b, 0);
+          timedMs += elapsedMs;
+          measurements.push({
+            operations: operations[i]!,
+            elapsedMs,
+            medianMs: median(blockTimes),
+          });
+        }
+        if (times.length === 2) {
+          medianRatio = median(times[0]!.map((t, b) => times[1]![b]! / t));
+        }
+      } finally {
+        for (const outbox of outboxes) await outbox.close();
+      }
+      break;
+    }
+    case "claimCost": {
+      await using outbox = await open(scenario.target);
+      await fill(outbox, scenario.done, "done", past - 1_000);
+      // Topped up so that at least `pending` remain queued while timing.
+      const warmup = 50;
+      await fill(
+        outbox,
+        scenario.pending + warmup + scenario.claims,
+        "pending",
+        past,
+      );
+      // Warm the page cache and the JIT, as a long-running worker would be.
+      for (let i = 0; i < warmup; i++) await cycle(outbox);
+      const claimTimes: number[] = [];
+      for (let i = 0; i < scenario.claims; i++) {
+        const start = performance.now();
+        const lease = await outbox.claim();
+        claimTimes.push(performance.now() - start);
+        if (lease === null) throw new Error("Queue ran dry");
+        await outbox.acknowledge(lease);
+      }
+      timedMs = claimTimes.reduce((a, b) => a + b, 0);
+      measurements.push({
+        operations: claimTimes.length,
+        elapsedMs: timedMs,
+        medianMs: median(claimTimes),
+      });
+      break;
+    }
+    case "contend": {
+      await using outbox = await open(scenario.target);
+      await new Promise((resolve) =>
+        setTimeout(resolve, Math.max(0, scenario.startAt - Date.now()))
+      );
+      const start = performance.now();
+      let operations = 0;
+      while (performance.now() - start < scenario.durationMs) {
+        operations += await cycle(outbox);
+      }
+      timedMs = performance.now() - start;
+      measurements.push({ operations, elapsedMs: timedMs, medianMs: timedMs });
+      break;
+    }
+  }
+  return {
+    measurements,
+    ...(medianRatio === undefined ? {} : { medianRatio }),
+    peakRssBytes: peakRssBytes(),
+    setupMs: performance.now() - setupStart - timedMs,
+  };
+}
+
+if (import.meta.main) {
+  const scenario = JSON.parse(Deno.args[0] ?? "") as Scenario;
+  console.log(JSON.stringify(await runScenario(scenario)));
+}
