@@ -17,7 +17,7 @@ import {
   type SqliteWasmOptions,
 } from "./sqlite_wasm.ts";
 import { installDenoFileVfs } from "./deno_file_vfs.ts";
-import { SqliteError } from "./errors.ts";
+import { BusyError, SqliteError } from "./errors.ts";
 
 export { installDenoFileVfs, loadSqlite3, SqliteWasmDriver };
 export type { DenoFileVfsOptions } from "./deno_file_vfs.ts";
@@ -52,6 +52,15 @@ export interface DenoSqliteWasmOptions extends SqliteWasmOptions {
    * @default {"full"}
    */
   readonly synchronous?: Synchronous;
+  /**
+   * How long opening waits, in milliseconds, while another connection holds
+   * a lock that keeps it from applying `journalMode` (e.g. a writer
+   * committing); past it, opening throws {@linkcode BusyError}. Waiting
+   * retries without blocking the event loop.
+   *
+   * @default {5000}
+   */
+  readonly busyTimeoutMs?: number;
 }
 
 const journalModes: readonly string[] = [
@@ -76,8 +85,8 @@ const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
  * @param options See {@linkcode DenoSqliteWasmOptions}.
  * @returns A driver for the connection.
  * @throws {TypeError} When `path` or an option has the wrong type or value.
- * @throws {BusyError} When `journalMode` is `"wal"` (or the file must leave
- *   WAL mode) and another connection has the database open.
+ * @throws {BusyError} When the database stays locked past `busyTimeoutMs`,
+ *   e.g. `journalMode` is `"wal"` and another connection has it open.
  * @throws {SqliteError} When SQLite cannot open the file (`SQLITE_CANTOPEN`).
  *
  * @example A database file that outlives its connection
@@ -117,6 +126,14 @@ export async function openSqliteWasm(
       }: current value is ${String(synchronous)}`,
     );
   }
+  const busyTimeoutMs = options.busyTimeoutMs ?? 5_000;
+  if (!Number.isSafeInteger(busyTimeoutMs) || busyTimeoutMs < 0) {
+    throw new TypeError(
+      `Cannot open database as 'busyTimeoutMs' must be a non-negative integer: current value is ${
+        String(busyTimeoutMs)
+      }`,
+    );
+  }
   let name: string;
   if (path instanceof URL) {
     if (path.protocol !== "file:") {
@@ -137,7 +154,10 @@ export async function openSqliteWasm(
   try {
     const [main] = await driver.query("PRAGMA database_list");
     if (main?.file !== "") {
-      await applyJournalMode(driver, journalMode);
+      await untilNotBusy(
+        busyTimeoutMs,
+        () => applyJournalMode(driver, journalMode),
+      );
       await driver.exec(`PRAGMA synchronous=${synchronous}`);
     }
   } catch (error) {
@@ -148,6 +168,28 @@ export async function openSqliteWasm(
 }
 
 const SQLITE_CANTOPEN = 14;
+
+async function untilNotBusy(
+  busyTimeoutMs: number,
+  fn: () => Promise<void>,
+): Promise<void> {
+  const deadline = performance.now() + busyTimeoutMs;
+  for (let backoffMs = 1;; backoffMs = Math.min(backoffMs * 2, 64)) {
+    try {
+      return await fn();
+    } catch (error) {
+      const remainingMs = deadline - performance.now();
+      if (!(error instanceof BusyError) || remainingMs <= 0) throw error;
+      // Full jitter, as the lease core does, keeps openers apart.
+      await new Promise((resolve) =>
+        setTimeout(
+          resolve,
+          Math.min(remainingMs, 1 + Math.random() * backoffMs),
+        )
+      );
+    }
+  }
+}
 
 async function applyJournalMode(
   driver: SqliteWasmDriver,

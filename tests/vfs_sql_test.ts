@@ -123,6 +123,22 @@ Deno.test("synchronous can be chosen per connection", async () => {
   });
 });
 
+Deno.test("opening waits while a writer holds the database exclusively, then succeeds", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "wait.db");
+    await using writer = await open(path);
+    await writer.exec("CREATE TABLE t(x)");
+    await writer.exec("BEGIN EXCLUSIVE");
+    const started = performance.now();
+    setTimeout(() => writer.exec("COMMIT"), 100);
+    await using late = await open(path);
+    assert.ok(performance.now() - started >= 90);
+    assert.deepEqual(await late.query("PRAGMA journal_mode"), [{
+      journal_mode: "truncate",
+    }]);
+  });
+});
+
 Deno.test("journal_mode=wal without exclusive locking stays a rollback journal", async () => {
   await withDir(async (dir) => {
     await using db = await open(join(dir, "w.db"));
@@ -148,8 +164,11 @@ Deno.test("exclusive WAL mode works for one connection and a second connection g
       assert.deepEqual(await db.query("SELECT sum(x) AS s FROM t"), [{
         s: 1225,
       }]);
-      await assert.rejects(open(path), BusyError);
-      await assert.rejects(open(path, { journalMode: "wal" }), BusyError);
+      await assert.rejects(open(path, { busyTimeoutMs: 0 }), BusyError);
+      await assert.rejects(
+        open(path, { journalMode: "wal", busyTimeoutMs: 50 }),
+        BusyError,
+      );
     }
     // Reopened later in the default mode: the file leaves WAL and keeps its rows.
     await using db = await open(path);
