@@ -1,0 +1,442 @@
+/**
+ * `deno task demo`: the whole product on real processes, a real database
+ * file and a real HTTP receiver on 127.0.0.1.
+ *
+ * 1. The seed scenario on two connections to a file.
+ * 2. A producer process commits N orders, each with its event; three worker
+ *    processes deliver them to the receiver. Midway one worker is killed
+ *    (SIGKILL) and another is paused past its lease (SIGSTOP, then SIGCONT),
+ *    so its late acknowledgements come back stale. Poison events end in the
+ *    dead letters.
+ * 3. A summary; the exit code is 1 when any event was lost or acknowledged
+ *    twice.
+ *
+ * Usage: `deno run -A demo.ts [PATH] [--events 2000] [--poison 5]
+ * [--lease-ms 1000] [--latency-ms 5] [--json]`. PATH is a database file that
+ * must not exist yet (default: one in a new temporary directory).
+ *
+ * @module
+ */
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { BusyError, Outbox } from "./mod.ts";
+import {
+  DRIVER_NAME,
+  intFlag,
+  openDatabase,
+  openOutbox,
+  ORDERS_SQL,
+} from "./demo/db.ts";
+import { startReceiver } from "./demo/receiver.ts";
+
+const root = dirname(fileURLToPath(import.meta.url));
+const args = Deno.args;
+const events = intFlag(args, "events", 2_000);
+const poison = Math.min(intFlag(args, "poison", 5), events);
+const leaseMs = Math.max(100, intFlag(args, "lease-ms", 1_000));
+const latencyMs = intFlag(args, "latency-ms", 5);
+const json = args.includes("--json");
+const valueFlags = ["--events", "--poison", "--lease-ms", "--latency-ms"];
+const path = args.find((arg, i) =>
+  !arg.startsWith("--") && !valueFlags.includes(args[i - 1] ?? "")
+);
+
+const dbPath = path ?? join(
+  await Deno.makeTempDir({ prefix: "leased-outbox-demo-" }),
+  "outbox.db",
+);
+if (path !== undefined && await exists(path)) {
+  console.error(`${path} exists already: give the demo a new file name`);
+  Deno.exit(2);
+}
+const seedPath = join(dirname(dbPath), "seed.db");
+
+console.log(`leased-outbox demo · ${DRIVER_NAME}`);
+console.log(`database ${dbPath}\n`);
+
+// 1. The seed scenario, on two connections to one file.
+{
+  let clockMs = 0;
+  const open = async () =>
+    Outbox.open(await openDatabase(seedPath), {
+      now: () => clockMs,
+      leaseMs: 10,
+    });
+  await using first = await open();
+  await using second = await open();
+  await first.transaction((tx) =>
+    tx.run(
+      "INSERT INTO outbox_events (id, queue, state, payload, due_at, max_attempts, created_at, updated_at) VALUES (41, 'default', 'pending', 'null', 0, 5, 0, 0)",
+    )
+  );
+  const claim = async (outbox: Outbox, at: number, token: string) => {
+    clockMs = at;
+    return await outbox.claim({ token });
+  };
+  const leaseA = await claim(first, 100, "claimA");
+  const active = await claim(second, 109, "claimB");
+  const leaseB = await claim(second, 110, "claimB");
+  const staleAck = await first.acknowledge(leaseA!);
+  const currentAck = await second.acknowledge(leaseB!);
+  const afterAck = await claim(first, 120, "claimC");
+  console.log(`Seed scenario on ${seedPath} (two connections, lease 10 ms):`);
+  const rows: [string, unknown][] = [
+    ["first claim       claim(first, 100, claimA)", leaseA?.eventId ?? null],
+    ["active lease      claim(second, 109, claimB)", active?.eventId ?? null],
+    ["reclaimed         claim(second, 110, claimB)", leaseB?.eventId ?? null],
+    ["stale ack         acknowledge(first, 41, claimA)", staleAck],
+    ["current ack       acknowledge(second, 41, claimB)", currentAck],
+    ["after ack         claim(first, 120, claimC)", afterAck?.eventId ?? null],
+  ];
+  for (const [label, value] of rows) {
+    console.log(`  ${label.padEnd(50)} → ${value}`);
+  }
+  console.log();
+}
+
+// 2. The run: a producer, three workers, a receiver, a crash and a pause.
+const receiver = startReceiver(latencyMs);
+const setup = await openOutbox(dbPath, { busyTimeoutMs: 1_000 });
+await setup.transaction(async (tx) => {
+  await tx.run(ORDERS_SQL);
+  await tx.run(
+    "CREATE TABLE IF NOT EXISTS demo_probe (id INTEGER PRIMARY KEY, at INTEGER) STRICT",
+  );
+});
+const monitor = await openDatabase(dbPath);
+
+console.log(
+  `Run: 1 producer writes ${events} orders (${poison} poison), 3 workers deliver to ${receiver.url}`,
+);
+console.log(
+  `     lease ${leaseMs} ms, 4 handlers per worker, receiver latency ${latencyMs} ms\n`,
+);
+
+function spawn(script: string, extra: string[]): Deno.ChildProcess {
+  return new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      "--quiet",
+      join(root, script),
+      "--db",
+      dbPath,
+      ...extra,
+    ],
+    cwd: root,
+    stdin: "null",
+    stdout: "piped",
+    stderr: "inherit",
+  }).spawn();
+}
+
+const startedAt = performance.now();
+const elapsedS = () => (performance.now() - startedAt) / 1_000;
+const names = ["w1", "w2", "w3"];
+const workers = names.map((name) =>
+  spawn("demo/worker.ts", [
+    "--url",
+    receiver.url,
+    "--name",
+    name,
+    "--lease-ms",
+    String(leaseMs),
+  ])
+);
+const workerOutputs = workers.map((child) => child.output());
+const producer = spawn("demo/producer.ts", [
+  "--events",
+  String(events),
+  "--poison",
+  String(poison),
+]);
+let producerDone = false;
+const producerStatus = producer.output().then((output) => {
+  producerDone = true;
+  return output;
+});
+
+const fate = new Map<string, string>([
+  ["w1", "running"],
+  ["w2", "running"],
+  ["w3", "running"],
+]);
+let killedAt: number | undefined;
+let pause: Promise<void> | undefined;
+let paused = false;
+
+/** SIGSTOP w2 while it does not hold the write lock, for 2.5 leases. */
+async function pauseWorker(child: Deno.ChildProcess): Promise<void> {
+  let retries = 0;
+  for (;;) {
+    child.kill("SIGSTOP");
+    try {
+      // A write of our own proves the stopped worker holds no lock that
+      // would stall everyone else for the whole pause.
+      await setup.transaction((tx) =>
+        tx.run("INSERT INTO demo_probe (at) VALUES (?)", [Date.now()])
+      );
+      break;
+    } catch (error) {
+      if (!(error instanceof BusyError) || retries >= 20) throw error;
+      child.kill("SIGCONT");
+      retries++;
+      await delay(20);
+    }
+  }
+  paused = true;
+  const pausedAt = elapsedS();
+  fate.set("w2", "paused");
+  await delay(Math.round(leaseMs * 2.5));
+  child.kill("SIGCONT");
+  paused = false;
+  fate.set(
+    "w2",
+    `SIGSTOP at ${pausedAt.toFixed(1)} s for ${
+      (leaseMs * 2.5 / 1_000).toFixed(1)
+    } s, SIGCONT${
+      retries > 0 ? ` (${retries} retries: it held the write lock)` : ""
+    }`,
+  );
+}
+
+const tty = Deno.stdout.isTerminal();
+const encoder = new TextEncoder();
+let lastLine = 0;
+const nonPoison = events - poison;
+const timeoutS = 60 + events * 0.05;
+let counts = { pending: 0, leased: 0, done: 0, dead: 0 };
+let timedOut = false;
+for (;;) {
+  await delay(100);
+  try {
+    const rows = await monitor.query(
+      "SELECT state, count(*) AS n FROM outbox_events GROUP BY state",
+    );
+    counts = { pending: 0, leased: 0, done: 0, dead: 0 };
+    for (const row of rows) {
+      counts[row["state"] as keyof typeof counts] = Number(row["n"]);
+    }
+  } catch (error) {
+    if (!(error instanceof BusyError)) throw error;
+  }
+  const delivered = receiver.fences.size;
+  if (killedAt === undefined && delivered >= nonPoison * 0.25) {
+    workers[0]!.kill("SIGKILL");
+    killedAt = elapsedS();
+    fate.set("w1", `SIGKILL at ${killedAt.toFixed(1)} s`);
+  }
+  if (
+    killedAt !== undefined && pause === undefined &&
+    delivered >= nonPoison * 0.45
+  ) {
+    pause = pauseWorker(workers[1]!);
+  }
+  const produced = counts.pending + counts.leased + counts.done + counts.dead;
+  const line = `[${elapsedS().toFixed(1).padStart(5)} s] produced ${
+    String(produced).padStart(String(events).length)
+  }/${events} · delivered ${delivered} · done ${counts.done} · dead ${counts.dead} · leased ${counts.leased} · w1 ${
+    killedAt === undefined ? "up" : "killed"
+  } · w2 ${paused ? "PAUSED" : "up"}`;
+  if (tty) {
+    await Deno.stdout.write(encoder.encode(`\r${line}\x1b[K`));
+  } else if (performance.now() - lastLine >= 1_000) {
+    console.log(line);
+    lastLine = performance.now();
+  }
+  const finished = producerDone && counts.done + counts.dead === events;
+  if (finished && pause !== undefined) {
+    await pause;
+    break;
+  }
+  if (elapsedS() > timeoutS) {
+    timedOut = true;
+    break;
+  }
+}
+const elapsed = elapsedS();
+if (tty) console.log();
+
+// Graceful stop: each live worker finishes or releases what it holds.
+for (const child of workers.slice(1)) {
+  child.kill("SIGCONT");
+  child.kill("SIGTERM");
+}
+const decoder = new TextDecoder();
+const outputs = await Promise.all(workerOutputs);
+await producerStatus;
+const counters = outputs.map((output) => {
+  const last = decoder.decode(output.stdout).trim().split("\n").at(-1);
+  return last ? JSON.parse(last) as Record<string, number> : undefined;
+});
+
+// 3. The verdict, from the database and the receiver.
+const one = async (sql: string): Promise<number> =>
+  Number(Object.values((await monitor.query(sql))[0] ?? {})[0] ?? 0);
+const eventCount = await one("SELECT count(*) FROM outbox_events");
+const orderCount = await one("SELECT count(*) FROM orders");
+const ordersWithoutEvent = await one(
+  "SELECT count(*) FROM orders AS o WHERE NOT EXISTS (SELECT 1 FROM outbox_events AS e WHERE e.dedup_key = 'order-' || o.id)",
+);
+const rows = await monitor.query(
+  `SELECT e.id, e.state, json_extract(e.payload, '$.poison') AS poison, e.attempt,
+     (SELECT count(*) FROM outbox_attempts AS a WHERE a.event_id = e.id AND a.kind = 'acknowledged') AS acks,
+     (SELECT max(fence) FROM outbox_attempts AS a WHERE a.event_id = e.id AND a.kind = 'acknowledged') AS acked_fence
+   FROM outbox_events AS e`,
+);
+let lost = 0;
+let acknowledgedTwice = 0;
+let unexpectedDead = 0;
+let poisonDead = 0;
+const poisonAttempts = new Set<number>();
+for (const row of rows) {
+  const id = Number(row["id"]);
+  if (Number(row["acks"]) > 1) acknowledgedTwice++;
+  if (row["poison"] === 1) {
+    if (row["state"] === "dead") {
+      poisonDead++;
+      poisonAttempts.add(Number(row["attempt"]));
+    } else lost++;
+    continue;
+  }
+  if (row["state"] === "dead") unexpectedDead++;
+  const fences = receiver.fences.get(id) ?? [];
+  // Done without a delivery under the acknowledged fence is a lost event.
+  if (row["state"] !== "done" || !fences.includes(Number(row["acked_fence"]))) {
+    lost++;
+  }
+}
+lost += events - eventCount + ordersWithoutEvent;
+const staleAcknowledgements = await one(
+  "SELECT count(*) FROM outbox_attempts WHERE kind = 'stale_acknowledge'",
+);
+const expiredLeases = await one(
+  "SELECT count(*) FROM outbox_attempts WHERE kind = 'expired'",
+);
+const redeliveryFences = new Map<number, number>();
+for (const fences of receiver.fences.values()) {
+  for (const fence of fences.slice(1)) {
+    redeliveryFences.set(fence, (redeliveryFences.get(fence) ?? 0) + 1);
+  }
+}
+const redeliveries = [...redeliveryFences.values()].reduce((a, b) => a + b, 0);
+const deliveredEvents = [...receiver.fences.keys()].length;
+const deliveries = [...receiver.fences.values()].reduce(
+  (sum, fences) => sum + fences.length,
+  0,
+);
+const integrity = String(
+  (await monitor.query("PRAGMA integrity_check"))[0]?.["integrity_check"],
+);
+const deadLetters = await setup.deadLetters({ limit: 10_000 });
+await monitor.close();
+await setup.close();
+await receiver[Symbol.asyncDispose]();
+
+const ok = !timedOut && lost === 0 && acknowledgedTwice === 0 &&
+  unexpectedDead === 0 && integrity === "ok" && orderCount === events;
+const fenceText = [...redeliveryFences.entries()].sort(([a], [b]) => a - b)
+  .map(([fence, n]) => `fence ${fence} ×${n}`).join(", ");
+const summary: [string, string][] = [
+  ["events (orders committed with their event)", `${eventCount}`],
+  [
+    "delivered (distinct events at the receiver)",
+    `${deliveredEvents} of ${nonPoison}`,
+  ],
+  [
+    "deliveries received (deduped by eventId:fence)",
+    `${deliveries} (+${receiver.duplicates} duplicate keys, ${receiver.refused} poison refusals)`,
+  ],
+  ["redeliveries", `${redeliveries}${fenceText ? ` (${fenceText})` : ""}`],
+  ["expired leases taken over", `${expiredLeases}`],
+  ["stale acknowledgements rejected", `${staleAcknowledgements}`],
+  [
+    "dead letters",
+    `${deadLetters.length} (${poisonDead} poison after ${
+      [...poisonAttempts].join("/") || "-"
+    } attempts, last error "${deadLetters[0]?.lastError ?? "-"}"${
+      unexpectedDead > 0 ? `, ${unexpectedDead} NOT poison` : ""
+    })`,
+  ],
+  ["lost / acknowledged twice", `${lost} / ${acknowledgedTwice}`],
+  ["integrity_check", integrity],
+  ["elapsed", `${elapsed.toFixed(1)} s${timedOut ? " (TIMED OUT)" : ""}`],
+  ["throughput", `${(events / elapsed).toFixed(1)} events/s`],
+];
+const width = Math.max(...summary.map(([label]) => label.length));
+console.log("\nSummary");
+for (const [label, value] of summary) {
+  console.log(`  ${label.padEnd(width)}  ${value}`);
+}
+console.log("\nWorkers");
+const header = [
+  "claimed",
+  "acked",
+  "stale acks",
+  "leases lost",
+  "released",
+  "dead",
+];
+console.log(
+  `  ${"".padEnd(4)}${header.map((h) => h.padStart(12)).join("")}  fate`,
+);
+for (const [i, name] of names.entries()) {
+  const c = counters[i];
+  const cells = c === undefined
+    ? header.map(() => "-".padStart(12)).join("")
+    : [
+      c["claimed"],
+      c["acknowledged"],
+      c["staleAcknowledgements"],
+      c["leasesLost"],
+      c["released"],
+      c["dead"],
+    ].map((n) => String(n).padStart(12)).join("");
+  console.log(`  ${name.padEnd(4)}${cells}  ${fate.get(name)}`);
+}
+console.log(
+  `\n${
+    ok ? "OK" : "FAILED"
+  }: every event delivered and acknowledged exactly once, poison in the dead letters${
+    ok ? "" : " — see above"
+  }`,
+);
+if (json) {
+  console.log(JSON.stringify({
+    events: eventCount,
+    orders: orderCount,
+    delivered: deliveredEvents,
+    deliveries,
+    duplicates: receiver.duplicates,
+    redeliveries,
+    redeliveryFences: Object.fromEntries(redeliveryFences),
+    expiredLeases,
+    staleAcknowledgements,
+    deadLetters: deadLetters.length,
+    poisonDead,
+    unexpectedDead,
+    lost,
+    acknowledgedTwice,
+    integrity,
+    elapsedS: elapsed,
+    workers: Object.fromEntries(
+      names.map((name, i) => [name, counters[i] ?? null]),
+    ),
+    ok,
+  }));
+}
+Deno.exit(ok ? 0 : 1);
+
+function delay(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+async function exists(file: string): Promise<boolean> {
+  try {
+    await Deno.lstat(file);
+    return true;
+  } catch (error) {
+    if (error instanceof Deno.errors.NotFound) return false;
+    throw error;
+  }
+}
