@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { BusyError, type Driver, Outbox } from "../mod.ts";
+import { BusyError, type Driver, type Lease, Outbox } from "../mod.ts";
 import { openSqliteWasm } from "../sqlite_wasm.ts";
 import {
   type Handler,
@@ -398,6 +398,28 @@ Deno.test("the concurrency limit holds while handlers run", async () => {
   }
   assert.equal(mostRunning, 3);
   assert.equal(processor.counters.acknowledged, 10);
+});
+
+Deno.test("handlers that finish together are acknowledged in one transaction", async () => {
+  await using f = await fixture();
+  for (let n = 0; n < 3; n++) await f.outbox.enqueue({ n });
+  const batches: number[] = [];
+  const acknowledge = f.outbox.acknowledge.bind(f.outbox);
+  f.outbox.acknowledge = ((leases: Lease[]) => {
+    batches.push(leases.length);
+    return acknowledge(leases);
+  }) as typeof f.outbox.acknowledge;
+  const gate = Promise.withResolvers<void>();
+  await using processor = processEvents(
+    f.outbox,
+    () => gate.promise,
+    f.options({ concurrency: 3 }),
+  );
+  await f.time.advance(0, f.wall);
+  gate.resolve();
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(batches, [3]);
+  assert.equal(processor.counters.acknowledged, 3);
 });
 
 Deno.test("an enqueue in the same process wakes an idle processor at once", async () => {
