@@ -12,14 +12,14 @@
  *    twice.
  *
  * Usage: `deno run -A demo.ts [PATH] [--events 2000] [--poison 5]
- * [--lease-ms 1000] [--latency-ms 5] [--json]`. PATH is a database file that
+ * [--lease-ms 2000] [--latency-ms 5] [--json]`. PATH is a database file that
  * must not exist yet (default: one in a new temporary directory).
  *
  * @module
  */
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { BusyError, Outbox } from "./mod.ts";
+import { BusyError, Outbox, type Row } from "./mod.ts";
 import {
   DRIVER_NAME,
   intFlag,
@@ -33,7 +33,7 @@ const root = dirname(fileURLToPath(import.meta.url));
 const args = Deno.args;
 const events = intFlag(args, "events", 2_000);
 const poison = Math.min(intFlag(args, "poison", 5), events);
-const leaseMs = Math.max(100, intFlag(args, "lease-ms", 1_000));
+const leaseMs = Math.max(100, intFlag(args, "lease-ms", 2_000));
 const latencyMs = intFlag(args, "latency-ms", 5);
 const json = args.includes("--json");
 const valueFlags = ["--events", "--poison", "--lease-ms", "--latency-ms"];
@@ -165,17 +165,26 @@ let killedAt: number | undefined;
 let pause: Promise<void> | undefined;
 let paused = false;
 
-/** SIGSTOP w2 while it does not hold the write lock, for 2.5 leases. */
+/**
+ * Pauses w2 between its deliveries and their acknowledgements, the moment
+ * fencing exists for (a GC pause, a frozen VM): the demo holds the write lock
+ * for 100 ms, so w2's finished handlers queue for it, and stops w2 then. The
+ * pause lasts at least 2.5 leases and until every event leased at that
+ * moment was finished or claimed again by someone else (lapsed leases queue
+ * behind older pending events), so w2's late acknowledgements meet newer
+ * fences.
+ */
 async function pauseWorker(child: Deno.ChildProcess): Promise<void> {
   let retries = 0;
   for (;;) {
-    child.kill("SIGSTOP");
     try {
-      // A write of our own proves the stopped worker holds no lock that
-      // would stall everyone else for the whole pause.
-      await setup.transaction((tx) =>
-        tx.run("INSERT INTO demo_probe (at) VALUES (?)", [Date.now()])
-      );
+      await setup.transaction(async (tx) => {
+        await delay(100);
+        child.kill("SIGSTOP");
+        // Committing a write needs every other connection's shared lock
+        // gone: it proves w2 was not stopped inside a transaction of its own.
+        await tx.run("INSERT INTO demo_probe (at) VALUES (?)", [Date.now()]);
+      });
       break;
     } catch (error) {
       if (!(error instanceof BusyError) || retries >= 20) throw error;
@@ -187,17 +196,49 @@ async function pauseWorker(child: Deno.ChildProcess): Promise<void> {
   paused = true;
   const pausedAt = elapsedS();
   fate.set("w2", "paused");
-  await delay(Math.round(leaseMs * 2.5));
+  const held = await read(
+    "SELECT id, fence FROM outbox_events WHERE state = 'leased'",
+  );
+  const fences = new Map(held.map((row) => [row["id"], row["fence"]]));
+  for (;;) {
+    await delay(100);
+    const pausedS = elapsedS() - pausedAt;
+    if (pausedS < leaseMs * 2.5 / 1_000) continue;
+    if (pausedS > 30) break;
+    const rows = await read(
+      `SELECT id, state, fence FROM outbox_events WHERE id IN (${
+        [...fences.keys()].join(",") || "NULL"
+      })`,
+    );
+    const waiting = rows.filter((row) =>
+      row["state"] === "leased" && row["fence"] === fences.get(row["id"])
+    );
+    if (waiting.length === 0) break;
+  }
   child.kill("SIGCONT");
   paused = false;
   fate.set(
     "w2",
     `SIGSTOP at ${pausedAt.toFixed(1)} s for ${
-      (leaseMs * 2.5 / 1_000).toFixed(1)
-    } s, SIGCONT${
-      retries > 0 ? ` (${retries} retries: it held the write lock)` : ""
+      (elapsedS() - pausedAt).toFixed(1)
+    } s, then SIGCONT${
+      retries > 0
+        ? ` (stopped ${retries + 1} times: it held the write lock)`
+        : ""
     }`,
   );
+}
+
+/** A read on the monitor connection, retried while a writer commits. */
+async function read(sql: string): Promise<Row[]> {
+  for (;;) {
+    try {
+      return await monitor.query(sql);
+    } catch (error) {
+      if (!(error instanceof BusyError)) throw error;
+      await delay(5);
+    }
+  }
 }
 
 const tty = Deno.stdout.isTerminal();
@@ -209,16 +250,12 @@ let counts = { pending: 0, leased: 0, done: 0, dead: 0 };
 let timedOut = false;
 for (;;) {
   await delay(100);
-  try {
-    const rows = await monitor.query(
-      "SELECT state, count(*) AS n FROM outbox_events GROUP BY state",
-    );
-    counts = { pending: 0, leased: 0, done: 0, dead: 0 };
-    for (const row of rows) {
-      counts[row["state"] as keyof typeof counts] = Number(row["n"]);
-    }
-  } catch (error) {
-    if (!(error instanceof BusyError)) throw error;
+  const rows = await read(
+    "SELECT state, count(*) AS n FROM outbox_events GROUP BY state",
+  );
+  counts = { pending: 0, leased: 0, done: 0, dead: 0 };
+  for (const row of rows) {
+    counts[row["state"] as keyof typeof counts] = Number(row["n"]);
   }
   const delivered = receiver.fences.size;
   if (killedAt === undefined && delivered >= nonPoison * 0.25) {
@@ -228,7 +265,7 @@ for (;;) {
   }
   if (
     killedAt !== undefined && pause === undefined &&
-    delivered >= nonPoison * 0.45
+    delivered >= nonPoison * 0.7
   ) {
     pause = pauseWorker(workers[1]!);
   }
@@ -272,13 +309,13 @@ const counters = outputs.map((output) => {
 
 // 3. The verdict, from the database and the receiver.
 const one = async (sql: string): Promise<number> =>
-  Number(Object.values((await monitor.query(sql))[0] ?? {})[0] ?? 0);
+  Number(Object.values((await read(sql))[0] ?? {})[0] ?? 0);
 const eventCount = await one("SELECT count(*) FROM outbox_events");
 const orderCount = await one("SELECT count(*) FROM orders");
 const ordersWithoutEvent = await one(
   "SELECT count(*) FROM orders AS o WHERE NOT EXISTS (SELECT 1 FROM outbox_events AS e WHERE e.dedup_key = 'order-' || o.id)",
 );
-const rows = await monitor.query(
+const rows = await read(
   `SELECT e.id, e.state, json_extract(e.payload, '$.poison') AS poison, e.attempt,
      (SELECT count(*) FROM outbox_attempts AS a WHERE a.event_id = e.id AND a.kind = 'acknowledged') AS acks,
      (SELECT max(fence) FROM outbox_attempts AS a WHERE a.event_id = e.id AND a.kind = 'acknowledged') AS acked_fence
@@ -326,7 +363,7 @@ const deliveries = [...receiver.fences.values()].reduce(
   0,
 );
 const integrity = String(
-  (await monitor.query("PRAGMA integrity_check"))[0]?.["integrity_check"],
+  (await read("PRAGMA integrity_check"))[0]?.["integrity_check"],
 );
 const deadLetters = await setup.deadLetters({ limit: 10_000 });
 await monitor.close();
