@@ -47,7 +47,7 @@ import type {
   ReleaseOptions,
   Stats,
 } from "./lease.ts";
-import type { OpenConfig, OpfsVfs } from "./browser_host.ts";
+import type { OpenConfig, OpfsVfs, Synchronous } from "./browser_host.ts";
 import {
   type ChannelMessage,
   fromWireError,
@@ -56,7 +56,7 @@ import {
 } from "./browser_protocol.ts";
 
 export { OpfsBusyError, OpfsUnavailableError } from "./browser_protocol.ts";
-export type { OpfsVfs } from "./browser_host.ts";
+export type { OpfsVfs, Synchronous } from "./browser_host.ts";
 
 /** Options for {@linkcode openWorkerOutbox} and {@linkcode openSharedOutbox}. */
 export interface BrowserOutboxOptions extends Omit<OutboxOptions, "now"> {
@@ -75,6 +75,12 @@ export interface BrowserOutboxOptions extends Omit<OutboxOptions, "now"> {
    * @default {5000}
    */
   readonly openTimeoutMs?: number;
+  /**
+   * `PRAGMA synchronous`; see {@linkcode Synchronous}.
+   *
+   * @default {"full"}
+   */
+  readonly synchronous?: Synchronous;
   /**
    * Where the worker bundle is served.
    *
@@ -320,11 +326,18 @@ function setup(
   name: unknown,
   options: BrowserOutboxOptions,
 ): WorkerSetup {
-  const { vfs = "auto", openTimeoutMs, workerUrl, ...outbox } = options;
+  const {
+    vfs = "auto",
+    synchronous = "full",
+    openTimeoutMs,
+    workerUrl,
+    ...outbox
+  } = options;
   return {
     config: {
       name: checkName(op, name),
       vfs,
+      synchronous,
       openTimeoutMs: checkOpenTimeout(op, openTimeoutMs),
       outbox: { ...outbox },
     },

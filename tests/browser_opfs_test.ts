@@ -86,6 +86,7 @@ Deno.test(
       Object.assign(globalThis, { failing });
       try {
         await failing.call("open", {
+          synchronous: "full",
           name: "c17",
           vfs: "auto",
           openTimeoutMs: 0,
@@ -126,6 +127,7 @@ Deno.test(
       const { connect } = await import(paths.rpc);
       const db = connect("/build/fault_worker.js");
       await db.call("open", {
+        synchronous: "full",
         name: "c17f",
         vfs: "auto",
         openTimeoutMs: 0,

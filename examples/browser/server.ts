@@ -49,7 +49,7 @@ export interface ExampleServer {
   readonly url: string;
   /** Applied deliveries, one per event, in arrival order. */
   readonly deliveries: Delivery[];
-  /** Every idempotency key received, repeats included. */
+  /** Every idempotency key received, repeats and refused ones included. */
   readonly keys: string[];
   /** How many deliveries repeated an event already applied. */
   readonly duplicates: () => number;
@@ -104,14 +104,14 @@ export function serveExample(
         if (options.deliveryDelayMs) {
           await new Promise((r) => setTimeout(r, options.deliveryDelayMs));
         }
-        if (state.down) {
-          return new Response("endpoint down", { status: 503 });
-        }
         const key = request.headers.get("idempotency-key") ?? "";
         if (!/^\d+:\d+$/.test(key)) {
           return new Response("missing idempotency-key", { status: 400 });
         }
         keys.push(key);
+        if (state.down) {
+          return new Response("endpoint down", { status: 503 });
+        }
         const eventId = key.split(":")[0]!;
         if (applied.has(eventId)) duplicates++;
         else {

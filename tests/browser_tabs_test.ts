@@ -1,0 +1,243 @@
+import assert from "node:assert/strict";
+import type { Page } from "playwright-core";
+import {
+  browserTest,
+  openSession,
+  PATHS,
+  type Session,
+  until,
+} from "./fixtures/browser/harness.ts";
+
+async function appPage(session: Session, query: string): Promise<Page> {
+  const page = await session.context.newPage();
+  await page.goto(`${session.server.url}?${query}`);
+  await page.waitForFunction(() => "outboxApp" in globalThis);
+  return page;
+}
+
+/** Queues `count` jobs named `${prefix}-${i}` in the page, all at once. */
+function addJobs(page: Page, prefix: string, count: number): Promise<number[]> {
+  return page.evaluate(async ({ prefix, count }) => {
+    const app = (globalThis as unknown as {
+      outboxApp: { add(text: string, job: string): Promise<number> };
+    }).outboxApp;
+    return await Promise.all(
+      Array.from(
+        { length: count },
+        (_, i) => app.add(`message ${i}`, `${prefix}-${i}`),
+      ),
+    );
+  }, { prefix, count });
+}
+
+function stats(page: Page): Promise<Record<string, number>> {
+  return page.evaluate(() =>
+    (globalThis as unknown as {
+      outboxApp: { outbox: { stats(): Promise<Record<string, number>> } };
+    }).outboxApp.outbox.stats()
+  );
+}
+
+function isLeader(page: Page): Promise<boolean> {
+  return page.evaluate(() =>
+    (globalThis as unknown as { outboxApp: { outbox: { isLeader: boolean } } })
+      .outboxApp.outbox.isLeader
+  );
+}
+
+function deliveredJobs(session: Session): string[] {
+  return session.server.deliveries.map((delivery) =>
+    (delivery.body as { job: string }).job
+  ).sort();
+}
+
+function jobNames(prefix: string, count: number): string[] {
+  return Array.from({ length: count }, (_, i) => `${prefix}-${i}`);
+}
+
+Deno.test(
+  {
+    name:
+      "persistence: events enqueued in a shared outbox are still there and claimable after a reload",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const page = await session.context.newPage();
+    await page.goto(`${session.server.url}fixtures/blank.html`);
+    const ids = await page.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openSharedOutbox("persist");
+      const ids = [];
+      for (const n of [1, 2, 3]) {
+        ids.push((await outbox.enqueue({ n })).eventId);
+      }
+      return ids;
+    }, PATHS);
+    assert.deepEqual(ids, [1, 2, 3]);
+
+    await page.reload();
+    const after = await page.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openSharedOutbox("persist");
+      const stats = await outbox.stats();
+      const lease = await outbox.claim();
+      const acknowledged = await outbox.acknowledge(lease);
+      return {
+        pending: stats.pending,
+        lease: [lease.eventId, lease.fence, lease.payload],
+        acknowledged,
+        leader: outbox.isLeader,
+      };
+    }, PATHS);
+    assert.deepEqual(after, {
+      pending: 3,
+      lease: [1, 1, { n: 1 }],
+      acknowledged: true,
+      leader: true,
+    });
+  },
+);
+
+Deno.test(
+  {
+    name:
+      "two tabs enqueue concurrently while the leader drains to the endpoint: every job delivered, none lost",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const query = "outbox=tabs&retryBaseMs=50";
+    const first = await appPage(session, query);
+    const second = await appPage(session, query);
+    await until(() => isLeader(first), 10_000, "the first tab to lead");
+    assert.equal(await isLeader(second), false);
+
+    const [ids1, ids2] = await Promise.all([
+      addJobs(first, "A", 40),
+      addJobs(second, "B", 40),
+    ]);
+    assert.equal(new Set([...ids1, ...ids2]).size, 80);
+    await until(
+      () => session.server.deliveries.length >= 80,
+      30_000,
+      "80 deliveries",
+    );
+    assert.deepEqual(
+      deliveredJobs(session),
+      [...jobNames("A", 40), ...jobNames("B", 40)].sort(),
+    );
+    assert.equal(
+      new Set(session.server.keys).size + session.server.duplicates(),
+      session.server.keys.length,
+    );
+    await until(
+      async () => (await stats(second)).done === 80,
+      5_000,
+      "80 acknowledgements",
+    );
+    const counts = await stats(second);
+    assert.deepEqual(
+      [counts.pending, counts.leased, counts.done, counts.dead],
+      [0, 0, 80, 0],
+    );
+  },
+);
+
+Deno.test(
+  {
+    name:
+      "closing the leader tab mid-run: another tab becomes leader and the run completes",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession({ deliveryDelayMs: 20 });
+    const query = "outbox=takeover&retryBaseMs=50&leaseMs=2000";
+    const leader = await appPage(session, query);
+    const follower = await appPage(session, query);
+    await until(() => isLeader(leader), 10_000, "the first tab to lead");
+
+    await Promise.all([
+      addJobs(leader, "A", 30),
+      addJobs(follower, "B", 30),
+    ]);
+    await until(
+      () => session.server.deliveries.length >= 10,
+      10_000,
+      "10 deliveries",
+    );
+    assert.ok(session.server.deliveries.length < 60, "closed mid-run");
+    await leader.close();
+    await until(() => isLeader(follower), 10_000, "the follower to lead");
+    await addJobs(follower, "C", 10);
+
+    await until(
+      () => session.server.deliveries.length >= 70,
+      30_000,
+      "70 deliveries",
+    );
+    assert.deepEqual(
+      deliveredJobs(session),
+      [...jobNames("A", 30), ...jobNames("B", 30), ...jobNames("C", 10)].sort(),
+    );
+    await until(
+      async () => (await stats(follower)).done === 70,
+      10_000,
+      "70 acknowledgements",
+    );
+    const counts = await stats(follower);
+    assert.deepEqual(
+      [counts.pending, counts.leased, counts.done, counts.dead],
+      [0, 0, 70, 0],
+    );
+  },
+);
+
+Deno.test(
+  {
+    name:
+      "the example retries with backoff while the endpoint is down and drains when it is back",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    session.server.down = true;
+    const page = await appPage(
+      session,
+      "outbox=offline&retryBaseMs=100&retryMaxMs=400",
+    );
+    await until(() => isLeader(page), 10_000, "the tab to lead");
+    await addJobs(page, "D", 5);
+    await until(
+      () => session.server.keys.length >= 10,
+      10_000,
+      "retries against the down endpoint",
+    );
+    assert.equal(session.server.deliveries.length, 0);
+    const retried = await page.evaluate(async () => {
+      const { outbox } = (globalThis as unknown as {
+        outboxApp: {
+          outbox: {
+            explain(id: number): Promise<{ lastError: string | null }>;
+          };
+        };
+      }).outboxApp;
+      return (await outbox.explain(1))?.lastError;
+    });
+    assert.equal(retried, "Error: endpoint answered 503");
+
+    session.server.down = false;
+    await until(
+      () => session.server.deliveries.length >= 5,
+      10_000,
+      "5 deliveries",
+    );
+    assert.deepEqual(deliveredJobs(session), jobNames("D", 5));
+    await until(
+      async () => (await stats(page)).done === 5,
+      5_000,
+      "5 acknowledgements",
+    );
+    assert.equal((await stats(page)).dead, 0);
+  },
+);
