@@ -92,13 +92,20 @@ export interface ProcessOptions {
   /** How long {@linkcode Processor.stop} waits for running handlers. @default {10000} */
   readonly stopTimeoutMs?: number;
   /**
-   * The lease clock in epoch milliseconds: the same function the outbox
-   * was opened with.
+   * A wall clock in milliseconds, read only for time elapsed since a claim
+   * or renewal (so its epoch need not match the outbox's clock). It keeps
+   * counting while the machine sleeps, which the monotonic clock does not
+   * on Linux or macOS.
    *
    * @default {Date.now}
    */
   readonly now?: Clock;
-  /** The local monotonic clock in milliseconds. @default {performance.now} */
+  /**
+   * The local monotonic clock in milliseconds: immune to clock steps, so it
+   * catches a stalled event loop even when the wall clock is set back.
+   *
+   * @default {performance.now}
+   */
   readonly monotonicNow?: () => number;
   /** Timer functions. @default {globalThis's setTimeout and clearTimeout} */
   readonly timers?: Timers;
@@ -134,6 +141,7 @@ interface Slot<P> {
   lease: Lease<P>;
   state: "running" | "finishing" | "released";
   validUntilMonotonic: number;
+  validUntilWall: number;
   renewTimer: unknown;
   watchdogTimer: unknown;
   readonly controller: AbortController;
@@ -370,6 +378,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       }
       this.#woken = false;
       const claimedAt = this.#monotonicNow();
+      const claimedAtWall = this.#now();
       let leases: Lease<P>[];
       try {
         leases = await this.#outbox.claim({
@@ -383,7 +392,9 @@ export class Processor<P = unknown> implements AsyncDisposable {
         idleMs = Math.min(idleMs * 2, this.#pollMaxMs);
         continue;
       }
-      for (const lease of leases) this.#start(lease, claimedAt);
+      for (const lease of leases) {
+        this.#start(lease, claimedAt, claimedAtWall);
+      }
       if (leases.length > 0) {
         idleMs = this.#pollMinMs;
         continue;
@@ -419,12 +430,13 @@ export class Processor<P = unknown> implements AsyncDisposable {
     else this.#waiter();
   }
 
-  #start(lease: Lease<P>, claimedAt: number): void {
+  #start(lease: Lease<P>, claimedAt: number, claimedAtWall: number): void {
     this.#counters.claimed++;
     const slot: Slot<P> = {
       lease,
       state: "running",
       validUntilMonotonic: claimedAt + this.#leaseMs,
+      validUntilWall: claimedAtWall + this.#leaseMs,
       renewTimer: undefined,
       watchdogTimer: undefined,
       controller: new AbortController(),
@@ -537,6 +549,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
   async #renew(slot: Slot<P>): Promise<void> {
     if (slot.state !== "running" || this.#checkOverdue(slot)) return;
     const startedAt = this.#monotonicNow();
+    const startedAtWall = this.#now();
     let leaseUntil: number | false;
     try {
       leaseUntil = await this.#outbox.renew(slot.lease, this.#leaseMs);
@@ -562,6 +575,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     slot.lease = { ...slot.lease, leaseUntil };
     // Measured from before the request: the database's deadline is later.
     slot.validUntilMonotonic = startedAt + this.#leaseMs;
+    slot.validUntilWall = startedAtWall + this.#leaseMs;
     this.#armWatchdog(slot);
     this.#scheduleRenewal(slot, this.#renewIntervalMs);
   }
@@ -585,13 +599,13 @@ export class Processor<P = unknown> implements AsyncDisposable {
     if (slot.controller.signal.aborted) return true;
     const monotonic = this.#monotonicNow() >=
       slot.validUntilMonotonic - this.#marginMs;
-    const wall = this.#now() >= slot.lease.leaseUntil - this.#marginMs;
+    const wall = this.#now() >= slot.validUntilWall - this.#marginMs;
     if (!monotonic && !wall) return false;
     this.#lose(
       slot,
       new DOMException(
         `Lease on event ${slot.lease.eventId} (fence ${slot.lease.fence}) is overdue for renewal by the ${
-          monotonic ? "monotonic" : "lease"
+          monotonic ? "monotonic" : "wall"
         } clock`,
         "TimeoutError",
       ),

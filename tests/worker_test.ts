@@ -209,6 +209,29 @@ Deno.test("the handler's signal fires when renewal is overdue by the monotonic c
   });
 });
 
+Deno.test("after a sleep the wall clock shows the lease overdue though the monotonic clock stood still", async () => {
+  await using f = await fixture();
+  await f.outbox.enqueue({});
+  const gate = Promise.withResolvers<void>();
+  let signal: AbortSignal | undefined;
+  await using processor = processEvents(f.outbox, async (_, context) => {
+    signal = context.signal;
+    await gate.promise;
+  }, f.options());
+  await f.time.advance(0, f.wall);
+  // Linux and macOS stop the monotonic clock while the machine sleeps.
+  f.wall.advance(60_000);
+  await f.time.advance(333);
+  assert.equal(signal?.aborted, true);
+  assert.equal(
+    (signal?.reason as DOMException).message,
+    "Lease on event 1 (fence 1) is overdue for renewal by the wall clock",
+  );
+  gate.resolve();
+  await f.time.advance(0);
+  assert.equal(processor.counters.leasesLost, 1);
+});
+
 Deno.test("throwIfLost() catches an overdue lease before the timers have run", async () => {
   await using f = await fixture();
   await f.outbox.enqueue({});
