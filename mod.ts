@@ -58,3 +58,12 @@ export {
   sqliteError,
 } from "./errors.ts";
 export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
+export {
+  type Handler,
+  type HandlerContext,
+  processEvents,
+  type ProcessOptions,
+  Processor,
+  type ProcessorCounters,
+  type Timers,
+} from "./worker.ts";
