@@ -204,8 +204,9 @@ export function processEvents<P>(
  * A running processing loop, from {@linkcode processEvents}.
  *
  * Stopping it stops claiming, waits up to `stopTimeoutMs` for running
- * handlers, then aborts the signals of the rest and releases their leases
- * (each release counts as an attempt, as an SQS receive does).
+ * handlers, then aborts the signals of the rest and releases their leases.
+ * Their claims counted as attempts (as an SQS receive does), so an event
+ * released at its last attempt becomes a dead letter.
  */
 export class Processor<P = unknown> implements AsyncDisposable {
   readonly #outbox: Outbox<P>;
