@@ -51,11 +51,34 @@ import type { OpenConfig, OpfsVfs, Synchronous } from "./browser_host.ts";
 import {
   type ChannelMessage,
   fromWireError,
+  OpfsBusyError,
+  OpfsUnavailableError,
   type ReplyMessage,
   toWireError,
 } from "./browser_protocol.ts";
 
-export { OpfsBusyError, OpfsUnavailableError } from "./browser_protocol.ts";
+export { OpfsBusyError, OpfsUnavailableError };
+export {
+  BusyError,
+  ConstraintError,
+  LeaseLostError,
+  SqliteError,
+} from "./errors.ts";
+export type {
+  BatchClaimOptions,
+  ClaimOptions,
+  Clock,
+  DeadLetter,
+  EnqueueOptions,
+  EnqueueResult,
+  EventState,
+  Explanation,
+  Lease,
+  LedgerEntry,
+  OutboxOptions,
+  ReleaseOptions,
+  Stats,
+} from "./lease.ts";
 export type { OpfsVfs, Synchronous } from "./browser_host.ts";
 
 /** Options for {@linkcode openWorkerOutbox} and {@linkcode openSharedOutbox}. */
@@ -102,7 +125,11 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
   readonly name: string;
   readonly #held = new Map<string, Lease<unknown>>();
 
-  /** @param name The outbox name. */
+  /**
+   * Starts the client side of one outbox.
+   *
+   * @param name The outbox name.
+   */
   constructor(name: string) {
     super();
     this.name = name;
@@ -155,6 +182,15 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   claim(options?: ClaimOptions): Promise<Lease<P> | null>;
+  /**
+   * Claims up to `options.max` eligible events, each under its own lease, in
+   * one transaction; see `Outbox.claim`.
+   *
+   * @param options `max`, lease length, queue.
+   * @returns The leases, possibly none.
+   * @throws {TypeError | RangeError} When an argument is invalid.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
   claim(options: BatchClaimOptions): Promise<Lease<P>[]>;
   async claim(
     options: ClaimOptions | BatchClaimOptions = {},
@@ -179,6 +215,14 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   acknowledge(lease: Lease<unknown>): Promise<boolean>;
+  /**
+   * Acknowledges several leases in one transaction; see `Outbox.acknowledge`.
+   *
+   * @param leases The leases.
+   * @returns Per lease, `true` when acknowledged, `false` when stale.
+   * @throws {TypeError} When a lease is malformed.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
   acknowledge(leases: readonly Lease<unknown>[]): Promise<boolean[]>;
   async acknowledge(
     lease: Lease<unknown> | readonly Lease<unknown>[],
@@ -368,7 +412,13 @@ class WorkerConnection {
     });
     this.#worker.addEventListener("error", (event) => {
       event.preventDefault();
-      this.#fail(new Error(`Outbox worker failed: ${event.message}`));
+      this.#fail(
+        new Error(
+          `Outbox worker ${String(workerUrl)} failed: ${
+            event.message || "it could not be loaded"
+          }`,
+        ),
+      );
     });
   }
 
@@ -504,6 +554,8 @@ interface ForwardedCall {
 // leadership change is answered again instead of being run twice.
 const ANSWERED_LIMIT = 10_000;
 
+const WORKER_ONLY = new Set(["open", "close", "hasVfs"]);
+
 /**
  * An outbox shared by every tab of the origin. Made by
  * {@linkcode openSharedOutbox}. Dispatches `"leaderchange"` when the tab
@@ -532,9 +584,16 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
       "message",
       (event) => this.#receive(event.data as ChannelMessage),
     );
+    const locks = (navigator as unknown as { locks?: LockManager }).locks;
+    if (locks === undefined) {
+      this.#channel.close();
+      throw new OpfsUnavailableError(
+        "navigator.locks is not available: a shared outbox needs a secure context",
+      );
+    }
     globalThis.addEventListener("pagehide", this.#onPageHide);
     this.#channel.postMessage({ type: "hello" } satisfies ChannelMessage);
-    (navigator as unknown as { locks: LockManager }).locks.request(
+    locks.request(
       `leased-outbox:${name}`,
       { signal: this.#abort.signal },
       () => this.#lead(),
@@ -696,7 +755,16 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   ): void {
     let answer = this.#answered.get(message.id);
     if (answer === undefined) {
-      answer = local.call(message.method, message.args).then(
+      // Only outbox methods cross tabs: opening and closing the leader's
+      // database is the leader's own business.
+      const call = WORKER_ONLY.has(message.method)
+        ? Promise.reject(
+          new TypeError(
+            `Cannot call '${message.method}' as it is not an outbox method`,
+          ),
+        )
+        : local.call(message.method, message.args);
+      answer = call.then(
         (value): ReplyMessage => ({
           type: "reply",
           id: message.id,

@@ -37,6 +37,8 @@ export class OpfsBusyError extends BusyError {
   readonly database: string;
 
   /**
+   * Makes the error for one outbox name.
+   *
    * @param database The outbox name whose database is held elsewhere.
    * @param options `cause`: the `DOMException` OPFS raised.
    */
@@ -65,6 +67,8 @@ export class OpfsBusyError extends BusyError {
  */
 export class OpfsUnavailableError extends Error {
   /**
+   * Makes the error with a message saying what is missing.
+   *
    * @param message What is missing.
    * @param options `cause`: the underlying error.
    */

@@ -1,0 +1,149 @@
+/**
+ * `deno task bench:browser`: claim+acknowledge cycles per second of the
+ * browser outbox in headless Chromium (`opfs-sahpool`, called from a page
+ * through the worker, as an app calls it) next to the WASM driver on a Deno
+ * file (`journal_mode=TRUNCATE`, `synchronous=FULL`), measured in the same
+ * run in alternating blocks. Prints the rows in the table format of
+ * `bench/run.ts`, then as JSON. `--smoke` runs toy sizes.
+ *
+ * @module
+ */
+import { chromium, type Page } from "playwright-core";
+import { buildBrowser } from "../examples/browser/build.ts";
+import { serveExample } from "../examples/browser/server.ts";
+import { Outbox } from "../lease.ts";
+import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { type BenchRow, markdown } from "./run.ts";
+import {
+  CHROMIUM_ARGS,
+  CHROMIUM_PATH,
+} from "../tests/fixtures/browser/harness.ts";
+
+interface Sizes {
+  readonly warmup: number;
+  readonly blocks: number;
+  readonly cycles: number;
+}
+
+const fixturesDir = new URL("../tests/fixtures/browser/", import.meta.url);
+
+const FULL: Sizes = { warmup: 50, blocks: 5, cycles: 400 };
+const SMOKE: Sizes = { warmup: 2, blocks: 1, cycles: 5 };
+
+function median(values: readonly number[]): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  const middle = sorted.length >> 1;
+  return sorted.length % 2
+    ? sorted[middle]!
+    : (sorted[middle - 1]! + sorted[middle]!) / 2;
+}
+
+/** Cycles per second on the Deno file driver, one block. */
+async function denoBlock(dir: string, block: number, sizes: Sizes) {
+  await using outbox = await Outbox.open(
+    await openSqliteWasm(`${dir}/block-${block}.db`),
+  );
+  for (let i = 0; i < sizes.warmup + sizes.cycles; i++) {
+    await outbox.enqueue({ i });
+  }
+  for (let i = 0; i < sizes.warmup; i++) {
+    await outbox.acknowledge((await outbox.claim())!);
+  }
+  const start = performance.now();
+  for (let i = 0; i < sizes.cycles; i++) {
+    await outbox.acknowledge((await outbox.claim())!);
+  }
+  return sizes.cycles / ((performance.now() - start) / 1000);
+}
+
+/** Cycles per second in the page, one block (a fresh database each). */
+function browserBlock(
+  page: Page,
+  block: number,
+  synchronous: string,
+  sizes: Sizes,
+): Promise<number> {
+  return page.evaluate(async ({ name, synchronous, sizes }) => {
+    const m = await import(["/build", "browser.js"].join("/"));
+    const outbox = await m.openWorkerOutbox(name, { synchronous });
+    for (let i = 0; i < sizes.warmup + sizes.cycles; i++) {
+      await outbox.enqueue({ i });
+    }
+    for (let i = 0; i < sizes.warmup; i++) {
+      await outbox.acknowledge(await outbox.claim());
+    }
+    const start = performance.now();
+    for (let i = 0; i < sizes.cycles; i++) {
+      await outbox.acknowledge(await outbox.claim());
+    }
+    const rate = sizes.cycles / ((performance.now() - start) / 1000);
+    await outbox.close();
+    return rate;
+  }, { name: `bench-${synchronous}-${block}`, synchronous, sizes });
+}
+
+/**
+ * Measures the browser rows.
+ *
+ * @param smoke Toy sizes, to check that the script works.
+ * @returns Two rows: sahpool at `synchronous=FULL` and at `NORMAL`, each
+ * against the Deno file driver measured in the same blocks.
+ */
+export async function browserRows(smoke = false): Promise<BenchRow[]> {
+  const sizes = smoke ? SMOKE : FULL;
+  const dir = await Deno.makeTempDir({ prefix: "outbox_browser_bench_" });
+  const buildDir = await buildBrowser(new URL(`file://${dir}/build/`));
+  const server = serveExample({ buildDir, fixturesDir });
+  // An on-disk profile: incognito OPFS is held in the browser process's
+  // memory and would measure IPC rather than storage.
+  const context = await chromium.launchPersistentContext(`${dir}/profile`, {
+    executablePath: CHROMIUM_PATH,
+    args: [...CHROMIUM_ARGS],
+  });
+  try {
+    const page = await context.newPage();
+    await page.goto(`${server.url}fixtures/blank.html`);
+    const rates: Record<string, number[]> = { deno: [], full: [], normal: [] };
+    for (let block = 0; block < sizes.blocks; block++) {
+      rates.deno!.push(await denoBlock(dir, block, sizes));
+      rates.full!.push(await browserBlock(page, block, "full", sizes));
+      rates.normal!.push(await browserBlock(page, block, "normal", sizes));
+    }
+    const anchorValue = median(rates.deno!);
+    const anchor = "WASM driver, Deno file (truncate, full)";
+    return (["full", "normal"] as const).map((synchronous) => {
+      const ratio = median(
+        rates[synchronous]!.map((rate, i) => rate / rates.deno![i]!),
+      );
+      return {
+        name:
+          `claim+ack, Chromium opfs-sahpool via worker (wal, ${synchronous})`,
+        value: median(rates[synchronous]!),
+        unit: "cycles/s",
+        anchor,
+        anchorValue,
+        ratio,
+        goal: ">= 0.5",
+        met: ratio >= 0.5,
+      };
+    });
+  } finally {
+    await context.close();
+    await server.shutdown();
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
+if (import.meta.main) {
+  const smoke = Deno.args.includes("--smoke");
+  const rows = await browserRows(smoke);
+  console.log(markdown(rows));
+  console.log();
+  console.log(JSON.stringify({
+    deno: Deno.version.deno,
+    chromium: CHROMIUM_PATH,
+    smoke,
+    cores: navigator.hardwareConcurrency,
+    rows,
+  }));
+}
