@@ -17,7 +17,12 @@
  */
 import assert from "node:assert/strict";
 import fc from "fast-check";
-import { type Lease, LeaseLostError, Outbox } from "../mod.ts";
+import {
+  type EnqueueResult,
+  type Lease,
+  LeaseLostError,
+  Outbox,
+} from "../mod.ts";
 import type { Connections } from "./drivers.ts";
 import { ManualClock } from "./helpers.ts";
 
@@ -323,6 +328,21 @@ export class ReferenceOutbox {
     return [...this.#events.keys()];
   }
 
+  /** An event's lease deadline while it is leased, else `null` (no call: nothing changes). */
+  leaseUntil(eventId: number): number | null {
+    const event = this.#events.get(eventId);
+    return event?.state === "leased" ? event.leaseUntil : null;
+  }
+
+  /** An independent copy, to try one serial order of concurrent calls. */
+  clone(): ReferenceOutbox {
+    const copy = new ReferenceOutbox();
+    copy.#events = structuredClone(this.#events);
+    copy.#lastId = this.#lastId;
+    copy.#minted = this.#minted;
+    return copy;
+  }
+
   /**
    * Runs one call as a transaction. First, leases that lapsed with no
    * attempts left become dead (the lead's decision: they count as dead from
@@ -449,8 +469,12 @@ export class ReferenceOutbox {
 const QUEUES = ["default", "other"] as const;
 const TOKENS = ["tokenA", "tokenB"] as const;
 
-/** One generated step; `worker`, `lease` and `leases` are indices taken modulo what exists. */
-export type Command =
+/**
+ * One call of one worker. `worker`, `lease` and `leases` are indices taken
+ * modulo what exists (`lease: 0` is the worker's latest lease); `eventId`
+ * is a model id (the n-th event enqueued).
+ */
+export type WorkerCommand =
   | {
     readonly op: "enqueue";
     readonly worker: number;
@@ -505,7 +529,6 @@ export type Command =
     readonly payload: unknown;
     readonly dedupKey?: string;
   }
-  | { readonly op: "advance"; readonly ms: number }
   | {
     readonly op: "deadLetters";
     readonly worker: number;
@@ -520,6 +543,27 @@ export type Command =
     readonly eventId: number;
   }
   | { readonly op: "purge"; readonly worker: number; readonly ageMs: number };
+
+/**
+ * One generated step: a worker's call, a clock move (possibly backwards;
+ * `toDeadline` sets the clock next to a held lease's deadline, where
+ * off-by-one faults live), or two calls started at once whose results must match one of the two
+ * serial orders.
+ */
+export type Command =
+  | WorkerCommand
+  | { readonly op: "advance"; readonly ms: number }
+  | {
+    readonly op: "toDeadline";
+    readonly worker: number;
+    readonly lease: number;
+    readonly offsetMs: number;
+  }
+  | {
+    readonly op: "together";
+    readonly first: WorkerCommand;
+    readonly second: WorkerCommand;
+  };
 
 /** Per-worker outbox options; absent fields take the library defaults. */
 export interface WorkerSetup {
@@ -544,17 +588,23 @@ function present<T extends object>(value: T): Present<T> {
   ) as Present<T>;
 }
 
-/** Prints a command as `w1.claim({"leaseMs":5})`, one per line in a counterexample. */
-function printable<C extends object & { op: string }>(
-  generated: C,
-): Command {
-  const command = present(generated) as unknown as Command;
+/** A command on one line, e.g. `w1.claim({"leaseMs":5})`. */
+function line(command: Command): string {
+  if (command.op === "together") {
+    return `together(${line(command.first)}, ${line(command.second)})`;
+  }
   const { op, ...rest } = command;
   const worker = "worker" in rest ? `w${rest.worker}.` : "";
   const args = Object.fromEntries(
     Object.entries(rest).filter(([k]) => k !== "worker"),
   );
-  const text = `\n  ${worker}${op}(${fc.stringify(args)})`;
+  return `${worker}${op}(${fc.stringify(args)})`;
+}
+
+/** Makes fast-check print a counterexample one command per line. */
+function printable<C extends Command>(generated: Present<C>): C {
+  const command = present(generated) as unknown as C;
+  const text = `\n  ${line(command)}`;
   return Object.defineProperty(command, fc.toStringMethod, {
     value: () => text,
   });
@@ -565,8 +615,17 @@ const optional = <T>(arb: fc.Arbitrary<T>, freq = 2) =>
 
 const worker = fc.nat({ max: 2 });
 const queue = optional(fc.constant(QUEUES[1]), 5);
-const leaseIndex = fc.nat({ max: 4 });
-const leaseMs = optional(fc.integer({ min: 1, max: 40 }));
+/** Mostly the latest lease, which is the likeliest to be live. */
+const leaseIndex = fc.oneof(
+  { weight: 3, arbitrary: fc.constant(0) },
+  { weight: 2, arbitrary: fc.nat({ max: 4 }) },
+);
+/** Just past 2^31 ms: such leases must stay exact through the WASM boundary. */
+const LONG_MS = 2 ** 31 + 7;
+const leaseMs = optional(fc.oneof(
+  { weight: 20, arbitrary: fc.integer({ min: 1, max: 40 }) },
+  { weight: 1, arbitrary: fc.constant(LONG_MS) },
+));
 /** Payloads: JSON objects with odd strings, arrays, `null`, and bytes. */
 type Payload = { n: number; s: string } | Uint8Array | null | boolean[];
 const payload: fc.Arbitrary<Payload> = fc.oneof(
@@ -580,8 +639,8 @@ const payload: fc.Arbitrary<Payload> = fc.oneof(
 );
 const dedupKey = optional(fc.constantFrom("d1", "d2", "d3"), 3);
 
-/** The command generator: weights favour the lease operations and small clock steps. */
-export const commandArbitrary: fc.Arbitrary<Command> = fc.oneof(
+/** One worker call; the weights favour the lease operations. */
+const workerCommand: fc.Arbitrary<WorkerCommand> = fc.oneof(
   {
     weight: 6,
     arbitrary: fc.record({
@@ -661,17 +720,6 @@ export const commandArbitrary: fc.Arbitrary<Command> = fc.oneof(
     }),
   },
   {
-    weight: 7,
-    arbitrary: fc.record({
-      op: fc.constant("advance" as const),
-      ms: fc.oneof(
-        { weight: 8, arbitrary: fc.integer({ min: 0, max: 20 }) },
-        { weight: 2, arbitrary: fc.integer({ min: -25, max: -1 }) },
-        { weight: 1, arbitrary: fc.constant(30_000) },
-      ),
-    }),
-  },
-  {
     weight: 1,
     arbitrary: fc.record({
       op: fc.constant("deadLetters" as const),
@@ -712,7 +760,40 @@ export const commandArbitrary: fc.Arbitrary<Command> = fc.oneof(
       ageMs: fc.integer({ min: 0, max: 40 }),
     }),
   },
-).map(printable);
+).map((c) => printable<WorkerCommand>(c as Present<WorkerCommand>));
+
+/** The command generator: mostly single calls, small clock steps, some pairs. */
+export const commandArbitrary: fc.Arbitrary<Command> = fc.oneof(
+  { weight: 32, arbitrary: workerCommand },
+  {
+    weight: 7,
+    arbitrary: fc.record({
+      op: fc.constant("advance" as const),
+      ms: fc.oneof(
+        { weight: 8, arbitrary: fc.integer({ min: 0, max: 20 }) },
+        { weight: 2, arbitrary: fc.integer({ min: -25, max: -1 }) },
+        { weight: 1, arbitrary: fc.constantFrom(30_000, LONG_MS) },
+      ),
+    }).map((c) => printable<Command>(c)),
+  },
+  {
+    weight: 2,
+    arbitrary: fc.record({
+      op: fc.constant("toDeadline" as const),
+      worker,
+      lease: leaseIndex,
+      offsetMs: fc.integer({ min: -1, max: 1 }),
+    }).map((c) => printable<Command>(c)),
+  },
+  {
+    weight: 3,
+    arbitrary: fc.record({
+      op: fc.constant("together" as const),
+      first: workerCommand,
+      second: workerCommand,
+    }).map((c) => printable<Command>(c)),
+  },
+);
 
 const workerSetup: fc.Arbitrary<WorkerSetup> = fc.record({
   leaseMs: optional(fc.integer({ min: 1, max: 40 }), 8),
@@ -739,6 +820,8 @@ export interface ModelTestReport {
   readonly runs: number;
   /** Outbox calls compared with the model. */
   readonly steps: number;
+  /** Of those, calls started two at a time. */
+  readonly concurrentSteps: number;
   /** Clock moves (forwards, backwards or by zero). */
   readonly clockMoves: number;
 }
@@ -748,9 +831,9 @@ const START_MS = 1_700_000_000_000;
 
 /**
  * Runs random command sequences on outboxes over `open()`'s connections
- * (one simulated worker per connection) and on the reference model,
- * comparing every result. Throws fast-check's report with the shrunk
- * sequence on the first divergence.
+ * (one simulated worker per connection, all on one manual clock) and on the
+ * reference model, comparing every result. Throws fast-check's report with
+ * the shrunk sequence on the first divergence.
  *
  * @param open Opens two or more connections to one fresh database.
  * @param options See {@linkcode ModelTestOptions}.
@@ -760,9 +843,7 @@ export async function runModelTest(
   open: () => Promise<Connections>,
   options: ModelTestOptions = {},
 ): Promise<ModelTestReport> {
-  let runs = 0;
-  let steps = 0;
-  let clockMoves = 0;
+  const report = { runs: 0, steps: 0, concurrentSteps: 0, clockMoves: 0 };
   const property = fc.asyncProperty(
     fc.array(workerSetup, { minLength: 3, maxLength: 3 }),
     fc.array(commandArbitrary, {
@@ -770,7 +851,7 @@ export async function runModelTest(
       size: "max",
     }),
     async (setups, commands) => {
-      runs += 1;
+      report.runs += 1;
       const connections = await open();
       const clock = new ManualClock(START_MS);
       const workers: Worker[] = [];
@@ -778,22 +859,32 @@ export async function runModelTest(
         for (const [i, driver] of connections.drivers.entries()) {
           const setup = setups[i % setups.length]!;
           workers.push({
+            index: i,
             outbox: await Outbox.open(driver, { now: clock.now, ...setup }),
             leaseMs: setup.leaseMs ?? 30_000,
             maxAttempts: setup.maxAttempts ?? 5,
-            leases: [],
           });
         }
-        const run = new Run(new ReferenceOutbox(), clock, workers);
+        const run = new Run(clock, workers);
         for (const [i, command] of commands.entries()) {
           try {
             if (command.op === "advance") {
               clock.advance(command.ms);
-              clockMoves += 1;
-            } else if (await run.step(command)) steps += 1;
+              report.clockMoves += 1;
+            } else if (command.op === "toDeadline") {
+              const deadline = run.deadline(command.worker, command.lease);
+              if (deadline !== undefined) {
+                clock.set(deadline + command.offsetMs);
+                report.clockMoves += 1;
+              }
+            } else if (command.op === "together") {
+              const ran = await run.together(command.first, command.second);
+              report.steps += ran.calls;
+              if (ran.concurrent) report.concurrentSteps += ran.calls;
+            } else if (await run.alone(command)) report.steps += 1;
           } catch (error) {
             throw new Error(
-              `divergence at step ${i}, ${fc.stringify(command).trim()}, t=${
+              `divergence at step ${i}, ${line(command)}, t=${
                 clock.ms - START_MS
               }: ${error instanceof Error ? error.message : String(error)}`,
               { cause: error },
@@ -812,7 +903,14 @@ export async function runModelTest(
     ...(options.seed === undefined ? {} : { seed: options.seed }),
     ...(options.path === undefined ? {} : { path: options.path }),
   });
-  return { runs, steps, clockMoves };
+  return report;
+}
+
+interface Worker {
+  readonly index: number;
+  readonly outbox: Outbox;
+  readonly leaseMs: number;
+  readonly maxAttempts: number;
 }
 
 /** A lease a worker holds: the real one and the model's, claimed together. */
@@ -821,209 +919,321 @@ interface Held {
   readonly model: ModelLease;
 }
 
-interface Worker {
-  readonly outbox: Outbox;
-  readonly leaseMs: number;
-  readonly maxAttempts: number;
-  /** Every lease it ever got, kept after losing it, so stale calls happen. */
-  readonly leases: Held[];
+/**
+ * What a run learned from the database besides the model's state: which
+ * database id each model event got, the minted tokens seen, and every
+ * lease each worker ever got (kept after losing it, so stale calls happen).
+ */
+interface Books {
+  readonly realIds: Map<number, number>;
+  readonly modelIds: Map<number, number>;
+  lastRealId: number;
+  readonly minted: Set<string>;
+  readonly held: Held[][];
 }
+
+function copyBooks(books: Books): Books {
+  return {
+    realIds: new Map(books.realIds),
+    modelIds: new Map(books.modelIds),
+    lastRealId: books.lastRealId,
+    minted: new Set(books.minted),
+    held: books.held.map((leases) => [...leases]),
+  };
+}
+
+/**
+ * One call planned against both sides: the model call, the real call, and
+ * the check of a real result against the model's (which also records what
+ * the result taught, in the books).
+ */
+interface Plan {
+  model(model: ReferenceOutbox): unknown;
+  real(): Promise<unknown>;
+  check(real: unknown, expected: unknown, books: Books): void;
+}
+
+type Outcome = { ok: true; value: unknown } | { ok: false; error: unknown };
 
 /**
  * Runs commands on the real outboxes and the model and compares each result.
  *
  * Event ids: the contract asks that they are never reused and grow with
  * enqueue order (FIFO and per-key order go by id), not that they are dense,
- * so the model numbers events 1, 2, 3… and the run maps each to the id the
- * database gave it. Commands name events by model id.
+ * so the model numbers events 1, 2, 3… and the books map each to the id the
+ * database gave it.
  */
 class Run {
-  readonly #minted = new Set<string>();
-  readonly #realIds = new Map<number, number>();
-  readonly #modelIds = new Map<number, number>();
-  #lastRealId = 0;
+  #model = new ReferenceOutbox();
+  #books: Books;
 
   constructor(
-    readonly model: ReferenceOutbox,
     readonly clock: ManualClock,
     readonly workers: readonly Worker[],
-  ) {}
+  ) {
+    this.#books = {
+      realIds: new Map(),
+      modelIds: new Map(),
+      lastRealId: 0,
+      minted: new Set(),
+      held: workers.map(() => []),
+    };
+  }
 
-  /** One command; `false` when it had nothing to act on (no lease held). */
-  async step(command: Exclude<Command, { op: "advance" }>): Promise<boolean> {
-    const worker = this.workers[command.worker % this.workers.length]!;
-    const { outbox } = worker;
-    const now = this.clock.ms;
-    const model = this.model;
-    const compare = (real: unknown, expected: unknown) =>
-      assert.deepStrictEqual(this.#toModelIds(real), expected);
-    switch (command.op) {
-      case "enqueue": {
-        const { op: _, worker: __, payload, ...options } = command;
-        await same(
-          () => model.enqueue(now, payload, enqueueOptions(worker, options)),
-          () => outbox.enqueue(payload, present(options)),
-          (real, expected) => this.#enqueued(real, expected),
-        );
-        return true;
-      }
-      case "claim":
-        await same(
-          () =>
-            model.claim(now, {
-              queue: command.queue ?? QUEUES[0],
-              leaseMs: command.leaseMs ?? worker.leaseMs,
-              max: 1,
-              token: command.token ?? null,
-            }),
-          () =>
-            outbox.claim(present({
-              queue: command.queue,
-              leaseMs: command.leaseMs,
-              token: command.token,
-            })),
-          (real, expected) =>
-            this.#leases(worker, real === null ? [] : [real], expected),
-        );
-        return true;
-      case "claimBatch":
-        await same(
-          () =>
-            model.claim(now, {
-              queue: command.queue ?? QUEUES[0],
-              leaseMs: command.leaseMs ?? worker.leaseMs,
-              max: command.max,
-              token: null,
-            }),
-          () =>
-            outbox.claim(present({
-              max: command.max,
-              queue: command.queue,
-              leaseMs: command.leaseMs,
-            })),
-          (real, expected) => this.#leases(worker, real, expected),
-        );
-        return true;
-      case "acknowledge": {
-        const held = pick(worker, command.lease);
-        if (held === undefined) return false;
-        await same(
-          () => model.acknowledge(now, [held.model])[0],
-          () => outbox.acknowledge(held.real),
-        );
-        return true;
-      }
-      case "acknowledgeBatch": {
-        const held = command.leases.map((i) => pick(worker, i));
-        if (held[0] === undefined) return false;
-        const leases = held as Held[];
-        await same(
-          () => model.acknowledge(now, leases.map((h) => h.model)),
-          () => outbox.acknowledge(leases.map((h) => h.real)),
-        );
-        return true;
-      }
-      case "renew": {
-        const held = pick(worker, command.lease);
-        if (held === undefined) return false;
-        await same(
-          () => model.renew(now, held.model, command.leaseMs ?? worker.leaseMs),
-          () => outbox.renew(held.real, command.leaseMs),
-        );
-        return true;
-      }
-      case "release": {
-        const held = pick(worker, command.lease);
-        if (held === undefined) return false;
-        await same(
-          () =>
-            model.release(now, held.model, {
-              delayMs: command.delayMs ?? 0,
-              error: command.error ?? null,
-            }),
-          () =>
-            outbox.release(
-              held.real,
-              present({ delayMs: command.delayMs, error: command.error }),
-            ),
-        );
-        return true;
-      }
-      case "transaction": {
-        const held = pick(worker, command.lease);
-        if (held === undefined) return false;
-        const options = present({ dedupKey: command.dedupKey });
-        await same(
-          () =>
-            model.enqueueAndAcknowledge(
-              now,
-              command.payload,
-              enqueueOptions(worker, options),
-              held.model,
-            ),
-          () =>
-            outbox.transaction(async (tx) => {
-              const result = await tx.enqueue(command.payload, options);
-              await tx.acknowledge(held.real);
-              return result;
-            }),
-          (real, expected) => this.#enqueued(real, expected),
-        );
-        return true;
-      }
-      case "deadLetters":
-        await same(
-          () =>
-            model.deadLetters(
-              now,
-              command.queue ?? QUEUES[0],
-              command.limit ?? 100,
-            ),
-          () =>
-            outbox.deadLetters(
-              present({ queue: command.queue, limit: command.limit }),
-            ),
-          compare,
-        );
-        return true;
-      case "retry":
-        await same(
-          () => model.retry(now, command.eventId),
-          () => outbox.retry(this.#realId(command.eventId)),
-        );
-        return true;
-      case "stats":
-        await same(
-          () => model.stats(now, command.queue ?? QUEUES[0]),
-          () => outbox.stats(present({ queue: command.queue })),
-        );
-        return true;
-      case "explain":
-        await this.#explain(outbox, command.eventId);
-        return true;
-      case "purge": {
-        const doneBeforeMs = Math.max(0, now - command.ageMs);
-        await same(
-          () => model.purge(now, doneBeforeMs),
-          () => outbox.purge({ doneBeforeMs }),
-        );
-        return true;
-      }
+  /**
+   * The current deadline of the event a held lease is for (renewals
+   * included), else the lease's own; `undefined` when the worker holds none.
+   */
+  deadline(worker: number, lease: number): number | undefined {
+    const held = this.#books.held[worker % this.workers.length]!;
+    const chosen = held[held.length - 1 - (lease % Math.max(1, held.length))];
+    if (chosen === undefined) return undefined;
+    return this.#model.leaseUntil(chosen.model.eventId) ??
+      chosen.model.leaseUntil;
+  }
+
+  /** One call; `false` when it had nothing to act on (no lease held). */
+  async alone(command: WorkerCommand): Promise<boolean> {
+    const plan = this.#plan(command);
+    if (plan === undefined) return false;
+    const expected = settle(() => plan.model(this.#model));
+    const real = await settleAsync(plan.real);
+    judge(plan, real, expected, this.#books);
+    return true;
+  }
+
+  /**
+   * Two calls started at once (they contend for the write lock): their
+   * results must be those of one of the two serial orders.
+   *
+   * @returns How many calls ran (a call with no lease to act on is
+   * dropped) and whether they ran at once.
+   */
+  async together(
+    a: WorkerCommand,
+    b: WorkerCommand,
+  ): Promise<{ calls: number; concurrent: boolean }> {
+    const planA = this.#plan(a);
+    const planB = this.#plan(b);
+    if (planA === undefined || planB === undefined) {
+      // Nothing to pair with: run what can run, one after the other.
+      const calls = Number(await this.alone(a)) + Number(await this.alone(b));
+      return { calls, concurrent: false };
     }
+    const [realA, realB] = await Promise.all([
+      settleAsync(planA.real),
+      settleAsync(planB.real),
+    ]);
+    const orders: [Plan, Outcome, Plan, Outcome][] = [
+      [planA, realA, planB, realB],
+      [planB, realB, planA, realA],
+    ];
+    const mismatches: string[] = [];
+    for (const [first, firstReal, second, secondReal] of orders) {
+      const model = this.#model.clone();
+      const books = copyBooks(this.#books);
+      try {
+        judge(first, firstReal, settle(() => first.model(model)), books);
+        judge(second, secondReal, settle(() => second.model(model)), books);
+      } catch (error) {
+        mismatches.push(error instanceof Error ? error.message : String(error));
+        continue;
+      }
+      this.#model = model;
+      this.#books = books;
+      return { calls: 2, concurrent: true };
+    }
+    throw new Error(
+      `no serial order explains the results:\n${mismatches.join("\n---\n")}`,
+    );
   }
 
   /** After a sequence: every event the model or the database has agrees. */
   async checkEveryEvent(): Promise<void> {
     const outbox = this.workers[0]!.outbox;
-    const last = Math.max(0, ...this.model.ids());
-    for (let id = 1; id <= last + 1; id++) await this.#explain(outbox, id);
+    const last = Math.max(0, ...this.#model.ids());
+    for (let id = 1; id <= last + 1; id++) {
+      const plan = this.#explain(outbox, id);
+      const expected = settle(() => plan.model(this.#model));
+      judge(plan, await settleAsync(plan.real), expected, this.#books);
+    }
   }
 
-  async #explain(outbox: Outbox, eventId: number): Promise<void> {
-    await same(
-      () => this.model.explain(this.clock.ms, eventId),
-      async () => {
-        const e = await outbox.explain(this.#realId(eventId));
+  #plan(command: WorkerCommand): Plan | undefined {
+    const worker = this.workers[command.worker % this.workers.length]!;
+    const { outbox } = worker;
+    const now = this.clock.ms;
+    const held = this.#books.held[worker.index]!;
+    const pick = (index: number): Held | undefined =>
+      held.length === 0
+        ? undefined
+        : held[held.length - 1 - (index % held.length)];
+    switch (command.op) {
+      case "enqueue": {
+        const { op: _, worker: __, payload, ...options } = command;
+        return {
+          model: (m) =>
+            m.enqueue(now, payload, enqueueOptions(worker, options)),
+          real: () => outbox.enqueue(payload, present(options)),
+          check: enqueued,
+        };
+      }
+      case "claim":
+        return {
+          model: (m) =>
+            m.claim(now, {
+              queue: command.queue ?? QUEUES[0],
+              leaseMs: command.leaseMs ?? worker.leaseMs,
+              max: 1,
+              token: command.token ?? null,
+            }),
+          real: () =>
+            outbox.claim(present({
+              queue: command.queue,
+              leaseMs: command.leaseMs,
+              token: command.token,
+            })),
+          check: (real, expected, books) =>
+            leases(
+              worker,
+              real === null ? [] : [real as Lease<unknown>],
+              expected as ModelLease[],
+              books,
+            ),
+        };
+      case "claimBatch":
+        return {
+          model: (m) =>
+            m.claim(now, {
+              queue: command.queue ?? QUEUES[0],
+              leaseMs: command.leaseMs ?? worker.leaseMs,
+              max: command.max,
+              token: null,
+            }),
+          real: () =>
+            outbox.claim(present({
+              max: command.max,
+              queue: command.queue,
+              leaseMs: command.leaseMs,
+            })),
+          check: (real, expected, books) =>
+            leases(
+              worker,
+              real as Lease<unknown>[],
+              expected as ModelLease[],
+              books,
+            ),
+        };
+      case "acknowledge": {
+        const lease = pick(command.lease);
+        return lease && {
+          model: (m) => m.acknowledge(now, [lease.model])[0],
+          real: () => outbox.acknowledge(lease.real),
+          check: equal,
+        };
+      }
+      case "acknowledgeBatch": {
+        if (held.length === 0) return undefined;
+        const chosen = command.leases.map((i) => pick(i)!);
+        return {
+          model: (m) => m.acknowledge(now, chosen.map((h) => h.model)),
+          real: () => outbox.acknowledge(chosen.map((h) => h.real)),
+          check: equal,
+        };
+      }
+      case "renew": {
+        const lease = pick(command.lease);
+        return lease && {
+          model: (m) =>
+            m.renew(now, lease.model, command.leaseMs ?? worker.leaseMs),
+          real: () => outbox.renew(lease.real, command.leaseMs),
+          check: equal,
+        };
+      }
+      case "release": {
+        const lease = pick(command.lease);
+        return lease && {
+          model: (m) =>
+            m.release(now, lease.model, {
+              delayMs: command.delayMs ?? 0,
+              error: command.error ?? null,
+            }),
+          real: () =>
+            outbox.release(
+              lease.real,
+              present({ delayMs: command.delayMs, error: command.error }),
+            ),
+          check: equal,
+        };
+      }
+      case "transaction": {
+        const lease = pick(command.lease);
+        const options = present({ dedupKey: command.dedupKey });
+        return lease && {
+          model: (m) =>
+            m.enqueueAndAcknowledge(
+              now,
+              command.payload,
+              enqueueOptions(worker, options),
+              lease.model,
+            ),
+          real: () =>
+            outbox.transaction(async (tx) => {
+              const result = await tx.enqueue(command.payload, options);
+              await tx.acknowledge(lease.real);
+              return result;
+            }),
+          check: enqueued,
+        };
+      }
+      case "deadLetters":
+        return {
+          model: (m) =>
+            m.deadLetters(
+              now,
+              command.queue ?? QUEUES[0],
+              command.limit ?? 100,
+            ),
+          real: () =>
+            outbox.deadLetters(
+              present({ queue: command.queue, limit: command.limit }),
+            ),
+          check: equal,
+        };
+      case "retry": {
+        const id = realId(this.#books, command.eventId);
+        return {
+          model: (m) => m.retry(now, command.eventId),
+          real: () => outbox.retry(id),
+          check: equal,
+        };
+      }
+      case "stats":
+        return {
+          model: (m) => m.stats(now, command.queue ?? QUEUES[0]),
+          real: () => outbox.stats(present({ queue: command.queue })),
+          check: equal,
+        };
+      case "explain":
+        return this.#explain(outbox, command.eventId);
+      case "purge": {
+        const doneBeforeMs = Math.max(0, now - command.ageMs);
+        return {
+          model: (m) => m.purge(now, doneBeforeMs),
+          real: () => outbox.purge({ doneBeforeMs }),
+          check: equal,
+        };
+      }
+    }
+  }
+
+  #explain(outbox: Outbox, eventId: number): Plan {
+    const now = this.clock.ms;
+    const id = realId(this.#books, eventId);
+    return {
+      model: (m) => m.explain(now, eventId),
+      real: async () => {
+        const e = await outbox.explain(id);
         return e === null ? null : {
           eventId: e.eventId,
           queue: e.queue,
@@ -1034,68 +1244,117 @@ class Run {
           lastError: e.lastError,
         };
       },
-      (real, expected) =>
-        assert.deepStrictEqual(this.#toModelIds(real), expected),
-      `explain(${eventId})`,
-    );
+      check: equal,
+    };
   }
+}
 
-  /** Checks an enqueue result and learns the id of a new event. */
-  #enqueued(
-    real: { eventId: number; deduplicated: boolean },
-    expected: { eventId: number; deduplicated: boolean },
-  ): void {
-    if (expected.deduplicated) {
-      assert.deepStrictEqual(this.#toModelIds(real), expected);
-      return;
-    }
-    assert.equal(real.deduplicated, false, "deduplicated");
+function settle(call: () => unknown): Outcome {
+  try {
+    return { ok: true, value: call() };
+  } catch (error) {
+    return { ok: false, error };
+  }
+}
+
+async function settleAsync(call: () => Promise<unknown>): Promise<Outcome> {
+  try {
+    return { ok: true, value: await call() };
+  } catch (error) {
+    return { ok: false, error };
+  }
+}
+
+/**
+ * Both sides returned and the plan's check agrees, or the model rejected
+ * the call and the real one threw the same error class.
+ */
+function judge(plan: Plan, real: Outcome, expected: Outcome, books: Books) {
+  if (!expected.ok) {
+    const rejection = expected.error;
+    if (!(rejection instanceof ModelRejection)) throw rejection;
     assert.ok(
-      real.eventId > this.#lastRealId,
-      `a new event got id ${real.eventId}, not above the last one, ${this.#lastRealId}: ids must never be reused`,
+      !real.ok && real.error instanceof rejection.expected,
+      `the call should throw ${rejection.expected.name} (${rejection.message}), ${
+        real.ok ? `returned ${fc.stringify(real.value)}` : `threw ${real.error}`
+      }`,
     );
-    this.#lastRealId = real.eventId;
-    this.#realIds.set(expected.eventId, real.eventId);
-    this.#modelIds.set(real.eventId, expected.eventId);
+    return;
   }
+  if (!real.ok) {
+    throw new Error(
+      `the call threw ${real.error}, the model returned ${
+        fc.stringify(expected.value)
+      }`,
+      { cause: real.error },
+    );
+  }
+  plan.check(real.value, expected.value, books);
+}
 
-  /** The database's id of a model event; an id never handed out for unknown ones. */
-  #realId(modelId: number): number {
-    return this.#realIds.get(modelId) ?? this.#lastRealId + modelId;
-  }
+function equal(real: unknown, expected: unknown, books: Books): void {
+  assert.deepStrictEqual(toModelIds(books, real), expected);
+}
 
-  /** Rewrites `eventId` fields of a result (or of its elements) to model ids. */
-  #toModelIds(value: unknown): unknown {
-    if (Array.isArray(value)) return value.map((v) => this.#toModelIds(v));
-    if (value === null || typeof value !== "object" || !("eventId" in value)) {
-      return value;
-    }
-    const id = Number(value.eventId);
-    return { ...value, eventId: this.#modelIds.get(id) ?? -id };
+/** Checks an enqueue result and records the id of a new event. */
+function enqueued(real: unknown, expected: unknown, books: Books): void {
+  const result = real as EnqueueResult;
+  const model = expected as EnqueueResult;
+  if (model.deduplicated) {
+    assert.deepStrictEqual(toModelIds(books, result), model);
+    return;
   }
+  assert.equal(result.deduplicated, false, "deduplicated");
+  assert.ok(
+    result.eventId > books.lastRealId,
+    `a new event got id ${result.eventId}, not above the last one, ${books.lastRealId}: ids must never be reused`,
+  );
+  books.lastRealId = result.eventId;
+  books.realIds.set(model.eventId, result.eventId);
+  books.modelIds.set(result.eventId, model.eventId);
+}
 
-  /**
-   * Compares claimed leases field by field. Tokens: a supplied one comes
-   * back as is; a minted one is never seen before and has at least 128 bits
-   * in the token alphabet (22 base-64 characters).
-   */
-  #leases(worker: Worker, real: Lease<unknown>[], expected: ModelLease[]) {
-    assert.equal(real.length, expected.length, "number of leases");
-    for (const [i, model] of expected.entries()) {
-      const lease = real[i]!;
-      const { token, ...fields } = model;
-      assert.deepStrictEqual(this.#toModelIds({ ...lease, token }), {
-        ...fields,
-        token,
-      });
-      if (token.startsWith("minted:")) {
-        assert.match(lease.token, /^[A-Za-z0-9._~-]{22,128}$/);
-        assert.ok(!this.#minted.has(lease.token), "a minted token repeated");
-        this.#minted.add(lease.token);
-      } else assert.equal(lease.token, token);
-      worker.leases.push({ real: lease, model });
-    }
+/**
+ * Compares claimed leases field by field and records them as held. Tokens:
+ * a supplied one comes back as is; a minted one is never seen before and has
+ * at least 128 bits in the token alphabet (22 base-64 characters).
+ */
+function leases(
+  worker: Worker,
+  real: readonly Lease<unknown>[],
+  expected: readonly ModelLease[],
+  books: Books,
+): void {
+  assert.equal(real.length, expected.length, "number of leases");
+  for (const [i, model] of expected.entries()) {
+    const lease = real[i]!;
+    const { token, ...fields } = model;
+    assert.deepStrictEqual(toModelIds(books, { ...lease, token }), {
+      ...fields,
+      token,
+    });
+    if (token.startsWith("minted:")) {
+      assert.match(lease.token, /^[A-Za-z0-9._~-]{22,128}$/);
+      assert.ok(!books.minted.has(lease.token), "a minted token repeated");
+      books.minted.add(lease.token);
+    } else assert.equal(lease.token, token);
+    books.held[worker.index]!.push({ real: lease, model });
   }
+}
+
+/** The database's id of a model event; an id never handed out for unknown ones. */
+function realId(books: Books, modelId: number): number {
+  return books.realIds.get(modelId) ?? books.lastRealId + modelId;
+}
+
+/** Rewrites `eventId` fields of a result (or of its elements) to model ids. */
+function toModelIds(books: Books, value: unknown): unknown {
+  if (Array.isArray(value)) return value.map((v) => toModelIds(books, v));
+  if (value === null || typeof value !== "object" || !("eventId" in value)) {
+    return value;
+  }
+  const id = Number(value.eventId);
+  return { ...value, eventId: books.modelIds.get(id) ?? -id };
 }
 
 function enqueueOptions(
@@ -1115,55 +1374,4 @@ function enqueueOptions(
     dedupKey: options.dedupKey ?? null,
     orderingKey: options.orderingKey ?? null,
   };
-}
-
-/** The `index`-th most recent lease the worker holds (recent ones are likelier live). */
-function pick(worker: Worker, index: number): Held | undefined {
-  const { leases } = worker;
-  return leases.length === 0
-    ? undefined
-    : leases[leases.length - 1 - (index % leases.length)];
-}
-
-/**
- * Runs the model call, then the real one, and compares: both return (and
- * `compare` agrees, by default deep strict equality) or both throw the same
- * error class. Returns the real result, or `undefined` when both threw.
- */
-async function same<M, R>(
-  modelCall: () => M,
-  realCall: () => Promise<R>,
-  compare: (real: R, expected: M) => void = (real, expected) =>
-    assert.deepStrictEqual(real, expected),
-  what?: string,
-): Promise<R | undefined> {
-  let expected: M;
-  try {
-    expected = modelCall();
-  } catch (error) {
-    if (!(error instanceof ModelRejection)) throw error;
-    await assert.rejects(realCall(), (e: unknown) => {
-      assert.ok(
-        e instanceof error.expected,
-        `${
-          what ?? "the call"
-        } should throw ${error.expected.name} (${error.message}), threw ${e}`,
-      );
-      return true;
-    });
-    return undefined;
-  }
-  let real: R;
-  try {
-    real = await realCall();
-  } catch (e) {
-    throw new Error(
-      `${what ?? "the call"} threw ${e}, the model returned ${
-        fc.stringify(expected)
-      }`,
-      { cause: e },
-    );
-  }
-  compare(real, expected);
-  return real;
 }
