@@ -321,6 +321,31 @@ Deno.test("stop() waits for running handlers up to stopTimeoutMs, then releases 
   assert.equal((await f.outbox.claim())?.eventId, second.eventId);
 });
 
+Deno.test("stop() releasing an event at its last attempt makes it a dead letter", async () => {
+  await using f = await fixture();
+  const { eventId } = await f.outbox.enqueue({}, { maxAttempts: 1 });
+  const processor = processEvents(
+    f.outbox,
+    (_, { signal }) =>
+      new Promise((_, reject) => {
+        signal.addEventListener("abort", () => reject(signal.reason));
+      }),
+    f.options({ stopTimeoutMs: 0 }),
+  );
+  await f.time.advance(0, f.wall);
+  const stopped = processor.stop();
+  await f.time.advance(0, f.wall);
+  await stopped;
+  assert.deepEqual(
+    (await f.outbox.deadLetters()).map((
+      dead,
+    ) => [dead.eventId, dead.lastError]),
+    [[eventId, "processor stopped before the handler finished"]],
+  );
+  assert.equal(processor.counters.dead, 1);
+  assert.equal(processor.counters.released, 0);
+});
+
 Deno.test("failed attempts are retried on the configured exponential backoff schedule", async () => {
   await using f = await fixture();
   await f.outbox.enqueue({}, { maxAttempts: 6 });
