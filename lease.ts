@@ -258,16 +258,17 @@ export const SQL = {
     VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`,
   byDedupKey: "SELECT id FROM outbox_events WHERE queue = ? AND dedup_key = ?",
-  // The exhausted leases among the lapsed ones become dead letters (SQS moves
-  // a message to its dead-letter queue when its receive count runs out).
+  // A lapsed lease on the last attempt is a dead letter from its deadline on
+  // (SQS moves a message to its dead-letter queue when its receive count runs
+  // out). Every transaction runs this first, so no call can see such a lease
+  // alive, whatever the clock did since.
   expireExhausted: `UPDATE outbox_events
     SET state = 'dead', lease_until = NULL, token = NULL,
-      last_error = '${LEASE_EXPIRED}', updated_at = ?1, done_at = ?1
-    WHERE state = 'leased' AND due_at <= ?1 AND attempt >= max_attempts
+      last_error = '${LEASE_EXPIRED}', updated_at = ?1, done_at = due_at
+    WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= ?1
     RETURNING id, fence`,
   candidates: `SELECT id FROM outbox_events AS e
     WHERE queue = ?1 AND state IN ('pending', 'leased') AND due_at <= ?2
-      AND attempt < max_attempts
       AND (ordering_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM outbox_events AS p
         WHERE p.queue = e.queue AND p.ordering_key = e.ordering_key
@@ -284,12 +285,9 @@ export const SQL = {
   ledger:
     `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
     VALUES (?, ?, ?, ?, ?, ?, ?)`,
-  // A lapsed lease with no attempts left is a dead letter even before a claim
-  // sweeps it, so acknowledge/renew/release agree whether or not one has.
   acknowledge: `UPDATE outbox_events
     SET state = 'done', lease_until = NULL, updated_at = ?1, done_at = ?1
-    WHERE id = ?2 AND token = ?3 AND state = 'leased'
-      AND NOT (due_at <= ?1 AND attempt >= max_attempts)`,
+    WHERE id = ?2 AND token = ?3 AND state = 'leased'`,
   renew: `UPDATE outbox_events
     SET lease_until = max(lease_until, ?1), due_at = max(lease_until, ?1), updated_at = ?2
     WHERE id = ?3 AND token = ?4 AND state = 'leased' AND lease_until > ?2
@@ -300,7 +298,6 @@ export const SQL = {
       token = NULL, lease_until = NULL, due_at = ?2, updated_at = ?1,
       last_error = coalesce(?3, last_error)
     WHERE id = ?4 AND token = ?5 AND state = 'leased'
-      AND NOT (due_at <= ?1 AND attempt >= max_attempts)
     RETURNING state`,
   stale: `INSERT INTO outbox_attempts (event_id, fence, kind, at, token)
     SELECT id, ?2, ?3, ?4, ?5 FROM outbox_events WHERE id = ?1`,
@@ -425,7 +422,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           `Cannot open outbox as the database has schema version ${version}, newer than ${SCHEMA_VERSION}`,
         );
       }
-    });
+    }, false);
     return outbox;
   }
 
@@ -710,8 +707,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       ? this.#queue
       : checkName(op, "queue", options.queue);
     const limit = checkInteger(op, "limit", options.limit, 1, MAX_BATCH) ?? 100;
-    return await this.#write(op, async (now) => {
-      await this.#expireExhausted(now);
+    return await this.#write(op, async () => {
       const rows = await this.#driver.query(SQL.deadLetters, [queue, limit]);
       return rows.map((row) => ({
         eventId: Number(row["id"]),
@@ -738,7 +734,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       checkInteger("retry", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
         0;
     return await this.#write("retry", async (now) => {
-      await this.#expireExhausted(now);
       const [row] = await this.#driver.query(SQL.retry, [now, id]);
       if (row === undefined) return false;
       await this.#ledger(id, Number(row["fence"]), "retried", now);
@@ -789,7 +784,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       ? this.#queue
       : checkName(op, "queue", options.queue);
     return await this.#write(op, async (now) => {
-      await this.#expireExhausted(now);
       const counts: Record<string, number> = {
         pending: 0,
         leased: 0,
@@ -825,8 +819,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const id =
       checkInteger("explain", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
         0;
-    return await this.#write("explain", async (now) => {
-      await this.#expireExhausted(now);
+    return await this.#write("explain", async () => {
       const [row] = await this.#driver.query(SQL.event, [id]);
       if (row === undefined) return null;
       const history = (await this.#driver.query(SQL.history, [id])).map((
@@ -996,7 +989,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     token: string | undefined,
     now: number,
   ): Promise<Lease<P>[]> {
-    await this.#expireExhausted(now);
     const candidates = await this.#driver.query(SQL.candidates, [
       queue,
       now,
@@ -1105,15 +1097,22 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * mutex, retrying `SQLITE_BUSY` with jittered exponential backoff until
    * `busyTimeoutMs` (measured by `performance.now()`, a monotonic clock that
    * the injected lease clock must not stretch). `fn` sees the lease clock
-   * read once the write lock is held.
+   * read once the write lock is held, after lapsed last-attempt leases became
+   * dead letters (`expire`, off only while the schema may not exist yet).
    */
-  #write<T>(op: string, fn: (now: number) => Promise<T>): Promise<T> {
+  #write<T>(
+    op: string,
+    fn: (now: number) => Promise<T>,
+    expire = true,
+  ): Promise<T> {
     return this.#mutex.run(async () => {
       const deadline = performance.now() + this.#busyTimeoutMs;
       await this.#untilNotBusy(op, deadline, SQL.begin);
       let result: T;
       try {
-        result = await fn(this.#clock(op));
+        const now = this.#clock(op);
+        if (expire) await this.#expireExhausted(now);
+        result = await fn(now);
         await this.#untilNotBusy(op, deadline, SQL.commit);
       } catch (error) {
         await this.#driver.run(SQL.rollback).catch(() => {});

@@ -1,12 +1,13 @@
 -- leased-outbox schema, version 1 (stored in PRAGMA user_version).
 -- Applied once by Outbox.open() inside one BEGIN IMMEDIATE transaction.
 
--- One row per event. `due_at` is when the event can next be claimed: the end
+-- One row per event. AUTOINCREMENT: ids are never reused, even after purge(),
+-- because recipients dedupe on `${id}:${fence}`. `due_at` is when the event can next be claimed: the end
 -- of its delay while pending, its lease deadline while leased (SQS's
 -- visibility timeout), so one index serves both "pending and due" and
 -- "lease lapsed" claims.
 CREATE TABLE outbox_events (
-  id INTEGER PRIMARY KEY,
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
   queue TEXT NOT NULL,
   state TEXT NOT NULL CHECK (state IN ('pending', 'leased', 'done', 'dead')),
   payload ANY,
@@ -29,9 +30,9 @@ CREATE TABLE outbox_events (
 CREATE INDEX outbox_events_claim ON outbox_events (queue, due_at, id)
   WHERE state IN ('pending', 'leased');
 
--- Finds lapsed leases with no attempts left, which become dead letters.
-CREATE INDEX outbox_events_leased ON outbox_events (due_at)
-  WHERE state = 'leased';
+-- Leases on an event's last attempt: once lapsed they are dead letters.
+CREATE INDEX outbox_events_last_attempt ON outbox_events (due_at)
+  WHERE state = 'leased' AND attempt >= max_attempts;
 
 -- Idempotent enqueue: the key stays after the event is done.
 CREATE UNIQUE INDEX outbox_events_dedup ON outbox_events (queue, dedup_key)
