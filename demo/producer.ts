@@ -37,5 +37,9 @@ for (let n = 1; n <= events; n++) {
       ...(isPoison ? { maxAttempts: 3 } : {}),
     });
   });
+  // Orders arrive like request traffic, in bursts, not as one bulk import:
+  // a writer committing back to back would keep the write lock from the
+  // workers, since SQLite's locks queue nobody and waiters retry later.
+  if (n % 10 === 0) await new Promise((resolve) => setTimeout(resolve, 20));
 }
 console.log(JSON.stringify({ produced: events }));
