@@ -1,4 +1,3 @@
-/// <reference lib="dom" />
 /**
  * The example page: messages typed here are queued in the shared outbox and
  * delivered to the server's `/deliver` endpoint by the leader tab, with the
@@ -100,7 +99,22 @@ function drain(): void {
   });
 }
 
-const $ = (id: string) => document.getElementById(id)!;
+// The few DOM members used, declared here rather than through the DOM lib,
+// whose globals would clash with Deno's when the repository is checked.
+interface Element {
+  textContent: string | null;
+  value: string;
+  addEventListener(type: string, listener: (event: Event) => void): void;
+  replaceChildren(...nodes: Element[]): void;
+}
+const document = (globalThis as unknown as {
+  document: {
+    getElementById(id: string): Element | null;
+    createElement(tag: string): Element;
+  };
+}).document;
+
+const $ = (id: string): Element => document.getElementById(id)!;
 
 function show(error: unknown): void {
   $("error").textContent = String(error);
@@ -136,7 +150,7 @@ async function refresh(): Promise<void> {
 
 $("compose").addEventListener("submit", (event) => {
   event.preventDefault();
-  const input = $("text") as HTMLInputElement;
+  const input = $("text");
   add(input.value).then(refresh, show);
   input.value = "";
 });
