@@ -19,7 +19,8 @@ export interface DriverCase {
   readonly name: string;
   /** Whether the database lives in a file (durability, crash, multi-process). */
   readonly file: boolean;
-  open(): Promise<Connections>;
+  /** Opens `count` connections (default 2) to one fresh database. */
+  open(count?: number): Promise<Connections>;
 }
 
 /** Opens `count` connections with `open`, closing the ones opened on failure. */
@@ -57,25 +58,25 @@ export const DRIVERS: readonly DriverCase[] = [
   {
     name: "wasm memory",
     file: false,
-    open() {
+    open(count) {
       const name = `file:/${crypto.randomUUID()}?vfs=memdb`;
-      return connect(() => openSqliteWasm(name));
+      return connect(() => openSqliteWasm(name), undefined, count);
     },
   },
   {
     name: "wasm file",
     file: true,
-    async open() {
+    async open(count) {
       const { path, cleanup } = await tempDatabase();
-      return connect(() => openSqliteWasm(path), cleanup);
+      return connect(() => openSqliteWasm(path), cleanup, count);
     },
   },
   {
     name: "node:sqlite file",
     file: true,
-    async open() {
+    async open(count) {
       const { path, cleanup } = await tempDatabase();
-      return connect(() => openNodeSqlite(path), cleanup);
+      return connect(() => openNodeSqlite(path), cleanup, count);
     },
   },
 ];
