@@ -5,7 +5,7 @@
  * released with exponential backoff and retried until the endpoint is back.
  *
  * Query parameters (the tests use them): `outbox` (name), `leaseMs`,
- * `retryBaseMs`, `retryMaxMs`, `concurrency`.
+ * `maxAttempts`, `retryBaseMs`, `retryMaxMs`, `concurrency`.
  *
  * @module
  */
@@ -25,11 +25,12 @@ const retryBaseMs = Number(params.get("retryBaseMs") ?? 1_000);
 const retryMaxMs = Number(params.get("retryMaxMs") ?? 30_000);
 const concurrency = Number(params.get("concurrency") ?? 2);
 const leaseMs = Number(params.get("leaseMs") ?? 15_000);
+const maxAttempts = Number(params.get("maxAttempts") ?? 20);
 const idleMs = 200;
 
 const outbox = await openSharedOutbox<Message>(
   params.get("outbox") ?? "messages",
-  { leaseMs, maxAttempts: 20 },
+  { leaseMs, maxAttempts },
 );
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -104,6 +105,8 @@ function drain(): void {
 interface Element {
   textContent: string | null;
   value: string;
+  hidden: boolean;
+  append(...nodes: (Element | string)[]): void;
   addEventListener(type: string, listener: (event: Event) => void): void;
   replaceChildren(...nodes: Element[]): void;
 }
@@ -126,6 +129,24 @@ async function refresh(): Promise<void> {
     for (const key of ["pending", "leased", "done", "dead"] as const) {
       $(key).textContent = String(stats[key]);
     }
+    $("oldest").textContent = stats.pending === 0
+      ? "nothing"
+      : `${Math.round(stats.oldestPendingAgeMs / 1000)} s`;
+    const dead = await outbox.deadLetters({ limit: 20 });
+    $("dead-letters").hidden = dead.length === 0;
+    $("dead-list").replaceChildren(...dead.map((letter) => {
+      const item = document.createElement("li");
+      const retry = document.createElement("button");
+      retry.textContent = "retry";
+      retry.addEventListener("click", () => {
+        outbox.retry(letter.eventId).then(refresh, show);
+      });
+      item.append(
+        `${letter.payload.text} (${letter.attempts} attempts: ${letter.lastError}) `,
+        retry,
+      );
+      return item;
+    }));
     $("role").textContent = outbox.isLeader
       ? "leader (delivers)"
       : "follower (forwards to the leader)";
