@@ -241,3 +241,122 @@ Deno.test(
     assert.equal((await stats(page)).dead, 0);
   },
 );
+
+Deno.test(
+  {
+    name:
+      "a closing follower tab releases its leases on pagehide, so the leader claims them at once",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const leader = await session.context.newPage();
+    await leader.goto(`${session.server.url}fixtures/blank.html`);
+    await leader.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openSharedOutbox("handback");
+      await outbox.enqueue("job");
+      Object.assign(globalThis, { outbox });
+    }, PATHS);
+    const follower = await session.context.newPage();
+    await follower.goto(`${session.server.url}fixtures/blank.html`);
+    const claimed = await follower.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openSharedOutbox("handback");
+      const lease = await outbox.claim({ leaseMs: 600_000 });
+      return [outbox.isLeader, lease.eventId, outbox.heldLeases().length];
+    }, PATHS);
+    assert.deepEqual(claimed, [false, 1, 1]);
+
+    const closedAt = Date.now();
+    await follower.close();
+    const reclaimed = await leader.evaluate(async () => {
+      const { outbox } = globalThis as unknown as {
+        outbox: {
+          claim(): Promise<{ eventId: number; attempt: number } | null>;
+          explain(id: number): Promise<
+            { history: { kind: string; detail: string | null }[] }
+          >;
+        };
+      };
+      for (;;) {
+        const lease = await outbox.claim();
+        if (lease !== null) {
+          const { history } = await outbox.explain(lease.eventId);
+          return {
+            lease: [lease.eventId, lease.attempt],
+            history: history.map(({ kind, detail }) => [kind, detail]),
+          };
+        }
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    });
+    const elapsedMs = Date.now() - closedAt;
+    assert.deepEqual(reclaimed.lease, [1, 2]);
+    assert.deepEqual(reclaimed.history.map(([kind]) => kind), [
+      "claimed",
+      "released",
+      "claimed",
+    ]);
+    assert.equal(reclaimed.history[1]?.[1], "tab closed");
+    assert.ok(elapsedMs < 5_000, `reclaimed after ${elapsedMs} ms`);
+  },
+);
+
+Deno.test(
+  {
+    name:
+      "calls forwarded from a follower tab return the leader's results and typed errors",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const leader = await session.context.newPage();
+    await leader.goto(`${session.server.url}fixtures/blank.html`);
+    await leader.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      Object.assign(globalThis, {
+        outbox: await m.openSharedOutbox("forward"),
+      });
+    }, PATHS);
+    const follower = await session.context.newPage();
+    await follower.goto(`${session.server.url}fixtures/blank.html`);
+    const seen = await follower.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openSharedOutbox("forward");
+      const bytes = await outbox.enqueue(new Uint8Array([1, 2, 255]));
+      const lease = await outbox.claim();
+      const renewed = typeof await outbox.renew(lease, 60_000);
+      const acknowledged = await outbox.acknowledge(lease);
+      const stale = await outbox.acknowledge(lease);
+      let invalid: unknown[] = [];
+      try {
+        await outbox.enqueue("x", { delayMs: -1 });
+      } catch (error) {
+        invalid = [error instanceof RangeError, (error as Error).message];
+      }
+      return {
+        leader: outbox.isLeader,
+        eventId: bytes.eventId,
+        payload: Array.from(lease.payload as Uint8Array),
+        renewed,
+        acknowledged,
+        stale,
+        invalid,
+        stats: await outbox.stats(),
+      };
+    }, PATHS);
+    assert.equal(seen.leader, false);
+    assert.equal(seen.eventId, 1);
+    assert.deepEqual(seen.payload, [1, 2, 255]);
+    assert.equal(seen.renewed, "number");
+    assert.equal(seen.acknowledged, true);
+    assert.equal(seen.stale, false);
+    assert.equal(seen.invalid[0], true);
+    assert.match(String(seen.invalid[1]), /'delayMs'/);
+    assert.deepEqual(
+      [seen.stats.pending, seen.stats.leased, seen.stats.done],
+      [0, 0, 1],
+    );
+  },
+);
