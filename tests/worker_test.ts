@@ -540,6 +540,48 @@ Deno.test("a claim that throws is reported and the loop goes on", async () => {
   assert.equal(processor.counters.acknowledged, 1);
 });
 
+Deno.test("a renewal that throws is reported and tried again a quarter interval later", async () => {
+  const driver = await openSqliteWasm(":memory:");
+  let busy = 0;
+  const flaky: Driver = {
+    query: (sql, params) => driver.query(sql, params),
+    run: (sql, params) => {
+      if (sql === "BEGIN IMMEDIATE" && busy > 0) {
+        busy--;
+        return Promise.reject(new BusyError("database is locked"));
+      }
+      return driver.run(sql, params);
+    },
+    exec: (sql) => driver.exec(sql),
+    close: () => driver.close(),
+  };
+  await using f = await fixture(flaky);
+  const { eventId } = await f.outbox.enqueue({});
+  const outbox = await Outbox.open(flaky, {
+    now: f.wall.now,
+    busyTimeoutMs: 0,
+  });
+  const gate = Promise.withResolvers<void>();
+  let signal: AbortSignal | undefined;
+  await using _processor = processEvents(outbox, async (_, context) => {
+    signal = context.signal;
+    await gate.promise;
+  }, f.options());
+  await f.time.advance(0, f.wall);
+  busy = 1;
+  await f.time.advance(500, f.wall);
+  assert.equal(f.errors.length, 1);
+  assert.ok(f.errors[0] instanceof BusyError);
+  assert.equal(signal?.aborted, false);
+  const renewals = (await f.outbox.explain(eventId))!.history
+    .filter((entry) => entry.kind === "renewed")
+    .map((entry) => entry.at - 1_000_000);
+  // 333 ms failed; 333 + floor(333 / 4) = 416 ms succeeded.
+  assert.deepEqual(renewals, [416]);
+  gate.resolve();
+  await f.time.advance(0, f.wall);
+});
+
 Deno.test("an aborted signal option stops the processor like stop()", async () => {
   await using f = await fixture();
   const controller = new AbortController();
