@@ -1,0 +1,160 @@
+/**
+ * SIGKILL crash trials through the Deno file VFS: a worker process enqueues
+ * (with a business row in the same transaction), claims and acknowledges
+ * until it is killed at a random moment; then two processes open the file at
+ * once, one of them rolls back the hot journal, and both must see every
+ * reported commit and nothing torn.
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { BusyError, Outbox, type Row } from "../mod.ts";
+import {
+  type JournalMode,
+  loadSqlite3,
+  openSqliteWasm,
+} from "../sqlite_wasm_deno.ts";
+import { Child } from "./fixtures/vfs_child.ts";
+
+(await loadSqlite3()).config.warn = () => {};
+
+// `deno task test:stress` runs 25 per mode (100 in all).
+const TRIALS = Number(Deno.env.get("VFS_CRASH_TRIALS") ?? 3);
+const MODES: readonly JournalMode[] = ["truncate", "delete", "persist", "wal"];
+
+interface Snapshot {
+  integrity: string;
+  events: Row[];
+  business: number[];
+}
+
+const JOURNAL_MAGIC = [0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7];
+
+/** Whether a rollback journal that SQLite would treat as hot is on disk. */
+async function hotJournal(path: string): Promise<boolean> {
+  let bytes: Uint8Array;
+  try {
+    bytes = await Deno.readFile(`${path}-journal`);
+  } catch (error) {
+    if (error instanceof Deno.errors.NotFound) return false;
+    throw error;
+  }
+  return JOURNAL_MAGIC.every((byte, i) => bytes[i] === byte);
+}
+
+async function verifyHere(
+  path: string,
+  journalMode: JournalMode,
+): Promise<Snapshot> {
+  const deadline = performance.now() + 20_000;
+  for (;;) {
+    try {
+      await using db = await openSqliteWasm(path, { journalMode });
+      const [integrity] = await db.query("PRAGMA integrity_check");
+      const events = await db.query(
+        "SELECT id, state, token, json_extract(payload, '$.business') AS business FROM outbox_events ORDER BY id",
+      );
+      const business = await db.query("SELECT id FROM business ORDER BY id");
+      return {
+        integrity: String(integrity!.integrity_check),
+        events,
+        business: business.map((row) => Number(row.id)),
+      };
+    } catch (error) {
+      if (!(error instanceof BusyError) || performance.now() > deadline) {
+        throw error;
+      }
+      await new Promise((resolve) =>
+        setTimeout(resolve, 1 + Math.random() * 10)
+      );
+    }
+  }
+}
+
+for (const journalMode of MODES) {
+  Deno.test(`crash (${journalMode}): ${TRIALS} SIGKILLs mid-transaction lose no reported commit, keep business rows and events together, and leave integrity ok`, async () => {
+    const dir = await Deno.makeTempDir({ prefix: `vfs_crash_${journalMode}_` });
+    const path = join(dir, "outbox.db");
+    try {
+      {
+        await using outbox = await Outbox.open(
+          await openSqliteWasm(path, { journalMode }),
+        );
+        await outbox.transaction((tx) =>
+          tx.run(
+            "CREATE TABLE business (id INTEGER PRIMARY KEY, body TEXT NOT NULL) STRICT",
+          )
+        );
+      }
+      const enqueued = new Set<number>();
+      const claimed = new Map<number, string>();
+      const acknowledged = new Map<number, string>();
+      let hot = 0;
+      for (let trial = 0; trial < TRIALS; trial++) {
+        const worker = new Child("crash", path, journalMode);
+        assert.equal(
+          await worker.next(),
+          "ready",
+          await worker.stderr().catch(() => ""),
+        );
+        const output = (async () => {
+          for (let line; (line = await worker.next()) !== undefined;) {
+            const [kind, id, token] = line.split(" ");
+            if (kind === "E") enqueued.add(Number(id));
+            else if (kind === "C") claimed.set(Number(id), token!);
+            else if (kind === "A") acknowledged.set(Number(id), token!);
+          }
+        })();
+        await new Promise((resolve) =>
+          setTimeout(resolve, 20 + Math.random() * 200)
+        );
+        worker.kill();
+        const status = await worker.status();
+        await output;
+        assert.equal(status.signal, "SIGKILL", await worker.stderr());
+        if (journalMode !== "wal" && await hotJournal(path)) hot++;
+
+        // Two processes open the crashed file at once.
+        await using verifier = new Child("verify", path, journalMode);
+        const [here, there] = await Promise.all([
+          verifyHere(path, journalMode),
+          verifier.json<Snapshot>(),
+        ]);
+        assert.deepEqual(there, here, "both processes see the same database");
+        assert.equal(here.integrity, "ok");
+        if (journalMode !== "wal") assert.equal(await hotJournal(path), false);
+
+        const events = new Map(here.events.map((row) => [Number(row.id), row]));
+        for (const id of enqueued) {
+          assert.ok(events.has(id), `enqueued event ${id} was lost`);
+        }
+        for (const [id, token] of acknowledged) {
+          assert.equal(
+            events.get(id)?.state,
+            "done",
+            `acknowledged event ${id}`,
+          );
+          assert.equal(events.get(id)?.token, token);
+        }
+        for (const [id, token] of claimed) {
+          if (acknowledged.has(id)) continue;
+          assert.ok(["leased", "done"].includes(String(events.get(id)?.state)));
+          assert.equal(events.get(id)?.token, token, `claimed event ${id}`);
+        }
+        // The business row and its event commit together or not at all.
+        assert.deepEqual(
+          here.events.map((row) => Number(row.business)).sort((a, b) => a - b),
+          here.business,
+        );
+      }
+      assert.ok(
+        enqueued.size > 0 && acknowledged.size > 0,
+        "the workers made progress",
+      );
+      console.log(
+        `${journalMode}: ${TRIALS} kills, ${hot} hot journals rolled back, ${enqueued.size} events, ${acknowledged.size} acknowledged`,
+      );
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  });
+}
