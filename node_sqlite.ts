@@ -243,6 +243,15 @@ function bindable(params: readonly SqlValue[]): NodeValue[] {
   const values: NodeValue[] = new Array(params.length);
   for (let i = 0; i < params.length; i++) {
     const value = params[i]!;
+    if (
+      typeof value === "bigint" && (value < INT64_MIN || value > INT64_MAX)
+    ) {
+      throw new RangeError(
+        `Cannot bind parameter ${
+          i + 1
+        } as a bigint must fit in 64 bits: current value is ${value}`,
+      );
+    }
     values[i] = typeof value === "number" && Number.isSafeInteger(value)
       ? BigInt(value)
       : value;
@@ -250,6 +259,8 @@ function bindable(params: readonly SqlValue[]): NodeValue[] {
   return values;
 }
 
+const INT64_MIN = -(2n ** 63n);
+const INT64_MAX = 2n ** 63n - 1n;
 const MIN_SAFE = BigInt(Number.MIN_SAFE_INTEGER);
 const MAX_SAFE = BigInt(Number.MAX_SAFE_INTEGER);
 

@@ -88,11 +88,23 @@ export async function openSqliteWasm(
 /**
  * A {@linkcode Driver} over one oo1 connection. Statements are prepared once
  * per SQL text and kept until {@linkcode SqliteWasmDriver.close}.
+ *
+ * oo1 opens and prepares; binding, stepping and reading columns call the
+ * module's raw C exports, which skips oo1's per-call argument checks,
+ * string conversions and `get({})` object building (see bench/README.md).
  */
 export class SqliteWasmDriver implements Driver, AsyncDisposable {
-  readonly #sqlite3: Sqlite3Static;
+  readonly #capi: RawCapi;
+  readonly #memory: WebAssembly.Memory;
+  #heap: Uint8Array;
   #db: Database | undefined;
-  readonly #statements = new Map<string, PreparedStatement>();
+  readonly #pointer: number;
+  readonly #statements = new Map<string, CachedStatement>();
+  readonly #alloc: (bytes: number) => number;
+  readonly #dealloc: (pointer: number) => void;
+  /** Scratch space in the WASM heap for text and blob parameters. */
+  #scratch = 0;
+  #scratchBytes = 0;
 
   /**
    * Wraps an open oo1 connection (for the project's own openers).
@@ -102,20 +114,27 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
    * @param db An open oo1 database this driver takes ownership of.
    */
   constructor(sqlite3: Sqlite3Static, db: Database) {
-    this.#sqlite3 = sqlite3;
+    this.#capi = sqlite3.wasm.exports as RawCapi;
+    this.#memory = sqlite3.config.memory;
+    this.#heap = new Uint8Array(this.#memory.buffer);
     this.#db = db;
+    this.#pointer = db.pointer!;
+    this.#alloc = (bytes) => sqlite3.wasm.alloc(bytes);
+    this.#dealloc = (pointer) => sqlite3.wasm.dealloc(pointer);
   }
 
   /** Runs one statement and returns its rows. */
   query(sql: string, params: readonly SqlValue[] = []): Promise<Row[]> {
     try {
-      const statement = this.#prepare(sql, params);
+      const statement = this.#prepare(sql);
       const rows: Row[] = [];
-      try {
-        while (statement.step()) rows.push(statement.get({}) as Row);
-      } finally {
-        statement.reset(true);
+      this.#bind(statement.pointer, params);
+      const capi = this.#capi;
+      let rc: number;
+      while ((rc = capi.sqlite3_step(statement.pointer)) === SQLITE_ROW) {
+        rows.push(this.#row(statement));
       }
+      this.#finish(statement.pointer, rc, params.length);
       return Promise.resolve(rows);
     } catch (error) {
       return Promise.reject(toSqliteError(error));
@@ -125,17 +144,16 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
   /** Runs one statement and reports its changes. */
   run(sql: string, params: readonly SqlValue[] = []): Promise<RunResult> {
     try {
-      const statement = this.#prepare(sql, params);
-      try {
-        while (statement.step());
-      } finally {
-        statement.reset(true);
-      }
-      const db = this.#open();
+      const statement = this.#prepare(sql);
+      this.#bind(statement.pointer, params);
+      const capi = this.#capi;
+      let rc: number;
+      while ((rc = capi.sqlite3_step(statement.pointer)) === SQLITE_ROW);
+      this.#finish(statement.pointer, rc, params.length);
       return Promise.resolve({
-        changes: db.changes() as number,
+        changes: capi.sqlite3_changes(this.#pointer),
         lastInsertRowid: exactInteger(
-          this.#sqlite3.capi.sqlite3_last_insert_rowid(db.pointer!),
+          capi.sqlite3_last_insert_rowid(this.#pointer),
         ),
       });
     } catch (error) {
@@ -157,8 +175,13 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
   close(): Promise<void> {
     const db = this.#db;
     this.#db = undefined;
-    for (const statement of this.#statements.values()) statement.finalize();
+    for (const { statement } of this.#statements.values()) {
+      statement.finalize();
+    }
     this.#statements.clear();
+    if (this.#scratch !== 0) this.#dealloc(this.#scratch);
+    this.#scratch = 0;
+    this.#scratchBytes = 0;
     db?.close();
     return Promise.resolve();
   }
@@ -173,16 +196,265 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
     return this.#db;
   }
 
-  #prepare(sql: string, params: readonly SqlValue[]): PreparedStatement {
-    let statement = this.#statements.get(sql);
-    if (statement === undefined) {
-      statement = this.#open().prepare(sql);
-      this.#statements.set(sql, statement);
+  #prepare(sql: string): CachedStatement {
+    let cached = this.#statements.get(sql);
+    if (cached === undefined) {
+      const statement = this.#open().prepare(sql);
+      cached = {
+        statement,
+        pointer: statement.pointer!,
+        names: [],
+        reprepares: -1,
+      };
+      this.#statements.set(sql, cached);
     }
-    if (params.length > 0) statement.bind(params as SqlValue[]);
-    return statement;
+    return cached;
+  }
+
+  /** Views of WASM memory detach when it grows, so re-read after any call. */
+  #view(): Uint8Array {
+    if (this.#heap.buffer !== this.#memory.buffer) {
+      this.#heap = new Uint8Array(this.#memory.buffer);
+    }
+    return this.#heap;
+  }
+
+  #reserve(bytes: number): number {
+    // Never the null pointer: SQLite binds a null text or blob as NULL.
+    if (bytes > this.#scratchBytes || this.#scratch === 0) {
+      if (this.#scratch !== 0) this.#dealloc(this.#scratch);
+      this.#scratch = 0;
+      const size = Math.max(bytes, 256);
+      this.#scratch = this.#alloc(size);
+      this.#scratchBytes = size;
+    }
+    return this.#scratch;
+  }
+
+  #bind(pointer: number, params: readonly SqlValue[]): void {
+    const capi = this.#capi;
+    for (let i = 0; i < params.length; i++) {
+      const value = params[i];
+      const index = i + 1;
+      let rc: number;
+      if (typeof value === "number") {
+        rc = (value | 0) === value
+          ? capi.sqlite3_bind_int(pointer, index, value)
+          : Number.isSafeInteger(value)
+          ? capi.sqlite3_bind_int64(pointer, index, BigInt(value))
+          : capi.sqlite3_bind_double(pointer, index, value);
+      } else if (typeof value === "string") {
+        const bytes = this.#writeText(value);
+        rc = capi.sqlite3_bind_text(
+          pointer,
+          index,
+          this.#scratch,
+          bytes,
+          SQLITE_TRANSIENT,
+        );
+      } else if (value === null) {
+        rc = capi.sqlite3_bind_null(pointer, index);
+      } else if (typeof value === "bigint") {
+        if (value < INT64_MIN || value > INT64_MAX) {
+          throw new RangeError(
+            `Cannot bind parameter ${index} as a bigint must fit in 64 bits: current value is ${value}`,
+          );
+        }
+        rc = capi.sqlite3_bind_int64(pointer, index, value);
+      } else if (value instanceof Uint8Array) {
+        const scratch = this.#reserve(value.byteLength);
+        this.#view().set(value, scratch);
+        rc = capi.sqlite3_bind_blob(
+          pointer,
+          index,
+          scratch,
+          value.byteLength,
+          SQLITE_TRANSIENT,
+        );
+      } else {
+        throw new TypeError(
+          `Cannot bind parameter ${index} as its type is not supported: current value is ${
+            String(value)
+          }`,
+        );
+      }
+      if (rc !== 0) this.#fail(pointer, rc, params.length);
+    }
+  }
+
+  /** Writes `text` as UTF-8 to the scratch space; returns its byte length. */
+  #writeText(text: string): number {
+    const length = text.length;
+    // UTF-8 needs at most 3 bytes per UTF-16 code unit.
+    const scratch = this.#reserve(length * 3);
+    const heap = this.#view();
+    // Short ASCII strings (queue names, tokens, SQL states) are most
+    // parameters; copying them here avoids a TextEncoder call per parameter.
+    if (length <= 64) {
+      let i = 0;
+      for (; i < length; i++) {
+        const code = text.charCodeAt(i);
+        if (code >= 0x80) break;
+        heap[scratch + i] = code;
+      }
+      if (i === length) return length;
+    }
+    return encoder.encodeInto(
+      text,
+      heap.subarray(scratch, scratch + length * 3),
+    ).written;
+  }
+
+  #row(cached: CachedStatement): Row {
+    const capi = this.#capi;
+    const pointer = cached.pointer;
+    const count = capi.sqlite3_column_count(pointer);
+    // A schema change re-prepares the statement and may change its columns.
+    const reprepares = capi.sqlite3_stmt_status(
+      pointer,
+      SQLITE_STMTSTATUS_REPREPARE,
+      0,
+    );
+    if (reprepares !== cached.reprepares || count !== cached.names.length) {
+      cached.names = [];
+      for (let i = 0; i < count; i++) {
+        cached.names.push(
+          this.#text(capi.sqlite3_column_name(pointer, i), -1),
+        );
+      }
+      cached.reprepares = reprepares;
+    }
+    const names = cached.names;
+    const row: Row = {};
+    for (let i = 0; i < count; i++) {
+      let value: SqlValue;
+      switch (capi.sqlite3_column_type(pointer, i)) {
+        case SQLITE_INTEGER: {
+          // A double holds every integer within ±2^53 exactly; only larger
+          // ones need the BigInt that sqlite3_column_int64 allocates.
+          const double = capi.sqlite3_column_double(pointer, i);
+          value = double <= Number.MAX_SAFE_INTEGER &&
+              double >= Number.MIN_SAFE_INTEGER
+            ? double
+            : exactInteger(capi.sqlite3_column_int64(pointer, i));
+          break;
+        }
+        case SQLITE_FLOAT:
+          value = capi.sqlite3_column_double(pointer, i);
+          break;
+        case SQLITE_TEXT: {
+          const text = capi.sqlite3_column_text(pointer, i);
+          value = this.#text(text, capi.sqlite3_column_bytes(pointer, i));
+          break;
+        }
+        case SQLITE_BLOB: {
+          const blob = capi.sqlite3_column_blob(pointer, i);
+          const bytes = capi.sqlite3_column_bytes(pointer, i);
+          value = this.#view().slice(blob, blob + bytes);
+          break;
+        }
+        default:
+          value = null;
+      }
+      row[names[i]!] = value;
+    }
+    return row;
+  }
+
+  /** Decodes UTF-8 at `pointer`: `bytes` long, or up to its NUL when `-1`. */
+  #text(pointer: number, bytes: number): string {
+    const heap = this.#view();
+    if (bytes < 0) bytes = heap.indexOf(0, pointer) - pointer;
+    if (bytes <= 32) {
+      let text = "";
+      let i = 0;
+      for (; i < bytes; i++) {
+        const byte = heap[pointer + i]!;
+        if (byte >= 0x80) break;
+        text += String.fromCharCode(byte);
+      }
+      if (i === bytes) return text;
+    }
+    return decoder.decode(heap.subarray(pointer, pointer + bytes));
+  }
+
+  /** Resets the statement after its last step, throwing what that step reported. */
+  #finish(pointer: number, rc: number, params: number): void {
+    if (rc !== SQLITE_DONE) this.#fail(pointer, rc, params);
+    this.#capi.sqlite3_reset(pointer);
+    if (params > 0) this.#capi.sqlite3_clear_bindings(pointer);
+  }
+
+  #fail(pointer: number, rc: number, params: number): never {
+    const capi = this.#capi;
+    const code = capi.sqlite3_extended_errcode(this.#pointer) || rc;
+    const message = this.#text(capi.sqlite3_errmsg(this.#pointer), -1);
+    capi.sqlite3_reset(pointer);
+    if (params > 0) capi.sqlite3_clear_bindings(pointer);
+    throw sqliteError(message, code);
   }
 }
+
+/** A prepared statement kept for its SQL text, with its column names. */
+interface CachedStatement {
+  readonly statement: PreparedStatement;
+  readonly pointer: number;
+  names: string[];
+  /** `SQLITE_STMTSTATUS_REPREPARE` when `names` was read. */
+  reprepares: number;
+}
+
+/** The raw C exports this driver calls (pointers are numbers, i64 bigints). */
+interface RawCapi {
+  sqlite3_step(stmt: number): number;
+  sqlite3_reset(stmt: number): number;
+  sqlite3_clear_bindings(stmt: number): number;
+  sqlite3_bind_int(stmt: number, index: number, value: number): number;
+  sqlite3_bind_int64(stmt: number, index: number, value: bigint): number;
+  sqlite3_bind_double(stmt: number, index: number, value: number): number;
+  sqlite3_bind_null(stmt: number, index: number): number;
+  sqlite3_bind_text(
+    stmt: number,
+    index: number,
+    text: number,
+    bytes: number,
+    destructor: number,
+  ): number;
+  sqlite3_bind_blob(
+    stmt: number,
+    index: number,
+    blob: number,
+    bytes: number,
+    destructor: number,
+  ): number;
+  sqlite3_column_count(stmt: number): number;
+  sqlite3_column_name(stmt: number, column: number): number;
+  sqlite3_column_type(stmt: number, column: number): number;
+  sqlite3_column_double(stmt: number, column: number): number;
+  sqlite3_column_int64(stmt: number, column: number): bigint;
+  sqlite3_column_text(stmt: number, column: number): number;
+  sqlite3_column_blob(stmt: number, column: number): number;
+  sqlite3_column_bytes(stmt: number, column: number): number;
+  sqlite3_stmt_status(stmt: number, op: number, reset: number): number;
+  sqlite3_changes(db: number): number;
+  sqlite3_last_insert_rowid(db: number): bigint;
+  sqlite3_errmsg(db: number): number;
+  sqlite3_extended_errcode(db: number): number;
+}
+
+const SQLITE_ROW = 100;
+const SQLITE_DONE = 101;
+const SQLITE_INTEGER = 1;
+const SQLITE_FLOAT = 2;
+const SQLITE_TEXT = 3;
+const SQLITE_BLOB = 4;
+/** Tells SQLite to copy a bound value before the call returns. */
+const SQLITE_TRANSIENT = -1;
+const SQLITE_STMTSTATUS_REPREPARE = 5;
+const INT64_MIN = -(2n ** 63n);
+const INT64_MAX = 2n ** 63n - 1n;
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
 
 function exactInteger(value: bigint): number | bigint {
   return value >= BigInt(Number.MIN_SAFE_INTEGER) &&
@@ -196,7 +468,13 @@ function toSqliteError(error: unknown): Error {
     error instanceof Error && "resultCode" in error &&
     typeof error.resultCode === "number"
   ) {
-    return sqliteError(error.message, error.resultCode, error);
+    // oo1 prefixes the engine's message with the code's name and number,
+    // which SqliteError carries already; the bare message matches node:sqlite.
+    const message = error.message.replace(
+      /^SQLITE_[A-Z0-9_]+: sqlite3 result code \d+: /,
+      "",
+    );
+    return sqliteError(message, error.resultCode, error);
   }
   return error instanceof Error ? error : new Error(String(error));
 }
