@@ -154,7 +154,12 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
   #db: DatabaseSync | undefined;
   readonly #statements = new Map<string, StatementSync>();
 
-  /** @param db An open connection this driver takes ownership of. */
+  /**
+   * Wraps an open connection; {@linkcode openNodeSqlite} is the usual way in,
+   * as it also sets the pragmas this driver relies on (`busy_timeout = 0`).
+   *
+   * @param db An open connection this driver takes ownership of.
+   */
   constructor(db: DatabaseSync) {
     this.#db = db;
   }
