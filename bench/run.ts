@@ -117,6 +117,27 @@ async function bench(sizes: Sizes, dir: string): Promise<BenchRow[]> {
     met: durable.medianRatio! >= 0.9,
   });
 
+  progress("the same with the WASM file at node:sqlite's page size");
+  const paged = await run({
+    kind: "pair",
+    targets: [
+      { ...file("paged", "wasm"), pageSize: 4096 },
+      file("paged", "node"),
+    ],
+    ...sizes.durable,
+  });
+  rows.push({
+    name:
+      "durable claim+ack cycles/s, WASM file with page_size 4096 (the WASM build defaults to 8192, native to 4096)",
+    value: rate(paged, 0),
+    unit: "cycles/s",
+    anchor: "node:sqlite file (truncate, full)",
+    anchorValue: rate(paged, 1),
+    ratio: paged.medianRatio!,
+    goal: "report",
+    met: null,
+  });
+
   progress("in-memory claim+acknowledge cycles, WASM vs node:sqlite");
   const memory = (driver: Target["driver"]): Target => ({
     driver,

@@ -21,6 +21,8 @@ export interface Target {
   readonly path: string;
   readonly journalMode: "truncate" | "wal";
   readonly synchronous: "off" | "normal" | "full";
+  /** `PRAGMA page_size` for a new database; each build's default when absent. */
+  readonly pageSize?: number;
 }
 
 /** What one process measures. */
@@ -94,6 +96,9 @@ async function open(target: Target): Promise<Outbox> {
   const driver: Driver = target.driver === "wasm"
     ? await openSqliteWasm(path, { journalMode, synchronous })
     : await openNodeSqlite(path, { journalMode, synchronous });
+  if (target.pageSize !== undefined) {
+    await driver.exec(`PRAGMA page_size = ${target.pageSize}`);
+  }
   // Leases far longer than any run, so no lease lapses while timing; a busy
   // timeout far longer than any wait, so contention shows as time, not errors.
   return await Outbox.open(driver, {

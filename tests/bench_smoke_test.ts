@@ -20,7 +20,7 @@ Deno.test("deno task bench runs every scenario and prints the table and its JSON
   const { rows, smoke } = JSON.parse(json!);
   assert.equal(smoke, true);
   assert.equal(lines.length, 2 + rows.length);
-  assert.equal(rows.length, 8);
+  assert.equal(rows.length, 9);
   for (const row of rows) {
     assert.ok(Number.isFinite(row.value) && row.value > 0, row.name);
     assert.ok(
