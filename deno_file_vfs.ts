@@ -25,6 +25,7 @@
  * @module
  */
 import { basename, dirname, join, resolve } from "node:path";
+import type { loadSqlite3 } from "./sqlite_wasm.ts";
 import type { Sqlite3Static, WasmPointer } from "@sqlite.org/sqlite-wasm";
 
 /** Options for {@linkcode installDenoFileVfs}. */
@@ -72,7 +73,7 @@ export interface DenoFileVfsOptions {
  * ```
  */
 export function installDenoFileVfs(
-  sqlite3: Sqlite3Static,
+  sqlite3: Awaited<ReturnType<typeof loadSqlite3>>,
   options: DenoFileVfsOptions = {},
 ): string {
   const name = options.name ?? "deno-file";

@@ -21,6 +21,7 @@ import { BusyError, SqliteError } from "./errors.ts";
 
 export { installDenoFileVfs, loadSqlite3, SqliteWasmDriver };
 export type { DenoFileVfsOptions } from "./deno_file_vfs.ts";
+export type { SqliteWasmOptions } from "./sqlite_wasm.ts";
 
 /**
  * How the database keeps its rollback journal (https://sqlite.org/pragma.html#pragma_journal_mode).
