@@ -550,9 +550,9 @@ interface ForwardedCall {
   reject(error: Error): void;
 }
 
-// A leader remembers the calls it answered, so a call a tab re-sends after a
-// leadership change is answered again instead of being run twice.
-const ANSWERED_LIMIT = 10_000;
+// A leader remembers the ids of the calls it ran, so that a call a follower
+// re-sends (it learned of this leader after sending) does not run twice.
+const SEEN_LIMIT = 100_000;
 
 const WORKER_ONLY = new Set(["open", "close", "hasVfs"]);
 
@@ -567,7 +567,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   readonly #setup: WorkerSetup;
   readonly #channel: BroadcastChannel;
   readonly #pending = new Map<string, ForwardedCall>();
-  readonly #answered = new Map<string, Promise<ReplyMessage>>();
+  readonly #seen = new Set<string>();
   readonly #abort = new AbortController();
   readonly #onPageHide = () => this.#releaseHeld();
   #stopLeading: (() => void) | undefined;
@@ -753,39 +753,40 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     local: WorkerConnection,
     message: Extract<ChannelMessage, { type: "call" }>,
   ): void {
-    let answer = this.#answered.get(message.id);
-    if (answer === undefined) {
-      // Only outbox methods cross tabs: opening and closing the leader's
-      // database is the leader's own business.
-      const call = WORKER_ONLY.has(message.method)
-        ? Promise.reject(
-          new TypeError(
-            `Cannot call '${message.method}' as it is not an outbox method`,
-          ),
-        )
-        : local.call(message.method, message.args);
-      answer = call.then(
-        (value): ReplyMessage => ({
-          type: "reply",
-          id: message.id,
-          ok: true,
-          value,
-        }),
-        (error): ReplyMessage => ({
-          type: "reply",
-          id: message.id,
-          ok: false,
-          error: toWireError(error),
-        }),
-      );
-      this.#answered.set(message.id, answer);
-      if (this.#answered.size > ANSWERED_LIMIT) {
-        this.#answered.delete(this.#answered.keys().next().value!);
-      }
+    // A call re-sent to this same leader is answered by the first run.
+    if (this.#seen.has(message.id)) return;
+    this.#seen.add(message.id);
+    if (this.#seen.size > SEEN_LIMIT) {
+      this.#seen.delete(this.#seen.values().next().value!);
     }
-    answer.then((reply) => {
-      if (this.#local === local) {
+    // Only outbox methods cross tabs: opening and closing the leader's
+    // database is the leader's own business.
+    const call = WORKER_ONLY.has(message.method)
+      ? Promise.reject(
+        new TypeError(
+          `Cannot call '${message.method}' as it is not an outbox method`,
+        ),
+      )
+      : local.call(message.method, message.args);
+    call.then(
+      (value): ReplyMessage => ({
+        type: "reply",
+        id: message.id,
+        ok: true,
+        value,
+      }),
+      (error): ReplyMessage => ({
+        type: "reply",
+        id: message.id,
+        ok: false,
+        error: toWireError(error),
+      }),
+    ).then((reply) => {
+      try {
         this.#channel.postMessage({ ...reply, to: message.from });
+      } catch {
+        // The channel closed with this tab's outbox: the follower re-sends
+        // the call to the next leader.
       }
     });
   }
