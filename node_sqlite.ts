@@ -340,6 +340,11 @@ function codeFromMessage(message: string): number {
 function toSqliteError(error: unknown): Error {
   if (!(error instanceof Error)) return new Error(String(error));
   if ((error as { code?: unknown }).code !== "ERR_SQLITE_ERROR") return error;
+  // SQL with no statement (blank, or only comments) prepares to nothing and
+  // fails when run with "not an error"; say what the WASM driver says.
+  if (error.message === "not an error") {
+    return sqliteError("Cannot prepare empty SQL.", 1, error);
+  }
   const errcode = (error as { errcode?: unknown }).errcode;
   return sqliteError(
     error.message,

@@ -176,6 +176,14 @@ driverTest(
         error instanceof SqliteError && error.primaryCode === 25 &&
         error.message === "column index out of range",
     );
+    for (const empty of ["", "  ", "-- only a comment"]) {
+      await assert.rejects(
+        db.query(empty),
+        (error) =>
+          error instanceof SqliteError && error.code === 1 &&
+          error.message === "Cannot prepare empty SQL.",
+      );
+    }
     // The failed statements were reset: the connection carries on.
     assert.deepEqual(await db.query("SELECT x FROM t"), [{ x: 1 }]);
   },
