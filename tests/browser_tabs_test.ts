@@ -360,3 +360,71 @@ Deno.test(
     );
   },
 );
+
+Deno.test(
+  {
+    name:
+      "an enqueue the old leader stored but never answered is stored once when the new leader runs it again",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const leader = await session.context.newPage();
+    await leader.goto(`${session.server.url}fixtures/blank.html`);
+    await leader.evaluate(async (paths) => {
+      // The leader stores what it is sent but its replies never leave: as
+      // if the tab died between commit and reply.
+      const post = BroadcastChannel.prototype.postMessage;
+      BroadcastChannel.prototype.postMessage = function (message) {
+        if ((message as { type?: string })?.type !== "reply") {
+          post.call(this, message);
+        }
+      };
+      const m = await import(paths.bundle);
+      const outbox = await m.openSharedOutbox("once");
+      await outbox.stats();
+      Object.assign(globalThis, { outbox });
+    }, PATHS);
+    const follower = await session.context.newPage();
+    await follower.goto(`${session.server.url}fixtures/blank.html`);
+    await follower.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openSharedOutbox("once");
+      Object.assign(globalThis, {
+        outbox,
+        enqueued: outbox.enqueue({ job: 1 }),
+      });
+    }, PATHS);
+    await until(
+      () =>
+        leader.evaluate(async () =>
+          (await (globalThis as unknown as {
+            outbox: { stats(): Promise<{ pending: number }> };
+          }).outbox.stats()).pending === 1
+        ),
+      5_000,
+      "the leader to store the forwarded enqueue",
+    );
+    await leader.close();
+    const result = await follower.evaluate(async () => {
+      const { outbox, enqueued } = globalThis as unknown as {
+        outbox: {
+          isLeader: boolean;
+          stats(): Promise<{ pending: number }>;
+        };
+        enqueued: Promise<{ eventId: number; deduplicated: boolean }>;
+      };
+      const stored = await enqueued;
+      return {
+        stored,
+        leader: outbox.isLeader,
+        pending: (await outbox.stats()).pending,
+      };
+    });
+    assert.deepEqual(result, {
+      stored: { eventId: 1, deduplicated: false },
+      leader: true,
+      pending: 1,
+    });
+  },
+);
