@@ -22,7 +22,16 @@ let sqlite3: Promise<Sqlite3Static> | undefined;
  * @returns The module's namespace (`capi`, `oo1`, `wasm`, `vfs`).
  */
 export function loadSqlite3(): Promise<Sqlite3Static> {
-  sqlite3 ??= sqlite3InitModule();
+  sqlite3 ??= sqlite3InitModule().then((module) => {
+    // oo1 logs every failed step before throwing; the driver turns each into
+    // a typed rejection, so the log would only repeat it, once per busy retry.
+    const warn = module.config.warn;
+    module.config.warn = (...args: unknown[]) => {
+      if (String(args[0]).startsWith("sqlite3_step() rc=")) return;
+      warn(...args);
+    };
+    return module;
+  });
   return sqlite3;
 }
 
