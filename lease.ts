@@ -241,6 +241,9 @@ const TOKEN = /^[A-Za-z0-9._~-]{1,128}$/;
 const MAX_NAME_LENGTH = 1024;
 const MAX_ERROR_LENGTH = 65_536;
 const LEASE_EXPIRED = "lease expired";
+// SQLite queues no lock waiters: a waiter only wins if it polls in the gap
+// between another writer's transactions, so the poll interval stays short.
+const MAX_BUSY_BACKOFF_MS = 16;
 const encoder = new TextEncoder();
 const mutexes = new WeakMap<Driver, Mutex>();
 
@@ -1127,7 +1130,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     deadline: number,
     sql: string,
   ): Promise<void> {
-    for (let backoffMs = 1;; backoffMs = Math.min(backoffMs * 2, 64)) {
+    for (
+      let backoffMs = 1;;
+      backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS)
+    ) {
       try {
         await this.#driver.run(sql);
         return;
