@@ -8,9 +8,11 @@
  * `number` parameters bind as SQLite `INTEGER` (node:sqlite alone binds every
  * `number` as `REAL`); rows are plain objects; SQLite's busy handler is off;
  * foreign keys follow SQLite's default (off) rather than node:sqlite's (on).
- * One difference remains: after another connection changes the schema, the
- * first run of a cached `SELECT *` here still returns the old column set
- * (node:sqlite's `all()` counts columns before SQLite re-prepares).
+ * Two differences remain, both in Deno's node:sqlite itself: text read back
+ * ends at its first NUL character (`"a\u0000b"` is stored whole but reads as
+ * `"a"`), and after another connection changes the schema, the first run of
+ * a cached `SELECT *` here still returns the old column set (its `all()`
+ * counts columns before SQLite re-prepares).
  *
  * @module
  */
