@@ -319,9 +319,12 @@ function openSidecar(path: string): Deno.FsFile {
   try {
     return Deno.openSync(path, { read: true, write: true, create: true });
   } catch (error) {
-    // A read-only database in a read-only directory still locks through
-    // sidecars someone created earlier.
-    if (error instanceof Deno.errors.PermissionDenied) {
+    // A read-only database (a read-only directory, or no --allow-write)
+    // still locks through sidecars someone created earlier.
+    if (
+      error instanceof Deno.errors.PermissionDenied ||
+      error instanceof Deno.errors.NotCapable
+    ) {
       return Deno.openSync(path, { read: true });
     }
     throw error;
@@ -468,8 +471,10 @@ class MemoryFile implements OpenFile {
   }
 
   truncate(size: number): void {
+    // Like ftruncate: shrinking drops bytes, growing adds zeros.
     if (size < this.#size) this.#bytes.fill(0, size, this.#size);
-    this.#size = Math.min(this.#size, size);
+    else if (size > this.#size) this.write(new Uint8Array(0), size);
+    this.#size = size;
   }
 
   sync(): void {}
@@ -793,7 +798,8 @@ function createVfs(sqlite3: Sqlite3Static) {
           } catch (error) {
             if (
               !(error instanceof Deno.errors.NotFound ||
-                error instanceof Deno.errors.PermissionDenied)
+                error instanceof Deno.errors.PermissionDenied ||
+                error instanceof Deno.errors.NotCapable)
             ) throw error;
           }
         }

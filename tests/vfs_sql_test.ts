@@ -233,6 +233,34 @@ Deno.test("file: URLs and URIs open files; :memory: and memdb stay in memory", a
   });
 });
 
+Deno.test("nameless temporary files (temp_store=FILE) work and leave nothing on disk", async () => {
+  await withDir(async (dir) => {
+    await using db = await open(join(dir, "temp.db"));
+    await db.exec("PRAGMA temp_store=FILE; PRAGMA cache_size=10");
+    await db.exec("CREATE TEMP TABLE scratch(v TEXT)");
+    await db.exec("BEGIN");
+    for (let i = 0; i < 3000; i++) {
+      await db.run("INSERT INTO scratch VALUES (?)", [
+        `${(i * 7919) % 3000}`.padStart(200, "0"),
+      ]);
+    }
+    await db.exec("COMMIT");
+    const rows = await db.query("SELECT v FROM scratch ORDER BY v LIMIT 2");
+    assert.deepEqual(rows.map((row) => Number(row.v)), [0, 1]);
+    await db.exec("DELETE FROM scratch WHERE rowid > 10; VACUUM temp");
+    assert.deepEqual(await db.query("SELECT count(*) AS n FROM scratch"), [{
+      n: 10,
+    }]);
+    const names = [...Deno.readDirSync(dir)].map((e) => e.name).sort();
+    assert.deepEqual(names, [
+      "temp.db",
+      "temp.db-pending.lock",
+      "temp.db-reserved.lock",
+      "temp.db-shared.lock",
+    ]);
+  });
+});
+
 Deno.test("a file written through the VFS passes integrity_check in native node:sqlite", async () => {
   await withDir(async (dir) => {
     const path = join(dir, "interop.db");
