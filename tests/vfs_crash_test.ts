@@ -155,3 +155,61 @@ for (const journalMode of MODES) {
     }
   });
 }
+
+for (const journalMode of ["truncate", "delete", "persist"] as const) {
+  Deno.test(`crash (${journalMode}): a writer killed after spilling pages into the file leaves a hot journal that the next of two simultaneous openers rolls back`, async () => {
+    const dir = await Deno.makeTempDir({ prefix: `vfs_spill_${journalMode}_` });
+    const path = join(dir, "spill.db");
+    try {
+      {
+        await using db = await openSqliteWasm(path, { journalMode });
+        await db.exec(
+          "CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB NOT NULL) STRICT; WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300) INSERT INTO t SELECT i, zeroblob(1000) FROM n",
+        );
+      }
+      const committed = await Deno.readFile(path);
+      await using writer = new Child("spill", path, journalMode);
+      assert.equal(await writer.next(), "spilled");
+      assert.notDeepEqual(
+        await Deno.readFile(path),
+        committed,
+        "uncommitted pages reached the file",
+      );
+      writer.kill();
+      assert.equal((await writer.status()).signal, "SIGKILL");
+      assert.equal(await hotJournal(path), true);
+
+      const check = async (db: Awaited<ReturnType<typeof openSqliteWasm>>) => {
+        for (;;) {
+          try {
+            return [
+              ...await db.query("PRAGMA integrity_check"),
+              ...await db.query(
+                "SELECT count(*) AS n, count(*) FILTER (WHERE v = zeroblob(1000)) AS untouched FROM t",
+              ),
+            ];
+          } catch (error) {
+            if (!(error instanceof BusyError)) throw error;
+            await new Promise((resolve) =>
+              setTimeout(resolve, Math.random() * 5)
+            );
+          }
+        }
+      };
+      await using a = await openSqliteWasm(path, { journalMode });
+      await using b = await openSqliteWasm(path, { journalMode });
+      const [fromA, fromB] = await Promise.all([check(a), check(b)]);
+      const expected = [{ integrity_check: "ok" }, { n: 300, untouched: 300 }];
+      assert.deepEqual(fromA, expected);
+      assert.deepEqual(fromB, expected);
+      assert.equal(await hotJournal(path), false);
+      assert.deepEqual(
+        await Deno.readFile(path),
+        committed,
+        "the file is back to its committed bytes",
+      );
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  });
+}
