@@ -108,6 +108,47 @@ Deno.test("journal modes: truncate is the default, delete removes the journal, p
   });
 });
 
+Deno.test("the directory is fsynced when a journal is created and when SQLite asks at delete", async () => {
+  await withDir(async (dir) => {
+    // The VFS syncs files with syncDataSync and directories with syncSync.
+    const synced: string[] = [];
+    const original = Deno.FsFile.prototype.syncSync;
+    Deno.FsFile.prototype.syncSync = function (this: Deno.FsFile) {
+      synced.push(this.statSync().isDirectory ? "directory" : "file");
+      return original.call(this);
+    };
+    try {
+      await using truncate = await open(join(dir, "t.db"));
+      await truncate.exec("CREATE TABLE t(x)");
+      const created = synced.length;
+      assert.ok(created >= 1 && synced.every((kind) => kind === "directory"));
+      await truncate.exec("INSERT INTO t VALUES (1)");
+      assert.equal(
+        synced.length,
+        created,
+        "an existing journal needs no directory sync",
+      );
+
+      const directorySyncs = async (synchronous: "full" | "extra") => {
+        synced.length = 0;
+        await using db = await open(join(dir, `${synchronous}.db`), {
+          journalMode: "delete",
+          synchronous,
+        });
+        await db.exec("CREATE TABLE t(x)");
+        await db.exec("INSERT INTO t VALUES (1)");
+        return synced.length;
+      };
+      // DELETE mode creates a journal per transaction: one directory sync
+      // each; EXTRA also syncs the directory after deleting it.
+      assert.equal(await directorySyncs("full"), 2);
+      assert.equal(await directorySyncs("extra"), 4);
+    } finally {
+      Deno.FsFile.prototype.syncSync = original;
+    }
+  });
+});
+
 Deno.test("synchronous can be chosen per connection", async () => {
   await withDir(async (dir) => {
     await using db = await open(join(dir, "s.db"), { synchronous: "normal" });
