@@ -1308,12 +1308,13 @@ function checkInteger(
 }
 
 function checkName(op: string, field: string, value: unknown): string {
+  // NUL is refused because some drivers (Deno's node:sqlite) cut text there.
   if (
     typeof value !== "string" || value.length === 0 ||
-    value.length > MAX_NAME_LENGTH
+    value.length > MAX_NAME_LENGTH || value.includes("\0")
   ) {
     throw new TypeError(
-      `Cannot ${op} as '${field}' must be a string of 1 to ${MAX_NAME_LENGTH} characters: current value is ${
+      `Cannot ${op} as '${field}' must be a string of 1 to ${MAX_NAME_LENGTH} characters other than NUL: current value is ${
         describe(value)
       }`,
     );
@@ -1333,9 +1334,12 @@ function checkToken(op: string, field: string, value: unknown): string {
 }
 
 function checkError(op: string, value: unknown): string {
-  if (typeof value !== "string" || value.length > MAX_ERROR_LENGTH) {
+  if (
+    typeof value !== "string" || value.length > MAX_ERROR_LENGTH ||
+    value.includes("\0")
+  ) {
     throw new TypeError(
-      `Cannot ${op} as 'error' must be a string of at most ${MAX_ERROR_LENGTH} characters: current value is ${
+      `Cannot ${op} as 'error' must be a string of at most ${MAX_ERROR_LENGTH} characters other than NUL: current value is ${
         describe(value)
       }`,
     );

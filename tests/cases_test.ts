@@ -229,6 +229,8 @@ for (const driver of DRIVERS) {
     await rejects(() => a!.release(lease!, { error: 42 } as never), "error");
     await rejects(() => a!.enqueue(undefined as never), "payload");
     await rejects(() => a!.enqueue("x", { queue: "" }), "queue");
+    await rejects(() => a!.enqueue("x", { dedupKey: "a\0b" }), "dedupKey");
+    await rejects(() => a!.release(lease!, { error: "cut\0here" }), "error");
     await rejects(() => a!.retry(0), "eventId");
     await rejects(() => a!.purge({ doneBeforeMs: -5 }), "doneBeforeMs");
     assert.deepEqual(await snapshot(raw), before);
