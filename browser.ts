@@ -400,7 +400,7 @@ class WorkerConnection {
   #broken: Error | undefined;
   vfs = "";
 
-  constructor(workerUrl: string | URL) {
+  constructor(workerUrl: string | URL, onFail: (error: Error) => void) {
     this.#worker = new Worker(workerUrl, { type: "module" });
     this.#worker.addEventListener("message", (event) => {
       const reply = event.data as ReplyMessage;
@@ -412,18 +412,23 @@ class WorkerConnection {
     });
     this.#worker.addEventListener("error", (event) => {
       event.preventDefault();
-      this.#fail(
-        new Error(
-          `Outbox worker ${String(workerUrl)} failed: ${
-            event.message || "it could not be loaded"
-          }`,
-        ),
+      const error = new Error(
+        `Outbox worker ${String(workerUrl)} failed: ${
+          event.message || "it could not be loaded"
+        }`,
       );
+      // An uncaught error leaves the connection in an unknown state: end the
+      // worker, which also lets go of its OPFS handles for the next opener.
+      this.terminate(error);
+      onFail(error);
     });
   }
 
-  static async open(setup: WorkerSetup): Promise<WorkerConnection> {
-    const connection = new WorkerConnection(setup.workerUrl);
+  static async open(
+    setup: WorkerSetup,
+    onFail: (error: Error) => void = () => {},
+  ): Promise<WorkerConnection> {
+    const connection = new WorkerConnection(setup.workerUrl, onFail);
     try {
       const { vfs } = await connection.call("open", [setup.config]) as {
         vfs: string;
@@ -454,12 +459,8 @@ class WorkerConnection {
     }
   }
 
-  terminate(): void {
+  terminate(error = new Error("The outbox is closed")): void {
     this.#worker.terminate();
-    this.#fail(new Error("The outbox is closed"));
-  }
-
-  #fail(error: Error): void {
     this.#broken ??= error;
     for (const call of this.#pending.values()) call.reject(error);
     this.#pending.clear();
@@ -569,6 +570,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   readonly #pending = new Map<string, ForwardedCall>();
   readonly #seen = new Set<string>();
   readonly #abort = new AbortController();
+  readonly #locks: LockManager;
   readonly #onPageHide = () => this.#releaseHeld();
   #stopLeading: (() => void) | undefined;
   #local: WorkerConnection | undefined;
@@ -591,10 +593,15 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
         "navigator.locks is not available: a shared outbox needs a secure context",
       );
     }
+    this.#locks = locks;
     globalThis.addEventListener("pagehide", this.#onPageHide);
     this.#channel.postMessage({ type: "hello" } satisfies ChannelMessage);
-    locks.request(
-      `leased-outbox:${name}`,
+    this.#requestLeadership();
+  }
+
+  #requestLeadership(): void {
+    this.#locks.request(
+      `leased-outbox:${this.name}`,
       { signal: this.#abort.signal },
       () => this.#lead(),
     ).catch(() => {/* aborted by close() before this tab led */});
@@ -691,9 +698,12 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
 
   async #lead(): Promise<void> {
     if (this.#failure) return;
-    let local: WorkerConnection;
+    let local: WorkerConnection | undefined;
     try {
-      local = await WorkerConnection.open(this.#setup);
+      local = await WorkerConnection.open(
+        this.#setup,
+        () => this.#stepDown(local),
+      );
     } catch (error) {
       this.#failure = error instanceof Error ? error : new Error(String(error));
       this.#rejectPending(this.#failure);
@@ -719,6 +729,16 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     await stopped;
   }
 
+  // The database worker died: give the lock back so that the next tab in
+  // line (or this one, queued again) opens the database in a new worker.
+  #stepDown(local: WorkerConnection | undefined): void {
+    if (local === undefined || this.#local !== local) return;
+    this.#local = undefined;
+    this.#stopLeading?.();
+    this.dispatchEvent(new Event("leaderchange"));
+    if (!this.#failure) this.#requestLeadership();
+  }
+
   #receive(message: ChannelMessage): void {
     switch (message.type) {
       case "hello":
@@ -728,14 +748,18 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
           );
         }
         return;
-      case "leader":
-        if (message.tab === this.#leader) return;
+      case "leader": {
+        // Re-send on every announcement, even from the tab that led before
+        // (it may lead again after its worker died): a leader runs a call
+        // it has already seen only once.
+        const changed = message.tab !== this.#leader;
         this.#leader = message.tab;
         for (const [id, call] of this.#pending) {
           this.#forward(id, call.method, call.args);
         }
-        this.dispatchEvent(new Event("leaderchange"));
+        if (changed) this.dispatchEvent(new Event("leaderchange"));
         return;
+      }
       case "call":
         if (this.#local) this.#answer(this.#local, message);
         return;

@@ -428,3 +428,70 @@ Deno.test(
     });
   },
 );
+
+Deno.test(
+  {
+    name:
+      "when the leader's database worker dies, the leader steps down and the queue goes on in a new worker",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const leader = await session.context.newPage();
+    await leader.goto(`${session.server.url}fixtures/blank.html`);
+    await leader.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openSharedOutbox("crash");
+      await outbox.enqueue("before");
+      Object.assign(globalThis, { outbox });
+    }, PATHS);
+    const follower = await session.context.newPage();
+    await follower.goto(`${session.server.url}fixtures/blank.html`);
+    await follower.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      Object.assign(globalThis, {
+        outbox: await m.openSharedOutbox("crash"),
+      });
+    }, PATHS);
+
+    const worker = leader.workers().find((w) =>
+      w.url().endsWith("/browser_worker.js")
+    );
+    assert.ok(worker, "the leader's database worker");
+    await worker.evaluate(() => {
+      setTimeout(() => {
+        throw new Error("simulated crash");
+      });
+    });
+    await until(
+      async () =>
+        !(await leader.evaluate(() =>
+          (globalThis as unknown as { outbox: { isLeader: boolean } }).outbox
+            .isLeader
+        )),
+      5_000,
+      "the leader to step down",
+    );
+    const after = await follower.evaluate(async () => {
+      const { outbox } = globalThis as unknown as {
+        outbox: {
+          isLeader: boolean;
+          enqueue(payload: unknown): Promise<{ eventId: number }>;
+          claim(options: { max: number }): Promise<{ payload: unknown }[]>;
+        };
+      };
+      const { eventId } = await outbox.enqueue("after");
+      const leases = await outbox.claim({ max: 10 });
+      return {
+        eventId,
+        payloads: leases.map((lease) => lease.payload),
+        leader: outbox.isLeader,
+      };
+    });
+    assert.deepEqual(after, {
+      eventId: 2,
+      payloads: ["before", "after"],
+      leader: true,
+    });
+  },
+);
