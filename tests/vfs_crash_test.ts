@@ -8,14 +8,8 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { BusyError, Outbox, type Row } from "../mod.ts";
-import {
-  type JournalMode,
-  loadSqlite3,
-  openSqliteWasm,
-} from "../sqlite_wasm_deno.ts";
+import { type JournalMode, openSqliteWasm } from "../sqlite_wasm_deno.ts";
 import { Child } from "./fixtures/vfs_child.ts";
-
-(await loadSqlite3()).config.warn = () => {};
 
 // `deno task test:stress` runs 25 per mode (100 in all).
 const TRIALS = Number(Deno.env.get("VFS_CRASH_TRIALS") ?? 3);

@@ -5,10 +5,8 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { BusyError, Outbox, type OutboxOptions } from "../mod.ts";
-import { loadSqlite3, openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
 import { ManualClock, snapshot } from "./helpers.ts";
-
-(await loadSqlite3()).config.warn = () => {};
 
 async function withFile(
   fn: (

@@ -8,13 +8,9 @@ import { DatabaseSync } from "node:sqlite";
 import { BusyError } from "../errors.ts";
 import {
   type DenoSqliteWasmOptions,
-  loadSqlite3,
   openSqliteWasm,
   type SqliteWasmDriver,
 } from "../sqlite_wasm_deno.ts";
-
-// oo1 logs every failed step; the busy results here are expected.
-(await loadSqlite3()).config.warn = () => {};
 
 async function withDir(fn: (dir: string) => Promise<void>): Promise<void> {
   const dir = await Deno.makeTempDir({ prefix: "vfs_sql_" });
