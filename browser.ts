@@ -560,7 +560,8 @@ const WORKER_ONLY = new Set(["open", "close", "hasVfs"]);
 /**
  * An outbox shared by every tab of the origin. Made by
  * {@linkcode openSharedOutbox}. Dispatches `"leaderchange"` when the tab
- * hosting the database changes.
+ * hosting the database changes, and in the leader tab `"enqueue"` whenever
+ * an event from any tab was stored.
  */
 export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   /** This tab's id on the channel. */
@@ -656,7 +657,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   /** Runs a call here when leading, else forwards it to the leader. */
   protected invoke(method: string, args: readonly unknown[]): Promise<unknown> {
     if (this.#failure) return Promise.reject(this.#failure);
-    if (this.#local) return this.#local.call(method, args);
+    if (this.#local) return this.#run(this.#local, method, args);
     const id = `${this.tab}:${this.#next++}`;
     return new Promise((resolve, reject) => {
       this.#pending.set(id, { method, args, resolve, reject });
@@ -682,6 +683,19 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
       this.#rejectPending(this.#failure);
       this.#channel.close();
     }
+  }
+
+  // Runs a call in this leader's worker; a stored event is announced with an
+  // "enqueue" event, so a delivery loop can wait for work on events rather
+  // than on timers (which browsers throttle in background tabs).
+  async #run(
+    local: WorkerConnection,
+    method: string,
+    args: readonly unknown[],
+  ): Promise<unknown> {
+    const result = await local.call(method, args);
+    if (method === "enqueue") this.dispatchEvent(new Event("enqueue"));
+    return result;
   }
 
   #forward(id: string, method: string, args: readonly unknown[]): void {
@@ -723,7 +737,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     );
     for (const [id, call] of this.#pending) {
       this.#pending.delete(id);
-      local.call(call.method, call.args).then(call.resolve, call.reject);
+      this.#run(local, call.method, call.args).then(call.resolve, call.reject);
     }
     this.dispatchEvent(new Event("leaderchange"));
     await stopped;
@@ -791,7 +805,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
           `Cannot call '${message.method}' as it is not an outbox method`,
         ),
       )
-      : local.call(message.method, message.args);
+      : this.#run(local, message.method, message.args);
     call.then(
       (value): ReplyMessage => ({
         type: "reply",

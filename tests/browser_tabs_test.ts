@@ -306,7 +306,7 @@ Deno.test(
 Deno.test(
   {
     name:
-      "calls forwarded from a follower tab return the leader's results and typed errors",
+      "calls forwarded from a follower tab return the leader's results and typed errors, and wake the leader",
     ...browserTest,
   },
   async () => {
@@ -315,9 +315,10 @@ Deno.test(
     await leader.goto(`${session.server.url}fixtures/blank.html`);
     await leader.evaluate(async (paths) => {
       const m = await import(paths.bundle);
-      Object.assign(globalThis, {
-        outbox: await m.openSharedOutbox("forward"),
-      });
+      const outbox = await m.openSharedOutbox("forward");
+      const counter = { enqueued: 0 };
+      outbox.addEventListener("enqueue", () => counter.enqueued++);
+      Object.assign(globalThis, { outbox, counter });
     }, PATHS);
     const follower = await session.context.newPage();
     await follower.goto(`${session.server.url}fixtures/blank.html`);
@@ -357,6 +358,13 @@ Deno.test(
     assert.deepEqual(
       [seen.stats.pending, seen.stats.leased, seen.stats.done],
       [0, 0, 1],
+    );
+    assert.equal(
+      await leader.evaluate(() =>
+        (globalThis as unknown as { counter: { enqueued: number } }).counter
+          .enqueued
+      ),
+      1,
     );
   },
 );

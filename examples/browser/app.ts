@@ -26,7 +26,7 @@ const retryMaxMs = Number(params.get("retryMaxMs") ?? 30_000);
 const concurrency = Number(params.get("concurrency") ?? 2);
 const leaseMs = Number(params.get("leaseMs") ?? 15_000);
 const maxAttempts = Number(params.get("maxAttempts") ?? 20);
-const idleMs = 200;
+const idleMs = 1_000;
 
 const outbox = await openSharedOutbox<Message>(
   params.get("outbox") ?? "messages",
@@ -76,7 +76,17 @@ async function drainLoop(): Promise<void> {
       continue;
     }
     if (lease === null) {
-      await sleep(idleMs);
+      // Wake on new work from any tab; the timer only covers delayed
+      // retries coming due (and is throttled while the tab is hidden).
+      await new Promise<void>((resolve) => {
+        const wake = () => {
+          clearTimeout(timer);
+          outbox.removeEventListener("enqueue", wake);
+          resolve();
+        };
+        const timer = setTimeout(wake, idleMs);
+        outbox.addEventListener("enqueue", wake);
+      });
       continue;
     }
     try {
