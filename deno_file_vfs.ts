@@ -90,7 +90,8 @@ export function installDenoFileVfs(
     if (asDefault) capi.sqlite3_vfs_register(capi.sqlite3_vfs_find(name), 1);
     return name;
   }
-  const { io, vfs } = createVfs(sqlite3);
+  const { io, vfs, takeLastError } = createVfs(sqlite3);
+  lastErrors.set(sqlite3, takeLastError);
   const ioStruct = new capi.sqlite3_io_methods();
   // The typings name it `iVersion`; the struct binder's member is `$iVersion`.
   (ioStruct as unknown as { $iVersion: number }).$iVersion = 1;
@@ -108,6 +109,35 @@ export function installDenoFileVfs(
   });
   return name;
 }
+
+/**
+ * Returns and clears the message of the Deno file VFS's last failure in this
+ * module. SQLite reports a failed open only as "unable to open database
+ * file"; this says why (a missing directory, a missing `--allow-write`, ...).
+ *
+ * @param sqlite3 The module the VFS was installed in.
+ * @returns The message, or `undefined` when nothing failed since the last call.
+ *
+ * @example Why an open failed
+ * ```ts
+ * import { installDenoFileVfs, takeDenoFileVfsError } from "@leased/outbox/sqlite-wasm";
+ * import sqlite3InitModule from "@sqlite.org/sqlite-wasm";
+ * import assert from "node:assert/strict";
+ *
+ * const sqlite3 = await sqlite3InitModule();
+ * const vfs = installDenoFileVfs(sqlite3, { name: "deno-file-errors", asDefault: false });
+ * assert.throws(() => new sqlite3.oo1.DB({ filename: "/no/such/dir/x.db", flags: "c", vfs }));
+ * assert.match(takeDenoFileVfsError(sqlite3) ?? "", /No such file or directory/);
+ * assert.equal(takeDenoFileVfsError(sqlite3), undefined);
+ * ```
+ */
+export function takeDenoFileVfsError(
+  sqlite3: Awaited<ReturnType<typeof loadSqlite3>>,
+): string | undefined {
+  return lastErrors.get(sqlite3)?.();
+}
+
+const lastErrors = new WeakMap<Sqlite3Static, () => string | undefined>();
 
 const MAX_PATHNAME = 1024;
 const SECTOR_SIZE = 4096;
@@ -730,6 +760,15 @@ function createVfs(sqlite3: Sqlite3Static) {
           let locks: LockSet | undefined;
           if ((flags & OPEN_MAIN_DB) !== 0) {
             try {
+              // Locks and the journal follow the path; a second hard link
+              // would get its own of both and not exclude this one.
+              const links = handle.statSync().nlink ?? 1;
+              if (links > 1) {
+                throw new VfsError(
+                  `Refusing ${name}: it has ${links} hard links, which would not share locks`,
+                  CANTOPEN,
+                );
+              }
               locks = new LockSet(name);
             } catch (error) {
               handle.close();
@@ -865,7 +904,12 @@ function createVfs(sqlite3: Sqlite3Static) {
       return error.code;
     },
   };
-  return { io, vfs };
+  const takeLastError = (): string | undefined => {
+    const message = lastError?.message;
+    lastError = undefined;
+    return message;
+  };
+  return { io, vfs, takeLastError };
 }
 
 const sleepCell = new Int32Array(new SharedArrayBuffer(4));

@@ -16,10 +16,15 @@ import {
   SqliteWasmDriver,
   type SqliteWasmOptions,
 } from "./sqlite_wasm.ts";
-import { installDenoFileVfs } from "./deno_file_vfs.ts";
-import { BusyError, SqliteError } from "./errors.ts";
+import { installDenoFileVfs, takeDenoFileVfsError } from "./deno_file_vfs.ts";
+import { BusyError, SqliteError, sqliteError } from "./errors.ts";
 
-export { installDenoFileVfs, loadSqlite3, SqliteWasmDriver };
+export {
+  installDenoFileVfs,
+  loadSqlite3,
+  SqliteWasmDriver,
+  takeDenoFileVfsError,
+};
 export type { DenoFileVfsOptions } from "./deno_file_vfs.ts";
 export type { SqliteWasmOptions } from "./sqlite_wasm.ts";
 
@@ -147,11 +152,26 @@ export async function openSqliteWasm(
   } else {
     name = path;
   }
-  installDenoFileVfs(await loadSqlite3());
-  const driver = await openWithVfs(
-    name,
-    options.vfs === undefined ? {} : { vfs: options.vfs },
-  );
+  const sqlite3 = await loadSqlite3();
+  installDenoFileVfs(sqlite3);
+  takeDenoFileVfsError(sqlite3);
+  let driver: SqliteWasmDriver;
+  try {
+    driver = await openWithVfs(
+      name,
+      options.vfs === undefined ? {} : { vfs: options.vfs },
+    );
+  } catch (error) {
+    // SQLite says only "unable to open database file"; the VFS knows why.
+    const reason = takeDenoFileVfsError(sqlite3);
+    if (
+      error instanceof SqliteError && error.primaryCode === SQLITE_CANTOPEN &&
+      reason !== undefined
+    ) {
+      throw sqliteError(`${error.message}: ${reason}`, error.code, error);
+    }
+    throw error;
+  }
   try {
     const [main] = await driver.query("PRAGMA database_list");
     if (main?.file !== "") {

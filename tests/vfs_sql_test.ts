@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
-import { BusyError } from "../errors.ts";
+import { BusyError, SqliteError } from "../errors.ts";
 import {
   type DenoSqliteWasmOptions,
   openSqliteWasm,
@@ -244,6 +244,41 @@ Deno.test("a symlink and the real path share one journal and one set of locks", 
       "real.db-reserved.lock",
       "real.db-shared.lock",
     ]);
+  });
+});
+
+Deno.test("a failed open says why, not only 'unable to open database file'", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "missing", "x.db");
+    await assert.rejects(open(path), (error: unknown) => {
+      assert.ok(error instanceof SqliteError);
+      assert.equal(error.code, 14);
+      assert.equal(
+        error.message,
+        `unable to open database file: No such file or directory (os error 2): open '${path}'`,
+      );
+      return true;
+    });
+  });
+});
+
+Deno.test("a database file with a second hard link is refused: its locks would not be shared", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "linked.db");
+    {
+      await using db = await open(path);
+      await db.exec("CREATE TABLE t(x)");
+    }
+    await Deno.link(path, join(dir, "other.db"));
+    await assert.rejects(
+      open(path),
+      new RegExp(
+        `^SqliteError: unable to open database file: Refusing ${path}: it has 2 hard links, which would not share locks$`,
+      ),
+    );
+    await Deno.remove(join(dir, "other.db"));
+    await using db = await open(path);
+    assert.deepEqual(await db.query("SELECT count(*) AS n FROM t"), [{ n: 0 }]);
   });
 });
 
