@@ -31,6 +31,7 @@ Deno.test(
       [
         "claim+ack, Chromium opfs-sahpool via worker (wal, full)",
         "claim+ack, Chromium opfs-sahpool via worker (wal, normal)",
+        "claim+ack, Chromium opfs-sahpool via worker (wal, full)",
       ],
     );
     for (const row of rows) {
