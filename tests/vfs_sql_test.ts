@@ -74,6 +74,27 @@ Deno.test("lock matrix over SQL: readers during RESERVED, one writer, COMMIT wai
   });
 });
 
+Deno.test("closing another connection to the file keeps this connection's locks (unlike POSIX locks)", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "close.db");
+    await using writer = await open(path);
+    await writer.exec("CREATE TABLE t(x)");
+    await writer.exec("BEGIN IMMEDIATE");
+    await writer.run("INSERT INTO t VALUES (1)");
+    const passerby = await open(path);
+    assert.deepEqual(await passerby.query("SELECT count(*) AS n FROM t"), [{
+      n: 0,
+    }]);
+    await passerby.close();
+    await using other = await open(path);
+    await assert.rejects(other.exec("BEGIN IMMEDIATE"), BusyError);
+    await writer.exec("COMMIT");
+    assert.deepEqual(await other.query("SELECT count(*) AS n FROM t"), [{
+      n: 1,
+    }]);
+  });
+});
+
 Deno.test("journal modes: truncate is the default, delete removes the journal, persist keeps it", async () => {
   await withDir(async (dir) => {
     const cases = [
