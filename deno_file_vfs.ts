@@ -24,6 +24,10 @@
  *
  * @module
  */
+// SQLite asks about absent files (`-wal`, the journal in DELETE mode) on
+// every transaction; node:fs's existsSync answers without building an
+// exception, about ten times faster than a failing Deno.statSync.
+import { existsSync } from "node:fs";
 import { basename, dirname, join, resolve } from "node:path";
 import type { loadSqlite3 } from "./sqlite_wasm.ts";
 import type { Sqlite3Static, WasmPointer } from "@sqlite.org/sqlite-wasm";
@@ -437,7 +441,11 @@ class DiskFile implements OpenFile {
   }
 
   size(): number {
-    return this.#file.statSync().size;
+    // Seeking to the end reports the size for a fraction of fstat's cost
+    // (no FileInfo object), and leaves the offset where it says.
+    this.#position = -1;
+    this.#position = this.#file.seekSync(0, Deno.SeekMode.End);
+    return this.#position;
   }
 
   lock(level: number): number {
@@ -552,16 +560,6 @@ function removeIfPresent(path: string): void {
     Deno.removeSync(path);
   } catch (error) {
     if (!(error instanceof Deno.errors.NotFound)) throw error;
-  }
-}
-
-function exists(path: string): boolean {
-  try {
-    Deno.statSync(path);
-    return true;
-  } catch (error) {
-    if (error instanceof Deno.errors.NotFound) return false;
-    throw error;
   }
 }
 
@@ -738,7 +736,7 @@ function createVfs(sqlite3: Sqlite3Static) {
           const create = writable && (flags & OPEN_CREATE) !== 0;
           const isJournal =
             (flags & (OPEN_MAIN_JOURNAL | OPEN_SUPER_JOURNAL | OPEN_WAL)) !== 0;
-          const created = create && isJournal && !exists(name);
+          const created = create && isJournal && !existsSync(name);
           let handle: Deno.FsFile;
           try {
             handle = Deno.openSync(name, {
@@ -824,11 +822,14 @@ function createVfs(sqlite3: Sqlite3Static) {
           // As os_unix: an empty regular file (a TRUNCATE-mode journal
           // between transactions) counts as absent, so it is not probed
           // as a possible hot journal on every read.
-          try {
-            const info = Deno.statSync(path);
-            result = !info.isFile || info.size > 0;
-          } catch (error) {
-            if (!(error instanceof Deno.errors.NotFound)) throw error;
+          if (existsSync(path)) {
+            try {
+              const info = Deno.statSync(path);
+              result = !info.isFile || info.size > 0;
+            } catch (error) {
+              // Deleted between the two calls.
+              if (!(error instanceof Deno.errors.NotFound)) throw error;
+            }
           }
         } else {
           try {
