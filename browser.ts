@@ -49,11 +49,13 @@ import type {
 } from "./lease.ts";
 import type { OpenConfig, OpfsVfs, Synchronous } from "./browser_host.ts";
 import {
+  type CallMessage,
   type ChannelMessage,
   fromWireError,
   OpfsBusyError,
   OpfsUnavailableError,
   type ReplyMessage,
+  TAB_CLOSED,
   toWireError,
 } from "./browser_protocol.ts";
 
@@ -441,12 +443,18 @@ class WorkerConnection {
     }
   }
 
-  call(method: string, args: readonly unknown[]): Promise<unknown> {
+  call(
+    method: string,
+    args: readonly unknown[],
+    own = true,
+  ): Promise<unknown> {
     if (this.#broken) return Promise.reject(this.#broken);
     const id = String(this.#next++);
     return new Promise((resolve, reject) => {
       this.#pending.set(id, { resolve, reject });
-      this.#worker.postMessage({ type: "call", id, method, args });
+      this.#worker.postMessage(
+        { type: "call", id, method, args, own } satisfies CallMessage,
+      );
     });
   }
 
@@ -473,10 +481,15 @@ class WorkerConnection {
  */
 export class WorkerOutbox<P = unknown> extends RemoteOutbox<P> {
   readonly #connection: WorkerConnection;
+  readonly #visibility: () => void;
 
   private constructor(name: string, connection: WorkerConnection) {
     super(name);
     this.#connection = connection;
+    this.#visibility = watchVisibility(
+      () => connection.call("hide", []).catch(() => {}),
+      () => connection.call("show", []).catch(() => {}),
+    );
   }
 
   /** @internal Use {@linkcode openWorkerOutbox}. */
@@ -499,8 +512,28 @@ export class WorkerOutbox<P = unknown> extends RemoteOutbox<P> {
 
   /** Closes the database, releases its OPFS handles and ends the worker. */
   close(): Promise<void> {
+    this.#visibility();
     return this.#connection.close();
   }
+}
+
+/**
+ * Calls `hide` on `pagehide` and `show` on a `pageshow` from the back-forward
+ * cache, where there is a page (not in workers).
+ *
+ * @returns A function that stops watching.
+ */
+function watchVisibility(hide: () => void, show: () => void): () => void {
+  if (typeof globalThis.addEventListener !== "function") return () => {};
+  const onShow = (event: Event) => {
+    if ((event as Event & { persisted?: boolean }).persisted) show();
+  };
+  globalThis.addEventListener("pagehide", hide);
+  globalThis.addEventListener("pageshow", onShow);
+  return () => {
+    globalThis.removeEventListener("pagehide", hide);
+    globalThis.removeEventListener("pageshow", onShow);
+  };
 }
 
 /**
@@ -555,7 +588,7 @@ interface ForwardedCall {
 // re-sends (it learned of this leader after sending) does not run twice.
 const SEEN_LIMIT = 100_000;
 
-const WORKER_ONLY = new Set(["open", "close", "hasVfs"]);
+const WORKER_ONLY = new Set(["open", "close", "hide", "show", "hasVfs"]);
 
 /**
  * An outbox shared by every tab of the origin. Made by
@@ -572,7 +605,8 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   readonly #seen = new Set<string>();
   readonly #abort = new AbortController();
   readonly #locks: LockManager;
-  readonly #onPageHide = () => this.#releaseHeld();
+  readonly #hiddenTabs = new Set<string>();
+  #unwatch: () => void = () => {};
   #stopLeading: (() => void) | undefined;
   #local: WorkerConnection | undefined;
   #leader: string | undefined;
@@ -595,7 +629,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
       );
     }
     this.#locks = locks;
-    globalThis.addEventListener("pagehide", this.#onPageHide);
+    this.#unwatch = watchVisibility(() => this.#hide(), () => this.#show());
     this.#channel.postMessage({ type: "hello" } satisfies ChannelMessage);
     this.#requestLeadership();
   }
@@ -657,7 +691,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   /** Runs a call here when leading, else forwards it to the leader. */
   protected invoke(method: string, args: readonly unknown[]): Promise<unknown> {
     if (this.#failure) return Promise.reject(this.#failure);
-    if (this.#local) return this.#run(this.#local, method, args);
+    if (this.#local) return this.#run(this.#local, method, args, true);
     const id = `${this.tab}:${this.#next++}`;
     return new Promise((resolve, reject) => {
       this.#pending.set(id, { method, args, resolve, reject });
@@ -672,7 +706,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   async close(): Promise<void> {
     if (this.#failure) return;
     this.#failure = new Error("The outbox is closed");
-    globalThis.removeEventListener("pagehide", this.#onPageHide);
+    this.#unwatch();
     this.#abort.abort();
     const local = this.#local;
     this.#local = undefined;
@@ -692,8 +726,9 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     local: WorkerConnection,
     method: string,
     args: readonly unknown[],
+    own: boolean,
   ): Promise<unknown> {
-    const result = await local.call(method, args);
+    const result = await local.call(method, args, own);
     if (method === "enqueue") this.dispatchEvent(new Event("enqueue"));
     return result;
   }
@@ -737,7 +772,10 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     );
     for (const [id, call] of this.#pending) {
       this.#pending.delete(id);
-      this.#run(local, call.method, call.args).then(call.resolve, call.reject);
+      this.#run(local, call.method, call.args, true).then(
+        call.resolve,
+        call.reject,
+      );
     }
     this.dispatchEvent(new Event("leaderchange"));
     await stopped;
@@ -777,6 +815,12 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
       case "call":
         if (this.#local) this.#answer(this.#local, message);
         return;
+      case "hidden":
+        this.#hiddenTabs.add(message.tab);
+        return;
+      case "shown":
+        this.#hiddenTabs.delete(message.tab);
+        return;
       case "reply": {
         const call = this.#pending.get(message.id);
         if (message.to !== this.tab || call === undefined) return;
@@ -805,8 +849,18 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
           `Cannot call '${message.method}' as it is not an outbox method`,
         ),
       )
-      : this.#run(local, message.method, message.args);
-    call.then(
+      : this.#run(local, message.method, message.args, false);
+    call.then((value) => {
+      // Its tab went away while this claim ran: nobody will finish it.
+      if (message.method === "claim" && this.#hiddenTabs.has(message.from!)) {
+        for (const lease of Array.isArray(value) ? value : [value]) {
+          if (lease === null) continue;
+          this.#run(local, "release", [lease, { error: TAB_CLOSED }], false)
+            .catch(() => {});
+        }
+      }
+      return value;
+    }).then(
       (value): ReplyMessage => ({
         type: "reply",
         id: message.id,
@@ -832,14 +886,29 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   // The page is going away: hand its leases back so that another tab can
   // claim them now rather than after they lapse. Fire and forget, since
   // nothing can be awaited during pagehide; a lost release only delays.
-  #releaseHeld(): void {
+  #hide(): void {
+    if (this.#local) {
+      // The worker releases this tab's leases, and claims still in flight.
+      this.#local.call("hide", []).catch(() => {});
+      return;
+    }
+    this.#channel.postMessage(
+      { type: "hidden", tab: this.tab } satisfies ChannelMessage,
+    );
     for (const lease of this.heldLeases()) {
-      const args = [lease, { error: "tab closed" }];
-      if (this.#local) {
-        this.#local.call("release", args).catch(() => {});
-      } else {
-        this.#forward(`${this.tab}:${this.#next++}`, "release", args);
-      }
+      this.#forward(`${this.tab}:${this.#next++}`, "release", [
+        lease,
+        { error: TAB_CLOSED },
+      ]);
+    }
+  }
+
+  #show(): void {
+    if (this.#local) this.#local.call("show", []).catch(() => {});
+    else {
+      this.#channel.postMessage(
+        { type: "shown", tab: this.tab } satisfies ChannelMessage,
+      );
     }
   }
 

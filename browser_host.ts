@@ -13,6 +13,7 @@ import {
   OpfsBusyError,
   OpfsUnavailableError,
   type ReplyMessage,
+  TAB_CLOSED,
   toWireError,
 } from "./browser_protocol.ts";
 import { loadSqlite3, SqliteWasmDriver } from "./sqlite_wasm.ts";
@@ -51,6 +52,7 @@ export interface OpenConfig {
 
 /** The outbox the worker serves: every method takes and returns clonable data. */
 export interface HostedOutbox {
+  release(lease: unknown, options: { error: string }): Promise<boolean>;
   close(): Promise<void>;
 }
 
@@ -91,14 +93,47 @@ interface Opened {
 
 /**
  * Answers {@linkcode CallMessage}s posted to the worker: `open` (once, with
- * an {@linkcode OpenConfig}), `close`, `hasVfs` (is a VFS of that name registered), and every method of the
- * outbox the factory built, by name.
+ * an {@linkcode OpenConfig}), `close`, `hide`/`show` (the hosting tab went
+ * away or came back), `hasVfs` (is a VFS of that name registered), and every
+ * method of the outbox the factory built, by name.
  *
  * @param scope The worker's global scope.
  * @param openOutbox Builds the outbox over the opened driver.
  */
 export function serveOutbox(scope: WorkerScope, openOutbox: OutboxFactory) {
   let opened: Promise<Opened> | undefined;
+  // Leases the hosting tab holds through its own calls. When the tab goes
+  // away ("hide") the worker hands them back itself: the tab cannot wait for
+  // replies during pagehide, and a claim still in flight then would have
+  // nobody to return to.
+  const own = new Map<string, unknown>();
+  let hidden = false;
+
+  async function handBack(outbox: HostedOutbox, leases: unknown[]) {
+    await Promise.all(
+      leases.map((lease) =>
+        outbox.release(lease, { error: TAB_CLOSED }).catch(() => false)
+      ),
+    );
+  }
+
+  async function track(
+    outbox: HostedOutbox,
+    method: string,
+    args: readonly unknown[],
+    result: unknown,
+  ): Promise<void> {
+    if (method === "claim") {
+      const leases = (Array.isArray(result) ? result : [result]).filter((
+        lease,
+      ) => lease !== null);
+      if (hidden) await handBack(outbox, leases);
+      else for (const lease of leases) own.set(leaseKey(lease), lease);
+    } else if (method === "acknowledge" || method === "release") {
+      const leases = Array.isArray(args[0]) ? args[0] : [args[0]];
+      for (const lease of leases) own.delete(leaseKey(lease));
+    }
+  }
 
   async function handle(message: CallMessage): Promise<unknown> {
     switch (message.method) {
@@ -113,10 +148,21 @@ export function serveOutbox(scope: WorkerScope, openOutbox: OutboxFactory) {
     }
     if (opened === undefined) throw new Error("The outbox is not open");
     const { outbox, release } = await opened;
-    if (message.method === "close") {
-      await outbox.close();
-      release();
-      return undefined;
+    switch (message.method) {
+      case "close":
+        await outbox.close();
+        release();
+        return undefined;
+      case "hide": {
+        hidden = true;
+        const leases = [...own.values()];
+        own.clear();
+        await handBack(outbox, leases);
+        return undefined;
+      }
+      case "show":
+        hidden = false;
+        return undefined;
     }
     const method = (outbox as unknown as Record<string, unknown>)[
       message.method
@@ -129,7 +175,11 @@ export function serveOutbox(scope: WorkerScope, openOutbox: OutboxFactory) {
         `Cannot call '${message.method}' as it is not an outbox method`,
       );
     }
-    return await method.apply(outbox, message.args);
+    const result = await method.apply(outbox, message.args);
+    if (message.own) {
+      await track(outbox, message.method, message.args, result);
+    }
+    return result;
   }
 
   scope.addEventListener("message", (event) => {
@@ -147,6 +197,11 @@ export function serveOutbox(scope: WorkerScope, openOutbox: OutboxFactory) {
         }),
     );
   });
+}
+
+function leaseKey(lease: unknown): string {
+  const { eventId, token } = lease as { eventId?: unknown; token?: unknown };
+  return `${String(eventId)}:${String(token)}`;
 }
 
 function reply(scope: WorkerScope, message: ReplyMessage): void {

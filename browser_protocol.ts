@@ -96,6 +96,11 @@ export interface CallMessage {
   readonly args: readonly unknown[];
   /** The tab that waits for the reply (forwarded calls only). */
   readonly from?: string;
+  /**
+   * Made by the tab hosting the worker for itself (not forwarded): the
+   * worker hands the leases of such calls back when that tab goes away.
+   */
+  readonly own?: boolean;
 }
 
 /** The answer to one {@linkcode CallMessage}. */
@@ -117,12 +122,26 @@ export interface HelloMessage {
   readonly type: "hello";
 }
 
+/**
+ * Sent by a tab on `pagehide` (`"hidden"`) and on `pageshow` after the
+ * back-forward cache (`"shown"`): while a tab is hidden, the leader releases
+ * the leases of its claims that complete, since nobody would finish them.
+ */
+export interface VisibilityMessage {
+  readonly type: "hidden" | "shown";
+  readonly tab: string;
+}
+
 /** What travels on the tabs' `BroadcastChannel`. */
 export type ChannelMessage =
   | CallMessage
   | ReplyMessage
   | LeaderMessage
-  | HelloMessage;
+  | HelloMessage
+  | VisibilityMessage;
+
+/** The error recorded on leases handed back because their tab went away. */
+export const TAB_CLOSED = "tab closed";
 
 /**
  * Flattens an error for `postMessage`, keeping what the typed classes carry.

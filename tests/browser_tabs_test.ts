@@ -196,7 +196,7 @@ Deno.test(
 Deno.test(
   {
     name:
-      "the example retries with backoff while the endpoint is down and drains when it is back",
+      "the example retries with backoff while the endpoint is down, keeps the jobs across a reload, and drains when it is back",
     ...browserTest,
   },
   async () => {
@@ -226,6 +226,9 @@ Deno.test(
     });
     assert.equal(retried, "Error: endpoint answered 503");
 
+    await page.reload();
+    await page.waitForFunction(() => "outboxApp" in globalThis);
+    assert.equal((await stats(page)).done, 0);
     session.server.down = false;
     await until(
       () => session.server.deliveries.length >= 5,
@@ -501,5 +504,52 @@ Deno.test(
       payloads: ["before", "after"],
       leader: true,
     });
+  },
+);
+
+Deno.test(
+  {
+    name:
+      "a reloading leader tab hands its leases back through its worker, so they are claimable at once after the reload",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const page = await session.context.newPage();
+    await page.goto(`${session.server.url}fixtures/blank.html`);
+    const claimed = await page.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openSharedOutbox("reload");
+      await outbox.enqueue("a");
+      await outbox.enqueue("b");
+      const leases = await outbox.claim({ max: 2, leaseMs: 600_000 });
+      return [outbox.isLeader, leases.length];
+    }, PATHS);
+    assert.deepEqual(claimed, [true, 2]);
+
+    await page.reload();
+    const after = await page.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openSharedOutbox("reload");
+      const leases = await outbox.claim({ max: 2 });
+      const { history } = await outbox.explain(1);
+      return {
+        leases: leases.map((lease: { payload: string; attempt: number }) => [
+          lease.payload,
+          lease.attempt,
+        ]),
+        history: history.map((entry: { kind: string; detail: string }) => [
+          entry.kind,
+          entry.detail,
+        ]) as [string, string][],
+      };
+    }, PATHS);
+    assert.deepEqual(after.leases, [["a", 2], ["b", 2]]);
+    assert.deepEqual(after.history.map(([kind]) => kind), [
+      "claimed",
+      "released",
+      "claimed",
+    ]);
+    assert.equal(after.history[1]?.[1], "tab closed");
   },
 );
