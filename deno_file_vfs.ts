@@ -15,7 +15,10 @@
  * locks belong to an open file description, so every connection opens its
  * own sidecar handles and two connections in one process exclude each other
  * exactly like two processes do; the kernel drops a dead process's locks, so
- * a crash never leaves a stale lock behind.
+ * a crash never leaves a stale lock behind. Paths are canonicalised
+ * (symlinks resolved) so two names of one file share the journal and the
+ * locks; a database file with several hard links is refused, since its links
+ * could not share them.
  *
  * What this does not do: interlock with native SQLite processes writing the
  * same file (they use POSIX byte-range locks, which do not see flock locks),
