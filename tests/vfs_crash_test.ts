@@ -142,7 +142,11 @@ for (const journalMode of MODES) {
       }
       assert.ok(enqueued.size > 0, "the workers made progress");
       console.log(
-        `${journalMode}: ${TRIALS} kills, ${hot} hot journals rolled back, ${enqueued.size} events, ${acknowledged.size} acknowledged`,
+        `${journalMode}: ${TRIALS} kills, ${
+          journalMode === "wal"
+            ? "WAL recovered each time"
+            : `${hot} hot journals rolled back`
+        }, ${enqueued.size} events, ${acknowledged.size} acknowledged`,
       );
     } finally {
       await Deno.remove(dir, { recursive: true });
