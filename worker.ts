@@ -171,9 +171,8 @@ const OP = "process events";
  *
  * @example Deliver events until stopped
  * ```ts
- * import { Outbox } from "@leased/outbox";
+ * import { Outbox, processEvents } from "@leased/outbox";
  * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
- * import { processEvents } from "@leased/outbox/worker";
  * import assert from "node:assert/strict";
  *
  * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
