@@ -298,6 +298,13 @@ if (import.meta.main) {
   const dir = await Deno.makeTempDir({ prefix: "outbox_bench_" });
   try {
     const rows = await bench(smoke ? SMOKE : FULL, dir);
+    // The browser rows need Chromium; the smoke run leaves them to
+    // tests/browser_bench_test.ts. Imported late: that module imports this one.
+    if (!smoke) {
+      progress("claim+acknowledge in headless Chromium (opfs-sahpool)");
+      const { browserRows } = await import("./browser_bench.ts");
+      rows.push(...await browserRows());
+    }
     console.log(markdown(rows));
     console.log();
     console.log(JSON.stringify({
