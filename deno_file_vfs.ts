@@ -11,7 +11,10 @@
  * `flock(2)`-style whole-file locks (`Deno.FsFile.tryLockSync`), because Deno
  * has no byte-range locks. Three permanent zero-byte sidecar files next to the
  * database stand for SQLite's PENDING, RESERVED and SHARED lock bytes:
- * `<db>-pending.lock`, `<db>-reserved.lock` and `<db>-shared.lock`. flock
+ * `<db>-pending.lock`, `<db>-reserved.lock` and `<db>-shared.lock`; a fourth,
+ * `<db>-waiting.lock`, marks writers that were refused RESERVED, and a
+ * writer arriving while others wait yields to them, so writers polling on
+ * timers are not starved by one that starts again the moment it commits. flock
  * locks belong to an open file description, so every connection opens its
  * own sidecar handles and two connections in one process exclude each other
  * exactly like two processes do; the kernel drops a dead process's locks, so
@@ -196,6 +199,10 @@ const IOCAP_POWERSAFE_OVERWRITE = 0x1000;
 // SHARED; a few immediate retries absorb those windows instead of reporting a
 // spurious SQLITE_BUSY to the writer.
 const LOCK_ATTEMPTS = 3;
+// How long a writer that got SQLITE_BUSY stays marked as waiting without
+// asking again: several times the lease core's longest retry pause (16 ms),
+// and short, because a newcomer may see SQLITE_BUSY while a mark lasts.
+const WAITING_MS = 100;
 
 const ioMethodsPointer = new WeakMap<Sqlite3Static, WasmPointer>();
 const encoder = new TextEncoder();
@@ -238,21 +245,25 @@ class LockSet {
   #level = NONE;
   #pendingHeld = false;
   #reservedHeld = false;
+  #waitingHeld = false;
+  #waitingTimer: ReturnType<typeof setTimeout> | undefined;
   readonly #pending: Deno.FsFile;
   readonly #reserved: Deno.FsFile;
   readonly #shared: Deno.FsFile;
+  readonly #waiting: Deno.FsFile;
 
   constructor(databasePath: string) {
     const opened: Deno.FsFile[] = [];
     try {
-      for (const kind of ["pending", "reserved", "shared"]) {
+      for (const kind of ["pending", "reserved", "shared", "waiting"]) {
         opened.push(openSidecar(`${databasePath}-${kind}.lock`));
       }
     } catch (error) {
       for (const file of opened) file.close();
       throw error;
     }
-    [this.#pending, this.#reserved, this.#shared] = opened as [
+    [this.#pending, this.#reserved, this.#shared, this.#waiting] = opened as [
+      Deno.FsFile,
       Deno.FsFile,
       Deno.FsFile,
       Deno.FsFile,
@@ -274,7 +285,18 @@ class LockSet {
       return OK;
     }
     if (target === RESERVED) {
-      if (!tryLock(this.#reserved, true)) return BUSY;
+      // Busy waiting has no queue: a writer that starts its next transaction
+      // the moment it commits would win every race against writers polling
+      // on timers. A newcomer therefore yields while others wait.
+      if (!this.#waitingHeld && this.#othersWaiting()) {
+        this.#wait();
+        return BUSY;
+      }
+      if (!tryLock(this.#reserved, true)) {
+        this.#wait();
+        return BUSY;
+      }
+      this.#stopWaiting();
       this.#reservedHeld = true;
       this.#level = RESERVED;
       return OK;
@@ -338,10 +360,46 @@ class LockSet {
   }
 
   close(): void {
+    this.#stopWaiting();
     this.#pending.close();
     this.#reserved.close();
     this.#shared.close();
+    this.#waiting.close();
     this.#level = NONE;
+  }
+
+  /** Whether another connection holds the waiting sidecar (shared). */
+  #othersWaiting(): boolean {
+    if (!this.#waiting.tryLockSync(true)) return true;
+    this.#waiting.unlockSync();
+    return false;
+  }
+
+  /**
+   * Marks this connection as waiting for RESERVED (a shared lock on the
+   * waiting sidecar) until it gets RESERVED or stops asking for it: SQLite
+   * drops every lock between busy retries, so only a timer can tell that
+   * the caller gave up, and then the mark must not hold others back.
+   */
+  #wait(): void {
+    if (!this.#waitingHeld) {
+      this.#waitingHeld = this.#waiting.tryLockSync(false);
+    }
+    if (!this.#waitingHeld) return;
+    clearTimeout(this.#waitingTimer);
+    const timer = setTimeout(() => this.#stopWaiting(), WAITING_MS);
+    // The mark must never keep a process alive.
+    Deno.unrefTimer(timer);
+    this.#waitingTimer = timer;
+  }
+
+  #stopWaiting(): void {
+    clearTimeout(this.#waitingTimer);
+    this.#waitingTimer = undefined;
+    if (this.#waitingHeld) {
+      this.#waiting.unlockSync();
+      this.#waitingHeld = false;
+    }
   }
 }
 

@@ -67,7 +67,7 @@ Deno.test("lock matrix over SQL: readers during RESERVED, one writer, COMMIT wai
     // Every connection is back to NONE: an exclusive transaction succeeds.
     await other.exec("BEGIN EXCLUSIVE");
     await other.exec("COMMIT");
-    for (const kind of ["pending", "reserved", "shared"]) {
+    for (const kind of ["pending", "reserved", "shared", "waiting"]) {
       using probe = await Deno.open(`${path}-${kind}.lock`, { read: true });
       assert.equal(probe.tryLockSync(true), true, `${kind} sidecar is free`);
     }
@@ -264,6 +264,7 @@ Deno.test("a symlink and the real path share one journal and one set of locks", 
       "real.db-pending.lock",
       "real.db-reserved.lock",
       "real.db-shared.lock",
+      "real.db-waiting.lock",
     ]);
   });
 });
@@ -350,6 +351,7 @@ Deno.test("nameless temporary files (temp_store=FILE) work and leave nothing on 
       "temp.db-pending.lock",
       "temp.db-reserved.lock",
       "temp.db-shared.lock",
+      "temp.db-waiting.lock",
     ]);
   });
 });
