@@ -241,6 +241,7 @@ const TOKEN = /^[A-Za-z0-9._~-]{1,128}$/;
 const MAX_NAME_LENGTH = 1024;
 const MAX_ERROR_LENGTH = 65_536;
 const LEASE_EXPIRED = "lease expired";
+const MAX_DATE_MS = 8_640_000_000_000_000;
 // SQLite queues no lock waiters: a waiter only wins if it polls in the gap
 // between another writer's transactions, so the poll interval stays short.
 const MAX_BUSY_BACKOFF_MS = 16;
@@ -256,6 +257,8 @@ export const SQL = {
   commit: "COMMIT",
   rollback: "ROLLBACK",
   userVersion: "PRAGMA user_version",
+  hasSchema:
+    "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'outbox_events'",
   insert: `INSERT INTO outbox_events
     (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at)
     VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?)
@@ -263,8 +266,8 @@ export const SQL = {
   byDedupKey: "SELECT id FROM outbox_events WHERE queue = ? AND dedup_key = ?",
   // A lapsed lease on the last attempt is a dead letter from its deadline on
   // (SQS moves a message to its dead-letter queue when its receive count runs
-  // out). Every transaction runs this first, so no call can see such a lease
-  // alive, whatever the clock did since.
+  // out). Every transaction runs this first, so once any call has seen such a
+  // lease lapse, no call sees it alive again, even if the clock steps back.
   expireExhausted: `UPDATE outbox_events
     SET state = 'dead', lease_until = NULL, token = NULL,
       last_error = '${LEASE_EXPIRED}', updated_at = ?1, done_at = due_at
@@ -290,17 +293,18 @@ export const SQL = {
     VALUES (?, ?, ?, ?, ?, ?, ?)`,
   acknowledge: `UPDATE outbox_events
     SET state = 'done', lease_until = NULL, updated_at = ?1, done_at = ?1
-    WHERE id = ?2 AND token = ?3 AND state = 'leased'`,
+    WHERE id = ?2 AND token = ?3 AND fence = ?4 AND state = 'leased'`,
   renew: `UPDATE outbox_events
     SET lease_until = max(lease_until, ?1), due_at = max(lease_until, ?1), updated_at = ?2
-    WHERE id = ?3 AND token = ?4 AND state = 'leased' AND lease_until > ?2
+    WHERE id = ?3 AND token = ?4 AND fence = ?5 AND state = 'leased'
+      AND lease_until > ?2
     RETURNING lease_until`,
   release: `UPDATE outbox_events
     SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'pending' END,
       done_at = CASE WHEN attempt >= max_attempts THEN ?1 END,
       token = NULL, lease_until = NULL, due_at = ?2, updated_at = ?1,
       last_error = coalesce(?3, last_error)
-    WHERE id = ?4 AND token = ?5 AND state = 'leased'
+    WHERE id = ?4 AND token = ?5 AND fence = ?6 AND state = 'leased'
     RETURNING state`,
   stale: `INSERT INTO outbox_attempts (event_id, fence, kind, at, token)
     SELECT id, ?2, ?3, ?4, ?5 FROM outbox_events WHERE id = ?1`,
@@ -415,14 +419,21 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         }`,
       );
     }
+    checkOptions("open outbox", options);
     const outbox = new Outbox<P>(driver, options);
     await outbox.#write("open outbox", async () => {
       const [row] = await driver.query(SQL.userVersion);
       const version = Number(row?.["user_version"] ?? 0);
-      if (version === 0) await driver.exec(SCHEMA_SQL);
-      else if (version > SCHEMA_VERSION) {
+      const [table] = await driver.query(SQL.hasSchema);
+      if (version === 0 && table === undefined) await driver.exec(SCHEMA_SQL);
+      else if (table === undefined) {
+        // Another schema owns user_version: creating ours would clobber it.
         throw new Error(
-          `Cannot open outbox as the database has schema version ${version}, newer than ${SCHEMA_VERSION}`,
+          `Cannot open outbox as the database's user_version is ${version} but it has no outbox tables: another schema uses user_version, so give the outbox its own database file`,
+        );
+      } else if (version !== SCHEMA_VERSION) {
+        throw new Error(
+          `Cannot open outbox as the database has outbox schema version ${version}, not ${SCHEMA_VERSION}`,
         );
       }
     }, false);
@@ -529,7 +540,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         this.#leaseMs;
     if ("max" in options) {
       const max = checkInteger(op, "max", options.max, 1, MAX_BATCH) ?? 1;
-      if ("token" in options) {
+      if ("token" in options && options.token !== undefined) {
         throw new TypeError(
           "Cannot claim as 'token' cannot be supplied with 'max': each lease gets its own",
         );
@@ -575,8 +586,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   ): Promise<boolean | boolean[]> {
     const op = "acknowledge";
     if (Array.isArray(leases)) {
-      const checked = leases.map((lease, i) =>
-        checkLease(op, `leases[${i}]`, lease)
+      // Array.from visits holes, so a sparse array is refused by index.
+      const checked = Array.from(
+        leases,
+        (lease, i) => checkLease(op, `leases[${i}]`, lease),
       );
       return await this.#write(op, async (now) => {
         const results: boolean[] = [];
@@ -617,6 +630,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         now,
         checked.eventId,
         checked.token,
+        checked.fence,
       ]);
       if (row === undefined) {
         await this.#stale(checked, "stale_renew", now);
@@ -665,6 +679,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         error,
         checked.eventId,
         checked.token,
+        checked.fence,
       ]);
       if (row === undefined) {
         await this.#stale(checked, "stale_release", now);
@@ -888,28 +903,59 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       );
     }
     let enqueued = false;
-    const result = await this.#write("run transaction", (now) => {
-      const driver = this.#driver;
+    let ended = false;
+    let lost: LeaseLostError | undefined;
+    const driver = this.#driver;
+    // Every call checks the handle is still inside its transaction: kept past
+    // it, the handle would run outside the mutex and outside any transaction.
+    const inside = (op: string) => {
+      if (ended) {
+        throw new Error(
+          `Cannot ${op} as the transaction this handle belongs to has ended`,
+        );
+      }
+    };
+    const result = await this.#write("run transaction", async (now) => {
       const tx: Transaction = {
-        run: (sql, params) => driver.run(sql, params),
-        query: (sql, params) => driver.query(sql, params),
-        enqueue: (payload, options = {}) => {
+        run: async (sql, params) => {
+          inside("run");
+          return await driver.run(sql, params);
+        },
+        query: async (sql, params) => {
+          inside("query");
+          return await driver.query(sql, params);
+        },
+        enqueue: async (payload, options = {}) => {
+          inside("enqueue");
+          const event = this.#prepareEnqueue("enqueue", payload, options);
           enqueued = true;
-          return this.#enqueue(
-            this.#prepareEnqueue("enqueue", payload, options),
-            now,
-          );
+          return await this.#enqueue(event, now);
         },
         acknowledge: async (lease) => {
+          inside("acknowledge");
           const checked = checkLease("acknowledge", "lease", lease);
           if (await this.#acknowledge(checked, now)) return true;
-          throw new LeaseLostError(checked.eventId, checked.fence);
+          lost = new LeaseLostError(checked.eventId, checked.fence);
+          throw lost;
         },
       };
-      return fn(tx);
+      try {
+        const value = await fn(tx);
+        // Catching the LeaseLostError inside fn must not let the stale
+        // worker's writes commit.
+        if (lost !== undefined) throw lost;
+        return value;
+      } finally {
+        ended = true;
+      }
     });
     if (enqueued) this.#enqueued();
     return result;
+  }
+
+  /** The default lease length of claims and renewals, in milliseconds. */
+  get leaseMs(): number {
+    return this.#leaseMs;
   }
 
   /** Closes the connection. Calls after it reject. */
@@ -1027,6 +1073,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       now,
       lease.eventId,
       lease.token,
+      lease.fence,
     ]);
     if (changes === 0) {
       await this.#stale(lease, "stale_acknowledge", now);
@@ -1155,9 +1202,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   #clock(op: string): number {
     const now = this.#now();
-    if (!Number.isSafeInteger(now) || now < 0) {
+    // Date's own range keeps now + MAX_DURATION_MS an exact integer.
+    if (!Number.isSafeInteger(now) || now < 0 || now > MAX_DATE_MS) {
       throw new RangeError(
-        `Cannot ${op} as the clock must return a non-negative integer of milliseconds: current value is ${
+        `Cannot ${op} as the clock must return a non-negative integer of milliseconds within Date's range: current value is ${
           describe(now)
         }`,
       );
@@ -1308,13 +1356,15 @@ function checkInteger(
 }
 
 function checkName(op: string, field: string, value: unknown): string {
-  // NUL is refused because some drivers (Deno's node:sqlite) cut text there.
+  // NUL is refused because some drivers (Deno's node:sqlite) cut text there;
+  // lone surrogates because SQLite stores them as U+FFFD, merging names.
   if (
     typeof value !== "string" || value.length === 0 ||
-    value.length > MAX_NAME_LENGTH || value.includes("\0")
+    value.length > MAX_NAME_LENGTH || value.includes("\0") ||
+    !value.isWellFormed()
   ) {
     throw new TypeError(
-      `Cannot ${op} as '${field}' must be a string of 1 to ${MAX_NAME_LENGTH} characters other than NUL: current value is ${
+      `Cannot ${op} as '${field}' must be a string of 1 to ${MAX_NAME_LENGTH} characters, no NUL or lone surrogate: current value is ${
         describe(value)
       }`,
     );
@@ -1336,10 +1386,10 @@ function checkToken(op: string, field: string, value: unknown): string {
 function checkError(op: string, value: unknown): string {
   if (
     typeof value !== "string" || value.length > MAX_ERROR_LENGTH ||
-    value.includes("\0")
+    value.includes("\0") || !value.isWellFormed()
   ) {
     throw new TypeError(
-      `Cannot ${op} as 'error' must be a string of at most ${MAX_ERROR_LENGTH} characters other than NUL: current value is ${
+      `Cannot ${op} as 'error' must be a string of at most ${MAX_ERROR_LENGTH} characters, no NUL or lone surrogate: current value is ${
         describe(value)
       }`,
     );

@@ -230,6 +230,12 @@ for (const driver of DRIVERS) {
     await rejects(() => a!.enqueue(undefined as never), "payload");
     await rejects(() => a!.enqueue("x", { queue: "" }), "queue");
     await rejects(() => a!.enqueue("x", { dedupKey: "a\0b" }), "dedupKey");
+    await rejects(() => a!.enqueue("x", { dedupKey: "\uD800" }), "dedupKey");
+    await rejects(() => a!.enqueue("x", { queue: "\uDC00" }), "queue");
+    await rejects(
+      () => a!.acknowledge([lease!, , lease!] as never),
+      "leases[1]",
+    );
     await rejects(() => a!.release(lease!, { error: "cut\0here" }), "error");
     await rejects(() => a!.retry(0), "eventId");
     await rejects(() => a!.purge({ doneBeforeMs: -5 }), "doneBeforeMs");

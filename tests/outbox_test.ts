@@ -1,6 +1,6 @@
 /** Features beyond the cases: transactions, dedup, ordering, batches, retention. */
 import assert from "node:assert/strict";
-import { BusyError, LeaseLostError } from "../mod.ts";
+import { BusyError, LeaseLostError, type Transaction } from "../mod.ts";
 import { driverTest, eventRow, type Harness, snapshot } from "./helpers.ts";
 import { DRIVERS } from "./drivers.ts";
 
@@ -284,6 +284,74 @@ for (const driver of DRIVERS) {
     assert.equal(before.events[0]?.["state"], "pending");
     assert.equal(before.attempts.length, 0);
     assert.equal((await b!.claim())?.fence, 1);
+  });
+
+  test("catching LeaseLostError inside transaction() still rolls everything back", async ({ clock, open, raw }) => {
+    const [a, b] = await open();
+    await raw.exec(
+      "CREATE TABLE receipts (event_id INTEGER PRIMARY KEY) STRICT",
+    );
+    const { eventId } = await a!.enqueue("x");
+    const stale = await a!.claim({ leaseMs: 10 });
+    clock.set(10);
+    await b!.claim({ leaseMs: 10 });
+    await assert.rejects(
+      () =>
+        a!.transaction(async (tx) => {
+          await tx.run("INSERT INTO receipts VALUES (?)", [eventId]);
+          await tx.acknowledge(stale!).catch(() => false);
+        }),
+      LeaseLostError,
+    );
+    assert.deepEqual(await raw.query("SELECT event_id FROM receipts"), []);
+  });
+
+  test("a transaction handle used after its transaction ended rejects and changes nothing", async ({ open, raw }) => {
+    const [a] = await open();
+    let kept: Transaction | undefined;
+    await a!.transaction((tx) => {
+      kept = tx;
+      return Promise.resolve();
+    });
+    const before = await snapshot(raw);
+    await assert.rejects(
+      () => kept!.run("BEGIN"),
+      /transaction this handle belongs to has ended/,
+    );
+    await assert.rejects(() => kept!.enqueue("late"), /has ended/);
+    assert.deepEqual(await snapshot(raw), before);
+    assert.equal((await a!.enqueue("next")).deduplicated, false);
+  });
+
+  test("a lease with the right token but another fence is stale", async ({ open }) => {
+    const [a] = await open();
+    await a!.enqueue("x");
+    const lease = await a!.claim();
+    assert.equal(await a!.renew({ ...lease!, fence: 2 }), false);
+    assert.equal(await a!.acknowledge({ ...lease!, fence: 2 }), false);
+    assert.equal(await a!.acknowledge(lease!), true);
+  });
+
+  test("a clock outside Date's range is refused before any SQL", async ({ clock, open, raw }) => {
+    const [a] = await open();
+    const before = await snapshot(raw);
+    clock.set(Number.MAX_SAFE_INTEGER - 5);
+    await assert.rejects(() => a!.enqueue("x"), /within Date's range/);
+    clock.set(-1);
+    await assert.rejects(() => a!.claim(), RangeError);
+    clock.set(8_640_000_000_000_000);
+    assert.equal((await a!.enqueue("edge")).deduplicated, false);
+    assert.notDeepEqual(await snapshot(raw), before);
+  });
+
+  test("open() refuses a database whose user_version belongs to another schema", async ({ open, raw }) => {
+    await raw.exec("CREATE TABLE app (x INTEGER); PRAGMA user_version = 3");
+    await assert.rejects(
+      () => open(),
+      /user_version is 3 but it has no outbox tables/,
+    );
+    const [version] = await raw.query("PRAGMA user_version");
+    assert.equal(version?.["user_version"], 3);
   });
 
   test("open() applies the schema once and refuses a newer schema version", async ({ open, raw }) => {
