@@ -444,7 +444,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * Adds a pending event. To commit it with business rows, use
    * {@linkcode Transaction.enqueue} inside {@linkcode Outbox.transaction}.
    *
-   * @param payload A JSON-serializable value, or a `Uint8Array` stored as is.
+   * @param payload A JSON-serializable value, stored as `JSON.stringify`
+   * makes it (so `NaN` becomes `null` and a `Map` `{}`), or a `Uint8Array`
+   * stored as is.
    * @param options See {@linkcode EnqueueOptions}.
    * @returns The event id, and whether `dedupKey` matched an earlier event.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
@@ -715,6 +717,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @param options `queue` (default: the outbox's) and `limit` (default 100).
    * @returns The dead letters.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async deadLetters(
     options: { readonly queue?: string; readonly limit?: number } = {},
@@ -746,6 +749,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @param eventId The dead event's id.
    * @returns `true` when the event was dead and is pending now, else `false`.
    * @throws {TypeError | RangeError} When `eventId` is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async retry(eventId: number): Promise<boolean> {
     const id =
@@ -767,6 +771,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * earlier are deleted.
    * @returns How many events were deleted.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async purge(options: { readonly doneBeforeMs: number }): Promise<number> {
     const op = "purge";
@@ -794,6 +799,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    *
    * @param options `queue`: default the outbox's.
    * @returns See {@linkcode Stats}.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async stats(options: { readonly queue?: string } = {}): Promise<Stats> {
     const op = "read stats";
@@ -832,6 +838,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @param eventId The event's id.
    * @returns The explanation, or `null` when no such event exists.
    * @throws {TypeError | RangeError} When `eventId` is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async explain(eventId: number): Promise<Explanation | null> {
     const id =
@@ -958,7 +965,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return this.#leaseMs;
   }
 
-  /** Closes the connection. Calls after it reject. */
+  /** Closes the connection, after the call in progress. Calls after it reject. */
   close(): Promise<void> {
     return this.#mutex.run(() => this.#driver.close());
   }

@@ -332,7 +332,7 @@ for (const driver of DRIVERS) {
     assert.equal(await a!.acknowledge(lease!), true);
   });
 
-  test("a clock outside Date's range is refused before any SQL", async ({ clock, open, raw }) => {
+  test("a clock outside Date's range is refused and changes nothing", async ({ clock, open, raw }) => {
     const [a] = await open();
     const before = await snapshot(raw);
     clock.set(Number.MAX_SAFE_INTEGER - 5);
