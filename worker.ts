@@ -11,8 +11,8 @@
  *
  * @module
  */
-import type { Clock, Lease, Outbox } from "./lease.ts";
-import { LeaseLostError } from "./errors.ts";
+import type { Clock, Lease, Outbox, Transaction } from "./lease.ts";
+import { LeaseLostError, SqliteError } from "./errors.ts";
 
 /** Timer functions, injectable so tests control time; web-standard by default. */
 export interface Timers {
@@ -40,10 +40,53 @@ export interface HandlerContext {
    * @throws {LeaseLostError | DOMException} The signal's reason.
    */
   throwIfLost(): void;
+  /**
+   * Runs `fn` in one {@linkcode Outbox.transaction} that also acknowledges
+   * the lease, so the handler's own writes and the acknowledgement commit
+   * together or not at all (exactly-once for effects in the same database).
+   * The processor then does not acknowledge the lease again: it counts it
+   * once as acknowledged.
+   *
+   * @typeParam T What `fn` returns.
+   * @param fn The handler's writes, through the transaction handle only.
+   * @returns What `fn` returned, after the commit.
+   * @throws {LeaseLostError} When the lease is stale: nothing was written,
+   * the handler's signal is aborted, and the processor neither
+   * acknowledges nor releases the event (its current holder owns it).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Record a delivery and acknowledge it in one commit
+   * ```ts
+   * import { Outbox, processEvents } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * const driver = await openSqliteWasm(":memory:");
+   * await using outbox = await Outbox.open<{ to: string }>(driver);
+   * await outbox.transaction((tx) =>
+   *   tx.run("CREATE TABLE mails (event INTEGER PRIMARY KEY, address TEXT)")
+   * );
+   * const delivered = Promise.withResolvers<void>();
+   * const processor = processEvents(outbox, async (lease, context) => {
+   *   await context.transaction((tx) =>
+   *     tx.run("INSERT INTO mails VALUES (?, ?)", [lease.eventId, lease.payload.to])
+   *   );
+   *   delivered.resolve();
+   * });
+   * await outbox.enqueue({ to: "ada@example.com" });
+   * await delivered.promise;
+   * await processor.stop();
+   * assert.equal(processor.counters.acknowledged, 1);
+   * assert.equal(processor.counters.staleAcknowledgements, 0);
+   * assert.equal((await outbox.stats()).done, 1);
+   * ```
+   */
+  transaction<T>(fn: (tx: Transaction) => Promise<T>): Promise<T>;
 }
 
 /**
- * Does the work of one event. Resolving acknowledges the event; throwing
+ * Does the work of one event. Resolving acknowledges the event (unless
+ * {@linkcode HandlerContext.transaction} acknowledged it already); throwing
  * (or rejecting) releases it for a retry after a backoff, or makes it a dead
  * letter when its attempts are used up. Recipients of external effects
  * should dedupe on `${lease.eventId}:${lease.fence}`.
@@ -61,7 +104,7 @@ export interface ProcessOptions {
   readonly queue?: string;
   /** Most handlers running at once; claims are batched up to the free slots. @default {1} */
   readonly concurrency?: number;
-  /** Lease length of each claim and renewal. @default {30000} */
+  /** Lease length of each claim and renewal. @default {the outbox's leaseMs} */
   readonly leaseMs?: number;
   /** Time between renewals of a running handler's lease. @default {leaseMs / 3} */
   readonly renewIntervalMs?: number;
@@ -114,7 +157,7 @@ export interface ProcessOptions {
   /**
    * Receives errors the loop survives (a claim, renewal, acknowledgement or
    * release that threw, e.g. {@linkcode BusyError}); the loop backs off and
-   * goes on.
+   * goes on. A closed outbox is not reported: the processor stops instead.
    *
    * @default {console.error}
    */
@@ -129,7 +172,7 @@ export interface ProcessorCounters {
   readonly acknowledged: number;
   /** Acknowledgements the database rejected as stale (someone else holds the event). */
   readonly staleAcknowledgements: number;
-  /** Handlers whose signal fired because the lease was lost or overdue. */
+  /** Handlers whose signal fired because the lease was lost or overdue, or the outbox closed. */
   readonly leasesLost: number;
   /** Events given back for a retry (after a failure or at stop). */
   readonly released: number;
@@ -140,6 +183,8 @@ export interface ProcessorCounters {
 interface Slot<P> {
   lease: Lease<P>;
   state: "running" | "finishing" | "released";
+  /** Set inside the handler's transaction once its acknowledgement is written. */
+  acknowledged: boolean;
   validUntilMonotonic: number;
   validUntilWall: number;
   renewTimer: unknown;
@@ -240,6 +285,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
   readonly #loop: Promise<void>;
   readonly #unsubscribe: () => void;
   #stopping = false;
+  #closed = false;
   #stopped: Promise<void> | undefined;
   #woken = false;
   #acknowledging = false;
@@ -275,7 +321,12 @@ export class Processor<P = unknown> implements AsyncDisposable {
     this.#handler = handler;
     this.#queue = options.queue;
     this.#concurrency = integer("concurrency", options.concurrency, 1, 1);
-    this.#leaseMs = integer("leaseMs", options.leaseMs, 3, 30_000);
+    this.#leaseMs = integer(
+      "leaseMs",
+      options.leaseMs ?? outbox.leaseMs,
+      3,
+      outbox.leaseMs,
+    );
     this.#renewIntervalMs = integer(
       "renewIntervalMs",
       options.renewIntervalMs,
@@ -352,7 +403,9 @@ export class Processor<P = unknown> implements AsyncDisposable {
   /**
    * Stops claiming, waits up to `stopTimeoutMs` for running handlers, then
    * aborts the signals of the others and releases their leases. Calling it
-   * again returns the same promise.
+   * again returns the same promise. The processor also stops on its own when
+   * it finds its outbox closed; then it aborts running handlers' signals at
+   * once and releases nothing, the connection being gone.
    *
    * @returns Resolves when no handler's lease is held any more.
    */
@@ -387,6 +440,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
           ...(this.#queue === undefined ? {} : { queue: this.#queue }),
         });
       } catch (error) {
+        if (this.#noteClosed(error)) break;
         this.#onError(error);
         await this.#wait(idleMs);
         idleMs = Math.min(idleMs * 2, this.#pollMaxMs);
@@ -435,6 +489,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     const slot: Slot<P> = {
       lease,
       state: "running",
+      acknowledged: false,
       validUntilMonotonic: claimedAt + this.#leaseMs,
       validUntilWall: claimedAtWall + this.#leaseMs,
       renewTimer: undefined,
@@ -454,6 +509,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         this.#checkOverdue(slot);
         slot.controller.signal.throwIfAborted();
       },
+      transaction: (fn) => this.#transaction(slot, fn),
     };
     let outcome: Promise<unknown>;
     try {
@@ -469,8 +525,38 @@ export class Processor<P = unknown> implements AsyncDisposable {
       });
   }
 
+  async #transaction<T>(
+    slot: Slot<P>,
+    fn: (tx: Transaction) => Promise<T>,
+  ): Promise<T> {
+    let result: T;
+    try {
+      result = await this.#outbox.transaction(async (tx) => {
+        const value = await fn(tx);
+        await tx.acknowledge(slot.lease);
+        // Before the commit, so a renewal refused because of it is not a loss.
+        slot.acknowledged = true;
+        return value;
+      });
+    } catch (error) {
+      slot.acknowledged = false;
+      if (error instanceof LeaseLostError) {
+        this.#counters.staleAcknowledgements++;
+        // Its current holder owns the event: no acknowledgement, no release.
+        if (slot.state === "running") this.#finish(slot);
+        this.#lose(slot, error);
+      } else {
+        this.#noteClosed(error);
+      }
+      throw error;
+    }
+    this.#counters.acknowledged++;
+    if (slot.state === "running") this.#finish(slot);
+    return result;
+  }
+
   #succeed(slot: Slot<P>): Promise<void> {
-    if (slot.state !== "running") return Promise.resolve();
+    if (slot.state !== "running" || this.#closed) return Promise.resolve();
     this.#finish(slot);
     const acknowledged = Promise.withResolvers<void>();
     this.#acknowledgements.push({ slot, resolve: acknowledged.resolve });
@@ -499,7 +585,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
           else this.#counters.staleAcknowledgements++;
         }
       } catch (error) {
-        this.#onError(error);
+        if (!this.#noteClosed(error)) this.#onError(error);
       }
       for (const { resolve } of batch) resolve();
     }
@@ -507,7 +593,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
   }
 
   async #fail(slot: Slot<P>, error: unknown): Promise<void> {
-    if (slot.state !== "running") return;
+    if (slot.state !== "running" || this.#closed) return;
     this.#finish(slot);
     await this.#release(slot, describeError(error), this.#retryDelayMs(slot));
   }
@@ -529,7 +615,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         else this.#counters.released++;
       }
     } catch (releaseError) {
-      this.#onError(releaseError);
+      if (!this.#noteClosed(releaseError)) this.#onError(releaseError);
     }
   }
 
@@ -554,6 +640,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     try {
       leaseUntil = await this.#outbox.renew(slot.lease, this.#leaseMs);
     } catch (error) {
+      if (this.#noteClosed(error)) return;
       this.#onError(error);
       // The watchdog still guards the deadline; try again soon.
       if (slot.state === "running") {
@@ -566,6 +653,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     }
     if (slot.state !== "running" || slot.controller.signal.aborted) return;
     if (leaseUntil === false) {
+      if (slot.acknowledged) return;
       this.#lose(
         slot,
         new LeaseLostError(slot.lease.eventId, slot.lease.fence),
@@ -597,6 +685,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
    */
   #checkOverdue(slot: Slot<P>): boolean {
     if (slot.controller.signal.aborted) return true;
+    if (slot.acknowledged) return false;
     const monotonic = this.#monotonicNow() >=
       slot.validUntilMonotonic - this.#marginMs;
     const wall = this.#now() >= slot.validUntilWall - this.#marginMs;
@@ -621,12 +710,52 @@ export class Processor<P = unknown> implements AsyncDisposable {
     slot.controller.abort(reason);
   }
 
+  /**
+   * Stops the processor when `error` says its outbox is closed, and returns
+   * whether it did. The drivers report a closed connection as a plain
+   * `Error` ("Database is closed"), not a {@linkcode SqliteError}: the engine
+   * never saw the call.
+   */
+  #noteClosed(error: unknown): boolean {
+    if (
+      !(error instanceof Error) || error instanceof SqliteError ||
+      !/\bis closed$/.test(error.message)
+    ) {
+      return false;
+    }
+    if (!this.#closed) {
+      this.#closed = true;
+      void this.stop();
+    }
+    return true;
+  }
+
   async #stop(): Promise<void> {
     this.#stopping = true;
     this.#unsubscribe();
     this.#signal?.removeEventListener("abort", this.#onAbort);
     this.#wake();
     await this.#loop;
+    if (this.#closed) {
+      // Nothing can be renewed, acknowledged or released any more: the
+      // leases will lapse, and handlers must stop acting on them now.
+      const finishing: Promise<void>[] = [];
+      for (const slot of this.#slots) {
+        if (slot.state !== "running") {
+          finishing.push(slot.done);
+          continue;
+        }
+        this.#finish(slot);
+        slot.state = "released";
+        this.#lose(
+          slot,
+          new DOMException("The outbox is closed", "AbortError"),
+        );
+        this.#slots.delete(slot);
+      }
+      await Promise.all(finishing);
+      return;
+    }
     if ([...this.#slots].some((slot) => slot.state === "running")) {
       await new Promise<void>((resolve) => {
         const handle = this.#timers.setTimeout(resolve, this.#stopTimeoutMs);

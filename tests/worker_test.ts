@@ -1,5 +1,12 @@
 import assert from "node:assert/strict";
-import { BusyError, type Driver, type Lease, Outbox } from "../mod.ts";
+import {
+  BusyError,
+  type Driver,
+  type Lease,
+  LeaseLostError,
+  Outbox,
+  type SqlValue,
+} from "../mod.ts";
 import { openSqliteWasm } from "../sqlite_wasm.ts";
 import {
   type Handler,
@@ -580,6 +587,199 @@ Deno.test("a renewal that throws is reported and tried again a quarter interval 
   assert.deepEqual(renewals, [416]);
   gate.resolve();
   await f.time.advance(0, f.wall);
+});
+
+Deno.test("context.transaction() commits the handler's row with its acknowledgement, counted once", async () => {
+  await using f = await fixture();
+  await f.outbox.transaction((tx) =>
+    tx.run("CREATE TABLE mails (event INTEGER PRIMARY KEY, address TEXT)")
+  );
+  const { eventId } = await f.outbox.enqueue({ to: "ada@example.com" });
+  const processor = processEvents<{ to: string }>(
+    f.outbox as Outbox<{ to: string }>,
+    async (lease, context) => {
+      const rows = await context.transaction(async (tx) => {
+        await tx.run("INSERT INTO mails VALUES (?, ?)", [
+          lease.eventId,
+          lease.payload.to,
+        ]);
+        return await tx.query("SELECT count(*) AS n FROM mails");
+      });
+      assert.deepEqual(rows, [{ n: 1 }]);
+    },
+    f.options(),
+  );
+  await f.time.advance(0, f.wall);
+  await processor.stop();
+  assert.deepEqual(processor.counters, {
+    claimed: 1,
+    acknowledged: 1,
+    staleAcknowledgements: 0,
+    leasesLost: 0,
+    released: 0,
+    dead: 0,
+  });
+  assert.deepEqual(
+    await f.outbox.transaction((tx) => tx.query("SELECT * FROM mails")),
+    [{ event: eventId, address: "ada@example.com" }],
+  );
+  assert.deepEqual(
+    (await f.outbox.explain(eventId))!.history.map((entry) => entry.kind),
+    ["claimed", "acknowledged"],
+  );
+  assert.deepEqual(f.errors, []);
+});
+
+Deno.test("context.transaction() on a lost lease writes nothing, throws LeaseLostError, and the event is neither acknowledged nor released", async () => {
+  await using f = await fixture();
+  await f.outbox.transaction((tx) =>
+    tx.run("CREATE TABLE mails (event INTEGER PRIMARY KEY)")
+  );
+  const { eventId } = await f.outbox.enqueue({});
+  const gate = Promise.withResolvers<void>();
+  let signal: AbortSignal | undefined;
+  let thrown: unknown;
+  const processor = processEvents(f.outbox, async (lease, context) => {
+    signal = context.signal;
+    await gate.promise;
+    try {
+      await context.transaction((tx) =>
+        tx.run("INSERT INTO mails VALUES (?)", [lease.eventId])
+      );
+    } catch (error) {
+      thrown = error;
+      throw error;
+    }
+  }, {
+    ...f.options(),
+    // The processor's clocks stand still: only the database sees the loss.
+    now: () => 0,
+  });
+  await f.time.advance(0, f.wall);
+  f.wall.advance(1_500);
+  const taken = await f.outbox.claim();
+  assert.equal(taken?.fence, 2);
+  gate.resolve();
+  await f.time.advance(0, f.wall);
+  await processor.stop();
+  assert.ok(thrown instanceof LeaseLostError);
+  assert.equal(signal?.reason, thrown);
+  assert.deepEqual(processor.counters, {
+    claimed: 1,
+    acknowledged: 0,
+    staleAcknowledgements: 1,
+    leasesLost: 1,
+    released: 0,
+    dead: 0,
+  });
+  assert.deepEqual(
+    await f.outbox.transaction((tx) => tx.query("SELECT * FROM mails")),
+    [],
+  );
+  assert.deepEqual(
+    (await f.outbox.explain(eventId))!.history.map((entry) =>
+      `${entry.kind}@${entry.fence}`
+    ),
+    ["claimed@1", "expired@1", "claimed@2"],
+  );
+  assert.deepEqual(f.errors, []);
+});
+
+Deno.test("processEvents() leases and renews for the outbox's leaseMs unless told otherwise", async () => {
+  await using f = await fixture();
+  await using outbox = await Outbox.open(await openSqliteWasm(":memory:"), {
+    now: f.wall.now,
+    leaseMs: 600,
+  });
+  const { eventId } = await outbox.enqueue({});
+  const gate = Promise.withResolvers<void>();
+  const { leaseMs: _, ...options } = f.options();
+  let leaseUntil: number | undefined;
+  const processor = processEvents(outbox, async (lease) => {
+    leaseUntil = lease.leaseUntil;
+    await gate.promise;
+  }, options);
+  await f.time.advance(250, f.wall);
+  assert.equal(leaseUntil, 1_000_000 + 600);
+  // Renewed every 600 / 3 ms, each time for 600 ms.
+  assert.deepEqual(
+    (await outbox.explain(eventId))!.history.map((entry) =>
+      `${entry.kind}@${entry.at - 1_000_000}..${entry.leaseUntil! - 1_000_000}`
+    ),
+    ["claimed@0..600", "renewed@200..800"],
+  );
+  gate.resolve();
+  await f.time.advance(0, f.wall);
+  await processor.stop();
+  assert.equal(processor.counters.acknowledged, 1);
+});
+
+/** A driver that counts its statements, to see a loop go quiet. */
+function counting(driver: Driver): Driver & { calls: number } {
+  const counted = {
+    calls: 0,
+    query: (sql: string, params?: readonly SqlValue[]) => {
+      counted.calls++;
+      return driver.query(sql, params);
+    },
+    run: (sql: string, params?: readonly SqlValue[]) => {
+      counted.calls++;
+      return driver.run(sql, params);
+    },
+    exec: (sql: string) => driver.exec(sql),
+    close: () => driver.close(),
+  };
+  return counted;
+}
+
+Deno.test("an idle processor whose outbox is closed stops claiming on its own and reports nothing", async () => {
+  const driver = counting(await openSqliteWasm(":memory:"));
+  await using f = await fixture(driver);
+  const processor = processEvents(f.outbox, () => {}, f.options());
+  await f.time.advance(0, f.wall);
+  await f.outbox.close();
+  const before = driver.calls;
+  await f.time.advance(10, f.wall);
+  // One refused BEGIN, then silence.
+  assert.equal(driver.calls, before + 1);
+  await f.time.advance(5_000, f.wall);
+  assert.equal(driver.calls, before + 1);
+  await processor.stop();
+  assert.deepEqual(f.errors, []);
+  assert.equal(processor.inFlight, 0);
+});
+
+Deno.test("a running handler's outbox closing aborts its signal at the next renewal, stops the processor and releases nothing", async () => {
+  const driver = counting(await openSqliteWasm(":memory:"));
+  await using f = await fixture(driver);
+  await f.outbox.enqueue({});
+  const gate = Promise.withResolvers<void>();
+  let signal: AbortSignal | undefined;
+  const processor = processEvents(f.outbox, async (_, context) => {
+    signal = context.signal;
+    await gate.promise;
+  }, f.options());
+  await f.time.advance(0, f.wall);
+  await f.outbox.close();
+  const before = driver.calls;
+  await f.time.advance(333, f.wall);
+  assert.equal(signal?.aborted, true);
+  assert.equal((signal?.reason as DOMException).name, "AbortError");
+  assert.equal(processor.inFlight, 0);
+  await processor.stop();
+  gate.resolve();
+  await f.time.advance(5_000, f.wall);
+  // The refused renewal only: no claim, acknowledgement or release after it.
+  assert.equal(driver.calls, before + 1);
+  assert.deepEqual(processor.counters, {
+    claimed: 1,
+    acknowledged: 0,
+    staleAcknowledgements: 0,
+    leasesLost: 1,
+    released: 0,
+    dead: 0,
+  });
+  assert.deepEqual(f.errors, []);
 });
 
 Deno.test("an aborted signal option stops the processor like stop()", async () => {
