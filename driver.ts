@@ -42,3 +42,64 @@ export interface Driver {
   /** Closes the connection; later calls reject. Closing twice is a no-op. */
   close(): Promise<void>;
 }
+
+/**
+ * Throws unless the first statement SQLite parsed out of `sql` leaves only
+ * whitespace, semicolons and comments behind: `query()` and `run()` prepare
+ * one statement, and SQLite would otherwise skip the rest without a word.
+ * Drivers call it once per SQL text, when they prepare it, so nothing has
+ * run when it throws.
+ *
+ * @ignore
+ * @param method The driver method the SQL was passed to.
+ * @param sql The SQL text as passed.
+ * @param firstStatement Reads the prefix of `sql` that SQLite parsed as its
+ * first statement (`sqlite3_sql()`); not called when `sql` holds none.
+ * @throws {RangeError} When anything but whitespace, semicolons or comments
+ * follows the first statement.
+ */
+export function assertOneStatement(
+  method: "query" | "run",
+  sql: string,
+  firstStatement: () => string,
+): void {
+  // SQLite reads up to the first NUL. With no statement before it, the
+  // prepared statement is null (node:sqlite's sourceSQL would crash on it)
+  // and running it fails as empty SQL.
+  const nul = sql.indexOf("\0");
+  if (onlySeparators(nul < 0 ? sql : sql.slice(0, nul))) return;
+  const first = firstStatement();
+  const rest = sql.slice(first.length);
+  if (onlySeparators(rest)) return;
+  throw new RangeError(
+    `Cannot ${method} as 'sql' must hold one statement: found more after ${
+      JSON.stringify(clip(first.trim()))
+    }: ${JSON.stringify(clip(rest.trim()))}`,
+  );
+}
+
+/**
+ * Whether `text` holds only SQLite's whitespace, `;`, `-- …` to the end of
+ * the line and `/* … *\/` (which SQLite, too, ends at the end of the text
+ * when it is never closed). Scanned rather than matched with one regular
+ * expression, which could read a closed comment as an unclosed one.
+ */
+function onlySeparators(text: string): boolean {
+  let i = 0;
+  while (i < text.length) {
+    const c = text[i]!;
+    if (" \t\n\v\f\r;".includes(c)) i++;
+    else if (text.startsWith("--", i)) {
+      const end = text.indexOf("\n", i + 2);
+      i = end < 0 ? text.length : end + 1;
+    } else if (text.startsWith("/*", i)) {
+      const end = text.indexOf("*/", i + 2);
+      i = end < 0 ? text.length : end + 2;
+    } else return false;
+  }
+  return true;
+}
+
+function clip(text: string): string {
+  return text.length <= 60 ? text : `${text.slice(0, 57)}...`;
+}

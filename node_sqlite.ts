@@ -17,7 +17,13 @@
  * @module
  */
 import { DatabaseSync, type StatementSync } from "node:sqlite";
-import type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
+import {
+  assertOneStatement,
+  type Driver,
+  type Row,
+  type RunResult,
+  type SqlValue,
+} from "./driver.ts";
 import { sqliteError } from "./errors.ts";
 
 /** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
@@ -169,7 +175,7 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
   /** Runs one statement and returns its rows. */
   query(sql: string, params: readonly SqlValue[] = []): Promise<Row[]> {
     try {
-      const rows = this.#prepare(sql).all(...bindable(params));
+      const rows = this.#prepare("query", sql).all(...bindable(params));
       return Promise.resolve(rows.map(toRow));
     } catch (error) {
       return Promise.reject(toSqliteError(error));
@@ -179,7 +185,7 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
   /** Runs one statement and reports its changes. */
   run(sql: string, params: readonly SqlValue[] = []): Promise<RunResult> {
     try {
-      const result = this.#prepare(sql).run(...bindable(params));
+      const result = this.#prepare("run", sql).run(...bindable(params));
       return Promise.resolve({
         changes: Number(result.changes),
         lastInsertRowid: exactInteger(result.lastInsertRowid),
@@ -221,10 +227,12 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
     return this.#db;
   }
 
-  #prepare(sql: string): StatementSync {
+  #prepare(method: "query" | "run", sql: string): StatementSync {
     const cached = this.#statements.get(sql);
     if (cached !== undefined) return cached;
     const statement = this.#open().prepare(sql);
+    // prepare() compiles only the first statement; sourceSQL is its text.
+    assertOneStatement(method, sql, () => statement.sourceSQL);
     // Without it, reading an integer past ±2^53 throws a RangeError.
     statement.setReadBigInts(true);
     // node:sqlite's all() counts result columns before the step that
@@ -249,7 +257,20 @@ type NodeValue = null | number | bigint | string | Uint8Array;
 function bindable(params: readonly SqlValue[]): NodeValue[] {
   const values: NodeValue[] = new Array(params.length);
   for (let i = 0; i < params.length; i++) {
-    const value = params[i]!;
+    const value = params[i];
+    if (
+      value !== null && typeof value !== "number" &&
+      typeof value !== "bigint" && typeof value !== "string" &&
+      !(value instanceof Uint8Array)
+    ) {
+      // node:sqlite would read an object as named parameters (binding NULL)
+      // and other typed arrays as blobs; refuse what the WASM driver refuses.
+      throw new TypeError(
+        `Cannot bind parameter ${
+          i + 1
+        } as its type is not supported: current value is ${String(value)}`,
+      );
+    }
     if (
       typeof value === "bigint" && (value < INT64_MIN || value > INT64_MAX)
     ) {

@@ -9,7 +9,13 @@ import sqlite3InitModule, {
   type PreparedStatement,
   type Sqlite3Static,
 } from "@sqlite.org/sqlite-wasm";
-import type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
+import {
+  assertOneStatement,
+  type Driver,
+  type Row,
+  type RunResult,
+  type SqlValue,
+} from "./driver.ts";
 import { sqliteError } from "./errors.ts";
 
 let sqlite3: Promise<Sqlite3Static> | undefined;
@@ -135,7 +141,7 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
   /** Runs one statement and returns its rows. */
   query(sql: string, params: readonly SqlValue[] = []): Promise<Row[]> {
     try {
-      const statement = this.#prepare(sql);
+      const statement = this.#prepare("query", sql);
       const rows: Row[] = [];
       this.#bind(statement.pointer, params);
       const capi = this.#capi;
@@ -153,7 +159,7 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
   /** Runs one statement and reports its changes. */
   run(sql: string, params: readonly SqlValue[] = []): Promise<RunResult> {
     try {
-      const statement = this.#prepare(sql);
+      const statement = this.#prepare("run", sql);
       this.#bind(statement.pointer, params);
       const capi = this.#capi;
       let rc: number;
@@ -205,10 +211,22 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
     return this.#db;
   }
 
-  #prepare(sql: string): CachedStatement {
+  #prepare(method: "query" | "run", sql: string): CachedStatement {
     let cached = this.#statements.get(sql);
     if (cached === undefined) {
       const statement = this.#open().prepare(sql);
+      // oo1 compiles only the first statement and drops the tail pointer;
+      // sqlite3_sql() is that statement's text, a prefix of `sql`.
+      try {
+        assertOneStatement(
+          method,
+          sql,
+          () => this.#text(this.#capi.sqlite3_sql(statement.pointer!), -1),
+        );
+      } catch (error) {
+        statement.finalize();
+        throw error;
+      }
       cached = {
         statement,
         pointer: statement.pointer!,
@@ -445,6 +463,7 @@ interface RawCapi {
   sqlite3_column_blob(stmt: number, column: number): number;
   sqlite3_column_bytes(stmt: number, column: number): number;
   sqlite3_stmt_status(stmt: number, op: number, reset: number): number;
+  sqlite3_sql(stmt: number): number;
   sqlite3_changes(db: number): number;
   sqlite3_last_insert_rowid(db: number): bigint;
   sqlite3_errmsg(db: number): number;

@@ -176,7 +176,7 @@ driverTest(
         error instanceof SqliteError && error.primaryCode === 25 &&
         error.message === "column index out of range",
     );
-    for (const empty of ["", "  ", "-- only a comment"]) {
+    for (const empty of ["", "  ", "-- only a comment", " ; ;"]) {
       await assert.rejects(
         db.query(empty),
         (error) =>
@@ -219,3 +219,108 @@ driverTest(
     await assert.rejects(db.exec("SELECT 1"), new Error("Database is closed"));
   },
 );
+
+driverTest(
+  "query() and run() refuse SQL holding a second statement, before running any",
+  async (db) => {
+    await db.exec("CREATE TABLE q(x TEXT); INSERT INTO q VALUES ('1')");
+    await assert.rejects(
+      db.run("INSERT INTO q VALUES(2); DELETE FROM q"),
+      new RangeError(
+        `Cannot run as 'sql' must hold one statement: found more after "INSERT INTO q VALUES(2);": "DELETE FROM q"`,
+      ),
+    );
+    await assert.rejects(
+      db.query("SELECT x FROM q; DELETE FROM q"),
+      new RangeError(
+        `Cannot query as 'sql' must hold one statement: found more after "SELECT x FROM q;": "DELETE FROM q"`,
+      ),
+    );
+    for (
+      const sql of [
+        "INSERT INTO q VALUES (';'); DELETE FROM q",
+        "INSERT INTO q VALUES ('2') -- note\n; DELETE FROM q",
+        "INSERT INTO q VALUES ('2') /* ; */; /* c */ DELETE FROM q",
+        "INSERT INTO q VALUES ('2');\n-- c\nDELETE FROM q; -- c",
+        "INSERT INTO q VALUES ('2');;x",
+        // SQLite stops reading at a NUL; the text after it is not ignored.
+        "INSERT INTO q VALUES ('2')\0; DELETE FROM q",
+      ]
+    ) {
+      // Twice: a refused text is not cached as if it had been checked.
+      for (let i = 0; i < 2; i++) {
+        await assert.rejects(db.run(sql), RangeError);
+        await assert.rejects(db.query(sql), RangeError);
+      }
+    }
+    // A bad parameter list changes nothing either.
+    await assert.rejects(
+      db.run("INSERT INTO q VALUES (?); DELETE FROM q", ["2"]),
+      RangeError,
+    );
+    assert.deepEqual(await db.query("SELECT x FROM q"), [{ x: "1" }]);
+    // exec() still runs whole scripts.
+    await db.exec("INSERT INTO q VALUES ('2'); DELETE FROM q WHERE x = '1'");
+    assert.deepEqual(await db.query("SELECT x FROM q"), [{ x: "2" }]);
+  },
+);
+
+driverTest(
+  "one statement may be followed by semicolons, comments and whitespace",
+  async (db) => {
+    await db.exec("CREATE TABLE q(x TEXT)");
+    const inserts = [
+      "INSERT INTO q VALUES ('a');",
+      "INSERT INTO q VALUES ('b') -- why",
+      "INSERT INTO q VALUES ('c') /* why */ ;; \n\t-- more\n",
+      "-- leading\nINSERT INTO q VALUES ('d'); /* never closed",
+      "INSERT INTO q VALUES ('e; DELETE FROM q')",
+      "INSERT INTO q VALUES (?);\r\n",
+    ];
+    for (const sql of inserts) {
+      const params = sql.includes("?") ? ["f"] : [];
+      assert.equal((await db.run(sql, params)).changes, 1);
+    }
+    assert.deepEqual(
+      await db.query("SELECT group_concat(x, '|') AS s FROM q; -- done"),
+      [{ s: "a|b|c|d|e; DELETE FROM q|f" }],
+    );
+    assert.deepEqual(await db.query("SELECT ';' AS s; ;"), [{ s: ";" }]);
+  },
+);
+
+driverTest(
+  "values of other types are refused with a TypeError naming the parameter",
+  async (db) => {
+    await db.exec("CREATE TABLE q(x ANY) STRICT");
+    for (
+      const [value, shown] of [
+        [{}, "[object Object]"],
+        [undefined, "undefined"],
+        [true, "true"],
+        [new Int8Array([1]), "1"],
+      ] as const
+    ) {
+      for (const params of [[value], ["x", value]]) {
+        await assert.rejects(
+          db.run("INSERT INTO q VALUES (?), (?)", params as never),
+          new TypeError(
+            `Cannot bind parameter ${params.length} as its type is not supported: current value is ${shown}`,
+          ),
+        );
+      }
+    }
+    assert.deepEqual(await db.query("SELECT count(*) AS n FROM q"), [{ n: 0 }]);
+  },
+);
+
+driverTest("NaN binds as NULL, SQLite's own rule", async (db) => {
+  assert.deepEqual(
+    await db.query("SELECT ? AS v, typeof(?) AS t, ? AS inf", [
+      NaN,
+      NaN,
+      -Infinity,
+    ]),
+    [{ v: null, t: "null", inf: -Infinity }],
+  );
+});
