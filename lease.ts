@@ -359,6 +359,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   readonly #busyTimeoutMs: number;
   readonly #maxPayloadBytes: number;
   readonly #enqueueListeners = new Set<() => void>();
+  #closed = false;
 
   private constructor(driver: Driver, options: OutboxOptions) {
     const op = "open outbox";
@@ -965,8 +966,17 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return this.#leaseMs;
   }
 
-  /** Closes the connection, after the call in progress. Calls after it reject. */
+  /** Whether {@linkcode Outbox.close} was called: every later call rejects. */
+  get closed(): boolean {
+    return this.#closed;
+  }
+
+  /**
+   * Closes the connection once the calls made before it finish. Calls made
+   * after it reject with an `Error` saying the outbox is closed.
+   */
   close(): Promise<void> {
+    this.#closed = true;
     return this.#mutex.run(() => this.#driver.close());
   }
 
@@ -1162,6 +1172,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     fn: (now: number) => Promise<T>,
     expire = true,
   ): Promise<T> {
+    if (this.#closed) {
+      return Promise.reject(
+        new Error(`Cannot ${op} as the outbox is closed`),
+      );
+    }
     return this.#mutex.run(async () => {
       const deadline = performance.now() + this.#busyTimeoutMs;
       await this.#untilNotBusy(op, deadline, SQL.begin);

@@ -12,7 +12,7 @@
  * @module
  */
 import type { Clock, Lease, Outbox, Transaction } from "./lease.ts";
-import { LeaseLostError, SqliteError } from "./errors.ts";
+import { LeaseLostError } from "./errors.ts";
 
 /** Timer functions, injectable so tests control time; web-standard by default. */
 export interface Timers {
@@ -440,7 +440,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
           ...(this.#queue === undefined ? {} : { queue: this.#queue }),
         });
       } catch (error) {
-        if (this.#noteClosed(error)) break;
+        if (this.#noteClosed()) break;
         this.#onError(error);
         await this.#wait(idleMs);
         idleMs = Math.min(idleMs * 2, this.#pollMaxMs);
@@ -546,7 +546,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         if (slot.state === "running") this.#finish(slot);
         this.#lose(slot, error);
       } else {
-        this.#noteClosed(error);
+        this.#noteClosed();
       }
       throw error;
     }
@@ -585,7 +585,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
           else this.#counters.staleAcknowledgements++;
         }
       } catch (error) {
-        if (!this.#noteClosed(error)) this.#onError(error);
+        if (!this.#noteClosed()) this.#onError(error);
       }
       for (const { resolve } of batch) resolve();
     }
@@ -615,7 +615,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         else this.#counters.released++;
       }
     } catch (releaseError) {
-      if (!this.#noteClosed(releaseError)) this.#onError(releaseError);
+      if (!this.#noteClosed()) this.#onError(releaseError);
     }
   }
 
@@ -640,7 +640,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     try {
       leaseUntil = await this.#outbox.renew(slot.lease, this.#leaseMs);
     } catch (error) {
-      if (this.#noteClosed(error)) return;
+      if (this.#noteClosed()) return;
       this.#onError(error);
       // The watchdog still guards the deadline; try again soon.
       if (slot.state === "running") {
@@ -711,18 +711,11 @@ export class Processor<P = unknown> implements AsyncDisposable {
   }
 
   /**
-   * Stops the processor when `error` says its outbox is closed, and returns
-   * whether it did. The drivers report a closed connection as a plain
-   * `Error` ("Database is closed"), not a {@linkcode SqliteError}: the engine
-   * never saw the call.
+   * Stops the processor when its outbox was closed (whatever `error` is, the
+   * closed outbox is why), and returns whether it did.
    */
-  #noteClosed(error: unknown): boolean {
-    if (
-      !(error instanceof Error) || error instanceof SqliteError ||
-      !/\bis closed$/.test(error.message)
-    ) {
-      return false;
-    }
+  #noteClosed(): boolean {
+    if (!this.#outbox.closed) return false;
     if (!this.#closed) {
       this.#closed = true;
       void this.stop();
