@@ -33,9 +33,16 @@ export interface RunResult {
  * Integers outside ±2^53 must come back as `bigint`, never rounded.
  */
 export interface Driver {
-  /** Runs one statement and returns its rows (empty when it returns none). */
+  /**
+   * Runs one statement and returns its rows (empty when it returns none).
+   * SQL holding a second statement is refused with a `RangeError` before
+   * anything runs.
+   */
   query(sql: string, params?: readonly SqlValue[]): Promise<Row[]>;
-  /** Runs one statement and reports its changes. */
+  /**
+   * Runs one statement and reports its changes; SQL holding a second
+   * statement is refused with a `RangeError` before anything runs.
+   */
   run(sql: string, params?: readonly SqlValue[]): Promise<RunResult>;
   /** Runs a script of several statements without parameters. */
   exec(sql: string): Promise<void>;
