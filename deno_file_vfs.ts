@@ -195,14 +195,18 @@ const OPEN_WAL = 0x80000;
 
 const ACCESS_EXISTS = 0;
 const IOCAP_POWERSAFE_OVERWRITE = 0x1000;
+// The longest run of contiguous writes combined into one writeSync; larger
+// than a journal record or WAL frame at SQLite's largest page (64 KiB).
+const RUN_BYTES = 128 * 1024;
 // Readers and writers briefly hold sidecar locks while probing or taking
 // SHARED; a few immediate retries absorb those windows instead of reporting a
 // spurious SQLITE_BUSY to the writer.
 const LOCK_ATTEMPTS = 3;
 // How long a writer that got SQLITE_BUSY stays marked as waiting without
-// asking again: several times the lease core's longest retry pause (16 ms),
-// and short, because a newcomer may see SQLITE_BUSY while a mark lasts.
-const WAITING_MS = 100;
+// asking again: far longer than the lease core's longest retry pause (16 ms)
+// so a loaded event loop keeps its place, and short enough that a newcomer
+// with no retries left rarely meets a mark whose writer gave up.
+const WAITING_MS = 250;
 
 const ioMethodsPointer = new WeakMap<Sqlite3Static, WasmPointer>();
 const encoder = new TextEncoder();
@@ -676,8 +680,39 @@ function createVfs(sqlite3: Sqlite3Static) {
   const heap = (pointer: WasmPointer, length: number): Uint8Array =>
     wasm.heap8u().subarray(Number(pointer), Number(pointer) + length);
 
+  // SQLite writes a journal record as three pieces (page number, page,
+  // checksum) and a WAL frame as two, each at the offset where the last one
+  // ended. A run of such writes to one file goes to the kernel as one
+  // writeSync; every other call that touches files writes the run out first.
+  // So the kernel sees the same writes in the same order, only fewer and
+  // larger, and a crash can only cut the sequence at a point where the
+  // unbuffered VFS could also have been cut.
+  const run = {
+    file: undefined as DiskFile | undefined,
+    offset: 0,
+    length: 0,
+    bytes: new Uint8Array(RUN_BYTES),
+  };
+  const flush = (): void => {
+    const file = run.file;
+    if (file === undefined) return;
+    run.file = undefined;
+    file.write(run.bytes.subarray(0, run.length), run.offset);
+  };
+  // For the first line of every method that touches files.
+  const flushed = (): number => {
+    try {
+      flush();
+      return OK;
+    } catch (error) {
+      return fail(error, IOERR_WRITE);
+    }
+  };
+
   const io = {
     xClose(pFile: WasmPointer): number {
+      const flushRc = flushed();
+      if (flushRc !== OK) return flushRc;
       const file = files.get(Number(pFile));
       files.delete(Number(pFile));
       try {
@@ -693,6 +728,8 @@ function createVfs(sqlite3: Sqlite3Static) {
       amount: number,
       offset: bigint,
     ): number {
+      const flushRc = flushed();
+      if (flushRc !== OK) return flushRc;
       try {
         const into = heap(pDest, amount);
         const done = fileOf(pFile).read(into, Number(offset));
@@ -713,13 +750,34 @@ function createVfs(sqlite3: Sqlite3Static) {
       offset: bigint,
     ): number {
       try {
-        fileOf(pFile).write(heap(pSource, amount), Number(offset));
+        const file = fileOf(pFile);
+        const at = Number(offset);
+        const from = heap(pSource, amount);
+        if (
+          run.file === file && at === run.offset + run.length &&
+          run.length + amount <= RUN_BYTES
+        ) {
+          run.bytes.set(from, run.length);
+          run.length += amount;
+          return OK;
+        }
+        flush();
+        if (file instanceof DiskFile && amount <= RUN_BYTES) {
+          run.bytes.set(from, 0);
+          run.file = file;
+          run.offset = at;
+          run.length = amount;
+        } else {
+          file.write(from, at);
+        }
         return OK;
       } catch (error) {
         return fail(error, IOERR_WRITE);
       }
     },
     xTruncate(pFile: WasmPointer, size: bigint): number {
+      const flushRc = flushed();
+      if (flushRc !== OK) return flushRc;
       try {
         fileOf(pFile).truncate(Number(size));
         return OK;
@@ -728,6 +786,8 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xSync(pFile: WasmPointer): number {
+      const flushRc = flushed();
+      if (flushRc !== OK) return flushRc;
       try {
         fileOf(pFile).sync();
         return OK;
@@ -736,6 +796,8 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xFileSize(pFile: WasmPointer, pSize: WasmPointer): number {
+      const flushRc = flushed();
+      if (flushRc !== OK) return flushRc;
       try {
         wasm.poke64(pSize, BigInt(fileOf(pFile).size()));
         return OK;
@@ -744,6 +806,8 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xLock(pFile: WasmPointer, level: number): number {
+      const flushRc = flushed();
+      if (flushRc !== OK) return flushRc;
       try {
         return fileOf(pFile).lock(level);
       } catch (error) {
@@ -751,6 +815,8 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xUnlock(pFile: WasmPointer, level: number): number {
+      const flushRc = flushed();
+      if (flushRc !== OK) return flushRc;
       try {
         return fileOf(pFile).unlock(level);
       } catch (error) {
@@ -758,6 +824,8 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xCheckReservedLock(pFile: WasmPointer, pOut: WasmPointer): number {
+      const flushRc = flushed();
+      if (flushRc !== OK) return flushRc;
       try {
         wasm.poke32(pOut, fileOf(pFile).checkReserved() ? 1 : 0);
         return OK;
@@ -786,6 +854,8 @@ function createVfs(sqlite3: Sqlite3Static) {
       flags: number,
       pOutFlags: WasmPointer,
     ): number {
+      const flushRc = flushed();
+      if (flushRc !== OK) return flushRc;
       try {
         const name = zName ? wasm.cstrToJs(zName) : null;
         let outFlags = flags;
@@ -851,6 +921,8 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xDelete(_pVfs: WasmPointer, zName: WasmPointer, syncDir: number): number {
+      const flushRc = flushed();
+      if (flushRc !== OK) return flushRc;
       const path = wasm.cstrToJs(zName) ?? "";
       try {
         Deno.removeSync(path);
@@ -876,6 +948,8 @@ function createVfs(sqlite3: Sqlite3Static) {
       flags: number,
       pOut: WasmPointer,
     ): number {
+      const flushRc = flushed();
+      if (flushRc !== OK) return flushRc;
       try {
         const path = wasm.cstrToJs(zName) ?? "";
         let result = false;

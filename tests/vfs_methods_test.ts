@@ -271,6 +271,43 @@ Deno.test("a read past the end zero-fills the rest and returns SQLITE_IOERR_SHOR
   });
 });
 
+Deno.test("contiguous writes are combined, yet every other call sees them written, in order", () => {
+  const dir = Deno.makeTempDirSync({ prefix: "vfs_methods_" });
+  const journal = new RawFile(
+    join(dir, "j"),
+    OPEN_READWRITE | OPEN_CREATE | 0x800,
+  );
+  const db = new RawFile(
+    join(dir, "d"),
+    OPEN_READWRITE | OPEN_CREATE | OPEN_MAIN_DB,
+  );
+  try {
+    assert.equal(journal.write(new Uint8Array([0, 0, 0, 7]), 0), OK);
+    assert.equal(journal.write(new Uint8Array(8).fill(1), 4), OK);
+    assert.equal(journal.write(new Uint8Array([9, 9, 9, 9]), 12), OK);
+    // Not yet on disk, but any call on another file writes the run out first.
+    assert.equal(db.write(new Uint8Array([5]), 0), OK);
+    assert.deepEqual(
+      Deno.readFileSync(join(dir, "j")),
+      new Uint8Array([0, 0, 0, 7, 1, 1, 1, 1, 1, 1, 1, 1, 9, 9, 9, 9]),
+    );
+    assert.equal(db.size(), 1n);
+    assert.deepEqual(Deno.readFileSync(join(dir, "d")), new Uint8Array([5]));
+    // A gap ends a run; reads and sizes of the file itself see it all.
+    assert.equal(journal.write(new Uint8Array([2, 2]), 20), OK);
+    assert.equal(journal.write(new Uint8Array([3]), 22), OK);
+    assert.equal(journal.size(), 23n);
+    assert.deepEqual(journal.read(7, 16), {
+      rc: OK,
+      bytes: new Uint8Array([0, 0, 0, 0, 2, 2, 3]),
+    });
+  } finally {
+    journal.close();
+    db.close();
+    Deno.removeSync(dir, { recursive: true });
+  }
+});
+
 Deno.test("xOpen of a missing file without CREATE returns SQLITE_CANTOPEN and keeps the message", () => {
   const dir = Deno.makeTempDirSync({ prefix: "vfs_methods_" });
   try {

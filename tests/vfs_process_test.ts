@@ -83,6 +83,12 @@ async function drain(
     new Child("serve", name, "truncate", 1_000)
   );
   try {
+    // Every worker has opened its outbox (it answers a probe) before any
+    // drains, so the drain measures claims, not process start-up.
+    for (const worker of workers) {
+      await worker.send("probe");
+      await worker.json();
+    }
     await Promise.all(workers.map((worker) => worker.send("drain")));
     const results = await Promise.all(
       workers.map((worker) =>
