@@ -244,7 +244,7 @@ const LEASE_EXPIRED = "lease expired";
 const MAX_DATE_MS = 8_640_000_000_000_000;
 // SQLite queues no lock waiters: a waiter only wins if it polls in the gap
 // between another writer's transactions, so the poll interval stays short.
-const MAX_BUSY_BACKOFF_MS = 16;
+const MAX_BUSY_BACKOFF_MS = 4;
 const encoder = new TextEncoder();
 const mutexes = new WeakMap<Driver, Mutex>();
 
