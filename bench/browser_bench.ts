@@ -13,7 +13,7 @@ import { buildBrowser } from "../examples/browser/build.ts";
 import { serveExample } from "../examples/browser/server.ts";
 import { Outbox } from "../lease.ts";
 import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
-import { type BenchRow, markdown } from "./run.ts";
+import { type BenchRow, markdown } from "./table.ts";
 import {
   CHROMIUM_ARGS,
   CHROMIUM_PATH,

@@ -9,20 +9,8 @@
  */
 import { join } from "node:path";
 import type { Scenario, ScenarioResult, Target } from "./scenario.ts";
-
-/** One line of the table. */
-export interface BenchRow {
-  readonly name: string;
-  readonly value: number;
-  readonly unit: string;
-  readonly anchor: string;
-  readonly anchorValue: number;
-  /** `value / anchorValue`, or the median of per-block ratios where blocks alternate. */
-  readonly ratio: number;
-  /** The ratio the issue asks for, e.g. `">= 0.9"`; `value` for absolute goals. */
-  readonly goal: string;
-  readonly met: boolean | null;
-}
+import { browserRows } from "./browser_bench.ts";
+import { type BenchRow, markdown } from "./table.ts";
 
 const CONFIG = new URL("../deno.json", import.meta.url).pathname;
 const SCENARIO = new URL("./scenario.ts", import.meta.url).pathname;
@@ -264,45 +252,15 @@ async function bench(sizes: Sizes, dir: string): Promise<BenchRow[]> {
   return rows;
 }
 
-function format(value: number): string {
-  return value >= 100
-    ? Math.round(value).toLocaleString("en-US")
-    : value.toPrecision(3);
-}
-
-/**
- * Renders rows as a markdown table.
- *
- * @param rows The rows.
- * @returns The table, one line per row after the header.
- */
-export function markdown(rows: readonly BenchRow[]): string {
-  const lines = [
-    "| measurement | value | anchor | anchor value | ratio | goal | met |",
-    "|---|---:|---|---:|---:|---|---|",
-  ];
-  for (const row of rows) {
-    lines.push(
-      `| ${row.name} | ${format(row.value)} ${row.unit} | ${row.anchor} | ${
-        format(row.anchorValue)
-      } ${row.unit} | ${row.ratio.toFixed(2)}× | ${row.goal} | ${
-        row.met === null ? "–" : row.met ? "yes" : "no"
-      } |`,
-    );
-  }
-  return lines.join("\n");
-}
-
 if (import.meta.main) {
   const smoke = Deno.args.includes("--smoke");
   const dir = await Deno.makeTempDir({ prefix: "outbox_bench_" });
   try {
     const rows = await bench(smoke ? SMOKE : FULL, dir);
     // The browser rows need Chromium; the smoke run leaves them to
-    // tests/browser_bench_test.ts. Imported late: that module imports this one.
+    // tests/browser_bench_test.ts.
     if (!smoke) {
       progress("claim+acknowledge in headless Chromium (opfs-sahpool)");
-      const { browserRows } = await import("./browser_bench.ts");
       rows.push(...await browserRows());
     }
     console.log(markdown(rows));
