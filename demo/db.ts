@@ -6,11 +6,7 @@
  * @module
  */
 import { type Driver, Outbox, type OutboxOptions } from "../mod.ts";
-import { loadSqlite3, openSqliteWasm } from "../sqlite_wasm_deno.ts";
-
-// The WASM build warns on stderr at every SQLITE_BUSY step; the core retries
-// those by design, so under contention the warnings are only noise.
-(await loadSqlite3()).config.warn = () => {};
+import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
 
 /** The driver the demo runs on, as printed in its header. */
 export const DRIVER_NAME =
