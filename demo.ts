@@ -19,10 +19,10 @@
  */
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
 import { BusyError, Outbox, type Row } from "./mod.ts";
 import {
   DRIVER_NAME,
-  intFlag,
   openDatabase,
   openOutbox,
   ORDERS_SQL,
@@ -30,16 +30,47 @@ import {
 import { startReceiver } from "./demo/receiver.ts";
 
 const root = dirname(fileURLToPath(import.meta.url));
-const args = Deno.args;
-const events = intFlag(args, "events", 2_000);
-const poison = Math.min(intFlag(args, "poison", 5), events);
-const leaseMs = Math.max(100, intFlag(args, "lease-ms", 2_000));
-const latencyMs = intFlag(args, "latency-ms", 5);
-const json = args.includes("--json");
-const valueFlags = ["--events", "--poison", "--lease-ms", "--latency-ms"];
-const path = args.find((arg, i) =>
-  !arg.startsWith("--") && !valueFlags.includes(args[i - 1] ?? "")
-);
+// node:util's parser refuses unknown flags and missing values, so a typo
+// never silently runs the default demo.
+const usage =
+  "usage: deno task demo [PATH] [--events N] [--poison N] [--lease-ms N] [--latency-ms N] [--json]";
+let parsed;
+try {
+  parsed = parseArgs({
+    // `deno task demo -- --events 5` passes the `--` along.
+    args: Deno.args[0] === "--" ? Deno.args.slice(1) : Deno.args,
+    allowPositionals: true,
+    options: {
+      events: { type: "string" },
+      poison: { type: "string" },
+      "lease-ms": { type: "string" },
+      "latency-ms": { type: "string" },
+      json: { type: "boolean" },
+    },
+  });
+  if (parsed.positionals.length > 1) throw new TypeError("one PATH at most");
+} catch (error) {
+  console.error(`${(error as Error).message}\n${usage}`);
+  Deno.exit(2);
+}
+const integer = (name: keyof typeof parsed.values, fallback: number) => {
+  const text = parsed.values[name];
+  if (typeof text !== "string") return fallback;
+  const value = Number(text);
+  if (!/^[0-9]+$/.test(text) || !Number.isSafeInteger(value)) {
+    console.error(
+      `--${name} must be a non-negative integer: current value is ${text}\n${usage}`,
+    );
+    Deno.exit(2);
+  }
+  return value;
+};
+const events = integer("events", 2_000);
+const poison = Math.min(integer("poison", 5), events);
+const leaseMs = Math.max(100, integer("lease-ms", 2_000));
+const latencyMs = integer("latency-ms", 5);
+const json = parsed.values.json === true;
+const path = parsed.positionals[0];
 
 const dbPath = path ?? join(
   await Deno.makeTempDir({ prefix: "leased-outbox-demo-" }),
