@@ -51,6 +51,34 @@ function deliveredJobs(session: Session): string[] {
   ).sort();
 }
 
+/**
+ * Waits until exactly `jobs` reached the endpoint and were acknowledged, then
+ * checks that nothing is left pending, leased or dead.
+ */
+async function assertDrained(
+  session: Session,
+  page: Page,
+  jobs: readonly string[],
+  timeoutMs: number,
+): Promise<void> {
+  await until(
+    () => session.server.deliveries.length >= jobs.length,
+    timeoutMs,
+    `${jobs.length} deliveries`,
+  );
+  assert.deepEqual(deliveredJobs(session), [...jobs].sort());
+  await until(
+    async () => (await stats(page)).done === jobs.length,
+    10_000,
+    `${jobs.length} acknowledgements`,
+  );
+  const counts = await stats(page);
+  assert.deepEqual(
+    [counts["pending"], counts["leased"], counts["done"], counts["dead"]],
+    [0, 0, jobs.length, 0],
+  );
+}
+
 function jobNames(prefix: string, count: number): string[] {
   return Array.from({ length: count }, (_, i) => `${prefix}-${i}`);
 }
@@ -118,28 +146,15 @@ Deno.test(
       addJobs(second, "B", 40),
     ]);
     assert.equal(new Set([...ids1, ...ids2]).size, 80);
-    await until(
-      () => session.server.deliveries.length >= 80,
+    await assertDrained(
+      session,
+      second,
+      [...jobNames("A", 40), ...jobNames("B", 40)],
       30_000,
-      "80 deliveries",
-    );
-    assert.deepEqual(
-      deliveredJobs(session),
-      [...jobNames("A", 40), ...jobNames("B", 40)].sort(),
     );
     assert.equal(
       new Set(session.server.keys).size + session.server.duplicates(),
       session.server.keys.length,
-    );
-    await until(
-      async () => (await stats(second)).done === 80,
-      5_000,
-      "80 acknowledgements",
-    );
-    const counts = await stats(second);
-    assert.deepEqual(
-      [counts.pending, counts.leased, counts.done, counts.dead],
-      [0, 0, 80, 0],
     );
   },
 );
@@ -171,24 +186,11 @@ Deno.test(
     await until(() => isLeader(follower), 10_000, "the follower to lead");
     await addJobs(follower, "C", 10);
 
-    await until(
-      () => session.server.deliveries.length >= 70,
+    await assertDrained(
+      session,
+      follower,
+      [...jobNames("A", 30), ...jobNames("B", 30), ...jobNames("C", 10)],
       30_000,
-      "70 deliveries",
-    );
-    assert.deepEqual(
-      deliveredJobs(session),
-      [...jobNames("A", 30), ...jobNames("B", 30), ...jobNames("C", 10)].sort(),
-    );
-    await until(
-      async () => (await stats(follower)).done === 70,
-      10_000,
-      "70 acknowledgements",
-    );
-    const counts = await stats(follower);
-    assert.deepEqual(
-      [counts.pending, counts.leased, counts.done, counts.dead],
-      [0, 0, 70, 0],
     );
   },
 );
@@ -230,18 +232,7 @@ Deno.test(
     await page.waitForFunction(() => "outboxApp" in globalThis);
     assert.equal((await stats(page)).done, 0);
     session.server.down = false;
-    await until(
-      () => session.server.deliveries.length >= 5,
-      10_000,
-      "5 deliveries",
-    );
-    assert.deepEqual(deliveredJobs(session), jobNames("D", 5));
-    await until(
-      async () => (await stats(page)).done === 5,
-      5_000,
-      "5 acknowledgements",
-    );
-    assert.equal((await stats(page)).dead, 0);
+    await assertDrained(session, page, jobNames("D", 5), 10_000);
   },
 );
 
