@@ -310,9 +310,9 @@ class LockSet {
       this.#pendingHeld = true;
       this.#level = PENDING;
     }
-    // flock converts by dropping the old lock first (and on Linux a failed
-    // conversion loses it), so drop it explicitly and re-take it on failure.
-    this.#shared.unlockSync();
+    // flock converts SHARED to EXCLUSIVE by dropping the old lock first, and
+    // a failed conversion leaves none (flock(2), Linux's flock_lock_inode),
+    // so on failure SHARED is taken again.
     if (this.#shared.tryLockSync(true)) {
       this.#level = EXCLUSIVE;
       return OK;
@@ -437,8 +437,9 @@ class DiskFile implements OpenFile {
   readonly #locks: LockSet | undefined;
   readonly #deleteOnClose: boolean;
   #syncDirectory: boolean;
-  // Where the OS file offset is, so sequential I/O skips the seek; -1 = unknown.
-  #position = -1;
+  // Where the OS file offset is, so sequential I/O skips the seek; -1 =
+  // unknown. A file just opened (never with O_APPEND) is at 0.
+  #position = 0;
 
   constructor(
     path: string,
@@ -657,6 +658,10 @@ function errorCode(error: unknown, fallback: number): number {
 function createVfs(sqlite3: Sqlite3Static) {
   const wasm = sqlite3.wasm;
   const files = new Map<number, OpenFile>();
+  // Whether each journal, WAL or probed path was on disk when this VFS last
+  // looked: SQLite probes the same few paths on every transaction, and
+  // guessing right saves a system call (a wrong guess costs one more).
+  const seen = new Map<string, boolean>();
   let lastError: { message: string; code: number } | undefined;
 
   // Exceptions must never cross into WASM: every method reports a result
@@ -706,6 +711,41 @@ function createVfs(sqlite3: Sqlite3Static) {
       return OK;
     } catch (error) {
       return fail(error, IOERR_WRITE);
+    }
+  };
+
+  // Opens (creating if need be) a journal or WAL file and tells whether
+  // this call created it, which decides the directory fsync: in one system
+  // call when the file is where it was last time (there in TRUNCATE and
+  // PERSIST mode, deleted in DELETE mode), in two when that guess is wrong.
+  const openJournal = (path: string): [Deno.FsFile, boolean] => {
+    for (let attempt = 0;; attempt++) {
+      if (seen.get(path) !== false) {
+        try {
+          const file = Deno.openSync(path, { read: true, write: true });
+          seen.set(path, true);
+          return [file, false];
+        } catch (error) {
+          if (!(error instanceof Deno.errors.NotFound) || attempt > 2) {
+            throw error;
+          }
+        }
+      }
+      try {
+        const file = Deno.openSync(path, {
+          read: true,
+          write: true,
+          createNew: true,
+        });
+        seen.set(path, true);
+        return [file, true];
+      } catch (error) {
+        if (!(error instanceof Deno.errors.AlreadyExists) || attempt > 2) {
+          throw error;
+        }
+      }
+      // Created or deleted by another connection in between: look again.
+      seen.set(path, true);
     }
   };
 
@@ -867,24 +907,28 @@ function createVfs(sqlite3: Sqlite3Static) {
           const create = writable && (flags & OPEN_CREATE) !== 0;
           const isJournal =
             (flags & (OPEN_MAIN_JOURNAL | OPEN_SUPER_JOURNAL | OPEN_WAL)) !== 0;
-          const created = create && isJournal && !existsSync(name);
           let handle: Deno.FsFile;
-          try {
-            handle = Deno.openSync(name, {
-              read: true,
-              write: writable,
-              create,
-              createNew: create && (flags & OPEN_EXCLUSIVE) !== 0,
-            });
-          } catch (error) {
-            // Like os_unix: a database we may not write opens read-only.
-            if (
-              !(writable && (flags & OPEN_MAIN_DB) !== 0 &&
-                error instanceof Deno.errors.PermissionDenied)
-            ) throw error;
-            handle = Deno.openSync(name, { read: true });
-            outFlags = (flags & ~(OPEN_READWRITE | OPEN_CREATE)) |
-              OPEN_READONLY;
+          let created = false;
+          if (create && isJournal && (flags & OPEN_EXCLUSIVE) === 0) {
+            [handle, created] = openJournal(name);
+          } else {
+            try {
+              handle = Deno.openSync(name, {
+                read: true,
+                write: writable,
+                create,
+                createNew: create && (flags & OPEN_EXCLUSIVE) !== 0,
+              });
+            } catch (error) {
+              // Like os_unix: a database we may not write opens read-only.
+              if (
+                !(writable && (flags & OPEN_MAIN_DB) !== 0 &&
+                  error instanceof Deno.errors.PermissionDenied)
+              ) throw error;
+              handle = Deno.openSync(name, { read: true });
+              outFlags = (flags & ~(OPEN_READWRITE | OPEN_CREATE)) |
+                OPEN_READONLY;
+            }
           }
           let locks: LockSet | undefined;
           if ((flags & OPEN_MAIN_DB) !== 0) {
@@ -924,6 +968,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       const path = wasm.cstrToJs(zName) ?? "";
+      seen.set(path, false);
       try {
         Deno.removeSync(path);
       } catch (error) {
@@ -957,13 +1002,17 @@ function createVfs(sqlite3: Sqlite3Static) {
           // As os_unix: an empty regular file (a TRUNCATE-mode journal
           // between transactions) counts as absent, so it is not probed
           // as a possible hot journal on every read.
-          if (existsSync(path)) {
+          // A file that was there last time is statted at once (one call);
+          // one that was absent is probed first, as a failing stat costs
+          // an exception.
+          if (seen.get(path) !== false || existsSync(path)) {
             try {
               const info = Deno.statSync(path);
               result = !info.isFile || info.size > 0;
+              seen.set(path, true);
             } catch (error) {
-              // Deleted between the two calls.
               if (!(error instanceof Deno.errors.NotFound)) throw error;
+              seen.set(path, false);
             }
           }
         } else {
