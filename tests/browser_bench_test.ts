@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { browserTest } from "./fixtures/browser/harness.ts";
+import { runBenchSmoke } from "./helpers.ts";
 
 Deno.test(
   {
@@ -8,26 +9,13 @@ Deno.test(
     ...browserTest,
   },
   async () => {
-    const output = await new Deno.Command(Deno.execPath(), {
-      args: [
-        "run",
-        "-A",
-        "--config",
-        new URL("../deno.json", import.meta.url).pathname,
-        new URL("../bench/browser_bench.ts", import.meta.url).pathname,
-        "--smoke",
-      ],
-      stdout: "piped",
-      stderr: "piped",
-    }).output();
-    assert.ok(output.success, new TextDecoder().decode(output.stderr));
-    const [table, json] = new TextDecoder().decode(output.stdout).trim()
-      .split("\n\n");
-    const { rows, smoke } = JSON.parse(json!);
+    const { tableLines, rows, smoke } = await runBenchSmoke(
+      "browser_bench.ts",
+    );
     assert.equal(smoke, true);
-    assert.equal(table!.split("\n").length, 2 + rows.length);
+    assert.equal(tableLines.length, 2 + rows.length);
     assert.deepEqual(
-      rows.map((row: { name: string }) => row.name),
+      rows.map((row) => row.name),
       [
         "claim+ack, Chromium opfs-sahpool via worker (wal, full)",
         "claim+ack, Chromium opfs-sahpool via worker (wal, normal)",

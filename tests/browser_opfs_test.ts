@@ -1,14 +1,10 @@
 import assert from "node:assert/strict";
-import type { Page } from "playwright-core";
-import { browserTest, openSession, PATHS } from "./fixtures/browser/harness.ts";
-
-async function blankPage(
-  session: Awaited<ReturnType<typeof openSession>>,
-): Promise<Page> {
-  const page = await session.context.newPage();
-  await page.goto(`${session.server.url}fixtures/blank.html`);
-  return page;
-}
+import {
+  blankPage,
+  browserTest,
+  openSession,
+  PATHS,
+} from "./fixtures/browser/harness.ts";
 
 Deno.test(
   {

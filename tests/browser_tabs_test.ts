@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import type { Page } from "playwright-core";
 import {
+  blankPage,
   browserTest,
   openSession,
   PATHS,
@@ -91,8 +92,7 @@ Deno.test(
   },
   async () => {
     await using session = await openSession();
-    const page = await session.context.newPage();
-    await page.goto(`${session.server.url}fixtures/blank.html`);
+    const page = await blankPage(session);
     const ids = await page.evaluate(async (paths) => {
       const m = await import(paths.bundle);
       const outbox = await m.openSharedOutbox("persist");
@@ -244,16 +244,14 @@ Deno.test(
   },
   async () => {
     await using session = await openSession();
-    const leader = await session.context.newPage();
-    await leader.goto(`${session.server.url}fixtures/blank.html`);
+    const leader = await blankPage(session);
     await leader.evaluate(async (paths) => {
       const m = await import(paths.bundle);
       const outbox = await m.openSharedOutbox("handback");
       await outbox.enqueue("job");
       Object.assign(globalThis, { outbox });
     }, PATHS);
-    const follower = await session.context.newPage();
-    await follower.goto(`${session.server.url}fixtures/blank.html`);
+    const follower = await blankPage(session);
     const claimed = await follower.evaluate(async (paths) => {
       const m = await import(paths.bundle);
       const outbox = await m.openSharedOutbox("handback");
@@ -305,8 +303,7 @@ Deno.test(
   },
   async () => {
     await using session = await openSession();
-    const leader = await session.context.newPage();
-    await leader.goto(`${session.server.url}fixtures/blank.html`);
+    const leader = await blankPage(session);
     await leader.evaluate(async (paths) => {
       const m = await import(paths.bundle);
       const outbox = await m.openSharedOutbox("forward");
@@ -314,8 +311,7 @@ Deno.test(
       outbox.addEventListener("enqueue", () => counter.enqueued++);
       Object.assign(globalThis, { outbox, counter });
     }, PATHS);
-    const follower = await session.context.newPage();
-    await follower.goto(`${session.server.url}fixtures/blank.html`);
+    const follower = await blankPage(session);
     const seen = await follower.evaluate(async (paths) => {
       const m = await import(paths.bundle);
       const outbox = await m.openSharedOutbox("forward");
@@ -371,8 +367,7 @@ Deno.test(
   },
   async () => {
     await using session = await openSession();
-    const leader = await session.context.newPage();
-    await leader.goto(`${session.server.url}fixtures/blank.html`);
+    const leader = await blankPage(session);
     await leader.evaluate(async (paths) => {
       // The leader stores what it is sent but its replies never leave: as
       // if the tab died between commit and reply.
@@ -387,8 +382,7 @@ Deno.test(
       await outbox.stats();
       Object.assign(globalThis, { outbox });
     }, PATHS);
-    const follower = await session.context.newPage();
-    await follower.goto(`${session.server.url}fixtures/blank.html`);
+    const follower = await blankPage(session);
     await follower.evaluate(async (paths) => {
       const m = await import(paths.bundle);
       const outbox = await m.openSharedOutbox("once");
@@ -439,16 +433,14 @@ Deno.test(
   },
   async () => {
     await using session = await openSession();
-    const leader = await session.context.newPage();
-    await leader.goto(`${session.server.url}fixtures/blank.html`);
+    const leader = await blankPage(session);
     await leader.evaluate(async (paths) => {
       const m = await import(paths.bundle);
       const outbox = await m.openSharedOutbox("crash");
       await outbox.enqueue("before");
       Object.assign(globalThis, { outbox });
     }, PATHS);
-    const follower = await session.context.newPage();
-    await follower.goto(`${session.server.url}fixtures/blank.html`);
+    const follower = await blankPage(session);
     await follower.evaluate(async (paths) => {
       const m = await import(paths.bundle);
       Object.assign(globalThis, {
@@ -506,8 +498,7 @@ Deno.test(
   },
   async () => {
     await using session = await openSession();
-    const page = await session.context.newPage();
-    await page.goto(`${session.server.url}fixtures/blank.html`);
+    const page = await blankPage(session);
     const claimed = await page.evaluate(async (paths) => {
       const m = await import(paths.bundle);
       const outbox = await m.openSharedOutbox("reload");

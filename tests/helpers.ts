@@ -76,3 +76,39 @@ export function driverTest(
     }
   });
 }
+
+/** What a benchmark script printed: its markdown table lines and its JSON. */
+export interface BenchOutput {
+  readonly tableLines: string[];
+  readonly rows: {
+    name: string;
+    value: number;
+    anchorValue: number;
+    ratio: number;
+  }[];
+  readonly smoke: boolean;
+}
+
+/** Runs a `bench/` script with `--smoke` and parses its table and JSON. */
+export async function runBenchSmoke(script: string): Promise<BenchOutput> {
+  const output = await new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      "--config",
+      new URL("../deno.json", import.meta.url).pathname,
+      new URL(`../bench/${script}`, import.meta.url).pathname,
+      "--smoke",
+    ],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  if (!output.success) {
+    throw new Error(new TextDecoder().decode(output.stderr));
+  }
+  const [table, json] = new TextDecoder().decode(output.stdout).trim().split(
+    "\n\n",
+  );
+  const { rows, smoke } = JSON.parse(json!);
+  return { tableLines: table!.split("\n"), rows, smoke };
+}
