@@ -12,9 +12,9 @@
  * has no byte-range locks. Three permanent zero-byte sidecar files next to the
  * database stand for SQLite's PENDING, RESERVED and SHARED lock bytes:
  * `<db>-pending.lock`, `<db>-reserved.lock` and `<db>-shared.lock`; a fourth,
- * `<db>-waiting.lock`, marks writers that were refused RESERVED, and a
- * writer arriving while others wait yields to them, so writers polling on
- * timers are not starved by one that starts again the moment it commits. flock
+ * `<db>-waiting.lock`, is the line of connections refused a lock (see
+ * `lock_wait.ts`): a writer that keeps beginning transactions while someone
+ * waits in line lets them in after a few, so nobody is starved. flock
  * locks belong to an open file description, so every connection opens its
  * own sidecar handles and two connections in one process exclude each other
  * exactly like two processes do; the kernel drops a dead process's locks, so
@@ -37,6 +37,7 @@ import { existsSync } from "node:fs";
 import { basename, dirname, join, resolve } from "node:path";
 import type { loadSqlite3 } from "./sqlite_wasm.ts";
 import type { Sqlite3Static, WasmPointer } from "@sqlite.org/sqlite-wasm";
+import { WaitLine } from "./lock_wait.ts";
 
 /** Options for {@linkcode installDenoFileVfs}. */
 export interface DenoFileVfsOptions {
@@ -100,8 +101,9 @@ export function installDenoFileVfs(
     if (asDefault) capi.sqlite3_vfs_register(capi.sqlite3_vfs_find(name), 1);
     return name;
   }
-  const { io, vfs, takeLastError } = createVfs(sqlite3);
+  const { io, vfs, takeLastError, busyWait } = createVfs(sqlite3);
   lastErrors.set(sqlite3, takeLastError);
+  busyWaits.set(sqlite3, busyWait);
   const ioStruct = new capi.sqlite3_io_methods();
   // The typings name it `iVersion`; the struct binder's member is `$iVersion`.
   (ioStruct as unknown as { $iVersion: number }).$iVersion = 1;
@@ -148,6 +150,51 @@ export function takeDenoFileVfsError(
 }
 
 const lastErrors = new WeakMap<Sqlite3Static, () => string | undefined>();
+
+/**
+ * Waits after the connection `db` got `SQLITE_BUSY` until the lock that
+ * refused it may be free, or `timeoutMs` milliseconds at most: in line with
+ * the other waiting connections of its database (see `lock_wait.ts`), or on
+ * a timer when no lock can be watched. `SQLITE_FCNTL_FILE_POINTER` finds
+ * the connection's main database file.
+ *
+ * @ignore
+ * @param sqlite3 The module the VFS was installed in.
+ * @param db The connection's `sqlite3*`.
+ * @param timeoutMs The longest wait, in milliseconds.
+ */
+export function denoFileBusyWait(
+  sqlite3: Awaited<ReturnType<typeof loadSqlite3>>,
+  db: number,
+  timeoutMs: number,
+): Promise<void> {
+  const busyWait = busyWaits.get(sqlite3);
+  const { wasm, capi } = sqlite3;
+  const stack = wasm.pstack.pointer;
+  try {
+    const slot = wasm.pstack.allocPtr() as WasmPointer;
+    const rc = busyWait === undefined ? BUSY : capi.sqlite3_file_control(
+      db as unknown as WasmPointer,
+      "main",
+      capi.SQLITE_FCNTL_FILE_POINTER,
+      slot,
+    );
+    return rc === OK
+      ? busyWait!(Number(wasm.peekPtr(slot)), timeoutMs)
+      : pause(Math.min(timeoutMs, PAUSE_MS));
+  } finally {
+    wasm.pstack.restore(stack);
+  }
+}
+
+const busyWaits = new WeakMap<
+  Sqlite3Static,
+  (pFile: number, timeoutMs: number) => Promise<void>
+>();
+
+function pause(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
 
 const MAX_PATHNAME = 1024;
 const SECTOR_SIZE = 4096;
@@ -202,11 +249,29 @@ const RUN_BYTES = 128 * 1024;
 // SHARED; a few immediate retries absorb those windows instead of reporting a
 // spurious SQLITE_BUSY to the writer.
 const LOCK_ATTEMPTS = 3;
-// How long a writer that got SQLITE_BUSY stays marked as waiting without
-// asking again: far longer than the lease core's longest retry pause (16 ms)
-// so a loaded event loop keeps its place, and short enough that a newcomer
-// with no retries left rarely meets a mark whose writer gave up.
-const WAITING_MS = 250;
+// How many transactions in a row a writer may begin while others wait in
+// line for the lock, before it gets in line behind them.
+const TURN_TRANSACTIONS = 8;
+// How long a writer keeps trying to get readers out of its way (PENDING,
+// then EXCLUSIVE) before it reports SQLITE_BUSY.
+const READERS_SPIN_MS = 2;
+
+// The sidecars a refused connection can watch, as its WaitLine indexes them.
+const RESERVED_FILE = 0;
+const SHARED_FILE = 1;
+
+/**
+ * What a connection refused a lock waits for before it tries again: the
+ * sidecar whose exclusive holder refused it, or a pause in milliseconds
+ * when nothing can be watched.
+ */
+type Refusal = { readonly watch: number } | { readonly pauseMs: number };
+
+// The pause when readers are in a writer's way (they hold their locks for
+// one statement), or the lock that refused is unknown (not this VFS's
+// database, or an error outside the lock calls).
+const PAUSE_MS = 1;
+const PAUSE: Refusal = { pauseMs: PAUSE_MS };
 
 const ioMethodsPointer = new WeakMap<Sqlite3Static, WasmPointer>();
 const encoder = new TextEncoder();
@@ -247,21 +312,28 @@ interface OpenFile {
  */
 class LockSet {
   #level = NONE;
+  /** What to wait for after the last refused lock. */
+  #refusal: Refusal = PAUSE;
+  /** Transactions this connection began in a row while others waited. */
+  #turns = 0;
   #pendingHeld = false;
   #reservedHeld = false;
-  #waitingHeld = false;
-  #waitingTimer: ReturnType<typeof setTimeout> | undefined;
   readonly #pending: Deno.FsFile;
   readonly #reserved: Deno.FsFile;
   readonly #shared: Deno.FsFile;
   readonly #waiting: Deno.FsFile;
+  readonly #paths: readonly string[];
+  /** This connection's place in the waiting line, once it had to wait. */
+  #line: WaitLine | undefined;
+  #inLine = false;
 
   constructor(databasePath: string) {
+    this.#paths = ["pending", "reserved", "shared", "waiting"].map((kind) =>
+      `${databasePath}-${kind}.lock`
+    );
     const opened: Deno.FsFile[] = [];
     try {
-      for (const kind of ["pending", "reserved", "shared", "waiting"]) {
-        opened.push(openSidecar(`${databasePath}-${kind}.lock`));
-      }
+      for (const path of this.#paths) opened.push(openSidecar(path));
     } catch (error) {
       for (const file of opened) file.close();
       throw error;
@@ -278,51 +350,103 @@ class LockSet {
     return this.#level;
   }
 
+  /**
+   * Waits until the lock that refused this connection last may be free (see
+   * {@linkcode WaitLine}), or `timeoutMs` at most.
+   */
+  wait(timeoutMs: number): Promise<void> {
+    const refusal = this.#refusal;
+    if ("pauseMs" in refusal) {
+      return pause(Math.min(timeoutMs, refusal.pauseMs));
+    }
+    const [, reserved, shared, waiting] = this.#paths as [
+      string,
+      string,
+      string,
+      string,
+    ];
+    // Indexed by RESERVED_FILE and SHARED_FILE.
+    this.#line ??= new WaitLine(waiting, [reserved, shared]);
+    this.#inLine = true;
+    return this.#line.wait(refusal.watch, timeoutMs);
+  }
+
   lock(target: number): number {
     if (this.#level >= target) return OK;
     if (target === SHARED) {
-      if (!this.#pending.tryLockSync(false)) return BUSY;
+      // A writer holds PENDING from its commit's start to its end, and
+      // RESERVED from its transaction's start to the same end: watching
+      // RESERVED wakes this connection once the whole transaction is over
+      // (not between its commit and the same writer's next transaction).
+      // Only a connection rolling back a hot journal holds PENDING without
+      // RESERVED, and then the wait ends at once and the retry comes back.
+      if (!this.#pending.tryLockSync(false)) {
+        return this.#refuse({ watch: RESERVED_FILE });
+      }
       const shared = this.#shared.tryLockSync(false);
       this.#pending.unlockSync();
-      if (!shared) return BUSY;
+      if (!shared) return this.#refuse({ watch: SHARED_FILE });
       this.#level = SHARED;
       return OK;
     }
     if (target === RESERVED) {
-      // Busy waiting has no queue: a writer that starts its next transaction
-      // the moment it commits would win every race against writers polling
-      // on timers. A newcomer therefore yields while others wait.
-      if (!this.#waitingHeld && this.#othersWaiting()) {
-        this.#wait();
-        return BUSY;
+      // SQLite's lock has no queue: a writer that starts its next
+      // transaction the moment it commits wins every race against writers
+      // that must first be woken. So while someone waits in line, a writer
+      // takes a few transactions in a row (a handoff costs about as much as
+      // a transaction) and then gets in line behind them.
+      const othersWaiting = this.#line?.isFirst !== true &&
+        this.#othersWaiting();
+      if (othersWaiting && this.#turns >= TURN_TRANSACTIONS) {
+        this.#turns = 0;
+        return this.#refuse({ watch: RESERVED_FILE });
       }
       if (!tryLock(this.#reserved, true)) {
-        this.#wait();
-        return BUSY;
+        return this.#refuse({ watch: RESERVED_FILE });
       }
-      this.#stopWaiting();
+      this.#turns = othersWaiting ? this.#turns + 1 : 0;
+      if (this.#inLine) {
+        this.#inLine = false;
+        this.#line!.leave();
+      }
       this.#reservedHeld = true;
       this.#level = RESERVED;
       return OK;
     }
-    if (!this.#pendingHeld) {
-      if (!tryLock(this.#pending, true)) return BUSY;
-      this.#pendingHeld = true;
-      this.#level = PENDING;
+    // What stands in the way now is readers: the PENDING sidecar (readers
+    // hold it shared while they take SHARED) or the SHARED one, which this
+    // connection holds too, so neither can be watched. A reader holds SHARED
+    // for one statement, often a writer's failed BEGIN IMMEDIATE (tens of
+    // µs), and no new reader gets in once PENDING is held: trying again for
+    // a moment is far cheaper than a pause on a timer, which would keep
+    // every other connection out for milliseconds.
+    const until = performance.now() + READERS_SPIN_MS;
+    for (;;) {
+      if (!this.#pendingHeld && this.#pending.tryLockSync(true)) {
+        this.#pendingHeld = true;
+        this.#level = PENDING;
+      }
+      if (this.#pendingHeld) {
+        // flock converts SHARED to EXCLUSIVE by dropping the old lock first,
+        // and a failed conversion leaves none (flock(2), Linux's
+        // flock_lock_inode), so on failure SHARED is taken again.
+        if (this.#shared.tryLockSync(true)) {
+          this.#level = EXCLUSIVE;
+          return OK;
+        }
+        if (!tryLock(this.#shared, false)) {
+          throw new VfsError(
+            "Could not re-take the SHARED lock after a failed EXCLUSIVE attempt",
+            IOERR_LOCK,
+          );
+        }
+      }
+      if (performance.now() >= until) return this.#refuse(PAUSE);
     }
-    // flock converts SHARED to EXCLUSIVE by dropping the old lock first, and
-    // a failed conversion leaves none (flock(2), Linux's flock_lock_inode),
-    // so on failure SHARED is taken again.
-    if (this.#shared.tryLockSync(true)) {
-      this.#level = EXCLUSIVE;
-      return OK;
-    }
-    if (!tryLock(this.#shared, false)) {
-      throw new VfsError(
-        "Could not re-take the SHARED lock after a failed EXCLUSIVE attempt",
-        IOERR_LOCK,
-      );
-    }
+  }
+
+  #refuse(refusal: Refusal): number {
+    this.#refusal = refusal;
     return BUSY;
   }
 
@@ -338,13 +462,15 @@ class LockSet {
     } else {
       this.#shared.unlockSync();
     }
-    if (this.#reservedHeld) {
-      this.#reserved.unlockSync();
-      this.#reservedHeld = false;
-    }
+    // PENDING before RESERVED (os_unix lets both go in one call): a writer
+    // waiting in line watches RESERVED and should find PENDING free.
     if (this.#pendingHeld) {
       this.#pending.unlockSync();
       this.#pendingHeld = false;
+    }
+    if (this.#reservedHeld) {
+      this.#reserved.unlockSync();
+      this.#reservedHeld = false;
     }
     this.#level = target;
     return OK;
@@ -364,7 +490,7 @@ class LockSet {
   }
 
   close(): void {
-    this.#stopWaiting();
+    this.#line?.close();
     this.#pending.close();
     this.#reserved.close();
     this.#shared.close();
@@ -372,38 +498,11 @@ class LockSet {
     this.#level = NONE;
   }
 
-  /** Whether another connection holds the waiting sidecar (shared). */
+  /** Whether another connection is first in line (holds the waiting sidecar). */
   #othersWaiting(): boolean {
-    if (!this.#waiting.tryLockSync(true)) return true;
+    if (!this.#waiting.tryLockSync(false)) return true;
     this.#waiting.unlockSync();
     return false;
-  }
-
-  /**
-   * Marks this connection as waiting for RESERVED (a shared lock on the
-   * waiting sidecar) until it gets RESERVED or stops asking for it: SQLite
-   * drops every lock between busy retries, so only a timer can tell that
-   * the caller gave up, and then the mark must not hold others back.
-   */
-  #wait(): void {
-    if (!this.#waitingHeld) {
-      this.#waitingHeld = this.#waiting.tryLockSync(false);
-    }
-    if (!this.#waitingHeld) return;
-    clearTimeout(this.#waitingTimer);
-    const timer = setTimeout(() => this.#stopWaiting(), WAITING_MS);
-    // The mark must never keep a process alive.
-    Deno.unrefTimer(timer);
-    this.#waitingTimer = timer;
-  }
-
-  #stopWaiting(): void {
-    clearTimeout(this.#waitingTimer);
-    this.#waitingTimer = undefined;
-    if (this.#waitingHeld) {
-      this.#waiting.unlockSync();
-      this.#waitingHeld = false;
-    }
   }
 }
 
@@ -457,6 +556,11 @@ class DiskFile implements OpenFile {
 
   lockLevel(): number {
     return this.#locks?.level ?? NONE;
+  }
+
+  /** Waits as {@linkcode LockSet.wait} does (a pause when unlocked). */
+  busyWait(timeoutMs: number): Promise<void> {
+    return this.#locks?.wait(timeoutMs) ?? pause(Math.min(timeoutMs, PAUSE_MS));
   }
 
   read(into: Uint8Array, offset: number): number {
@@ -1094,7 +1198,13 @@ function createVfs(sqlite3: Sqlite3Static) {
     lastError = undefined;
     return message;
   };
-  return { io, vfs, takeLastError };
+  const busyWait = (pFile: number, timeoutMs: number): Promise<void> => {
+    const file = files.get(pFile);
+    return file instanceof DiskFile
+      ? file.busyWait(timeoutMs)
+      : pause(Math.min(timeoutMs, PAUSE_MS));
+  };
+  return { io, vfs, takeLastError, busyWait };
 }
 
 const sleepCell = new Int32Array(new SharedArrayBuffer(4));

@@ -46,6 +46,14 @@ export interface Driver {
   run(sql: string, params?: readonly SqlValue[]): Promise<RunResult>;
   /** Runs a script of several statements without parameters. */
   exec(sql: string): Promise<void>;
+  /**
+   * Waits until the lock that made this connection's last statement fail
+   * with `SQLITE_BUSY` may be free, or `timeoutMs` milliseconds at most; the
+   * caller then tries again. Optional: without it the core sleeps with
+   * jittered backoff, which on timers of about 2 ms leaves the lock idle
+   * through most handoffs.
+   */
+  busyWait?(timeoutMs: number): Promise<void>;
   /** Closes the connection; later calls reject. Closing twice is a no-op. */
   close(): Promise<void>;
 }

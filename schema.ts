@@ -6,15 +6,14 @@
  */
 
 /** The schema version `Outbox.open()` applies, stored in `PRAGMA user_version`. */
-export const SCHEMA_VERSION = 1;
+export const SCHEMA_VERSION = 2;
 
 /**
  * The text of `schema.sql`: STRICT tables `outbox_events` and
- * `outbox_attempts`, the indexes the claim query uses, and the triggers
- * that write the hot paths' ledger entries.
+ * `outbox_attempts` and the indexes the claim query uses.
  */
 export const SCHEMA_SQL: string =
-  `-- leased-outbox schema, version 1 (stored in PRAGMA user_version).
+  `-- leased-outbox schema, version 2 (stored in PRAGMA user_version).
 -- Applied once by Outbox.open() inside one BEGIN IMMEDIATE transaction.
 
 -- One row per event. AUTOINCREMENT: ids are never reused, even after purge(),
@@ -63,7 +62,10 @@ CREATE INDEX outbox_events_done ON outbox_events (done_at)
   WHERE state = 'done';
 
 -- The attempt ledger behind explain(): one row per claim, renewal, release,
--- acknowledgement, stale call, lease expiry, dead letter and retry.
+-- acknowledgement, stale call, lease expiry, dead letter and retry. lease.ts
+-- writes it, one statement per batch (version 1 used triggers, which cost one
+-- trigger program per row and doubled the cost of a batch; Outbox.open()
+-- drops them when it upgrades a version 1 database).
 CREATE TABLE outbox_attempts (
   id INTEGER PRIMARY KEY,
   event_id INTEGER NOT NULL,
@@ -80,25 +82,5 @@ CREATE TABLE outbox_attempts (
 
 CREATE INDEX outbox_attempts_event ON outbox_attempts (event_id, id);
 
--- The ledger entries of the hot paths are written by triggers, inside the
--- statement that changes the event, so a claim or an acknowledgement costs no
--- extra statement. The other entries are rare and written by lease.ts.
-CREATE TRIGGER outbox_events_claimed AFTER UPDATE OF fence ON outbox_events
-WHEN NEW.fence > OLD.fence
-BEGIN
-  INSERT INTO outbox_attempts (event_id, fence, kind, at, detail)
-    SELECT OLD.id, OLD.fence, 'expired', NEW.updated_at, 'lease expired'
-    WHERE OLD.state = 'leased';
-  INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until)
-    VALUES (NEW.id, NEW.fence, 'claimed', NEW.updated_at, NEW.token, NEW.lease_until);
-END;
-
-CREATE TRIGGER outbox_events_acknowledged AFTER UPDATE OF state ON outbox_events
-WHEN OLD.state = 'leased' AND NEW.state = 'done'
-BEGIN
-  INSERT INTO outbox_attempts (event_id, fence, kind, at, token)
-    VALUES (NEW.id, NEW.fence, 'acknowledged', NEW.done_at, NEW.token);
-END;
-
-PRAGMA user_version = 1;
+PRAGMA user_version = 2;
 `;

@@ -62,6 +62,7 @@ export interface SqliteWasmOptions {
  * @param path `":memory:"`, a `file:` URI, or a path the chosen VFS understands.
  * @param options See {@linkcode SqliteWasmOptions}.
  * @returns A {@linkcode Driver} for the connection.
+ * @throws {TypeError} When `path` is not a non-empty string.
  * @throws {SqliteError} When SQLite cannot open the database (`SQLITE_CANTOPEN`).
  *
  * @example Two connections to one shared in-memory database
@@ -79,6 +80,27 @@ export async function openSqliteWasm(
   path: string,
   options: SqliteWasmOptions = {},
 ): Promise<SqliteWasmDriver> {
+  const sqlite3 = await loadSqlite3();
+  return new SqliteWasmDriver(sqlite3, openDatabase(sqlite3, path, options));
+}
+
+/**
+ * Opens an oo1 connection, creating the database if need be, for the
+ * runtime-specific openers that wrap it in their own driver.
+ *
+ * @ignore
+ * @param sqlite3 The module namespace from {@linkcode loadSqlite3}.
+ * @param path What {@linkcode openSqliteWasm} takes.
+ * @param options See {@linkcode SqliteWasmOptions}.
+ * @returns The open connection.
+ * @throws {TypeError} When `path` is not a non-empty string.
+ * @throws {SqliteError} When SQLite cannot open the database.
+ */
+export function openDatabase(
+  sqlite3: Sqlite3Static,
+  path: string,
+  options: SqliteWasmOptions,
+): Database {
   if (typeof path !== "string" || path.length === 0) {
     throw new TypeError(
       `Cannot open database as 'path' must be a non-empty string: current value is ${
@@ -86,10 +108,8 @@ export async function openSqliteWasm(
       }`,
     );
   }
-  const sqlite3 = await loadSqlite3();
-  let db: Database;
   try {
-    db = new sqlite3.oo1.DB({
+    return new sqlite3.oo1.DB({
       filename: path,
       flags: "c",
       ...(options.vfs === undefined ? {} : { vfs: options.vfs }),
@@ -97,8 +117,16 @@ export async function openSqliteWasm(
   } catch (error) {
     throw toSqliteError(error);
   }
-  return new SqliteWasmDriver(sqlite3, db);
 }
+
+/**
+ * Waits after `SQLITE_BUSY` on the connection `db` (its `sqlite3*`) for at
+ * most `timeoutMs` milliseconds: the hook behind
+ * {@linkcode SqliteWasmDriver.busyWait}.
+ *
+ * @ignore
+ */
+export type BusyWaitHook = (db: number, timeoutMs: number) => Promise<void>;
 
 /**
  * A {@linkcode Driver} over one oo1 connection. Statements are prepared once
@@ -120,6 +148,13 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
   /** Scratch space in the WASM heap for text and blob parameters. */
   #scratch = 0;
   #scratchBytes = 0;
+  /**
+   * Waits until the lock that made the last statement fail with
+   * `SQLITE_BUSY` may be free, or `timeoutMs` milliseconds at most. Present
+   * when the opener knows how to watch the database's locks (the Deno file
+   * VFS does); see {@linkcode Driver.busyWait}.
+   */
+  readonly busyWait?: (timeoutMs: number) => Promise<void>;
 
   /**
    * Wraps an open oo1 connection (for the project's own openers).
@@ -127,8 +162,9 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
    * @ignore
    * @param sqlite3 The module namespace from {@linkcode loadSqlite3}.
    * @param db An open oo1 database this driver takes ownership of.
+   * @param busyWait How to wait after `SQLITE_BUSY`, if the opener knows.
    */
-  constructor(sqlite3: Sqlite3Static, db: Database) {
+  constructor(sqlite3: Sqlite3Static, db: Database, busyWait?: BusyWaitHook) {
     this.#capi = sqlite3.wasm.exports as RawCapi;
     this.#memory = sqlite3.config.memory;
     this.#heap = new Uint8Array(this.#memory.buffer);
@@ -136,6 +172,13 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
     this.#pointer = db.pointer!;
     this.#alloc = (bytes) => sqlite3.wasm.alloc(bytes);
     this.#dealloc = (pointer) => sqlite3.wasm.dealloc(pointer);
+    if (busyWait !== undefined) {
+      // A closed connection's pointer is freed: nothing is left to wait for.
+      this.busyWait = (timeoutMs) =>
+        this.#db === undefined
+          ? Promise.resolve()
+          : busyWait(this.#pointer, timeoutMs);
+    }
   }
 
   /** Runs one statement and returns its rows. */

@@ -11,12 +11,17 @@
  * @module
  */
 import {
+  type BusyWaitHook,
   loadSqlite3,
-  openSqliteWasm as openWithVfs,
+  openDatabase,
   SqliteWasmDriver,
   type SqliteWasmOptions,
 } from "./sqlite_wasm.ts";
-import { installDenoFileVfs, takeDenoFileVfsError } from "./deno_file_vfs.ts";
+import {
+  denoFileBusyWait,
+  installDenoFileVfs,
+  takeDenoFileVfsError,
+} from "./deno_file_vfs.ts";
 import { BusyError, SqliteError, sqliteError } from "./errors.ts";
 
 export {
@@ -157,11 +162,15 @@ export async function openSqliteWasm(
   const sqlite3 = await loadSqlite3();
   installDenoFileVfs(sqlite3);
   takeDenoFileVfsError(sqlite3);
+  // How this VFS's locks are waited for: not a public option.
+  const busyWait: BusyWaitHook = (db, timeoutMs) =>
+    denoFileBusyWait(sqlite3, db, timeoutMs);
   let driver: SqliteWasmDriver;
   try {
-    driver = await openWithVfs(
-      name,
-      options.vfs === undefined ? {} : { vfs: options.vfs },
+    driver = new SqliteWasmDriver(
+      sqlite3,
+      openDatabase(sqlite3, name, options),
+      busyWait,
     );
   } catch (error) {
     // SQLite says only "unable to open database file"; the VFS knows why.
@@ -182,6 +191,7 @@ export async function openSqliteWasm(
       // SQLite's 4096, the disk's block and the VFS's sector size.
       await driver.exec(`PRAGMA page_size=${PAGE_SIZE}`);
       await untilNotBusy(
+        driver,
         busyTimeoutMs,
         () => applyJournalMode(driver, journalMode),
       );
@@ -198,23 +208,18 @@ const SQLITE_CANTOPEN = 14;
 const PAGE_SIZE = 4096;
 
 async function untilNotBusy(
+  driver: SqliteWasmDriver,
   busyTimeoutMs: number,
   fn: () => Promise<void>,
 ): Promise<void> {
   const deadline = performance.now() + busyTimeoutMs;
-  for (let backoffMs = 1;; backoffMs = Math.min(backoffMs * 2, 64)) {
+  for (;;) {
     try {
       return await fn();
     } catch (error) {
       const remainingMs = deadline - performance.now();
       if (!(error instanceof BusyError) || remainingMs <= 0) throw error;
-      // Full jitter, as the lease core does, keeps openers apart.
-      await new Promise((resolve) =>
-        setTimeout(
-          resolve,
-          Math.min(remainingMs, 1 + Math.random() * backoffMs),
-        )
-      );
+      await driver.busyWait!(remainingMs);
     }
   }
 }

@@ -3,6 +3,10 @@
  * applies exactly the canonical text; tests/schema_test.ts fails on drift.
  */
 const sql = await Deno.readTextFile(new URL("../schema.sql", import.meta.url));
+const version = sql.match(/^PRAGMA user_version = (\d+);$/m)?.[1];
+if (version === undefined) {
+  throw new Error("schema.sql must set PRAGMA user_version");
+}
 const literal = sql.replaceAll("\\", "\\\\").replaceAll("`", "\\`").replaceAll(
   "${",
   "\\${",
@@ -15,12 +19,11 @@ const module = `/**
  */
 
 /** The schema version \`Outbox.open()\` applies, stored in \`PRAGMA user_version\`. */
-export const SCHEMA_VERSION = 1;
+export const SCHEMA_VERSION = ${version};
 
 /**
  * The text of \`schema.sql\`: STRICT tables \`outbox_events\` and
- * \`outbox_attempts\`, the indexes the claim query uses, and the triggers
- * that write the hot paths' ledger entries.
+ * \`outbox_attempts\` and the indexes the claim query uses.
  */
 export const SCHEMA_SQL: string = \`${literal}\`;
 `;

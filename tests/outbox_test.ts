@@ -1,6 +1,12 @@
 /** Features beyond the cases: transactions, dedup, ordering, batches, retention. */
 import assert from "node:assert/strict";
-import { BusyError, LeaseLostError, type Transaction } from "../mod.ts";
+import {
+  BusyError,
+  type Lease,
+  LeaseLostError,
+  SCHEMA_VERSION,
+  type Transaction,
+} from "../mod.ts";
 import { driverTest, eventRow, type Harness, snapshot } from "./helpers.ts";
 import { DRIVERS } from "./drivers.ts";
 
@@ -165,6 +171,130 @@ for (const driver of DRIVERS) {
       4,
     ]);
     assert.deepEqual(await a!.claim({ max: 10 }), []);
+  });
+
+  test("claim({ max }) returns leases in claim order, by due time then id, taking over lapsed leases", async ({ clock, open }) => {
+    const [a] = await open();
+    const e1 = await a!.enqueue(1, { delayMs: 30 });
+    const e2 = await a!.enqueue(2);
+    const e3 = await a!.enqueue(3, { delayMs: 10 });
+    const e4 = await a!.enqueue(4);
+    const [lapsing] = await a!.claim({ max: 1, leaseMs: 20 });
+    assert.equal(lapsing?.eventId, e2.eventId);
+    clock.set(40);
+    // Due at 0, 10, 20 (the lapsed lease's deadline) and 30: the reverse of
+    // the ids, so an answer in row order would fail.
+    const leases = await a!.claim({ max: 10, leaseMs: 100 });
+    assert.deepEqual(
+      leases.map((
+        l,
+      ) => [l.eventId, l.fence, l.attempt, l.leaseUntil, l.lastError]),
+      [
+        [e4.eventId, 1, 1, 140, null],
+        [e3.eventId, 1, 1, 140, null],
+        [e2.eventId, 2, 2, 140, "lease expired"],
+        [e1.eventId, 1, 1, 140, null],
+      ],
+    );
+    assert.deepEqual(leases.map((l) => l.payload), [4, 3, 2, 1]);
+    assert.deepEqual(
+      (await a!.explain(e2.eventId))?.history.map((e) => [
+        e.kind,
+        e.fence,
+        e.at,
+        e.token,
+        e.leaseUntil,
+        e.detail,
+      ]),
+      [
+        ["claimed", 1, 0, lapsing!.token, 20, null],
+        ["expired", 1, 40, null, null, "lease expired"],
+        ["claimed", 2, 40, leases[2]!.token, 140, null],
+      ],
+    );
+  });
+
+  test("claim({ max }) takes only the first unfinished event of each ordering key", async ({ clock, open }) => {
+    const [a] = await open();
+    const k1 = await a!.enqueue("k1", { orderingKey: "k" });
+    const k2 = await a!.enqueue("k2", { orderingKey: "k" });
+    await a!.enqueue("j1", { orderingKey: "j", delayMs: 50 });
+    const j2 = await a!.enqueue("j2", { orderingKey: "j" });
+    const free = await a!.enqueue("free");
+    assert.equal((await a!.claim({ leaseMs: 10 }))?.eventId, k1.eventId);
+    clock.set(10);
+    // k2 waits for k1 (leased, lapsed, claimed again in this batch); j2 waits
+    // for j1, which is not due yet.
+    const batch = await a!.claim({ max: 10 });
+    assert.deepEqual(batch.map((l) => l.eventId), [
+      free.eventId,
+      k1.eventId,
+    ]);
+    assert.deepEqual(await a!.acknowledge(batch), [true, true]);
+    assert.deepEqual((await a!.claim({ max: 10 })).map((l) => l.eventId), [
+      k2.eventId,
+    ]);
+    clock.set(50);
+    assert.deepEqual((await a!.claim({ max: 10 })).map((l) => l.payload), [
+      "j1",
+    ]);
+    assert.notEqual(j2.eventId, 0);
+  });
+
+  test("acknowledge([...]) answers live, stale and repeated leases in input order, with the ledger of calls made one by one", async ({ clock, open, raw }) => {
+    const [a] = await open();
+    const e1 = await a!.enqueue(1);
+    const e2 = await a!.enqueue(2);
+    const e3 = await a!.enqueue(3);
+    const l1 = await a!.claim({ leaseMs: 100 });
+    const l2 = await a!.claim({ leaseMs: 10 });
+    const l3 = await a!.claim({ leaseMs: 100 });
+    clock.set(10);
+    const l2b = await a!.claim({ leaseMs: 100 });
+    assert.equal(l2b?.eventId, e2.eventId);
+    clock.set(11);
+    assert.deepEqual(
+      await a!.acknowledge([
+        l2!,
+        l1!,
+        l1!,
+        l2b!,
+        { ...l3!, fence: 2 },
+        l3!,
+        { ...l1!, eventId: 999 },
+      ]),
+      [false, true, false, true, false, true, false],
+    );
+    const history = async (eventId: number) =>
+      (await a!.explain(eventId))?.history.map((e) => [
+        e.kind,
+        e.fence,
+        e.at,
+        e.token,
+        e.leaseUntil,
+      ]);
+    assert.deepEqual(await history(e1.eventId), [
+      ["claimed", 1, 0, l1!.token, 100],
+      ["acknowledged", 1, 11, l1!.token, null],
+      ["stale_acknowledge", 1, 11, l1!.token, null],
+    ]);
+    assert.deepEqual(await history(e2.eventId), [
+      ["claimed", 1, 0, l2!.token, 10],
+      ["expired", 1, 10, null, null],
+      ["claimed", 2, 10, l2b!.token, 110],
+      ["stale_acknowledge", 1, 11, l2!.token, null],
+      ["acknowledged", 2, 11, l2b!.token, null],
+    ]);
+    assert.deepEqual(await history(e3.eventId), [
+      ["claimed", 1, 0, l3!.token, 100],
+      ["stale_acknowledge", 2, 11, l3!.token, null],
+      ["acknowledged", 1, 11, l3!.token, null],
+    ]);
+    const [orphans] = await raw.query(
+      "SELECT count(*) AS n FROM outbox_attempts WHERE event_id = 999",
+    );
+    assert.equal(orphans?.["n"], 0);
+    assert.equal((await a!.stats()).done, 3);
   });
 
   test("a supplied token the event was claimed with before is refused", async ({ clock, open, raw }) => {
@@ -354,12 +484,118 @@ for (const driver of DRIVERS) {
     assert.equal(version?.["user_version"], 3);
   });
 
+  test("open() upgrades a version 1 database in place: its history reads the same and calls after it are recorded once", async ({ clock, open, raw }) => {
+    await raw.exec(
+      await Deno.readTextFile(
+        new URL("./fixtures/schema_v1.sql", import.meta.url),
+      ),
+    );
+    // What version 1's lease.ts ran for: enqueue, claim as tokenA, takeover
+    // as tokenB after the lease lapsed, tokenA's stale acknowledgement,
+    // tokenB's acknowledgement; and a second event claimed as tokenC. Its
+    // triggers wrote the claims' and the acknowledgement's ledger entries.
+    const insert = `INSERT INTO outbox_events
+      (queue, state, payload, due_at, max_attempts, created_at, updated_at)
+      VALUES ('default', 'pending', ?1, ?2, 5, ?2, ?2)`;
+    const claim = `UPDATE outbox_events
+      SET state = 'leased', token = ?1, fence = fence + 1, attempt = attempt + 1,
+        lease_until = ?2, due_at = ?2, updated_at = ?3,
+        last_error = CASE state WHEN 'leased' THEN 'lease expired' ELSE last_error END
+      WHERE id = ?4`;
+    const acknowledge = `UPDATE outbox_events
+      SET state = 'done', lease_until = NULL, updated_at = ?1, done_at = ?1
+      WHERE id = ?2 AND token = ?3 AND fence = ?4 AND state = 'leased'`;
+    await raw.run(insert, ['"v1"', 0]);
+    await raw.run(claim, ["tokenA", 10, 0, 1]);
+    await raw.run(claim, ["tokenB", 30, 20, 1]);
+    await raw.run(
+      `INSERT INTO outbox_attempts (event_id, fence, kind, at, token)
+      SELECT id, ?2, ?3, ?4, ?5 FROM outbox_events WHERE id = ?1`,
+      [1, 1, "stale_acknowledge", 21, "tokenA"],
+    );
+    await raw.run(acknowledge, [25, 1, "tokenB", 2]);
+    await raw.run(insert, ['"open"', 25]);
+    await raw.run(claim, ["tokenC", 1000, 25, 2]);
+    const before = await snapshot(raw);
+    assert.equal(before.attempts.length, 6);
+
+    clock.set(30);
+    const [a] = await open();
+    const [version] = await raw.query("PRAGMA user_version");
+    assert.equal(version?.["user_version"], SCHEMA_VERSION);
+    assert.deepEqual(
+      await raw.query("SELECT name FROM sqlite_schema WHERE type = 'trigger'"),
+      [],
+    );
+    const after = await snapshot(raw);
+    assert.deepEqual([after.events, after.attempts], [
+      before.events,
+      before.attempts,
+    ]);
+
+    // The same calls through this release, on a fresh event.
+    clock.set(0);
+    const { eventId } = await a!.enqueue("v2", { queue: "again" });
+    const leaseA = await a!.claim({
+      queue: "again",
+      token: "tokenA",
+      leaseMs: 10,
+    });
+    clock.set(20);
+    const leaseB = await a!.claim({
+      queue: "again",
+      token: "tokenB",
+      leaseMs: 10,
+    });
+    clock.set(21);
+    assert.equal(await a!.acknowledge(leaseA!), false);
+    clock.set(25);
+    assert.equal(await a!.acknowledge(leaseB!), true);
+    const story = async (id: number) => {
+      const { eventId: _, queue: __, ...rest } = (await a!.explain(id))!;
+      return rest;
+    };
+    const v1 = await story(1);
+    assert.deepEqual(v1.history.map((e) => e.kind), [
+      "claimed",
+      "expired",
+      "claimed",
+      "stale_acknowledge",
+      "acknowledged",
+    ]);
+    assert.deepEqual(v1, await story(eventId));
+
+    clock.set(40);
+    const leaseC: Lease = {
+      eventId: 2,
+      queue: "default",
+      token: "tokenC",
+      fence: 1,
+      attempt: 1,
+      maxAttempts: 5,
+      leaseUntil: 1000,
+      payload: "open",
+      orderingKey: null,
+      lastError: null,
+    };
+    assert.deepEqual(await a!.acknowledge([leaseC, leaseC]), [true, false]);
+    const history = (await a!.explain(2))?.history;
+    assert.deepEqual(history?.map((e) => [e.kind, e.fence, e.at]), [
+      ["claimed", 1, 25],
+      ["acknowledged", 1, 40],
+      ["stale_acknowledge", 1, 40],
+    ]);
+  });
+
   test("open() applies the schema once and refuses a newer schema version", async ({ open, raw }) => {
     await open();
     await open();
     const [version] = await raw.query("PRAGMA user_version");
-    assert.equal(version?.["user_version"], 1);
-    await raw.exec("PRAGMA user_version = 2");
-    await assert.rejects(() => open(), /schema version 2/);
+    assert.equal(version?.["user_version"], SCHEMA_VERSION);
+    await raw.exec(`PRAGMA user_version = ${SCHEMA_VERSION + 1}`);
+    await assert.rejects(
+      () => open(),
+      new RegExp(`schema version ${SCHEMA_VERSION + 1}, not ${SCHEMA_VERSION}`),
+    );
   });
 }

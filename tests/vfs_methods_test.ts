@@ -185,46 +185,6 @@ Deno.test("a failed EXCLUSIVE keeps the SHARED lock (no lost lock from flock con
   });
 });
 
-Deno.test("a writer that got SQLITE_BUSY is served before a newcomer, so greedy writers cannot starve it", () => {
-  withFiles(3, ([a, b, c]) => {
-    for (const file of [a!, b!, c!]) assert.equal(file.lock(SHARED), OK);
-    assert.equal(a!.lock(RESERVED), OK);
-    assert.equal(b!.lock(RESERVED), BUSY, "b now waits");
-    assert.equal(a!.unlock(NONE), OK);
-    assert.equal(a!.lock(SHARED), OK);
-    assert.equal(a!.lock(RESERVED), BUSY, "a, back at once, yields to b");
-    assert.equal(c!.lock(RESERVED), BUSY, "so does c, a newcomer");
-    assert.equal(b!.lock(RESERVED), OK);
-    assert.equal(b!.unlock(NONE), OK);
-    // a and c wait now; between waiters the first to ask wins.
-    assert.equal(c!.lock(RESERVED), OK);
-  });
-});
-
-Deno.test("a waiting mark lapses when its writer stops asking, and never holds others back for long", async () => {
-  const dir = Deno.makeTempDirSync({ prefix: "vfs_methods_" });
-  const path = join(dir, "test.db");
-  const [holder, quitter, late] = [
-    new RawFile(path),
-    new RawFile(path),
-    new RawFile(path),
-  ];
-  try {
-    for (const file of [holder, quitter, late]) {
-      assert.equal(file.lock(SHARED), OK);
-    }
-    assert.equal(holder.lock(RESERVED), OK);
-    assert.equal(quitter.lock(RESERVED), BUSY);
-    assert.equal(quitter.unlock(NONE), OK, "the caller gives up");
-    assert.equal(holder.unlock(NONE), OK);
-    await new Promise((resolve) => setTimeout(resolve, 300));
-    assert.equal(late.lock(RESERVED), OK);
-  } finally {
-    for (const file of [holder, quitter, late]) file.close();
-    Deno.removeSync(dir, { recursive: true });
-  }
-});
-
 Deno.test("xCheckReservedLock reports RESERVED only while some connection holds it", () => {
   withFiles(2, ([a, b]) => {
     assert.equal(a!.lock(SHARED), OK);

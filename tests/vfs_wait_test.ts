@@ -1,0 +1,147 @@
+/**
+ * Busy waits on the Deno file VFS: a refused writer waits in line and is
+ * woken when the lock is let go, a writer that keeps beginning transactions
+ * lets it in after a few, a writer that stops asking leaves the line, and a
+ * wait never keeps a process alive. Real time is the subject here.
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { BusyError } from "../errors.ts";
+import { openSqliteWasm, type SqliteWasmDriver } from "../sqlite_wasm_deno.ts";
+
+// A new connection's first wait starts its worker thread; this is far longer
+// than that takes.
+const WORKER_START_MS = 1_000;
+
+async function withConnections(
+  count: number,
+  fn: (drivers: SqliteWasmDriver[], path: string) => Promise<void>,
+): Promise<void> {
+  const dir = await Deno.makeTempDir({ prefix: "vfs_wait_" });
+  const path = join(dir, "wait.db");
+  const drivers: SqliteWasmDriver[] = [];
+  try {
+    for (let i = 0; i < count; i++) {
+      drivers.push(await openSqliteWasm(path, { synchronous: "off" }));
+    }
+    await drivers[0]!.exec("CREATE TABLE t(x INTEGER) STRICT");
+    await fn(drivers, path);
+  } finally {
+    for (const driver of drivers) await driver.close();
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
+/** A refused BEGIN, then one wait in line. */
+async function beginAfterWaiting(driver: SqliteWasmDriver): Promise<void> {
+  await assert.rejects(driver.exec("BEGIN IMMEDIATE"), BusyError);
+  await driver.busyWait!(10_000);
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+Deno.test("a refused writer's busyWait ends as the holder commits, not at its 50 ms step", async () => {
+  await withConnections(2, async ([holder, waiter]) => {
+    await holder!.exec("BEGIN IMMEDIATE");
+    await beginAfterWaiting(waiter!);
+    await sleep(WORKER_START_MS);
+    await assert.rejects(waiter!.exec("BEGIN IMMEDIATE"), BusyError);
+    const started = performance.now();
+    const waited = waiter!.busyWait!(10_000);
+    await sleep(20);
+    const committed = performance.now();
+    await holder!.exec("COMMIT");
+    await waited;
+    const ms = performance.now() - started;
+    assert.ok(ms >= committed - started, `woken after the commit: ${ms} ms`);
+    assert.ok(ms < 45, `woken by the commit, not the 50 ms step: ${ms} ms`);
+    await waiter!.exec("BEGIN IMMEDIATE");
+    await waiter!.exec("COMMIT");
+  });
+});
+
+Deno.test("a writer that keeps beginning transactions lets a writer waiting in line in after at most 8", async () => {
+  await withConnections(2, async ([greedy, waiter]) => {
+    await greedy!.exec("BEGIN IMMEDIATE");
+    // The waiter retries as the lease core does, so it stays in line.
+    const waiting = (async () => {
+      for (;;) {
+        try {
+          return await waiter!.exec("BEGIN IMMEDIATE");
+        } catch (error) {
+          if (!(error instanceof BusyError)) throw error;
+          await waiter!.busyWait!(10_000);
+        }
+      }
+    })();
+    // A failure surfaces where it is awaited, as this test's.
+    waiting.catch(() => {});
+    await sleep(WORKER_START_MS);
+    // No await between COMMIT and BEGIN reaches the event loop: the waiter
+    // cannot run, so only the greedy writer's yield lets it in.
+    let transactions = 1;
+    for (;;) {
+      await greedy!.exec("COMMIT");
+      try {
+        await greedy!.exec("BEGIN IMMEDIATE");
+      } catch (error) {
+        assert.ok(error instanceof BusyError);
+        break;
+      }
+      transactions++;
+      assert.ok(transactions <= 9, "the greedy writer yields its turn");
+    }
+    assert.equal(transactions, 9);
+    await waiting;
+    await waiter!.exec("COMMIT");
+  });
+});
+
+Deno.test("a writer that stops asking leaves the line and holds nobody back", async () => {
+  await withConnections(2, async ([holder, quitter]) => {
+    await holder!.exec("BEGIN IMMEDIATE");
+    await beginAfterWaiting(quitter!);
+    await sleep(WORKER_START_MS);
+    await assert.rejects(quitter!.exec("BEGIN IMMEDIATE"), BusyError);
+    await quitter!.busyWait!(100);
+    // The quitter gives up; once it has been quiet a while it leaves.
+    await holder!.exec("COMMIT");
+    await sleep(500);
+    for (let i = 0; i < 20; i++) {
+      await holder!.exec("BEGIN IMMEDIATE");
+      await holder!.exec("COMMIT");
+    }
+  });
+});
+
+Deno.test("a process waiting for a lock that is never let go still exits when its work ends", async () => {
+  await withConnections(1, async ([holder], path) => {
+    await holder!.exec("BEGIN IMMEDIATE");
+    const module = new URL("../sqlite_wasm_deno.ts", import.meta.url).href;
+    const script = `
+      const { openSqliteWasm } = await import(${JSON.stringify(module)});
+      const db = await openSqliteWasm(${JSON.stringify(path)});
+      for (let i = 0; i < 3; i++) {
+        try { await db.exec("BEGIN IMMEDIATE"); } catch { await db.busyWait(300); }
+      }
+      console.log("gave up");
+    `;
+    const started = performance.now();
+    const output = await new Deno.Command(Deno.execPath(), {
+      args: ["eval", script],
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const ms = performance.now() - started;
+    assert.equal(
+      new TextDecoder().decode(output.stdout).trim(),
+      "gave up",
+      new TextDecoder().decode(output.stderr),
+    );
+    assert.equal(output.code, 0);
+    assert.ok(ms < 10_000, `exited after ${ms} ms`);
+    await holder!.exec("COMMIT");
+  });
+});
