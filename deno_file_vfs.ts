@@ -251,7 +251,9 @@ const RUN_BYTES = 128 * 1024;
 const LOCK_ATTEMPTS = 3;
 // How many transactions in a row a writer may begin while others wait in
 // line for the lock, before it gets in line behind them.
-const TURN_TRANSACTIONS = 8;
+const TURN_TRANSACTIONS = 16;
+// How long a writer does not yield again after a yield nobody took.
+const STUCK_LINE_MS = 1_000;
 // How long a writer keeps trying to get readers out of its way (PENDING,
 // then EXCLUSIVE) before it reports SQLITE_BUSY.
 const READERS_SPIN_MS = 2;
@@ -265,7 +267,9 @@ const SHARED_FILE = 1;
  * sidecar whose exclusive holder refused it, or a pause in milliseconds
  * when nothing can be watched.
  */
-type Refusal = { readonly watch: number } | { readonly pauseMs: number };
+type Refusal =
+  | { readonly watch: number; readonly yielded?: true }
+  | { readonly pauseMs: number };
 
 // The pause when readers are in a writer's way (they hold their locks for
 // one statement), or the lock that refused is unknown (not this VFS's
@@ -316,6 +320,10 @@ class LockSet {
   #refusal: Refusal = PAUSE;
   /** Transactions this connection began in a row while others waited. */
   #turns = 0;
+  /** Until when (performance.now()) this connection does not yield. */
+  #yieldAgainAt = 0;
+  /** Whether a lock was refused since SHARED was last granted. */
+  #refused = false;
   #pendingHeld = false;
   #reservedHeld = false;
   readonly #pending: Deno.FsFile;
@@ -354,10 +362,10 @@ class LockSet {
    * Waits until the lock that refused this connection last may be free (see
    * {@linkcode WaitLine}), or `timeoutMs` at most.
    */
-  wait(timeoutMs: number): Promise<void> {
+  async wait(timeoutMs: number): Promise<void> {
     const refusal = this.#refusal;
     if ("pauseMs" in refusal) {
-      return pause(Math.min(timeoutMs, refusal.pauseMs));
+      return await pause(Math.min(timeoutMs, refusal.pauseMs));
     }
     const [, reserved, shared, waiting] = this.#paths as [
       string,
@@ -368,7 +376,14 @@ class LockSet {
     // Indexed by RESERVED_FILE and SHARED_FILE.
     this.#line ??= new WaitLine(waiting, [reserved, shared]);
     this.#inLine = true;
-    return this.#line.wait(refusal.watch, timeoutMs);
+    const reported = await this.#line.wait(refusal.watch, timeoutMs);
+    // Nobody took the turn this connection yielded: whoever is first in
+    // line is stopped or gone (its worker still holds the line until the
+    // lock it watches is let go). Yielding to it again would only cost
+    // every turn a wait.
+    if (refusal.yielded && !reported) {
+      this.#yieldAgainAt = performance.now() + STUCK_LINE_MS;
+    }
   }
 
   lock(target: number): number {
@@ -387,6 +402,7 @@ class LockSet {
       this.#pending.unlockSync();
       if (!shared) return this.#refuse({ watch: SHARED_FILE });
       this.#level = SHARED;
+      this.#refused = false;
       return OK;
     }
     if (target === RESERVED) {
@@ -397,18 +413,18 @@ class LockSet {
       // a transaction) and then gets in line behind them.
       const othersWaiting = this.#line?.isFirst !== true &&
         this.#othersWaiting();
-      if (othersWaiting && this.#turns >= TURN_TRANSACTIONS) {
+      if (
+        othersWaiting && this.#turns >= TURN_TRANSACTIONS &&
+        performance.now() >= this.#yieldAgainAt
+      ) {
         this.#turns = 0;
-        return this.#refuse({ watch: RESERVED_FILE });
+        return this.#refuse({ watch: RESERVED_FILE, yielded: true });
       }
       if (!tryLock(this.#reserved, true)) {
         return this.#refuse({ watch: RESERVED_FILE });
       }
       this.#turns = othersWaiting ? this.#turns + 1 : 0;
-      if (this.#inLine) {
-        this.#inLine = false;
-        this.#line!.leave();
-      }
+      this.#leaveLine();
       this.#reservedHeld = true;
       this.#level = RESERVED;
       return OK;
@@ -447,7 +463,15 @@ class LockSet {
 
   #refuse(refusal: Refusal): number {
     this.#refusal = refusal;
+    this.#refused = true;
     return BUSY;
+  }
+
+  /** Leaves the line once this connection no longer waits for a lock. */
+  #leaveLine(): void {
+    if (!this.#inLine) return;
+    this.#inLine = false;
+    this.#line!.leave();
   }
 
   unlock(target: number): number {
@@ -473,6 +497,9 @@ class LockSet {
       this.#reservedHeld = false;
     }
     this.#level = target;
+    // A reader that waited got its read done; a writer refused RESERVED
+    // comes back and stays in line.
+    if (target === NONE && !this.#refused) this.#leaveLine();
     return OK;
   }
 
