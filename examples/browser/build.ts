@@ -35,7 +35,9 @@ export async function buildBrowser(
 ): Promise<URL> {
   await Deno.mkdir(outDir, { recursive: true });
   // One run per entry: given several, the bundler mirrors their directories.
-  await Promise.all(entries.map(async (entry) => {
+  // One at a time: concurrent first runs race to install the bundler's
+  // esbuild binary into an empty Deno cache and one of them fails.
+  for (const entry of entries) {
     const name = entry.split("/").pop()!.replace(/\.ts$/, ".js");
     const { code, stderr } = await new Deno.Command(Deno.execPath(), {
       args: [
@@ -56,7 +58,7 @@ export async function buildBrowser(
         `deno bundle ${entry} failed:\n${new TextDecoder().decode(stderr)}`,
       );
     }
-  }));
+  }
   // The bundler cannot see these: the module fetches them at run time from
   // `new URL(name, import.meta.url)`, i.e. next to the bundle.
   for (const file of ["sqlite3.wasm", "sqlite3-opfs-async-proxy.js"]) {
