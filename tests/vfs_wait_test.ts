@@ -158,6 +158,28 @@ function lineHeld(path: string): boolean {
   return false;
 }
 
+/** Whether every thread of process `pid` is stopped (state T). */
+function stopped(pid: number): boolean {
+  for (const task of Deno.readDirSync(`/proc/${pid}/task`)) {
+    const stat = Deno.readTextFileSync(`/proc/${pid}/task/${task.name}/stat`);
+    if (stat.slice(stat.lastIndexOf(")") + 2)[0] !== "T") return false;
+  }
+  return true;
+}
+
+/** Whether process `pid` holds a flock on a lock sidecar other than the line. */
+function holdsLocks(pid: number, path: string): boolean {
+  const inodes = ["pending", "reserved", "shared"].map((kind) =>
+    String(Deno.statSync(`${path}-${kind}.lock`).ino)
+  );
+  return Deno.readTextFileSync("/proc/locks").split("\n").some((line) => {
+    const fields = line.trim().split(/\s+/);
+    const at = fields.indexOf("FLOCK");
+    return at >= 0 && fields[at + 3] === String(pid) &&
+      inodes.includes(fields[at + 4]!.split(":")[2]!);
+  });
+}
+
 function threads(): number {
   const status = Deno.readTextFileSync("/proc/self/status");
   return Number(/^Threads:\s+(\d+)/m.exec(status)![1]);
@@ -237,7 +259,17 @@ Deno.test("a process stopped while first in line slows a lone writer by one wait
     }).spawn();
     try {
       assert.ok(await until(() => lineHeld(path), 10_000), "waiter in line");
-      waiter.kill("SIGSTOP");
+      // Stopped while waiting in line, not inside one of its retries (then it
+      // would hold SHARED and block writers, as any stopped holder of a lock
+      // does). kill() returns before every thread has stopped.
+      for (let attempt = 0;; attempt++) {
+        waiter.kill("SIGSTOP");
+        assert.ok(await until(() => stopped(waiter.pid), 5_000), "stopped");
+        if (!holdsLocks(waiter.pid, path)) break;
+        assert.ok(attempt < 10, "the waiter stops outside its retries");
+        waiter.kill("SIGCONT");
+        await sleep(10);
+      }
       await writer!.exec("COMMIT");
       // Without the cut-off every 17th transaction would wait 50 ms: 2.4 s.
       const started = performance.now();
@@ -248,6 +280,7 @@ Deno.test("a process stopped while first in line slows a lone writer by one wait
             break;
           } catch (error) {
             assert.ok(error instanceof BusyError);
+            assert.ok(performance.now() - started < 10_000, "writer stuck");
             await writer!.busyWait!(10_000);
           }
         }
