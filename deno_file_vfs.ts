@@ -249,6 +249,9 @@ const RUN_BYTES = 128 * 1024;
 // SHARED; a few immediate retries absorb those windows instead of reporting a
 // spurious SQLITE_BUSY to the writer.
 const LOCK_ATTEMPTS = 3;
+// How long taking RESERVED keeps trying while only shared holders (probes,
+// the first in line's worker) are in the way.
+const RESERVED_SPIN_MS = 0.5;
 // How many transactions in a row a writer may begin while others wait in
 // line for the lock, before it gets in line behind them.
 const TURN_TRANSACTIONS = 16;
@@ -420,7 +423,7 @@ class LockSet {
         this.#turns = 0;
         return this.#refuse({ watch: RESERVED_FILE, yielded: true });
       }
-      if (!tryLock(this.#reserved, true)) {
+      if (!this.#takeReserved()) {
         return this.#refuse({ watch: RESERVED_FILE });
       }
       this.#turns = othersWaiting ? this.#turns + 1 : 0;
@@ -458,6 +461,24 @@ class LockSet {
         }
       }
       if (performance.now() >= until) return this.#refuse(PAUSE);
+    }
+  }
+
+  /**
+   * Takes RESERVED (the sidecar exclusively). Besides a writer holding it,
+   * probes (xCheckReservedLock) and the first in line's worker hold it
+   * shared for a few µs, and a worker does so right when a writer lets go,
+   * just as that writer may begin again: while only such shared holders are
+   * in the way, this tries again for a moment rather than refuse.
+   */
+  #takeReserved(): boolean {
+    const until = performance.now() + RESERVED_SPIN_MS;
+    for (;;) {
+      if (tryLock(this.#reserved, true)) return true;
+      // A shared lock is refused only while a writer holds RESERVED.
+      if (!this.#reserved.tryLockSync(false)) return false;
+      this.#reserved.unlockSync();
+      if (performance.now() >= until) return false;
     }
   }
 
