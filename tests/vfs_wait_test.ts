@@ -38,6 +38,28 @@ async function beginAfterWaiting(driver: SqliteWasmDriver): Promise<void> {
   await driver.busyWait!(10_000);
 }
 
+/** Begins a write transaction, waiting in line as the lease core does. */
+async function beginWaiting(driver: SqliteWasmDriver): Promise<void> {
+  for (;;) {
+    try {
+      return await driver.exec("BEGIN IMMEDIATE");
+    } catch (error) {
+      if (!(error instanceof BusyError)) throw error;
+      await driver.busyWait!(10_000);
+    }
+  }
+}
+
+/** A `deno eval` script that opens the database at `path` as `db`, then runs `body`. */
+function childScript(path: string, body: string): string {
+  const module = new URL("../sqlite_wasm_deno.ts", import.meta.url).href;
+  return `
+    const { openSqliteWasm } = await import(${JSON.stringify(module)});
+    const db = await openSqliteWasm(${JSON.stringify(path)});
+    ${body}
+  `;
+}
+
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
@@ -70,16 +92,7 @@ Deno.test("a writer that keeps beginning transactions lets a writer waiting in l
   await withConnections(2, async ([greedy, waiter]) => {
     await greedy!.exec("BEGIN IMMEDIATE");
     // The waiter retries as the lease core does, so it stays in line.
-    const waiting = (async () => {
-      for (;;) {
-        try {
-          return await waiter!.exec("BEGIN IMMEDIATE");
-        } catch (error) {
-          if (!(error instanceof BusyError)) throw error;
-          await waiter!.busyWait!(10_000);
-        }
-      }
-    })();
+    const waiting = beginWaiting(waiter!);
     // A failure surfaces where it is awaited, as this test's.
     waiting.catch(() => {});
     await sleep(WORKER_START_MS);
@@ -122,15 +135,13 @@ Deno.test("a writer that stops asking leaves the line and holds nobody back", as
 Deno.test("a process waiting for a lock that is never let go still exits when its work ends", async () => {
   await withConnections(1, async ([holder], path) => {
     await holder!.exec("BEGIN IMMEDIATE");
-    const module = new URL("../sqlite_wasm_deno.ts", import.meta.url).href;
-    const script = `
-      const { openSqliteWasm } = await import(${JSON.stringify(module)});
-      const db = await openSqliteWasm(${JSON.stringify(path)});
-      for (let i = 0; i < 3; i++) {
+    const script = childScript(
+      path,
+      `for (let i = 0; i < 3; i++) {
         try { await db.exec("BEGIN IMMEDIATE"); } catch { await db.busyWait(300); }
       }
-      console.log("gave up");
-    `;
+      console.log("gave up");`,
+    );
     const started = performance.now();
     const output = await new Deno.Command(Deno.execPath(), {
       args: ["eval", script],
@@ -242,15 +253,13 @@ Deno.test("a reader that waited leaves the line once it has read", async () => {
 Deno.test("a process stopped while first in line slows a lone writer by one wait per second at most", async () => {
   await withConnections(1, async ([writer], path) => {
     await writer!.exec("BEGIN IMMEDIATE");
-    const module = new URL("../sqlite_wasm_deno.ts", import.meta.url).href;
-    const script = `
-      const { openSqliteWasm } = await import(${JSON.stringify(module)});
-      const db = await openSqliteWasm(${JSON.stringify(path)});
-      for (;;) {
+    const script = childScript(
+      path,
+      `for (;;) {
         try { await db.exec("BEGIN IMMEDIATE"); await db.exec("COMMIT"); }
         catch { await db.busyWait(10_000); }
-      }
-    `;
+      }`,
+    );
     const waiter = new Deno.Command(Deno.execPath(), {
       args: ["eval", script],
       stdout: "null",
