@@ -169,19 +169,20 @@ export function denoFileBusyWait(
   timeoutMs: number,
 ): Promise<void> {
   const busyWait = busyWaits.get(sqlite3);
+  if (busyWait === undefined) return pause(timeoutMs);
   const { wasm, capi } = sqlite3;
   const stack = wasm.pstack.pointer;
   try {
     const slot = wasm.pstack.allocPtr() as WasmPointer;
-    const rc = busyWait === undefined ? BUSY : capi.sqlite3_file_control(
+    const rc = capi.sqlite3_file_control(
       db as unknown as WasmPointer,
       "main",
       capi.SQLITE_FCNTL_FILE_POINTER,
       slot,
     );
     return rc === OK
-      ? busyWait!(Number(wasm.peekPtr(slot)), timeoutMs)
-      : pause(Math.min(timeoutMs, PAUSE_MS));
+      ? busyWait(Number(wasm.peekPtr(slot)), timeoutMs)
+      : pause(timeoutMs);
   } finally {
     wasm.pstack.restore(stack);
   }
@@ -192,8 +193,11 @@ const busyWaits = new WeakMap<
   (pFile: number, timeoutMs: number) => Promise<void>
 >();
 
-function pause(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
+/** Waits `PAUSE_MS`, or `timeoutMs` if that is shorter. */
+function pause(timeoutMs: number): Promise<void> {
+  return new Promise((resolve) =>
+    setTimeout(resolve, Math.min(timeoutMs, PAUSE_MS))
+  );
 }
 
 const MAX_PATHNAME = 1024;
@@ -267,18 +271,17 @@ const SHARED_FILE = 1;
 
 /**
  * What a connection refused a lock waits for before it tries again: the
- * sidecar whose exclusive holder refused it, or a pause in milliseconds
- * when nothing can be watched.
+ * sidecar whose exclusive holder refused it, and whether it yielded its
+ * turn; `undefined` when nothing can be watched and it pauses.
  */
 type Refusal =
   | { readonly watch: number; readonly yielded?: true }
-  | { readonly pauseMs: number };
+  | undefined;
 
 // The pause when readers are in a writer's way (they hold their locks for
 // one statement), or the lock that refused is unknown (not this VFS's
 // database, or an error outside the lock calls).
 const PAUSE_MS = 1;
-const PAUSE: Refusal = { pauseMs: PAUSE_MS };
 
 const ioMethodsPointer = new WeakMap<Sqlite3Static, WasmPointer>();
 const encoder = new TextEncoder();
@@ -320,7 +323,7 @@ interface OpenFile {
 class LockSet {
   #level = NONE;
   /** What to wait for after the last refused lock. */
-  #refusal: Refusal = PAUSE;
+  #refusal: Refusal;
   /** Transactions this connection began in a row while others waited. */
   #turns = 0;
   /** Until when (performance.now()) this connection does not yield. */
@@ -367,9 +370,7 @@ class LockSet {
    */
   async wait(timeoutMs: number): Promise<void> {
     const refusal = this.#refusal;
-    if ("pauseMs" in refusal) {
-      return await pause(Math.min(timeoutMs, refusal.pauseMs));
-    }
+    if (refusal === undefined) return await pause(timeoutMs);
     const [, reserved, shared, waiting] = this.#paths as [
       string,
       string,
@@ -460,7 +461,7 @@ class LockSet {
           );
         }
       }
-      if (performance.now() >= until) return this.#refuse(PAUSE);
+      if (performance.now() >= until) return this.#refuse(undefined);
     }
   }
 
@@ -608,7 +609,7 @@ class DiskFile implements OpenFile {
 
   /** Waits as {@linkcode LockSet.wait} does (a pause when unlocked). */
   busyWait(timeoutMs: number): Promise<void> {
-    return this.#locks?.wait(timeoutMs) ?? pause(Math.min(timeoutMs, PAUSE_MS));
+    return this.#locks?.wait(timeoutMs) ?? pause(timeoutMs);
   }
 
   read(into: Uint8Array, offset: number): number {
@@ -1250,7 +1251,7 @@ function createVfs(sqlite3: Sqlite3Static) {
     const file = files.get(pFile);
     return file instanceof DiskFile
       ? file.busyWait(timeoutMs)
-      : pause(Math.min(timeoutMs, PAUSE_MS));
+      : pause(timeoutMs);
   };
   return { io, vfs, takeLastError, busyWait };
 }
