@@ -348,8 +348,8 @@ const ordersWithoutEvent = await one(
 );
 const rows = await read(
   `SELECT e.id, e.state, json_extract(e.payload, '$.poison') AS poison, e.attempt,
-     (SELECT count(*) FROM outbox_attempts AS a WHERE a.event_id = e.id AND a.kind = 'acknowledged') AS acks,
-     (SELECT max(fence) FROM outbox_attempts AS a WHERE a.event_id = e.id AND a.kind = 'acknowledged') AS acked_fence
+     (SELECT count(*) FROM outbox_ledger AS a WHERE a.event_id = e.id AND a.kind = 'acknowledged') AS acks,
+     (SELECT max(fence) FROM outbox_ledger AS a WHERE a.event_id = e.id AND a.kind = 'acknowledged') AS acked_fence
    FROM outbox_events AS e`,
 );
 let lost = 0;
@@ -376,10 +376,10 @@ for (const row of rows) {
 }
 lost += events - eventCount + ordersWithoutEvent;
 const staleAcknowledgements = await one(
-  "SELECT count(*) FROM outbox_attempts WHERE kind = 'stale_acknowledge'",
+  "SELECT count(*) FROM outbox_ledger WHERE kind = 'stale_acknowledge'",
 );
 const expiredLeases = await one(
-  "SELECT count(*) FROM outbox_attempts WHERE kind = 'expired'",
+  "SELECT count(*) FROM outbox_ledger WHERE kind = 'expired'",
 );
 const redeliveryFences = new Map<number, number>();
 for (const fences of receiver.fences.values()) {

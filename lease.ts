@@ -258,13 +258,13 @@ const EVENT_COLUMNS =
 // What a claim changes, shared by the batch and the lone claim; #claim builds
 // the lease from the candidate row plus exactly these changes.
 const CLAIM_SET = `state = 'leased', fence = fence + 1, attempt = attempt + 1,
-      lease_until = ?1, due_at = ?1, updated_at = ?2,
+      lease_until = ?1, due_at = ?1, updated_at = ?2, claimed_at = ?2,
       last_error = CASE state WHEN 'leased' THEN '${LEASE_EXPIRED}' ELSE last_error END`;
-// A ledger entry copied from the event as it is after the claim or the
-// acknowledgement: reading columns costs half of extracting them from JSON.
-const LEDGER_COPY =
-  `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
-    SELECT id, fence, ?2, ?1, token, lease_until, NULL FROM outbox_events`;
+// Version 3's views, as schema.sql creates them.
+const VIEWS_SQL = SCHEMA_SQL.slice(
+  SCHEMA_SQL.indexOf("CREATE VIEW"),
+  SCHEMA_SQL.lastIndexOf("PRAGMA user_version"),
+);
 
 /** The statements of the core, exported for the query-plan tests only. */
 export const SQL = {
@@ -274,11 +274,14 @@ export const SQL = {
   userVersion: "PRAGMA user_version",
   hasSchema:
     "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'outbox_events'",
-  // Version 2 writes the ledger entries of claims and acknowledgements from
-  // lease.ts; left in place, version 1's triggers would write them twice.
+  // lease.ts writes the ledger itself; left in place, version 1's triggers
+  // would write the entries of claims and acknowledgements again.
   migrateV1: `DROP TRIGGER IF EXISTS outbox_events_claimed;
-    DROP TRIGGER IF EXISTS outbox_events_acknowledged;
-    PRAGMA user_version = 2`,
+    DROP TRIGGER IF EXISTS outbox_events_acknowledged`,
+  // Version 2 wrote every entry as a row, so none is left unwritten.
+  migrateV2: `ALTER TABLE outbox_events ADD COLUMN claimed_at INTEGER;
+    ${VIEWS_SQL}
+    PRAGMA user_version = 3`,
   insert: `INSERT INTO outbox_events
     (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at)
     VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?)
@@ -286,13 +289,16 @@ export const SQL = {
   byDedupKey: "SELECT id FROM outbox_events WHERE queue = ? AND dedup_key = ?",
   // A lapsed lease on the last attempt is a dead letter from its deadline on
   // (SQS moves a message to its dead-letter queue when its receive count runs
-  // out). Every transaction runs this first, so once any call has seen such a
-  // lease lapse, no call sees it alive again, even if the clock steps back.
-  expireExhausted: `UPDATE outbox_events
+  // out). Every transaction looks for them first, so once any call has seen
+  // such a lease lapse, no call sees it alive again, even if the clock steps
+  // back.
+  exhausted: `SELECT id, fence FROM outbox_events
+    WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= ?1`,
+  // ?2: a JSON array of event ids.
+  expire: `UPDATE outbox_events
     SET state = 'dead', lease_until = NULL, token = NULL,
       last_error = '${LEASE_EXPIRED}', updated_at = ?1, done_at = due_at
-    WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= ?1
-    RETURNING id, fence`,
+    WHERE id IN (SELECT value FROM json_each(?2))`,
   // Only the first unfinished event of an ordering key passes the NOT
   // EXISTS, and claiming it leaves it unfinished, so a batch never holds two
   // events of one key. `+?1` and `+?3`: SQLite recompiles a statement each
@@ -310,7 +316,7 @@ export const SQL = {
           AND p.id < e.id AND p.state IN ('pending', 'leased')))
     ORDER BY due_at, id LIMIT +?3`,
   tokenUsed:
-    "SELECT 1 FROM outbox_attempts WHERE event_id = ? AND kind = 'claimed' AND token = ?",
+    "SELECT 1 FROM outbox_ledger WHERE event_id = ? AND kind = 'claimed' AND token = ?",
   // ?3: a JSON array of [event id, token] pairs, one per candidate. No
   // RETURNING: reading its rows back cost more than building the leases.
   claim: `UPDATE outbox_events AS e SET ${CLAIM_SET}, token = c.value ->> 1
@@ -321,9 +327,16 @@ export const SQL = {
   ledger:
     `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
     VALUES (?, ?, ?, ?, ?, ?, ?)`,
-  // ?3: a JSON array of event ids.
-  ledgerEvents: `${LEDGER_COPY} WHERE id IN (SELECT value FROM json_each(?3))`,
-  ledgerEvent: `${LEDGER_COPY} WHERE id = ?3`,
+  // Writes the entries the event rows still hold (schema.sql's
+  // outbox_unwritten_attempts). ?1: a JSON array of event ids; ?2: those whose
+  // acknowledgement the caller writes itself, in the order of its calls.
+  writeUnwritten:
+    `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
+    SELECT event_id, fence, kind, at, token, lease_until, detail
+    FROM outbox_unwritten_attempts
+    WHERE event_id IN (SELECT value FROM json_each(?1))
+      AND NOT (n = 2 AND event_id IN (SELECT value FROM json_each(?2)))
+    ORDER BY event_id, n`,
   // ?2: a JSON array of [event id, fence, kind, token, lease_until, detail]
   // entries, inserted in array order (explain() orders by id). Entries of
   // events that do not exist (purged, never enqueued) are skipped, as the
@@ -336,12 +349,12 @@ export const SQL = {
     WHERE EXISTS (SELECT 1 FROM outbox_events WHERE id = l.value ->> 0)
     ORDER BY l.key`,
   acknowledge: `UPDATE outbox_events
-    SET state = 'done', lease_until = NULL, updated_at = ?1, done_at = ?1
+    SET state = 'done', updated_at = ?1, done_at = ?1
     WHERE id = ?2 AND token = ?3 AND fence = ?4 AND state = 'leased'`,
   // ?2: a JSON array of [event id, token, fence] triples. An event listed
   // twice is updated once and returned once.
   acknowledgeAll: `UPDATE outbox_events AS e
-    SET state = 'done', lease_until = NULL, updated_at = ?1, done_at = ?1
+    SET state = 'done', updated_at = ?1, done_at = ?1
     FROM json_each(?2) AS a
     WHERE e.id = a.value ->> 0 AND e.token = a.value ->> 1
       AND e.fence = a.value ->> 2 AND e.state = 'leased'
@@ -374,7 +387,7 @@ export const SQL = {
     FROM outbox_events WHERE queue = ? GROUP BY state`,
   event: `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE id = ?`,
   history: `SELECT kind, fence, at, token, lease_until, detail
-    FROM outbox_attempts WHERE event_id = ? ORDER BY id`,
+    FROM outbox_ledger WHERE event_id = ? ORDER BY seq`,
 } as const;
 
 /**
@@ -452,10 +465,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   /**
    * Opens an outbox on a connection, creating the schema (`schema.sql`) when
-   * the database has none, upgrading a version 1 schema in the same
+   * the database has none, upgrading a version 1 or 2 schema in the same
    * transaction, and checking its version otherwise. The upgrade drops the
-   * triggers that wrote version 1's ledger: stop processes running an older
-   * release first, or their claims and acknowledgements go unrecorded.
+   * triggers that wrote version 1's ledger and adds version 3's `claimed_at`
+   * and ledger views: stop processes running an older release first, or
+   * their claims and acknowledgements go unrecorded or out of order.
    *
    * @param driver The connection; the outbox owns it and closes it.
    * @param options See {@linkcode OutboxOptions}.
@@ -487,7 +501,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         throw new Error(
           `Cannot open outbox as the database's user_version is ${version} but it has no outbox tables: another schema uses user_version, so give the outbox its own database file`,
         );
-      } else if (version === 1) await driver.exec(SQL.migrateV1);
+      } else if (version === 1) {
+        await driver.exec(`${SQL.migrateV1};${SQL.migrateV2}`);
+      } else if (version === 2) await driver.exec(SQL.migrateV2);
       else if (version !== SCHEMA_VERSION) {
         throw new Error(
           `Cannot open outbox as the database has outbox schema version ${version}, not ${SCHEMA_VERSION}`,
@@ -679,6 +695,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const ms = checkInteger(op, "leaseMs", leaseMs, 1, MAX_DURATION_MS) ??
       this.#leaseMs;
     return await this.#write(op, async (now) => {
+      await this.#writeUnwritten([checked.eventId]);
       const [row] = await this.#driver.query(SQL.renew, [
         now + ms,
         now,
@@ -727,6 +744,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       ? null
       : checkError(op, options.error);
     return await this.#write(op, async (now) => {
+      await this.#writeUnwritten([checked.eventId]);
       const [row] = await this.#driver.query(SQL.release, [
         now,
         now + delayMs,
@@ -1147,7 +1165,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         }
       }
     }
-    if (expired.length > 0) await this.#ledgerAll(expired, now);
+    if (expired.length > 0) {
+      await this.#writeUnwritten(expired.map(([eventId]) => eventId));
+      await this.#ledgerAll(expired, now);
+    }
+    // The claims' own entries stay unwritten (schema.sql's
+    // outbox_unwritten_attempts).
     if (leases.length === 1) {
       const { eventId, token: leaseToken } = leases[0]!;
       await this.#driver.run(SQL.claimOne, [
@@ -1156,18 +1179,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         eventId,
         leaseToken,
       ]);
-      await this.#driver.run(SQL.ledgerEvent, [now, "claimed", eventId]);
     } else {
       await this.#driver.run(SQL.claim, [
         leaseUntil,
         now,
         JSON.stringify(leases.map((lease) => [lease.eventId, lease.token])),
       ]);
-      await this.#ledgerEvents(
-        "claimed",
-        leases.map((lease) => lease.eventId),
-        now,
-      );
     }
     return leases;
   }
@@ -1184,16 +1201,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       lease.fence,
     ]);
     if (changes === 0) {
+      await this.#writeUnwritten([lease.eventId]);
       await this.#stale(lease, "stale_acknowledge", now);
       return false;
     }
-    await this.#ledger(
-      lease.eventId,
-      lease.fence,
-      "acknowledged",
-      now,
-      lease.token,
-    );
     return true;
   }
 
@@ -1218,15 +1229,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       matched.delete(lease.eventId);
       return true;
     });
-    // Without stale calls, each event gets one entry and the order across
-    // events does not matter; with them, the order of the calls does.
-    if (rows.length === leases.length) {
-      await this.#ledgerEvents(
-        "acknowledged",
+    // Without stale calls, the acknowledgements' entries stay unwritten;
+    // with them, the order of the calls is written.
+    if (rows.length < leases.length) {
+      await this.#writeUnwritten(
         leases.map((lease) => lease.eventId),
-        now,
+        rows.map((row) => Number(row["id"])),
       );
-    } else {
       await this.#ledgerAll(
         leases.map((lease, i): LedgerRow => [
           lease.eventId,
@@ -1243,8 +1252,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   async #expireExhausted(now: number): Promise<void> {
-    const rows = await this.#driver.query(SQL.expireExhausted, [now]);
+    const rows = await this.#driver.query(SQL.exhausted, [now]);
     if (rows.length === 0) return;
+    const eventIds = rows.map((row) => Number(row["id"]));
+    await this.#writeUnwritten(eventIds);
+    await this.#driver.run(SQL.expire, [now, JSON.stringify(eventIds)]);
     await this.#ledgerAll(
       rows.flatMap((row): LedgerRow[] => {
         const eventId = Number(row["id"]);
@@ -1258,16 +1270,20 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     );
   }
 
-  /** Writes one `kind` entry at `at` per event, copied from the event row. */
-  async #ledgerEvents(
-    kind: LedgerEntry["kind"],
+  /**
+   * Writes the entries that events' rows still hold, before an entry that
+   * must follow them or a change to what they are read from.
+   *
+   * @param acknowledgedNow Events whose acknowledgement the caller writes
+   * itself, in the order of its calls.
+   */
+  async #writeUnwritten(
     eventIds: readonly number[],
-    at: number,
+    acknowledgedNow: readonly number[] = [],
   ): Promise<void> {
-    await this.#driver.run(SQL.ledgerEvents, [
-      at,
-      kind,
+    await this.#driver.run(SQL.writeUnwritten, [
       JSON.stringify(eventIds),
+      JSON.stringify(acknowledgedNow),
     ]);
   }
 
@@ -1276,7 +1292,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     await this.#driver.run(SQL.ledgerAll, [at, JSON.stringify(entries)]);
   }
 
-  /** Records a stale call in the ledger; the event row itself is untouched. */
+  /**
+   * Records a stale call in the ledger, after the event's unwritten entries
+   * (the caller writes those); the event row itself is untouched.
+   */
   async #stale(
     lease: CheckedLease,
     kind: LedgerEntry["kind"],

@@ -4,9 +4,11 @@ import {
   BusyError,
   type Lease,
   LeaseLostError,
+  SCHEMA_SQL,
   SCHEMA_VERSION,
   type Transaction,
 } from "../mod.ts";
+import { DatabaseSync } from "node:sqlite";
 import { driverTest, eventRow, type Harness, snapshot } from "./helpers.ts";
 import { DRIVERS } from "./drivers.ts";
 
@@ -311,9 +313,12 @@ for (const driver of DRIVERS) {
   test("purge() deletes done events before a time with their ledger", async ({ clock, open, raw }) => {
     const [a] = await open();
     await a!.enqueue("old");
-    await a!.acknowledge((await a!.claim())!);
+    const old = (await a!.claim())!;
+    await a!.acknowledge(old);
+    // Stale now: writes the old event's entries as rows of outbox_attempts.
+    assert.equal(await a!.acknowledge(old), false);
     clock.set(100);
-    await a!.enqueue("new");
+    const { eventId } = await a!.enqueue("new");
     await a!.acknowledge((await a!.claim())!);
     await a!.enqueue("pending");
     assert.equal(await a!.purge({ doneBeforeMs: 100 }), 1);
@@ -324,10 +329,17 @@ for (const driver of DRIVERS) {
       dead: 0,
       oldestPendingAgeMs: 0,
     });
-    const [ledger] = await raw.query(
+    const ledger = await raw.query(
+      "SELECT event_id, kind FROM outbox_ledger ORDER BY event_id, seq",
+    );
+    assert.deepEqual(ledger.map((e) => [e["event_id"], e["kind"]]), [
+      [eventId, "claimed"],
+      [eventId, "acknowledged"],
+    ]);
+    const [written] = await raw.query(
       "SELECT count(*) AS n FROM outbox_attempts",
     );
-    assert.equal(ledger?.["n"], 2);
+    assert.equal(written?.["n"], 0);
   });
 
   test("stats() counts per state and the oldest pending age", async ({ clock, open }) => {
@@ -484,108 +496,136 @@ for (const driver of DRIVERS) {
     assert.equal(version?.["user_version"], 3);
   });
 
-  test("open() upgrades a version 1 database in place: its history reads the same and calls after it are recorded once", async ({ clock, open, raw }) => {
-    await raw.exec(
-      await Deno.readTextFile(
-        new URL("./fixtures/schema_v1.sql", import.meta.url),
-      ),
-    );
-    // What version 1's lease.ts ran for: enqueue, claim as tokenA, takeover
-    // as tokenB after the lease lapsed, tokenA's stale acknowledgement,
-    // tokenB's acknowledgement; and a second event claimed as tokenC. Its
-    // triggers wrote the claims' and the acknowledgement's ledger entries.
-    const insert = `INSERT INTO outbox_events
+  for (const older of [1, 2]) {
+    test(`open() upgrades a version ${older} database in place: its history reads the same and calls after it are recorded once`, async ({ clock, open, raw }) => {
+      const fixture = (v: number) =>
+        Deno.readTextFile(
+          new URL(`./fixtures/schema_v${v}.sql`, import.meta.url),
+        );
+      await raw.exec(await fixture(older));
+      // Version 2's lease.ts wrote the ledger rows version 1's triggers wrote.
+      const v1 = await fixture(1);
+      const triggers = v1.slice(
+        v1.indexOf("CREATE TRIGGER"),
+        v1.lastIndexOf("PRAGMA user_version"),
+      );
+      if (older === 2) await raw.exec(triggers);
+      // What an older lease.ts ran for: enqueue, claim as tokenA, takeover
+      // as tokenB after the lease lapsed, tokenA's stale acknowledgement,
+      // tokenB's acknowledgement; and a second event claimed as tokenC. It
+      // wrote the claims' and the acknowledgement's ledger entries.
+      const insert = `INSERT INTO outbox_events
       (queue, state, payload, due_at, max_attempts, created_at, updated_at)
       VALUES ('default', 'pending', ?1, ?2, 5, ?2, ?2)`;
-    const claim = `UPDATE outbox_events
+      const claim = `UPDATE outbox_events
       SET state = 'leased', token = ?1, fence = fence + 1, attempt = attempt + 1,
         lease_until = ?2, due_at = ?2, updated_at = ?3,
         last_error = CASE state WHEN 'leased' THEN 'lease expired' ELSE last_error END
       WHERE id = ?4`;
-    const acknowledge = `UPDATE outbox_events
+      const acknowledge = `UPDATE outbox_events
       SET state = 'done', lease_until = NULL, updated_at = ?1, done_at = ?1
       WHERE id = ?2 AND token = ?3 AND fence = ?4 AND state = 'leased'`;
-    await raw.run(insert, ['"v1"', 0]);
-    await raw.run(claim, ["tokenA", 10, 0, 1]);
-    await raw.run(claim, ["tokenB", 30, 20, 1]);
-    await raw.run(
-      `INSERT INTO outbox_attempts (event_id, fence, kind, at, token)
+      await raw.run(insert, ['"v1"', 0]);
+      await raw.run(claim, ["tokenA", 10, 0, 1]);
+      await raw.run(claim, ["tokenB", 30, 20, 1]);
+      await raw.run(
+        `INSERT INTO outbox_attempts (event_id, fence, kind, at, token)
       SELECT id, ?2, ?3, ?4, ?5 FROM outbox_events WHERE id = ?1`,
-      [1, 1, "stale_acknowledge", 21, "tokenA"],
-    );
-    await raw.run(acknowledge, [25, 1, "tokenB", 2]);
-    await raw.run(insert, ['"open"', 25]);
-    await raw.run(claim, ["tokenC", 1000, 25, 2]);
-    const before = await snapshot(raw);
-    assert.equal(before.attempts.length, 6);
+        [1, 1, "stale_acknowledge", 21, "tokenA"],
+      );
+      await raw.run(acknowledge, [25, 1, "tokenB", 2]);
+      await raw.run(insert, ['"open"', 25]);
+      await raw.run(claim, ["tokenC", 1000, 25, 2]);
+      if (older === 2) {
+        await raw.exec(
+          "DROP TRIGGER outbox_events_claimed; DROP TRIGGER outbox_events_acknowledged",
+        );
+      }
+      const before = await snapshot(raw);
+      assert.equal(before.attempts.length, 6);
 
-    clock.set(30);
-    const [a] = await open();
-    const [version] = await raw.query("PRAGMA user_version");
-    assert.equal(version?.["user_version"], SCHEMA_VERSION);
-    assert.deepEqual(
-      await raw.query("SELECT name FROM sqlite_schema WHERE type = 'trigger'"),
-      [],
-    );
-    const after = await snapshot(raw);
-    assert.deepEqual([after.events, after.attempts], [
-      before.events,
-      before.attempts,
-    ]);
+      clock.set(30);
+      const [a] = await open();
+      const [version] = await raw.query("PRAGMA user_version");
+      assert.equal(version?.["user_version"], SCHEMA_VERSION);
+      assert.deepEqual(
+        await raw.query(
+          "SELECT name FROM sqlite_schema WHERE type = 'trigger'",
+        ),
+        [],
+      );
+      const after = await snapshot(raw);
+      assert.deepEqual([after.events, after.attempts], [
+        before.events.map((row) => ({ ...row, claimed_at: null })),
+        before.attempts,
+      ]);
+      const columns =
+        "SELECT name, type FROM pragma_table_info('outbox_events')";
+      const objects =
+        "SELECT type, name, tbl_name FROM sqlite_schema ORDER BY name";
+      const fresh = new DatabaseSync(":memory:");
+      fresh.exec(SCHEMA_SQL);
+      assert.deepEqual(
+        [await raw.query(columns), await raw.query(objects)],
+        [fresh.prepare(columns).all(), fresh.prepare(objects).all()].map((
+          rows,
+        ) => rows.map((row) => ({ ...row }))),
+      );
 
-    // The same calls through this release, on a fresh event.
-    clock.set(0);
-    const { eventId } = await a!.enqueue("v2", { queue: "again" });
-    const leaseA = await a!.claim({
-      queue: "again",
-      token: "tokenA",
-      leaseMs: 10,
+      // The same calls through this release, on a fresh event.
+      clock.set(0);
+      const { eventId } = await a!.enqueue("v2", { queue: "again" });
+      const leaseA = await a!.claim({
+        queue: "again",
+        token: "tokenA",
+        leaseMs: 10,
+      });
+      clock.set(20);
+      const leaseB = await a!.claim({
+        queue: "again",
+        token: "tokenB",
+        leaseMs: 10,
+      });
+      clock.set(21);
+      assert.equal(await a!.acknowledge(leaseA!), false);
+      clock.set(25);
+      assert.equal(await a!.acknowledge(leaseB!), true);
+      const story = async (id: number) => {
+        const { eventId: _, queue: __, ...rest } = (await a!.explain(id))!;
+        return rest;
+      };
+      const upgraded = await story(1);
+      assert.deepEqual(upgraded.history.map((e) => e.kind), [
+        "claimed",
+        "expired",
+        "claimed",
+        "stale_acknowledge",
+        "acknowledged",
+      ]);
+      assert.deepEqual(upgraded, await story(eventId));
+
+      clock.set(40);
+      const leaseC: Lease = {
+        eventId: 2,
+        queue: "default",
+        token: "tokenC",
+        fence: 1,
+        attempt: 1,
+        maxAttempts: 5,
+        leaseUntil: 1000,
+        payload: "open",
+        orderingKey: null,
+        lastError: null,
+      };
+      assert.deepEqual(await a!.acknowledge([leaseC, leaseC]), [true, false]);
+      const history = (await a!.explain(2))?.history;
+      assert.deepEqual(history?.map((e) => [e.kind, e.fence, e.at]), [
+        ["claimed", 1, 25],
+        ["acknowledged", 1, 40],
+        ["stale_acknowledge", 1, 40],
+      ]);
     });
-    clock.set(20);
-    const leaseB = await a!.claim({
-      queue: "again",
-      token: "tokenB",
-      leaseMs: 10,
-    });
-    clock.set(21);
-    assert.equal(await a!.acknowledge(leaseA!), false);
-    clock.set(25);
-    assert.equal(await a!.acknowledge(leaseB!), true);
-    const story = async (id: number) => {
-      const { eventId: _, queue: __, ...rest } = (await a!.explain(id))!;
-      return rest;
-    };
-    const v1 = await story(1);
-    assert.deepEqual(v1.history.map((e) => e.kind), [
-      "claimed",
-      "expired",
-      "claimed",
-      "stale_acknowledge",
-      "acknowledged",
-    ]);
-    assert.deepEqual(v1, await story(eventId));
-
-    clock.set(40);
-    const leaseC: Lease = {
-      eventId: 2,
-      queue: "default",
-      token: "tokenC",
-      fence: 1,
-      attempt: 1,
-      maxAttempts: 5,
-      leaseUntil: 1000,
-      payload: "open",
-      orderingKey: null,
-      lastError: null,
-    };
-    assert.deepEqual(await a!.acknowledge([leaseC, leaseC]), [true, false]);
-    const history = (await a!.explain(2))?.history;
-    assert.deepEqual(history?.map((e) => [e.kind, e.fence, e.at]), [
-      ["claimed", 1, 25],
-      ["acknowledged", 1, 40],
-      ["stale_acknowledge", 1, 40],
-    ]);
-  });
+  }
 
   test("open() applies the schema once and refuses a newer schema version", async ({ open, raw }) => {
     await open();

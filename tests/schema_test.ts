@@ -69,8 +69,9 @@ Deno.test("the batch statements look each event up by its id, never scanning the
   const plans = {
     claim: [0, 0, "[]"],
     acknowledgeAll: [0, "[]"],
-    ledgerEvents: [0, "claimed", "[]"],
     ledgerAll: [0, "[]"],
+    writeUnwritten: ["[]", "[]"],
+    expire: [0, "[]"],
   } as const;
   for (const [name, params] of Object.entries(plans)) {
     const sql = SQL[name as keyof typeof plans];
