@@ -70,7 +70,7 @@ Deno.test("the batch statements look each event up by its id, never scanning the
     claim: [0, 0, "[]"],
     acknowledgeAll: [0, "[]"],
     ledgerAll: [0, "[]"],
-    writeUnwritten: ["[]", "[]"],
+    writeUnwritten: ["[]"],
     expire: [0, "[]"],
   } as const;
   for (const [name, params] of Object.entries(plans)) {
