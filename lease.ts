@@ -339,7 +339,7 @@ export const SQL = {
     WHERE event_id IN (SELECT value FROM json_each(?1))
     ORDER BY event_id, n`,
   // ?2: a JSON array of [event id, fence, kind, token, lease_until, detail]
-  // entries, inserted in array order (explain() orders by id). Entries of
+  // entries, inserted in array order (explain() orders by seq, the id). Entries of
   // events that do not exist (purged, never enqueued) are skipped, as the
   // stale statement skips them.
   ledgerAll:
@@ -1132,7 +1132,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     if (candidates.length === 0) return [];
     const leaseUntil = now + leaseMs;
     const expired: LedgerRow[] = [];
-    // 128 random bits per minted token, drawn at once for the batch.
+    // 128 random bits per minted token (32 hex digits), drawn at once for
+    // the batch.
     const random = randomBytes(
       token === undefined ? 16 * candidates.length : 0,
     );
@@ -1431,7 +1432,6 @@ function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
-/** 128 random bits as 32 hex digits (the size of a UUIDv4's randomness). */
 /** `n` bytes from the platform's CSPRNG. */
 function randomBytes(n: number): Uint8Array {
   const bytes = new Uint8Array(n);

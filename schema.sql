@@ -50,9 +50,10 @@ CREATE INDEX outbox_events_ordering ON outbox_events (queue, ordering_key, id)
 CREATE INDEX outbox_events_done ON outbox_events (done_at)
   WHERE state = 'done';
 
--- The attempt ledger: one row per claim, renewal, release, acknowledgement,
--- stale call, lease expiry, dead letter and retry; outbox_ledger below is the
--- whole of it. lease.ts writes it, one statement per batch (version 1 used
+-- The written part of the attempt ledger: rows for claims, renewals,
+-- releases, acknowledgements, stale calls, lease expiries, dead letters and
+-- retries, less each event's latest claim and acknowledgement while they are
+-- unwritten (outbox_ledger below is the whole ledger). lease.ts writes it, one statement per batch (version 1 used
 -- triggers, which cost one trigger program per row and doubled the cost of a
 -- batch; Outbox.open() drops them when it upgrades a version 1 database).
 CREATE TABLE outbox_attempts (
@@ -90,7 +91,8 @@ CREATE VIEW outbox_unwritten_attempts AS
     WHERE a.event_id = e.id AND a.fence = e.fence AND a.kind = k.kind);
 
 -- The whole ledger, what explain() reads: `seq` orders one event's entries
--- (a row's id; unwritten entries follow every written one).
+-- (a row's id; unwritten entries follow every written one). It orders one
+-- event only: an unwritten entry's `seq` changes as rows are written.
 CREATE VIEW outbox_ledger AS
   SELECT id AS seq, event_id, fence, kind, at, token, lease_until, detail
   FROM outbox_attempts

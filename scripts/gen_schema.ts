@@ -23,7 +23,8 @@ export const SCHEMA_VERSION = ${version};
 
 /**
  * The text of \`schema.sql\`: STRICT tables \`outbox_events\` and
- * \`outbox_attempts\` and the indexes the claim query uses.
+ * \`outbox_attempts\`, the indexes the claim query uses and the ledger views
+ * \`outbox_unwritten_attempts\` and \`outbox_ledger\`.
  */
 export const SCHEMA_SQL: string = \`${literal}\`;
 `;
