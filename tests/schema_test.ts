@@ -67,8 +67,8 @@ Deno.test("the batch statements look each event up by its id, never scanning the
   await using driver = await openSqliteWasm(":memory:");
   await using _outbox = await Outbox.open(driver);
   const plans = {
-    claim: [0, 0, "[]"],
-    acknowledgeAll: [0, "[]"],
+    claim: [0, 0, "{}"],
+    acknowledgeAll: [0, "{}"],
     ledgerAll: [0, "[]"],
     writeUnwritten: ["[]"],
     expire: [0, "[]"],
