@@ -82,7 +82,7 @@ CREATE INDEX outbox_attempts_event ON outbox_attempts (event_id, id);
 
 -- The entries of an event's latest claim that its row still holds. Most
 -- events are claimed once and acknowledged, and writing those two entries
--- as rows cost a batch 40% of its time, so lease.ts leaves them in the row
+-- as rows cost a batch a third of its time, so lease.ts leaves them in the row
 -- (claimed_at, token, lease_until as the claim set it, done_at) and writes
 -- them just before any other entry of the event, and before changing
 -- what they are read from. `n` orders the two.
