@@ -24,7 +24,7 @@ import {
   type RunResult,
   type SqlValue,
 } from "./driver.ts";
-import { sqliteError } from "./errors.ts";
+import { BusyError, sqliteError } from "./errors.ts";
 
 /** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
 export type JournalMode =
@@ -72,6 +72,16 @@ export interface NodeSqliteOptions {
    * @default {"full"}
    */
   readonly synchronous?: Synchronous;
+  /**
+   * How long opening waits, in milliseconds, while another connection holds
+   * a lock that keeps it from reading or applying `journalMode` (e.g. a
+   * writer committing, or another connection switching the file to WAL);
+   * past it, opening throws {@linkcode BusyError}. Waiting retries every few
+   * milliseconds without blocking the event loop.
+   *
+   * @default {5000}
+   */
+  readonly busyTimeoutMs?: number;
 }
 
 /**
@@ -83,6 +93,7 @@ export interface NodeSqliteOptions {
  * @returns A {@linkcode Driver} for the connection.
  * @throws {TypeError} When `path` is empty or an option has the wrong type.
  * @throws {RangeError} When an option names no known mode.
+ * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
  * @throws {SqliteError} When SQLite cannot open the database or refuses the
  * journal mode (e.g. WAL on a file system without shared memory).
  *
@@ -100,58 +111,84 @@ export interface NodeSqliteOptions {
  * assert.deepEqual(await b.query("PRAGMA journal_mode"), [{ journal_mode: "wal" }]);
  * ```
  */
-export function openNodeSqlite(
+export async function openNodeSqlite(
   path: string | URL,
   options: NodeSqliteOptions = {},
 ): Promise<NodeSqliteDriver> {
   if (!(path instanceof URL) && (typeof path !== "string" || path === "")) {
-    return Promise.reject(
-      new TypeError(
-        `Cannot open database as 'path' must be a non-empty string or URL: current value is ${
-          String(path)
-        }`,
-      ),
+    throw new TypeError(
+      `Cannot open database as 'path' must be a non-empty string or URL: current value is ${
+        String(path)
+      }`,
     );
   }
-  let journalMode: JournalMode;
-  let synchronous: Synchronous;
-  try {
-    journalMode = oneOf(
-      "journalMode",
-      options.journalMode,
-      JOURNAL_MODES,
-      "wal",
+  const journalMode = oneOf(
+    "journalMode",
+    options.journalMode,
+    JOURNAL_MODES,
+    "wal",
+  );
+  const synchronous = oneOf(
+    "synchronous",
+    options.synchronous,
+    SYNCHRONOUS_LEVELS,
+    "full",
+  );
+  const busyTimeoutMs = options.busyTimeoutMs ?? 5_000;
+  if (!Number.isSafeInteger(busyTimeoutMs) || busyTimeoutMs < 0) {
+    throw new TypeError(
+      `Cannot open database as 'busyTimeoutMs' must be a non-negative integer: current value is ${
+        String(busyTimeoutMs)
+      }`,
     );
-    synchronous = oneOf(
-      "synchronous",
-      options.synchronous,
-      SYNCHRONOUS_LEVELS,
-      "full",
-    );
-  } catch (error) {
-    return Promise.reject(error);
   }
   let db: DatabaseSync | undefined;
   try {
     db = new DatabaseSync(path, { enableForeignKeyConstraints: false });
     // Deno's node:sqlite installs a 5 s busy handler whatever `timeout`
     // says; the core retries SQLITE_BUSY itself without blocking the loop.
-    db.exec(
-      `PRAGMA busy_timeout = 0; PRAGMA synchronous = ${synchronous}`,
-    );
-    const [row] = db.prepare(`PRAGMA journal_mode = ${journalMode}`).all();
-    const actual = String(row?.["journal_mode"]);
-    if (actual !== "memory" && actual !== journalMode) {
+    db.exec("PRAGMA busy_timeout = 0");
+    // Both read the schema first, which takes a shared lock.
+    const actual = await untilNotBusy(busyTimeoutMs, () => {
+      db!.exec(`PRAGMA synchronous = ${synchronous}`);
+      return db!.prepare(`PRAGMA journal_mode = ${journalMode}`).all();
+    });
+    const mode = String(actual[0]?.["journal_mode"]);
+    if (mode !== "memory" && mode !== journalMode) {
       throw sqliteError(
-        `SQLite kept journal_mode ${actual} instead of ${journalMode}`,
+        `SQLite kept journal_mode ${mode} instead of ${journalMode}`,
         1,
       );
     }
   } catch (error) {
     db?.close();
-    return Promise.reject(toSqliteError(error));
+    throw toSqliteError(error);
   }
-  return Promise.resolve(new NodeSqliteDriver(db));
+  return new NodeSqliteDriver(db);
+}
+
+/**
+ * Runs `fn` until it does not fail with `SQLITE_BUSY`, sleeping 1–4 ms
+ * between tries, for at most `busyTimeoutMs`.
+ */
+async function untilNotBusy<T>(
+  busyTimeoutMs: number,
+  fn: () => T,
+): Promise<T> {
+  const deadline = performance.now() + busyTimeoutMs;
+  for (;;) {
+    try {
+      return fn();
+    } catch (error) {
+      const mapped = toSqliteError(error);
+      if (!(mapped instanceof BusyError) || performance.now() >= deadline) {
+        throw mapped;
+      }
+      await new Promise((resolve) =>
+        setTimeout(resolve, 1 + Math.random() * 3)
+      );
+    }
+  }
 }
 
 /**

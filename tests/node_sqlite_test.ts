@@ -171,6 +171,36 @@ Deno.test("bad paths and options throw before opening", async () => {
       "Cannot open database as 'synchronous' must be a string: current value is 2",
     ),
   );
+  await assert.rejects(
+    openNodeSqlite(":memory:", { busyTimeoutMs: -1 }),
+    new TypeError(
+      "Cannot open database as 'busyTimeoutMs' must be a non-negative integer: current value is -1",
+    ),
+  );
+});
+
+Deno.test("opening waits up to busyTimeoutMs while another connection holds the lock the journal mode needs", async () => {
+  await using file = await tempFile();
+  await using holder = await openNodeSqlite(file.path, {
+    journalMode: "delete",
+  });
+  await holder.exec("CREATE TABLE t (x INTEGER)");
+  await holder.exec("BEGIN EXCLUSIVE");
+  await holder.run("INSERT INTO t VALUES (1)");
+  const started = performance.now();
+  await assert.rejects(
+    openNodeSqlite(file.path, { journalMode: "delete", busyTimeoutMs: 50 }),
+    BusyError,
+  );
+  assert.ok(performance.now() - started >= 50);
+  const opening = openNodeSqlite(file.path, {
+    journalMode: "delete",
+    busyTimeoutMs: 5_000,
+  });
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  await holder.exec("COMMIT");
+  await using opened = await opening;
+  assert.deepEqual(await opened.query("SELECT x FROM t"), [{ x: 1 }]);
 });
 
 Deno.test("calls after close() reject and closing twice is a no-op", async () => {
