@@ -4,9 +4,9 @@
  * standard APIs (`crypto.getRandomValues`, `performance.now`, `setTimeout`),
  * so it runs unchanged in Deno, browsers and edge runtimes.
  *
- * Semantics follow the contract in DESIGN.md §2, which generalises the seed
- * scenario (claim under `BEGIN IMMEDIATE`, acknowledge by id *and* token) with
- * SQS's visibility timeout, receive count and dead-letter queue.
+ * Semantics follow the contract in README.md (Guarantees), which generalises
+ * the seed scenario (claim under `BEGIN IMMEDIATE`, acknowledge by id *and*
+ * token) with SQS's visibility timeout, receive count and dead-letter queue.
  *
  * @module
  */

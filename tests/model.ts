@@ -2,9 +2,9 @@
  * A reference model of the lease contract and the model-based test that
  * checks real outboxes against it.
  *
- * The model is written from DESIGN.md §2, the acceptance cases and the
- * semantics the lead fixed, not from lease.ts: plain objects in a map, the
- * clock passed into every call, no SQL. Where the contract leaves a choice,
+ * The model is written from the contract (README.md, Guarantees), the
+ * acceptance cases and the semantics the lead fixed, not from lease.ts: plain
+ * objects in a map, the clock passed into every call, no SQL. Where the contract leaves a choice,
  * the choice is stated next to the code that makes it.
  *
  * {@linkcode runModelTest} generates command sequences with fast-check, runs
