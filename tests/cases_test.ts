@@ -107,11 +107,12 @@ for (const driver of DRIVERS) {
     assert.equal(await b!.claim(), null);
   });
 
-  test("C04: renew with an empty or missing token throws TypeError before any SQL", async ({ open, raw }) => {
+  test("C04: renew with an empty or missing token throws TypeError before any SQL", async ({ open, raw, sent }) => {
     const [a] = await open();
     await a!.enqueue("x");
     const lease = await a!.claim();
     const before = await snapshot(raw);
+    const statements = sent();
     for (const token of ["", undefined, null, 7, "has space"]) {
       await assert.rejects(
         () => a!.renew({ ...lease!, token } as never, 10),
@@ -119,6 +120,7 @@ for (const driver of DRIVERS) {
           e instanceof TypeError && e.message.includes("'lease.token'"),
       );
     }
+    assert.equal(sent(), statements);
     assert.deepEqual(await snapshot(raw), before);
   });
 
@@ -174,11 +176,12 @@ for (const driver of DRIVERS) {
     assert.equal((await b!.explain(eventId))?.state, "dead");
   });
 
-  test("C13: NaN, infinite, negative, zero, fractional, string and null arguments throw before any SQL", async ({ open, raw }) => {
+  test("C13: NaN, infinite, negative, zero, fractional, string and null arguments throw before any SQL", async ({ open, raw, sent }) => {
     const [a] = await open();
     await a!.enqueue("keep");
     const lease = await a!.claim();
     const before = await snapshot(raw);
+    const statements = sent();
     const rejects = async (fn: () => Promise<unknown>, field: string) => {
       await assert.rejects(
         fn,
@@ -239,6 +242,7 @@ for (const driver of DRIVERS) {
     await rejects(() => a!.release(lease!, { error: "cut\0here" }), "error");
     await rejects(() => a!.retry(0), "eventId");
     await rejects(() => a!.purge({ doneBeforeMs: -5 }), "doneBeforeMs");
+    assert.equal(sent(), statements);
     assert.deepEqual(await snapshot(raw), before);
     // BEGIN fails inside an open transaction, so this proves none was left open.
     await raw.exec("BEGIN; ROLLBACK");
@@ -258,18 +262,21 @@ for (const driver of DRIVERS) {
     await assert.rejects(() => open({ now: 5 as never }), TypeError);
   });
 
-  test("C14: payload size limits hold at exactly the limit and one byte over", async ({ open, raw }) => {
+  test("C14: payload size limits hold at exactly the limit and one byte over", async ({ open, raw, sent }) => {
     const [a] = await open({ maxPayloadBytes: 1024 * 1024 });
     const exact = crypto.getRandomValues(new Uint8Array(65536));
     const payload = new Uint8Array(1024 * 1024);
     for (let i = 0; i < 16; i++) payload.set(exact, i * 65536);
     const before = await snapshot(raw);
+    const statements = sent();
     await assert.rejects(
       () => a!.enqueue(new Uint8Array(1024 * 1024 + 1)),
       (e: unknown) =>
         e instanceof RangeError && e.message.includes("'payload'"),
     );
     await assert.rejects(() => a!.enqueue("é".repeat(600_000)), RangeError);
+    // No BEGIN either, so no transaction was left open.
+    assert.equal(sent(), statements);
     assert.deepEqual(await snapshot(raw), before);
     await a!.enqueue(payload);
     const lease = await a!.claim();
@@ -283,10 +290,13 @@ for (const driver of DRIVERS) {
     );
   });
 
-  test("C14: a 600 MB buffer is refused without being copied and the process lives on", async ({ open }) => {
+  test("C14: a 600 MB buffer is refused without being copied and the process lives on", async ({ open, sent }) => {
     const [a] = await open({ maxPayloadBytes: 1024 * 1024 });
     const huge = new Uint8Array(600 * 1024 * 1024);
+    const statements = sent();
     await assert.rejects(() => a!.enqueue(huge), RangeError);
+    // Nothing reached the driver, which alone copies values into SQLite.
+    assert.equal(sent(), statements);
     assert.equal((await a!.enqueue("after")).deduplicated, false);
   });
 }

@@ -1,5 +1,8 @@
-/** Test helpers: a manual clock and snapshots for "nothing changed" checks. */
-import type { Driver, Row } from "../driver.ts";
+/**
+ * Test helpers: a manual clock, snapshots for "nothing changed" checks and a
+ * count of the statements outboxes send.
+ */
+import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
 import { Outbox, type OutboxOptions } from "../mod.ts";
 import type { DriverCase } from "./drivers.ts";
 
@@ -51,6 +54,40 @@ export interface Harness {
   open(options?: OutboxOptions): Promise<Outbox[]>;
   /** The first connection, for reading rows as stored. */
   readonly raw: Driver;
+  /**
+   * How many statements the outboxes have sent to SQLite so far: unchanged
+   * across a call means it ran no SQL, and bound nothing into the engine.
+   */
+  sent(): number;
+}
+
+/** A connection that counts the statements sent through it. */
+class CountingDriver implements Driver {
+  sent = 0;
+  readonly busyWait?: (timeoutMs: number) => Promise<void>;
+
+  constructor(readonly inner: Driver) {
+    if (inner.busyWait) this.busyWait = (ms) => inner.busyWait!(ms);
+  }
+
+  query(sql: string, params?: readonly SqlValue[]): Promise<Row[]> {
+    this.sent++;
+    return this.inner.query(sql, params);
+  }
+
+  run(sql: string, params?: readonly SqlValue[]): Promise<RunResult> {
+    this.sent++;
+    return this.inner.run(sql, params);
+  }
+
+  exec(sql: string): Promise<void> {
+    this.sent++;
+    return this.inner.exec(sql);
+  }
+
+  close(): Promise<void> {
+    return this.inner.close();
+  }
 }
 
 /** Registers `Deno.test("<driver>: <name>")` with a fresh database and clock. */
@@ -62,15 +99,17 @@ export function driverTest(
   Deno.test(`${driver.name}: ${name}`, async () => {
     const connections = await driver.open();
     const clock = new ManualClock();
+    const counted = connections.drivers.map((d) => new CountingDriver(d));
     const open = async (options: OutboxOptions = {}) => {
       const outboxes = [];
-      for (const d of connections.drivers) {
+      for (const d of counted) {
         outboxes.push(await Outbox.open(d, { now: clock.now, ...options }));
       }
       return outboxes;
     };
+    const sent = () => counted.reduce((sum, d) => sum + d.sent, 0);
     try {
-      await fn({ clock, open, raw: connections.drivers[0]! });
+      await fn({ clock, open, raw: connections.drivers[0]!, sent });
     } finally {
       await connections.close();
     }
