@@ -588,6 +588,9 @@ class DiskFile implements OpenFile {
   // Where the OS file offset is, so sequential I/O skips the seek; -1 =
   // unknown. A file just opened (never with O_APPEND) is at 0.
   #position = 0;
+  // The error of buffered writes that never reached the file, though each
+  // xWrite of them returned OK (see `run` in createDenoFileVfs).
+  #lostWrite: unknown = undefined;
 
   constructor(
     path: string,
@@ -612,7 +615,27 @@ class DiskFile implements OpenFile {
     return this.#locks?.wait(timeoutMs) ?? pause(timeoutMs);
   }
 
+  /**
+   * Records that buffered writes never reached the file. Its next read,
+   * write, truncate, sync or size fails with `error`, so SQLite hears of the
+   * loss before it relies on those bytes. A journal or WAL stays failed until
+   * closed: a rollback that read it back without the lost records would keep
+   * their pages' changes in the cache. A main database fails once, as if the
+   * write itself had failed; its rollback rewrites the pages from the journal.
+   */
+  loseWrite(error: unknown): void {
+    this.#lostWrite = error;
+  }
+
+  #checkLostWrite(): void {
+    if (this.#lostWrite === undefined) return;
+    const error = this.#lostWrite;
+    if (this.#locks !== undefined) this.#lostWrite = undefined;
+    throw error;
+  }
+
   read(into: Uint8Array, offset: number): number {
+    this.#checkLostWrite();
     this.#seek(offset);
     let done = 0;
     try {
@@ -630,6 +653,7 @@ class DiskFile implements OpenFile {
   }
 
   write(from: Uint8Array, offset: number): void {
+    this.#checkLostWrite();
     this.#seek(offset);
     let done = 0;
     try {
@@ -644,10 +668,12 @@ class DiskFile implements OpenFile {
   }
 
   truncate(size: number): void {
+    this.#checkLostWrite();
     this.#file.truncateSync(size);
   }
 
   sync(): void {
+    this.#checkLostWrite();
     // fdatasync also flushes the file size, which is all SQLite needs; on
     // Linux os_unix uses it for every sync flag.
     this.#file.syncDataSync();
@@ -660,6 +686,7 @@ class DiskFile implements OpenFile {
   }
 
   size(): number {
+    this.#checkLostWrite();
     // Seeking to the end reports the size for a fraction of fstat's cost
     // (no FileInfo object), and leaves the offset where it says.
     this.#position = -1;
@@ -855,7 +882,12 @@ function createVfs(sqlite3: Sqlite3Static) {
     const file = run.file;
     if (file === undefined) return;
     run.file = undefined;
-    file.write(run.bytes.subarray(0, run.length), run.offset);
+    try {
+      file.write(run.bytes.subarray(0, run.length), run.offset);
+    } catch (error) {
+      file.loseWrite(error);
+      throw error;
+    }
   };
   // For the first line of every method that touches files.
   const flushed = (): number => {
