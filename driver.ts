@@ -9,6 +9,8 @@
  * @module
  */
 
+import { BusyError } from "./errors.ts";
+
 /** A value SQLite stores or returns: `NULL`, `INTEGER`/`REAL`, `TEXT` or `BLOB`. */
 export type SqlValue = null | number | bigint | string | Uint8Array;
 
@@ -91,6 +93,57 @@ export function assertOneStatement(
       JSON.stringify(clip(first.trim()))
     }: ${JSON.stringify(clip(rest.trim()))}`,
   );
+}
+
+/**
+ * Reads an opener's `busyTimeoutMs` option: how long opening waits for
+ * another connection's lock, in milliseconds.
+ *
+ * @ignore
+ * @param value The option as passed.
+ * @default {5000}
+ * @returns The timeout.
+ * @throws {TypeError} When it is not a non-negative safe integer.
+ */
+export function openBusyTimeoutMs(value: unknown): number {
+  const ms = value ?? 5_000;
+  if (typeof ms !== "number" || !Number.isSafeInteger(ms) || ms < 0) {
+    throw new TypeError(
+      `Cannot open database as 'busyTimeoutMs' must be a non-negative integer: current value is ${
+        String(ms)
+      }`,
+    );
+  }
+  return ms;
+}
+
+/**
+ * Runs `fn` until it does not fail with {@linkcode BusyError}, for at most
+ * `busyTimeoutMs` (by `performance.now()`), calling `wait` with the time
+ * left between tries: how an opener waits out another connection's lock.
+ *
+ * @ignore
+ * @param busyTimeoutMs How long to keep trying, in milliseconds.
+ * @param fn The work that may find the database locked.
+ * @param wait Waits before the next try, at most the time it is given.
+ * @returns What `fn` returned.
+ * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+ */
+export async function untilNotBusy<T>(
+  busyTimeoutMs: number,
+  fn: () => Promise<T>,
+  wait: (remainingMs: number) => Promise<void>,
+): Promise<T> {
+  const deadline = performance.now() + busyTimeoutMs;
+  for (;;) {
+    try {
+      return await fn();
+    } catch (error) {
+      const remainingMs = deadline - performance.now();
+      if (!(error instanceof BusyError) || remainingMs <= 0) throw error;
+      await wait(remainingMs);
+    }
+  }
 }
 
 /**

@@ -20,11 +20,13 @@ import { DatabaseSync, type StatementSync } from "node:sqlite";
 import {
   assertOneStatement,
   type Driver,
+  openBusyTimeoutMs,
   type Row,
   type RunResult,
   type SqlValue,
+  untilNotBusy,
 } from "./driver.ts";
-import { BusyError, sqliteError } from "./errors.ts";
+import { sqliteError } from "./errors.ts";
 
 /** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
 export type JournalMode =
@@ -134,14 +136,7 @@ export async function openNodeSqlite(
     SYNCHRONOUS_LEVELS,
     "full",
   );
-  const busyTimeoutMs = options.busyTimeoutMs ?? 5_000;
-  if (!Number.isSafeInteger(busyTimeoutMs) || busyTimeoutMs < 0) {
-    throw new TypeError(
-      `Cannot open database as 'busyTimeoutMs' must be a non-negative integer: current value is ${
-        String(busyTimeoutMs)
-      }`,
-    );
-  }
+  const busyTimeoutMs = openBusyTimeoutMs(options.busyTimeoutMs);
   let db: DatabaseSync | undefined;
   try {
     db = new DatabaseSync(path, { enableForeignKeyConstraints: false });
@@ -149,10 +144,24 @@ export async function openNodeSqlite(
     // says; the core retries SQLITE_BUSY itself without blocking the loop.
     db.exec("PRAGMA busy_timeout = 0");
     // Both read the schema first, which takes a shared lock.
-    const actual = await untilNotBusy(busyTimeoutMs, () => {
-      db!.exec(`PRAGMA synchronous = ${synchronous}`);
-      return db!.prepare(`PRAGMA journal_mode = ${journalMode}`).all();
-    });
+    const actual = await untilNotBusy(
+      busyTimeoutMs,
+      () => {
+        try {
+          db!.exec(`PRAGMA synchronous = ${synchronous}`);
+          return Promise.resolve(
+            db!.prepare(`PRAGMA journal_mode = ${journalMode}`).all(),
+          );
+        } catch (error) {
+          return Promise.reject(toSqliteError(error));
+        }
+      },
+      // No lock to watch here: a short jittered sleep, as the core's.
+      (ms) =>
+        new Promise((resolve) =>
+          setTimeout(resolve, Math.min(ms, 1 + Math.random() * 3))
+        ),
+    );
     const mode = String(actual[0]?.["journal_mode"]);
     if (mode !== "memory" && mode !== journalMode) {
       throw sqliteError(
@@ -165,30 +174,6 @@ export async function openNodeSqlite(
     throw toSqliteError(error);
   }
   return new NodeSqliteDriver(db);
-}
-
-/**
- * Runs `fn` until it does not fail with `SQLITE_BUSY`, sleeping 1–4 ms
- * between tries, for at most `busyTimeoutMs`.
- */
-async function untilNotBusy<T>(
-  busyTimeoutMs: number,
-  fn: () => T,
-): Promise<T> {
-  const deadline = performance.now() + busyTimeoutMs;
-  for (;;) {
-    try {
-      return fn();
-    } catch (error) {
-      const mapped = toSqliteError(error);
-      if (!(mapped instanceof BusyError) || performance.now() >= deadline) {
-        throw mapped;
-      }
-      await new Promise((resolve) =>
-        setTimeout(resolve, 1 + Math.random() * 3)
-      );
-    }
-  }
 }
 
 /**

@@ -22,7 +22,8 @@ import {
   installDenoFileVfs,
   takeDenoFileVfsError,
 } from "./deno_file_vfs.ts";
-import { BusyError, SqliteError, sqliteError } from "./errors.ts";
+import { openBusyTimeoutMs, untilNotBusy } from "./driver.ts";
+import { SqliteError, sqliteError } from "./errors.ts";
 
 export {
   installDenoFileVfs,
@@ -139,14 +140,7 @@ export async function openSqliteWasm(
       }: current value is ${String(synchronous)}`,
     );
   }
-  const busyTimeoutMs = options.busyTimeoutMs ?? 5_000;
-  if (!Number.isSafeInteger(busyTimeoutMs) || busyTimeoutMs < 0) {
-    throw new TypeError(
-      `Cannot open database as 'busyTimeoutMs' must be a non-negative integer: current value is ${
-        String(busyTimeoutMs)
-      }`,
-    );
-  }
+  const busyTimeoutMs = openBusyTimeoutMs(options.busyTimeoutMs);
   let name: string;
   if (path instanceof URL) {
     if (path.protocol !== "file:") {
@@ -191,9 +185,9 @@ export async function openSqliteWasm(
       // SQLite's 4096, the disk's block and the VFS's sector size.
       await driver.exec(`PRAGMA page_size=${PAGE_SIZE}`);
       await untilNotBusy(
-        driver,
         busyTimeoutMs,
         () => applyJournalMode(driver, journalMode),
+        (ms) => driver.busyWait!(ms),
       );
       await driver.exec(`PRAGMA synchronous=${synchronous}`);
     }
@@ -206,23 +200,6 @@ export async function openSqliteWasm(
 
 const SQLITE_CANTOPEN = 14;
 const PAGE_SIZE = 4096;
-
-async function untilNotBusy(
-  driver: SqliteWasmDriver,
-  busyTimeoutMs: number,
-  fn: () => Promise<void>,
-): Promise<void> {
-  const deadline = performance.now() + busyTimeoutMs;
-  for (;;) {
-    try {
-      return await fn();
-    } catch (error) {
-      const remainingMs = deadline - performance.now();
-      if (!(error instanceof BusyError) || remainingMs <= 0) throw error;
-      await driver.busyWait!(remainingMs);
-    }
-  }
-}
 
 async function applyJournalMode(
   driver: SqliteWasmDriver,
