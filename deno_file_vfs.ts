@@ -589,7 +589,7 @@ class DiskFile implements OpenFile {
   // unknown. A file just opened (never with O_APPEND) is at 0.
   #position = 0;
   // The error of buffered writes that never reached the file, though each
-  // xWrite of them returned OK (see `run` in createDenoFileVfs).
+  // xWrite of them returned OK (see `run` in createVfs).
   #lostWrite: unknown = undefined;
 
   constructor(
