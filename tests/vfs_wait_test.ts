@@ -32,10 +32,15 @@ async function withConnections(
   }
 }
 
-/** A refused BEGIN, then one wait in line. */
-async function beginAfterWaiting(driver: SqliteWasmDriver): Promise<void> {
+/**
+ * A refused BEGIN, one wait in line (which starts the connection's worker),
+ * time for the worker to start, and a BEGIN refused again.
+ */
+async function refusedInLine(driver: SqliteWasmDriver): Promise<void> {
   await assert.rejects(driver.exec("BEGIN IMMEDIATE"), BusyError);
   await driver.busyWait!(10_000);
+  await sleep(WORKER_START_MS);
+  await assert.rejects(driver.exec("BEGIN IMMEDIATE"), BusyError);
 }
 
 /** Begins a write transaction, waiting in line as the lease core does. */
@@ -67,9 +72,7 @@ function sleep(ms: number): Promise<void> {
 Deno.test("a refused writer's busyWait lasts while the lock is held and ends when it is let go", async () => {
   await withConnections(2, async ([holder, waiter]) => {
     await holder!.exec("BEGIN IMMEDIATE");
-    await beginAfterWaiting(waiter!);
-    await sleep(WORKER_START_MS);
-    await assert.rejects(waiter!.exec("BEGIN IMMEDIATE"), BusyError);
+    await refusedInLine(waiter!);
     // While the lock is held, a wait runs to its 50 ms step.
     let started = performance.now();
     await waiter!.busyWait!(10_000);
@@ -118,9 +121,7 @@ Deno.test("a writer that keeps beginning transactions lets a writer waiting in l
 Deno.test("a writer that stops asking leaves the line and holds nobody back", async () => {
   await withConnections(2, async ([holder, quitter]) => {
     await holder!.exec("BEGIN IMMEDIATE");
-    await beginAfterWaiting(quitter!);
-    await sleep(WORKER_START_MS);
-    await assert.rejects(quitter!.exec("BEGIN IMMEDIATE"), BusyError);
+    await refusedInLine(quitter!);
     await quitter!.busyWait!(100);
     // The quitter gives up; once it has been quiet a while it leaves.
     await holder!.exec("COMMIT");
