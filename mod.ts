@@ -52,10 +52,13 @@ export {
 export type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
 export {
   BusyError,
+  ConnectionLostError,
   ConstraintError,
   LeaseLostError,
+  PostgresError,
   SqliteError,
   sqliteError,
+  StatementTimeoutError,
 } from "./errors.ts";
 export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 export {

@@ -1,0 +1,437 @@
+/**
+ * The driver contract over PostgreSQL: one connection of `npm:pg`
+ * (node-postgres), which runs on Deno, Node and edge runtimes with TCP
+ * sockets.
+ *
+ * Statements go unnamed through the extended protocol unless `prepare` is
+ * on, so the driver works behind a transaction pooler (PgBouncer,
+ * Supavisor) where named prepared statements do not survive. Integers come
+ * back as numbers within ±2^53 and as `bigint` beyond, `bytea` as
+ * `Uint8Array`.
+ *
+ * A lost connection is never resumed inside a transaction: the statement in
+ * flight and the rest of the transaction fail with
+ * {@linkcode ConnectionLostError} until the transaction ends with
+ * `ROLLBACK` (which then succeeds: the server rolled it back when the
+ * session ended), and the next statement after that opens a new connection.
+ *
+ * @module
+ */
+// @ts-types="@types/pg"
+import pg from "pg";
+import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
+import {
+  BusyError,
+  ConnectionLostError,
+  PostgresError,
+  StatementTimeoutError,
+} from "../errors.ts";
+
+/** Options of {@linkcode connectPostgres}. */
+export interface PostgresDriverOptions {
+  /** How long to wait for a connection, in milliseconds. @default {10000} */
+  readonly connectTimeoutMs?: number;
+  /**
+   * The server's `statement_timeout` for this connection, in milliseconds;
+   * `0` for none. A statement past it fails with
+   * {@linkcode StatementTimeoutError}.
+   *
+   * @default {0}
+   */
+  readonly statementTimeoutMs?: number;
+  /**
+   * The server's `lock_timeout` for this connection, in milliseconds; `0`
+   * for none. A lock wait past it fails with {@linkcode BusyError}.
+   *
+   * @default {0}
+   */
+  readonly lockTimeoutMs?: number;
+  /**
+   * The schema the outbox's tables live in (the connection's
+   * `search_path`), created by the outbox when missing.
+   *
+   * @default {"public"}
+   */
+  readonly schema?: string;
+  /**
+   * Named prepared statements, parsed once per connection. Leave off behind
+   * a transaction pooler.
+   *
+   * @default {false}
+   */
+  readonly prepare?: boolean;
+  /** `application_name`, shown in `pg_stat_activity`. @default {"leased-outbox"} */
+  readonly applicationName?: string;
+}
+
+/** What the server sent on a channel this connection listens on. */
+export type NotificationListener = (payload: string) => void;
+
+const INT8 = 20;
+const BYTEA = 17;
+const SCHEMA = /^[a-z_][a-z0-9_]{0,62}$/;
+// Errors that node-postgres raises itself when the socket is gone.
+const LOST = [
+  "Connection terminated",
+  "not queryable",
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "EPIPE",
+  "ETIMEDOUT",
+  "timeout expired",
+  "Connection terminated due to connection timeout",
+];
+const types = {
+  getTypeParser(oid: number, format?: string) {
+    if (oid === INT8) return parseInt8;
+    if (oid === BYTEA) return parseBytea;
+    return pg.types.getTypeParser(oid, format as "text");
+  },
+} as pg.CustomTypesConfig;
+
+/**
+ * One connection to PostgreSQL behind the {@linkcode Driver} contract.
+ * Open it with {@linkcode connectPostgres}.
+ */
+export class PostgresDriver implements Driver, AsyncDisposable {
+  readonly #url: string;
+  readonly #options: PostgresDriverOptions;
+  readonly #listeners = new Map<string, Set<NotificationListener>>();
+  readonly #names = new Map<string, string>();
+  #client: pg.Client | undefined;
+  #connecting: Promise<pg.Client> | undefined;
+  /** The transaction status when the connection was lost, until it ends. */
+  #lostInTransaction = false;
+  #closed = false;
+
+  /** @ignore Use {@linkcode connectPostgres}. */
+  constructor(url: string, options: PostgresDriverOptions) {
+    this.#url = url;
+    this.#options = options;
+  }
+
+  /** The schema of the outbox's tables. */
+  get schema(): string {
+    return this.#options.schema ?? "public";
+  }
+
+  /** Connects now, so a bad URL or a server that is down fails at open. */
+  async connect(): Promise<void> {
+    await this.#session();
+  }
+
+  /**
+   * Runs one statement (extended protocol, so a second statement is
+   * refused by the server before anything runs) and returns its rows.
+   *
+   * @param sql One statement, with `$1`, `$2`, … placeholders.
+   * @param params The placeholders' values.
+   * @returns The rows, keyed by column name.
+   * @throws {ConnectionLostError} When the connection is or was lost
+   * inside the transaction.
+   * @throws {PostgresError} When the server refuses the statement.
+   */
+  async query(sql: string, params: readonly SqlValue[] = []): Promise<Row[]> {
+    return (await this.#query(sql, params, true)).rows as Row[];
+  }
+
+  /**
+   * Runs one statement and reports how many rows it changed.
+   * `lastInsertRowid` is always `0`: PostgreSQL has none, use `RETURNING`.
+   *
+   * @param sql One statement, with `$1`, `$2`, … placeholders.
+   * @param params The placeholders' values.
+   * @returns The changed-row count.
+   * @throws {ConnectionLostError} When the connection is or was lost
+   * inside the transaction.
+   * @throws {PostgresError} When the server refuses the statement.
+   */
+  async run(sql: string, params: readonly SqlValue[] = []): Promise<RunResult> {
+    const result = await this.#query(sql, params, true);
+    return { changes: result.rowCount ?? 0, lastInsertRowid: 0 };
+  }
+
+  /**
+   * Runs a script of several statements (simple protocol, no parameters).
+   *
+   * @param sql The statements.
+   * @throws {ConnectionLostError} When the connection is or was lost
+   * inside the transaction.
+   * @throws {PostgresError} When the server refuses a statement; those
+   * before it ran.
+   */
+  async exec(sql: string): Promise<void> {
+    await this.#query(sql, [], false);
+  }
+
+  /**
+   * Calls `listener` with each `NOTIFY` payload sent on `channel`, on this
+   * connection (and again on each new connection after one was lost).
+   * Notifications arrive between transactions; behind a transaction pooler
+   * they do not arrive at all.
+   *
+   * @param channel The channel name, as `LISTEN` takes it (an identifier).
+   * @param listener Called with the payload.
+   * @returns Stops listening.
+   * @throws {ConnectionLostError} When the connection is lost.
+   */
+  async listen(
+    channel: string,
+    listener: NotificationListener,
+  ): Promise<() => Promise<void>> {
+    let set = this.#listeners.get(channel);
+    if (set === undefined) {
+      this.#listeners.set(channel, set = new Set());
+      await this.exec(`LISTEN ${quoteIdentifier(channel)}`);
+    }
+    set.add(listener);
+    return async () => {
+      set.delete(listener);
+      if (set.size > 0 || this.#listeners.get(channel) !== set) return;
+      this.#listeners.delete(channel);
+      if (this.#client !== undefined && !this.#closed) {
+        await this.exec(`UNLISTEN ${quoteIdentifier(channel)}`).catch(
+          () => {},
+        );
+      }
+    };
+  }
+
+  /** Closes the connection; later calls reject. Closing twice is a no-op. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    const client = this.#client ?? await this.#connecting?.catch(() => {});
+    this.#client = undefined;
+    if (client) await client.end().catch(() => {});
+  }
+
+  /** Closes the connection, as {@linkcode PostgresDriver.close} does. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+
+  async #query(
+    sql: string,
+    params: readonly SqlValue[],
+    extended: boolean,
+  ): Promise<pg.QueryResult> {
+    if (this.#closed) throw new Error("Cannot query as the driver is closed");
+    if (this.#lostInTransaction) {
+      if (/^\s*ROLLBACK\s*;?\s*$/i.test(sql)) {
+        this.#lostInTransaction = false;
+        return { rows: [], rowCount: 0 } as unknown as pg.QueryResult;
+      }
+      throw new ConnectionLostError(
+        "Cannot run the statement as the connection was lost inside this transaction: the server rolled it back",
+      );
+    }
+    const client = await this.#session();
+    const config: pg.QueryConfig & { queryMode?: string } = {
+      text: sql,
+      values: params.map(toParam),
+    };
+    if (extended) {
+      config.queryMode = "extended";
+      if (this.#options.prepare) config.name = this.#name(sql);
+    }
+    try {
+      return await client.query(config);
+    } catch (error) {
+      const mapped = mapError(error);
+      if (mapped instanceof ConnectionLostError) this.#lost(client);
+      if (
+        extended && mapped instanceof PostgresError &&
+        mapped.code === "42601" && /multiple commands/.test(mapped.message)
+      ) {
+        throw new RangeError(
+          `Cannot ${
+            sql.trim().slice(0, 6).toUpperCase() === "SELECT" ? "query" : "run"
+          } as 'sql' must hold one statement: ${mapped.message}`,
+          { cause: error },
+        );
+      }
+      throw mapped;
+    }
+  }
+
+  #name(sql: string): string {
+    let name = this.#names.get(sql);
+    if (name === undefined) {
+      this.#names.set(sql, name = `leased_outbox_${this.#names.size + 1}`);
+    }
+    return name;
+  }
+
+  /** Forgets a broken client, remembering whether a transaction died with it. */
+  #lost(client: pg.Client): void {
+    if (this.#client !== client) return;
+    const status = client.getTransactionStatus();
+    this.#lostInTransaction = status === "T" || status === "E";
+    this.#client = undefined;
+    client.end().catch(() => {});
+  }
+
+  async #session(): Promise<pg.Client> {
+    if (this.#client !== undefined) return this.#client;
+    this.#connecting ??= this.#connect().finally(() => {
+      this.#connecting = undefined;
+    });
+    return await this.#connecting;
+  }
+
+  async #connect(): Promise<pg.Client> {
+    const options = this.#options;
+    const config: pg.ClientConfig = {
+      connectionString: this.#url,
+      connectionTimeoutMillis: options.connectTimeoutMs ?? 10_000,
+      application_name: options.applicationName ?? "leased-outbox",
+      types,
+    };
+    if (options.statementTimeoutMs) {
+      config.statement_timeout = options.statementTimeoutMs;
+    }
+    if (options.lockTimeoutMs) config.lock_timeout = options.lockTimeoutMs;
+    if (options.schema !== undefined) {
+      config.options = `-c search_path=${options.schema}`;
+    }
+    const client = new pg.Client(config);
+    // node-postgres emits 'error' for a connection lost while idle; without
+    // a listener that would end the process.
+    client.on("error", () => this.#lost(client));
+    client.on("notification", (message) => {
+      for (const listener of this.#listeners.get(message.channel) ?? []) {
+        try {
+          listener(message.payload ?? "");
+        } catch (error) {
+          reportError(error);
+        }
+      }
+    });
+    try {
+      await client.connect();
+      for (const channel of this.#listeners.keys()) {
+        await client.query(`LISTEN ${quoteIdentifier(channel)}`);
+      }
+    } catch (error) {
+      client.end().catch(() => {});
+      throw mapError(error, true);
+    }
+    if (this.#closed) {
+      await client.end().catch(() => {});
+      throw new Error("Cannot query as the driver is closed");
+    }
+    this.#client = client;
+    return client;
+  }
+}
+
+/**
+ * Opens one connection to PostgreSQL.
+ *
+ * @param url A `postgres://user:password@host:port/database` URL (libpq's
+ * form, `?sslmode=require` included).
+ * @param options See {@linkcode PostgresDriverOptions}.
+ * @returns The connected driver.
+ * @throws {TypeError} When an option is invalid.
+ * @throws {ConnectionLostError} When the server cannot be reached.
+ */
+export async function connectPostgres(
+  url: string,
+  options: PostgresDriverOptions = {},
+): Promise<PostgresDriver> {
+  if (typeof url !== "string" || !/^postgres(ql)?:\/\//.test(url)) {
+    throw new TypeError(
+      `Cannot connect as 'url' must be a postgres:// URL: current value is ${
+        typeof url === "string" ? JSON.stringify(url.slice(0, 40)) : String(url)
+      }`,
+    );
+  }
+  for (
+    const field of [
+      "connectTimeoutMs",
+      "statementTimeoutMs",
+      "lockTimeoutMs",
+    ] as const
+  ) {
+    const value = options[field];
+    if (
+      value !== undefined &&
+      (typeof value !== "number" || !Number.isSafeInteger(value) || value < 0)
+    ) {
+      throw new TypeError(
+        `Cannot connect as '${field}' must be a non-negative integer: current value is ${
+          String(value)
+        }`,
+      );
+    }
+  }
+  if (options.schema !== undefined && !SCHEMA.test(options.schema)) {
+    throw new TypeError(
+      `Cannot connect as 'schema' must be a lowercase identifier of at most 63 characters: current value is ${
+        JSON.stringify(String(options.schema).slice(0, 70))
+      }`,
+    );
+  }
+  const driver = new PostgresDriver(url, options);
+  await driver.connect();
+  return driver;
+}
+
+/** Maps a node-postgres error to the typed error for it. */
+function mapError(error: unknown, connecting = false): Error {
+  const message = error instanceof Error ? error.message : String(error);
+  const code = (error as { code?: unknown } | null)?.code;
+  const sqlstate = typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)
+    ? code
+    : undefined;
+  if (sqlstate === undefined) {
+    if (connecting || LOST.some((text) => message.includes(text))) {
+      return new ConnectionLostError(message, "08006", { cause: error });
+    }
+    return error instanceof Error ? error : new Error(message);
+  }
+  // Class 08 connection exceptions; 57P01–57P03 admin, crash or startup
+  // shutdown; 53300 too many connections.
+  if (sqlstate.startsWith("08") || /^57P0[123]$/.test(sqlstate)) {
+    return new ConnectionLostError(message, sqlstate, { cause: error });
+  }
+  if (connecting && sqlstate === "53300") {
+    return new ConnectionLostError(message, sqlstate, { cause: error });
+  }
+  if (sqlstate === "57014") {
+    return new StatementTimeoutError(message, { cause: error });
+  }
+  if (sqlstate === "55P03") return new BusyError(message, 5, { cause: error });
+  return new PostgresError(message, sqlstate, { cause: error });
+}
+
+function toParam(value: SqlValue): unknown {
+  if (typeof value === "bigint") {
+    if (value > 0x7fffffffffffffffn || value < -0x8000000000000000n) {
+      throw new RangeError(
+        `Cannot bind ${value}n as it is outside the 64-bit integer range`,
+      );
+    }
+    return value.toString();
+  }
+  return value;
+}
+
+function parseInt8(text: string): number | bigint {
+  const n = Number(text);
+  return Number.isSafeInteger(n) ? n : BigInt(text);
+}
+
+function parseBytea(text: string): Uint8Array {
+  // The server's bytea_output is hex by default: "\x" then two digits a byte.
+  const bytes = new Uint8Array((text.length - 2) / 2);
+  for (let i = 0; i < bytes.length; i++) {
+    bytes[i] = parseInt(text.slice(2 + 2 * i, 4 + 2 * i), 16);
+  }
+  return bytes;
+}
+
+function quoteIdentifier(name: string): string {
+  return `"${name.replaceAll('"', '""')}"`;
+}
