@@ -56,6 +56,14 @@ export interface Driver {
    * through most handoffs.
    */
   busyWait?(timeoutMs: number): Promise<void>;
+  /**
+   * Calls `listener` after another connection commits new events, so an
+   * idle worker claims at once instead of at its next poll (PostgreSQL's
+   * `LISTEN`/`NOTIFY`). Optional: without it workers only poll.
+   *
+   * @returns Stops the calls.
+   */
+  watchEnqueues?(listener: () => void): Promise<() => Promise<void>>;
   /** Closes the connection; later calls reject. Closing twice is a no-op. */
   close(): Promise<void>;
 }

@@ -17,6 +17,29 @@ import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 /** Milliseconds since the Unix epoch, from an injected clock. */
 export type Clock = () => number;
 
+/**
+ * How the core's statements are spelled on one engine: SQL text only, no
+ * I/O. {@linkcode SQL} is SQLite's; `dialects/postgres.ts` has
+ * PostgreSQL's, each statement taking the same parameters in the same order.
+ */
+export type Dialect =
+  & { readonly [K in Exclude<keyof typeof SQL, SqliteOnly>]: string }
+  & { readonly [K in SqliteOnly]?: string }
+  & {
+    /** Reads the database server's clock, epoch milliseconds, as `now`. */
+    readonly now?: string;
+    /**
+     * Set up on open instead of SQLite's schema steps: `lock` (held to the
+     * end of the transaction) then `setup`, a script creating what is
+     * missing, then `schemaVersion`.
+     */
+    readonly lock?: string;
+    readonly setup?: string;
+    readonly schemaPresent?: string;
+    readonly schemaVersion?: string;
+    readonly version?: number;
+  };
+
 /** The longest accepted `leaseMs` or `delayMs`: 365 days in milliseconds. */
 export const MAX_DURATION_MS = 31_536_000_000;
 /** The largest accepted `maxAttempts`. */
@@ -34,7 +57,13 @@ export interface OutboxOptions {
    *
    * @default {Date.now}
    */
-  readonly now?: Clock;
+  readonly now?: Clock | "database";
+  /**
+   * The SQL dialect of the driver's engine. `openPostgres` sets it.
+   *
+   * @default {SQL}
+   */
+  readonly dialect?: Dialect;
   /** Queue used when a call names none. @default {"default"} */
   readonly queue?: string;
   /** Lease length when a claim names none, in milliseconds. @default {30000} */
@@ -261,10 +290,13 @@ const CLAIM_SET = `state = 'leased', fence = fence + 1, attempt = attempt + 1,
       lease_until = ?1, due_at = ?1, updated_at = ?2, claimed_at = ?2,
       last_error = CASE state WHEN 'leased' THEN '${LEASE_EXPIRED}' ELSE last_error END`;
 // Version 3's views, as schema.sql creates them.
-const VIEWS_SQL = SCHEMA_SQL.slice(
+const VIEWS_SQL: string = SCHEMA_SQL.slice(
   SCHEMA_SQL.indexOf("CREATE VIEW"),
   SCHEMA_SQL.lastIndexOf("PRAGMA user_version"),
 );
+
+/** SQLite's schema steps, which other engines replace with `setup`. */
+type SqliteOnly = "userVersion" | "hasSchema" | "migrateV1" | "migrateV2";
 
 /** The statements of the core, exported for the query-plan tests only. */
 export const SQL = {
@@ -285,10 +317,12 @@ export const SQL = {
   migrateV2: `ALTER TABLE outbox_events ADD COLUMN claimed_at INTEGER;
     ${VIEWS_SQL}
     PRAGMA user_version = 3`,
+  // ?9: the payload when it is bytes (?2 when JSON text).
   insert: `INSERT INTO outbox_events
     (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at)
-    VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?)
-    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`,
+    VALUES (?1, 'pending', coalesce(?2, ?9), ?3, ?4, ?5, ?6, ?7, ?8)
+    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    RETURNING id`,
   byDedupKey: "SELECT id FROM outbox_events WHERE queue = ? AND dedup_key = ?",
   // A lapsed lease on the last attempt is a dead letter from its deadline on
   // (SQS moves a message to its dead-letter queue when its receive count runs
@@ -419,7 +453,9 @@ export const SQL = {
 export class Outbox<P = unknown> implements AsyncDisposable {
   readonly #driver: Driver;
   readonly #mutex: Mutex;
-  readonly #now: Clock;
+  readonly #sql: Dialect;
+  readonly #now: Clock | "database";
+  #stopWatching: (() => Promise<void>) | undefined;
   readonly #queue: string;
   readonly #leaseMs: number;
   readonly #maxAttempts: number;
@@ -431,8 +467,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   private constructor(driver: Driver, options: OutboxOptions) {
     const op = "open outbox";
     this.#driver = driver;
+    this.#sql = options.dialect ?? SQL;
     this.#now = options.now ?? Date.now;
-    if (typeof this.#now !== "function") {
+    if (
+      typeof this.#now !== "function" &&
+      !(this.#now === "database" && this.#sql.now !== undefined)
+    ) {
       throw new TypeError(
         `Cannot ${op} as 'now' must be a function: current value is ${
           describe(this.#now)
@@ -493,6 +533,35 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     }
     checkOptions("open outbox", options);
     const outbox = new Outbox<P>(driver, options);
+    const sql = outbox.#sql;
+    if (sql.setup !== undefined) {
+      await outbox.#write("open outbox", async () => {
+        const version = async () => {
+          const [present] = await driver.query(sql.schemaPresent!);
+          if (!present?.["present"]) return 0;
+          const [row] = await driver.query(sql.schemaVersion!);
+          return Number(row?.["version"] ?? 0);
+        };
+        // Set-up takes locks that stop running workers for a moment: only
+        // an opener that finds the schema missing or older takes them.
+        if (await version() !== sql.version) {
+          await driver.run(sql.lock!);
+          if (await version() < sql.version!) await driver.exec(sql.setup!);
+        }
+        const found = await version();
+        if (found !== sql.version) {
+          throw new Error(
+            `Cannot open outbox as the database has outbox schema version ${found}, not ${sql.version}`,
+          );
+        }
+      }, false);
+      if (driver.watchEnqueues !== undefined) {
+        outbox.#stopWatching = await driver.watchEnqueues(() =>
+          outbox.#enqueued()
+        );
+      }
+      return outbox;
+    }
     await outbox.#write("open outbox", async () => {
       const [row] = await driver.query(SQL.userVersion);
       const version = Number(row?.["user_version"] ?? 0);
@@ -698,7 +767,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       this.#leaseMs;
     return await this.#write(op, async (now) => {
       await this.#writeUnwritten([checked.eventId]);
-      const [row] = await this.#driver.query(SQL.renew, [
+      const [row] = await this.#driver.query(this.#sql.renew, [
         now + ms,
         now,
         checked.eventId,
@@ -747,7 +816,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       : checkError(op, options.error);
     return await this.#write(op, async (now) => {
       await this.#writeUnwritten([checked.eventId]);
-      const [row] = await this.#driver.query(SQL.release, [
+      const [row] = await this.#driver.query(this.#sql.release, [
         now,
         now + delayMs,
         error,
@@ -801,11 +870,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       : checkName(op, "queue", options.queue);
     const limit = checkInteger(op, "limit", options.limit, 1, MAX_BATCH) ?? 100;
     return await this.#write(op, async () => {
-      const rows = await this.#driver.query(SQL.deadLetters, [queue, limit]);
+      const rows = await this.#driver.query(this.#sql.deadLetters, [
+        queue,
+        limit,
+      ]);
       return rows.map((row) => ({
         eventId: Number(row["id"]),
         queue: String(row["queue"]),
-        payload: decodePayload(row["payload"]) as P,
+        payload: decodePayload(row["payload_bytes"] ?? row["payload"]) as P,
         attempts: Number(row["attempt"]),
         lastError: nullableString(row["last_error"]),
         createdAt: Number(row["created_at"]),
@@ -828,7 +900,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       checkInteger("retry", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
         0;
     return await this.#write("retry", async (now) => {
-      const [row] = await this.#driver.query(SQL.retry, [now, id]);
+      const [row] = await this.#driver.query(this.#sql.retry, [now, id]);
       if (row === undefined) return false;
       await this.#ledger(id, Number(row["fence"]), "retried", now);
       return true;
@@ -861,8 +933,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       );
     }
     return await this.#write(op, async () => {
-      await this.#driver.run(SQL.purgeLedger, [before]);
-      return (await this.#driver.run(SQL.purge, [before])).changes;
+      await this.#driver.run(this.#sql.purgeLedger, [before]);
+      return (await this.#driver.run(this.#sql.purge, [before])).changes;
     });
   }
 
@@ -887,7 +959,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         dead: 0,
       };
       let oldestPendingAgeMs = 0;
-      for (const row of await this.#driver.query(SQL.stats, [queue])) {
+      for (const row of await this.#driver.query(this.#sql.stats, [queue])) {
         counts[String(row["state"])] = Number(row["n"]);
         if (row["state"] === "pending") {
           oldestPendingAgeMs = Math.max(0, now - Number(row["oldest"]));
@@ -917,9 +989,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       checkInteger("explain", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
         0;
     return await this.#write("explain", async () => {
-      const [row] = await this.#driver.query(SQL.event, [id]);
+      const [row] = await this.#driver.query(this.#sql.event, [id]);
       if (row === undefined) return null;
-      const history = (await this.#driver.query(SQL.history, [id])).map((
+      const history = (await this.#driver.query(this.#sql.history, [id])).map((
         entry,
       ) => ({
         kind: entry["kind"] as LedgerEntry["kind"],
@@ -1048,7 +1120,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    */
   close(): Promise<void> {
     this.#closed = true;
-    return this.#mutex.run(() => this.#driver.close());
+    return this.#mutex.run(async () => {
+      await this.#stopWatching?.().catch(() => {});
+      await this.#driver.close();
+    });
   }
 
   /** Same as {@linkcode Outbox.close}, for `await using`. */
@@ -1099,20 +1174,22 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   async #enqueue(event: PreparedEnqueue, now: number): Promise<EnqueueResult> {
-    const { changes, lastInsertRowid } = await this.#driver.run(SQL.insert, [
+    const bytes = event.payload instanceof Uint8Array;
+    const [inserted] = await this.#driver.query(this.#sql.insert, [
       event.queue,
-      event.payload,
+      bytes ? null : event.payload,
       event.dedupKey,
       event.orderingKey,
       now + event.delayMs,
       event.maxAttempts,
       now,
       now,
+      bytes ? event.payload : null,
     ]);
-    if (changes === 1) {
-      return { eventId: Number(lastInsertRowid), deduplicated: false };
+    if (inserted !== undefined) {
+      return { eventId: Number(inserted["id"]), deduplicated: false };
     }
-    const [row] = await this.#driver.query(SQL.byDedupKey, [
+    const [row] = await this.#driver.query(this.#sql.byDedupKey, [
       event.queue,
       event.dedupKey,
     ]);
@@ -1126,7 +1203,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     token: string | undefined,
     now: number,
   ): Promise<Lease<P>[]> {
-    const candidates = await this.#driver.query(SQL.candidates, [
+    const candidates = await this.#driver.query(this.#sql.candidates, [
       queue,
       now,
       max,
@@ -1157,14 +1234,17 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         attempt: Number(row["attempt"]) + 1,
         maxAttempts: Number(row["max_attempts"]),
         leaseUntil,
-        payload: decodePayload(row["payload"]) as P,
+        payload: decodePayload(row["payload_bytes"] ?? row["payload"]) as P,
         orderingKey: nullableString(row["ordering_key"]),
         lastError: taken ? LEASE_EXPIRED : nullableString(row["last_error"]),
       };
     });
     if (token !== undefined) {
       for (const { eventId } of leases) {
-        const used = await this.#driver.query(SQL.tokenUsed, [eventId, token]);
+        const used = await this.#driver.query(this.#sql.tokenUsed, [
+          eventId,
+          token,
+        ]);
         if (used.length > 0) {
           throw new RangeError(
             `Cannot claim as 'token' was used on event ${eventId} before: reuse would let a stale worker act`,
@@ -1180,14 +1260,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     // outbox_unwritten_attempts).
     if (leases.length === 1) {
       const { eventId, token: leaseToken } = leases[0]!;
-      await this.#driver.run(SQL.claimOne, [
+      await this.#driver.run(this.#sql.claimOne, [
         leaseUntil,
         now,
         eventId,
         leaseToken,
       ]);
     } else {
-      await this.#driver.run(SQL.claim, [
+      await this.#driver.run(this.#sql.claim, [
         leaseUntil,
         now,
         JSON.stringify(
@@ -1203,7 +1283,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * cost a lone call more than its SQL does.
    */
   async #acknowledgeOne(lease: CheckedLease, now: number): Promise<boolean> {
-    const { changes } = await this.#driver.run(SQL.acknowledge, [
+    const { changes } = await this.#driver.run(this.#sql.acknowledge, [
       now,
       lease.eventId,
       lease.token,
@@ -1225,8 +1305,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     // Usually every lease is current and listed once, and then the count
     // of changed rows says so: reading them back (RETURNING) cost a fifth of
     // the batch. A lease listed twice leaves one key in the object.
-    await this.#driver.run(SQL.savepoint);
-    const { changes } = await this.#driver.run(SQL.acknowledgeAll, [
+    await this.#driver.run(this.#sql.savepoint);
+    const { changes } = await this.#driver.run(this.#sql.acknowledgeAll, [
       now,
       JSON.stringify(
         Object.fromEntries(
@@ -1235,13 +1315,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       ),
     ]);
     if (changes === leases.length) {
-      await this.#driver.run(SQL.releaseSavepoint);
+      await this.#driver.run(this.#sql.releaseSavepoint);
       return leases.map(() => true);
     }
     // Some lease is stale, or listed twice (stale the second time): one at
     // a time, in the order of the calls, as the ledger records them.
-    await this.#driver.run(SQL.rollbackToSavepoint);
-    await this.#driver.run(SQL.releaseSavepoint);
+    await this.#driver.run(this.#sql.rollbackToSavepoint);
+    await this.#driver.run(this.#sql.releaseSavepoint);
     const results = [];
     for (const lease of leases) {
       results.push(await this.#acknowledgeOne(lease, now));
@@ -1250,11 +1330,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   async #expireExhausted(now: number): Promise<void> {
-    const rows = await this.#driver.query(SQL.exhausted, [now]);
+    const rows = await this.#driver.query(this.#sql.exhausted, [now]);
     if (rows.length === 0) return;
     const eventIds = rows.map((row) => Number(row["id"]));
     await this.#writeUnwritten(eventIds);
-    await this.#driver.run(SQL.expire, [now, JSON.stringify(eventIds)]);
+    await this.#driver.run(this.#sql.expire, [now, JSON.stringify(eventIds)]);
     await this.#ledgerAll(
       rows.flatMap((row): LedgerRow[] => {
         const eventId = Number(row["id"]);
@@ -1273,12 +1353,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * must follow them or a change to what they are read from.
    */
   async #writeUnwritten(eventIds: readonly number[]): Promise<void> {
-    await this.#driver.run(SQL.writeUnwritten, [JSON.stringify(eventIds)]);
+    await this.#driver.run(this.#sql.writeUnwritten, [
+      JSON.stringify(eventIds),
+    ]);
   }
 
   /** Writes ledger entries at `at`, in order, in one statement. */
   async #ledgerAll(entries: readonly LedgerRow[], at: number): Promise<void> {
-    await this.#driver.run(SQL.ledgerAll, [at, JSON.stringify(entries)]);
+    await this.#driver.run(this.#sql.ledgerAll, [at, JSON.stringify(entries)]);
   }
 
   /**
@@ -1290,7 +1372,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     kind: LedgerEntry["kind"],
     now: number,
   ): Promise<void> {
-    await this.#driver.run(SQL.stale, [
+    await this.#driver.run(this.#sql.stale, [
       lease.eventId,
       lease.fence,
       kind,
@@ -1308,7 +1390,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     leaseUntil: number | null = null,
     detail: string | null = null,
   ): Promise<void> {
-    await this.#driver.run(SQL.ledger, [
+    await this.#driver.run(this.#sql.ledger, [
       eventId,
       fence,
       kind,
@@ -1340,15 +1422,15 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     }
     return this.#mutex.run(async () => {
       const deadline = performance.now() + this.#busyTimeoutMs;
-      await this.#untilNotBusy(op, deadline, SQL.begin);
+      await this.#untilNotBusy(op, deadline, this.#sql.begin);
       let result: T;
       try {
-        const now = this.#clock(op);
+        const now = await this.#clock(op);
         if (expire) await this.#expireExhausted(now);
         result = await fn(now);
-        await this.#untilNotBusy(op, deadline, SQL.commit);
+        await this.#untilNotBusy(op, deadline, this.#sql.commit);
       } catch (error) {
-        await this.#driver.run(SQL.rollback).catch(() => {});
+        await this.#driver.run(this.#sql.rollback).catch(() => {});
         throw error;
       }
       return result;
@@ -1387,10 +1469,17 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     }
   }
 
-  #clock(op: string): number {
-    const now = this.#now();
+  async #clock(op: string): Promise<number> {
+    let now: unknown;
+    if (this.#now === "database") {
+      const [row] = await this.#driver.query(this.#sql.now!);
+      now = row?.["now"];
+    } else now = this.#now();
     // Date's own range keeps now + MAX_DURATION_MS an exact integer.
-    if (!Number.isSafeInteger(now) || now < 0 || now > MAX_DATE_MS) {
+    if (
+      typeof now !== "number" || !Number.isSafeInteger(now) || now < 0 ||
+      now > MAX_DATE_MS
+    ) {
       throw new RangeError(
         `Cannot ${op} as the clock must return a non-negative integer of milliseconds within Date's range: current value is ${
           describe(now)

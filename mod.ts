@@ -33,6 +33,7 @@ export {
   type ClaimOptions,
   type Clock,
   type DeadLetter,
+  type Dialect,
   type EnqueueOptions,
   type EnqueueResult,
   type EventState,

@@ -24,6 +24,8 @@
  * @module
  */
 
+import type { Dialect } from "../lease.ts";
+
 /** The schema version this dialect creates, as SQLite's schema.sql does. */
 export const POSTGRES_SCHEMA_VERSION = 3;
 
@@ -162,9 +164,10 @@ export const POSTGRES = {
   // One outbox opening at a time per schema creates or upgrades it.
   lock:
     "SELECT pg_advisory_xact_lock(hashtext('leased_outbox:' || current_schema()))",
-  schemaExists: "SELECT to_regclass('outbox_schema') IS NOT NULL AS present",
+  setup: POSTGRES_SCHEMA,
+  schemaPresent: "SELECT to_regclass('outbox_schema') IS NOT NULL AS present",
   schemaVersion: "SELECT max(version) AS version FROM outbox_schema",
-  createSchema: "CREATE SCHEMA IF NOT EXISTS",
+  version: POSTGRES_SCHEMA_VERSION,
   now:
     "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now",
   insert: `INSERT INTO outbox_events
@@ -258,4 +261,4 @@ export const POSTGRES = {
   event: `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE id = $1`,
   history: `SELECT kind, fence, at, token, lease_until, detail
     FROM outbox_ledger WHERE event_id = $1 ORDER BY seq`,
-} as const;
+} as const satisfies Dialect;

@@ -17,9 +17,10 @@
  *
  * @module
  */
-// @ts-types="@types/pg"
-import pg from "pg";
+import pgModule from "pg";
 import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
+import { POSTGRES } from "../dialects/postgres.ts";
+import { Outbox, type OutboxOptions } from "../lease.ts";
 import {
   BusyError,
   ConnectionLostError,
@@ -62,6 +63,28 @@ export interface PostgresDriverOptions {
   readonly prepare?: boolean;
   /** `application_name`, shown in `pg_stat_activity`. @default {"leased-outbox"} */
   readonly applicationName?: string;
+  /**
+   * Wake idle workers with `LISTEN`/`NOTIFY` when another connection
+   * enqueues. Turn it off behind a transaction pooler, where `LISTEN` does
+   * not work; workers then find new events at their next poll.
+   *
+   * @default {true}
+   */
+  readonly listen?: boolean;
+}
+
+/** Options of {@linkcode openPostgres}. */
+export interface PostgresOutboxOptions
+  extends Omit<OutboxOptions, "dialect">, PostgresDriverOptions {
+  /**
+   * The clock leases are judged by: `"database"` reads the server's
+   * (`clock_timestamp()`) at the start of every transaction, so workers
+   * whose clocks disagree still agree on leases; a function injects one
+   * (tests).
+   *
+   * @default {"database"}
+   */
+  readonly now?: Exclude<OutboxOptions["now"], undefined>;
 }
 
 /** What the server sent on a channel this connection listens on. */
@@ -81,13 +104,54 @@ const LOST = [
   "timeout expired",
   "Connection terminated due to connection timeout",
 ];
+
+/**
+ * The part of node-postgres this driver uses. Declared here rather than
+ * taken from `@types/pg`, whose `@types/node` would replace the DOM types the
+ * browser modules of this package are checked with.
+ */
+interface PgClient {
+  connect(): Promise<void>;
+  query(config: PgQueryConfig): Promise<PgResult>;
+  end(): Promise<void>;
+  getTransactionStatus(): "I" | "T" | "E" | null;
+  on(event: "error", listener: (error: Error) => void): void;
+  on(
+    event: "notification",
+    listener: (message: { channel: string; payload?: string }) => void,
+  ): void;
+}
+interface PgQueryConfig {
+  text: string;
+  values: unknown[];
+  queryMode?: "extended";
+  name?: string;
+}
+interface PgResult {
+  rows: Row[];
+  rowCount: number | null;
+}
+interface PgClientConfig {
+  connectionString: string;
+  connectionTimeoutMillis: number;
+  application_name: string;
+  statement_timeout?: number;
+  lock_timeout?: number;
+  options?: string;
+  types: { getTypeParser(oid: number, format?: string): unknown };
+}
+const pg = pgModule as unknown as {
+  Client: new (config: PgClientConfig) => PgClient;
+  types: { getTypeParser(oid: number, format?: string): unknown };
+};
+
 const types = {
-  getTypeParser(oid: number, format?: string) {
+  getTypeParser(oid: number, format?: string): unknown {
     if (oid === INT8) return parseInt8;
     if (oid === BYTEA) return parseBytea;
-    return pg.types.getTypeParser(oid, format as "text");
+    return pg.types.getTypeParser(oid, format);
   },
-} as pg.CustomTypesConfig;
+};
 
 /**
  * One connection to PostgreSQL behind the {@linkcode Driver} contract.
@@ -98,8 +162,8 @@ export class PostgresDriver implements Driver, AsyncDisposable {
   readonly #options: PostgresDriverOptions;
   readonly #listeners = new Map<string, Set<NotificationListener>>();
   readonly #names = new Map<string, string>();
-  #client: pg.Client | undefined;
-  #connecting: Promise<pg.Client> | undefined;
+  #client: PgClient | undefined;
+  #connecting: Promise<PgClient> | undefined;
   /** The transaction status when the connection was lost, until it ends. */
   #lostInTransaction = false;
   #closed = false;
@@ -132,7 +196,7 @@ export class PostgresDriver implements Driver, AsyncDisposable {
    * @throws {PostgresError} When the server refuses the statement.
    */
   async query(sql: string, params: readonly SqlValue[] = []): Promise<Row[]> {
-    return (await this.#query(sql, params, true)).rows as Row[];
+    return (await this.#query(sql, params, true)).rows;
   }
 
   /**
@@ -197,6 +261,22 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     };
   }
 
+  /**
+   * Calls `listener` after another connection commits new events to this
+   * driver's schema (the schema's insert trigger sends a `NOTIFY`). Does
+   * nothing when the driver was opened with `listen: false`.
+   *
+   * @param listener Called with no arguments.
+   * @returns Stops the calls.
+   */
+  async watchEnqueues(listener: () => void): Promise<() => Promise<void>> {
+    if (this.#options.listen === false) return () => Promise.resolve();
+    const schema = this.schema;
+    return await this.listen("leased_outbox", (payload) => {
+      if (payload === schema) listener();
+    });
+  }
+
   /** Closes the connection; later calls reject. Closing twice is a no-op. */
   async close(): Promise<void> {
     if (this.#closed) return;
@@ -215,19 +295,19 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     sql: string,
     params: readonly SqlValue[],
     extended: boolean,
-  ): Promise<pg.QueryResult> {
+  ): Promise<PgResult> {
     if (this.#closed) throw new Error("Cannot query as the driver is closed");
     if (this.#lostInTransaction) {
       if (/^\s*ROLLBACK\s*;?\s*$/i.test(sql)) {
         this.#lostInTransaction = false;
-        return { rows: [], rowCount: 0 } as unknown as pg.QueryResult;
+        return { rows: [], rowCount: 0 };
       }
       throw new ConnectionLostError(
         "Cannot run the statement as the connection was lost inside this transaction: the server rolled it back",
       );
     }
     const client = await this.#session();
-    const config: pg.QueryConfig & { queryMode?: string } = {
+    const config: PgQueryConfig = {
       text: sql,
       values: params.map(toParam),
     };
@@ -264,7 +344,7 @@ export class PostgresDriver implements Driver, AsyncDisposable {
   }
 
   /** Forgets a broken client, remembering whether a transaction died with it. */
-  #lost(client: pg.Client): void {
+  #lost(client: PgClient): void {
     if (this.#client !== client) return;
     const status = client.getTransactionStatus();
     this.#lostInTransaction = status === "T" || status === "E";
@@ -272,7 +352,7 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     client.end().catch(() => {});
   }
 
-  async #session(): Promise<pg.Client> {
+  async #session(): Promise<PgClient> {
     if (this.#client !== undefined) return this.#client;
     this.#connecting ??= this.#connect().finally(() => {
       this.#connecting = undefined;
@@ -280,9 +360,9 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     return await this.#connecting;
   }
 
-  async #connect(): Promise<pg.Client> {
+  async #connect(): Promise<PgClient> {
     const options = this.#options;
-    const config: pg.ClientConfig = {
+    const config: PgClientConfig = {
       connectionString: this.#url,
       connectionTimeoutMillis: options.connectTimeoutMs ?? 10_000,
       application_name: options.applicationName ?? "leased-outbox",
@@ -311,7 +391,10 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     try {
       await client.connect();
       for (const channel of this.#listeners.keys()) {
-        await client.query(`LISTEN ${quoteIdentifier(channel)}`);
+        await client.query({
+          text: `LISTEN ${quoteIdentifier(channel)}`,
+          values: [],
+        });
       }
     } catch (error) {
       client.end().catch(() => {});
@@ -376,6 +459,71 @@ export async function connectPostgres(
   const driver = new PostgresDriver(url, options);
   await driver.connect();
   return driver;
+}
+
+/**
+ * Opens an outbox on PostgreSQL: connects, creates the schema (and the
+ * `schema` option's PostgreSQL schema) when missing under an advisory lock,
+ * and judges leases by the server's clock unless `now` says otherwise.
+ *
+ * @param url A `postgres://user:password@host:port/database` URL.
+ * @param options See {@linkcode PostgresOutboxOptions}.
+ * @returns The outbox; it owns the connection and closes it.
+ * @throws {TypeError | RangeError} When an option is invalid, naming it.
+ * @throws {ConnectionLostError} When the server cannot be reached.
+ *
+ * @example Enqueue, claim, acknowledge
+ * ```ts ignore
+ * import { openPostgres } from "@leased/outbox/postgres";
+ *
+ * await using outbox = await openPostgres("postgres://app@127.0.0.1/app");
+ * await outbox.enqueue({ to: "ada@example.com" });
+ * const lease = await outbox.claim({ leaseMs: 30_000 });
+ * if (lease) await outbox.acknowledge(lease);
+ * ```
+ */
+export async function openPostgres<P = unknown>(
+  url: string,
+  options: PostgresOutboxOptions = {},
+): Promise<Outbox<P>> {
+  const {
+    connectTimeoutMs,
+    statementTimeoutMs,
+    lockTimeoutMs,
+    schema,
+    prepare,
+    applicationName,
+    listen,
+    now = "database",
+    ...outboxOptions
+  } = options;
+  const driverOptions: PostgresDriverOptions = Object.fromEntries(
+    Object.entries({
+      connectTimeoutMs,
+      statementTimeoutMs,
+      lockTimeoutMs,
+      schema,
+      prepare,
+      applicationName,
+      listen,
+    }).filter(([, value]) => value !== undefined),
+  );
+  const driver = await connectPostgres(url, driverOptions);
+  try {
+    if (schema !== undefined) {
+      await driver.exec(
+        `CREATE SCHEMA IF NOT EXISTS ${quoteIdentifier(schema)}`,
+      );
+    }
+    return await Outbox.open<P>(driver, {
+      ...outboxOptions,
+      now,
+      dialect: POSTGRES,
+    });
+  } catch (error) {
+    await driver.close();
+    throw error;
+  }
 }
 
 /** Maps a node-postgres error to the typed error for it. */

@@ -3,6 +3,7 @@
  * count of the statements outboxes send.
  */
 import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
+import { PostgresDriver } from "../drivers/postgres.ts";
 import { Outbox, type OutboxOptions } from "../mod.ts";
 import type { DriverCase } from "./drivers.ts";
 
@@ -22,12 +23,25 @@ export class ManualClock {
   }
 }
 
-/** Every row of both tables plus `total_changes()`, for byte-identical comparisons. */
+/**
+ * Every row of both tables plus a count of writes, for byte-identical
+ * comparisons: SQLite's `total_changes()`, or on PostgreSQL each row's
+ * `xmin`, which any write of the row changes, even of the same values.
+ */
 export async function snapshot(driver: Driver): Promise<{
   events: Row[];
   attempts: Row[];
   totalChanges: number;
 }> {
+  if (driver instanceof PostgresDriver) {
+    const events = await driver.query(
+      "SELECT *, xmin::text AS xmin FROM outbox_events ORDER BY id",
+    );
+    const attempts = await driver.query(
+      "SELECT *, xmin::text AS xmin FROM outbox_attempts ORDER BY id",
+    );
+    return { events, attempts, totalChanges: 0 };
+  }
   const events = await driver.query("SELECT * FROM outbox_events ORDER BY id");
   const attempts = await driver.query(
     "SELECT * FROM outbox_attempts ORDER BY id",
@@ -36,14 +50,17 @@ export async function snapshot(driver: Driver): Promise<{
   return { events, attempts, totalChanges: Number(row?.["n"]) };
 }
 
-/** One event's row as stored. */
+/** One event's row as stored (with its `xmin` on PostgreSQL, see snapshot). */
 export async function eventRow(
   driver: Driver,
   id: number,
 ): Promise<Row | undefined> {
-  const [row] = await driver.query("SELECT * FROM outbox_events WHERE id = ?", [
-    id,
-  ]);
+  const [row] = driver instanceof PostgresDriver
+    ? await driver.query(
+      "SELECT *, xmin::text AS xmin FROM outbox_events WHERE id = $1",
+      [id],
+    )
+    : await driver.query("SELECT * FROM outbox_events WHERE id = ?", [id]);
   return row;
 }
 
@@ -66,8 +83,15 @@ class CountingDriver implements Driver {
   sent = 0;
   readonly busyWait?: (timeoutMs: number) => Promise<void>;
 
+  readonly watchEnqueues?: (
+    listener: () => void,
+  ) => Promise<() => Promise<void>>;
+
   constructor(readonly inner: Driver) {
     if (inner.busyWait) this.busyWait = (ms) => inner.busyWait!(ms);
+    if (inner.watchEnqueues) {
+      this.watchEnqueues = (listener) => inner.watchEnqueues!(listener);
+    }
   }
 
   query(sql: string, params?: readonly SqlValue[]): Promise<Row[]> {
@@ -103,7 +127,13 @@ export function driverTest(
     const open = async (options: OutboxOptions = {}) => {
       const outboxes = [];
       for (const d of counted) {
-        outboxes.push(await Outbox.open(d, { now: clock.now, ...options }));
+        outboxes.push(
+          await Outbox.open(d, {
+            now: clock.now,
+            ...(driver.dialect ? { dialect: driver.dialect } : {}),
+            ...options,
+          }),
+        );
       }
       return outboxes;
     };

@@ -19,8 +19,7 @@
  * production server does.
  */
 import { join } from "node:path";
-// @ts-types="@types/pg"
-import pg from "pg";
+import { connectPostgres } from "../drivers/postgres.ts";
 
 /** A running server. */
 export interface PostgresServer {
@@ -389,21 +388,14 @@ async function adminQuery(
   port: number,
   sql: string,
 ): Promise<Record<string, unknown>[]> {
-  const client = new pg.Client({
-    host: "127.0.0.1",
-    port,
-    user: "postgres",
-    database: "postgres",
-    connectionTimeoutMillis: 2_000,
-  });
-  // An error event after connecting (the server going away) must not crash
-  // the process; the query's own rejection reports it.
-  client.on("error", () => {});
-  await client.connect();
+  const db = await connectPostgres(
+    `postgres://postgres@127.0.0.1:${port}/postgres`,
+    { connectTimeoutMs: 2_000, listen: false },
+  );
   try {
-    return (await client.query(sql)).rows;
+    return await db.query(sql);
   } finally {
-    await client.end();
+    await db.close();
   }
 }
 
