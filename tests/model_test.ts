@@ -6,9 +6,9 @@ import { runModelTest } from "./model.ts";
 // is an fsync, a quarter of it keeps the suite quick and still diverse. Runs
 // average about 30 steps (100 runs gave 2,492 to 3,230), so 120 runs keep the
 // file bound far below what chance can reach. On PostgreSQL each run also
-// creates the schema, about a second, so 40 runs (at least 600 steps).
-const RUNS = { memory: 400, file: 120, postgres: 40 };
-const MIN_STEPS = { memory: 10_000, file: 2_500, postgres: 600 };
+// creates the schema, about a second, so 25 runs (at least 400 steps).
+const RUNS = { memory: 400, file: 120, postgres: 25 };
+const MIN_STEPS = { memory: 10_000, file: 2_500, postgres: 400 };
 for (const driver of DRIVERS) {
   const kind = driver.engine === "postgres"
     ? "postgres"
