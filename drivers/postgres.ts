@@ -277,6 +277,19 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     });
   }
 
+  /**
+   * Whether the connection is inside a transaction (the server's
+   * transaction status after the last statement), so an outbox sharing it
+   * joins the application's transaction instead of opening its own.
+   *
+   * @returns `true` inside a transaction, also a failed one.
+   */
+  inTransaction(): boolean {
+    if (this.#lostInTransaction) return true;
+    const status = this.#client?.getTransactionStatus();
+    return status === "T" || status === "E";
+  }
+
   /** Closes the connection; later calls reject. Closing twice is a no-op. */
   async close(): Promise<void> {
     if (this.#closed) return;

@@ -236,3 +236,14 @@ Deno.test("postgres driver: with prepare on, statements run again by name", asyn
   );
   assert.equal(row?.["n"], 2);
 });
+
+Deno.test("postgres driver: inTransaction() follows BEGIN, a failed statement and ROLLBACK", async () => {
+  await using db = await connect();
+  assert.equal(db.inTransaction(), false);
+  await db.run("BEGIN");
+  assert.equal(db.inTransaction(), true);
+  await assert.rejects(db.query("SELECT 1/0"), PostgresError);
+  assert.equal(db.inTransaction(), true);
+  await db.run("ROLLBACK");
+  assert.equal(db.inTransaction(), false);
+});
