@@ -53,17 +53,13 @@ export const MAX_PAYLOAD_BYTES = 512 * 1024 * 1024;
 export interface OutboxOptions {
   /**
    * The clock leases are judged by, in epoch milliseconds. Every worker
-   * sharing a database must agree on it.
+   * sharing a database must agree on it. `"database"` reads the database
+   * server's clock at the start of each transaction, so workers on machines
+   * whose clocks disagree still agree (PostgreSQL's default).
    *
    * @default {Date.now}
    */
   readonly now?: Clock | "database";
-  /**
-   * The SQL dialect of the driver's engine. `openPostgres` sets it.
-   *
-   * @default {SQL}
-   */
-  readonly dialect?: Dialect;
   /** Queue used when a call names none. @default {"default"} */
   readonly queue?: string;
   /** Lease length when a claim names none, in milliseconds. @default {30000} */
@@ -467,8 +463,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   private constructor(driver: Driver, options: OutboxOptions) {
     const op = "open outbox";
     this.#driver = driver;
-    this.#sql = options.dialect ?? SQL;
-    this.#now = options.now ?? Date.now;
+    this.#sql = driver.dialect ?? SQL;
+    this.#now = options.now ?? (this.#sql.now ? "database" : Date.now);
     if (
       typeof this.#now !== "function" &&
       !(this.#now === "database" && this.#sql.now !== undefined)

@@ -20,7 +20,7 @@
 import pgModule from "pg";
 import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
 import { POSTGRES } from "../dialects/postgres.ts";
-import { Outbox, type OutboxOptions } from "../lease.ts";
+import { type Dialect, Outbox, type OutboxOptions } from "../lease.ts";
 import {
   BusyError,
   ConnectionLostError,
@@ -75,7 +75,7 @@ export interface PostgresDriverOptions {
 
 /** Options of {@linkcode openPostgres}. */
 export interface PostgresOutboxOptions
-  extends Omit<OutboxOptions, "dialect">, PostgresDriverOptions {
+  extends OutboxOptions, PostgresDriverOptions {
   /**
    * The clock leases are judged by: `"database"` reads the server's
    * (`clock_timestamp()`) at the start of every transaction, so workers
@@ -158,6 +158,8 @@ const types = {
  * Open it with {@linkcode connectPostgres}.
  */
 export class PostgresDriver implements Driver, AsyncDisposable {
+  /** PostgreSQL's spelling of the core's statements. */
+  readonly dialect: Dialect = POSTGRES;
   readonly #url: string;
   readonly #options: PostgresDriverOptions;
   readonly #listeners = new Map<string, Set<NotificationListener>>();
@@ -531,7 +533,6 @@ export async function openPostgres<P = unknown>(
     return await Outbox.open<P>(driver, {
       ...outboxOptions,
       now,
-      dialect: POSTGRES,
     });
   } catch (error) {
     await driver.close();

@@ -4,9 +4,7 @@
  */
 import { join } from "node:path";
 import type { Driver } from "../driver.ts";
-import { POSTGRES } from "../dialects/postgres.ts";
 import { connectPostgres } from "../drivers/postgres.ts";
-import type { Dialect } from "../lease.ts";
 import { openNodeSqlite } from "../node_sqlite.ts";
 import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
 import { sharedPostgres } from "./postgres_server.ts";
@@ -23,8 +21,6 @@ export interface DriverCase {
   readonly name: string;
   /** The engine: suites written in one engine's SQL run on its rows only. */
   readonly engine: "sqlite" | "postgres";
-  /** What `Outbox.open` needs to speak the engine (SQLite's by default). */
-  readonly dialect?: Dialect;
   /** Whether the database lives in a file (durability, crash, multi-process). */
   readonly file: boolean;
   /** Opens `count` connections (default 2) to one fresh database. */
@@ -66,7 +62,6 @@ async function tempDatabase(): Promise<
 export const POSTGRES_DRIVER: DriverCase = {
   name: "postgres",
   engine: "postgres",
-  dialect: POSTGRES,
   file: true,
   async open(count) {
     const server = await sharedPostgres();

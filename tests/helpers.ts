@@ -4,7 +4,7 @@
  */
 import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
 import { PostgresDriver } from "../drivers/postgres.ts";
-import { Outbox, type OutboxOptions } from "../mod.ts";
+import { type Dialect, Outbox, type OutboxOptions } from "../mod.ts";
 import type { DriverCase } from "./drivers.ts";
 
 /** A clock tests move by hand: `clock.now` is the injected `now()`. */
@@ -87,7 +87,10 @@ class CountingDriver implements Driver {
     listener: () => void,
   ) => Promise<() => Promise<void>>;
 
+  readonly dialect?: Dialect;
+
   constructor(readonly inner: Driver) {
+    if (inner.dialect) this.dialect = inner.dialect;
     if (inner.busyWait) this.busyWait = (ms) => inner.busyWait!(ms);
     if (inner.watchEnqueues) {
       this.watchEnqueues = (listener) => inner.watchEnqueues!(listener);
@@ -130,7 +133,6 @@ export function driverTest(
         outboxes.push(
           await Outbox.open(d, {
             now: clock.now,
-            ...(driver.dialect ? { dialect: driver.dialect } : {}),
             ...options,
           }),
         );

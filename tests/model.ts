@@ -24,7 +24,6 @@ import {
   Outbox,
 } from "../mod.ts";
 import type { Connections } from "./drivers.ts";
-import type { Dialect } from "../lease.ts";
 import { ManualClock } from "./helpers.ts";
 
 /** The state of an event in the model. */
@@ -813,8 +812,6 @@ export interface ModelTestOptions {
   readonly seed?: number;
   /** fast-check replay path, printed with a reported failure. */
   readonly path?: string;
-  /** The dialect outboxes speak (SQLite's by default). */
-  readonly dialect?: Dialect;
 }
 
 /** What {@linkcode runModelTest} ran. */
@@ -866,7 +863,6 @@ export async function runModelTest(
             outbox: await Outbox.open(driver, {
               now: clock.now,
               ...setup,
-              ...(options.dialect ? { dialect: options.dialect } : {}),
             }),
             leaseMs: setup.leaseMs ?? 30_000,
             maxAttempts: setup.maxAttempts ?? 5,

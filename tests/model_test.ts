@@ -19,7 +19,6 @@ for (const driver of DRIVERS) {
   Deno.test(`${driver.name}: model-based: random claim/acknowledge/renew/release/clock sequences on three connections match the reference model`, async () => {
     const report = await runModelTest(() => driver.open(3), {
       numRuns,
-      ...(driver.dialect ? { dialect: driver.dialect } : {}),
     });
     console.log(report);
     assert.equal(report.runs, numRuns);

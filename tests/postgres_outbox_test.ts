@@ -14,7 +14,7 @@ import {
   type PostgresDriver,
 } from "../drivers/postgres.ts";
 import { ConnectionLostError, StatementTimeoutError } from "../errors.ts";
-import { Outbox, processEvents } from "../mod.ts";
+import { type Dialect, Outbox, processEvents } from "../mod.ts";
 import { sharedPostgres, startPostgres } from "./postgres_server.ts";
 
 async function fresh(): Promise<{ url: string; schema: string }> {
@@ -68,6 +68,10 @@ class DroppingDriver implements Driver {
 
   exec(sql: string): Promise<void> {
     return this.inner.exec(sql);
+  }
+
+  get dialect(): Dialect {
+    return this.inner.dialect;
   }
 
   close(): Promise<void> {
@@ -189,7 +193,7 @@ Deno.test("postgres: a connection dropped inside a claim fails it with Connectio
     admin,
     (sql) => armed && sql === POSTGRES.claimOne,
   );
-  await using outbox = await Outbox.open(dropping, { dialect: POSTGRES });
+  await using outbox = await Outbox.open(dropping);
   const { eventId } = await outbox.enqueue("x");
   await assert.rejects(outbox.claim(), ConnectionLostError);
   assert.equal(dropping.drops, 1);
@@ -220,7 +224,7 @@ Deno.test("postgres: a connection dropped inside an acknowledgement fails it wit
     admin,
     (sql) => armed && sql === POSTGRES.acknowledge,
   );
-  await using outbox = await Outbox.open(dropping, { dialect: POSTGRES });
+  await using outbox = await Outbox.open(dropping);
   const { eventId } = await outbox.enqueue("x");
   const lease = await outbox.claim();
   armed = true;
@@ -249,7 +253,7 @@ Deno.test("postgres: a connection dropped just before an acknowledgement's COMMI
     admin,
     (sql) => armed && sql === POSTGRES.commit,
   );
-  await using outbox = await Outbox.open(dropping, { dialect: POSTGRES });
+  await using outbox = await Outbox.open(dropping);
   const { eventId } = await outbox.enqueue("x");
   const lease = await outbox.claim();
   armed = true;

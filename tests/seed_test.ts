@@ -14,7 +14,6 @@ for (const driver of DRIVERS) {
           await Outbox.open(d, {
             now: clock.now,
             leaseMs: 10,
-            ...(driver.dialect ? { dialect: driver.dialect } : {}),
           }),
         );
       }
