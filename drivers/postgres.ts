@@ -90,6 +90,15 @@ export interface PostgresOutboxOptions
 /** What the server sent on a channel this connection listens on. */
 export type NotificationListener = (payload: string) => void;
 
+const DRIVER_OPTIONS: readonly (keyof PostgresDriverOptions)[] = [
+  "connectTimeoutMs",
+  "statementTimeoutMs",
+  "lockTimeoutMs",
+  "schema",
+  "prepare",
+  "applicationName",
+  "listen",
+];
 const INT8 = 20;
 const BYTEA = 17;
 const SCHEMA = /^[a-z_][a-z0-9_]{0,62}$/;
@@ -169,11 +178,18 @@ export class PostgresDriver implements Driver, AsyncDisposable {
   /** The transaction status when the connection was lost, until it ends. */
   #lostInTransaction = false;
   #closed = false;
+  /** Creates the schema at the first connection (openPostgres's). */
+  #createSchema: boolean;
 
   /** @ignore Use {@linkcode connectPostgres}. */
-  constructor(url: string, options: PostgresDriverOptions) {
+  constructor(
+    url: string,
+    options: PostgresDriverOptions,
+    createSchema = false,
+  ) {
     this.#url = url;
     this.#options = options;
+    this.#createSchema = createSchema;
   }
 
   /** The schema of the outbox's tables. */
@@ -405,6 +421,15 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     });
     try {
       await client.connect();
+      if (this.#createSchema && options.schema !== undefined) {
+        await client.query({
+          text: `CREATE SCHEMA IF NOT EXISTS ${
+            quoteIdentifier(options.schema)
+          }`,
+          values: [],
+        });
+        this.#createSchema = false;
+      }
       for (const channel of this.#listeners.keys()) {
         await client.query({
           text: `LISTEN ${quoteIdentifier(channel)}`,
@@ -438,39 +463,7 @@ export async function connectPostgres(
   url: string,
   options: PostgresDriverOptions = {},
 ): Promise<PostgresDriver> {
-  if (typeof url !== "string" || !/^postgres(ql)?:\/\//.test(url)) {
-    throw new TypeError(
-      `Cannot connect as 'url' must be a postgres:// URL: current value is ${
-        typeof url === "string" ? JSON.stringify(url.slice(0, 40)) : String(url)
-      }`,
-    );
-  }
-  for (
-    const field of [
-      "connectTimeoutMs",
-      "statementTimeoutMs",
-      "lockTimeoutMs",
-    ] as const
-  ) {
-    const value = options[field];
-    if (
-      value !== undefined &&
-      (typeof value !== "number" || !Number.isSafeInteger(value) || value < 0)
-    ) {
-      throw new TypeError(
-        `Cannot connect as '${field}' must be a non-negative integer: current value is ${
-          String(value)
-        }`,
-      );
-    }
-  }
-  if (options.schema !== undefined && !SCHEMA.test(options.schema)) {
-    throw new TypeError(
-      `Cannot connect as 'schema' must be a lowercase identifier of at most 63 characters: current value is ${
-        JSON.stringify(String(options.schema).slice(0, 70))
-      }`,
-    );
-  }
+  checkDriverOptions(url, options);
   const driver = new PostgresDriver(url, options);
   await driver.connect();
   return driver;
@@ -501,42 +494,76 @@ export async function openPostgres<P = unknown>(
   url: string,
   options: PostgresOutboxOptions = {},
 ): Promise<Outbox<P>> {
-  const {
-    connectTimeoutMs,
-    statementTimeoutMs,
-    lockTimeoutMs,
-    schema,
-    prepare,
-    applicationName,
-    listen,
-    now = "database",
-    ...outboxOptions
-  } = options;
-  const driverOptions: PostgresDriverOptions = Object.fromEntries(
-    Object.entries({
-      connectTimeoutMs,
-      statementTimeoutMs,
-      lockTimeoutMs,
-      schema,
-      prepare,
-      applicationName,
-      listen,
-    }).filter(([, value]) => value !== undefined),
-  );
-  const driver = await connectPostgres(url, driverOptions);
+  const driverOptions: Record<string, unknown> = {};
+  const outboxOptions: Record<string, unknown> = { now: "database" };
+  for (const [name, value] of Object.entries(options)) {
+    if (value === undefined) continue;
+    if (DRIVER_OPTIONS.includes(name as keyof PostgresDriverOptions)) {
+      driverOptions[name] = value;
+    } else outboxOptions[name] = value;
+  }
+  checkDriverOptions(url, driverOptions);
+  // Connects at the outbox's first statement, once it has checked its own
+  // options: bad input changes nothing, not even the schema.
+  const driver = new PostgresDriver(url, driverOptions, true);
   try {
-    if (schema !== undefined) {
-      await driver.exec(
-        `CREATE SCHEMA IF NOT EXISTS ${quoteIdentifier(schema)}`,
-      );
-    }
-    return await Outbox.open<P>(driver, {
-      ...outboxOptions,
-      now,
-    });
+    return await Outbox.open<P>(driver, outboxOptions as OutboxOptions);
   } catch (error) {
     await driver.close();
     throw error;
+  }
+}
+
+/** Validates a URL and driver options before anything connects. */
+function checkDriverOptions(url: string, options: PostgresDriverOptions): void {
+  if (typeof url !== "string" || !/^postgres(ql)?:\/\//.test(url)) {
+    throw new TypeError(
+      `Cannot connect as 'url' must be a postgres:// URL: current value is ${
+        typeof url === "string" ? JSON.stringify(url.slice(0, 40)) : String(url)
+      }`,
+    );
+  }
+  if (options === null || typeof options !== "object") {
+    throw new TypeError(
+      `Cannot connect as 'options' must be an object: current value is ${
+        String(options)
+      }`,
+    );
+  }
+  for (const name of Object.keys(options)) {
+    if (!DRIVER_OPTIONS.includes(name as keyof PostgresDriverOptions)) {
+      throw new TypeError(
+        `Cannot connect as '${name}' is not an option: the options are ${
+          DRIVER_OPTIONS.join(", ")
+        }`,
+      );
+    }
+  }
+  for (
+    const field of [
+      "connectTimeoutMs",
+      "statementTimeoutMs",
+      "lockTimeoutMs",
+    ] as const
+  ) {
+    const value = options[field];
+    if (
+      value !== undefined &&
+      (typeof value !== "number" || !Number.isSafeInteger(value) || value < 0)
+    ) {
+      throw new TypeError(
+        `Cannot connect as '${field}' must be a non-negative integer: current value is ${
+          String(value)
+        }`,
+      );
+    }
+  }
+  if (options.schema !== undefined && !SCHEMA.test(options.schema)) {
+    throw new TypeError(
+      `Cannot connect as 'schema' must be a lowercase identifier of at most 63 characters: current value is ${
+        JSON.stringify(String(options.schema).slice(0, 70))
+      }`,
+    );
   }
 }
 

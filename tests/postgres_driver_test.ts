@@ -210,6 +210,12 @@ Deno.test("postgres driver: bad options are refused with TypeError naming the fi
     connectPostgres("postgres://x", { schema: "Robert'); DROP" }),
     TypeError,
   );
+  await assert.rejects(
+    connectPostgres("postgres://x", { statementTimeout: 5 } as never),
+    new TypeError(
+      "Cannot connect as 'statementTimeout' is not an option: the options are connectTimeoutMs, statementTimeoutMs, lockTimeoutMs, schema, prepare, applicationName, listen",
+    ),
+  );
 });
 
 Deno.test("postgres driver: NOTIFY reaches a listener between transactions", async () => {

@@ -356,3 +356,25 @@ async function retry<T>(fn: () => Promise<T>): Promise<T> {
     }
   }
 }
+
+Deno.test("postgres: openPostgres refuses bad options before connecting, and creates nothing", async () => {
+  const { url, schema } = await fresh();
+  const missing = `${schema}_never`;
+  await assert.rejects(
+    openPostgres(url, { schema: missing, leaseMs: 0 }),
+    new RangeError(
+      "Cannot open outbox as 'leaseMs' must be a positive integer at most 31536000000: current value is 0",
+    ),
+  );
+  await assert.rejects(
+    openPostgres("postgres://nobody@127.0.0.1:1/none", { maxAttempts: -1 }),
+    RangeError,
+  );
+  await using db = await raw(url, schema);
+  assert.deepEqual(
+    await db.query("SELECT 1 FROM pg_namespace WHERE nspname = $1", [missing]),
+    [],
+  );
+  await using outbox = await openPostgres(url, { schema: missing });
+  assert.equal((await outbox.stats()).pending, 0);
+});
