@@ -422,10 +422,14 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     try {
       await client.connect();
       if (this.#createSchema && options.schema !== undefined) {
+        // CREATE SCHEMA IF NOT EXISTS fails in one of two sessions running
+        // it at once; the outbox set-up's advisory lock lines them up. The
+        // simple protocol runs both in one implicit transaction, which
+        // holds the lock. The name is a checked identifier.
         await client.query({
-          text: `CREATE SCHEMA IF NOT EXISTS ${
-            quoteIdentifier(options.schema)
-          }`,
+          text:
+            `SELECT pg_advisory_xact_lock(hashtext('leased_outbox:${options.schema}'));
+            CREATE SCHEMA IF NOT EXISTS ${quoteIdentifier(options.schema)}`,
           values: [],
         });
         this.#createSchema = false;

@@ -378,3 +378,22 @@ Deno.test("postgres: openPostgres refuses bad options before connecting, and cre
   await using outbox = await openPostgres(url, { schema: missing });
   assert.equal((await outbox.stats()).pending, 0);
 });
+
+Deno.test("R12: four outboxes opening one new schema at once all open, and the schema version is recorded once", async () => {
+  const { url, schema } = await fresh();
+  const target = `${schema}_r12`;
+  const outboxes = await Promise.all(
+    [0, 1, 2, 3].map(() => openPostgres(url, { schema: target })),
+  );
+  try {
+    await using db = await raw(url, target);
+    assert.deepEqual(
+      await db.query("SELECT version FROM outbox_schema ORDER BY version"),
+      [{ version: 3 }],
+    );
+    await outboxes[0]!.enqueue("x");
+    assert.equal((await outboxes[3]!.claim())?.payload, "x");
+  } finally {
+    await Promise.all(outboxes.map((outbox) => outbox.close()));
+  }
+});
