@@ -351,7 +351,8 @@ export const SQL = {
   // with a constant (the LIMIT; the partial indexes' WHERE clauses), which
   // cost every claim 18 µs on node:sqlite and 33 µs in WASM; the unary plus
   // keeps the parameters out of the planner's sight.
-  candidates: `SELECT id, identity, state, fence, attempt, max_attempts, payload,
+  candidates:
+    `SELECT id, identity, state, fence, attempt, max_attempts, payload,
       ordering_key, last_error
     FROM outbox_events AS e
     WHERE queue = +?1 AND state IN ('pending', 'leased') AND due_at <= ?2
