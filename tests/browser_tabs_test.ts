@@ -491,19 +491,26 @@ Deno.test(
           isLeader: boolean;
           stats(): Promise<{ pending: number }>;
         };
-        enqueued: Promise<{ eventId: number; deduplicated: boolean }>;
+        enqueued: Promise<
+          { eventId: number; identity: string; deduplicated: boolean }
+        >;
       };
-      const stored = await enqueued;
+      const { identity, ...stored } = await enqueued;
       return {
         stored,
         leader: outbox.isLeader,
         pending: (await outbox.stats()).pending,
+        // The one stored event is the call's, under the identity it returned.
+        explained: (await (outbox as unknown as {
+          explain(id: number): Promise<{ identity: string }>;
+        }).explain(1)).identity === identity,
       };
     });
     assert.deepEqual(result, {
       stored: { eventId: 1, deduplicated: false },
       leader: true,
       pending: 1,
+      explained: true,
     });
   },
 );
