@@ -27,7 +27,7 @@
 import type { Dialect } from "../lease.ts";
 
 /** The schema version this dialect creates, as SQLite's schema.sql does. */
-export const POSTGRES_SCHEMA_VERSION = 3;
+export const POSTGRES_SCHEMA_VERSION = 4;
 
 const LEASE_EXPIRED = "lease expired";
 
@@ -55,8 +55,12 @@ CREATE TABLE IF NOT EXISTS outbox_events (
   created_at bigint NOT NULL,
   updated_at bigint NOT NULL,
   done_at bigint,
-  claimed_at bigint
+  claimed_at bigint,
+  identity text NOT NULL
 );
+
+CREATE UNIQUE INDEX IF NOT EXISTS outbox_events_identity
+  ON outbox_events (identity);
 
 CREATE INDEX IF NOT EXISTS outbox_events_claim
   ON outbox_events (queue, due_at, id)
@@ -146,7 +150,7 @@ INSERT INTO outbox_schema (version, applied_at)
 `;
 
 const EVENT_COLUMNS =
-  "id, queue, state, payload, payload_bytes, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
+  "id, identity, queue, state, payload, payload_bytes, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
 const CLAIM_SET = `state = 'leased', fence = e.fence + 1,
       attempt = e.attempt + 1, lease_until = $1, due_at = $1,
       updated_at = $2, claimed_at = $2,
@@ -172,12 +176,13 @@ export const POSTGRES = {
     "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now",
   insert: `INSERT INTO outbox_events
     (queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at,
-      max_attempts, created_at, updated_at)
-    VALUES ($1, 'pending', $2, $9, $3, $4, $5, $6, $7, $8)
-    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+      max_attempts, created_at, updated_at, identity)
+    VALUES ($1, 'pending', $2, $10, $3, $4, $5, $6, $7, $8, $9)
+    ON CONFLICT DO NOTHING
     RETURNING id`,
-  byDedupKey:
-    "SELECT id FROM outbox_events WHERE queue = $1 AND dedup_key = $2",
+  existing: `SELECT id, identity FROM outbox_events
+    WHERE (queue = $1 AND dedup_key = $2) OR identity = $3
+    ORDER BY dedup_key IS DISTINCT FROM $2 LIMIT 1`,
   exhausted: `SELECT id, fence FROM outbox_events
     WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= $1
     FOR UPDATE SKIP LOCKED`,
@@ -185,7 +190,8 @@ export const POSTGRES = {
     SET state = 'dead', lease_until = NULL, token = NULL,
       last_error = '${LEASE_EXPIRED}', updated_at = $1, done_at = due_at
     WHERE id IN (${IDS}($2::jsonb))`,
-  candidates: `SELECT id, state, fence, attempt, max_attempts, payload,
+  candidates:
+    `SELECT id, identity, state, fence, attempt, max_attempts, payload,
       payload_bytes, ordering_key, last_error
     FROM outbox_events AS e
     WHERE queue = $1 AND state IN ('pending', 'leased') AND due_at <= $2
@@ -247,7 +253,7 @@ export const POSTGRES = {
     SELECT id, $2::bigint, $3::text, $4::bigint, $5::text
     FROM outbox_events WHERE id = $1`,
   deadLetters:
-    `SELECT id, queue, payload, payload_bytes, attempt, last_error, created_at, done_at
+    `SELECT id, identity, queue, payload, payload_bytes, attempt, last_error, created_at, done_at
     FROM outbox_events WHERE state = 'dead' AND queue = $1 ORDER BY id LIMIT $2`,
   retry: `UPDATE outbox_events
     SET state = 'pending', attempt = 0, due_at = $1, updated_at = $1, done_at = NULL
@@ -259,6 +265,8 @@ export const POSTGRES = {
   stats: `SELECT state, count(*) AS n, min(created_at) AS oldest
     FROM outbox_events WHERE queue = $1 GROUP BY state`,
   event: `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE id = $1`,
+  eventByIdentity:
+    `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE identity = $1`,
   history: `SELECT kind, fence, at, token, lease_until, detail
     FROM outbox_ledger WHERE event_id = $1 ORDER BY seq`,
 } as const satisfies Dialect;

@@ -116,15 +116,20 @@ Deno.test("edge example: a failed delivery is released with its error for a late
   assert.equal(await outbox.claim(), null);
 });
 
-Deno.test("edge example: main.ts serves orders and drains them to the webhook with an idempotency key", async () => {
+Deno.test("edge example: main.ts serves orders and drains them to the webhook with the event's identity and fence", async () => {
   const server = await sharedPostgres();
   const database = await server.createDatabase();
-  const received: { key: string | null; body: unknown }[] = [];
+  const received: {
+    key: string | null;
+    fence: string | null;
+    body: unknown;
+  }[] = [];
   await using webhook = Deno.serve(
     { hostname: "127.0.0.1", port: 0, onListen() {} },
     async (request) => {
       received.push({
         key: request.headers.get("idempotency-key"),
+        fence: request.headers.get("idempotency-fence"),
         body: await request.json(),
       });
       return new Response("ok");
@@ -161,7 +166,7 @@ Deno.test("edge example: main.ts serves orders and drains them to the webhook wi
       );
     }
     assert.equal(placed?.status, 201);
-    const { order, eventId } = await placed!.json();
+    const { order, identity } = await placed!.json();
     const drained = await fetch(`${base}/drain`, { method: "POST" });
     assert.deepEqual(await drained.json(), {
       delivered: 1,
@@ -169,7 +174,8 @@ Deno.test("edge example: main.ts serves orders and drains them to the webhook wi
       stale: 0,
     });
     assert.deepEqual(received, [{
-      key: `${eventId}:1`,
+      key: identity,
+      fence: "1",
       body: { type: "order.placed", order, total: 4200 },
     }]);
   } finally {

@@ -6,7 +6,7 @@
  * nothing half done.
  */
 import assert from "node:assert/strict";
-import { POSTGRES } from "../dialects/postgres.ts";
+import { POSTGRES, POSTGRES_SCHEMA_VERSION } from "../dialects/postgres.ts";
 import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
 import {
   connectPostgres,
@@ -389,7 +389,7 @@ Deno.test("R12: four outboxes opening one new schema at once all open, and the s
     await using db = await raw(url, target);
     assert.deepEqual(
       await db.query("SELECT version FROM outbox_schema ORDER BY version"),
-      [{ version: 3 }],
+      [{ version: POSTGRES_SCHEMA_VERSION }],
     );
     await outboxes[0]!.enqueue("x");
     assert.equal((await outboxes[3]!.claim())?.payload, "x");

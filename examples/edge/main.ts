@@ -3,7 +3,9 @@
  * it: `Deno.serve` with one outbox per isolate, opened on first use from
  * `DATABASE_URL`. `POST /orders` commits an order and its event;
  * `POST /drain` (called by a scheduler, e.g. pg_cron with pg_net, or Deno
- * Deploy's cron) delivers a bounded share of the events to `WEBHOOK_URL`.
+ * Deploy's cron) delivers a bounded share of the events to `WEBHOOK_URL`,
+ * with the event's identity as `Idempotency-Key` and its fence as
+ * `Idempotency-Fence`.
  *
  * LISTEN is off: an isolate does not outlive its requests, and behind a
  * transaction pooler (Supavisor's port 6543) it would not work. Prepared
@@ -16,7 +18,7 @@
  * @module
  */
 import { openPostgres } from "../../drivers/postgres.ts";
-import type { Outbox } from "../../mod.ts";
+import { deliveryHeaders, type Outbox } from "../../mod.ts";
 import {
   drain,
   type OrderPlaced,
@@ -46,9 +48,11 @@ Deno.serve({ port: Number(Deno.env.get("PORT") ?? 8000) }, async (request) => {
     const report = await drain(await outbox(), async (lease) => {
       const response = await fetch(webhook, {
         method: "POST",
+        // The recipient dedupes on the identity and orders attempts by
+        // the fence.
         headers: {
           "content-type": "application/json",
-          "idempotency-key": `${lease.eventId}:${lease.fence}`,
+          ...deliveryHeaders(lease),
         },
         body: JSON.stringify(lease.payload),
       });

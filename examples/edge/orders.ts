@@ -54,14 +54,14 @@ export function ordersHandler(
         [total as number],
       );
       const order = Number(row?.["id"]);
-      const { eventId } = await tx.enqueue(
+      const { eventId, identity } = await tx.enqueue(
         { type: "order.placed", order, total: total as number },
         { dedupKey: `order-${order}` },
       );
       // A failure after both writes (here on request, for the test) rolls
       // both back.
       if (url.searchParams.has("fail")) throw new Error("failed on request");
-      return { order, eventId };
+      return { order, eventId, identity };
     }).catch((error: Error) => error);
     if (placed instanceof Error) {
       return Response.json({ error: placed.message }, { status: 500 });
@@ -96,8 +96,8 @@ export interface DrainReport {
  * Claims and delivers events until `maxEvents` were handled, `maxMs`
  * passed, or none is due: the scheduled edge invocation's bounded share of
  * the work. Each event is acknowledged after `deliver` resolves, or
- * released for a retry when it throws; the recipient dedupes on
- * `${eventId}:${fence}`.
+ * released for a retry when it throws; the recipient dedupes on the
+ * event's identity (`deliveryHeaders(lease)`).
  */
 export async function drain(
   outbox: Outbox<OrderPlaced>,
