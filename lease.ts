@@ -19,27 +19,66 @@ import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 export type Clock = () => number;
 
 /**
- * How the core's statements are spelled on one engine: SQL text only, no
- * I/O. {@linkcode SQL} is SQLite's; `dialects/postgres.ts` has
- * PostgreSQL's, each statement taking the same parameters in the same order.
+ * The statements every engine spells: the keys of a {@linkcode Dialect}.
+ * {@linkcode SQL} holds SQLite's text for each, with what its parameters
+ * mean.
  */
-export type Dialect =
-  & { readonly [K in Exclude<keyof typeof SQL, SqliteOnly>]: string }
-  & { readonly [K in SqliteOnly]?: string }
-  & {
-    /** Reads the database server's clock, epoch milliseconds, as `now`. */
-    readonly now?: string;
-    /**
-     * Set up on open instead of SQLite's schema steps: `lock` (held to the
-     * end of the transaction) then `setup`, a script creating what is
-     * missing, then `schemaVersion`.
-     */
-    readonly lock?: string;
-    readonly setup?: string;
-    readonly schemaPresent?: string;
-    readonly schemaVersion?: string;
-    readonly version?: number;
-  };
+export type StatementName =
+  | "begin"
+  | "commit"
+  | "rollback"
+  | "savepoint"
+  | "releaseSavepoint"
+  | "rollbackToSavepoint"
+  | "insert"
+  | "existing"
+  | "exhausted"
+  | "expire"
+  | "candidates"
+  | "tokenUsed"
+  | "claim"
+  | "claimOne"
+  | "ledger"
+  | "writeUnwritten"
+  | "ledgerAll"
+  | "acknowledge"
+  | "acknowledgeAll"
+  | "renew"
+  | "release"
+  | "stale"
+  | "deadLetters"
+  | "retry"
+  | "purgeLedger"
+  | "purge"
+  | "stats"
+  | "event"
+  | "eventByIdentity"
+  | "history";
+
+/**
+ * How the core's statements are spelled on one engine: SQL text only, no
+ * I/O. The core decides which statement runs and with what; a dialect says
+ * how it is written. {@linkcode SQL} is SQLite's (its schema steps are
+ * SQLite's own); PostgreSQL's is `POSTGRES` in `dialects/postgres.ts`, each
+ * statement taking the same parameters in the same order.
+ */
+export interface Dialect extends Readonly<Record<StatementName, string>> {
+  /** Reads the database server's clock as `now`, epoch milliseconds. */
+  readonly now?: string;
+  /**
+   * Takes the lock that lines up openers setting the schema up, held to
+   * the end of the transaction (instead of SQLite's schema steps).
+   */
+  readonly lock?: string;
+  /** Creates what is missing of the schema, run under `lock`. */
+  readonly setup?: string;
+  /** Answers `present`: whether the schema's version table exists. */
+  readonly schemaPresent?: string;
+  /** Answers `version`: the schema version the database holds. */
+  readonly schemaVersion?: string;
+  /** The schema version `setup` creates. */
+  readonly version?: number;
+}
 
 /** The longest accepted `leaseMs` or `delayMs`: 365 days in milliseconds. */
 export const MAX_DURATION_MS = 31_536_000_000;
@@ -315,14 +354,6 @@ const VIEWS_SQL: string = SCHEMA_SQL.slice(
   SCHEMA_SQL.indexOf("CREATE VIEW"),
   SCHEMA_SQL.lastIndexOf("PRAGMA user_version"),
 );
-
-/** SQLite's schema steps, which other engines replace with `setup`. */
-type SqliteOnly =
-  | "userVersion"
-  | "hasSchema"
-  | "migrateV1"
-  | "migrateV2"
-  | "migrateV3";
 
 /** The statements of the core, exported for the query-plan tests only. */
 export const SQL = {

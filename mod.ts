@@ -51,6 +51,7 @@ export {
   Outbox,
   type OutboxOptions,
   type ReleaseOptions,
+  type StatementName,
   type Stats,
   type Transaction,
 } from "./lease.ts";
