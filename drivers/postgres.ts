@@ -43,6 +43,7 @@ export interface PostgresDriverOptions {
   /**
    * The server's `lock_timeout` for this connection, in milliseconds; `0`
    * for none. A lock wait past it fails with {@linkcode BusyError}.
+   * `openPostgres` sets it to the outbox's `busyTimeoutMs` unless given.
    *
    * @default {0}
    */
@@ -505,6 +506,15 @@ export async function openPostgres<P = unknown>(
     if (DRIVER_OPTIONS.includes(name as keyof PostgresDriverOptions)) {
       driverOptions[name] = value;
     } else outboxOptions[name] = value;
+  }
+  // A lock wait past busyTimeoutMs is a BusyError on PostgreSQL too; an
+  // invalid busyTimeoutMs is left for Outbox.open to refuse by name.
+  const busyTimeoutMs = options.busyTimeoutMs ?? 5_000;
+  if (
+    driverOptions["lockTimeoutMs"] === undefined &&
+    Number.isSafeInteger(busyTimeoutMs) && busyTimeoutMs >= 0
+  ) {
+    driverOptions["lockTimeoutMs"] = busyTimeoutMs;
   }
   checkDriverOptions(url, driverOptions);
   // Connects at the outbox's first statement, once it has checked its own

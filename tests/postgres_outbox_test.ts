@@ -13,7 +13,11 @@ import {
   openPostgres,
   type PostgresDriver,
 } from "../drivers/postgres.ts";
-import { ConnectionLostError, StatementTimeoutError } from "../errors.ts";
+import {
+  BusyError,
+  ConnectionLostError,
+  StatementTimeoutError,
+} from "../errors.ts";
 import { type Dialect, Outbox, processEvents } from "../mod.ts";
 import { sharedPostgres, startPostgres } from "./postgres_server.ts";
 
@@ -396,4 +400,20 @@ Deno.test("R12: four outboxes opening one new schema at once all open, and the s
   } finally {
     await Promise.all(outboxes.map((outbox) => outbox.close()));
   }
+});
+
+Deno.test("postgres: an acknowledgement waiting for a row lock past busyTimeoutMs fails with BusyError and changes nothing", async () => {
+  const { url, schema } = await fresh();
+  await using outbox = await openPostgres(url, { schema, busyTimeoutMs: 100 });
+  await using holder = await raw(url, schema);
+  const { eventId } = await outbox.enqueue("x");
+  const lease = await outbox.claim();
+  await holder.run("BEGIN");
+  await holder.query("SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", [
+    eventId,
+  ]);
+  await assert.rejects(outbox.acknowledge(lease!), BusyError);
+  await holder.run("ROLLBACK");
+  assert.deepEqual(await ledgerKinds(holder, eventId), ["claimed:1"]);
+  assert.equal(await outbox.acknowledge(lease!), true);
 });
