@@ -66,6 +66,12 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
   /** Reads the database server's clock as `now`, epoch milliseconds. */
   readonly now?: string;
   /**
+   * `now` and `exhausted` in one statement, saving a round trip at the
+   * start of every transaction on the server's clock: a row with `now`,
+   * and `id` and `fence` of each exhausted lease (`null` when none).
+   */
+  readonly nowExhausted?: string;
+  /**
    * Takes the lock that lines up openers setting the schema up, held to
    * the end of the transaction (instead of SQLite's schema steps).
    */
@@ -1440,7 +1446,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   async #expireExhausted(now: number): Promise<void> {
-    const rows = await this.#driver.query(this.#sql.exhausted, [now]);
+    await this.#expire(
+      await this.#driver.query(this.#sql.exhausted, [now]),
+      now,
+    );
+  }
+
+  /** Makes the exhausted leases `rows` (id, fence) dead letters. */
+  async #expire(rows: readonly Row[], now: number): Promise<void> {
     if (rows.length === 0) return;
     const eventIds = rows.map((row) => Number(row["id"]));
     await this.#writeUnwritten(eventIds);
@@ -1535,8 +1548,15 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       await this.#untilNotBusy(op, deadline, this.#sql.begin);
       let result: T;
       try {
-        const now = await this.#clock(op);
-        if (expire) await this.#expireExhausted(now);
+        let now: number;
+        if (expire && this.#now === "database" && this.#sql.nowExhausted) {
+          const rows = await this.#driver.query(this.#sql.nowExhausted);
+          now = this.#checkNow(op, rows[0]?.["now"]);
+          await this.#expire(rows.filter((row) => row["id"] !== null), now);
+        } else {
+          now = await this.#clock(op);
+          if (expire) await this.#expireExhausted(now);
+        }
         result = await fn(now);
         await this.#untilNotBusy(op, deadline, this.#sql.commit);
       } catch (error) {
@@ -1580,11 +1600,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   async #clock(op: string): Promise<number> {
-    let now: unknown;
     if (this.#now === "database") {
       const [row] = await this.#driver.query(this.#sql.now!);
-      now = row?.["now"];
-    } else now = this.#now();
+      return this.#checkNow(op, row?.["now"]);
+    }
+    return this.#checkNow(op, this.#now());
+  }
+
+  #checkNow(op: string, now: unknown): number {
     // Date's own range keeps now + MAX_DURATION_MS an exact integer.
     if (
       typeof now !== "number" || !Number.isSafeInteger(now) || now < 0 ||

@@ -156,6 +156,7 @@ const CLAIM_SET = `state = 'leased', fence = e.fence + 1,
       updated_at = $2, claimed_at = $2,
       last_error = CASE e.state WHEN 'leased' THEN '${LEASE_EXPIRED}' ELSE e.last_error END`;
 const IDS = "SELECT value::bigint FROM jsonb_array_elements_text";
+const NOW = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 /** The statements of the core on PostgreSQL. */
 export const POSTGRES = {
@@ -172,8 +173,12 @@ export const POSTGRES = {
   schemaPresent: "SELECT to_regclass('outbox_schema') IS NOT NULL AS present",
   schemaVersion: "SELECT max(version) AS version FROM outbox_schema",
   version: POSTGRES_SCHEMA_VERSION,
-  now:
-    "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now",
+  now: `SELECT ${NOW} AS now`,
+  nowExhausted: `SELECT n.now, e.id, e.fence
+    FROM (SELECT ${NOW} AS now) AS n
+    LEFT JOIN LATERAL (SELECT id, fence FROM outbox_events
+      WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= n.now
+      FOR UPDATE SKIP LOCKED) AS e ON true`,
   insert: `INSERT INTO outbox_events
     (queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at,
       max_attempts, created_at, updated_at, identity)

@@ -417,3 +417,26 @@ Deno.test("postgres: an acknowledgement waiting for a row lock past busyTimeoutM
   assert.deepEqual(await ledgerKinds(holder, eventId), ["claimed:1"]);
   assert.equal(await outbox.acknowledge(lease!), true);
 });
+
+Deno.test("postgres: on the server's clock, a lapsed last-attempt lease is a dead letter at the next call", async () => {
+  const { url, schema } = await fresh();
+  await using outbox = await openPostgres(url, { schema, maxAttempts: 1 });
+  const { eventId } = await outbox.enqueue("x");
+  const lease = await outbox.claim({ leaseMs: 1 });
+  // Real time is the subject: the server's clock must pass the deadline.
+  await new Promise((resolve) => setTimeout(resolve, 20));
+  assert.deepEqual(
+    (await outbox.stats()).dead,
+    1,
+  );
+  assert.equal(await outbox.acknowledge(lease!), false);
+  const history = (await outbox.explain(eventId))!.history.map((entry) =>
+    entry.kind
+  );
+  assert.deepEqual(history, [
+    "claimed",
+    "expired",
+    "dead",
+    "stale_acknowledge",
+  ]);
+});
