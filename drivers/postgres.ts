@@ -112,7 +112,6 @@ const LOST = [
   "EPIPE",
   "ETIMEDOUT",
   "timeout expired",
-  "Connection terminated due to connection timeout",
 ];
 
 /**
@@ -176,7 +175,11 @@ export class PostgresDriver implements Driver, AsyncDisposable {
   readonly #names = new Map<string, string>();
   #client: PgClient | undefined;
   #connecting: Promise<PgClient> | undefined;
-  /** The transaction status when the connection was lost, until it ends. */
+  /**
+   * The connection was lost inside a transaction: until the caller's
+   * ROLLBACK, statements fail rather than run on a new connection outside
+   * the transaction they belong to.
+   */
   #lostInTransaction = false;
   #closed = false;
   /** Creates the schema at the first connection (openPostgres's). */
@@ -215,7 +218,7 @@ export class PostgresDriver implements Driver, AsyncDisposable {
    * @throws {PostgresError} When the server refuses the statement.
    */
   async query(sql: string, params: readonly SqlValue[] = []): Promise<Row[]> {
-    return (await this.#query(sql, params, true)).rows;
+    return (await this.#query("query", sql, params)).rows;
   }
 
   /**
@@ -230,7 +233,7 @@ export class PostgresDriver implements Driver, AsyncDisposable {
    * @throws {PostgresError} When the server refuses the statement.
    */
   async run(sql: string, params: readonly SqlValue[] = []): Promise<RunResult> {
-    const result = await this.#query(sql, params, true);
+    const result = await this.#query("run", sql, params);
     return { changes: result.rowCount ?? 0, lastInsertRowid: 0 };
   }
 
@@ -244,7 +247,7 @@ export class PostgresDriver implements Driver, AsyncDisposable {
    * before it ran.
    */
   async exec(sql: string): Promise<void> {
-    await this.#query(sql, [], false);
+    await this.#query("exec", sql, []);
   }
 
   /**
@@ -324,10 +327,13 @@ export class PostgresDriver implements Driver, AsyncDisposable {
   }
 
   async #query(
+    method: "query" | "run" | "exec",
     sql: string,
     params: readonly SqlValue[],
-    extended: boolean,
   ): Promise<PgResult> {
+    // exec's scripts go through the simple protocol, which allows several
+    // statements; query and run use the extended one, which refuses them.
+    const extended = method !== "exec";
     if (this.#closed) throw new Error("Cannot query as the driver is closed");
     if (this.#lostInTransaction) {
       if (/^\s*ROLLBACK\s*;?\s*$/i.test(sql)) {
@@ -357,9 +363,7 @@ export class PostgresDriver implements Driver, AsyncDisposable {
         mapped.code === "42601" && /multiple commands/.test(mapped.message)
       ) {
         throw new RangeError(
-          `Cannot ${
-            sql.trim().slice(0, 6).toUpperCase() === "SELECT" ? "query" : "run"
-          } as 'sql' must hold one statement: ${mapped.message}`,
+          `Cannot ${method} as 'sql' must hold one statement: ${mapped.message}`,
           { cause: error },
         );
       }

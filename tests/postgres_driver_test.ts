@@ -94,7 +94,7 @@ Deno.test("postgres driver: two statements in query() are refused and neither ru
     db.query("INSERT INTO t VALUES (1); INSERT INTO t VALUES (2)"),
     (error: Error) =>
       error instanceof RangeError &&
-      error.message.startsWith("Cannot run as 'sql' must hold one statement"),
+      error.message.startsWith("Cannot query as 'sql' must hold one statement"),
   );
   assert.deepEqual(await db.query("SELECT count(*) AS n FROM t"), [{ n: 0 }]);
 });
