@@ -49,11 +49,20 @@ export {
   type Stats,
   type Transaction,
 } from "./lease.ts";
+export type {
+  EventInfo,
+  ListOptions,
+  PurgeOptions,
+  QueueCounts,
+  RedriveOptions,
+} from "./admin.ts";
 export type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
 export {
   BusyError,
   ConstraintError,
   LeaseLostError,
+  PermanentError,
+  RetryAfterError,
   SqliteError,
   sqliteError,
 } from "./errors.ts";
