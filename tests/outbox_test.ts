@@ -321,7 +321,7 @@ for (const driver of DRIVERS) {
     const { eventId } = await a!.enqueue("new");
     await a!.acknowledge((await a!.claim())!);
     await a!.enqueue("pending");
-    assert.equal(await a!.purge({ doneBeforeMs: 100 }), 1);
+    assert.equal(await a!.purge({ olderThanMs: 0 }), 1);
     assert.deepEqual(await a!.stats(), {
       pending: 1,
       leased: 0,
@@ -486,14 +486,15 @@ for (const driver of DRIVERS) {
     assert.notDeepEqual(await snapshot(raw), before);
   });
 
-  test("open() refuses a database whose user_version belongs to another schema", async ({ open, raw }) => {
+  test("open() refuses a database whose user_version belongs to another schema, and closes the connection it owns", async ({ open, raw }) => {
     await raw.exec("CREATE TABLE app (x INTEGER); PRAGMA user_version = 3");
+    const [before] = await raw.query("PRAGMA user_version");
+    assert.equal(before?.["user_version"], 3);
     await assert.rejects(
       () => open(),
       /user_version is 3 but it has no outbox tables/,
     );
-    const [version] = await raw.query("PRAGMA user_version");
-    assert.equal(version?.["user_version"], 3);
+    await assert.rejects(() => raw.query("PRAGMA user_version"));
   });
 
   for (const older of [1, 2]) {
