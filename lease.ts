@@ -1001,6 +1001,22 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @returns How many dead letters are pending now.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Redrive a queue's dead letters after fixing the receiver
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"), {
+   *   maxAttempts: 1,
+   * });
+   * await outbox.enqueue({ to: "ada@example.com" }, { queue: "mail" });
+   * const lease = await outbox.claim({ queue: "mail" });
+   * await outbox.release(lease!, { error: "receiver down" });
+   * assert.equal(await outbox.redrive({ queue: "mail" }), 1);
+   * assert.equal((await outbox.claim({ queue: "mail" }))?.attempt, 1);
+   * ```
    */
   async redrive(options: RedriveOptions = {}): Promise<number> {
     const op = "redrive";
@@ -1060,11 +1076,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
    * import assert from "node:assert/strict";
    *
-   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * let now = 0;
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"), {
+   *   now: () => now,
+   * });
    * await outbox.enqueue({ n: 1 });
    * await outbox.acknowledge((await outbox.claim())!);
+   * now = 3 * 86_400_000;
    * assert.equal(await outbox.purge({ olderThanMs: 7 * 86_400_000 }), 0);
-   * assert.equal(await outbox.purge({ olderThanMs: 0 }), 0); // done this very millisecond
+   * now = 8 * 86_400_000;
+   * assert.equal(await outbox.purge({ olderThanMs: 7 * 86_400_000 }), 1);
    * ```
    */
   async purge(options: PurgeOptions): Promise<number> {

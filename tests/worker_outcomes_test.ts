@@ -6,7 +6,7 @@ import {
   RetryAfterError,
 } from "../mod.ts";
 import { processEvents, type Timers } from "../worker.ts";
-import { fixture, ManualTimers } from "./worker_fixture.ts";
+import { fixture, type ManualTimers } from "./worker_fixture.ts";
 
 const MAX_TIMER_MS = 2 ** 31 - 1;
 
