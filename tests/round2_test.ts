@@ -9,6 +9,7 @@ import { type Driver, type Lease, Outbox } from "../mod.ts";
 import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
 import { processEvents, type Timers } from "../worker.ts";
 import { ADMIN_SQL } from "../admin.ts";
+import { SQL } from "../lease.ts";
 import { fixture, ManualTimers } from "./worker_fixture.ts";
 import { ManualClock } from "./helpers.ts";
 
@@ -331,8 +332,19 @@ Deno.test("R07: on a legacy database with auto_vacuum NONE, maintain() says so, 
   }
 });
 
-Deno.test("R10: one enqueue of 100 events wakes every idle processor sharing the outbox at once, not at its next poll", async () => {
-  await using f = await fixture();
+Deno.test("R10: one enqueue of 100 events wakes every idle processor sharing the outbox at once; while all are busy an enqueue sends no claim, and a processor that finishes claims again before it sleeps", async () => {
+  const inner = await openSqliteWasm(":memory:");
+  let claims = 0;
+  const counting: Driver = {
+    query: (sql, params) => {
+      if (sql === SQL.candidates) claims++;
+      return inner.query(sql, params);
+    },
+    run: (sql, params) => inner.run(sql, params),
+    exec: (sql) => inner.exec(sql),
+    close: () => inner.close(),
+  };
+  await using f = await fixture(counting);
   const running = new Set<number>();
   const gate = Promise.withResolvers<void>();
   const processors = Array.from(
@@ -350,7 +362,14 @@ Deno.test("R10: one enqueue of 100 events wakes every idle processor sharing the
   });
   await f.time.advance(0, f.wall);
   assert.equal(running.size, 8);
+  const busyClaims = claims;
+  await f.outbox.enqueue({ i: 100 });
+  await f.time.advance(0, f.wall);
+  assert.equal(claims, busyClaims);
   gate.resolve();
+  while ((await f.outbox.stats()).done < 101) await f.time.advance(0, f.wall);
+  assert.equal(f.time.ms, 0);
+  assert.equal(running.size, 101);
   await Promise.all(processors.map((p) => p.stop()));
 });
 
