@@ -545,7 +545,10 @@ export class Processor<P = unknown> implements AsyncDisposable {
     return { ...this.#counters };
   }
 
-  /** Handlers running (or finishing their acknowledgement) now. */
+  /**
+   * Handlers running (or finishing their acknowledgement) now, timed-out
+   * ones that have not settled included: each holds its slot.
+   */
   get inFlight(): number {
     return this.#slots.size;
   }
