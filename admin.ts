@@ -32,6 +32,8 @@ export interface ListOptions {
 export interface EventInfo<P = unknown> {
   /** The event's id. */
   readonly id: number;
+  /** The event's identity (UUID text): what recipients dedupe on. */
+  readonly identity: string;
   /** The queue it is in. */
   readonly queue: string;
   /** Its state. */
@@ -111,7 +113,8 @@ export const PURGE_BATCH = 1_000;
 /** The admin statements, exported for the query-plan tests only. */
 export const ADMIN_SQL = {
   // ?2 NULL: every queue. Paged by id, the primary key.
-  list: `SELECT id, queue, state, attempt, max_attempts, due_at, lease_until,
+  list:
+    `SELECT id, identity, queue, state, attempt, max_attempts, due_at, lease_until,
       last_error, created_at, updated_at, payload, ordering_key, dedup_key
     FROM outbox_events
     WHERE state = ?1 AND (?2 IS NULL OR queue = ?2) AND id > ?3
@@ -166,6 +169,7 @@ export function eventInfo<P>(
   }
   return {
     id: Number(row["id"]),
+    identity: String(row["identity"]),
     queue: String(row["queue"]),
     state,
     attempt: Number(row["attempt"]),

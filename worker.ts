@@ -139,8 +139,9 @@ export interface HandlerContext {
  * - throwing anything else releases it after the loop's backoff;
  *
  * and an event whose attempts are used up becomes a dead letter. Every throw
- * reaches the `onHandlerError` hook. Recipients of external effects should
- * dedupe on `${lease.eventId}:${lease.fence}`.
+ * reaches the `onHandlerError` hook. Recipients of external effects dedupe
+ * on `lease.identity`; the fence only orders the attempts at one event (send
+ * both with `deliveryHeaders(lease)`).
  */
 export type Handler<P> = (
   lease: Lease<P>,
@@ -337,17 +338,17 @@ function clearLongTimeout(timers: Timers, timer: LongTimer | undefined): void {
  *
  * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
  * const seen: string[] = [];
+ * const { identity } = await outbox.enqueue({ to: "ada@example.com" });
  * const delivered = Promise.withResolvers<void>();
  * {
  *   await using _processor = processEvents(outbox, (lease, { signal }) => {
  *     signal.throwIfAborted();
- *     seen.push(`${lease.eventId}:${lease.fence}`);
+ *     seen.push(lease.identity);
  *     delivered.resolve();
  *   }, { leaseMs: 10_000 });
- *   await outbox.enqueue({ to: "ada@example.com" });
  *   await delivered.promise;
  * }
- * assert.deepEqual(seen, ["1:1"]);
+ * assert.deepEqual(seen, [identity]);
  * assert.equal((await outbox.stats()).done, 1);
  * ```
  */
