@@ -172,8 +172,8 @@ export interface ProcessOptions {
   /** Longest wait between claims while the queue stays empty. @default {5000} */
   readonly pollMaxMs?: number;
   /**
-   * Backoff before the second attempt after a failed one (0.x releases
-   * called it `retryMinMs`).
+   * Backoff before the second attempt after a failed one (formerly
+   * `retryMinMs`).
    *
    * @default {1000}
    */
