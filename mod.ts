@@ -55,6 +55,13 @@ export {
   type Stats,
   type Transaction,
 } from "./lease.ts";
+export type {
+  EventInfo,
+  ListOptions,
+  PurgeOptions,
+  QueueCounts,
+  RedriveOptions,
+} from "./admin.ts";
 export type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
 export { isIdentity, uuidv7, uuidv7Time } from "./identity.ts";
 export {
@@ -74,7 +81,9 @@ export {
   ConnectionLostError,
   ConstraintError,
   LeaseLostError,
+  PermanentError,
   PostgresError,
+  RetryAfterError,
   SqliteError,
   sqliteError,
   StatementTimeoutError,
@@ -83,6 +92,7 @@ export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 export {
   type Handler,
   type HandlerContext,
+  type ProcessableOutbox,
   processEvents,
   type ProcessOptions,
   Processor,

@@ -24,6 +24,7 @@
  * @module
  */
 
+import { CANCELLED, PURGE_BATCH } from "../admin.ts";
 import type { Dialect } from "../lease.ts";
 
 /** The schema version this dialect creates, as SQLite's schema.sql does. */
@@ -156,6 +157,8 @@ const CLAIM_SET = `state = 'leased', fence = e.fence + 1,
       updated_at = $2, claimed_at = $2,
       last_error = CASE e.state WHEN 'leased' THEN '${LEASE_EXPIRED}' ELSE e.last_error END`;
 const IDS = "SELECT value::bigint FROM jsonb_array_elements_text";
+const PAYLOAD_BYTES =
+  "coalesce(octet_length(payload), octet_length(payload_bytes), 0)";
 const NOW = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 /** The statements of the core on PostgreSQL. */
@@ -195,9 +198,12 @@ export const POSTGRES = {
     SET state = 'dead', lease_until = NULL, token = NULL,
       last_error = '${LEASE_EXPIRED}', updated_at = $1, done_at = due_at
     WHERE id IN (${IDS}($2::jsonb))`,
-  candidates:
-    `SELECT id, identity, state, fence, attempt, max_attempts, payload,
-      payload_bytes, ordering_key, last_error
+  // Only a payload within $4 bytes is read; a bigger one's size says why
+  // the event is unclaimable.
+  candidates: `SELECT id, identity, state, fence, attempt, max_attempts,
+      CASE WHEN ${PAYLOAD_BYTES} <= $4 THEN payload END AS payload,
+      CASE WHEN ${PAYLOAD_BYTES} <= $4 THEN payload_bytes END AS payload_bytes,
+      ${PAYLOAD_BYTES} AS bytes, ordering_key, last_error
     FROM outbox_events AS e
     WHERE queue = $1 AND state IN ('pending', 'leased') AND due_at <= $2
       AND (ordering_key IS NULL OR NOT EXISTS (
@@ -248,8 +254,10 @@ export const POSTGRES = {
       AND lease_until > $2
     RETURNING lease_until`,
   release: `UPDATE outbox_events
-    SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'pending' END,
-      done_at = CASE WHEN attempt >= max_attempts THEN $1::bigint END,
+    SET state = CASE WHEN $7::int = 1 OR attempt >= max_attempts
+        THEN 'dead' ELSE 'pending' END,
+      done_at = CASE WHEN $7::int = 1 OR attempt >= max_attempts
+        THEN $1::bigint END,
       token = NULL, lease_until = NULL, due_at = $2, updated_at = $1,
       last_error = coalesce($3, last_error)
     WHERE id = $4 AND token = $5 AND fence = $6 AND state = 'leased'
@@ -260,13 +268,37 @@ export const POSTGRES = {
   deadLetters:
     `SELECT id, identity, queue, payload, payload_bytes, attempt, last_error, created_at, done_at
     FROM outbox_events WHERE state = 'dead' AND queue = $1 ORDER BY id LIMIT $2`,
-  retry: `UPDATE outbox_events
-    SET state = 'pending', attempt = 0, due_at = $1, updated_at = $1, done_at = NULL
-    WHERE id = $2 AND state = 'dead'
+  unclaimable: `UPDATE outbox_events
+    SET state = 'dead', done_at = $1, updated_at = $1, lease_until = NULL,
+      token = NULL, last_error = $2
+    WHERE id = $3`,
+  list: `SELECT id, identity, queue, state, attempt, max_attempts, due_at,
+      lease_until, last_error, created_at, updated_at, payload, payload_bytes,
+      ordering_key, dedup_key
+    FROM outbox_events
+    WHERE state = $1 AND ($2::text IS NULL OR queue = $2) AND id > $3
+    ORDER BY id LIMIT $4`,
+  cancel: `UPDATE outbox_events
+    SET state = 'dead', done_at = $1, updated_at = $1,
+      last_error = '${CANCELLED}'
+    WHERE id = $2 AND state = 'pending'
     RETURNING fence`,
-  purgeLedger: `DELETE FROM outbox_attempts WHERE event_id IN (
-    SELECT id FROM outbox_events WHERE state = 'done' AND done_at < $1)`,
-  purge: "DELETE FROM outbox_events WHERE state = 'done' AND done_at < $1",
+  redrive: `UPDATE outbox_events
+    SET state = 'pending', attempt = 0, due_at = $1, updated_at = $1,
+      done_at = NULL
+    WHERE state = 'dead' AND ($2::text IS NULL OR queue = $2)
+      AND ($3::jsonb IS NULL OR id IN (${IDS}($3::jsonb)))
+    RETURNING id, fence`,
+  purgeable: `SELECT id FROM outbox_events
+    WHERE state = $1 AND done_at < $2 LIMIT ${PURGE_BATCH}`,
+  purgeLedger:
+    `DELETE FROM outbox_attempts WHERE event_id IN (${IDS}($1::jsonb))`,
+  purge: `DELETE FROM outbox_events WHERE id IN (${IDS}($1::jsonb))`,
+  queues: `SELECT queue, state, count(*) AS n, min(created_at) AS oldest
+    FROM outbox_events GROUP BY queue, state ORDER BY queue`,
+  nextDue: `SELECT due_at FROM outbox_events
+    WHERE queue = $1 AND state IN ('pending', 'leased') AND due_at > $2
+    ORDER BY due_at LIMIT 1`,
   stats: `SELECT state, count(*) AS n, min(created_at) AS oldest
     FROM outbox_events WHERE queue = $1 GROUP BY state`,
   event: `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE id = $1`,

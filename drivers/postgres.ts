@@ -600,7 +600,12 @@ function mapError(error: unknown, connecting = false): Error {
   }
   // Class 08 connection exceptions; 57P01–57P03 admin, crash or startup
   // shutdown; 53300 too many connections.
-  if (sqlstate.startsWith("08") || /^57P0[123]$/.test(sqlstate)) {
+  // 08P01, a protocol violation (a bind of the wrong parameter count),
+  // leaves the connection working.
+  if (
+    (sqlstate.startsWith("08") && sqlstate !== "08P01") ||
+    /^57P0[123]$/.test(sqlstate)
+  ) {
     return new ConnectionLostError(message, sqlstate, { cause: error });
   }
   if (connecting && sqlstate === "53300") {
