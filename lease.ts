@@ -919,28 +919,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return await this.#write("explain", async () => {
       const [row] = await this.#driver.query(SQL.event, [id]);
       if (row === undefined) return null;
-      const history = (await this.#driver.query(SQL.history, [id])).map((
-        entry,
-      ) => ({
-        kind: entry["kind"] as LedgerEntry["kind"],
-        fence: Number(entry["fence"]),
-        at: Number(entry["at"]),
-        token: nullableString(entry["token"]),
-        leaseUntil: entry["lease_until"] === null
-          ? null
-          : Number(entry["lease_until"]),
-        detail: nullableString(entry["detail"]),
-      }));
-      return {
-        eventId: id,
-        queue: String(row["queue"]),
-        state: row["state"] as EventState,
-        attempt: Number(row["attempt"]),
-        maxAttempts: Number(row["max_attempts"]),
-        fence: Number(row["fence"]),
-        lastError: nullableString(row["last_error"]),
-        history,
-      };
+      return explanation(row, await this.#driver.query(SQL.history, [id]));
     });
   }
 
@@ -1493,7 +1472,45 @@ function encodePayload(
   return json;
 }
 
-function decodePayload(value: SqlValue | undefined): unknown {
+/**
+ * An event row (`SQL.event`) and its ledger rows (`SQL.history`) as an
+ * {@linkcode Explanation}.
+ *
+ * @ignore
+ * @param row The event's row.
+ * @param history Its ledger rows, oldest first.
+ * @returns The explanation.
+ */
+export function explanation(row: Row, history: readonly Row[]): Explanation {
+  return {
+    eventId: Number(row["id"]),
+    queue: String(row["queue"]),
+    state: row["state"] as EventState,
+    attempt: Number(row["attempt"]),
+    maxAttempts: Number(row["max_attempts"]),
+    fence: Number(row["fence"]),
+    lastError: nullableString(row["last_error"]),
+    history: history.map((entry) => ({
+      kind: entry["kind"] as LedgerEntry["kind"],
+      fence: Number(entry["fence"]),
+      at: Number(entry["at"]),
+      token: nullableString(entry["token"]),
+      leaseUntil: entry["lease_until"] === null
+        ? null
+        : Number(entry["lease_until"]),
+      detail: nullableString(entry["detail"]),
+    })),
+  };
+}
+
+/**
+ * A stored payload as enqueued: JSON text parsed, a BLOB as a `Uint8Array`.
+ *
+ * @ignore
+ * @param value The `payload` column.
+ * @returns The payload.
+ */
+export function decodePayload(value: SqlValue | undefined): unknown {
   if (value instanceof Uint8Array) return value;
   if (typeof value === "string") return JSON.parse(value);
   return value === undefined ? null : value;
@@ -1505,11 +1522,26 @@ function tooLarge(op: string, bytes: number, maxBytes: number): RangeError {
   );
 }
 
-function nullableString(value: SqlValue | undefined): string | null {
+/**
+ * A nullable TEXT column as a string or `null`.
+ *
+ * @ignore
+ * @param value The column.
+ * @returns The text, or `null`.
+ */
+export function nullableString(value: SqlValue | undefined): string | null {
   return value === null || value === undefined ? null : String(value);
 }
 
-function checkOptions(op: string, options: unknown): void {
+/**
+ * Throws unless `options` is an object.
+ *
+ * @ignore
+ * @param op What was being done, for the message ("Cannot {op} as …").
+ * @param options The options as passed.
+ * @throws {TypeError} When `options` is not an object.
+ */
+export function checkOptions(op: string, options: unknown): void {
   if (options === null || typeof options !== "object") {
     throw new TypeError(
       `Cannot ${op} as 'options' must be an object: current value is ${
@@ -1519,8 +1551,20 @@ function checkOptions(op: string, options: unknown): void {
   }
 }
 
-/** Validates an optional integer field; `undefined` means "use the default". */
-function checkInteger(
+/**
+ * Validates an optional integer field; `undefined` means "use the default".
+ *
+ * @ignore
+ * @param op What was being done, for the message.
+ * @param field The field's name.
+ * @param value The value as passed.
+ * @param min The smallest accepted value (0 or 1).
+ * @param max The largest accepted value.
+ * @returns The value, or `undefined` when it was `undefined`.
+ * @throws {TypeError} When it is not a number.
+ * @throws {RangeError} When it is not an integer within `min` and `max`.
+ */
+export function checkInteger(
   op: string,
   field: string,
   value: unknown,
@@ -1546,7 +1590,18 @@ function checkInteger(
   return value;
 }
 
-function checkName(op: string, field: string, value: unknown): string {
+/**
+ * Validates a name (`queue`, `dedupKey`, `orderingKey`).
+ *
+ * @ignore
+ * @param op What was being done, for the message.
+ * @param field The field's name.
+ * @param value The value as passed.
+ * @returns The name.
+ * @throws {TypeError} When it is not 1–1024 characters without NUL or lone
+ * surrogates.
+ */
+export function checkName(op: string, field: string, value: unknown): string {
   // NUL is refused because some drivers (Deno's node:sqlite) cut text there;
   // lone surrogates because SQLite stores them as U+FFFD, merging names.
   if (

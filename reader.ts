@@ -1,0 +1,369 @@
+/**
+ * Read-only admin reads of an outbox: counts per queue and state, lists of
+ * events, one event's ledger, the acknowledgement rate. Unlike
+ * {@linkcode Outbox}, whose every call takes the write lock (and turns lapsed
+ * last-attempt leases into dead letters first), an {@linkcode OutboxReader}
+ * only reads, in deferred transactions, so it works on a read-only
+ * connection (`file:outbox.db?mode=ro`) beside live workers and never
+ * creates or upgrades the schema.
+ *
+ * @module
+ */
+import type { Driver, Row } from "./driver.ts";
+import { untilNotBusy } from "./driver.ts";
+import { BusyError } from "./errors.ts";
+import {
+  checkInteger,
+  checkName,
+  checkOptions,
+  decodePayload,
+  type EventState,
+  type Explanation,
+  explanation,
+  MAX_BATCH,
+  MAX_DURATION_MS,
+  nullableString,
+  SQL,
+} from "./lease.ts";
+import { SCHEMA_VERSION } from "./schema.ts";
+
+/** Options of {@linkcode OutboxReader.open}. */
+export interface OutboxReaderOptions {
+  /**
+   * How long a read waits for a writer's lock (a commit in progress) before
+   * it throws {@linkcode BusyError}, in milliseconds.
+   *
+   * @default {5000}
+   */
+  readonly busyTimeoutMs?: number;
+}
+
+/** Counts of one queue, from {@linkcode OutboxReader.queues}. */
+export interface QueueCounts {
+  /** The queue's name. */
+  readonly queue: string;
+  /** Events waiting to be claimed (due or delayed). */
+  readonly pending: number;
+  /** Events under a lease, live or lapsed. */
+  readonly leased: number;
+  /** Acknowledged events not yet purged. */
+  readonly done: number;
+  /** Dead letters. */
+  readonly dead: number;
+  /** When the oldest pending event was enqueued, epoch milliseconds, or `null`. */
+  readonly oldestPendingAt: number | null;
+}
+
+/** One event as {@linkcode OutboxReader.list} shows it. */
+export interface EventInfo {
+  /** The event's id. */
+  readonly id: number;
+  /** The queue it is in. */
+  readonly queue: string;
+  /** Its state. */
+  readonly state: EventState;
+  /** Attempts made since it was enqueued or retried. */
+  readonly attempt: number;
+  /** Attempts allowed. */
+  readonly maxAttempts: number;
+  /** Its latest fence (0 before the first claim). */
+  readonly fence: number;
+  /**
+   * When it can next be claimed, epoch milliseconds: the end of its delay or
+   * backoff while pending, its lease deadline while leased.
+   */
+  readonly dueAt: number;
+  /** The lease deadline while leased, else `null`. */
+  readonly leaseUntil: number | null;
+  /** Its last error, or `null`. */
+  readonly lastError: string | null;
+  /** The ordering key, or `null`. */
+  readonly orderingKey: string | null;
+  /** When it was enqueued, epoch milliseconds. */
+  readonly createdAt: number;
+  /** When its row last changed, epoch milliseconds. */
+  readonly updatedAt: number;
+  /** The payload as enqueued. */
+  readonly payload: unknown;
+}
+
+/** Options of {@linkcode OutboxReader.list}. */
+export interface ListOptions {
+  /** The state listed. */
+  readonly state: EventState;
+  /** Only this queue. @default {all queues} */
+  readonly queue?: string;
+  /** Most events returned, 1–10000. @default {100} */
+  readonly limit?: number;
+  /** Only events with a larger id: the last id of the previous page. @default {0} */
+  readonly afterId?: number;
+}
+
+const STATES: readonly string[] = ["pending", "leased", "done", "dead"];
+
+const READ = {
+  begin: "BEGIN",
+  counts: `SELECT queue, state, count(*) AS n,
+      min(CASE state WHEN 'pending' THEN created_at END) AS oldest
+    FROM outbox_events GROUP BY queue, state ORDER BY queue`,
+  // The retention index (outbox_events_done) serves it.
+  acknowledgedSince: `SELECT queue, count(*) AS n FROM outbox_events
+    WHERE state = 'done' AND done_at >= ? GROUP BY queue`,
+  list: `SELECT id, queue, state, attempt, max_attempts, fence, due_at,
+      lease_until, last_error, ordering_key, created_at, updated_at, payload
+    FROM outbox_events
+    WHERE state = ?1 AND (?2 IS NULL OR queue = ?2) AND id > ?3
+    ORDER BY id LIMIT ?4`,
+} as const;
+
+/**
+ * Read-only access to an outbox database, for tools that watch a live queue.
+ *
+ * @example Count and list events without taking the write lock
+ * ```ts
+ * import { Outbox } from "@leased/outbox";
+ * import { OutboxReader } from "@leased/outbox/reader";
+ * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+ * import assert from "node:assert/strict";
+ *
+ * const dir = await Deno.makeTempDir();
+ * {
+ *   await using outbox = await Outbox.open(await openSqliteWasm(`${dir}/o.db`));
+ *   await outbox.enqueue({ to: "ada@example.com" }, { queue: "mail" });
+ * }
+ * {
+ *   await using reader = await OutboxReader.open(
+ *     await openSqliteWasm(new URL(`file://${dir}/o.db?mode=ro`)),
+ *   );
+ *   const [mail] = await reader.queues();
+ *   assert.equal(mail?.pending, 1);
+ *   const [event] = await reader.list({ state: "pending" });
+ *   assert.deepEqual(event?.payload, { to: "ada@example.com" });
+ * }
+ * await Deno.remove(dir, { recursive: true });
+ * ```
+ */
+export class OutboxReader implements AsyncDisposable {
+  readonly #driver: Driver;
+  readonly #busyTimeoutMs: number;
+
+  private constructor(driver: Driver, busyTimeoutMs: number) {
+    this.#driver = driver;
+    this.#busyTimeoutMs = busyTimeoutMs;
+  }
+
+  /**
+   * Checks that the database holds an outbox of this release's schema,
+   * without writing anything.
+   *
+   * @param driver The connection, read-only or not; the reader owns it and
+   * closes it (also when opening fails).
+   * @param options See {@linkcode OutboxReaderOptions}.
+   * @returns The reader.
+   * @throws {TypeError | RangeError} When an option is invalid, naming it.
+   * @throws {Error} When the database has no outbox, or another schema version.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  static async open(
+    driver: Driver,
+    options: OutboxReaderOptions = {},
+  ): Promise<OutboxReader> {
+    const op = "open outbox reader";
+    checkOptions(op, options);
+    const busyTimeoutMs = checkInteger(
+      op,
+      "busyTimeoutMs",
+      options.busyTimeoutMs,
+      0,
+      MAX_DURATION_MS,
+    ) ?? 5_000;
+    const reader = new OutboxReader(driver, busyTimeoutMs);
+    try {
+      await reader.#read(async () => {
+        const [table] = await driver.query(SQL.hasSchema);
+        if (table === undefined) {
+          throw new Error(
+            `Cannot ${op} as the database has no outbox (no table outbox_events)`,
+          );
+        }
+        const [row] = await driver.query(SQL.userVersion);
+        const version = Number(row?.["user_version"] ?? 0);
+        if (version !== SCHEMA_VERSION) {
+          throw new Error(
+            `Cannot ${op} as the database has outbox schema version ${version}, not ${SCHEMA_VERSION}: Outbox.open upgrades an older one`,
+          );
+        }
+      });
+    } catch (error) {
+      await driver.close();
+      throw error;
+    }
+    return reader;
+  }
+
+  /**
+   * Counts the events of every queue per state, in one snapshot.
+   *
+   * @returns One entry per queue that has events, by name.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async queues(): Promise<QueueCounts[]> {
+    const rows = await this.#read(() => this.#driver.query(READ.counts));
+    const queues = new Map<string, Record<string, number | null>>();
+    for (const row of rows) {
+      const name = String(row["queue"]);
+      let counts = queues.get(name);
+      if (counts === undefined) {
+        counts = { pending: 0, leased: 0, done: 0, dead: 0, oldest: null };
+        queues.set(name, counts);
+      }
+      counts[String(row["state"])] = Number(row["n"]);
+      if (row["oldest"] !== null) counts["oldest"] = Number(row["oldest"]);
+    }
+    return [...queues].map(([queue, counts]) => ({
+      queue,
+      pending: counts["pending"] ?? 0,
+      leased: counts["leased"] ?? 0,
+      done: counts["done"] ?? 0,
+      dead: counts["dead"] ?? 0,
+      oldestPendingAt: counts["oldest"] ?? null,
+    }));
+  }
+
+  /**
+   * Counts acknowledgements per queue since a time (from the events' `done_at`,
+   * so purged events no longer count).
+   *
+   * @param sinceMs Epoch milliseconds; acknowledgements at or after it count.
+   * @returns Acknowledgements per queue name; queues with none are absent.
+   * @throws {TypeError | RangeError} When `sinceMs` is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async acknowledgedSince(sinceMs: number): Promise<Map<string, number>> {
+    const since = checkInteger(
+      "count acknowledgements",
+      "sinceMs",
+      sinceMs,
+      0,
+      Number.MAX_SAFE_INTEGER,
+    ) ?? 0;
+    const rows = await this.#read(() =>
+      this.#driver.query(READ.acknowledgedSince, [since])
+    );
+    return new Map(rows.map((row) => [String(row["queue"]), Number(row["n"])]));
+  }
+
+  /**
+   * Lists the events in one state, by id, a page at a time.
+   *
+   * @param options See {@linkcode ListOptions}.
+   * @returns Up to `limit` events with ids above `afterId`.
+   * @throws {TypeError | RangeError} When an option is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async list(options: ListOptions): Promise<EventInfo[]> {
+    const op = "list events";
+    checkOptions(op, options);
+    if (!STATES.includes(options.state)) {
+      throw new TypeError(
+        `Cannot ${op} as 'state' must be one of ${
+          STATES.join(", ")
+        }: current value is ${String(options.state)}`,
+      );
+    }
+    const queue = options.queue === undefined
+      ? null
+      : checkName(op, "queue", options.queue);
+    const limit = checkInteger(op, "limit", options.limit, 1, MAX_BATCH) ?? 100;
+    const afterId = checkInteger(
+      op,
+      "afterId",
+      options.afterId,
+      0,
+      Number.MAX_SAFE_INTEGER,
+    ) ?? 0;
+    const rows = await this.#read(() =>
+      this.#driver.query(READ.list, [options.state, queue, afterId, limit])
+    );
+    return rows.map(eventInfo);
+  }
+
+  /**
+   * Tells one event's state and its whole ledger, as
+   * {@linkcode Outbox.explain} does, without writing.
+   *
+   * @param eventId The event's id.
+   * @returns The explanation, or `null` when no such event exists.
+   * @throws {TypeError | RangeError} When `eventId` is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async explain(eventId: number): Promise<Explanation | null> {
+    const id =
+      checkInteger("explain", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
+        0;
+    return await this.#read(async () => {
+      const [row] = await this.#driver.query(SQL.event, [id]);
+      if (row === undefined) return null;
+      return explanation(row, await this.#driver.query(SQL.history, [id]));
+    });
+  }
+
+  /** Closes the connection. */
+  close(): Promise<void> {
+    return this.#driver.close();
+  }
+
+  /** Same as {@linkcode OutboxReader.close}, for `await using`. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+
+  /**
+   * Runs `fn` in one deferred (read) transaction, so its statements see one
+   * snapshot; a writer's lock met on the way makes it wait and start over.
+   */
+  #read<T>(fn: () => Promise<T>): Promise<T> {
+    const driver = this.#driver;
+    return untilNotBusy(this.#busyTimeoutMs, async () => {
+      await driver.run(READ.begin);
+      try {
+        const result = await fn();
+        await driver.run(SQL.commit);
+        return result;
+      } catch (error) {
+        await driver.run(SQL.rollback).catch(() => {});
+        throw error;
+      }
+    }, (remainingMs) =>
+      driver.busyWait?.(remainingMs) ??
+        new Promise((resolve) =>
+          setTimeout(resolve, Math.min(remainingMs, 1 + Math.random() * 4))
+        )).catch((error) => {
+        if (!(error instanceof BusyError)) throw error;
+        throw new BusyError(
+          `Cannot read the outbox as the database stayed locked for ${this.#busyTimeoutMs} ms`,
+          error.code,
+          { cause: error },
+        );
+      });
+  }
+}
+
+function eventInfo(row: Row): EventInfo {
+  return {
+    id: Number(row["id"]),
+    queue: String(row["queue"]),
+    state: row["state"] as EventState,
+    attempt: Number(row["attempt"]),
+    maxAttempts: Number(row["max_attempts"]),
+    fence: Number(row["fence"]),
+    dueAt: Number(row["due_at"]),
+    // An acknowledgement keeps the lease columns (schema.sql says why).
+    leaseUntil: row["state"] === "leased" ? Number(row["lease_until"]) : null,
+    lastError: nullableString(row["last_error"]),
+    orderingKey: nullableString(row["ordering_key"]),
+    createdAt: Number(row["created_at"]),
+    updatedAt: Number(row["updated_at"]),
+    payload: decodePayload(row["payload"]),
+  };
+}
