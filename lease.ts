@@ -1011,6 +1011,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return result;
   }
 
+  /** The queue of calls that name none. */
+  get queue(): string {
+    return this.#queue;
+  }
+
   /** The default lease length of claims and renewals, in milliseconds. */
   get leaseMs(): number {
     return this.#leaseMs;

@@ -13,6 +13,7 @@
  */
 import type { Clock, Lease, Outbox, Transaction } from "./lease.ts";
 import { LeaseLostError } from "./errors.ts";
+import { type CounterName, ProcessorTelemetry } from "./telemetry.ts";
 
 /** Timer functions, injectable so tests control time; web-standard by default. */
 export interface Timers {
@@ -282,6 +283,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     released: 0,
     dead: 0,
   };
+  readonly #telemetry: ProcessorTelemetry;
   readonly #loop: Promise<void>;
   readonly #unsubscribe: () => void;
   #stopping = false;
@@ -384,6 +386,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       clearTimeout: (handle) => clearTimeout(handle as number),
     };
     this.#signal = options.signal;
+    this.#telemetry = new ProcessorTelemetry(outbox, options.queue);
     this.#unsubscribe = outbox.onEnqueue(() => this.#wake());
     this.#signal?.addEventListener("abort", this.#onAbort);
     this.#loop = this.#run();
@@ -513,13 +516,20 @@ export class Processor<P = unknown> implements AsyncDisposable {
     };
     let outcome: Promise<unknown>;
     try {
-      outcome = Promise.resolve(this.#handler(lease, context));
+      outcome = Promise.resolve(
+        this.#telemetry.handle(
+          slot,
+          lease,
+          () => this.#handler(lease, context),
+        ),
+      );
     } catch (error) {
       outcome = Promise.reject(error);
     }
     slot.done = outcome
       .then(() => this.#succeed(slot), (error) => this.#fail(slot, error))
       .finally(() => {
+        this.#telemetry.end(slot);
         this.#slots.delete(slot);
         this.#wake();
       });
@@ -541,7 +551,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     } catch (error) {
       slot.acknowledged = false;
       if (error instanceof LeaseLostError) {
-        this.#counters.staleAcknowledgements++;
+        this.#count(slot, "staleAcknowledgements");
         // Its current holder owns the event: no acknowledgement, no release.
         if (slot.state === "running") this.#finish(slot);
         this.#lose(slot, error);
@@ -550,7 +560,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       }
       throw error;
     }
-    this.#counters.acknowledged++;
+    this.#count(slot, "acknowledged");
     if (slot.state === "running") this.#finish(slot);
     return result;
   }
@@ -580,10 +590,12 @@ export class Processor<P = unknown> implements AsyncDisposable {
         const results = await this.#outbox.acknowledge(
           batch.map(({ slot }) => slot.lease),
         );
-        for (const acknowledged of results) {
-          if (acknowledged) this.#counters.acknowledged++;
-          else this.#counters.staleAcknowledgements++;
-        }
+        results.forEach((acknowledged, i) =>
+          this.#count(
+            batch[i]!.slot,
+            acknowledged ? "acknowledged" : "staleAcknowledgements",
+          )
+        );
       } catch (error) {
         if (!this.#noteClosed()) this.#onError(error);
       }
@@ -611,12 +623,20 @@ export class Processor<P = unknown> implements AsyncDisposable {
   async #release(slot: Slot<P>, error: string, delayMs: number) {
     try {
       if (await this.#outbox.release(slot.lease, { delayMs, error })) {
-        if (slot.lease.attempt >= slot.lease.maxAttempts) this.#counters.dead++;
-        else this.#counters.released++;
+        this.#count(
+          slot,
+          slot.lease.attempt >= slot.lease.maxAttempts ? "dead" : "released",
+        );
       }
     } catch (releaseError) {
       if (!this.#noteClosed()) this.#onError(releaseError);
     }
+  }
+
+  /** Counts for `counters` and for OpenTelemetry. */
+  #count(slot: Slot<P>, name: Exclude<CounterName, "claimed">): void {
+    this.#counters[name]++;
+    this.#telemetry.count(slot, name);
   }
 
   #finish(slot: Slot<P>): void {
@@ -704,7 +724,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
 
   #lose(slot: Slot<P>, reason: unknown): void {
     if (slot.controller.signal.aborted) return;
-    this.#counters.leasesLost++;
+    this.#count(slot, "leasesLost");
     this.#timers.clearTimeout(slot.renewTimer);
     this.#timers.clearTimeout(slot.watchdogTimer);
     slot.controller.abort(reason);
@@ -726,6 +746,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
   async #stop(): Promise<void> {
     this.#stopping = true;
     this.#unsubscribe();
+    this.#telemetry.close();
     this.#signal?.removeEventListener("abort", this.#onAbort);
     this.#wake();
     await this.#loop;
