@@ -12,7 +12,6 @@ import {
   type Handler,
   processEvents,
   type ProcessOptions,
-  type Timers,
 } from "../worker.ts";
 import { ManualClock } from "./helpers.ts";
 import { ManualTimers, settle } from "./manual_timers.ts";
