@@ -18,6 +18,7 @@
  *
  * @example Queue work in any tab, deliver it from the leader
  * ```ts ignore
+ * import { deliveryHeaders } from "@leased/outbox";
  * import { openSharedOutbox } from "@leased/outbox/browser";
  *
  * const outbox = await openSharedOutbox("mail");
@@ -26,7 +27,7 @@
  * if (lease) {
  *   await fetch("/send", {
  *     method: "POST",
- *     headers: { "idempotency-key": `${lease.eventId}:${lease.fence}` },
+ *     headers: deliveryHeaders(lease),
  *     body: JSON.stringify(lease.payload),
  *   });
  *   await outbox.acknowledge(lease);
@@ -318,11 +319,11 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
   /**
    * Tells the history of one event; see `Outbox.explain`.
    *
-   * @param eventId The event.
+   * @param event The event's id or identity.
    * @returns Its state and attempt ledger, or `null` when there is no such event.
    */
-  async explain(eventId: number): Promise<Explanation | null> {
-    return await this.invoke("explain", [eventId]) as Explanation | null;
+  async explain(event: number | string): Promise<Explanation | null> {
+    return await this.invoke("explain", [event]) as Explanation | null;
   }
 
   /**

@@ -62,7 +62,7 @@ const USAGE = `Usage: outbox <command> <database> [argument] [options]
 Commands:
   stats <db>                   counts per queue and state, oldest pending, acks in the last minute
   list <db> <state>            events in a state (pending, leased, dead, done), by id
-  explain <db> <event>         one event's state and the timeline of its ledger
+  explain <db> <event>         one event (id or identity): its state and ledger timeline
   watch <db>                   live counts and rates until Ctrl-C
   retry <db> <event>...        dead letters back to pending with fresh attempts
   redrive <db>                 every dead letter (of --queue) back to pending
@@ -190,7 +190,12 @@ export async function main(
     });
     return 0;
   } catch (error) {
-    if (error instanceof UsageError) {
+    // The library's checks of an argument (an id, an identity) run before
+    // any SQL, and say which argument is wrong.
+    if (
+      error instanceof UsageError || error instanceof TypeError ||
+      error instanceof RangeError
+    ) {
       err(`outbox: ${error.message}\n\n${USAGE}`);
       return 2;
     }
@@ -338,6 +343,7 @@ async function list(context: Context): Promise<void> {
     context,
     [
       "id",
+      "identity",
       "queue",
       "attempt",
       state === "leased"
@@ -349,6 +355,7 @@ async function list(context: Context): Promise<void> {
     ],
     events.map((event: EventInfo) => [
       event.id,
+      event.identity,
       event.queue,
       `${event.attempt}/${event.maxAttempts}`,
       relative(
@@ -368,10 +375,16 @@ async function list(context: Context): Promise<void> {
 
 async function explain(context: Context): Promise<void> {
   const { out, options } = context;
-  const eventId = oneId(context, "explain");
+  const [key, ...extra] = context.rest;
+  if (key === undefined) {
+    throw new UsageError("explain needs an event id or identity");
+  }
+  if (extra.length > 0) throw new UsageError("explain takes one event");
+  // Digits are an id; anything else must be an identity (checked by explain).
+  const eventKey = /^\d+$/.test(key) ? count("event id", key, 1) : key;
   await using reader = await openReader(context);
-  const event = await reader.explain(eventId);
-  if (event === null) throw new Error(`no event ${eventId}`);
+  const event = await reader.explain(eventKey);
+  if (event === null) throw new Error(`no event ${key}`);
   if (options.json) {
     out(JSON.stringify(event));
     return;
@@ -398,7 +411,7 @@ async function explain(context: Context): Promise<void> {
 }
 
 function describeEvent(event: Explanation): string {
-  return `event ${event.eventId} in queue ${event.queue}: ${event.state}, attempt ${event.attempt}/${event.maxAttempts}, fence ${event.fence}${
+  return `event ${event.eventId} (${event.identity}) in queue ${event.queue}: ${event.state}, attempt ${event.attempt}/${event.maxAttempts}, fence ${event.fence}${
     event.lastError === null
       ? ""
       : `, last error ${JSON.stringify(event.lastError)}`
@@ -591,12 +604,6 @@ function noArguments(context: Context, command: string): void {
       }`,
     );
   }
-}
-
-function oneId(context: Context, command: string): number {
-  const ids = someIds(context, command);
-  if (ids.length > 1) throw new UsageError(`${command} takes one event id`);
-  return ids[0]!;
 }
 
 function someIds(context: Context, command: string): number[] {

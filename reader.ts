@@ -13,6 +13,7 @@ import type { Driver, Row } from "./driver.ts";
 import { untilNotBusy } from "./driver.ts";
 import { BusyError } from "./errors.ts";
 import {
+  checkIdentity,
   checkInteger,
   checkName,
   checkOptions,
@@ -58,6 +59,8 @@ export interface QueueCounts {
 export interface EventInfo {
   /** The event's id. */
   readonly id: number;
+  /** The event's global identity, UUID text. */
+  readonly identity: string;
   /** The queue it is in. */
   readonly queue: string;
   /** Its state. */
@@ -109,7 +112,8 @@ const READ = {
   // The retention index (outbox_events_done) serves it.
   acknowledgedSince: `SELECT queue, count(*) AS n FROM outbox_events
     WHERE state = 'done' AND done_at >= ? GROUP BY queue`,
-  list: `SELECT id, queue, state, attempt, max_attempts, fence, due_at,
+  list:
+    `SELECT id, identity, queue, state, attempt, max_attempts, fence, due_at,
       lease_until, last_error, ordering_key, created_at, updated_at, payload
     FROM outbox_events
     WHERE state = ?1 AND (?2 IS NULL OR queue = ?2) AND id > ?3
@@ -292,19 +296,24 @@ export class OutboxReader implements AsyncDisposable {
    * Tells one event's state and its whole ledger, as
    * {@linkcode Outbox.explain} does, without writing.
    *
-   * @param eventId The event's id.
+   * @param event The event's id, or its identity (UUID text).
    * @returns The explanation, or `null` when no such event exists.
-   * @throws {TypeError | RangeError} When `eventId` is invalid (before any SQL).
+   * @throws {TypeError | RangeError} When `event` is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
-  async explain(eventId: number): Promise<Explanation | null> {
-    const id =
-      checkInteger("explain", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
-        0;
+  async explain(event: number | string): Promise<Explanation | null> {
+    const [sql, key] = typeof event === "string"
+      ? [SQL.eventByIdentity, checkIdentity("explain", "event", event)]
+      : [
+        SQL.event,
+        checkInteger("explain", "event", event, 1, Number.MAX_SAFE_INTEGER) ??
+          0,
+      ];
     return await this.#read(async () => {
-      const [row] = await this.#driver.query(SQL.event, [id]);
+      const [row] = await this.#driver.query(sql, [key]);
       if (row === undefined) return null;
-      return explanation(row, await this.#driver.query(SQL.history, [id]));
+      const history = await this.#driver.query(SQL.history, [row["id"]!]);
+      return explanation(row, history);
     });
   }
 
@@ -352,6 +361,7 @@ export class OutboxReader implements AsyncDisposable {
 function eventInfo(row: Row): EventInfo {
   return {
     id: Number(row["id"]),
+    identity: String(row["identity"]),
     queue: String(row["queue"]),
     state: row["state"] as EventState,
     attempt: Number(row["attempt"]),

@@ -179,7 +179,6 @@ export class ProcessorTelemetry {
   handle<T>(key: object, lease: Lease<unknown>, handler: () => T): T {
     const attributes = this.#attributesOf(lease.queue);
     this.#counters.claimed.add(1, attributes);
-    const identity = (lease as { readonly identity?: unknown }).identity;
     const span = trace.getTracer(INSTRUMENTATION_SCOPE, VERSION).startSpan(
       `process ${lease.queue}`,
       {
@@ -188,12 +187,8 @@ export class ProcessorTelemetry {
           ...attributes,
           "messaging.operation.type": "process",
           "messaging.operation.name": "process",
-          "messaging.message.id": typeof identity === "string"
-            ? identity
-            : String(lease.eventId),
-          ...(typeof identity === "string"
-            ? { "outbox.event.identity": identity }
-            : {}),
+          "messaging.message.id": lease.identity,
+          "outbox.event.identity": lease.identity,
           "outbox.event.id": lease.eventId,
           "outbox.lease.fence": lease.fence,
           "outbox.event.attempt": lease.attempt,

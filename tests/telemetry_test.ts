@@ -123,7 +123,7 @@ Deno.test("each handled event is one 'process {queue}' consumer span with its qu
     "messaging.operation.name": "process",
   };
   const span = (
-    eventId: number,
+    { eventId, identity }: { eventId: number; identity: string },
     attempt: number,
     outcome: string,
     error?: string,
@@ -133,7 +133,8 @@ Deno.test("each handled event is one 'process {queue}' consumer span with its qu
     status: error === undefined ? SpanStatusCode.UNSET : SpanStatusCode.ERROR,
     attributes: {
       ...common,
-      "messaging.message.id": String(eventId),
+      "messaging.message.id": identity,
+      "outbox.event.identity": identity,
       "outbox.event.id": eventId,
       "outbox.lease.fence": attempt,
       "outbox.event.attempt": attempt,
@@ -142,9 +143,9 @@ Deno.test("each handled event is one 'process {queue}' consumer span with its qu
     },
   });
   assert.deepEqual(spans, [
-    span(ok.eventId, 1, "acknowledged"),
-    span(poison.eventId, 1, "released", "TypeError"),
-    span(poison.eventId, 2, "dead", "TypeError"),
+    span(ok, 1, "acknowledged"),
+    span(poison, 1, "released", "TypeError"),
+    span(poison, 2, "dead", "TypeError"),
   ]);
   const [, failed] = t.spans();
   assert.equal(failed!.status.message, "TypeError: refused on attempt 1");
