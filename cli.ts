@@ -40,7 +40,8 @@ import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { BusyError, SqliteError } from "./errors.ts";
 import { type Explanation, Outbox } from "./lease.ts";
-import { type EventInfo, OutboxReader, type QueueCounts } from "./reader.ts";
+import type { EventInfo, QueueCounts } from "./admin.ts";
+import { OutboxReader } from "./reader.ts";
 import { openSqliteWasm } from "./sqlite_wasm_deno.ts";
 
 /** Where {@linkcode main} writes, and its clock; the process's by default. */
@@ -64,10 +65,10 @@ Commands:
   list <db> <state>            events in a state (pending, leased, dead, done), by id
   explain <db> <event>         one event (id or identity): its state and ledger timeline
   watch <db>                   live counts and rates until Ctrl-C
-  retry <db> <event>...        dead letters back to pending with fresh attempts
-  redrive <db>                 every dead letter (of --queue) back to pending
-  cancel <db> <event>...       pending or leased events to dead, never delivered
-  purge <db> --older-than <d>  delete done events (and dead ones with --state) older than d
+  redrive <db> [event...]      dead letters (these, or all of --queue, or all) back to pending
+  retry <db> <event>...        the same, for the events named
+  cancel <db> <event>...       pending events to the dead letters ("cancelled"), undelivered
+  purge <db> --older-than <d>  delete done events and dead letters older than d
 
 Options:
   --json                 machine-readable output (stats: one JSON object)
@@ -75,7 +76,7 @@ Options:
   --limit <n>            list: events per page (default 100)
   --after <id>           list: the page after this event id
   --older-than <d>       purge: age, like 500ms, 30s, 15m, 12h, 7d or 1h30m
-  --state <s,...>        purge: states to delete (done, dead; default done)
+  --state <s,...>        purge: states to delete (done, dead; default both)
   --interval <d>         watch: refresh period (default 2s)
   --busy-timeout <d>     how long to wait for a writer's lock (default 5s)
   -h, --help             this text
@@ -468,44 +469,41 @@ async function watch(context: Context): Promise<void> {
   }
 }
 
-async function retry(context: Context): Promise<void> {
-  const ids = someIds(context, "retry");
-  await using outbox = await openOutbox(context);
-  const retried: number[] = [];
-  for (const id of ids) if (await outbox.retry(id)) retried.push(id);
-  report(
-    context,
-    { retried },
-    `retried ${retried.length} of ${ids.length}: ${
-      retried.join(" ") || "none was dead"
-    }`,
-  );
-}
-
 async function redrive(context: Context): Promise<void> {
-  noArguments(context, "redrive");
-  // Pages of dead letters, each retried, until none is left.
-  await using outbox = await openOutbox(context);
-  let redriven = 0;
-  for (;;) {
-    const dead = await outbox.deadLetters({
-      limit: 1_000,
-      ...(context.options.queue === undefined
-        ? {}
-        : { queue: context.options.queue }),
-    });
-    if (dead.length === 0) break;
-    for (const letter of dead) {
-      if (await outbox.retry(letter.eventId)) redriven++;
-    }
+  const ids = context.rest.length === 0
+    ? undefined
+    : someIds(context, "redrive");
+  if (ids !== undefined && context.options.queue !== undefined) {
+    throw new UsageError("redrive takes event ids or --queue, not both");
   }
+  await using outbox = await openOutbox(context);
+  const redriven = await outbox.redrive(
+    ids !== undefined
+      ? { ids }
+      : context.options.queue === undefined
+      ? {}
+      : { queue: context.options.queue },
+  );
   report(context, { redriven }, `redrove ${redriven} dead letters`);
 }
 
+async function retry(context: Context): Promise<void> {
+  someIds(context, "retry");
+  await redrive(context);
+}
+
 async function cancel(context: Context): Promise<void> {
-  someIds(context, "cancel");
-  await Promise.resolve();
-  throw new Error("cancel needs Outbox.cancel, which this release lacks");
+  const ids = someIds(context, "cancel");
+  await using outbox = await openOutbox(context);
+  const cancelled: number[] = [];
+  for (const id of ids) if (await outbox.cancel(id)) cancelled.push(id);
+  report(
+    context,
+    { cancelled },
+    `cancelled ${cancelled.length} of ${ids.length}: ${
+      cancelled.join(" ") || "none was pending"
+    }`,
+  );
 }
 
 async function purge(context: Context): Promise<void> {
@@ -513,7 +511,7 @@ async function purge(context: Context): Promise<void> {
   const olderThan = context.options["older-than"];
   if (olderThan === undefined) throw new UsageError("purge needs --older-than");
   const olderThanMs = duration("--older-than", olderThan);
-  const states = (context.options.state ?? ["done"]).flatMap((s) =>
+  const states = (context.options.state ?? ["done,dead"]).flatMap((s) =>
     s.split(",")
   );
   for (const state of states) {
@@ -523,19 +521,15 @@ async function purge(context: Context): Promise<void> {
       );
     }
   }
-  if (states.includes("dead")) {
-    throw new Error(
-      "purge --state dead needs Outbox.purge with states, which this release lacks",
-    );
-  }
   await using outbox = await openOutbox(context);
   const purged = await outbox.purge({
-    doneBeforeMs: Math.max(0, context.now() - olderThanMs),
+    olderThanMs,
+    states: states as ("done" | "dead")[],
   });
   report(
     context,
     { purged },
-    `purged ${purged} events older than ${olderThan}`,
+    `purged ${purged} events (${states.join(", ")}) older than ${olderThan}`,
   );
 }
 

@@ -11,8 +11,20 @@
  * @module
  */
 import type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
-import { BusyError, LeaseLostError } from "./errors.ts";
+import { BusyError, LeaseLostError, SqliteError } from "./errors.ts";
 import { isIdentity, uuidv7 } from "./identity.ts";
+import {
+  ADMIN_SQL,
+  CANCELLED,
+  type EventInfo,
+  eventInfo,
+  type ListOptions,
+  PURGE_BATCH,
+  type PurgeOptions,
+  type QueueCounts,
+  queueCounts,
+  type RedriveOptions,
+} from "./admin.ts";
 import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 
 /** Milliseconds since the Unix epoch, from an injected clock. */
@@ -24,8 +36,13 @@ export const MAX_DURATION_MS = 31_536_000_000;
 export const MAX_ATTEMPTS = 1_000_000;
 /** The largest accepted `max` of a batch claim. */
 export const MAX_BATCH = 10_000;
-/** The largest accepted `maxPayloadBytes`, below SQLite's `SQLITE_MAX_LENGTH`. */
-export const MAX_PAYLOAD_BYTES = 512 * 1024 * 1024;
+/**
+ * The largest accepted `maxPayloadBytes`: what a claim can really read back.
+ * Measured on the WASM build over a file (4 GiB heap): a 256 MiB payload
+ * enqueues and claims; a 384 MiB one enqueues but its claim fails with "out
+ * of memory", since reading it back needs the engine's copy and JavaScript's.
+ */
+export const MAX_PAYLOAD_BYTES = 256 * 1024 * 1024;
 
 /** Options fixed when an {@linkcode Outbox} is opened. */
 export interface OutboxOptions {
@@ -155,6 +172,11 @@ export interface ReleaseOptions {
   readonly delayMs?: number;
   /** Why the attempt failed, kept as the event's last error. */
   readonly error?: string;
+  /**
+   * Makes the event a dead letter now, whatever attempts it has left (the
+   * handler knows another attempt cannot succeed). @default {false}
+   */
+  readonly deadLetter?: boolean;
 }
 
 /** A dead letter: an event whose attempts ran out. */
@@ -351,9 +373,12 @@ export const SQL = {
   // with a constant (the LIMIT; the partial indexes' WHERE clauses), which
   // cost every claim 18 µs on node:sqlite and 33 µs in WASM; the unary plus
   // keeps the parameters out of the planner's sight.
-  candidates:
-    `SELECT id, identity, state, fence, attempt, max_attempts, payload,
-      ordering_key, last_error
+  // ?4: the claiming outbox's maxPayloadBytes. octet_length reads a
+  // payload's size from its record header, so a payload too large to read
+  // back is never loaded: its event becomes a dead letter instead.
+  candidates: `SELECT id, identity, state, fence, attempt, max_attempts,
+      CASE WHEN octet_length(payload) <= ?4 THEN payload END AS payload,
+      octet_length(payload) AS bytes, ordering_key, last_error
     FROM outbox_events AS e
     WHERE queue = +?1 AND state IN ('pending', 'leased') AND due_at <= ?2
       AND (ordering_key IS NULL OR NOT EXISTS (
@@ -409,9 +434,10 @@ export const SQL = {
     WHERE id = ?3 AND token = ?4 AND fence = ?5 AND state = 'leased'
       AND lease_until > ?2
     RETURNING lease_until`,
+  // ?7: 1 makes it a dead letter whatever attempts are left.
   release: `UPDATE outbox_events
-    SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'pending' END,
-      done_at = CASE WHEN attempt >= max_attempts THEN ?1 END,
+    SET state = CASE WHEN ?7 OR attempt >= max_attempts THEN 'dead' ELSE 'pending' END,
+      done_at = CASE WHEN ?7 OR attempt >= max_attempts THEN ?1 END,
       token = NULL, lease_until = NULL, due_at = ?2, updated_at = ?1,
       last_error = coalesce(?3, last_error)
     WHERE id = ?4 AND token = ?5 AND fence = ?6 AND state = 'leased'
@@ -421,13 +447,20 @@ export const SQL = {
   deadLetters:
     `SELECT id, identity, queue, payload, attempt, last_error, created_at, done_at
     FROM outbox_events WHERE state = 'dead' AND queue = ? ORDER BY id LIMIT ?`,
-  retry: `UPDATE outbox_events
-    SET state = 'pending', attempt = 0, due_at = ?1, updated_at = ?1, done_at = NULL
-    WHERE id = ?2 AND state = 'dead'
-    RETURNING fence`,
-  purgeLedger: `DELETE FROM outbox_attempts WHERE event_id IN (
-    SELECT id FROM outbox_events WHERE state = 'done' AND done_at < ?)`,
-  purge: "DELETE FROM outbox_events WHERE state = 'done' AND done_at < ?",
+  // An event a claim cannot hand out (payload too large, or text that is
+  // not JSON): a dead letter with the reason, so the queue goes on.
+  unclaimable: `UPDATE outbox_events
+    SET state = 'dead', done_at = ?1, updated_at = ?1, lease_until = NULL,
+      token = NULL, last_error = ?2
+    WHERE id = ?3`,
+  // A write that changes nothing: fails with SQLITE_READONLY on a read-only
+  // connection, where BEGIN IMMEDIATE itself succeeds.
+  writable: "UPDATE outbox_events SET id = id WHERE 0",
+  tableCount: "SELECT count(*) AS n FROM sqlite_schema",
+  // Only takes effect before the first table exists (sqlite.org/pragma.html).
+  autoVacuum: "PRAGMA auto_vacuum = INCREMENTAL",
+  freelistCount: "PRAGMA freelist_count",
+  incrementalVacuum: "PRAGMA incremental_vacuum",
   stats: `SELECT state, count(*) AS n, min(created_at) AS oldest
     FROM outbox_events WHERE queue = ? GROUP BY state`,
   event: `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE id = ?`,
@@ -527,11 +560,18 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * and ledger views: stop processes running an older release first, or
    * their claims and acknowledgements go unrecorded or out of order.
    *
-   * @param driver The connection; the outbox owns it and closes it.
+   * A new database gets `auto_vacuum = INCREMENTAL` before its first table,
+   * so {@linkcode Outbox.maintain} can give freed pages back to the file
+   * system.
+   *
+   * @param driver The connection; the outbox owns it and closes it, also
+   * when opening fails.
    * @param options See {@linkcode OutboxOptions}.
    * @returns The opened outbox.
    * @throws {TypeError | RangeError} When an option is invalid, naming it.
-   * @throws {Error} When the database has a newer schema version.
+   * @throws {Error} When the database has a newer schema version, or the
+   * connection is read-only (every call writes: lapsed last-attempt leases
+   * become dead letters first).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   static async open<P = unknown>(
@@ -547,7 +587,27 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     }
     checkOptions("open outbox", options);
     const outbox = new Outbox<P>(driver, options);
-    await outbox.#write("open outbox", async () => {
+    try {
+      await outbox.#open();
+    } catch (error) {
+      await outbox.close().catch(() => {});
+      throw error;
+    }
+    return outbox;
+  }
+
+  async #open(): Promise<void> {
+    const driver = this.#driver;
+    await this.#mutex.run(async () => {
+      try {
+        const [tables] = await driver.query(SQL.tableCount);
+        if (Number(tables?.["n"]) === 0) await driver.exec(SQL.autoVacuum);
+      } catch (error) {
+        // Locked: another connection is writing, so the database exists.
+        if (!(error instanceof BusyError)) throw error;
+      }
+    });
+    await this.#write("open outbox", async () => {
       const [row] = await driver.query(SQL.userVersion);
       const version = Number(row?.["user_version"] ?? 0);
       const [table] = await driver.query(SQL.hasSchema);
@@ -566,8 +626,18 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           `Cannot open outbox as the database has outbox schema version ${version}, not ${SCHEMA_VERSION}`,
         );
       }
+      try {
+        await driver.run(SQL.writable);
+      } catch (error) {
+        if (error instanceof SqliteError && error.primaryCode === 8) {
+          throw new Error(
+            "Cannot open outbox as the connection is read-only: every call takes the write lock (lapsed last-attempt leases become dead letters first)",
+            { cause: error },
+          );
+        }
+        throw error;
+      }
     }, false);
-    return outbox;
   }
 
   /**
@@ -800,6 +870,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const error = options.error === undefined
       ? null
       : checkError(op, options.error);
+    const deadLetter = options.deadLetter ?? false;
+    if (typeof deadLetter !== "boolean") {
+      throw new TypeError(
+        `Cannot ${op} as 'deadLetter' must be a boolean: current value is ${
+          describe(deadLetter)
+        }`,
+      );
+    }
     return await this.#write(op, async (now) => {
       await this.#writeUnwritten([checked.eventId]);
       const [row] = await this.#driver.query(SQL.release, [
@@ -809,6 +887,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         checked.eventId,
         checked.token,
         checked.fence,
+        deadLetter ? 1 : 0,
       ]);
       if (row === undefined) {
         await this.#stale(checked, "stale_release", now);
@@ -871,54 +950,288 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   /**
-   * Makes a dead letter claimable again with a fresh attempt count (SQS's
-   * dead-letter queue redrive).
+   * Lists events in one state, oldest id first, a page at a time: pass the
+   * last id of a page as `afterId` for the next one.
    *
-   * @param eventId The dead event's id.
-   * @returns `true` when the event was dead and is pending now, else `false`.
+   * @param options See {@linkcode ListOptions}.
+   * @returns The events, at most `limit` of them.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Page through pending events
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * for (const n of [1, 2, 3]) await outbox.enqueue({ n });
+   * const first = await outbox.list({ state: "pending", limit: 2 });
+   * assert.deepEqual(first.map((e) => e.payload), [{ n: 1 }, { n: 2 }]);
+   * const next = await outbox.list({ state: "pending", afterId: first[1]!.id });
+   * assert.deepEqual(next.map((e) => e.payload), [{ n: 3 }]);
+   * ```
+   */
+  async list(options: ListOptions): Promise<EventInfo<P>[]> {
+    const op = "list events";
+    const params = listParameters(op, options);
+    return await this.#write(op, async () => {
+      const rows = await this.#driver.query(ADMIN_SQL.list, params);
+      return rows.map((row) => eventInfo<P>(row, decodePayload));
+    });
+  }
+
+  /**
+   * Cancels a pending event: it becomes a dead letter whose last error is
+   * `"cancelled"`, so it stays listed (and explained) and
+   * {@linkcode Outbox.redrive} can bring it back; purge deletes it for good.
+   * A leased event is not cancelled: its holder would find its
+   * acknowledgement refused without knowing why.
+   *
+   * @param eventId The event's id.
+   * @returns `true` when the event was pending and is cancelled now, else `false`.
    * @throws {TypeError | RangeError} When `eventId` is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Cancel, then change one's mind
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * const { eventId } = await outbox.enqueue({ to: "ada@example.com" });
+   * assert.equal(await outbox.cancel(eventId), true);
+   * assert.equal(await outbox.claim(), null);
+   * assert.equal(await outbox.redrive({ ids: [eventId] }), 1);
+   * assert.equal((await outbox.claim())?.eventId, eventId);
+   * ```
    */
-  async retry(eventId: number): Promise<boolean> {
-    const id =
-      checkInteger("retry", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
-        0;
-    return await this.#write("retry", async (now) => {
-      const [row] = await this.#driver.query(SQL.retry, [now, id]);
+  async cancel(eventId: number): Promise<boolean> {
+    const op = "cancel";
+    const id = checkEventId(op, eventId);
+    return await this.#write(op, async (now) => {
+      const [row] = await this.#driver.query(ADMIN_SQL.cancel, [now, id]);
       if (row === undefined) return false;
-      await this.#ledger(id, Number(row["fence"]), "retried", now);
+      await this.#ledger(
+        id,
+        Number(row["fence"]),
+        "dead",
+        now,
+        null,
+        null,
+        CANCELLED,
+      );
       return true;
     });
   }
 
   /**
-   * Deletes done events acknowledged before a time, with their ledger
-   * entries (retention). Their dedup keys stop deduplicating.
+   * Makes dead letters claimable again at once with a fresh attempt count
+   * (SQS's dead-letter redrive, pg-boss's `redrive()`), in one transaction.
+   * With neither option, every dead letter of every queue.
    *
-   * @param options `doneBeforeMs`: epoch milliseconds; events done strictly
-   * earlier are deleted.
-   * @returns How many events were deleted.
+   * @param options See {@linkcode RedriveOptions}.
+   * @returns How many dead letters are pending now.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
-  async purge(options: { readonly doneBeforeMs: number }): Promise<number> {
-    const op = "purge";
+  async redrive(options: RedriveOptions = {}): Promise<number> {
+    const op = "redrive";
     checkOptions(op, options);
-    const before = checkInteger(
-      op,
-      "doneBeforeMs",
-      options.doneBeforeMs,
-      0,
-      Number.MAX_SAFE_INTEGER,
-    );
-    if (before === undefined) {
-      throw new TypeError(
-        "Cannot purge as 'doneBeforeMs' is required: current value is undefined",
+    const queue = options.queue === undefined
+      ? null
+      : checkName(op, "queue", options.queue);
+    let ids: string | null = null;
+    if (options.ids !== undefined) {
+      if (!Array.isArray(options.ids) || options.ids.length > MAX_BATCH) {
+        throw new TypeError(
+          `Cannot ${op} as 'ids' must be an array of at most ${MAX_BATCH} event ids: current value is ${
+            describe(options.ids)
+          }`,
+        );
+      }
+      ids = JSON.stringify(
+        Array.from(options.ids, (id, i) => checkEventId(op, id, `ids[${i}]`)),
       );
     }
-    return await this.#write(op, async () => {
-      await this.#driver.run(SQL.purgeLedger, [before]);
-      return (await this.#driver.run(SQL.purge, [before])).changes;
+    return await this.#write(op, async (now) => {
+      const rows = await this.#driver.query(ADMIN_SQL.redrive, [
+        now,
+        queue,
+        ids,
+      ]);
+      await this.#ledgerAll(
+        rows.map((row): LedgerRow => [
+          Number(row["id"]),
+          Number(row["fence"]),
+          "retried",
+          null,
+          null,
+          null,
+        ]),
+        now,
+      );
+      return rows.length;
+    });
+  }
+
+  /**
+   * Deletes done events and dead letters older than a duration, counted from
+   * when they were acknowledged or became dead letters, with their ledger
+   * entries (retention). It deletes at most 1,000 events per transaction, so
+   * claims on other connections wait for short write locks only. Their dedup
+   * keys stop deduplicating.
+   *
+   * @param options See {@linkcode PurgeOptions}.
+   * @returns How many events were deleted.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Keep a week of history
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * await outbox.enqueue({ n: 1 });
+   * await outbox.acknowledge((await outbox.claim())!);
+   * assert.equal(await outbox.purge({ olderThanMs: 7 * 86_400_000 }), 0);
+   * assert.equal(await outbox.purge({ olderThanMs: 0 }), 0); // done this very millisecond
+   * ```
+   */
+  async purge(options: PurgeOptions): Promise<number> {
+    const op = "purge";
+    checkOptions(op, options);
+    const olderThanMs = checkInteger(
+      op,
+      "olderThanMs",
+      options.olderThanMs,
+      0,
+      Number.MAX_SAFE_INTEGER,
+    ) ?? missing(op, "olderThanMs");
+    const states = options.states ?? ["done", "dead"];
+    if (
+      !Array.isArray(states) || states.length === 0 ||
+      !states.every((state) => state === "done" || state === "dead")
+    ) {
+      throw new TypeError(
+        `Cannot ${op} as 'states' must be a non-empty array of "done" and "dead": current value is ${
+          describe(states)
+        }`,
+      );
+    }
+    let cutoff: number | undefined;
+    let deleted = 0;
+    for (const state of new Set(states)) {
+      for (;;) {
+        const n = await this.#write(op, async (now) => {
+          cutoff ??= now - olderThanMs;
+          const rows = await this.#driver.query(ADMIN_SQL.purgeable, [
+            state,
+            cutoff,
+          ]);
+          if (rows.length === 0) return 0;
+          const ids = JSON.stringify(rows.map((row) => Number(row["id"])));
+          await this.#driver.run(ADMIN_SQL.purgeLedger, [ids]);
+          return (await this.#driver.run(ADMIN_SQL.purge, [ids])).changes;
+        });
+        deleted += n;
+        if (n < PURGE_BATCH) break;
+      }
+    }
+    return deleted;
+  }
+
+  /**
+   * Counts the events of every queue per state.
+   *
+   * @returns One entry per queue that has events, in name order.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Usage
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"), { now: () => 5 });
+   * await outbox.enqueue({ n: 1 }, { queue: "mail" });
+   * assert.deepEqual(await outbox.queues(), [
+   *   { queue: "mail", pending: 1, leased: 0, done: 0, dead: 0, oldestPendingAt: 5 },
+   * ]);
+   * ```
+   */
+  async queues(): Promise<QueueCounts[]> {
+    return await this.#write(
+      "count queues",
+      async () => queueCounts(await this.#driver.query(ADMIN_SQL.queues)),
+    );
+  }
+
+  /**
+   * When the next pending or leased event of a queue that is not due yet
+   * comes due (a delayed event, a backoff, a lease deadline), so an idle
+   * loop can sleep until then instead of polling.
+   *
+   * @param options `queue`: default the outbox's.
+   * @returns Epoch milliseconds, or `null` when nothing is scheduled.
+   * @throws {TypeError} When `queue` is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async nextDueAt(
+    options: { readonly queue?: string } = {},
+  ): Promise<number | null> {
+    const op = "find the next due time";
+    checkOptions(op, options);
+    const queue = options.queue === undefined
+      ? this.#queue
+      : checkName(op, "queue", options.queue);
+    return await this.#write(op, async (now) => {
+      const [row] = await this.#driver.query(ADMIN_SQL.nextDue, [queue, now]);
+      return row === undefined ? null : Number(row["due_at"]);
+    });
+  }
+
+  /**
+   * Gives the pages that deleted rows freed back to the file system
+   * (`PRAGMA incremental_vacuum`), so the file shrinks after
+   * {@linkcode Outbox.purge}. Databases made by this library have
+   * `auto_vacuum = INCREMENTAL`; one made before (or by another program)
+   * with `auto_vacuum = NONE` needs `vacuum: true` once: a full `VACUUM`,
+   * which rewrites the file and switches it to incremental, and fails with
+   * {@linkcode BusyError} while another connection reads or writes it.
+   *
+   * @param options `vacuum`: run a full `VACUUM` first. @default {false}
+   * @returns The pages freed, and the free pages left.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async maintain(
+    options: { readonly vacuum?: boolean } = {},
+  ): Promise<{ freedPages: number; freePages: number }> {
+    const op = "maintain";
+    checkOptions(op, options);
+    if (options.vacuum !== undefined && typeof options.vacuum !== "boolean") {
+      throw new TypeError(
+        `Cannot ${op} as 'vacuum' must be a boolean: current value is ${
+          describe(options.vacuum)
+        }`,
+      );
+    }
+    if (this.#closed) throw new Error(`Cannot ${op} as the outbox is closed`);
+    return await this.#mutex.run(async () => {
+      const before = Number(
+        (await this.#driver.query(SQL.freelistCount))[0]?.["freelist_count"],
+      );
+      // VACUUM cannot run inside a transaction.
+      if (options.vacuum) {
+        await this.#driver.exec(`${SQL.autoVacuum}; VACUUM`);
+      } else await this.#driver.exec(SQL.incrementalVacuum);
+      const after = Number(
+        (await this.#driver.query(SQL.freelistCount))[0]?.["freelist_count"],
+      );
+      return { freedPages: Math.max(0, before - after), freePages: after };
     });
   }
 
@@ -1186,11 +1499,30 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     token: string | undefined,
     now: number,
   ): Promise<Lease<P>[]> {
-    const candidates = await this.#driver.query(SQL.candidates, [
-      queue,
-      now,
-      max,
-    ]);
+    const candidates: Row[] = [];
+    const payloads: unknown[] = [];
+    // Unclaimable rows are dead letters once seen, so each round finds new
+    // candidates, and the batch fills as if they had never been there.
+    for (let wanted = max; wanted > 0;) {
+      const rows = await this.#driver.query(SQL.candidates, [
+        queue,
+        now,
+        wanted,
+        this.#maxPayloadBytes,
+      ]);
+      let unclaimable = 0;
+      for (const row of rows) {
+        const reason = this.#unclaimable(row, payloads);
+        if (reason === undefined) {
+          candidates.push(row);
+          continue;
+        }
+        unclaimable++;
+        await this.#deadLetter(row, reason, now);
+      }
+      if (unclaimable === 0) break;
+      wanted -= rows.length - unclaimable;
+    }
     if (candidates.length === 0) return [];
     const leaseUntil = now + leaseMs;
     const expired: LedgerRow[] = [];
@@ -1218,7 +1550,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         attempt: Number(row["attempt"]) + 1,
         maxAttempts: Number(row["max_attempts"]),
         leaseUntil,
-        payload: decodePayload(row["payload"]) as P,
+        payload: payloads[i] as P,
         orderingKey: nullableString(row["ordering_key"]),
         lastError: taken ? LEASE_EXPIRED : nullableString(row["last_error"]),
       };
@@ -1257,6 +1589,39 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       ]);
     }
     return leases;
+  }
+
+  /**
+   * Decodes a candidate's payload into `payloads`; returns why the event
+   * cannot be handed out instead, when it cannot.
+   */
+  #unclaimable(row: Row, payloads: unknown[]): string | undefined {
+    const bytes = Number(row["bytes"]);
+    if (bytes > this.#maxPayloadBytes) {
+      return `unclaimable: its payload of ${bytes} bytes exceeds this outbox's maxPayloadBytes of ${this.#maxPayloadBytes}`;
+    }
+    try {
+      payloads.push(decodePayload(row["payload"]));
+    } catch (error) {
+      return `unclaimable: its payload is text but not JSON (${
+        error instanceof Error ? error.message : "unreadable"
+      })`;
+    }
+    return undefined;
+  }
+
+  /** Makes a candidate a dead letter with `reason`, in the ledger too. */
+  async #deadLetter(row: Row, reason: string, now: number): Promise<void> {
+    const eventId = Number(row["id"]);
+    const fence = Number(row["fence"]);
+    const entries: LedgerRow[] = [];
+    if (row["state"] === "leased") {
+      await this.#writeUnwritten([eventId]);
+      entries.push([eventId, fence, "expired", null, null, LEASE_EXPIRED]);
+    }
+    entries.push([eventId, fence, "dead", null, null, reason]);
+    await this.#driver.run(SQL.unclaimable, [now, reason, eventId]);
+    await this.#ledgerAll(entries, now);
   }
 
   /**
@@ -1622,14 +1987,7 @@ function tooLarge(op: string, bytes: number, maxBytes: number): RangeError {
   );
 }
 
-/**
- * A nullable TEXT column as a string or `null`.
- *
- * @ignore
- * @param value The column.
- * @returns The text, or `null`.
- */
-export function nullableString(value: SqlValue | undefined): string | null {
+function nullableString(value: SqlValue | undefined): string | null {
   return value === null || value === undefined ? null : String(value);
 }
 
@@ -1690,18 +2048,7 @@ export function checkInteger(
   return value;
 }
 
-/**
- * Validates a name (`queue`, `dedupKey`, `orderingKey`).
- *
- * @ignore
- * @param op What was being done, for the message.
- * @param field The field's name.
- * @param value The value as passed.
- * @returns The name.
- * @throws {TypeError} When it is not 1–1024 characters without NUL or lone
- * surrogates.
- */
-export function checkName(op: string, field: string, value: unknown): string {
+function checkName(op: string, field: string, value: unknown): string {
   // NUL is refused because some drivers (Deno's node:sqlite) cut text there;
   // lone surrogates because SQLite stores them as U+FFFD, merging names.
   if (
@@ -1786,6 +2133,63 @@ function checkLease(op: string, field: string, lease: unknown): CheckedLease {
       checkInteger(op, `${field}.fence`, fence, 1, Number.MAX_SAFE_INTEGER) ??
         missing(op, `${field}.fence`),
   };
+}
+
+function checkEventId(op: string, value: unknown, field = "eventId"): number {
+  return checkInteger(op, field, value, 1, Number.MAX_SAFE_INTEGER) ??
+    missing(op, field);
+}
+
+/**
+ * Validates {@linkcode ListOptions} into the parameters of `ADMIN_SQL.list`.
+ *
+ * @ignore
+ * @param op What was being done, for the message.
+ * @param options The options as passed.
+ * @returns State, queue (`null`: all), afterId and limit.
+ * @throws {TypeError | RangeError} When an option is invalid, naming it.
+ */
+export function listParameters(
+  op: string,
+  options: ListOptions,
+): [EventState, string | null, number, number] {
+  checkOptions(op, options);
+  const state = checkState(op, options.state);
+  const queue = options.queue === undefined
+    ? null
+    : checkName(op, "queue", options.queue);
+  const limit = checkInteger(op, "limit", options.limit, 1, MAX_BATCH) ?? 100;
+  const afterId = checkInteger(
+    op,
+    "afterId",
+    options.afterId,
+    0,
+    Number.MAX_SAFE_INTEGER,
+  ) ?? 0;
+  return [state, queue, afterId, limit];
+}
+
+/**
+ * Validates an event state.
+ *
+ * @ignore
+ * @param op What was being done, for the message.
+ * @param value The state as passed.
+ * @returns The state.
+ * @throws {TypeError} When it is not one of the four states.
+ */
+export function checkState(op: string, value: unknown): EventState {
+  if (
+    value !== "pending" && value !== "leased" && value !== "done" &&
+    value !== "dead"
+  ) {
+    throw new TypeError(
+      `Cannot ${op} as 'state' must be "pending", "leased", "done" or "dead": current value is ${
+        describe(value)
+      }`,
+    );
+  }
+  return value;
 }
 
 /** @ignore */

@@ -9,21 +9,26 @@
  *
  * @module
  */
-import type { Driver, Row } from "./driver.ts";
+import {
+  ADMIN_SQL,
+  type EventInfo,
+  eventInfo,
+  type ListOptions,
+  type QueueCounts,
+  queueCounts,
+} from "./admin.ts";
+import type { Driver } from "./driver.ts";
 import { untilNotBusy } from "./driver.ts";
 import { BusyError } from "./errors.ts";
 import {
   checkIdentity,
   checkInteger,
-  checkName,
   checkOptions,
   decodePayload,
-  type EventState,
   type Explanation,
   explanation,
-  MAX_BATCH,
+  listParameters,
   MAX_DURATION_MS,
-  nullableString,
   SQL,
 } from "./lease.ts";
 import { SCHEMA_VERSION } from "./schema.ts";
@@ -39,85 +44,11 @@ export interface OutboxReaderOptions {
   readonly busyTimeoutMs?: number;
 }
 
-/** Counts of one queue, from {@linkcode OutboxReader.queues}. */
-export interface QueueCounts {
-  /** The queue's name. */
-  readonly queue: string;
-  /** Events waiting to be claimed (due or delayed). */
-  readonly pending: number;
-  /** Events under a lease, live or lapsed. */
-  readonly leased: number;
-  /** Acknowledged events not yet purged. */
-  readonly done: number;
-  /** Dead letters. */
-  readonly dead: number;
-  /** When the oldest pending event was enqueued, epoch milliseconds, or `null`. */
-  readonly oldestPendingAt: number | null;
-}
-
-/** One event as {@linkcode OutboxReader.list} shows it. */
-export interface EventInfo {
-  /** The event's id. */
-  readonly id: number;
-  /** The event's global identity, UUID text. */
-  readonly identity: string;
-  /** The queue it is in. */
-  readonly queue: string;
-  /** Its state. */
-  readonly state: EventState;
-  /** Attempts made since it was enqueued or retried. */
-  readonly attempt: number;
-  /** Attempts allowed. */
-  readonly maxAttempts: number;
-  /** Its latest fence (0 before the first claim). */
-  readonly fence: number;
-  /**
-   * When it can next be claimed, epoch milliseconds: the end of its delay or
-   * backoff while pending, its lease deadline while leased.
-   */
-  readonly dueAt: number;
-  /** The lease deadline while leased, else `null`. */
-  readonly leaseUntil: number | null;
-  /** Its last error, or `null`. */
-  readonly lastError: string | null;
-  /** The ordering key, or `null`. */
-  readonly orderingKey: string | null;
-  /** When it was enqueued, epoch milliseconds. */
-  readonly createdAt: number;
-  /** When its row last changed, epoch milliseconds. */
-  readonly updatedAt: number;
-  /** The payload as enqueued. */
-  readonly payload: unknown;
-}
-
-/** Options of {@linkcode OutboxReader.list}. */
-export interface ListOptions {
-  /** The state listed. */
-  readonly state: EventState;
-  /** Only this queue. @default {all queues} */
-  readonly queue?: string;
-  /** Most events returned, 1–10000. @default {100} */
-  readonly limit?: number;
-  /** Only events with a larger id: the last id of the previous page. @default {0} */
-  readonly afterId?: number;
-}
-
-const STATES: readonly string[] = ["pending", "leased", "done", "dead"];
-
 const READ = {
   begin: "BEGIN",
-  counts: `SELECT queue, state, count(*) AS n,
-      min(CASE state WHEN 'pending' THEN created_at END) AS oldest
-    FROM outbox_events GROUP BY queue, state ORDER BY queue`,
   // The retention index (outbox_events_done) serves it.
   acknowledgedSince: `SELECT queue, count(*) AS n FROM outbox_events
     WHERE state = 'done' AND done_at >= ? GROUP BY queue`,
-  list:
-    `SELECT id, identity, queue, state, attempt, max_attempts, fence, due_at,
-      lease_until, last_error, ordering_key, created_at, updated_at, payload
-    FROM outbox_events
-    WHERE state = ?1 AND (?2 IS NULL OR queue = ?2) AND id > ?3
-    ORDER BY id LIMIT ?4`,
 } as const;
 
 /**
@@ -212,26 +143,9 @@ export class OutboxReader implements AsyncDisposable {
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async queues(): Promise<QueueCounts[]> {
-    const rows = await this.#read(() => this.#driver.query(READ.counts));
-    const queues = new Map<string, Record<string, number | null>>();
-    for (const row of rows) {
-      const name = String(row["queue"]);
-      let counts = queues.get(name);
-      if (counts === undefined) {
-        counts = { pending: 0, leased: 0, done: 0, dead: 0, oldest: null };
-        queues.set(name, counts);
-      }
-      counts[String(row["state"])] = Number(row["n"]);
-      if (row["oldest"] !== null) counts["oldest"] = Number(row["oldest"]);
-    }
-    return [...queues].map(([queue, counts]) => ({
-      queue,
-      pending: counts["pending"] ?? 0,
-      leased: counts["leased"] ?? 0,
-      done: counts["done"] ?? 0,
-      dead: counts["dead"] ?? 0,
-      oldestPendingAt: counts["oldest"] ?? null,
-    }));
+    return queueCounts(
+      await this.#read(() => this.#driver.query(ADMIN_SQL.queues)),
+    );
   }
 
   /**
@@ -266,30 +180,11 @@ export class OutboxReader implements AsyncDisposable {
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async list(options: ListOptions): Promise<EventInfo[]> {
-    const op = "list events";
-    checkOptions(op, options);
-    if (!STATES.includes(options.state)) {
-      throw new TypeError(
-        `Cannot ${op} as 'state' must be one of ${
-          STATES.join(", ")
-        }: current value is ${String(options.state)}`,
-      );
-    }
-    const queue = options.queue === undefined
-      ? null
-      : checkName(op, "queue", options.queue);
-    const limit = checkInteger(op, "limit", options.limit, 1, MAX_BATCH) ?? 100;
-    const afterId = checkInteger(
-      op,
-      "afterId",
-      options.afterId,
-      0,
-      Number.MAX_SAFE_INTEGER,
-    ) ?? 0;
+    const params = listParameters("list events", options);
     const rows = await this.#read(() =>
-      this.#driver.query(READ.list, [options.state, queue, afterId, limit])
+      this.#driver.query(ADMIN_SQL.list, params)
     );
-    return rows.map(eventInfo);
+    return rows.map((row) => eventInfo(row, decodePayload));
   }
 
   /**
@@ -356,24 +251,4 @@ export class OutboxReader implements AsyncDisposable {
         );
       });
   }
-}
-
-function eventInfo(row: Row): EventInfo {
-  return {
-    id: Number(row["id"]),
-    identity: String(row["identity"]),
-    queue: String(row["queue"]),
-    state: row["state"] as EventState,
-    attempt: Number(row["attempt"]),
-    maxAttempts: Number(row["max_attempts"]),
-    fence: Number(row["fence"]),
-    dueAt: Number(row["due_at"]),
-    // An acknowledgement keeps the lease columns (schema.sql says why).
-    leaseUntil: row["state"] === "leased" ? Number(row["lease_until"]) : null,
-    lastError: nullableString(row["last_error"]),
-    orderingKey: nullableString(row["ordering_key"]),
-    createdAt: Number(row["created_at"]),
-    updatedAt: Number(row["updated_at"]),
-    payload: decodePayload(row["payload"]),
-  };
 }
