@@ -312,7 +312,7 @@ Deno.test("watch prints the counts at every refresh until SIGINT, then exits 0",
   assert.match(lines[1]!, / {2}0\.0\/s now$/);
 });
 
-Deno.test("retry puts dead letters back to pending, and redrive every dead letter of a queue", async () => {
+Deno.test("retry and redrive put dead letters back to pending: those named, or every one of a queue", async () => {
   const path = await copyOfRun();
   const dead = (await json("list", path, "dead"))["events"] as {
     id: number;
@@ -320,12 +320,12 @@ Deno.test("retry puts dead letters back to pending, and redrive every dead lette
   }[];
   const [first] = dead;
   assert.deepEqual(await json("retry", path, String(first!.id)), {
-    retried: [first!.id],
+    redriven: 1,
   });
   // Not dead any more: nothing to retry.
   const again = await cli("retry", path, String(first!.id));
   assert.equal(again.code, 0);
-  assert.equal(again.stdout, "retried 0 of 1: none was dead\n");
+  assert.equal(again.stdout, "redrove 0 dead letters\n");
   const redriven = await json("redrive", path, "--queue", "webhooks");
   assert.equal(
     redriven["redriven"],
@@ -334,18 +334,58 @@ Deno.test("retry puts dead letters back to pending, and redrive every dead lette
   const stats = await json("stats", path) as unknown as Summary;
   assert.equal(stats.pending, 1 + (redriven["redriven"] as number));
   assert.equal(stats.dead, 4 - stats.pending);
+  const pending = (await json("list", path, "pending"))["events"] as {
+    attempt: number;
+  }[];
+  assert.deepEqual(pending.map((e) => e.attempt), pending.map(() => 0));
 });
 
-Deno.test("purge --older-than deletes done events acknowledged longer ago than the age", async () => {
+Deno.test("cancel makes pending events dead letters marked cancelled, and leaves others alone", async () => {
+  const path = await copyOfRun();
+  const [dead] = (await json("list", path, "dead", "--limit", "1"))[
+    "events"
+  ] as { id: number }[];
+  await json("retry", path, String(dead!.id));
+  const done = (await json("list", path, "done", "--limit", "1"))[
+    "events"
+  ] as { id: number }[];
+  const { code, stdout } = await cli(
+    "cancel",
+    path,
+    String(dead!.id),
+    String(done[0]!.id),
+  );
+  assert.equal(code, 0);
+  assert.equal(stdout, `cancelled 1 of 2: ${dead!.id}\n`);
+  const explained = await json("explain", path, String(dead!.id));
+  assert.equal(explained["state"], "dead");
+  assert.equal(explained["lastError"], "cancelled");
+  const stats = await json("stats", path) as unknown as Summary;
+  assert.deepEqual([stats.pending, stats.done, stats.dead], [0, 76, 4]);
+});
+
+Deno.test("purge --older-than deletes done events and dead letters older than the age, or only the states given", async () => {
   const path = await copyOfRun();
   assert.deepEqual(await json("purge", path, "--older-than", "1h"), {
     purged: 0,
   });
-  const purged = await cli("purge", path, "--older-than", "0ms");
-  assert.equal(purged.code, 0, purged.stderr);
-  assert.equal(purged.stdout, "purged 76 events older than 0ms\n");
-  const stats = await json("stats", path) as unknown as Summary;
+  const done = await cli(
+    "purge",
+    path,
+    "--older-than",
+    "0ms",
+    "--state",
+    "done",
+  );
+  assert.equal(done.code, 0, done.stderr);
+  assert.equal(done.stdout, "purged 76 events (done) older than 0ms\n");
+  let stats = await json("stats", path) as unknown as Summary;
   assert.deepEqual([stats.done, stats.dead], [0, 4]);
+  assert.deepEqual(await json("purge", path, "--older-than", "0ms"), {
+    purged: 4,
+  });
+  stats = await json("stats", path) as unknown as Summary;
+  assert.deepEqual([stats.done, stats.dead, stats.queues.length], [0, 0, 0]);
 });
 
 Deno.test("read-only commands leave the file's bytes as they were, and never create a schema", async () => {
@@ -422,6 +462,15 @@ Deno.test("usage errors exit 2 with the reason and the usage on stderr", async (
       'event id must be an integer of at least 1: got "abc"',
     ],
     [["purge", path], "purge needs --older-than"],
+    [
+      ["purge", path, "--older-than", "1d", "--state", "leased"],
+      '--state must be done or dead: got "leased"',
+    ],
+    [
+      ["redrive", path, "3", "--queue", "mail"],
+      "redrive takes event ids or --queue, not both",
+    ],
+    [["cancel", path], "cancel needs an event id"],
     [
       ["purge", path, "--older-than", "7 days"],
       '--older-than must be a duration like 500ms, 30s, 15m, 12h, 7d or 1h30m: got "7 days"',
