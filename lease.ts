@@ -286,7 +286,8 @@ export interface Transaction {
 
 const TOKEN = /^[A-Za-z0-9._~-]{1,128}$/;
 const MAX_NAME_LENGTH = 1024;
-const MAX_ERROR_LENGTH = 65_536;
+/** The longest error text an event keeps, in UTF-16 code units. */
+export const MAX_ERROR_LENGTH = 65_536;
 const LEASE_EXPIRED = "lease expired";
 const MAX_DATE_MS = 8_640_000_000_000_000;
 // SQLite queues no lock waiters: a waiter only wins if it polls in the gap
@@ -1171,16 +1172,28 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   /**
-   * When the next pending or leased event of a queue that is not due yet
-   * comes due (a delayed event, a backoff, a lease deadline), so an idle
-   * loop can sleep until then instead of polling.
+   * How long until the next pending or leased event of a queue that is not
+   * due yet comes due (a delayed event, a backoff, a lease deadline), by the
+   * outbox's clock, so an idle loop sleeps until then instead of polling.
    *
    * @param options `queue`: default the outbox's.
-   * @returns Epoch milliseconds, or `null` when nothing is scheduled.
+   * @returns Milliseconds from now, or `null` when nothing is scheduled.
    * @throws {TypeError} When `queue` is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Usage
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"), { now: () => 0 });
+   * assert.equal(await outbox.nextDueInMs(), null);
+   * await outbox.enqueue({ n: 1 }, { delayMs: 2_000 });
+   * assert.equal(await outbox.nextDueInMs(), 2_000);
+   * ```
    */
-  async nextDueAt(
+  async nextDueInMs(
     options: { readonly queue?: string } = {},
   ): Promise<number | null> {
     const op = "find the next due time";
@@ -1190,7 +1203,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       : checkName(op, "queue", options.queue);
     return await this.#write(op, async (now) => {
       const [row] = await this.#driver.query(ADMIN_SQL.nextDue, [queue, now]);
-      return row === undefined ? null : Number(row["due_at"]);
+      return row === undefined ? null : Number(row["due_at"]) - now;
     });
   }
 
@@ -2011,16 +2024,15 @@ export function checkOptions(op: string, options: unknown): void {
 
 /**
  * Validates an optional integer field; `undefined` means "use the default".
+ * The one home of this check and its error text, shared by the loop.
  *
- * @ignore
- * @param op What was being done, for the message.
+ * @param op What the caller cannot do, for the message.
  * @param field The field's name.
- * @param value The value as passed.
- * @param min The smallest accepted value (0 or 1).
+ * @param value The value given.
+ * @param min The smallest accepted value.
  * @param max The largest accepted value.
- * @returns The value, or `undefined` when it was `undefined`.
- * @throws {TypeError} When it is not a number.
- * @throws {RangeError} When it is not an integer within `min` and `max`.
+ * @returns The value, or `undefined` when it was.
+ * @throws {TypeError | RangeError} When it is not such an integer.
  */
 export function checkInteger(
   op: string,
@@ -2030,7 +2042,11 @@ export function checkInteger(
   max: number,
 ): number | undefined {
   if (value === undefined) return undefined;
-  const kind = min === 0 ? "a non-negative integer" : "a positive integer";
+  const kind = min === 0
+    ? "a non-negative integer"
+    : min === 1
+    ? "a positive integer"
+    : `an integer of at least ${min}`;
   if (typeof value !== "number") {
     throw new TypeError(
       `Cannot ${op} as '${field}' must be ${kind}: current value is ${
@@ -2048,7 +2064,16 @@ export function checkInteger(
   return value;
 }
 
-function checkName(op: string, field: string, value: unknown): string {
+/**
+ * Validates a queue name or key: 1–1024 characters, no NUL or lone surrogate.
+ *
+ * @param op What the caller cannot do, for the message.
+ * @param field The field's name.
+ * @param value The value given.
+ * @returns The name.
+ * @throws {TypeError} When it is not such a string.
+ */
+export function checkName(op: string, field: string, value: unknown): string {
   // NUL is refused because some drivers (Deno's node:sqlite) cut text there;
   // lone surrogates because SQLite stores them as U+FFFD, merging names.
   if (

@@ -87,6 +87,7 @@ export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 export {
   type Handler,
   type HandlerContext,
+  type ProcessableOutbox,
   processEvents,
   type ProcessOptions,
   Processor,

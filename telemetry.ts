@@ -41,7 +41,7 @@ import {
   SpanStatusCode,
   trace,
 } from "@opentelemetry/api";
-import type { Lease, Outbox } from "./lease.ts";
+import type { Lease, Stats } from "./lease.ts";
 
 /** The instrumentation scope's name: the package's. */
 export const INSTRUMENTATION_SCOPE = "@leased/outbox";
@@ -72,6 +72,16 @@ const OUTCOMES: Partial<Record<CounterName, Outcome>> = {
   dead: "dead",
 };
 
+/** What the gauges read of a processor's outbox. */
+export interface ObservedOutbox {
+  /** Whether the outbox was closed: a closed one is not read. */
+  readonly closed: boolean;
+  /** The queue of calls that name none, when the outbox says. */
+  readonly queue?: string;
+  /** Counts a queue's events per state. */
+  stats(options?: { readonly queue?: string }): Promise<Stats>;
+}
+
 interface Handling {
   readonly span: Span;
   readonly attributes: Attributes;
@@ -100,9 +110,11 @@ export class ProcessorTelemetry {
    * keeps no-op ones) and observes the queue's depth through `outbox`.
    *
    * @param outbox The processor's outbox, read by the gauges.
-   * @param queue The processor's queue; the outbox's when `undefined`.
+   * @param queue The processor's queue; the outbox's when `undefined`
+   * (the browser's shared outbox does not name it: its gauges then carry
+   * no queue name).
    */
-  constructor(outbox: Outbox<unknown>, queue: string | undefined) {
+  constructor(outbox: ObservedOutbox, queue: string | undefined) {
     this.#meter = metrics.getMeter(INSTRUMENTATION_SCOPE, VERSION);
     const counter = (name: string, unit: string, description: string) =>
       this.#meter.createCounter(name, { unit, description });
@@ -147,11 +159,15 @@ export class ProcessorTelemetry {
       { unit: "ms", description: "Age of the queue's oldest pending event" },
     );
     const name = queue ?? outbox.queue;
-    const attributes = this.#attributesOf(name);
+    const attributes = name === undefined
+      ? { "messaging.system": SYSTEM }
+      : this.#attributesOf(name);
     this.#observe = async (result) => {
       // A closed outbox (the processor stopping) has nothing to report.
       if (outbox.closed) return;
-      const stats = await outbox.stats({ queue: name });
+      const stats = await outbox.stats(
+        name === undefined ? {} : { queue: name },
+      );
       for (const state of ["pending", "leased", "done", "dead"] as const) {
         result.observe(this.#depth, stats[state], {
           ...attributes,
