@@ -271,3 +271,49 @@ Deno.test("the queue-depth and oldest-pending-age gauges read the processor's qu
   const after = await t.metrics();
   assert.equal(after.get("outbox.queue.depth"), undefined);
 });
+
+Deno.test("Deno's built-in exporter (OTEL_DENO=true) sends the spans and the metrics over OTLP without any SDK in the code", async () => {
+  const received = new Map<string, string>();
+  await using server = Deno.serve(
+    { hostname: "127.0.0.1", port: 0, onListen: () => {} },
+    async (request) => {
+      // OTLP protobuf keeps names as plain UTF-8 bytes.
+      const body = new TextDecoder().decode(await request.arrayBuffer());
+      const path = new URL(request.url).pathname;
+      received.set(path, (received.get(path) ?? "") + body);
+      return new Response(null, { status: 200 });
+    },
+  );
+  const { code, stderr } = await new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      new URL("./fixtures/otel_child.ts", import.meta.url).pathname,
+    ],
+    env: {
+      OTEL_DENO: "true",
+      OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${server.addr.port}`,
+      OTEL_EXPORTER_OTLP_PROTOCOL: "http/protobuf",
+      OTEL_METRIC_EXPORT_INTERVAL: "200",
+    },
+    stdout: "null",
+    stderr: "piped",
+  }).output();
+  assert.equal(code, 0, new TextDecoder().decode(stderr));
+  const traces = received.get("/v1/traces") ?? "";
+  const metrics = received.get("/v1/metrics") ?? "";
+  assert.ok(traces.includes("process default"), "a process span");
+  for (const attribute of ["outbox.event.identity", "outbox.lease.fence"]) {
+    assert.ok(traces.includes(attribute), attribute);
+  }
+  for (
+    const name of [
+      "outbox.events.claimed",
+      "outbox.events.acknowledged",
+      "outbox.handler.duration",
+      "outbox.queue.depth",
+    ]
+  ) {
+    assert.ok(metrics.includes(name), name);
+  }
+});
