@@ -275,10 +275,15 @@ async function readSummary(
   context: Context,
 ): Promise<Summary> {
   const now = context.now();
-  const queues = (await reader.queues()).filter((q) =>
+  const [all, acknowledged] = await reader.snapshot(async () =>
+    [
+      await reader.queues(),
+      await reader.acknowledgedSince(now - RATE_WINDOW_MS),
+    ] as const
+  );
+  const queues = all.filter((q) =>
     context.options.queue === undefined || q.queue === context.options.queue
   );
-  const acknowledged = await reader.acknowledgedSince(now - RATE_WINDOW_MS);
   const rows = queues.map((q: QueueCounts): QueueSummary => ({
     queue: q.queue,
     pending: q.pending,
@@ -585,9 +590,11 @@ async function withPath<T>(context: Context, fn: () => Promise<T>): Promise<T> {
 }
 
 function fileUrl(path: string): URL {
+  // `deno task` runs in the project's directory; INIT_CWD is where the
+  // user typed the command, which a relative path is relative to.
   return path.startsWith("file:")
     ? new URL(path)
-    : pathToFileURL(resolve(path));
+    : pathToFileURL(resolve(Deno.env.get("INIT_CWD") ?? Deno.cwd(), path));
 }
 
 function noArguments(context: Context, command: string): void {

@@ -81,6 +81,10 @@ const READ = {
 export class OutboxReader implements AsyncDisposable {
   readonly #driver: Driver;
   readonly #busyTimeoutMs: number;
+  // One transaction at a time on the connection; reads inside snapshot()
+  // join its transaction.
+  #tail: Promise<unknown> = Promise.resolve();
+  #inside = false;
 
   private constructor(driver: Driver, busyTimeoutMs: number) {
     this.#driver = driver;
@@ -104,16 +108,17 @@ export class OutboxReader implements AsyncDisposable {
     options: OutboxReaderOptions = {},
   ): Promise<OutboxReader> {
     const op = "open outbox reader";
-    checkOptions(op, options);
-    const busyTimeoutMs = checkInteger(
-      op,
-      "busyTimeoutMs",
-      options.busyTimeoutMs,
-      0,
-      MAX_DURATION_MS,
-    ) ?? 5_000;
-    const reader = new OutboxReader(driver, busyTimeoutMs);
+    let reader: OutboxReader;
     try {
+      checkOptions(op, options);
+      const busyTimeoutMs = checkInteger(
+        op,
+        "busyTimeoutMs",
+        options.busyTimeoutMs,
+        0,
+        MAX_DURATION_MS,
+      ) ?? 5_000;
+      reader = new OutboxReader(driver, busyTimeoutMs);
       await reader.#read(async () => {
         const [table] = await driver.query(SQL.hasSchema);
         if (table === undefined) {
@@ -212,6 +217,18 @@ export class OutboxReader implements AsyncDisposable {
     });
   }
 
+  /**
+   * Runs several reads in one transaction, so they see one state of the
+   * database (counts and rates that add up).
+   *
+   * @param fn Calls this reader's methods.
+   * @returns What `fn` returned.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  snapshot<T>(fn: () => Promise<T>): Promise<T> {
+    return this.#read(fn);
+  }
+
   /** Closes the connection. */
   close(): Promise<void> {
     return this.#driver.close();
@@ -225,11 +242,20 @@ export class OutboxReader implements AsyncDisposable {
   /**
    * Runs `fn` in one deferred (read) transaction, so its statements see one
    * snapshot; a writer's lock met on the way makes it wait and start over.
+   * Inside a transaction already (snapshot()), `fn` joins it.
    */
   #read<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.#inside) return fn();
+    const run = this.#tail.then(() => this.#transaction(fn));
+    this.#tail = run.catch(() => {});
+    return run;
+  }
+
+  #transaction<T>(fn: () => Promise<T>): Promise<T> {
     const driver = this.#driver;
     return untilNotBusy(this.#busyTimeoutMs, async () => {
       await driver.run(READ.begin);
+      this.#inside = true;
       try {
         const result = await fn();
         await driver.run(SQL.commit);
@@ -237,6 +263,8 @@ export class OutboxReader implements AsyncDisposable {
       } catch (error) {
         await driver.run(SQL.rollback).catch(() => {});
         throw error;
+      } finally {
+        this.#inside = false;
       }
     }, (remainingMs) =>
       driver.busyWait?.(remainingMs) ??
