@@ -64,8 +64,8 @@ export type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
 export { isIdentity, uuidv7, uuidv7Time } from "./identity.ts";
 export {
   type AcceptResult,
-  deliveryHeaders,
   type Delivery,
+  deliveryHeaders,
   FENCE_HEADER,
   IDENTITY_HEADER,
   Inbox,
