@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { main } from "../cli.ts";
 import { Outbox } from "../lease.ts";
 import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
 
@@ -517,4 +518,20 @@ Deno.test("runtime errors exit 1 with one clear line: no such file, not SQLite, 
     () => assert.fail("stats created the missing file"),
     (error) => assert.ok(error instanceof Deno.errors.NotFound),
   );
+});
+
+Deno.test("on a terminal the table's header is bold, and nothing else is coloured", async () => {
+  const { path } = await liveRun();
+  const lines: string[] = [];
+  const code = await main(["stats", path], {
+    color: true,
+    stdout: (line) => lines.push(line),
+  });
+  assert.equal(code, 0);
+  const [header, ...rest] = lines.join("\n").split("\n");
+  const bold = "\x1b[1m";
+  const normal = "\x1b[22m";
+  assert.ok(header!.startsWith(`${bold}queue `), header);
+  assert.ok(header!.endsWith(`acks last 60 s${normal}`), header);
+  assert.ok(rest.every((line) => !line.includes("\x1b")));
 });
