@@ -555,11 +555,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   /**
    * Opens an outbox on a connection, creating the schema (`schema.sql`) when
-   * the database has none, upgrading a version 1 or 2 schema in the same
+   * the database has none, upgrading a version 1, 2 or 3 schema in the same
    * transaction, and checking its version otherwise. The upgrade drops the
-   * triggers that wrote version 1's ledger and adds version 3's `claimed_at`
-   * and ledger views: stop processes running an older release first, or
-   * their claims and acknowledgements go unrecorded or out of order.
+   * triggers that wrote version 1's ledger, adds version 3's `claimed_at`
+   * and ledger views, and adds version 4's `identity`, giving every existing
+   * event a UUIDv7 stamped with its `created_at`: stop processes running an
+   * older release first, or their claims and acknowledgements go unrecorded
+   * or out of order, and the events they enqueue have no identity.
    *
    * A new database gets `auto_vacuum = INCREMENTAL` before its first table,
    * so {@linkcode Outbox.maintain} can give freed pages back to the file
@@ -649,7 +651,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * makes it (so `NaN` becomes `null` and a `Map` `{}`), or a `Uint8Array`
    * stored as is.
    * @param options See {@linkcode EnqueueOptions}.
-   * @returns The event id, and whether `dedupKey` matched an earlier event.
+   * @returns The event id, its identity, and whether `dedupKey` or a
+   * supplied `identity` matched an earlier event.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */

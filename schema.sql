@@ -2,18 +2,17 @@
 -- Applied once by Outbox.open() inside one BEGIN IMMEDIATE transaction.
 
 -- One row per event. `identity` is the event's global identity, UUID text
--- (UUIDv7 unless the caller supplied one), what recipients dedupe on; the
--- id is local to this file, and AUTOINCREMENT keeps it from being reused
--- after purge() all the same, so logs and explain() never confuse two events.
--- Version 4 added `identity`, last, so an upgraded table matches a new one;
--- it may be NULL only because ALTER TABLE cannot add a NOT NULL column
--- without a default: enqueue always writes it and the upgrade fills it.
--- `due_at` is when the event
--- can next be claimed: the end of its delay while pending, its lease deadline
--- while leased (SQS's visibility timeout), so one index serves both "pending
--- and due" and "lease lapsed" claims. `claimed_at` is when the latest claim
--- was made (version 3 added it, last so an upgraded table matches a new one);
--- an acknowledgement keeps `token` and `lease_until` (see
+-- (UUIDv7 unless the caller supplied one), what recipients dedupe on; the id
+-- is local to this file, and AUTOINCREMENT keeps it from being reused after
+-- purge() all the same, so logs and explain() never confuse two events.
+-- Version 4 added `identity`, last, so an upgraded table matches a new one; it
+-- may be NULL only because ALTER TABLE cannot add a NOT NULL column without a
+-- default: enqueue always writes it and the upgrade fills it. `due_at` is when
+-- the event can next be claimed: the end of its delay while pending, its lease
+-- deadline while leased (SQS's visibility timeout), so one index serves both
+-- "pending and due" and "lease lapsed" claims. `claimed_at` is when the latest
+-- claim was made (version 3 added it, last for the same reason); an
+-- acknowledgement keeps `token` and `lease_until` (see
 -- outbox_unwritten_attempts). The CHECKs list values with OR, not IN: SQLite
 -- builds an IN list's lookup table again for every row it writes, which cost
 -- a claim or an acknowledgement 0.8 µs in WASM (versions 1 and 2 used IN; an

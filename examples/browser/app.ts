@@ -1,8 +1,9 @@
 /**
  * The example page: messages typed here are queued in the shared outbox and
  * delivered to the server's `/deliver` endpoint by the leader tab's
- * {@linkcode processEvents} loop, with the claim's `${eventId}:${fence}` as
- * idempotency key. Failed deliveries are released with the loop's
+ * {@linkcode processEvents} loop, with the event's identity as
+ * `Idempotency-Key` and the claim's fence as `Idempotency-Fence`
+ * (`deliveryHeaders`). Failed deliveries are released with the loop's
  * exponential backoff and retried until the endpoint is back; an answer the
  * endpoint will never accept (a 4xx) makes the message a dead letter at once.
  *
@@ -20,6 +21,7 @@ import {
   type Processor,
 } from "../../browser.ts";
 import { showEvents } from "./events.ts";
+import { deliveryHeaders } from "../../inbox.ts";
 
 /** What one queued job carries. */
 export interface Message {
@@ -46,11 +48,11 @@ const outbox = await openSharedOutbox<Message>(
  *
  * @param text The message.
  * @param job Its job id (a fresh UUID when not given).
- * @returns The event id.
+ * @returns The event's identity.
  */
-async function add(text: string, job = crypto.randomUUID()): Promise<number> {
-  const { eventId } = await outbox.enqueue({ text, job });
-  return eventId;
+async function add(text: string, job = crypto.randomUUID()): Promise<string> {
+  const { identity } = await outbox.enqueue({ text, job });
+  return identity;
 }
 
 async function deliver(
@@ -59,10 +61,7 @@ async function deliver(
 ): Promise<void> {
   const response = await fetch("/deliver", {
     method: "POST",
-    headers: {
-      "content-type": "application/json",
-      "idempotency-key": `${lease.eventId}:${lease.fence}`,
-    },
+    headers: { "content-type": "application/json", ...deliveryHeaders(lease) },
     body: JSON.stringify(lease.payload),
     signal,
   });
@@ -135,14 +134,14 @@ async function refresh(): Promise<void> {
     const response = await fetch("/deliveries");
     const { down, deliveries } = await response.json() as {
       down: boolean;
-      deliveries: { key: string; body: Message }[];
+      deliveries: { identity: string; fence: number; body: Message }[];
     };
     $("endpoint").textContent = down ? "off" : "on";
     $("toggle").textContent = down ? "switch on" : "switch off";
     $("delivered").replaceChildren(
-      ...deliveries.reverse().map(({ key, body }) => {
+      ...deliveries.reverse().map(({ identity, fence, body }) => {
         const item = document.createElement("li");
-        item.textContent = `${body.text} (${key})`;
+        item.textContent = `${body.text} (${identity}, fence ${fence})`;
         return item;
       }),
     );
