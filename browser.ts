@@ -172,8 +172,9 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
   abstract get closed(): boolean;
 
   /**
-   * Calls `listener` whenever this object dispatches `"enqueue"` (in the
-   * leader tab of a shared outbox: an event from any tab was stored), so
+   * Calls `listener` whenever this object dispatches `"enqueue"` (an event
+   * was stored through it; in the leader tab of a shared outbox, through any
+   * tab), so
    * {@linkcode processEvents} wakes for new work.
    *
    * @param listener Called after the event is stored.
@@ -578,7 +579,8 @@ class WorkerConnection {
 
 /**
  * An outbox in one dedicated worker of this tab, holding the database alone.
- * Made by {@linkcode openWorkerOutbox}.
+ * Made by {@linkcode openWorkerOutbox}. Dispatches `"enqueue"` after each of
+ * its enqueues.
  */
 export class WorkerOutbox<P = unknown> extends RemoteOutbox<P> {
   readonly #connection: WorkerConnection;
@@ -620,9 +622,17 @@ export class WorkerOutbox<P = unknown> extends RemoteOutbox<P> {
     return this.#connection.vfs;
   }
 
-  /** Sends one call to the worker. */
-  protected invoke(method: string, args: readonly unknown[]): Promise<unknown> {
-    return this.#connection.call(method, args);
+  /**
+   * Sends one call to the worker; a stored event is announced with an
+   * `"enqueue"` event, which wakes {@linkcode processEvents}.
+   */
+  protected async invoke(
+    method: string,
+    args: readonly unknown[],
+  ): Promise<unknown> {
+    const result = await this.#connection.call(method, args);
+    if (method === "enqueue") this.dispatchEvent(new Event("enqueue"));
+    return result;
   }
 
   /** Closes the database, releases its OPFS handles and ends the worker. */

@@ -461,6 +461,9 @@ export const SQL = {
   // Only takes effect before the first table exists (sqlite.org/pragma.html).
   autoVacuum: "PRAGMA auto_vacuum = INCREMENTAL",
   freelistCount: "PRAGMA freelist_count",
+  pageCount: "PRAGMA page_count",
+  pageSize: "PRAGMA page_size",
+  autoVacuumMode: "PRAGMA auto_vacuum",
   incrementalVacuum: "PRAGMA incremental_vacuum",
   stats: `SELECT state, count(*) AS n, min(created_at) AS oldest
     FROM outbox_events WHERE queue = ? GROUP BY state`,
@@ -1039,6 +1042,22 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @returns How many dead letters are pending now.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Redrive a queue's dead letters after fixing the receiver
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"), {
+   *   maxAttempts: 1,
+   * });
+   * await outbox.enqueue({ to: "ada@example.com" }, { queue: "mail" });
+   * const lease = await outbox.claim({ queue: "mail" });
+   * await outbox.release(lease!, { error: "receiver down" });
+   * assert.equal(await outbox.redrive({ queue: "mail" }), 1);
+   * assert.equal((await outbox.claim({ queue: "mail" }))?.attempt, 1);
+   * ```
    */
   async redrive(options: RedriveOptions = {}): Promise<number> {
     const op = "redrive";
@@ -1098,11 +1117,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
    * import assert from "node:assert/strict";
    *
-   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * let now = 0;
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"), {
+   *   now: () => now,
+   * });
    * await outbox.enqueue({ n: 1 });
    * await outbox.acknowledge((await outbox.claim())!);
+   * now = 3 * 86_400_000;
    * assert.equal(await outbox.purge({ olderThanMs: 7 * 86_400_000 }), 0);
-   * assert.equal(await outbox.purge({ olderThanMs: 0 }), 0); // done this very millisecond
+   * now = 8 * 86_400_000;
+   * assert.equal(await outbox.purge({ olderThanMs: 7 * 86_400_000 }), 1);
    * ```
    */
   async purge(options: PurgeOptions): Promise<number> {
@@ -1211,21 +1235,42 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   /**
-   * Gives the pages that deleted rows freed back to the file system
-   * (`PRAGMA incremental_vacuum`), so the file shrinks after
-   * {@linkcode Outbox.purge}. Databases made by this library have
-   * `auto_vacuum = INCREMENTAL`; one made before (or by another program)
-   * with `auto_vacuum = NONE` needs `vacuum: true` once: a full `VACUUM`,
-   * which rewrites the file and switches it to incremental, and fails with
-   * {@linkcode BusyError} while another connection reads or writes it.
+   * Gives the pages that deleted rows freed back to the file system, so the
+   * file shrinks after {@linkcode Outbox.purge} (SQLite keeps freed pages on
+   * a free list otherwise). Databases this library creates have
+   * `auto_vacuum = INCREMENTAL`, and this runs `PRAGMA incremental_vacuum`.
+   * One made before (or by another program) has `auto_vacuum = NONE`, which
+   * the result says: `vacuum: true` then runs a full `VACUUM` once, which
+   * rewrites the file, switches it to incremental, and fails with
+   * {@linkcode BusyError} while another connection uses the database.
    *
-   * @param options `vacuum`: run a full `VACUUM` first. @default {false}
-   * @returns The pages freed, and the free pages left.
-   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @param options `vacuum`: run a full `VACUUM`. @default {false}
+   * @returns The bytes given back, the free pages left, and the database's
+   * `auto_vacuum` mode afterwards (`"none"`: nothing can be given back
+   * without `vacuum: true`).
+   * @throws {TypeError} When an option is invalid (before any SQL).
+   * @throws {BusyError} When the database is locked.
+   *
+   * @example Shrink after a purge
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * const { autoVacuum } = await outbox.maintain();
+   * assert.equal(autoVacuum, "incremental");
+   * ```
    */
   async maintain(
     options: { readonly vacuum?: boolean } = {},
-  ): Promise<{ freedPages: number; freePages: number }> {
+  ): Promise<
+    {
+      reclaimedBytes: number;
+      freePages: number;
+      autoVacuum: "none" | "full" | "incremental";
+    }
+  > {
     const op = "maintain";
     checkOptions(op, options);
     if (options.vacuum !== undefined && typeof options.vacuum !== "boolean") {
@@ -1236,18 +1281,30 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       );
     }
     if (this.#closed) throw new Error(`Cannot ${op} as the outbox is closed`);
+    const driver = this.#driver;
+    const read = async (pragma: string) =>
+      Number(Object.values((await driver.query(pragma))[0] ?? {})[0]);
     return await this.#mutex.run(async () => {
-      const before = Number(
-        (await this.#driver.query(SQL.freelistCount))[0]?.["freelist_count"],
-      );
-      // VACUUM cannot run inside a transaction.
+      const pageSize = await read(SQL.pageSize);
+      const pagesBefore = await read(SQL.pageCount);
+      // Neither runs inside a transaction: VACUUM cannot, and
+      // incremental_vacuum takes the write lock itself.
       if (options.vacuum) {
-        await this.#driver.exec(`${SQL.autoVacuum}; VACUUM`);
-      } else await this.#driver.exec(SQL.incrementalVacuum);
-      const after = Number(
-        (await this.#driver.query(SQL.freelistCount))[0]?.["freelist_count"],
-      );
-      return { freedPages: Math.max(0, before - after), freePages: after };
+        await driver.exec(`${SQL.autoVacuum}; VACUUM`);
+      } else {
+        // It frees one page per step: a query steps it to the end, where
+        // exec would stop after the first.
+        await driver.query(SQL.incrementalVacuum);
+      }
+      const mode = await read(SQL.autoVacuumMode);
+      return {
+        reclaimedBytes: Math.max(
+          0,
+          (pagesBefore - await read(SQL.pageCount)) * pageSize,
+        ),
+        freePages: await read(SQL.freelistCount),
+        autoVacuum: mode === 2 ? "incremental" : mode === 1 ? "full" : "none",
+      };
     });
   }
 

@@ -18,7 +18,7 @@ import { Outbox } from "../lease.ts";
 import { openSqliteWasm } from "../sqlite_wasm.ts";
 import { type Handler, processEvents, type ProcessOptions } from "../worker.ts";
 import { ManualClock } from "./helpers.ts";
-import { ManualTimers, settle } from "./manual_timers.ts";
+import { ManualTimers, settle } from "./worker_fixture.ts";
 
 /**
  * An SDK registered as the global providers for one test: spans and metrics

@@ -10,46 +10,12 @@ import {
 import { SQL } from "../lease.ts";
 import { openSqliteWasm } from "../sqlite_wasm.ts";
 import { type Handler, processEvents, type ProcessOptions } from "../worker.ts";
-import { ManualClock } from "./helpers.ts";
-import { ManualTimers, settle } from "./manual_timers.ts";
-
-interface Fixture {
-  outbox: Outbox;
-  wall: ManualClock;
-  time: ManualTimers;
-  errors: unknown[];
-  options: (extra?: ProcessOptions) => ProcessOptions;
-  [Symbol.asyncDispose](): Promise<void>;
-}
-
-async function fixture(driver?: Driver): Promise<Fixture> {
-  const wall = new ManualClock(1_000_000);
-  const time = new ManualTimers();
-  const errors: unknown[] = [];
-  const outbox = await Outbox.open(
-    driver ?? await openSqliteWasm(":memory:"),
-    { now: wall.now, leaseMs: 1_000 },
-  );
-  return {
-    outbox,
-    wall,
-    time,
-    errors,
-    options: (extra = {}) => ({
-      leaseMs: 1_000,
-      pollMinMs: 10,
-      pollMaxMs: 10,
-      backoffMinMs: 100,
-      backoffJitter: 0,
-      now: wall.now,
-      monotonicNow: time.monotonicNow,
-      timers: time,
-      onError: (error) => errors.push(error),
-      ...extra,
-    }),
-    [Symbol.asyncDispose]: () => outbox.close(),
-  };
-}
+import {
+  type Fixture,
+  fixture,
+  ManualTimers,
+  settle,
+} from "./worker_fixture.ts";
 
 Deno.test("processEvents() delivers each event once and acknowledges it", async () => {
   await using f = await fixture();

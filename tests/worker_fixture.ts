@@ -1,10 +1,10 @@
 /**
- * Manual time for processor tests.
- *
- * @module
+ * Manual time and an in-memory outbox for the processing loop's tests.
  */
-import type { Timers } from "../worker.ts";
-import type { ManualClock } from "./helpers.ts";
+import { type Driver, Outbox } from "../mod.ts";
+import { openSqliteWasm } from "../sqlite_wasm.ts";
+import type { ProcessOptions, Timers } from "../worker.ts";
+import { ManualClock } from "./helpers.ts";
 
 /**
  * Manual time for the processor: the monotonic clock and the timers, driven
@@ -61,4 +61,42 @@ export class ManualTimers implements Timers {
 /** Lets every pending promise chain run (one macrotask turn). */
 export function settle(): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, 0));
+}
+
+export interface Fixture {
+  outbox: Outbox;
+  wall: ManualClock;
+  time: ManualTimers;
+  errors: unknown[];
+  options: (extra?: ProcessOptions) => ProcessOptions;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+export async function fixture(driver?: Driver): Promise<Fixture> {
+  const wall = new ManualClock(1_000_000);
+  const time = new ManualTimers();
+  const errors: unknown[] = [];
+  const outbox = await Outbox.open(
+    driver ?? await openSqliteWasm(":memory:"),
+    { now: wall.now, leaseMs: 1_000 },
+  );
+  return {
+    outbox,
+    wall,
+    time,
+    errors,
+    options: (extra = {}) => ({
+      leaseMs: 1_000,
+      pollMinMs: 10,
+      pollMaxMs: 10,
+      backoffMinMs: 100,
+      backoffJitter: 0,
+      now: wall.now,
+      monotonicNow: time.monotonicNow,
+      timers: time,
+      onError: (error) => errors.push(error),
+      ...extra,
+    }),
+    [Symbol.asyncDispose]: () => outbox.close(),
+  };
 }
