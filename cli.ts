@@ -95,6 +95,16 @@ const OPTIONS = {
   help: { type: "boolean", short: "h" },
 } as const;
 
+/** The commands an option means something to; the others refuse it. */
+const APPLIES_TO: Record<string, readonly string[]> = {
+  queue: ["stats", "list", "watch", "redrive"],
+  limit: ["list"],
+  after: ["list"],
+  "older-than": ["purge"],
+  state: ["purge"],
+  interval: ["watch"],
+};
+
 const RATE_WINDOW_MS = 60_000;
 const UNITS: Record<string, number> = {
   ms: 1,
@@ -170,6 +180,12 @@ export async function main(
     }
     if (database === undefined) {
       throw new UsageError(`${command} needs a database`);
+    }
+    for (const option of Object.keys(values)) {
+      const commands = APPLIES_TO[option];
+      if (commands !== undefined && !commands.includes(command)) {
+        throw new UsageError(`--${option} does not apply to ${command}`);
+      }
     }
     if (/^postgres(ql)?:/i.test(database)) {
       err(

@@ -13,8 +13,12 @@ for (const driver of DRIVERS) {
   test("list() pages through one state by afterId, filtered by queue, with each event's attempt, times, keys and last error", async ({ clock, open }) => {
     const [a] = await open();
     clock.set(10);
+    const identities = [];
     for (const n of [1, 2, 3]) {
-      await a!.enqueue({ n }, { dedupKey: `d${n}`, orderingKey: `k${n}` });
+      identities.push(
+        (await a!.enqueue({ n }, { dedupKey: `d${n}`, orderingKey: `k${n}` }))
+          .identity,
+      );
     }
     await a!.enqueue({ n: 4 }, { queue: "other" });
     const lease = await a!.claim({ leaseMs: 500 });
@@ -23,6 +27,7 @@ for (const driver of DRIVERS) {
     assert.deepEqual(first, [
       {
         id: 1,
+        identity: identities[0],
         queue: "default",
         state: "pending",
         attempt: 1,
@@ -38,6 +43,7 @@ for (const driver of DRIVERS) {
       },
       {
         id: 2,
+        identity: identities[1],
         queue: "default",
         state: "pending",
         attempt: 0,
@@ -194,7 +200,8 @@ for (const driver of DRIVERS) {
         return true;
       });
     };
-    await rejects(() => a!.explain(undefined as never), "TypeError", "eventId");
+    // explain() takes an id or an identity: its argument is 'event'.
+    await rejects(() => a!.explain(undefined as never), "TypeError", "event");
     await rejects(() => a!.cancel(undefined as never), "TypeError", "eventId");
     await rejects(() => a!.cancel(0), "RangeError", "eventId");
     await rejects(() => a!.cancel("1" as never), "TypeError", "eventId");

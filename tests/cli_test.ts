@@ -473,6 +473,11 @@ Deno.test("usage errors exit 2 with the reason and the usage on stderr", async (
     ],
     [["cancel", path], "cancel needs an event id"],
     [
+      ["purge", path, "--older-than", "1d", "--queue", "mail"],
+      "--queue does not apply to purge",
+    ],
+    [["stats", path, "--limit", "5"], "--limit does not apply to stats"],
+    [
       ["purge", path, "--older-than", "7 days"],
       '--older-than must be a duration like 500ms, 30s, 15m, 12h, 7d or 1h30m: got "7 days"',
     ],
