@@ -491,7 +491,9 @@ Deno.test(
           isLeader: boolean;
           stats(): Promise<{ pending: number }>;
         };
-        enqueued: Promise<{ eventId: number; deduplicated: boolean }>;
+        enqueued: Promise<
+          { eventId: number; identity: string; deduplicated: boolean }
+        >;
       };
       const stored = await enqueued;
       return {
@@ -500,8 +502,13 @@ Deno.test(
         pending: (await outbox.stats()).pending,
       };
     });
+    assert.match(result.stored.identity, /^[0-9a-f]{8}-[0-9a-f-]{27}$/);
     assert.deepEqual(result, {
-      stored: { eventId: 1, deduplicated: false },
+      stored: {
+        eventId: 1,
+        identity: result.stored.identity,
+        deduplicated: false,
+      },
       leader: true,
       pending: 1,
     });
