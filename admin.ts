@@ -32,7 +32,7 @@ export interface ListOptions {
 export interface EventInfo<P = unknown> {
   /** The event's id. */
   readonly id: number;
-  /** The event's global identity, UUID text. */
+  /** The event's identity (UUID text): what recipients dedupe on. */
   readonly identity: string;
   /** The queue it is in. */
   readonly queue: string;

@@ -56,6 +56,7 @@ import type {
   RedriveOptions,
 } from "./admin.ts";
 import type { OpenConfig, OpfsVfs, Synchronous } from "./browser_host.ts";
+import { uuidv7 } from "./identity.ts";
 import {
   type CallMessage,
   type ChannelMessage,
@@ -794,13 +795,15 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   }
 
   /**
-   * Adds a pending event; see `Outbox.enqueue`. A call that has to be re-sent
-   * to a new leader carries a generated `dedupKey` (unless one is given), so
-   * it is stored once even when the old leader stored it before it went away.
+   * Adds a pending event; see `Outbox.enqueue`. The event's identity is
+   * minted in this tab (unless one is given), so a call that has to be
+   * re-sent to a new leader is stored once even when the old leader stored
+   * it before it went away.
    *
    * @param payload A JSON-serializable value, or a `Uint8Array`.
-   * @param options Delay, attempts, dedup and ordering keys, queue.
-   * @returns The event id and whether the caller's `dedupKey` matched.
+   * @param options Delay, attempts, dedup and ordering keys, identity, queue.
+   * @returns The event id, its identity, and whether the caller's `dedupKey`
+   * or `identity` matched an earlier event.
    * @throws {TypeError | RangeError} When an argument is invalid.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
@@ -808,15 +811,18 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     payload: P,
     options: EnqueueOptions = {},
   ): Promise<EnqueueResult> {
-    if (options === null || typeof options !== "object") {
+    if (
+      options === null || typeof options !== "object" ||
+      options.identity !== undefined
+    ) {
       return super.enqueue(payload, options);
     }
-    if (options.dedupKey !== undefined) return super.enqueue(payload, options);
-    const result = await super.enqueue(payload, {
-      ...options,
-      dedupKey: `tab-call:${crypto.randomUUID()}`,
-    });
-    return { ...result, deduplicated: false };
+    const identity = uuidv7();
+    const result = await super.enqueue(payload, { ...options, identity });
+    // Our own identity found means a re-sent call the old leader stored.
+    return result.identity === identity
+      ? { ...result, deduplicated: false }
+      : result;
   }
 
   /** Runs a call here when leading, else forwards it to the leader. */

@@ -2086,13 +2086,7 @@ export function checkOptions(op: string, options: unknown): void {
  * Validates an optional integer field; `undefined` means "use the default".
  * The one home of this check and its error text, shared by the loop.
  *
- * @param op What the caller cannot do, for the message.
- * @param field The field's name.
- * @param value The value given.
- * @param min The smallest accepted value.
- * @param max The largest accepted value.
- * @returns The value, or `undefined` when it was.
- * @throws {TypeError | RangeError} When it is not such an integer.
+ * @ignore
  */
 export function checkInteger(
   op: string,
@@ -2132,6 +2126,7 @@ export function checkInteger(
  * @param value The value given.
  * @returns The name.
  * @throws {TypeError} When it is not such a string.
+ * @ignore
  */
 export function checkName(op: string, field: string, value: unknown): string {
   // NUL is refused because some drivers (Deno's node:sqlite) cut text there;

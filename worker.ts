@@ -178,8 +178,8 @@ export interface ProcessOptions {
   /** Longest wait between claims while the queue stays empty. @default {5000} */
   readonly pollMaxMs?: number;
   /**
-   * Backoff before the second attempt after a failed one (0.x releases
-   * called it `retryMinMs`).
+   * Backoff before the second attempt after a failed one (formerly
+   * `retryMinMs`).
    *
    * @default {1000}
    */
@@ -554,7 +554,10 @@ export class Processor<P = unknown> implements AsyncDisposable {
     return { ...this.#counters };
   }
 
-  /** Handlers running (or finishing their acknowledgement) now. */
+  /**
+   * Handlers running (or finishing their acknowledgement) now, timed-out
+   * ones that have not settled included: each holds its slot.
+   */
   get inFlight(): number {
     return this.#slots.size;
   }
