@@ -13,12 +13,8 @@ for (const driver of DRIVERS) {
   test("list() pages through one state by afterId, filtered by queue, with each event's attempt, times, keys and last error", async ({ clock, open }) => {
     const [a] = await open();
     clock.set(10);
-    const identities = [];
     for (const n of [1, 2, 3]) {
-      identities.push(
-        (await a!.enqueue({ n }, { dedupKey: `d${n}`, orderingKey: `k${n}` }))
-          .identity,
-      );
+      await a!.enqueue({ n }, { dedupKey: `d${n}`, orderingKey: `k${n}` });
     }
     await a!.enqueue({ n: 4 }, { queue: "other" });
     const lease = await a!.claim({ leaseMs: 500 });
@@ -28,7 +24,6 @@ for (const driver of DRIVERS) {
     assert.deepEqual(first.map(({ identity: _, ...rest }) => rest), [
       {
         id: 1,
-        identity: identities[0],
         queue: "default",
         state: "pending",
         attempt: 1,
@@ -44,7 +39,6 @@ for (const driver of DRIVERS) {
       },
       {
         id: 2,
-        identity: identities[1],
         queue: "default",
         state: "pending",
         attempt: 0,
