@@ -2,8 +2,8 @@
  * Many machines, simulated: four worker processes, their clocks skewed by
  * minutes, drain 5,000 events from one PostgreSQL server while one is
  * SIGKILLed and another SIGSTOPped past its leases. The ledger then shows
- * every event done exactly once or dead, fences only increasing, and no
- * stale acknowledgement accepted.
+ * every event done exactly once or dead, fences only increasing, leases
+ * taken over, and no stale acknowledgement accepted.
  */
 import assert from "node:assert/strict";
 import { connectPostgres } from "../drivers/postgres.ts";
@@ -140,15 +140,15 @@ Deno.test("postgres: 4 worker processes with skewed clocks drain 5,000 events th
          WHERE fence <> nth`,
       );
       assert.equal(fences?.["bad"], 0);
-      // The killed and the stopped worker's leases were taken over, and the
-      // stopped one's late calls were refused.
+      // The killed and the stopped worker's leases were taken over. The
+      // stopped one's loop, resumed, finds its renewals overdue by its own
+      // monotonic clock and drops those leases without a call; a late call
+      // that does reach the server is refused, which the counts above show.
       const [taken] = await db.query(
-        `SELECT count(DISTINCT event_id) FILTER (WHERE kind = 'expired') AS expired,
-           count(*) FILTER (WHERE kind LIKE 'stale_%') AS stale
-         FROM outbox_ledger`,
+        `SELECT count(DISTINCT event_id) AS expired FROM outbox_ledger
+         WHERE kind = 'expired'`,
       );
       assert.ok(Number(taken?.["expired"]) > 0, "leases were taken over");
-      assert.ok(Number(taken?.["stale"]) > 0, "late calls were refused");
     } finally {
       await db.close();
     }
