@@ -223,8 +223,13 @@ async function applyJournalMode(
       throw error;
     }
     await driver.exec("PRAGMA locking_mode=EXCLUSIVE");
-    await expectJournalMode(driver, journalMode);
-    await driver.exec("PRAGMA locking_mode=NORMAL");
+    try {
+      await expectJournalMode(driver, journalMode);
+    } finally {
+      // Also when busy: the retry must not find the connection exclusive
+      // (it would leave WAL without ever giving the lock back).
+      await driver.exec("PRAGMA locking_mode=NORMAL");
+    }
     // The exclusive lock is released at the end of the next read.
     await driver.query("SELECT count(*) FROM sqlite_schema");
   }
