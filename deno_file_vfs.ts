@@ -393,6 +393,8 @@ class LockSet {
   /** Callers of wait() still waiting, by WAIT_*. */
   readonly #waiters = [0, 0, 0];
   #closed = false;
+  /** Resolved on close: a closed connection has nothing left to wait for. */
+  readonly #closing = Promise.withResolvers<void>();
   readonly #libc: Libc;
   readonly #fd: number;
   readonly #waitFd: number;
@@ -436,6 +438,7 @@ class LockSet {
     try {
       await Promise.race([
         call,
+        this.#closing.promise,
         new Promise<void>((resolve) => {
           timer = setTimeout(resolve, timeoutMs);
         }),
@@ -489,7 +492,6 @@ class LockSet {
   }
 
   lock(target: number): number {
-    if (Deno.env.get("VFSDBG")) console.log("lock", this.#fd, this.#level, target);
     if (this.#level >= target) return OK;
     const libc = this.#libc;
     if (target === SHARED) {
@@ -550,7 +552,6 @@ class LockSet {
   }
 
   unlock(target: number): number {
-    if (Deno.env.get("VFSDBG")) console.log("unlock", this.#fd, this.#level, target);
     if (this.#level <= target) {
       if (target === NONE) this.#dropGrant();
       return OK;
@@ -600,6 +601,7 @@ class LockSet {
    */
   close(): boolean {
     this.#closed = true;
+    this.#closing.resolve();
     clearTimeout(this.#grantTimer);
     this.#reserved = "none";
     this.#level = NONE;

@@ -266,7 +266,13 @@ export class Libc {
   ): Promise<boolean> {
     const flock = new Uint8Array(32);
     writeFlock(new DataView(flock.buffer), type, start, length);
-    return await this.#c.fcntlBlocking(fd, F_OFD_SETLKW, flock) === 0;
+    const call = this.#c.fcntlBlocking(fd, F_OFD_SETLKW, flock);
+    // The caller's timer keeps the process alive while it waits; a wait it
+    // gave up on must not (the lock may never be let go). Deno has no public
+    // way to unref an FFI call, so its core's is used when it is there;
+    // without it, such a process exits once the lock is granted.
+    unrefOpPromise?.(call);
+    return await call === 0;
   }
 
   #fillFlock(type: number, start: number, length: number): void {
@@ -298,6 +304,10 @@ function writeFlock(
   view.setBigInt64(16, BigInt(length), true);
   view.setInt32(24, 0, true);
 }
+
+const unrefOpPromise = (Deno as unknown as {
+  [key: symbol]: { core?: { unrefOpPromise?: (p: Promise<unknown>) => void } };
+})[(Deno as unknown as { internal: symbol }).internal]?.core?.unrefOpPromise;
 
 let libc: Libc | undefined;
 
