@@ -1,32 +1,31 @@
 /**
  * A SQLite VFS that gives the official SQLite WASM build real files under
- * Deno, over Deno's synchronous file API.
+ * Deno: the database through its own descriptors (libc via `Deno.dlopen`),
+ * journals through Deno's synchronous file API.
  *
  * The package's node build (which Deno loads) only has a transient in-memory
  * filesystem; {@linkcode installDenoFileVfs} registers this VFS so that file
  * paths and `file:` URIs open real files on disk.
  *
- * Locking follows SQLite's own five lock levels (https://sqlite.org/lockingv3.html)
- * and the order of `unixLock`/`unixUnlock` in SQLite's `os_unix.c`, but over
- * `flock(2)`-style whole-file locks (`Deno.FsFile.tryLockSync`), because Deno
- * has no byte-range locks. Three permanent zero-byte sidecar files next to the
- * database stand for SQLite's PENDING, RESERVED and SHARED lock bytes:
- * `<db>-pending.lock`, `<db>-reserved.lock` and `<db>-shared.lock`; a fourth,
- * `<db>-waiting.lock`, is the line of connections refused a lock (see
- * `lock_wait.ts`): a writer that keeps beginning transactions while someone
- * waits in line lets them in after a few, so nobody is starved. flock
- * locks belong to an open file description, so every connection opens its
- * own sidecar handles and two connections in one process exclude each other
- * exactly like two processes do; the kernel drops a dead process's locks, so
- * a crash never leaves a stale lock behind. Paths are canonicalised
- * (symlinks resolved) so two names of one file share the journal and the
- * locks; a database file with several hard links is refused, since its links
- * could not share them.
+ * Locking is SQLite's own (https://sqlite.org/lockingv3.html): byte-range
+ * locks on the database file at os_unix.c's offsets (PENDING_BYTE
+ * 0x40000000, RESERVED +1, the 510-byte SHARED range from +2), taken in the
+ * order and with the conversions of `unixLock`/`unixUnlock`. They are Linux
+ * open file description locks (`F_OFD_SETLK`, see `libc.ts`): they conflict
+ * with native SQLite's classic POSIX locks on the same bytes, so the
+ * `sqlite3` CLI, `node:sqlite` and any other SQLite process exclude WASM
+ * connections and are excluded by them; each open file description owns its
+ * locks, so two connections in one process exclude each other like two
+ * processes; the kernel drops a dead process's locks. Locks follow the
+ * inode, so hard links and renames share them; paths are canonicalised
+ * (symlinks resolved) so that two names of one file also share the journal.
+ * A connection refused a lock waits in the kernel (`F_OFD_SETLKW`) on a
+ * second open file description (see `LockSet`).
  *
- * What this does not do: interlock with native SQLite processes writing the
- * same file (they use POSIX byte-range locks, which do not see flock locks),
- * lock reliably on network filesystems, or provide shared memory (so WAL
- * works only with `PRAGMA locking_mode=EXCLUSIVE`, one connection at a time).
+ * What this does not do: lock reliably on network filesystems, run off Linux
+ * (no open file description locks: opening fails), or provide shared memory
+ * (so WAL works only with `PRAGMA locking_mode=EXCLUSIVE`, one connection at
+ * a time).
  *
  * @module
  */
@@ -67,8 +66,10 @@ export interface DenoFileVfsOptions {
  * Registers the Deno file VFS with a SQLite WASM module, once per module and
  * name (later calls return the name without registering again).
  *
- * Needs `--allow-read` and `--allow-write` for the database's directory: the
- * VFS creates the journal and the three lock sidecar files there.
+ * Opening a database file needs `--allow-ffi` (its locks and I/O go through
+ * libc; without it the open fails with an error naming the flag), and
+ * `--allow-read` and `--allow-write` for the database's directory, where the
+ * VFS creates the journal.
  *
  * @param sqlite3 The initialised module (from `loadSqlite3()`).
  * @param options See {@linkcode DenoFileVfsOptions}.
@@ -161,10 +162,10 @@ const lastErrors = new WeakMap<Sqlite3Static, () => string | undefined>();
 
 /**
  * Waits after the connection `db` got `SQLITE_BUSY` until the lock that
- * refused it may be free, or `timeoutMs` milliseconds at most: in line with
- * the other waiting connections of its database (see `lock_wait.ts`), or on
- * a timer when no lock can be watched. `SQLITE_FCNTL_FILE_POINTER` finds
- * the connection's main database file.
+ * refused it is free, or `timeoutMs` milliseconds at most: in the kernel
+ * (see `LockSet.wait`), or on a short timer when readers are in a writer's
+ * way or the lock is unknown. `SQLITE_FCNTL_FILE_POINTER` finds the
+ * connection's main database file.
  *
  * @ignore
  * @param sqlite3 The module the VFS was installed in.
@@ -1040,7 +1041,7 @@ function removeIfPresent(path: string): void {
 
 /**
  * The absolute path with symlinks resolved, so that two names of one file
- * share one journal and one set of lock sidecars.
+ * share one journal.
  */
 function canonicalPath(name: string): string {
   const absolute = resolve(name);
