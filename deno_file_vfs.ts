@@ -401,17 +401,19 @@ class LockSet {
   readonly #waitFd: number;
   /** Gives the second descriptor back once no wait uses it. */
   readonly #release: (fd: number) => void;
+  /** Whether a journal that may be hot is on disk. */
+  readonly #hotJournal: () => boolean;
 
   constructor(
     libc: Libc,
-    fd: number,
-    waitFd: number,
+    fds: readonly [number, number],
     release: (fd: number) => void,
+    hotJournal: () => boolean,
   ) {
     this.#libc = libc;
-    this.#fd = fd;
-    this.#waitFd = waitFd;
+    [this.#fd, this.#waitFd] = fds;
     this.#release = release;
+    this.#hotJournal = hotJournal;
   }
 
   get level(): number {
@@ -474,7 +476,10 @@ class LockSet {
     if (kind === WAIT_RESERVED && !this.#closed) {
       // Taken meanwhile without waiting: the grant merged into it.
       if (this.#reserved !== "none") return;
-      if (this.#waiters[WAIT_RESERVED]! > 0) {
+      // Kept for the retry only when no crashed writer left a hot journal:
+      // RESERVED held tells every other connection that the journal is live
+      // (xCheckReservedLock), and this connection has not yet recovered it.
+      if (this.#waiters[WAIT_RESERVED]! > 0 && !this.#hotJournal()) {
         this.#reserved = "granted";
         const timer = setTimeout(() => this.#dropGrant(), GRANT_KEPT_MS);
         Deno.unrefTimer(timer as unknown as number);
@@ -499,7 +504,17 @@ class LockSet {
       // As unixLock: a read lock on PENDING first, so no reader slips in
       // while a writer holds PENDING to wait for readers to leave.
       if (!libc.setLock(this.#fd, F_RDLCK, PENDING_BYTE, 1)) {
-        return this.#refuse(WAIT_PENDING);
+        // A writer committing holds RESERVED too, until its commit ends: a
+        // wait for RESERVED ends then, and leaves PENDING alone (a read lock
+        // granted on it would hold up the next commit until this process
+        // got round to letting it go; the same goes for the SHARED range
+        // below). Only a connection recovering a hot journal holds PENDING
+        // or the SHARED range exclusively without RESERVED.
+        return this.#refuse(
+          libc.conflicts(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
+            ? WAIT_RESERVED
+            : WAIT_PENDING,
+        );
       }
       const shared = libc.setLock(
         this.#fd,
@@ -508,7 +523,13 @@ class LockSet {
         SHARED_SIZE,
       );
       libc.setLock(this.#fd, F_UNLCK, PENDING_BYTE, 1);
-      if (!shared) return this.#refuse(WAIT_SHARED);
+      if (!shared) {
+        return this.#refuse(
+          libc.conflicts(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
+            ? WAIT_RESERVED
+            : WAIT_SHARED,
+        );
+      }
       this.#level = SHARED;
       return OK;
     }
@@ -636,7 +657,7 @@ class DatabaseFile implements OpenFile {
   ) {
     this.#libc = libc;
     this.path = path;
-    const [fd, waitFd] = fds;
+    const [fd] = fds;
     this.#fd = fd;
     this.#writable = writable;
     this.#id = libc.fileId(fd);
@@ -648,12 +669,12 @@ class DatabaseFile implements OpenFile {
     }
     inode.connections++;
     this.#inode = inode;
-    this.#locks = new LockSet(libc, fd, waitFd, (released) => {
+    this.#locks = new LockSet(libc, fds, (released) => {
       releaseDescriptor(libc, inode, released, writable);
       if (inode.connections === 0 && inode.idle.length === 0) {
         inodes.delete(key);
       }
-    });
+    }, () => journalMayBeHot(`${path}-journal`));
   }
 
   lockLevel(): number {
@@ -784,6 +805,29 @@ function openDatabaseDescriptors(
     throw error;
   }
   return [opened as unknown as [number, number], writable];
+}
+
+// The first bytes of a rollback journal's header while it is live (pager.c's
+// aJournalMagic); a committed journal is empty, gone or zeroed.
+const JOURNAL_MAGIC = [0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7];
+
+/** Whether the rollback journal at `path` has a live header. */
+function journalMayBeHot(path: string): boolean {
+  let file: Deno.FsFile;
+  try {
+    file = Deno.openSync(path, { read: true });
+  } catch {
+    return false;
+  }
+  try {
+    const header = new Uint8Array(JOURNAL_MAGIC.length);
+    return file.readSync(header) === header.length &&
+      JOURNAL_MAGIC.every((byte, i) => header[i] === byte);
+  } catch {
+    return true;
+  } finally {
+    file.close();
+  }
 }
 
 /**

@@ -190,27 +190,45 @@ Deno.test("a process waiting for a lock that is never let go still exits when it
   });
 });
 
-Deno.test("closing a connection whose kernel wait is in flight leaks no lock, and its descriptors serve the next connection", async () => {
-  await withConnections(1, async ([holder], path) => {
+Deno.test("closing a connection whose kernel wait is in flight leaks no lock and no descriptor", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "vfs_wait_" });
+  const path = join(dir, "wait.db");
+  try {
+    const holder = await openSqliteWasm(path);
+    await holder.exec("CREATE TABLE t(x)");
     const real = Deno.realPathSync(path);
-    // The holder's two descriptors.
-    assert.equal(descriptorsOn(real), 2);
-    await holder!.exec("BEGIN IMMEDIATE");
+    await holder.exec("BEGIN IMMEDIATE");
     const waiter = await openSqliteWasm(path);
     await assert.rejects(waiter.exec("BEGIN IMMEDIATE"), BusyError);
     const waited = waiter.busyWait!(60_000);
     assert.ok(await until(() => blockedOn(path), 10_000), "waiter blocked");
     await waiter.close();
     await waited;
-    await holder!.exec("COMMIT");
-    assert.ok(await until(() => locksOn(path).length === 0, 10_000));
-    // Kept open while the holder is (closing them would drop native SQLite's
-    // locks in this process), and taken by the next connection.
-    assert.ok(await until(() => descriptorsOn(real) === 4, 10_000));
-    await using again = await openSqliteWasm(path);
+    await holder.exec("COMMIT");
+    await holder.close();
+    // The late grant is given back and the descriptor closed when the
+    // kernel wait returns.
+    assert.ok(
+      await until(() => descriptorsOn(real) === 0, 10_000),
+      `descriptors left: ${descriptorsOn(real)}`,
+    );
+    assert.deepEqual(locksOn(path), []);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("a closed connection's descriptors stay open while another connection to the file is, and serve the next one", async () => {
+  await withConnections(2, async ([_keeper, passerby], path) => {
+    const real = Deno.realPathSync(path);
     assert.equal(descriptorsOn(real), 4);
-    await again.exec("BEGIN IMMEDIATE");
-    await again.exec("COMMIT");
+    await passerby!.close();
+    // Closing them would drop native SQLite's locks in this process.
+    assert.equal(descriptorsOn(real), 4);
+    await using next = await openSqliteWasm(path);
+    assert.equal(descriptorsOn(real), 4);
+    await next.exec("BEGIN IMMEDIATE");
+    await next.exec("COMMIT");
   });
 });
 
