@@ -403,15 +403,19 @@ class LockSet {
   readonly #release: (fd: number) => void;
   /** Whether a journal that may be hot is on disk. */
   readonly #hotJournal: () => boolean;
+  /** Whether the descriptors may take write locks (not a read-only open). */
+  readonly #writable: boolean;
 
   constructor(
     libc: Libc,
     fds: readonly [number, number],
+    writable: boolean,
     release: (fd: number) => void,
     hotJournal: () => boolean,
   ) {
     this.#libc = libc;
     [this.#fd, this.#waitFd] = fds;
+    this.#writable = writable;
     this.#release = release;
     this.#hotJournal = hotJournal;
   }
@@ -511,7 +515,8 @@ class LockSet {
         // below). Only a connection recovering a hot journal holds PENDING
         // or the SHARED range exclusively without RESERVED.
         return this.#refuse(
-          libc.conflicts(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
+          this.#writable &&
+            libc.conflicts(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
             ? WAIT_RESERVED
             : WAIT_PENDING,
         );
@@ -525,7 +530,8 @@ class LockSet {
       libc.setLock(this.#fd, F_UNLCK, PENDING_BYTE, 1);
       if (!shared) {
         return this.#refuse(
-          libc.conflicts(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
+          this.#writable &&
+            libc.conflicts(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
             ? WAIT_RESERVED
             : WAIT_SHARED,
         );
@@ -669,7 +675,7 @@ class DatabaseFile implements OpenFile {
     }
     inode.connections++;
     this.#inode = inode;
-    this.#locks = new LockSet(libc, fds, (released) => {
+    this.#locks = new LockSet(libc, fds, writable, (released) => {
       releaseDescriptor(libc, inode, released, writable);
       if (inode.connections === 0 && inode.idle.length === 0) {
         inodes.delete(key);

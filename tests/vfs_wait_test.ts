@@ -291,3 +291,22 @@ Deno.test("a process stopped while it waits for a lock holds no writer back", as
     }
   });
 });
+
+Deno.test("a read-only connection refused by a committing writer waits with read locks until it is done", async () => {
+  await withConnections(1, async ([writer], path) => {
+    await using reader = await openSqliteWasm(`file:${path}?mode=ro`);
+    await reader.query("SELECT count(*) FROM t");
+    await writer!.exec("BEGIN EXCLUSIVE");
+    await assert.rejects(reader.query("SELECT count(*) FROM t"), BusyError);
+    const started = performance.now();
+    await reader.busyWait!(200);
+    const ms = performance.now() - started;
+    assert.ok(ms >= 190, `not woken while the lock is held: ${ms} ms`);
+    const waited = reader.busyWait!(60_000);
+    await writer!.exec("COMMIT");
+    await waited;
+    assert.deepEqual(await reader.query("SELECT count(*) AS n FROM t"), [{
+      n: 0,
+    }]);
+  });
+});
