@@ -90,16 +90,21 @@ for (const journalMode of MODES) {
           await worker.status();
           assert.fail(`worker did not start: ${await worker.stderr()}`);
         }
+        // The kill comes at a random moment after the first commit, so a
+        // loaded machine's slow start cannot leave a trial without one.
+        const committed = Promise.withResolvers<void>();
         const output = (async () => {
           for (let line; (line = await worker.next()) !== undefined;) {
+            committed.resolve();
             const [kind, id, token] = line.split(" ");
             if (kind === "E") enqueued.add(Number(id));
             else if (kind === "C") claimed.set(Number(id), token!);
             else if (kind === "A") acknowledged.set(Number(id), token!);
           }
-        })();
+        })().finally(() => committed.resolve());
+        await committed.promise;
         await new Promise((resolve) =>
-          setTimeout(resolve, 50 + Math.random() * 450)
+          setTimeout(resolve, Math.random() * 450)
         );
         worker.kill();
         const status = await worker.status();
