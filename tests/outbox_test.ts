@@ -123,11 +123,12 @@ for (const driver of DRIVERS) {
     assert.equal(await b!.claim(), null);
     const [dead] = await b!.deadLetters();
     assert.deepEqual([dead?.eventId, dead?.identity], [eventId, identity]);
-    assert.equal(await b!.retry(eventId), true);
+    assert.equal(await b!.redrive({ ids: [eventId] }), 1);
     const second = await b!.claim();
     assert.deepEqual([second?.identity, second?.fence], [identity, 2]);
     assert.equal(await b!.release(second!), true);
-    const third = await a!.retry(eventId) && await a!.claim();
+    const third = await a!.redrive({ ids: [eventId] }) === 1 &&
+      await a!.claim();
     assert.deepEqual([third && third.identity, third && third.fence], [
       identity,
       3,
@@ -411,7 +412,7 @@ for (const driver of DRIVERS) {
     const { eventId } = await a!.enqueue("new");
     await a!.acknowledge((await a!.claim())!);
     await a!.enqueue("pending");
-    assert.equal(await a!.purge({ doneBeforeMs: 100 }), 1);
+    assert.equal(await a!.purge({ olderThanMs: 0 }), 1);
     assert.deepEqual(await a!.stats(), {
       pending: 1,
       leased: 0,
@@ -576,14 +577,15 @@ for (const driver of DRIVERS) {
     assert.notDeepEqual(await snapshot(raw), before);
   });
 
-  test("open() refuses a database whose user_version belongs to another schema", async ({ open, raw }) => {
+  test("open() refuses a database whose user_version belongs to another schema, and closes the connection it owns", async ({ open, raw }) => {
     await raw.exec("CREATE TABLE app (x INTEGER); PRAGMA user_version = 3");
+    const [before] = await raw.query("PRAGMA user_version");
+    assert.equal(before?.["user_version"], 3);
     await assert.rejects(
       () => open(),
       /user_version is 3 but it has no outbox tables/,
     );
-    const [version] = await raw.query("PRAGMA user_version");
-    assert.equal(version?.["user_version"], 3);
+    await assert.rejects(() => raw.query("PRAGMA user_version"));
   });
 
   for (const older of [1, 2, 3]) {
