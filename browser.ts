@@ -47,6 +47,7 @@ import type {
   ReleaseOptions,
   Stats,
 } from "./lease.ts";
+import { checkOptions, OUTBOX_OPTIONS } from "./lease.ts";
 import type { OpenConfig, OpfsVfs, Synchronous } from "./browser_host.ts";
 import {
   type CallMessage,
@@ -372,6 +373,13 @@ function setup(
   name: unknown,
   options: BrowserOutboxOptions,
 ): WorkerSetup {
+  checkOptions(op, options, [
+    ...OUTBOX_OPTIONS.filter((key) => key !== "now"),
+    "vfs",
+    "synchronous",
+    "openTimeoutMs",
+    "workerUrl",
+  ]);
   const {
     vfs = "auto",
     synchronous = "full",

@@ -10,8 +10,14 @@
  *
  * @module
  */
-import type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
-import { BusyError, LeaseLostError } from "./errors.ts";
+import {
+  type Driver,
+  firstKeyword,
+  type Row,
+  type RunResult,
+  type SqlValue,
+} from "./driver.ts";
+import { BusyError, LeaseLostError, SchemaVersionError } from "./errors.ts";
 import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 
 /** Milliseconds since the Unix epoch, from an injected clock. */
@@ -260,11 +266,46 @@ const EVENT_COLUMNS =
 const CLAIM_SET = `state = 'leased', fence = fence + 1, attempt = attempt + 1,
       lease_until = ?1, due_at = ?1, updated_at = ?2, claimed_at = ?2,
       last_error = CASE state WHEN 'leased' THEN '${LEASE_EXPIRED}' ELSE last_error END`;
-// Version 3's views, as schema.sql creates them.
+// Version 3's views and the version table, as schema.sql creates them.
 const VIEWS_SQL = SCHEMA_SQL.slice(
   SCHEMA_SQL.indexOf("CREATE VIEW"),
-  SCHEMA_SQL.lastIndexOf("PRAGMA user_version"),
+  SCHEMA_SQL.indexOf("CREATE TABLE outbox_schema"),
 );
+const VERSION_TABLE_SQL = SCHEMA_SQL.slice(
+  SCHEMA_SQL.indexOf("CREATE TABLE outbox_schema"),
+  SCHEMA_SQL.indexOf("INSERT INTO outbox_schema"),
+);
+// Transaction control through tx.run would commit or roll back behind the
+// outbox's back (a handler's writes committed before its stale
+// acknowledgement threw).
+const TRANSACTION_CONTROL = new Set([
+  "BEGIN",
+  "COMMIT",
+  "END",
+  "ROLLBACK",
+  "SAVEPOINT",
+  "RELEASE",
+]);
+
+/**
+ * The schema upgrades, keyed by the version each starts from: step `n`
+ * brings a version `n` database to version `n + 1`, inside the transaction
+ * that opens it, and `outbox_schema` records `n + 1`. A new schema version
+ * adds its step here and its table shape to schema.sql. Exported for tests.
+ *
+ * @ignore
+ */
+export const UPGRADES: ReadonlyMap<number, string> = new Map([
+  // lease.ts writes the ledger itself; left in place, version 1's triggers
+  // would write the entries of claims and acknowledgements again.
+  [
+    1,
+    `DROP TRIGGER IF EXISTS outbox_events_claimed;
+    DROP TRIGGER IF EXISTS outbox_events_acknowledged`,
+  ],
+  // Version 2 wrote every entry as a row, so none is left unwritten.
+  [2, `ALTER TABLE outbox_events ADD COLUMN claimed_at INTEGER; ${VIEWS_SQL}`],
+]);
 
 /** The statements of the core, exported for the query-plan tests only. */
 export const SQL = {
@@ -274,17 +315,26 @@ export const SQL = {
   savepoint: "SAVEPOINT acknowledge",
   releaseSavepoint: "RELEASE acknowledge",
   rollbackToSavepoint: "ROLLBACK TO acknowledge",
+  // Inside an application's transaction: the outbox's statements as one
+  // unit that a failure undoes without touching the application's writes.
+  joinSavepoint: "SAVEPOINT outbox",
+  releaseJoin: "RELEASE outbox",
+  rollbackJoin: "ROLLBACK TO outbox",
+  tables: `SELECT name FROM sqlite_schema
+    WHERE type = 'table' AND name IN ('outbox_events', 'outbox_schema')`,
+  schemaVersion: "SELECT max(version) AS version FROM outbox_schema",
+  recordVersion: `INSERT INTO outbox_schema (version, applied_at)
+    VALUES (?, CAST(unixepoch('subsec') * 1000 AS INTEGER))`,
+  // Releases before outbox_schema kept the version in user_version; the
+  // tables' shape tells it without trusting user_version: version 3 added
+  // claimed_at, version 2 dropped version 1's ledger triggers.
+  legacyShape: `SELECT
+    (SELECT count(*) FROM pragma_table_info('outbox_events')
+      WHERE name = 'claimed_at') AS claimed_at,
+    (SELECT count(*) FROM sqlite_schema
+      WHERE type = 'trigger' AND name = 'outbox_events_claimed') AS triggers`,
   userVersion: "PRAGMA user_version",
-  hasSchema:
-    "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'outbox_events'",
-  // lease.ts writes the ledger itself; left in place, version 1's triggers
-  // would write the entries of claims and acknowledgements again.
-  migrateV1: `DROP TRIGGER IF EXISTS outbox_events_claimed;
-    DROP TRIGGER IF EXISTS outbox_events_acknowledged`,
-  // Version 2 wrote every entry as a row, so none is left unwritten.
-  migrateV2: `ALTER TABLE outbox_events ADD COLUMN claimed_at INTEGER;
-    ${VIEWS_SQL}
-    PRAGMA user_version = 3`,
+  resetUserVersion: "PRAGMA user_version = 0",
   insert: `INSERT INTO outbox_events
     (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at)
     VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?)
@@ -467,17 +517,27 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   /**
    * Opens an outbox on a connection, creating the schema (`schema.sql`) when
-   * the database has none, upgrading a version 1 or 2 schema in the same
-   * transaction, and checking its version otherwise. The upgrade drops the
-   * triggers that wrote version 1's ledger and adds version 3's `claimed_at`
-   * and ledger views: stop processes running an older release first, or
-   * their claims and acknowledgements go unrecorded or out of order.
+   * the database has none, upgrading an older one in the same transaction,
+   * and checking its version otherwise. The version lives in the outbox's
+   * own table `outbox_schema`, never in `PRAGMA user_version`, which the
+   * application may use for its own migrations; a database from a release
+   * that kept versions 1 to 3 in `user_version` is recognised by its tables'
+   * shape, its version moves to `outbox_schema`, and `user_version` goes
+   * back to `0` (an older release then refuses the file rather than run
+   * beside an upgrade it does not know). Opening never reads or writes
+   * `user_version` otherwise. The upgrade drops the triggers that wrote
+   * version 1's ledger and adds version 3's `claimed_at` and ledger views:
+   * stop processes running an older release first, or their claims and
+   * acknowledgements go unrecorded or out of order.
    *
-   * @param driver The connection; the outbox owns it and closes it.
+   * @param driver The connection; the outbox closes it when it closes (a
+   * driver over the application's own handle, such as `nodeSqliteDriver`,
+   * leaves the handle open).
    * @param options See {@linkcode OutboxOptions}.
    * @returns The opened outbox.
-   * @throws {TypeError | RangeError} When an option is invalid, naming it.
-   * @throws {Error} When the database has a newer schema version.
+   * @throws {TypeError | RangeError} When an option is invalid or unknown,
+   * naming it.
+   * @throws {SchemaVersionError} When the database has a newer outbox schema.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   static async open<P = unknown>(
@@ -491,27 +551,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         }`,
       );
     }
-    checkOptions("open outbox", options);
+    checkOptions("open outbox", options, OUTBOX_OPTIONS);
     const outbox = new Outbox<P>(driver, options);
-    await outbox.#write("open outbox", async () => {
-      const [row] = await driver.query(SQL.userVersion);
-      const version = Number(row?.["user_version"] ?? 0);
-      const [table] = await driver.query(SQL.hasSchema);
-      if (version === 0 && table === undefined) await driver.exec(SCHEMA_SQL);
-      else if (table === undefined) {
-        // Another schema owns user_version: creating ours would clobber it.
-        throw new Error(
-          `Cannot open outbox as the database's user_version is ${version} but it has no outbox tables: another schema uses user_version, so give the outbox its own database file`,
-        );
-      } else if (version === 1) {
-        await driver.exec(`${SQL.migrateV1};${SQL.migrateV2}`);
-      } else if (version === 2) await driver.exec(SQL.migrateV2);
-      else if (version !== SCHEMA_VERSION) {
-        throw new Error(
-          `Cannot open outbox as the database has outbox schema version ${version}, not ${SCHEMA_VERSION}`,
-        );
-      }
-    }, false);
+    await outbox.#write("open outbox", () => migrate(driver), false);
     return outbox;
   }
 
@@ -535,6 +577,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const result = await this.#write(
       "enqueue",
       (now) => this.#enqueue(insert, now),
+      true,
+      true,
     );
     this.#enqueued();
     return result;
@@ -608,7 +652,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     options: ClaimOptions | BatchClaimOptions = {},
   ): Promise<Lease<P> | null | Lease<P>[]> {
     const op = "claim";
-    checkOptions(op, options);
+    checkOptions(op, options, CLAIM_OPTIONS);
     const queue = options.queue === undefined
       ? this.#queue
       : checkName(op, "queue", options.queue);
@@ -672,7 +716,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       return await this.#write(op, (now) => this.#acknowledge(checked, now));
     }
     const lease = checkLease(op, "lease", leases);
-    return await this.#write(op, (now) => this.#acknowledgeOne(lease, now));
+    return await this.#write(op, async (now, joined) => {
+      if (await this.#acknowledgeOne(lease, now)) return true;
+      // In the application's transaction, a stale lease must roll its
+      // writes back, as in transaction(fn).
+      if (joined) throw new LeaseLostError(lease.eventId, lease.fence);
+      return false;
+    }, true, true);
   }
 
   /**
@@ -739,7 +789,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   ): Promise<boolean> {
     const op = "release";
     const checked = checkLease(op, "lease", lease);
-    checkOptions(op, options);
+    checkOptions(op, options, RELEASE_OPTIONS);
     const delayMs =
       checkInteger(op, "delayMs", options.delayMs, 0, MAX_DURATION_MS) ?? 0;
     const error = options.error === undefined
@@ -795,7 +845,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     options: { readonly queue?: string; readonly limit?: number } = {},
   ): Promise<DeadLetter<P>[]> {
     const op = "list dead letters";
-    checkOptions(op, options);
+    checkOptions(op, options, ["queue", "limit"]);
     const queue = options.queue === undefined
       ? this.#queue
       : checkName(op, "queue", options.queue);
@@ -847,7 +897,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    */
   async purge(options: { readonly doneBeforeMs: number }): Promise<number> {
     const op = "purge";
-    checkOptions(op, options);
+    checkOptions(op, options, ["doneBeforeMs"]);
     const before = checkInteger(
       op,
       "doneBeforeMs",
@@ -875,7 +925,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    */
   async stats(options: { readonly queue?: string } = {}): Promise<Stats> {
     const op = "read stats";
-    checkOptions(op, options);
+    checkOptions(op, options, ["queue"]);
     const queue = options.queue === undefined
       ? this.#queue
       : checkName(op, "queue", options.queue);
@@ -949,12 +999,22 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * enqueues and fenced acknowledgements commit together, or none of them
    * does. Throwing from `fn` rolls back and rethrows.
    *
-   * Inside `fn`, use only the handle: calling this outbox's own methods
-   * would wait for the transaction that is waiting for them.
+   * Inside `fn`, use only the handle: a call on this outbox (or another
+   * outbox on the same connection) made from `fn` throws at once, as it
+   * would wait for the transaction that is waiting for it (where the
+   * runtime has no `AsyncLocalStorage`, as in browsers, it is not detected
+   * and waits). `tx.run` and `tx.query` refuse `BEGIN`, `COMMIT`, `END`,
+   * `ROLLBACK`, `SAVEPOINT` and `RELEASE`: the transaction ends when `fn`
+   * does. While the application has its own transaction open on the
+   * connection, this waits for it to end (see {@linkcode Outbox.enqueue}).
    *
    * @param fn The work; its result is returned after the commit.
    * @returns What `fn` returned.
    * @throws {LeaseLostError} When `tx.acknowledge` found its lease stale.
+   * @throws {RangeError} When `tx.run` or `tx.query` is given a
+   * transaction-control statement (before it runs).
+   * @throws {Error} When called from inside `fn` of a transaction on the
+   * same connection.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    *
    * @example Business row and event commit together
@@ -998,10 +1058,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       const tx: Transaction = {
         run: async (sql, params) => {
           inside("run");
+          checkNotTransactionControl("run", sql);
           return await driver.run(sql, params);
         },
         query: async (sql, params) => {
           inside("query");
+          checkNotTransactionControl("query", sql);
           return await driver.query(sql, params);
         },
         enqueue: async (payload, options = {}) => {
@@ -1018,14 +1080,22 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           throw lost;
         },
       };
+      const scope: Scope = {
+        mutex: this.#mutex,
+        open: true,
+        outer: scopes?.getStore(),
+      };
       try {
-        const value = await fn(tx);
+        const value = await (scopes === undefined
+          ? fn(tx)
+          : scopes.run(scope, () => fn(tx)));
         // Catching the LeaseLostError inside fn must not let the stale
         // worker's writes commit.
         if (lost !== undefined) throw lost;
         return value;
       } finally {
         ended = true;
+        scope.open = false;
       }
     });
     if (enqueued) this.#enqueued();
@@ -1047,6 +1117,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * after it reject with an `Error` saying the outbox is closed.
    */
   close(): Promise<void> {
+    try {
+      this.#notNested("close");
+    } catch (error) {
+      return Promise.reject(error);
+    }
     this.#closed = true;
     return this.#mutex.run(() => this.#driver.close());
   }
@@ -1071,7 +1146,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     payload: unknown,
     options: EnqueueOptions,
   ): PreparedEnqueue {
-    checkOptions(op, options);
+    checkOptions(op, options, ENQUEUE_OPTIONS);
     const queue = options.queue === undefined
       ? this.#queue
       : checkName(op, "queue", options.queue);
@@ -1327,32 +1402,110 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * the injected lease clock must not stretch). `fn` sees the lease clock
    * read once the write lock is held, after lapsed last-attempt leases became
    * dead letters (`expire`, off only while the schema may not exist yet).
+   *
+   * While the application has a transaction open on the connection
+   * ({@linkcode Driver.inTransaction}), a `join` call runs `fn` inside it
+   * under a savepoint (`joined` is then `true`), and any other call waits,
+   * outside the mutex, until the application's transaction ends: a claim or
+   * renewal committed or rolled back with the application's writes would
+   * leave a worker holding a lease the database never kept.
    */
-  #write<T>(
+  async #write<T>(
     op: string,
-    fn: (now: number) => Promise<T>,
+    fn: (now: number, joined: boolean) => Promise<T>,
     expire = true,
+    join = false,
   ): Promise<T> {
-    if (this.#closed) {
-      return Promise.reject(
-        new Error(`Cannot ${op} as the outbox is closed`),
-      );
-    }
-    return this.#mutex.run(async () => {
-      const deadline = performance.now() + this.#busyTimeoutMs;
-      await this.#untilNotBusy(op, deadline, SQL.begin);
-      let result: T;
-      try {
-        const now = this.#clock(op);
-        if (expire) await this.#expireExhausted(now);
-        result = await fn(now);
-        await this.#untilNotBusy(op, deadline, SQL.commit);
-      } catch (error) {
-        await this.#driver.run(SQL.rollback).catch(() => {});
-        throw error;
+    if (this.#closed) throw new Error(`Cannot ${op} as the outbox is closed`);
+    this.#notNested(op);
+    const deadline = performance.now() + this.#busyTimeoutMs;
+    for (let retried = false;; retried = true) {
+      // A held mutex may be this connection's own transaction, which a
+      // queued call just waits for; after a retry it is the application's.
+      if (!join && (retried || !this.#mutex.held)) {
+        await this.#untilApplicationCommits(op, deadline);
       }
-      return result;
-    });
+      const outcome = await this.#mutex.run(async () => {
+        if (this.#driver.inTransaction?.() === true) {
+          return join ? { value: await this.#joined(op, fn, expire) } : null;
+        }
+        const busyDeadline = performance.now() + this.#busyTimeoutMs;
+        await this.#untilNotBusy(op, busyDeadline, SQL.begin);
+        let value: T;
+        try {
+          const now = this.#clock(op);
+          if (expire) await this.#expireExhausted(now);
+          value = await fn(now, false);
+          await this.#untilNotBusy(op, busyDeadline, SQL.commit);
+        } catch (error) {
+          await this.#driver.run(SQL.rollback).catch(() => {});
+          throw error;
+        }
+        return { value };
+      });
+      if (outcome !== null) return outcome.value;
+    }
+  }
+
+  /**
+   * Runs `fn` inside the application's open transaction, under a savepoint
+   * so that a failure undoes the outbox's statements and nothing else; the
+   * application's `COMMIT` or `ROLLBACK` decides the rest. No retry on
+   * `SQLITE_BUSY`: inside a transaction that began deferred, waiting for the
+   * write lock can deadlock with the writer holding it.
+   */
+  async #joined<T>(
+    op: string,
+    fn: (now: number, joined: boolean) => Promise<T>,
+    expire: boolean,
+  ): Promise<T> {
+    await this.#driver.run(SQL.joinSavepoint);
+    try {
+      const now = this.#clock(op);
+      if (expire) await this.#expireExhausted(now);
+      const value = await fn(now, true);
+      await this.#driver.run(SQL.releaseJoin);
+      return value;
+    } catch (error) {
+      await this.#driver.run(SQL.rollbackJoin).catch(() => {});
+      await this.#driver.run(SQL.releaseJoin).catch(() => {});
+      throw error;
+    }
+  }
+
+  /**
+   * Waits, polling with jittered backoff, until no transaction the
+   * application began is open on the connection.
+   */
+  async #untilApplicationCommits(op: string, deadline: number): Promise<void> {
+    for (
+      let backoffMs = 1;
+      this.#driver.inTransaction?.() === true;
+      backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS)
+    ) {
+      const remainingMs = deadline - performance.now();
+      if (remainingMs <= 0) {
+        throw new BusyError(
+          `Cannot ${op} as the application's transaction on this connection stayed open for ${this.#busyTimeoutMs} ms: only enqueue() and acknowledge() of one lease join it; claims, renewals, releases and the outbox's own transactions wait for it to end`,
+        );
+      }
+      await sleep(Math.min(remainingMs, 1 + Math.random() * backoffMs));
+    }
+  }
+
+  /**
+   * Throws when called from inside `transaction(fn)` of an outbox on the
+   * same connection: the call would wait for the mutex that the
+   * transaction holds while it waits for the call.
+   */
+  #notNested(op: string): void {
+    for (let scope = scopes?.getStore(); scope; scope = scope.outer) {
+      if (scope.open && scope.mutex === this.#mutex) {
+        throw new Error(
+          `Cannot ${op} on the outbox inside its own transaction(fn): use the transaction's handle (tx.enqueue, tx.acknowledge, tx.run), or the call would wait for the transaction that waits for it`,
+        );
+      }
+    }
   }
 
   async #untilNotBusy(
@@ -1401,6 +1554,49 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 }
 
+/**
+ * Creates or upgrades the schema inside the opening transaction: concurrent
+ * first opens take turns on the write lock, so each version is applied and
+ * recorded once.
+ */
+async function migrate(driver: Driver): Promise<void> {
+  const tables = new Set(
+    (await driver.query(SQL.tables)).map((row) => String(row["name"])),
+  );
+  let version: number;
+  if (tables.has("outbox_schema")) {
+    const [row] = await driver.query(SQL.schemaVersion);
+    version = Number(row?.["version"] ?? 0);
+  } else if (tables.has("outbox_events")) {
+    const [shape] = await driver.query(SQL.legacyShape);
+    version = Number(shape?.["claimed_at"]) > 0
+      ? 3
+      : Number(shape?.["triggers"]) > 0
+      ? 1
+      : 2;
+    // The older release wrote this user_version; one that differs is the
+    // application's, set after that release last opened the file.
+    const [row] = await driver.query(SQL.userVersion);
+    if (Number(row?.["user_version"]) === version) {
+      await driver.run(SQL.resetUserVersion);
+    }
+    await driver.exec(VERSION_TABLE_SQL);
+    await driver.run(SQL.recordVersion, [version]);
+  } else {
+    await driver.exec(SCHEMA_SQL);
+    return;
+  }
+  if (version > SCHEMA_VERSION) {
+    throw new SchemaVersionError(version, SCHEMA_VERSION);
+  }
+  for (; version < SCHEMA_VERSION; version++) {
+    const step = UPGRADES.get(version);
+    if (step === undefined) throw new SchemaVersionError(version, SCHEMA_VERSION);
+    await driver.exec(step);
+    await driver.run(SQL.recordVersion, [version + 1]);
+  }
+}
+
 interface PreparedEnqueue {
   readonly queue: string;
   readonly payload: SqlValue;
@@ -1429,13 +1625,52 @@ type LedgerRow = [
 /** Serializes async sections: each runs after the previous one settles. */
 class Mutex {
   #tail: Promise<unknown> = Promise.resolve();
+  #sections = 0;
+
+  /** Whether a section is running or waiting to run. */
+  get held(): boolean {
+    return this.#sections > 0;
+  }
 
   run<T>(fn: () => Promise<T>): Promise<T> {
-    const result = this.#tail.then(fn);
+    this.#sections++;
+    const result = this.#tail.then(fn).finally(() => this.#sections--);
     this.#tail = result.catch(() => {});
     return result;
   }
 }
+
+/** A running `transaction(fn)`, as the async context of its `fn` sees it. */
+interface Scope {
+  readonly mutex: Mutex;
+  open: boolean;
+  readonly outer: Scope | undefined;
+}
+
+/** The subset of `AsyncLocalStorage` the outbox uses. */
+interface AsyncContext<T> {
+  run<R>(store: T, fn: () => R): R;
+  getStore(): T | undefined;
+}
+
+/**
+ * Which `transaction(fn)` calls the current async context runs inside,
+ * through `AsyncLocalStorage` where the runtime has one (Deno, Node.js, Bun,
+ * found by feature detection rather than an import, so the core stays
+ * runtime-neutral). Where none exists (browsers), a nested call is not
+ * detected and waits, as the documentation of `transaction` warns.
+ */
+const scopes: AsyncContext<Scope> | undefined = (() => {
+  const process = (globalThis as {
+    process?: { getBuiltinModule?(id: string): unknown };
+  }).process;
+  const hooks = process?.getBuiltinModule?.("node:async_hooks") as
+    | { AsyncLocalStorage?: new () => AsyncContext<Scope> }
+    | undefined;
+  return hooks?.AsyncLocalStorage === undefined
+    ? undefined
+    : new hooks.AsyncLocalStorage();
+})();
 
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
@@ -1509,12 +1744,122 @@ function nullableString(value: SqlValue | undefined): string | null {
   return value === null || value === undefined ? null : String(value);
 }
 
-function checkOptions(op: string, options: unknown): void {
+/** The options of {@linkcode Outbox.open}. @ignore */
+export const OUTBOX_OPTIONS: readonly string[] = [
+  "now",
+  "queue",
+  "leaseMs",
+  "maxAttempts",
+  "busyTimeoutMs",
+  "maxPayloadBytes",
+];
+const ENQUEUE_OPTIONS = [
+  "queue",
+  "delayMs",
+  "maxAttempts",
+  "dedupKey",
+  "orderingKey",
+];
+const CLAIM_OPTIONS = ["queue", "leaseMs", "token", "max"];
+const RELEASE_OPTIONS = ["delayMs", "error"];
+
+/**
+ * Checks that `options` is an object whose own keys are all in `known`,
+ * before any option is read: a misspelt option would otherwise be ignored
+ * and its default used in silence. The one check every options object goes
+ * through (outbox, its calls, the processing loop, the openers, the
+ * browser).
+ *
+ * @ignore
+ * @param op What the caller was doing, for the message ("enqueue").
+ * @param options The options as passed.
+ * @param known Every option name the caller takes.
+ * @throws {TypeError} When `options` is not an object, or has a key not in
+ * `known`: the message names the key and the nearest known one.
+ */
+export function checkOptions(
+  op: string,
+  options: unknown,
+  known: readonly string[],
+): void {
   if (options === null || typeof options !== "object") {
     throw new TypeError(
       `Cannot ${op} as 'options' must be an object: current value is ${
         describe(options)
       }`,
+    );
+  }
+  for (const key of Object.keys(options)) {
+    if (known.includes(key)) continue;
+    const nearest = nearestName(key, known);
+    throw new TypeError(
+      `Cannot ${op} as '${key}' is not an option${
+        nearest === undefined ? "" : `: did you mean '${nearest}'?`
+      } (known: ${known.join(", ")})`,
+    );
+  }
+}
+
+/**
+ * The known name closest to `name` by edit distance (ignoring case), when
+ * it is close enough to be a slip rather than another word.
+ */
+function nearestName(
+  name: string,
+  known: readonly string[],
+): string | undefined {
+  let best: string | undefined;
+  let bestDistance = Infinity;
+  const lower = name.toLowerCase();
+  for (const candidate of known) {
+    const distance = editDistance(lower, candidate.toLowerCase());
+    if (distance < bestDistance) {
+      best = candidate;
+      bestDistance = distance;
+    }
+  }
+  return bestDistance <= Math.max(2, Math.floor(name.length / 3))
+    ? best
+    : undefined;
+}
+
+/**
+ * Optimal string alignment distance: insertions, deletions, substitutions
+ * and swaps of two neighbours each cost one.
+ */
+function editDistance(a: string, b: string): number {
+  let before: number[] = [];
+  let previous = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const current = [i];
+    for (let j = 1; j <= b.length; j++) {
+      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
+      let distance = Math.min(
+        previous[j]! + 1,
+        current[j - 1]! + 1,
+        previous[j - 1]! + cost,
+      );
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) {
+        distance = Math.min(distance, before[j - 2]! + 1);
+      }
+      current.push(distance);
+    }
+    before = previous;
+    previous = current;
+  }
+  return previous[b.length]!;
+}
+
+/**
+ * Refuses SQL whose first keyword begins, ends or rolls back a transaction,
+ * before it runs.
+ */
+function checkNotTransactionControl(op: string, sql: unknown): void {
+  if (typeof sql !== "string") return;
+  const keyword = firstKeyword(sql).toUpperCase();
+  if (TRANSACTION_CONTROL.has(keyword)) {
+    throw new RangeError(
+      `Cannot ${op} as 'sql' must not control the transaction: found ${keyword}; the transaction commits when fn returns and rolls back when it throws`,
     );
   }
 }

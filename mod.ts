@@ -54,6 +54,7 @@ export {
   BusyError,
   ConstraintError,
   LeaseLostError,
+  SchemaVersionError,
   SqliteError,
   sqliteError,
 } from "./errors.ts";

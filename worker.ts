@@ -11,7 +11,13 @@
  *
  * @module
  */
-import type { Clock, Lease, Outbox, Transaction } from "./lease.ts";
+import {
+  checkOptions,
+  type Clock,
+  type Lease,
+  type Outbox,
+  type Transaction,
+} from "./lease.ts";
 import { LeaseLostError } from "./errors.ts";
 
 /** Timer functions, injectable so tests control time; web-standard by default. */
@@ -194,6 +200,26 @@ interface Slot<P> {
 }
 
 const OP = "process events";
+const PROCESS_OPTIONS = [
+  "signal",
+  "queue",
+  "concurrency",
+  "leaseMs",
+  "renewIntervalMs",
+  "marginMs",
+  "pollMinMs",
+  "pollMaxMs",
+  "retryMinMs",
+  "retryMaxMs",
+  "retryMultiplier",
+  "retryJitter",
+  "stopTimeoutMs",
+  "now",
+  "monotonicNow",
+  "timers",
+  "random",
+  "onError",
+];
 
 /**
  * Starts processing events of `outbox` with `handler`, at once.
@@ -310,13 +336,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         `Cannot ${OP} as 'handler' must be a function: current value is ${typeof handler}`,
       );
     }
-    if (options === null || typeof options !== "object") {
-      throw new TypeError(
-        `Cannot ${OP} as 'options' must be an object: current value is ${
-          String(options)
-        }`,
-      );
-    }
+    checkOptions(OP, options, PROCESS_OPTIONS);
     this.#outbox = outbox;
     this.#handler = handler;
     this.#queue = options.queue;
