@@ -716,13 +716,18 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       return await this.#write(op, (now) => this.#acknowledge(checked, now));
     }
     const lease = checkLease(op, "lease", leases);
-    return await this.#write(op, async (now, joined) => {
-      if (await this.#acknowledgeOne(lease, now)) return true;
-      // In the application's transaction, a stale lease must roll its
-      // writes back, as in transaction(fn).
-      if (joined) throw new LeaseLostError(lease.eventId, lease.fence);
-      return false;
-    }, true, true);
+    return await this.#write(
+      op,
+      async (now, joined) => {
+        if (await this.#acknowledgeOne(lease, now)) return true;
+        // In the application's transaction, a stale lease must roll its
+        // writes back, as in transaction(fn).
+        if (joined) throw new LeaseLostError(lease.eventId, lease.fence);
+        return false;
+      },
+      true,
+      true,
+    );
   }
 
   /**
@@ -1088,7 +1093,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       try {
         const value = await (scopes === undefined
           ? fn(tx)
-          : scopes.run(scope, () => fn(tx)));
+          : scopes.run(scope, () =>
+            fn(tx)));
         // Catching the LeaseLostError inside fn must not let the stale
         // worker's writes commit.
         if (lost !== undefined) throw lost;
@@ -1591,7 +1597,9 @@ async function migrate(driver: Driver): Promise<void> {
   }
   for (; version < SCHEMA_VERSION; version++) {
     const step = UPGRADES.get(version);
-    if (step === undefined) throw new SchemaVersionError(version, SCHEMA_VERSION);
+    if (step === undefined) {
+      throw new SchemaVersionError(version, SCHEMA_VERSION);
+    }
     await driver.exec(step);
     await driver.run(SQL.recordVersion, [version + 1]);
   }
@@ -1812,7 +1820,11 @@ function nearestName(
   let bestDistance = Infinity;
   const lower = name.toLowerCase();
   for (const candidate of known) {
-    const distance = editDistance(lower, candidate.toLowerCase());
+    const other = candidate.toLowerCase();
+    // An abbreviation (`closeDb` for `closeDatabase`) counts as one slip.
+    const distance = lower.length >= 3 && isAbbreviation(lower, other)
+      ? 1
+      : editDistance(lower, other);
     if (distance < bestDistance) {
       best = candidate;
       bestDistance = distance;
@@ -1821,6 +1833,17 @@ function nearestName(
   return bestDistance <= Math.max(2, Math.floor(name.length / 3))
     ? best
     : undefined;
+}
+
+/** Whether `short` is `long`'s first letter and then some of its letters, in order. */
+function isAbbreviation(short: string, long: string): boolean {
+  if (short[0] !== long[0]) return false;
+  let j = 0;
+  for (const c of short) {
+    j = long.indexOf(c, j) + 1;
+    if (j === 0) return false;
+  }
+  return true;
 }
 
 /**

@@ -486,16 +486,6 @@ for (const driver of DRIVERS) {
     assert.notDeepEqual(await snapshot(raw), before);
   });
 
-  test("open() refuses a database whose user_version belongs to another schema", async ({ open, raw }) => {
-    await raw.exec("CREATE TABLE app (x INTEGER); PRAGMA user_version = 3");
-    await assert.rejects(
-      () => open(),
-      /user_version is 3 but it has no outbox tables/,
-    );
-    const [version] = await raw.query("PRAGMA user_version");
-    assert.equal(version?.["user_version"], 3);
-  });
-
   for (const older of [1, 2]) {
     test(`open() upgrades a version ${older} database in place: its history reads the same and calls after it are recorded once`, async ({ clock, open, raw }) => {
       const fixture = (v: number) =>
@@ -546,8 +536,16 @@ for (const driver of DRIVERS) {
 
       clock.set(30);
       const [a] = await open();
+      // The older release's user_version goes back to the application.
       const [version] = await raw.query("PRAGMA user_version");
-      assert.equal(version?.["user_version"], SCHEMA_VERSION);
+      assert.equal(version?.["user_version"], 0);
+      assert.deepEqual(
+        await raw.query("SELECT version FROM outbox_schema ORDER BY version"),
+        Array.from(
+          { length: SCHEMA_VERSION - older + 1 },
+          (_, i) => ({ version: older + i }),
+        ),
+      );
       assert.deepEqual(
         await raw.query(
           "SELECT name FROM sqlite_schema WHERE type = 'trigger'",
@@ -627,15 +625,68 @@ for (const driver of DRIVERS) {
     });
   }
 
-  test("open() applies the schema once and refuses a newer schema version", async ({ open, raw }) => {
+  test("open() applies the schema once, records its version in outbox_schema and refuses a newer one", async ({ open, raw }) => {
     await open();
     await open();
+    assert.deepEqual(await raw.query("SELECT version FROM outbox_schema"), [{
+      version: SCHEMA_VERSION,
+    }]);
     const [version] = await raw.query("PRAGMA user_version");
-    assert.equal(version?.["user_version"], SCHEMA_VERSION);
-    await raw.exec(`PRAGMA user_version = ${SCHEMA_VERSION + 1}`);
-    await assert.rejects(
-      () => open(),
-      new RegExp(`schema version ${SCHEMA_VERSION + 1}, not ${SCHEMA_VERSION}`),
+    assert.equal(version?.["user_version"], 0);
+    await raw.run(
+      "INSERT INTO outbox_schema (version, applied_at) VALUES (?, 0)",
+      [SCHEMA_VERSION + 1],
     );
+    const before = await snapshot(raw);
+    await assert.rejects(() => open(), {
+      name: "SchemaVersionError",
+      version: SCHEMA_VERSION + 1,
+      supported: SCHEMA_VERSION,
+      message: new RegExp(
+        `schema version ${
+          SCHEMA_VERSION + 1
+        }, newer than this release's ${SCHEMA_VERSION}`,
+      ),
+    });
+    assert.deepEqual(await snapshot(raw), before);
+  });
+
+  test("open() upgrades a version 3 file that kept its version in user_version: the version moves to outbox_schema and user_version goes back to 0", async ({ open, raw }) => {
+    await raw.exec(
+      await Deno.readTextFile(
+        new URL("./fixtures/schema_v3.sql", import.meta.url),
+      ),
+    );
+    await raw.run(
+      `INSERT INTO outbox_events (queue, state, payload, due_at, max_attempts, created_at, updated_at)
+       VALUES ('default', 'pending', '"legacy"', 0, 5, 0, 0)`,
+    );
+    const [a] = await open();
+    assert.deepEqual(await raw.query("PRAGMA user_version"), [{
+      user_version: 0,
+    }]);
+    assert.deepEqual(await raw.query("SELECT version FROM outbox_schema"), [{
+      version: 3,
+    }]);
+    const lease = await a!.claim();
+    assert.equal(lease?.payload, "legacy");
+    assert.equal(await a!.acknowledge(lease!), true);
+  });
+
+  test("open() leaves a user_version that differs from the legacy tables' version to the application", async ({ open, raw }) => {
+    await raw.exec(
+      await Deno.readTextFile(
+        new URL("./fixtures/schema_v3.sql", import.meta.url),
+      ),
+    );
+    // The application took user_version over after the older release ran.
+    await raw.exec("PRAGMA user_version = 42");
+    await open();
+    assert.deepEqual(await raw.query("PRAGMA user_version"), [{
+      user_version: 42,
+    }]);
+    assert.deepEqual(await raw.query("SELECT version FROM outbox_schema"), [{
+      version: 3,
+    }]);
   });
 }
