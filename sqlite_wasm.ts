@@ -86,6 +86,16 @@ export async function openSqliteWasm(
   return new SqliteWasmDriver(sqlite3, openDatabase(sqlite3, path, options));
 }
 
+/**
+ * The part of the official build's module namespace (what its
+ * `sqlite3InitModule()` resolves to) that {@linkcode sqliteWasmDriver}
+ * checks a connection against.
+ */
+export interface SqliteWasmModule {
+  /** The object-oriented API, whose `DB` class the connection must be of. */
+  readonly oo1: { readonly DB: abstract new (...args: never[]) => object };
+}
+
 /** Options for {@linkcode sqliteWasmDriver}. */
 export interface SqliteWasmDriverOptions {
   /**
@@ -95,7 +105,7 @@ export interface SqliteWasmDriverOptions {
    *
    * @default {the module {@linkcode loadSqlite3} loads, which this package's openers use}
    */
-  readonly sqlite3?: Sqlite3Static;
+  readonly sqlite3?: SqliteWasmModule;
   /**
    * Whether closing the driver (or the outbox over it) closes the
    * application's `db` too.
@@ -141,12 +151,12 @@ export interface SqliteWasmDriverOptions {
  * ```
  */
 export async function sqliteWasmDriver(
-  db: Database,
+  db: object,
   options: SqliteWasmDriverOptions = {},
 ): Promise<SqliteWasmDriver> {
   const op = "make driver";
   checkOptions(op, options, ["sqlite3", "closeDatabase"]);
-  const sqlite3 = options.sqlite3 ?? await loadSqlite3();
+  const sqlite3 = (options.sqlite3 ?? await loadSqlite3()) as Sqlite3Static;
   if (!(db instanceof sqlite3.oo1.DB) || !db.pointer) {
     throw new TypeError(
       `Cannot ${op} as 'db' must be an open oo1.DB of the module given as 'sqlite3' (default: loadSqlite3()'s): current value is ${

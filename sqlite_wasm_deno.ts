@@ -37,6 +37,7 @@ export {
 export type { DenoFileVfsOptions } from "./deno_file_vfs.ts";
 export type {
   SqliteWasmDriverOptions,
+  SqliteWasmModule,
   SqliteWasmOptions,
 } from "./sqlite_wasm.ts";
 
