@@ -49,7 +49,9 @@ export interface OutboxOptions {
   readonly maxAttempts?: number;
   /**
    * How long a call waits for the database write lock before it throws
-   * {@linkcode BusyError}, in milliseconds. `0` tries once.
+   * {@linkcode BusyError}, in milliseconds; also how long a claim, renewal,
+   * release or `transaction()` waits for a transaction the application
+   * holds open on a shared connection. `0` tries once.
    *
    * @default {5000}
    */
@@ -228,9 +230,14 @@ export interface Explanation {
  * enqueues and fenced acknowledgements commit together or not at all.
  */
 export interface Transaction {
-  /** Runs one of the caller's statements inside the transaction. */
+  /**
+   * Runs one of the caller's statements inside the transaction. A
+   * statement that begins, ends or rolls back a transaction (`BEGIN`,
+   * `COMMIT`, `END`, `ROLLBACK`, `SAVEPOINT`, `RELEASE`) is refused with a
+   * `RangeError` before it runs: the transaction ends when `fn` does.
+   */
   run(sql: string, params?: readonly SqlValue[]): Promise<RunResult>;
-  /** Runs one of the caller's queries inside the transaction. */
+  /** Runs one of the caller's queries inside the transaction (same refusal as `run`). */
   query(sql: string, params?: readonly SqlValue[]): Promise<Row[]>;
   /** Enqueues an event that commits with the caller's rows. */
   enqueue(payload: unknown, options?: EnqueueOptions): Promise<EnqueueResult>;
@@ -559,15 +566,22 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   /**
    * Adds a pending event. To commit it with business rows, use
-   * {@linkcode Transaction.enqueue} inside {@linkcode Outbox.transaction}.
+   * {@linkcode Transaction.enqueue} inside {@linkcode Outbox.transaction},
+   * or call this inside a transaction the application began on the
+   * connection the outbox shares ({@linkcode Driver.inTransaction}): it then
+   * runs inside that transaction, with no `BEGIN` or `COMMIT` of its own,
+   * and the application's `COMMIT` or `ROLLBACK` decides.
    *
    * @param payload A JSON-serializable value, stored as `JSON.stringify`
    * makes it (so `NaN` becomes `null` and a `Map` `{}`), or a `Uint8Array`
    * stored as is.
    * @param options See {@linkcode EnqueueOptions}.
    * @returns The event id, and whether `dedupKey` matched an earlier event.
-   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
-   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @throws {TypeError | RangeError} When an argument is invalid or an
+   * option unknown (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`
+   * (inside the application's transaction: at once, as waiting could
+   * deadlock).
    */
   async enqueue(
     payload: P,
@@ -685,16 +699,26 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * current one and the event is not done or dead. A stale lease changes
    * nothing but the ledger's `stale_acknowledge` entry.
    *
+   * Inside a transaction the application began on the connection the
+   * outbox shares ({@linkcode Driver.inTransaction}), it runs inside that
+   * transaction and commits with the application's writes; a stale lease
+   * then throws {@linkcode LeaseLostError} having written nothing, so the
+   * application rolls its effect back (as `tx.acknowledge` does).
+   *
    * @param lease A lease from {@linkcode Outbox.claim}, or an array of them
    * acknowledged in one transaction.
    * @returns `true` when acknowledged, `false` when stale (per lease for an array).
    * @throws {TypeError | RangeError} When a lease is malformed (before any SQL).
+   * @throws {LeaseLostError} When the lease is stale inside the
+   * application's transaction.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   acknowledge(lease: Lease<unknown>): Promise<boolean>;
   /**
    * Acknowledges several leases in one transaction, each as
-   * {@linkcode Outbox.acknowledge} does one.
+   * {@linkcode Outbox.acknowledge} does one. A batch is the processing
+   * loop's: it never joins the application's transaction but waits for it
+   * to end, as claims do.
    *
    * @param leases Leases from {@linkcode Outbox.claim}.
    * @returns Per lease, in order: `true` when acknowledged, `false` when
