@@ -65,6 +65,7 @@ export {
   BusyError,
   ConstraintError,
   LeaseLostError,
+  SchemaVersionError,
   SqliteError,
 } from "./errors.ts";
 export type {

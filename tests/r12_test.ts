@@ -16,6 +16,7 @@ import { DRIVERS } from "./drivers.ts";
 import { ManualClock, snapshot } from "./helpers.ts";
 import { openNodeSqlite } from "../node_sqlite.ts";
 import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { fromWireError, toWireError } from "../browser_protocol.ts";
 
 const child = fileURLToPath(
   new URL("./fixtures/open_child.ts", import.meta.url),
@@ -151,3 +152,15 @@ for (const driver of DRIVERS.filter((d) => d.file)) {
     }
   });
 }
+
+Deno.test("R12: a SchemaVersionError crosses from the worker that hosts the database to the tab as itself", () => {
+  const error = fromWireError(
+    structuredClone(
+      toWireError(new SchemaVersionError(SCHEMA_VERSION + 1, SCHEMA_VERSION)),
+    ),
+  );
+  assert.ok(error instanceof SchemaVersionError);
+  assert.equal(error.version, SCHEMA_VERSION + 1);
+  assert.equal(error.supported, SCHEMA_VERSION);
+  assert.match(error.message, /newer than this release's/);
+});
