@@ -273,11 +273,12 @@ const EVENT_COLUMNS =
 const CLAIM_SET = `state = 'leased', fence = fence + 1, attempt = attempt + 1,
       lease_until = ?1, due_at = ?1, updated_at = ?2, claimed_at = ?2,
       last_error = CASE state WHEN 'leased' THEN '${LEASE_EXPIRED}' ELSE last_error END`;
-// Version 3's views and the version table, as schema.sql creates them.
+// Version 3's views, as schema.sql creates them.
 const VIEWS_SQL = SCHEMA_SQL.slice(
   SCHEMA_SQL.indexOf("CREATE VIEW"),
   SCHEMA_SQL.indexOf("CREATE TABLE outbox_schema"),
 );
+// The version table, which databases of older releases lack.
 const VERSION_TABLE_SQL = SCHEMA_SQL.slice(
   SCHEMA_SQL.indexOf("CREATE TABLE outbox_schema"),
   SCHEMA_SQL.indexOf("INSERT INTO outbox_schema"),
@@ -602,7 +603,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * Calls `listener` after each commit that enqueued events through this
    * outbox ({@linkcode Outbox.enqueue} or a transaction's `enqueue`), so a
    * processing loop in the same process can claim at once instead of waiting
-   * for its next poll. Other processes are not notified: they poll.
+   * for its next poll. Other processes are not notified: they poll. An
+   * enqueue inside the application's transaction calls it when it returns,
+   * before the application commits (a claim on the same connection then
+   * waits for that commit).
    *
    * @param listener Called synchronously after the commit; what it throws is
    * reported with `reportError` and does not fail the enqueue.
@@ -1115,10 +1119,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         outer: scopes?.getStore(),
       };
       try {
-        const value = await (scopes === undefined
-          ? fn(tx)
-          : scopes.run(scope, () =>
-            fn(tx)));
+        const run = () => fn(tx);
+        const value = await (scopes?.run(scope, run) ?? run());
         // Catching the LeaseLostError inside fn must not let the stale
         // worker's writes commit.
         if (lost !== undefined) throw lost;
