@@ -1454,8 +1454,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     for (let retried = false;; retried = true) {
       // A held mutex may be this connection's own transaction, which a
       // queued call just waits for; after a retry it is the application's.
-      if (!join && (retried || !this.#mutex.held)) {
-        await this.#untilApplicationCommits(op, deadline);
+      if (
+        !join && (retried ||
+          !this.#mutex.held && this.#driver.inTransaction?.() === true)
+      ) {
+        await this.#untilApplicationCommits(op, deadline, retried);
       }
       const outcome = await this.#mutex.run(async () => {
         if (this.#driver.inTransaction?.() === true) {
@@ -1507,13 +1510,19 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   /**
    * Waits, polling with jittered backoff, until no transaction the
-   * application began is open on the connection.
+   * application began is open on the connection; after a retry (`pause`)
+   * it waits once in any case, so a call that keeps finding the
+   * application's transaction inside the mutex still meets its deadline.
    */
-  async #untilApplicationCommits(op: string, deadline: number): Promise<void> {
+  async #untilApplicationCommits(
+    op: string,
+    deadline: number,
+    pause: boolean,
+  ): Promise<void> {
     for (
       let backoffMs = 1;
-      this.#driver.inTransaction?.() === true;
-      backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS)
+      pause || this.#driver.inTransaction?.() === true;
+      backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS), pause = false
     ) {
       const remainingMs = deadline - performance.now();
       if (remainingMs <= 0) {
@@ -1668,8 +1677,11 @@ class Mutex {
 
   run<T>(fn: () => Promise<T>): Promise<T> {
     this.#sections++;
-    const result = this.#tail.then(fn).finally(() => this.#sections--);
-    this.#tail = result.catch(() => {});
+    const result = this.#tail.then(fn);
+    const settled = () => {
+      this.#sections--;
+    };
+    this.#tail = result.then(settled, settled);
     return result;
   }
 }
