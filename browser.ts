@@ -18,6 +18,7 @@
  *
  * @example Queue work in any tab, deliver it from the leader
  * ```ts ignore
+ * import { deliveryHeaders } from "@leased/outbox";
  * import { openSharedOutbox } from "@leased/outbox/browser";
  *
  * const outbox = await openSharedOutbox("mail");
@@ -26,7 +27,7 @@
  * if (lease) {
  *   await fetch("/send", {
  *     method: "POST",
- *     headers: { "idempotency-key": `${lease.eventId}:${lease.fence}` },
+ *     headers: deliveryHeaders(lease),
  *     body: JSON.stringify(lease.payload),
  *   });
  *   await outbox.acknowledge(lease);
@@ -49,6 +50,7 @@ import type {
 } from "./lease.ts";
 import { checkOptions, OUTBOX_OPTIONS } from "./lease.ts";
 import type { OpenConfig, OpfsVfs, Synchronous } from "./browser_host.ts";
+import { uuidv7 } from "./identity.ts";
 import {
   type CallMessage,
   type ChannelMessage,
@@ -320,11 +322,11 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
   /**
    * Tells the history of one event; see `Outbox.explain`.
    *
-   * @param eventId The event.
+   * @param event The event's id or identity.
    * @returns Its state and attempt ledger, or `null` when there is no such event.
    */
-  async explain(eventId: number): Promise<Explanation | null> {
-    return await this.invoke("explain", [eventId]) as Explanation | null;
+  async explain(event: number | string): Promise<Explanation | null> {
+    return await this.invoke("explain", [event]) as Explanation | null;
   }
 
   /**
@@ -672,13 +674,15 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   }
 
   /**
-   * Adds a pending event; see `Outbox.enqueue`. A call that has to be re-sent
-   * to a new leader carries a generated `dedupKey` (unless one is given), so
-   * it is stored once even when the old leader stored it before it went away.
+   * Adds a pending event; see `Outbox.enqueue`. The event's identity is
+   * minted in this tab (unless one is given), so a call that has to be
+   * re-sent to a new leader is stored once even when the old leader stored
+   * it before it went away.
    *
    * @param payload A JSON-serializable value, or a `Uint8Array`.
-   * @param options Delay, attempts, dedup and ordering keys, queue.
-   * @returns The event id and whether the caller's `dedupKey` matched.
+   * @param options Delay, attempts, dedup and ordering keys, identity, queue.
+   * @returns The event id, its identity, and whether the caller's `dedupKey`
+   * or `identity` matched an earlier event.
    * @throws {TypeError | RangeError} When an argument is invalid.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
@@ -686,15 +690,18 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     payload: P,
     options: EnqueueOptions = {},
   ): Promise<EnqueueResult> {
-    if (options === null || typeof options !== "object") {
+    if (
+      options === null || typeof options !== "object" ||
+      options.identity !== undefined
+    ) {
       return super.enqueue(payload, options);
     }
-    if (options.dedupKey !== undefined) return super.enqueue(payload, options);
-    const result = await super.enqueue(payload, {
-      ...options,
-      dedupKey: `tab-call:${crypto.randomUUID()}`,
-    });
-    return { ...result, deduplicated: false };
+    const identity = uuidv7();
+    const result = await super.enqueue(payload, { ...options, identity });
+    // Our own identity found means a re-sent call the old leader stored.
+    return result.identity === identity
+      ? { ...result, deduplicated: false }
+      : result;
   }
 
   /** Runs a call here when leading, else forwards it to the leader. */

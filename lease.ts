@@ -18,6 +18,7 @@ import {
   type SqlValue,
 } from "./driver.ts";
 import { BusyError, LeaseLostError, SchemaVersionError } from "./errors.ts";
+import { isIdentity, uuidv7 } from "./identity.ts";
 import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 
 /** Milliseconds since the Unix epoch, from an injected clock. */
@@ -79,12 +80,26 @@ export interface EnqueueOptions {
    * same queue with the same key is pending or leased.
    */
   readonly orderingKey?: string;
+  /**
+   * The event's global identity, canonical lowercase UUID text of any
+   * version, for example an upstream event's id carried on. Unique across
+   * queues: when an event has it already, the enqueue inserts nothing and
+   * returns that event with `deduplicated: true`, as a `dedupKey` does.
+   *
+   * @default {a new UUIDv7 stamped with the outbox's clock}
+   */
+  readonly identity?: string;
 }
 
 /** What {@linkcode Outbox.enqueue} reports. */
 export interface EnqueueResult {
-  /** The event's id (the original one when deduplicated). */
+  /** The event's id in this database (the original one when deduplicated). */
   readonly eventId: number;
+  /**
+   * The event's global identity, UUID text (the original one when
+   * deduplicated): what recipients dedupe on.
+   */
+  readonly identity: string;
   /** `true` when `dedupKey` matched an existing event and nothing was inserted. */
   readonly deduplicated: boolean;
 }
@@ -111,15 +126,21 @@ export interface BatchClaimOptions extends Omit<ClaimOptions, "token"> {
 
 /** A claim on one event: who holds it (token, fence) and until when. */
 export interface Lease<P = unknown> {
-  /** The event's id. */
+  /** The event's id, local to this database. */
   readonly eventId: number;
+  /**
+   * The event's global identity, UUID text, the same on every claim of it:
+   * recipients dedupe external effects on it (the idempotency key).
+   */
+  readonly identity: string;
   /** The queue the event is in. */
   readonly queue: string;
   /** The claim token that acknowledge, renew and release must present. */
   readonly token: string;
   /**
-   * The event's claim number, strictly increasing per event: recipients
-   * dedupe external effects on `${eventId}:${fence}`.
+   * The event's claim number, strictly increasing per event. It orders the
+   * attempts at one event, and is no idempotency key: a recipient may
+   * refuse an attempt whose fence is lower than one it already accepted.
    */
   readonly fence: number;
   /** Attempt number of this claim, from 1. */
@@ -146,8 +167,10 @@ export interface ReleaseOptions {
 
 /** A dead letter: an event whose attempts ran out. */
 export interface DeadLetter<P = unknown> {
-  /** The event's id. */
+  /** The event's id, local to this database. */
   readonly eventId: number;
+  /** The event's global identity, UUID text. */
+  readonly identity: string;
   /** The queue the event is in. */
   readonly queue: string;
   /** The payload as enqueued. */
@@ -207,8 +230,10 @@ export interface LedgerEntry {
 
 /** One event and its history, from {@linkcode Outbox.explain}. */
 export interface Explanation {
-  /** The event's id. */
+  /** The event's id, local to this database. */
   readonly eventId: number;
+  /** The event's global identity, UUID text. */
+  readonly identity: string;
   /** The queue it is in. */
   readonly queue: string;
   /** Its state now. */
@@ -267,7 +292,7 @@ const HEX = Array.from(
 const mutexes = new WeakMap<Driver, Mutex>();
 
 const EVENT_COLUMNS =
-  "id, queue, state, payload, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
+  "id, identity, queue, state, payload, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
 // What a claim changes, shared by the batch and the lone claim; #claim builds
 // the lease from the candidate row plus exactly these changes.
 const CLAIM_SET = `state = 'leased', fence = fence + 1, attempt = attempt + 1,
@@ -313,6 +338,21 @@ export const UPGRADES: ReadonlyMap<number, string> = new Map([
   ],
   // Version 2 wrote every entry as a row, so none is left unwritten.
   [2, `ALTER TABLE outbox_events ADD COLUMN claimed_at INTEGER; ${VIEWS_SQL}`],
+  // Existing events get UUIDv7 identities stamped with their created_at:
+  // 74 random bits from randomblob() (rand_a, rand_b and the variant's
+  // free bits), so they sort by enqueue time as minted ones do. The
+  // subquery, correlated with the row, draws new bits for each row.
+  [
+    3,
+    `ALTER TABLE outbox_events ADD COLUMN identity TEXT;
+    UPDATE outbox_events SET identity = (
+      SELECT substr(t, 1, 8) || '-' || substr(t, 9, 4) || '-7' || substr(r, 1, 3)
+        || '-' || substr('89ab89ab89ab89ab', instr('0123456789abcdef', substr(r, 4, 1)), 1)
+        || substr(r, 5, 3) || '-' || substr(r, 8, 12)
+      FROM (SELECT printf('%012x', created_at & 0xffffffffffff) AS t,
+        lower(hex(randomblob(10))) AS r));
+    CREATE UNIQUE INDEX outbox_events_identity ON outbox_events (identity)`,
+  ],
 ]);
 
 /** The statements of the core, exported for the query-plan tests only. */
@@ -334,20 +374,27 @@ export const SQL = {
   recordVersion: `INSERT INTO outbox_schema (version, applied_at)
     VALUES (?, CAST(unixepoch('subsec') * 1000 AS INTEGER))`,
   // Releases before outbox_schema kept the version in user_version; the
-  // tables' shape tells it without trusting user_version: version 3 added
-  // claimed_at, version 2 dropped version 1's ledger triggers.
+  // tables' shape tells it without trusting user_version: version 4 added
+  // identity, version 3 claimed_at, version 2 dropped version 1's ledger
+  // triggers.
   legacyShape: `SELECT
+    (SELECT count(*) FROM pragma_table_info('outbox_events')
+      WHERE name = 'identity') AS identity,
     (SELECT count(*) FROM pragma_table_info('outbox_events')
       WHERE name = 'claimed_at') AS claimed_at,
     (SELECT count(*) FROM sqlite_schema
       WHERE type = 'trigger' AND name = 'outbox_events_claimed') AS triggers`,
   userVersion: "PRAGMA user_version",
   resetUserVersion: "PRAGMA user_version = 0",
+  // A conflict on the dedup key or the identity inserts nothing.
   insert: `INSERT INTO outbox_events
-    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at)
-    VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?)
-    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`,
-  byDedupKey: "SELECT id FROM outbox_events WHERE queue = ? AND dedup_key = ?",
+    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity)
+    VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT DO NOTHING`,
+  // The dedup key's event first: it is the one the caller's key names.
+  existing: `SELECT id, identity FROM outbox_events
+    WHERE (queue = ?1 AND dedup_key = ?2) OR identity = ?3
+    ORDER BY dedup_key IS NOT ?2 LIMIT 1`,
   // A lapsed lease on the last attempt is a dead letter from its deadline on
   // (SQS moves a message to its dead-letter queue when its receive count runs
   // out). Every transaction looks for them first, so once any call has seen
@@ -367,7 +414,8 @@ export const SQL = {
   // with a constant (the LIMIT; the partial indexes' WHERE clauses), which
   // cost every claim 18 µs on node:sqlite and 33 µs in WASM; the unary plus
   // keeps the parameters out of the planner's sight.
-  candidates: `SELECT id, state, fence, attempt, max_attempts, payload,
+  candidates:
+    `SELECT id, identity, state, fence, attempt, max_attempts, payload,
       ordering_key, last_error
     FROM outbox_events AS e
     WHERE queue = +?1 AND state IN ('pending', 'leased') AND due_at <= ?2
@@ -434,7 +482,7 @@ export const SQL = {
   stale: `INSERT INTO outbox_attempts (event_id, fence, kind, at, token)
     SELECT id, ?2, ?3, ?4, ?5 FROM outbox_events WHERE id = ?1`,
   deadLetters:
-    `SELECT id, queue, payload, attempt, last_error, created_at, done_at
+    `SELECT id, identity, queue, payload, attempt, last_error, created_at, done_at
     FROM outbox_events WHERE state = 'dead' AND queue = ? ORDER BY id LIMIT ?`,
   retry: `UPDATE outbox_events
     SET state = 'pending', attempt = 0, due_at = ?1, updated_at = ?1, done_at = NULL
@@ -446,6 +494,8 @@ export const SQL = {
   stats: `SELECT state, count(*) AS n, min(created_at) AS oldest
     FROM outbox_events WHERE queue = ? GROUP BY state`,
   event: `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE id = ?`,
+  eventByIdentity:
+    `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE identity = ?`,
   history: `SELECT kind, fence, at, token, lease_until, detail
     FROM outbox_ledger WHERE event_id = ? ORDER BY seq`,
 } as const;
@@ -518,9 +568,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       1,
       MAX_PAYLOAD_BYTES,
     ) ?? 1_048_576;
-    let mutex = mutexes.get(driver);
-    if (mutex === undefined) mutexes.set(driver, mutex = new Mutex());
-    this.#mutex = mutex;
+    this.#mutex = driverMutex(driver);
   }
 
   /**
@@ -529,14 +577,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * and checking its version otherwise. The version lives in the outbox's
    * own table `outbox_schema`, never in `PRAGMA user_version`, which the
    * application may use for its own migrations; a database from a release
-   * that kept versions 1 to 3 in `user_version` is recognised by its tables'
+   * that kept versions 1 to 4 in `user_version` is recognised by its tables'
    * shape, its version moves to `outbox_schema`, and `user_version` goes
    * back to `0` (an older release then refuses the file rather than run
    * beside an upgrade it does not know). Opening never reads or writes
    * `user_version` otherwise. The upgrade drops the triggers that wrote
-   * version 1's ledger and adds version 3's `claimed_at` and ledger views:
-   * stop processes running an older release first, or their claims and
-   * acknowledgements go unrecorded or out of order.
+   * version 1's ledger, adds version 3's `claimed_at` and ledger views, and
+   * adds version 4's `identity`, giving every existing event a UUIDv7
+   * stamped with its `created_at`: stop processes running an older release
+   * first, or their claims and acknowledgements go unrecorded or out of
+   * order, and the events they enqueue have no identity.
    *
    * @param driver The connection; the outbox closes it when it closes (a
    * driver over the application's own handle, such as `nodeSqliteDriver`,
@@ -577,7 +627,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * makes it (so `NaN` becomes `null` and a `Map` `{}`), or a `Uint8Array`
    * stored as is.
    * @param options See {@linkcode EnqueueOptions}.
-   * @returns The event id, and whether `dedupKey` matched an earlier event.
+   * @returns The event id, its identity, and whether `dedupKey` or a
+   * supplied `identity` matched an earlier event.
    * @throws {TypeError | RangeError} When an argument is invalid or an
    * option unknown (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`
@@ -887,6 +938,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       const rows = await this.#driver.query(SQL.deadLetters, [queue, limit]);
       return rows.map((row) => ({
         eventId: Number(row["id"]),
+        identity: String(row["identity"]),
         queue: String(row["queue"]),
         payload: decodePayload(row["payload"]) as P,
         attempts: Number(row["attempt"]),
@@ -990,18 +1042,23 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * Tells one event's state and every claim, renewal, release,
    * acknowledgement, stale call, expiry, dead letter and retry it had.
    *
-   * @param eventId The event's id.
+   * @param event The event's id, or its identity (UUID text).
    * @returns The explanation, or `null` when no such event exists.
-   * @throws {TypeError | RangeError} When `eventId` is invalid (before any SQL).
+   * @throws {TypeError | RangeError} When `event` is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
-  async explain(eventId: number): Promise<Explanation | null> {
-    const id =
-      checkInteger("explain", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
-        0;
+  async explain(event: number | string): Promise<Explanation | null> {
+    const [sql, key] = typeof event === "string"
+      ? [SQL.eventByIdentity, checkIdentity("explain", "event", event)]
+      : [
+        SQL.event,
+        checkInteger("explain", "event", event, 1, Number.MAX_SAFE_INTEGER) ??
+          missing("explain", "event"),
+      ];
     return await this.#write("explain", async () => {
-      const [row] = await this.#driver.query(SQL.event, [id]);
+      const [row] = await this.#driver.query(sql, [key]);
       if (row === undefined) return null;
+      const id = Number(row["id"]);
       const history = (await this.#driver.query(SQL.history, [id])).map((
         entry,
       ) => ({
@@ -1016,6 +1073,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       }));
       return {
         eventId: id,
+        identity: String(row["identity"]),
         queue: String(row["queue"]),
         state: row["state"] as EventState,
         attempt: Number(row["attempt"]),
@@ -1193,6 +1251,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const orderingKey = options.orderingKey === undefined
       ? null
       : checkName(op, "orderingKey", options.orderingKey);
+    const identity = options.identity === undefined
+      ? null
+      : checkIdentity(op, "identity", options.identity);
     const stored = encodePayload(op, payload, this.#maxPayloadBytes);
     // Times are filled in under the write lock, from the clock at that moment.
     return {
@@ -1200,12 +1261,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       payload: stored,
       dedupKey,
       orderingKey,
+      identity,
       delayMs,
       maxAttempts,
     };
   }
 
   async #enqueue(event: PreparedEnqueue, now: number): Promise<EnqueueResult> {
+    const identity = event.identity ?? uuidv7(now);
     const { changes, lastInsertRowid } = await this.#driver.run(SQL.insert, [
       event.queue,
       event.payload,
@@ -1215,15 +1278,25 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       event.maxAttempts,
       now,
       now,
+      identity,
     ]);
     if (changes === 1) {
-      return { eventId: Number(lastInsertRowid), deduplicated: false };
+      return {
+        eventId: Number(lastInsertRowid),
+        identity,
+        deduplicated: false,
+      };
     }
-    const [row] = await this.#driver.query(SQL.byDedupKey, [
+    const [row] = await this.#driver.query(SQL.existing, [
       event.queue,
       event.dedupKey,
+      identity,
     ]);
-    return { eventId: Number(row?.["id"]), deduplicated: true };
+    return {
+      eventId: Number(row?.["id"]),
+      identity: String(row?.["identity"]),
+      deduplicated: true,
+    };
   }
 
   async #claim(
@@ -1258,6 +1331,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       }
       return {
         eventId,
+        identity: String(row["identity"]),
         queue,
         token: token ?? hex(random, 16 * i, 16),
         fence: fence + 1,
@@ -1610,7 +1684,9 @@ async function migrate(driver: Driver): Promise<void> {
     version = Number(row?.["version"] ?? 0);
   } else if (tables.has("outbox_events")) {
     const [shape] = await driver.query(SQL.legacyShape);
-    version = Number(shape?.["claimed_at"]) > 0
+    version = Number(shape?.["identity"]) > 0
+      ? 4
+      : Number(shape?.["claimed_at"]) > 0
       ? 3
       : Number(shape?.["triggers"]) > 0
       ? 1
@@ -1645,6 +1721,7 @@ interface PreparedEnqueue {
   readonly payload: SqlValue;
   readonly dedupKey: string | null;
   readonly orderingKey: string | null;
+  readonly identity: string | null;
   readonly delayMs: number;
   readonly maxAttempts: number;
 }
@@ -1665,8 +1742,24 @@ type LedgerRow = [
   string | null,
 ];
 
-/** Serializes async sections: each runs after the previous one settles. */
-class Mutex {
+/**
+ * The mutex of a connection, shared by every outbox and inbox on it, so
+ * their transactions never interleave.
+ *
+ * @ignore
+ */
+export function driverMutex(driver: Driver): Mutex {
+  let mutex = mutexes.get(driver);
+  if (mutex === undefined) mutexes.set(driver, mutex = new Mutex());
+  return mutex;
+}
+
+/**
+ * Serializes async sections: each runs after the previous one settles.
+ *
+ * @ignore
+ */
+export class Mutex {
   #tail: Promise<unknown> = Promise.resolve();
   #sections = 0;
 
@@ -1805,6 +1898,7 @@ const ENQUEUE_OPTIONS = [
   "maxAttempts",
   "dedupKey",
   "orderingKey",
+  "identity",
 ];
 const CLAIM_OPTIONS = ["queue", "leaseMs", "token", "max"];
 const RELEASE_OPTIONS = ["delayMs", "error"];
@@ -1925,8 +2019,12 @@ function checkNotTransactionControl(op: string, sql: unknown): void {
   }
 }
 
-/** Validates an optional integer field; `undefined` means "use the default". */
-function checkInteger(
+/**
+ * Validates an optional integer field; `undefined` means "use the default".
+ *
+ * @ignore
+ */
+export function checkInteger(
   op: string,
   field: string,
   value: unknown,
@@ -1980,6 +2078,26 @@ function checkToken(op: string, field: string, value: unknown): string {
   return value;
 }
 
+/**
+ * Validates an event identity: canonical lowercase UUID text.
+ *
+ * @ignore
+ */
+export function checkIdentity(
+  op: string,
+  field: string,
+  value: unknown,
+): string {
+  if (!isIdentity(value)) {
+    throw new TypeError(
+      `Cannot ${op} as '${field}' must be a UUID in canonical lowercase text (8-4-4-4-12 hex digits): current value is ${
+        describe(value)
+      }`,
+    );
+  }
+  return value;
+}
+
 function checkError(op: string, value: unknown): string {
   if (
     typeof value !== "string" || value.length > MAX_ERROR_LENGTH ||
@@ -2019,13 +2137,15 @@ function checkLease(op: string, field: string, lease: unknown): CheckedLease {
   };
 }
 
-function missing(op: string, field: string): never {
+/** @ignore */
+export function missing(op: string, field: string): never {
   throw new TypeError(
     `Cannot ${op} as '${field}' is required: current value is undefined`,
   );
 }
 
-function describe(value: unknown): string {
+/** @ignore */
+export function describe(value: unknown): string {
   if (typeof value === "string") {
     return JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}…` : value);
   }

@@ -95,7 +95,8 @@ export interface HandlerContext {
  * {@linkcode HandlerContext.transaction} acknowledged it already); throwing
  * (or rejecting) releases it for a retry after a backoff, or makes it a dead
  * letter when its attempts are used up. Recipients of external effects
- * should dedupe on `${lease.eventId}:${lease.fence}`.
+ * dedupe on `lease.identity`; the fence only orders the attempts at one
+ * event (send both with `deliveryHeaders(lease)`).
  */
 export type Handler<P> = (
   lease: Lease<P>,
@@ -248,17 +249,17 @@ const PROCESS_OPTIONS = [
  *
  * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
  * const seen: string[] = [];
+ * const { identity } = await outbox.enqueue({ to: "ada@example.com" });
  * const delivered = Promise.withResolvers<void>();
  * {
  *   await using _processor = processEvents(outbox, (lease, { signal }) => {
  *     signal.throwIfAborted();
- *     seen.push(`${lease.eventId}:${lease.fence}`);
+ *     seen.push(lease.identity);
  *     delivered.resolve();
  *   }, { leaseMs: 10_000 });
- *   await outbox.enqueue({ to: "ada@example.com" });
  *   await delivered.promise;
  * }
- * assert.deepEqual(seen, ["1:1"]);
+ * assert.deepEqual(seen, [identity]);
  * assert.equal((await outbox.stats()).done, 1);
  * ```
  */

@@ -1,8 +1,9 @@
 /**
  * The example page: messages typed here are queued in the shared outbox and
  * delivered to the server's `/deliver` endpoint by the leader tab, with the
- * claim's `${eventId}:${fence}` as idempotency key. Failed deliveries are
- * released with exponential backoff and retried until the endpoint is back.
+ * event's identity as `Idempotency-Key` and the claim's fence as
+ * `Idempotency-Fence` (`deliveryHeaders`). Failed deliveries are released
+ * with exponential backoff and retried until the endpoint is back.
  *
  * Query parameters (the tests use them): `outbox` (name), `leaseMs`,
  * `maxAttempts`, `retryBaseMs`, `retryMaxMs`, `concurrency`.
@@ -10,6 +11,7 @@
  * @module
  */
 import { openSharedOutbox } from "../../browser.ts";
+import { deliveryHeaders } from "../../inbox.ts";
 import type { Lease } from "../../lease.ts";
 
 /** What one queued job carries. */
@@ -40,11 +42,11 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
  *
  * @param text The message.
  * @param job Its job id (a fresh UUID when not given).
- * @returns The event id.
+ * @returns The event's identity.
  */
-async function add(text: string, job = crypto.randomUUID()): Promise<number> {
-  const { eventId } = await outbox.enqueue({ text, job });
-  return eventId;
+async function add(text: string, job = crypto.randomUUID()): Promise<string> {
+  const { identity } = await outbox.enqueue({ text, job });
+  return identity;
 }
 
 function backoffMs(attempt: number): number {
@@ -55,10 +57,7 @@ function backoffMs(attempt: number): number {
 async function deliver(lease: Lease<Message>): Promise<void> {
   const response = await fetch("/deliver", {
     method: "POST",
-    headers: {
-      "content-type": "application/json",
-      "idempotency-key": `${lease.eventId}:${lease.fence}`,
-    },
+    headers: { "content-type": "application/json", ...deliveryHeaders(lease) },
     body: JSON.stringify(lease.payload),
   });
   await response.body?.cancel();
@@ -152,7 +151,7 @@ async function refresh(): Promise<void> {
         outbox.retry(letter.eventId).then(refresh, show);
       });
       item.append(
-        `${letter.payload.text} (${letter.attempts} attempts: ${letter.lastError}) `,
+        `${letter.payload.text} (${letter.identity}, ${letter.attempts} attempts: ${letter.lastError}) `,
         retry,
       );
       return item;
@@ -163,14 +162,14 @@ async function refresh(): Promise<void> {
     const response = await fetch("/deliveries");
     const { down, deliveries } = await response.json() as {
       down: boolean;
-      deliveries: { key: string; body: Message }[];
+      deliveries: { identity: string; fence: number; body: Message }[];
     };
     $("endpoint").textContent = down ? "off" : "on";
     $("toggle").textContent = down ? "switch on" : "switch off";
     $("delivered").replaceChildren(
-      ...deliveries.reverse().map(({ key, body }) => {
+      ...deliveries.reverse().map(({ identity, fence, body }) => {
         const item = document.createElement("li");
-        item.textContent = `${body.text} (${key})`;
+        item.textContent = `${body.text} (${identity}, fence ${fence})`;
         return item;
       }),
     );
