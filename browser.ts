@@ -49,6 +49,13 @@ import type {
   Stats,
 } from "./lease.ts";
 import { checkOptions, OUTBOX_OPTIONS } from "./lease.ts";
+import type {
+  EventInfo,
+  ListOptions,
+  PurgeOptions,
+  QueueCounts,
+  RedriveOptions,
+} from "./admin.ts";
 import type { OpenConfig, OpfsVfs, Synchronous } from "./browser_host.ts";
 import { uuidv7 } from "./identity.ts";
 import {
@@ -67,9 +74,28 @@ export {
   BusyError,
   ConstraintError,
   LeaseLostError,
+  PermanentError,
+  RetryAfterError,
   SchemaVersionError,
   SqliteError,
 } from "./errors.ts";
+export {
+  type Handler,
+  type HandlerContext,
+  type ProcessableOutbox,
+  processEvents,
+  type ProcessOptions,
+  Processor,
+  type ProcessorCounters,
+  type Timers,
+} from "./worker.ts";
+export type {
+  EventInfo,
+  ListOptions,
+  PurgeOptions,
+  QueueCounts,
+  RedriveOptions,
+} from "./admin.ts";
 export type {
   BatchClaimOptions,
   ClaimOptions,
@@ -129,16 +155,43 @@ const NAME = /^[A-Za-z0-9_-]{1,64}$/;
 export abstract class RemoteOutbox<P = unknown> extends EventTarget {
   /** The outbox name (one database per name and origin). */
   readonly name: string;
+  /** The default lease length of claims and renewals, in milliseconds. */
+  readonly leaseMs: number;
   readonly #held = new Map<string, Lease<unknown>>();
 
   /**
    * Starts the client side of one outbox.
    *
    * @param name The outbox name.
+   * @param leaseMs The outbox's default lease length, in milliseconds.
    */
-  constructor(name: string) {
+  constructor(name: string, leaseMs = 30_000) {
     super();
     this.name = name;
+    this.leaseMs = leaseMs;
+  }
+
+  /** Whether {@linkcode RemoteOutbox.close} was called: every later call rejects. */
+  abstract get closed(): boolean;
+
+  /**
+   * Calls `listener` whenever this object dispatches `"enqueue"` (an event
+   * was stored through it; in the leader tab of a shared outbox, through any
+   * tab), so
+   * {@linkcode processEvents} wakes for new work.
+   *
+   * @param listener Called after the event is stored.
+   * @returns A function that removes the listener.
+   */
+  onEnqueue(listener: () => void): () => void {
+    if (typeof listener !== "function") {
+      throw new TypeError(
+        `Cannot listen for enqueues as 'listener' must be a function: current value is ${typeof listener}`,
+      );
+    }
+    const entry = () => listener();
+    this.addEventListener("enqueue", entry);
+    return () => this.removeEventListener("enqueue", entry);
   }
 
   /**
@@ -290,23 +343,66 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
   }
 
   /**
-   * Makes a dead event claimable again; see `Outbox.retry`.
+   * Lists events in one state, a page at a time; see `Outbox.list`.
    *
-   * @param eventId The dead event.
-   * @returns `true` when it was dead and is pending now.
+   * @param options `state`, `queue`, `limit`, `afterId`.
+   * @returns The events.
    */
-  async retry(eventId: number): Promise<boolean> {
-    return await this.invoke("retry", [eventId]) as boolean;
+  async list(options: ListOptions): Promise<EventInfo<P>[]> {
+    return await this.invoke("list", [options]) as EventInfo<P>[];
   }
 
   /**
-   * Deletes done events; see `Outbox.purge`.
+   * Cancels a pending event (it becomes a dead letter, `"cancelled"`); see
+   * `Outbox.cancel`.
    *
-   * @param options `doneBeforeMs`: epoch ms before which done events go.
+   * @param eventId The event.
+   * @returns `true` when it was pending and is cancelled now.
+   */
+  async cancel(eventId: number): Promise<boolean> {
+    return await this.invoke("cancel", [eventId]) as boolean;
+  }
+
+  /**
+   * Makes dead letters claimable again; see `Outbox.redrive`.
+   *
+   * @param options `queue`, `ids`.
+   * @returns How many are pending now.
+   */
+  async redrive(options: RedriveOptions = {}): Promise<number> {
+    return await this.invoke("redrive", [options]) as number;
+  }
+
+  /**
+   * Deletes done events and dead letters older than a duration; see
+   * `Outbox.purge`.
+   *
+   * @param options `olderThanMs`, `states`.
    * @returns How many events were deleted.
    */
-  async purge(options: { readonly doneBeforeMs: number }): Promise<number> {
+  async purge(options: PurgeOptions): Promise<number> {
     return await this.invoke("purge", [options]) as number;
+  }
+
+  /**
+   * Counts every queue's events per state; see `Outbox.queues`.
+   *
+   * @returns One entry per queue.
+   */
+  async queues(): Promise<QueueCounts[]> {
+    return await this.invoke("queues", []) as QueueCounts[];
+  }
+
+  /**
+   * Time until a queue's next event comes due; see `Outbox.nextDueInMs`.
+   *
+   * @param options `queue`.
+   * @returns Milliseconds, or `null` when nothing is scheduled.
+   */
+  async nextDueInMs(
+    options: { readonly queue?: string } = {},
+  ): Promise<number | null> {
+    return await this.invoke("nextDueInMs", [options]) as number | null;
   }
 
   /**
@@ -337,6 +433,11 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
   heldLeases(): Lease<unknown>[] {
     return [...this.#held.values()];
   }
+}
+
+function leaseMsOf(setup: WorkerSetup): number | undefined {
+  const leaseMs = setup.config.outbox["leaseMs"];
+  return typeof leaseMs === "number" ? leaseMs : undefined;
 }
 
 function leaseKey(lease: Lease<unknown>): string {
@@ -488,14 +589,20 @@ class WorkerConnection {
 
 /**
  * An outbox in one dedicated worker of this tab, holding the database alone.
- * Made by {@linkcode openWorkerOutbox}.
+ * Made by {@linkcode openWorkerOutbox}. Dispatches `"enqueue"` after each of
+ * its enqueues.
  */
 export class WorkerOutbox<P = unknown> extends RemoteOutbox<P> {
   readonly #connection: WorkerConnection;
   readonly #visibility: () => void;
+  #closed = false;
 
-  private constructor(name: string, connection: WorkerConnection) {
-    super(name);
+  private constructor(
+    name: string,
+    connection: WorkerConnection,
+    leaseMs: number | undefined,
+  ) {
+    super(name, leaseMs);
     this.#connection = connection;
     this.#visibility = watchVisibility(
       () => connection.call("hide", []).catch(() => {}),
@@ -508,7 +615,16 @@ export class WorkerOutbox<P = unknown> extends RemoteOutbox<P> {
     name: string,
     setup: WorkerSetup,
   ): Promise<WorkerOutbox<P>> {
-    return new WorkerOutbox<P>(name, await WorkerConnection.open(setup));
+    return new WorkerOutbox<P>(
+      name,
+      await WorkerConnection.open(setup),
+      leaseMsOf(setup),
+    );
+  }
+
+  /** Whether {@linkcode WorkerOutbox.close} was called. */
+  get closed(): boolean {
+    return this.#closed;
   }
 
   /** The SQLite VFS the database was opened through. */
@@ -516,13 +632,22 @@ export class WorkerOutbox<P = unknown> extends RemoteOutbox<P> {
     return this.#connection.vfs;
   }
 
-  /** Sends one call to the worker. */
-  protected invoke(method: string, args: readonly unknown[]): Promise<unknown> {
-    return this.#connection.call(method, args);
+  /**
+   * Sends one call to the worker; a stored event is announced with an
+   * `"enqueue"` event, which wakes {@linkcode processEvents}.
+   */
+  protected async invoke(
+    method: string,
+    args: readonly unknown[],
+  ): Promise<unknown> {
+    const result = await this.#connection.call(method, args);
+    if (method === "enqueue") this.dispatchEvent(new Event("enqueue"));
+    return result;
   }
 
   /** Closes the database, releases its OPFS handles and ends the worker. */
   close(): Promise<void> {
+    this.#closed = true;
     this.#visibility();
     return this.#connection.close();
   }
@@ -625,7 +750,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   #next = 0;
 
   private constructor(name: string, setup: WorkerSetup) {
-    super(name);
+    super(name, leaseMsOf(setup));
     this.#setup = setup;
     this.#channel = new BroadcastChannel(`leased-outbox:${name}`);
     this.#channel.addEventListener(
@@ -656,6 +781,11 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   /** @internal Use {@linkcode openSharedOutbox}. */
   static create<P>(name: string, setup: WorkerSetup): SharedOutbox<P> {
     return new SharedOutbox<P>(name, setup);
+  }
+
+  /** Whether this outbox was closed (or failed to open): every later call rejects. */
+  get closed(): boolean {
+    return this.#failure !== undefined;
   }
 
   /** Whether this tab hosts the database now. */

@@ -53,6 +53,13 @@ export {
   type Stats,
   type Transaction,
 } from "./lease.ts";
+export type {
+  EventInfo,
+  ListOptions,
+  PurgeOptions,
+  QueueCounts,
+  RedriveOptions,
+} from "./admin.ts";
 export type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
 export { isIdentity, uuidv7, uuidv7Time } from "./identity.ts";
 export {
@@ -71,6 +78,8 @@ export {
   BusyError,
   ConstraintError,
   LeaseLostError,
+  PermanentError,
+  RetryAfterError,
   SchemaVersionError,
   SqliteError,
   sqliteError,
@@ -79,6 +88,7 @@ export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 export {
   type Handler,
   type HandlerContext,
+  type ProcessableOutbox,
   processEvents,
   type ProcessOptions,
   Processor,

@@ -37,8 +37,8 @@ const processor = processEvents(outbox, async (lease, context) => {
   leaseMs,
   pollMinMs: 5,
   pollMaxMs: 100,
-  retryMinMs: 50,
-  retryMaxMs: 400,
+  backoffMinMs: 50,
+  backoffMaxMs: 400,
   stopTimeoutMs: 5_000,
   onError: (error) =>
     console.error(

@@ -197,6 +197,7 @@ for (const driver of DRIVERS) {
     await assert.rejects(() =>
       a!.renew({
         eventId: 1,
+        identity: "0190a8b0-0000-7000-8000-000000000001",
         queue: "default",
         token: "t",
         fence: 1,
@@ -332,8 +333,17 @@ for (const driver of DRIVERS) {
       [() => a!.claim(typo({ max: 2, quue: "q" })), "quue", "queue"],
       [() => a!.release(lease, typo({ delay: 5 })), "delay", "delayMs"],
       [() => a!.deadLetters(typo({ limt: 1 })), "limt", "limit"],
-      [() => a!.purge(typo({ doneBefore: 1 })), "doneBefore", "doneBeforeMs"],
+      [() => a!.purge(typo({ olderThan: 1 })), "olderThan", "olderThanMs"],
       [() => a!.stats(typo({ qeueu: "q" })), "qeueu", "queue"],
+      [() => a!.list(typo({ state: "done", limitt: 1 })), "limitt", "limit"],
+      [() => a!.redrive(typo({ id: [1] })), "id", "ids"],
+      [() => a!.maintain(typo({ vaccum: true })), "vaccum", "vacuum"],
+      [() => a!.nextDueInMs(typo({ queu: "q" })), "queu", "queue"],
+      [
+        () => a!.release(lease, typo({ deadletter: true })),
+        "deadletter",
+        "deadLetter",
+      ],
       [() => Outbox.open(raw, typo({ leaseMS: 5 })), "leaseMS", "leaseMs"],
       [() => Outbox.open(raw, typo({ colour: "red" })), "colour", undefined],
       [

@@ -135,7 +135,7 @@ Deno.test(
   },
   async () => {
     await using session = await openSession();
-    const query = "outbox=tabs&retryBaseMs=50";
+    const query = "outbox=tabs&backoffMinMs=50";
     const first = await appPage(session, query);
     const second = await appPage(session, query);
     await until(() => isLeader(first), 10_000, "the first tab to lead");
@@ -250,7 +250,7 @@ Deno.test(
   },
   async () => {
     await using session = await openSession({ deliveryDelayMs: 20 });
-    const query = "outbox=takeover&retryBaseMs=50&leaseMs=2000";
+    const query = "outbox=takeover&backoffMinMs=50&leaseMs=2000";
     const leader = await appPage(session, query);
     const follower = await appPage(session, query);
     await until(() => isLeader(leader), 10_000, "the first tab to lead");
@@ -289,7 +289,7 @@ Deno.test(
     session.server.down = true;
     const page = await appPage(
       session,
-      "outbox=offline&retryBaseMs=100&retryMaxMs=400",
+      "outbox=offline&backoffMinMs=100&backoffMaxMs=400",
     );
     await until(() => isLeader(page), 10_000, "the tab to lead");
     await addJobs(page, "D", 5);

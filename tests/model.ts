@@ -1323,7 +1323,7 @@ class Run {
         const id = realId(this.#books, command.eventId);
         return {
           model: (m) => m.retry(now, command.eventId),
-          real: () => outbox.retry(id),
+          real: async () => (await outbox.redrive({ ids: [id] })) === 1,
           check: equal,
         };
       }
@@ -1339,7 +1339,8 @@ class Run {
         const doneBeforeMs = Math.max(0, now - command.ageMs);
         return {
           model: (m) => m.purge(now, doneBeforeMs),
-          real: () => outbox.purge({ doneBeforeMs }),
+          real: () =>
+            outbox.purge({ olderThanMs: command.ageMs, states: ["done"] }),
           check: equal,
         };
       }

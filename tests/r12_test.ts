@@ -85,8 +85,8 @@ for (const kind of ["wasm", "node"] as const) {
 
 for (const driver of DRIVERS.filter((d) => d.file)) {
   Deno.test(`R12: ${driver.name}: a newer release's additive upgrade runs beside a running worker, whose claims and acknowledgements go on; this release then refuses the newer file before its first claim`, async () => {
-    const connections = await driver.open(2);
-    const [workerDb, upgraderDb] = connections.drivers;
+    const connections = await driver.open(3);
+    const [workerDb, upgraderDb, laterDb] = connections.drivers;
     const clock = new ManualClock(1_000);
     try {
       const outbox = await Outbox.open(workerDb!, { now: clock.now });
@@ -139,7 +139,7 @@ for (const driver of DRIVERS.filter((d) => d.file)) {
 
       // This release opening the newer file: refused before any claim.
       const before = await snapshot(upgraderDb!);
-      const error = await Outbox.open(upgraderDb!, { now: clock.now }).then(
+      const error = await Outbox.open(laterDb!, { now: clock.now }).then(
         () => undefined,
         (e) => e,
       );

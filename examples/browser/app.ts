@@ -1,18 +1,26 @@
 /**
  * The example page: messages typed here are queued in the shared outbox and
- * delivered to the server's `/deliver` endpoint by the leader tab, with the
- * event's identity as `Idempotency-Key` and the claim's fence as
- * `Idempotency-Fence` (`deliveryHeaders`). Failed deliveries are released
- * with exponential backoff and retried until the endpoint is back.
+ * delivered to the server's `/deliver` endpoint by the leader tab's
+ * {@linkcode processEvents} loop, with the event's identity as
+ * `Idempotency-Key` and the claim's fence as `Idempotency-Fence`
+ * (`deliveryHeaders`). Failed deliveries are released with the loop's
+ * exponential backoff and retried until the endpoint is back; an answer the
+ * endpoint will never accept (a 4xx) makes the message a dead letter at once.
  *
  * Query parameters (the tests use them): `outbox` (name), `leaseMs`,
- * `maxAttempts`, `retryBaseMs`, `retryMaxMs`, `concurrency`.
+ * `maxAttempts`, `backoffMinMs`, `backoffMaxMs`, `concurrency`.
  *
  * @module
  */
-import { openSharedOutbox } from "../../browser.ts";
+import {
+  type HandlerContext,
+  type Lease,
+  openSharedOutbox,
+  PermanentError,
+  processEvents,
+  type Processor,
+} from "../../browser.ts";
 import { deliveryHeaders } from "../../inbox.ts";
-import type { Lease } from "../../lease.ts";
 
 /** What one queued job carries. */
 export interface Message {
@@ -23,19 +31,16 @@ export interface Message {
 }
 
 const params = new URL(location.href).searchParams;
-const retryBaseMs = Number(params.get("retryBaseMs") ?? 1_000);
-const retryMaxMs = Number(params.get("retryMaxMs") ?? 30_000);
+const backoffMinMs = Number(params.get("backoffMinMs") ?? 1_000);
+const backoffMaxMs = Number(params.get("backoffMaxMs") ?? 30_000);
 const concurrency = Number(params.get("concurrency") ?? 2);
 const leaseMs = Number(params.get("leaseMs") ?? 15_000);
 const maxAttempts = Number(params.get("maxAttempts") ?? 20);
-const idleMs = 1_000;
 
 const outbox = await openSharedOutbox<Message>(
   params.get("outbox") ?? "messages",
   { leaseMs, maxAttempts },
 );
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /**
  * Queues one message.
@@ -49,64 +54,40 @@ async function add(text: string, job = crypto.randomUUID()): Promise<string> {
   return identity;
 }
 
-function backoffMs(attempt: number): number {
-  const ms = Math.min(retryMaxMs, retryBaseMs * 2 ** (attempt - 1));
-  return Math.round(ms * (0.8 + Math.random() * 0.4));
-}
-
-async function deliver(lease: Lease<Message>): Promise<void> {
+async function deliver(
+  lease: Lease<Message>,
+  { signal }: HandlerContext,
+): Promise<void> {
   const response = await fetch("/deliver", {
     method: "POST",
     headers: { "content-type": "application/json", ...deliveryHeaders(lease) },
     body: JSON.stringify(lease.payload),
+    signal,
   });
   await response.body?.cancel();
+  if (response.status >= 400 && response.status < 500) {
+    throw new PermanentError(`endpoint answered ${response.status}`);
+  }
   if (!response.ok) throw new Error(`endpoint answered ${response.status}`);
 }
 
-async function drainLoop(): Promise<void> {
-  while (outbox.isLeader) {
-    let lease: Lease<Message> | null;
-    try {
-      lease = await outbox.claim();
-    } catch (error) {
-      show(error);
-      await sleep(500);
-      continue;
-    }
-    if (lease === null) {
-      // Wake on new work from any tab; the timer only covers delayed
-      // retries coming due (and is throttled while the tab is hidden).
-      await new Promise<void>((resolve) => {
-        const wake = () => {
-          clearTimeout(timer);
-          outbox.removeEventListener("enqueue", wake);
-          resolve();
-        };
-        const timer = setTimeout(wake, idleMs);
-        outbox.addEventListener("enqueue", wake);
-      });
-      continue;
-    }
-    try {
-      await deliver(lease);
-      await outbox.acknowledge(lease);
-    } catch (error) {
-      await outbox.release(lease, {
-        delayMs: backoffMs(lease.attempt),
-        error: String(error),
-      }).catch(show);
-    }
+// Only the leader tab hosts the database, so only it runs the loop; the
+// "enqueue" events it receives from every tab wake the loop at once.
+let processor: Processor<Message> | undefined;
+function lead(): void {
+  if (outbox.isLeader && processor === undefined) {
+    processor = processEvents(outbox, deliver, {
+      concurrency,
+      backoffMinMs,
+      backoffMaxMs,
+      // Background tabs throttle timers: enqueue events do the waking.
+      pollMaxMs: 1_000,
+      onError: show,
+    });
+  } else if (!outbox.isLeader && processor !== undefined) {
+    void processor.stop();
+    processor = undefined;
   }
-}
-
-let draining = false;
-function drain(): void {
-  if (draining || !outbox.isLeader) return;
-  draining = true;
-  Promise.all(Array.from({ length: concurrency }, drainLoop)).finally(() => {
-    draining = false;
-  });
 }
 
 // The few DOM members used, declared here rather than through the DOM lib,
@@ -146,9 +127,9 @@ async function refresh(): Promise<void> {
     $("dead-list").replaceChildren(...dead.map((letter) => {
       const item = document.createElement("li");
       const retry = document.createElement("button");
-      retry.textContent = "retry";
+      retry.textContent = "redrive";
       retry.addEventListener("click", () => {
-        outbox.retry(letter.eventId).then(refresh, show);
+        outbox.redrive({ ids: [letter.eventId] }).then(refresh, show);
       });
       item.append(
         `${letter.payload.text} (${letter.identity}, ${letter.attempts} attempts: ${letter.lastError}) `,
@@ -189,8 +170,8 @@ $("toggle").addEventListener("click", async () => {
   await fetch("/endpoint", { method: "POST", body: down ? "down" : "up" });
   await refresh();
 });
-outbox.addEventListener("leaderchange", drain);
-drain();
+outbox.addEventListener("leaderchange", lead);
+lead();
 setInterval(refresh, 500);
 void refresh();
 
