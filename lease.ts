@@ -2394,7 +2394,7 @@ export function checkOptions(
     throw new TypeError(
       `Cannot ${op} as '${key}' is not an option${
         nearest === undefined ? "" : `: did you mean '${nearest}'?`
-      } (known: ${known.join(", ")})`,
+      } (known: ${known.map((name) => `'${name}'`).join(", ")})`,
     );
   }
 }
