@@ -1063,26 +1063,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    */
   async list(options: ListOptions): Promise<EventInfo<P>[]> {
     const op = "list events";
-    checkOptions(op, options, ["state", "queue", "limit", "afterId"]);
-    const state = checkState(op, options.state);
-    const queue = options.queue === undefined
-      ? null
-      : checkName(op, "queue", options.queue);
-    const limit = checkInteger(op, "limit", options.limit, 1, MAX_BATCH) ?? 100;
-    const afterId = checkInteger(
-      op,
-      "afterId",
-      options.afterId,
-      0,
-      Number.MAX_SAFE_INTEGER,
-    ) ?? 0;
+    const params = listParameters(op, options);
     return await this.#write(op, async () => {
-      const rows = await this.#driver.query(ADMIN_SQL.list, [
-        state,
-        queue,
-        afterId,
-        limit,
-      ]);
+      const rows = await this.#driver.query(ADMIN_SQL.list, params);
       return rows.map((row) => eventInfo<P>(row, decodePayload));
     });
   }
@@ -1464,30 +1447,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return await this.#write("explain", async () => {
       const [row] = await this.#driver.query(sql, [key]);
       if (row === undefined) return null;
-      const id = Number(row["id"]);
-      const history = (await this.#driver.query(SQL.history, [id])).map((
-        entry,
-      ) => ({
-        kind: entry["kind"] as LedgerEntry["kind"],
-        fence: Number(entry["fence"]),
-        at: Number(entry["at"]),
-        token: nullableString(entry["token"]),
-        leaseUntil: entry["lease_until"] === null
-          ? null
-          : Number(entry["lease_until"]),
-        detail: nullableString(entry["detail"]),
-      }));
-      return {
-        eventId: id,
-        identity: String(row["identity"]),
-        queue: String(row["queue"]),
-        state: row["state"] as EventState,
-        attempt: Number(row["attempt"]),
-        maxAttempts: Number(row["max_attempts"]),
-        fence: Number(row["fence"]),
-        lastError: nullableString(row["last_error"]),
-        history,
-      };
+      const history = await this.#driver.query(SQL.history, [row["id"]!]);
+      return explanation(row, history);
     });
   }
 
@@ -1596,6 +1557,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     });
     if (enqueued) this.#enqueued();
     return result;
+  }
+
+  /** The queue of calls that name none. */
+  get queue(): string {
+    return this.#queue;
   }
 
   /** The default lease length of claims and renewals, in milliseconds. */
@@ -2325,7 +2291,46 @@ function encodePayload(
   return json;
 }
 
-function decodePayload(value: SqlValue | undefined): unknown {
+/**
+ * An event row (`SQL.event`) and its ledger rows (`SQL.history`) as an
+ * {@linkcode Explanation}.
+ *
+ * @ignore
+ * @param row The event's row.
+ * @param history Its ledger rows, oldest first.
+ * @returns The explanation.
+ */
+export function explanation(row: Row, history: readonly Row[]): Explanation {
+  return {
+    eventId: Number(row["id"]),
+    identity: String(row["identity"]),
+    queue: String(row["queue"]),
+    state: row["state"] as EventState,
+    attempt: Number(row["attempt"]),
+    maxAttempts: Number(row["max_attempts"]),
+    fence: Number(row["fence"]),
+    lastError: nullableString(row["last_error"]),
+    history: history.map((entry) => ({
+      kind: entry["kind"] as LedgerEntry["kind"],
+      fence: Number(entry["fence"]),
+      at: Number(entry["at"]),
+      token: nullableString(entry["token"]),
+      leaseUntil: entry["lease_until"] === null
+        ? null
+        : Number(entry["lease_until"]),
+      detail: nullableString(entry["detail"]),
+    })),
+  };
+}
+
+/**
+ * A stored payload as enqueued: JSON text parsed, a BLOB as a `Uint8Array`.
+ *
+ * @ignore
+ * @param value The `payload` column.
+ * @returns The payload.
+ */
+export function decodePayload(value: SqlValue | undefined): unknown {
   if (value instanceof Uint8Array) return value;
   if (typeof value === "string") return JSON.parse(value);
   return value === undefined ? null : value;
@@ -2616,7 +2621,45 @@ function checkEventId(op: string, value: unknown, field = "eventId"): number {
     missing(op, field);
 }
 
-function checkState(op: string, value: unknown): EventState {
+/**
+ * Validates {@linkcode ListOptions} into the parameters of `ADMIN_SQL.list`.
+ *
+ * @ignore
+ * @param op What was being done, for the message.
+ * @param options The options as passed.
+ * @returns State, queue (`null`: all), afterId and limit.
+ * @throws {TypeError | RangeError} When an option is invalid, naming it.
+ */
+export function listParameters(
+  op: string,
+  options: ListOptions,
+): [EventState, string | null, number, number] {
+  checkOptions(op, options, ["state", "queue", "limit", "afterId"]);
+  const state = checkState(op, options.state);
+  const queue = options.queue === undefined
+    ? null
+    : checkName(op, "queue", options.queue);
+  const limit = checkInteger(op, "limit", options.limit, 1, MAX_BATCH) ?? 100;
+  const afterId = checkInteger(
+    op,
+    "afterId",
+    options.afterId,
+    0,
+    Number.MAX_SAFE_INTEGER,
+  ) ?? 0;
+  return [state, queue, afterId, limit];
+}
+
+/**
+ * Validates an event state.
+ *
+ * @ignore
+ * @param op What was being done, for the message.
+ * @param value The state as passed.
+ * @returns The state.
+ * @throws {TypeError} When it is not one of the four states.
+ */
+export function checkState(op: string, value: unknown): EventState {
   if (
     value !== "pending" && value !== "leased" && value !== "done" &&
     value !== "dead"

@@ -23,9 +23,11 @@ import {
   MAX_DURATION_MS,
   MAX_ERROR_LENGTH,
   type ReleaseOptions,
+  type Stats,
   type Transaction,
 } from "./lease.ts";
 import { LeaseLostError, PermanentError, RetryAfterError } from "./errors.ts";
+import { type CounterName, ProcessorTelemetry } from "./telemetry.ts";
 
 /**
  * What {@linkcode processEvents} needs of an outbox: an
@@ -44,6 +46,8 @@ export interface ProcessableOutbox<P> {
   renew(lease: Lease<unknown>, leaseMs?: number): Promise<number | false>;
   /** Gives an event back, as {@linkcode Outbox.release} does. */
   release(lease: Lease<unknown>, options?: ReleaseOptions): Promise<boolean>;
+  /** Counts a queue's events per state, as {@linkcode Outbox.stats} does. */
+  stats(options?: { readonly queue?: string }): Promise<Stats>;
   /** Tells one event's state, as {@linkcode Outbox.explain} does. */
   explain(eventId: number): Promise<Explanation | null>;
   /** Time until the next event comes due, as {@linkcode Outbox.nextDueInMs} says. */
@@ -52,6 +56,8 @@ export interface ProcessableOutbox<P> {
   onEnqueue(listener: () => void): () => void;
   /** Whether the outbox was closed. */
   readonly closed: boolean;
+  /** The queue of calls that name none, when the outbox says. */
+  readonly queue?: string;
   /** The default lease length, in milliseconds. */
   readonly leaseMs: number;
   /** Runs `fn` in one transaction, as {@linkcode Outbox.transaction} does. */
@@ -426,6 +432,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     dead: 0,
     failed: 0,
   };
+  readonly #telemetry: ProcessorTelemetry;
   readonly #loop: Promise<void>;
   readonly #unsubscribe: () => void;
   #stopping = false;
@@ -552,6 +559,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       clearTimeout: (handle) => clearTimeout(handle as number),
     };
     this.#signal = options.signal;
+    this.#telemetry = new ProcessorTelemetry(outbox, options.queue);
     this.#unsubscribe = outbox.onEnqueue(() => this.#wake());
     this.#signal?.addEventListener("abort", this.#onAbort);
     this.#loop = this.#run();
@@ -712,7 +720,13 @@ export class Processor<P = unknown> implements AsyncDisposable {
     };
     let outcome: Promise<unknown>;
     try {
-      outcome = Promise.resolve(this.#handler(lease, context));
+      outcome = Promise.resolve(
+        this.#telemetry.handle(
+          slot,
+          lease,
+          () => this.#handler(lease, context),
+        ),
+      );
     } catch (error) {
       outcome = Promise.reject(error);
     }
@@ -720,6 +734,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     slot.done = outcome
       .then(() => this.#succeed(slot), (error) => this.#fail(slot, error))
       .finally(() => {
+        this.#telemetry.end(slot);
         this.#slots.delete(slot);
         this.#wake();
       });
@@ -747,7 +762,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     } catch (error) {
       slot.acknowledged = false;
       if (error instanceof LeaseLostError) {
-        this.#counters.staleAcknowledgements++;
+        this.#count(slot, "staleAcknowledgements");
         // Its current holder owns the event: no acknowledgement, no release.
         if (slot.state === "running") this.#finish(slot);
         this.#lose(slot, error);
@@ -756,7 +771,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       }
       throw error;
     }
-    this.#counters.acknowledged++;
+    this.#count(slot, "acknowledged");
     if (slot.state === "running") this.#finish(slot);
     return result;
   }
@@ -787,10 +802,13 @@ export class Processor<P = unknown> implements AsyncDisposable {
           batch.map(({ slot }) => slot.lease),
         );
         for (const [i, acknowledged] of results.entries()) {
-          if (acknowledged) this.#counters.acknowledged++;
-          else if (await this.#acknowledgedBySelf(batch[i]!.slot.lease)) {
-            this.#counters.acknowledged++;
-          } else this.#counters.staleAcknowledgements++;
+          const { slot } = batch[i]!;
+          this.#count(
+            slot,
+            acknowledged || await this.#acknowledgedBySelf(slot.lease)
+              ? "acknowledged"
+              : "staleAcknowledgements",
+          );
         }
       } catch (error) {
         if (!this.#noteClosed()) this.#report(error);
@@ -869,12 +887,12 @@ export class Processor<P = unknown> implements AsyncDisposable {
   async #release(slot: Slot<P>, options: ReleaseOptions): Promise<void> {
     try {
       if (await this.#outbox.release(slot.lease, options)) {
-        if (
-          options.deadLetter ||
-          slot.lease.attempt >= slot.lease.maxAttempts
-        ) {
-          this.#counters.dead++;
-        } else this.#counters.released++;
+        this.#count(
+          slot,
+          options.deadLetter || slot.lease.attempt >= slot.lease.maxAttempts
+            ? "dead"
+            : "released",
+        );
       }
     } catch (releaseError) {
       if (!this.#noteClosed()) this.#report(releaseError);
@@ -897,6 +915,12 @@ export class Processor<P = unknown> implements AsyncDisposable {
     } catch (hookError) {
       this.#report(hookError);
     }
+  }
+
+  /** Counts for `counters` and for OpenTelemetry. */
+  #count(slot: Slot<P>, name: Exclude<CounterName, "claimed">): void {
+    this.#counters[name]++;
+    this.#telemetry.count(slot, name);
   }
 
   #finish(slot: Slot<P>): void {
@@ -986,7 +1010,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
 
   #lose(slot: Slot<P>, reason: unknown): void {
     if (slot.controller.signal.aborted) return;
-    this.#counters.leasesLost++;
+    this.#count(slot, "leasesLost");
     clearLongTimeout(this.#timers, slot.renewTimer);
     clearLongTimeout(this.#timers, slot.watchdogTimer);
     slot.controller.abort(reason);
@@ -1008,6 +1032,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
   async #stop(): Promise<void> {
     this.#stopping = true;
     this.#unsubscribe();
+    this.#telemetry.close();
     this.#signal?.removeEventListener("abort", this.#onAbort);
     this.#wake();
     await this.#loop;

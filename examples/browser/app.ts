@@ -20,6 +20,7 @@ import {
   processEvents,
   type Processor,
 } from "../../browser.ts";
+import { showEvents } from "./events.ts";
 import { deliveryHeaders } from "../../inbox.ts";
 
 /** What one queued job carries. */
@@ -94,6 +95,8 @@ function lead(): void {
 // whose globals would clash with Deno's when the repository is checked.
 interface Element {
   textContent: string | null;
+  title: string;
+  className: string;
   value: string;
   hidden: boolean;
   append(...nodes: (Element | string)[]): void;
@@ -122,21 +125,9 @@ async function refresh(): Promise<void> {
     $("oldest").textContent = stats.pending === 0
       ? "nothing"
       : `${Math.round(stats.oldestPendingAgeMs / 1000)} s`;
-    const dead = await outbox.deadLetters({ limit: 20 });
-    $("dead-letters").hidden = dead.length === 0;
-    $("dead-list").replaceChildren(...dead.map((letter) => {
-      const item = document.createElement("li");
-      const retry = document.createElement("button");
-      retry.textContent = "redrive";
-      retry.addEventListener("click", () => {
-        outbox.redrive({ ids: [letter.eventId] }).then(refresh, show);
-      });
-      item.append(
-        `${letter.payload.text} (${letter.identity}, ${letter.attempts} attempts: ${letter.lastError}) `,
-        retry,
-      );
-      return item;
-    }));
+    await showEvents(outbox, document, (eventId) => {
+      outbox.redrive({ ids: [eventId] }).then(refresh, show);
+    });
     $("role").textContent = outbox.isLeader
       ? "leader (delivers)"
       : "follower (forwards to the leader)";
