@@ -56,6 +56,15 @@ export interface Driver {
    * through most handoffs.
    */
   busyWait?(timeoutMs: number): Promise<void>;
+  /**
+   * Whether a transaction is open on this connection now
+   * (`sqlite3_get_autocommit()` is 0): outside the outbox's own
+   * transactions, one the application began on the handle it shares with
+   * the outbox. `enqueue` and the fenced `acknowledge` then run inside it,
+   * and every other call waits for it to end. Optional: without it the
+   * outbox assumes the connection is its own.
+   */
+  inTransaction?(): boolean;
   /** Closes the connection; later calls reject. Closing twice is a no-op. */
   close(): Promise<void>;
 }
@@ -147,13 +156,32 @@ export async function untilNotBusy<T>(
 }
 
 /**
+ * The first word of `sql` after SQLite's whitespace, semicolons and
+ * comments (`""` when none), as SQLite's tokenizer would read it: how the
+ * core recognises a transaction-control statement before it runs.
+ *
+ * @ignore
+ * @param sql SQL text.
+ * @returns The leading keyword or identifier, as written.
+ */
+export function firstKeyword(sql: string): string {
+  const start = separatorsEnd(sql, 0);
+  const match = /^[A-Za-z_][A-Za-z0-9_$]*/.exec(sql.slice(start, start + 64));
+  return match?.[0] ?? "";
+}
+
+/**
  * Whether `text` holds only SQLite's whitespace, `;`, `-- …` to the end of
  * the line and `/* … *\/` (which SQLite, too, ends at the end of the text
  * when it is never closed). Scanned rather than matched with one regular
  * expression, which could read a closed comment as an unclosed one.
  */
 function onlySeparators(text: string): boolean {
-  let i = 0;
+  return separatorsEnd(text, 0) === text.length;
+}
+
+/** Where the run of separators that starts at `i` in `text` ends. */
+function separatorsEnd(text: string, i: number): number {
   while (i < text.length) {
     const c = text[i]!;
     if (" \t\n\v\f\r;".includes(c)) i++;
@@ -163,9 +191,9 @@ function onlySeparators(text: string): boolean {
     } else if (text.startsWith("/*", i)) {
       const end = text.indexOf("*/", i + 2);
       i = end < 0 ? text.length : end + 2;
-    } else return false;
+    } else return i;
   }
-  return true;
+  return i;
 }
 
 function clip(text: string): string {

@@ -130,6 +130,47 @@ export class LeaseLostError extends Error {
 }
 
 /**
+ * The database's outbox schema is one this release cannot use: newer than
+ * {@linkcode SCHEMA_VERSION} (a newer release upgraded it), or a version no
+ * upgrade step starts from. {@linkcode Outbox.open} throws it before any
+ * claim, having changed nothing; an older worker should stop rather than
+ * retry.
+ *
+ * @example Usage
+ * ```ts
+ * import { SchemaVersionError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const error = new SchemaVersionError(4, 3);
+ * assert.equal(error.version, 4);
+ * assert.equal(error.supported, 3);
+ * ```
+ */
+export class SchemaVersionError extends Error {
+  /** The version recorded in the database's `outbox_schema` table. */
+  readonly version: number;
+  /** The version this release applies. */
+  readonly supported: number;
+
+  /**
+   * Makes the error for a schema version this release cannot use.
+   *
+   * @param version The database's outbox schema version.
+   * @param supported The version this release applies.
+   */
+  constructor(version: number, supported: number) {
+    super(
+      version > supported
+        ? `Cannot open outbox as the database has outbox schema version ${version}, newer than this release's ${supported}: run a release that knows version ${version}`
+        : `Cannot open outbox as the database has outbox schema version ${version}, which no upgrade to version ${supported} starts from`,
+    );
+    this.name = "SchemaVersionError";
+    this.version = version;
+    this.supported = supported;
+  }
+}
+
+/**
  * Maps a SQLite result code to the typed error for it.
  *
  * @param message What the engine said.

@@ -198,7 +198,7 @@ export class Inbox implements AsyncDisposable {
         }`,
       );
     }
-    checkOptions("open inbox", options);
+    checkOptions("open inbox", options, ["now", "busyTimeoutMs"]);
     const inbox = new Inbox(driver, options);
     await inbox.#write("open inbox", () => driver.exec(INBOX_SCHEMA_SQL));
     return inbox;
@@ -351,7 +351,7 @@ export class Inbox implements AsyncDisposable {
    */
   async purge(options: { readonly olderThanMs: number }): Promise<number> {
     const op = "purge inbox";
-    checkOptions(op, options);
+    checkOptions(op, options, ["olderThanMs"]);
     const olderThanMs = checkInteger(
       op,
       "olderThanMs",

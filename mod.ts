@@ -80,6 +80,7 @@ export {
   LeaseLostError,
   PermanentError,
   RetryAfterError,
+  SchemaVersionError,
   SqliteError,
   sqliteError,
 } from "./errors.ts";

@@ -27,6 +27,7 @@ import {
   untilNotBusy,
 } from "./driver.ts";
 import { sqliteError } from "./errors.ts";
+import { checkOptions } from "./lease.ts";
 
 /** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
 export type JournalMode =
@@ -124,6 +125,11 @@ export async function openNodeSqlite(
       }`,
     );
   }
+  checkOptions("open database", options, [
+    "journalMode",
+    "synchronous",
+    "busyTimeoutMs",
+  ]);
   const journalMode = oneOf(
     "journalMode",
     options.journalMode,
@@ -176,22 +182,105 @@ export async function openNodeSqlite(
   return new NodeSqliteDriver(db);
 }
 
+/** Options for {@linkcode nodeSqliteDriver}. */
+export interface NodeSqliteDriverOptions {
+  /**
+   * Whether closing the driver (or the outbox over it) closes the
+   * application's handle too.
+   *
+   * @default {false}
+   */
+  readonly closeDatabase?: boolean;
+}
+
+/**
+ * Makes a driver over a `node:sqlite` handle the application already owns,
+ * so an outbox shares its database, its connection and its transactions.
+ * While the application has a transaction open on the handle (its own
+ * `BEGIN`, or a query builder's `transaction()`), `Outbox.enqueue` and the
+ * fenced `Outbox.acknowledge` run inside it without a `BEGIN` or `COMMIT`
+ * of their own, and the application's `COMMIT` or `ROLLBACK` decides; other
+ * calls wait for it to end. The handle's settings stay as the application
+ * made them: its busy timeout (Deno's node:sqlite sets 5 s) blocks the
+ * thread while a statement waits for a lock, as the application's own
+ * statements do. Keep one driver per handle.
+ *
+ * @param db An open handle; the application keeps it.
+ * @param options See {@linkcode NodeSqliteDriverOptions}.
+ * @returns A driver over `db`.
+ * @throws {TypeError} When `db` is not an open `DatabaseSync`, or an option
+ * is unknown or of the wrong type.
+ *
+ * @example An order and its event in the application's own transaction
+ * ```ts
+ * import { Outbox } from "@leased/outbox";
+ * import { nodeSqliteDriver } from "@leased/outbox/node-sqlite";
+ * import { DatabaseSync } from "node:sqlite";
+ * import assert from "node:assert/strict";
+ *
+ * const db = new DatabaseSync(":memory:");
+ * db.exec("CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER)");
+ * const outbox = await Outbox.open(nodeSqliteDriver(db));
+ * db.exec("BEGIN IMMEDIATE");
+ * db.prepare("INSERT INTO orders (total) VALUES (?)").run(4200);
+ * await outbox.enqueue({ type: "order.placed" });
+ * db.exec("ROLLBACK"); // drops the order and its event
+ * assert.equal((await outbox.stats()).pending, 0);
+ * await outbox.close();
+ * assert.equal(db.isOpen, true); // the application's handle stays open
+ * db.close();
+ * ```
+ */
+export function nodeSqliteDriver(
+  db: DatabaseSync,
+  options: NodeSqliteDriverOptions = {},
+): NodeSqliteDriver {
+  const op = "make driver";
+  if (!(db instanceof DatabaseSync) || !db.isOpen) {
+    throw new TypeError(
+      `Cannot ${op} as 'db' must be an open DatabaseSync: current value is ${
+        db instanceof DatabaseSync ? "a closed DatabaseSync" : String(db)
+      }`,
+    );
+  }
+  checkOptions(op, options, ["closeDatabase"]);
+  const closeDatabase = options.closeDatabase ?? false;
+  if (typeof closeDatabase !== "boolean") {
+    throw new TypeError(
+      `Cannot ${op} as 'closeDatabase' must be a boolean: current value is ${
+        String(closeDatabase)
+      }`,
+    );
+  }
+  return new NodeSqliteDriver(db, closeDatabase);
+}
+
 /**
  * A {@linkcode Driver} over one `node:sqlite` connection. Statements are
  * prepared once per SQL text and kept until {@linkcode NodeSqliteDriver.close}.
  */
 export class NodeSqliteDriver implements Driver, AsyncDisposable {
   #db: DatabaseSync | undefined;
+  readonly #closeDatabase: boolean;
   readonly #statements = new Map<string, StatementSync>();
 
   /**
    * Wraps an open connection; {@linkcode openNodeSqlite} is the usual way in,
-   * as it also sets the pragmas this driver relies on (`busy_timeout = 0`).
+   * as it also sets the pragmas this driver relies on (`busy_timeout = 0`),
+   * and {@linkcode nodeSqliteDriver} the way over the application's handle.
    *
-   * @param db An open connection this driver takes ownership of.
+   * @param db An open connection.
+   * @param closeDatabase Whether {@linkcode NodeSqliteDriver.close} closes
+   * `db` (the driver owns it).
    */
-  constructor(db: DatabaseSync) {
+  constructor(db: DatabaseSync, closeDatabase = true) {
     this.#db = db;
+    this.#closeDatabase = closeDatabase;
+  }
+
+  /** Whether a transaction is open on the connection (`sqlite3_get_autocommit()` is 0). */
+  inTransaction(): boolean {
+    return this.#db?.isTransaction ?? false;
   }
 
   /** Runs one statement and returns its rows. */
@@ -230,12 +319,15 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
     }
   }
 
-  /** Closes the connection, which finalizes every cached statement. */
+  /**
+   * Closes the connection, which finalizes every cached statement; over an
+   * application's handle (closeDatabase false) only forgets the statements.
+   */
   close(): Promise<void> {
     const db = this.#db;
     this.#db = undefined;
     this.#statements.clear();
-    db?.close();
+    if (this.#closeDatabase) db?.close();
     return Promise.resolve();
   }
 

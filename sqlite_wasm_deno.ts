@@ -17,6 +17,7 @@ import {
   loadSqlite3,
   openDatabase,
   SqliteWasmDriver,
+  sqliteWasmDriver,
   type SqliteWasmOptions,
 } from "./sqlite_wasm.ts";
 import {
@@ -26,15 +27,21 @@ import {
 } from "./deno_file_vfs.ts";
 import { openBusyTimeoutMs, untilNotBusy } from "./driver.ts";
 import { SqliteError, sqliteError } from "./errors.ts";
+import { checkOptions } from "./lease.ts";
 
 export {
   installDenoFileVfs,
   loadSqlite3,
   SqliteWasmDriver,
+  sqliteWasmDriver,
   takeDenoFileVfsError,
 };
 export type { DenoFileVfsOptions } from "./deno_file_vfs.ts";
-export type { SqliteWasmOptions } from "./sqlite_wasm.ts";
+export type {
+  SqliteWasmDriverOptions,
+  SqliteWasmModule,
+  SqliteWasmOptions,
+} from "./sqlite_wasm.ts";
 
 /**
  * How the database keeps its rollback journal (https://sqlite.org/pragma.html#pragma_journal_mode).
@@ -130,6 +137,12 @@ export async function openSqliteWasm(
   path: string | URL,
   options: DenoSqliteWasmOptions = {},
 ): Promise<SqliteWasmDriver> {
+  checkOptions("open database", options, [
+    "vfs",
+    "journalMode",
+    "synchronous",
+    "busyTimeoutMs",
+  ]);
   const journalMode = options.journalMode ?? "truncate";
   const synchronous = options.synchronous ?? "full";
   if (!journalModes.includes(journalMode)) {

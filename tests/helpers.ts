@@ -65,9 +65,11 @@ export interface Harness {
 class CountingDriver implements Driver {
   sent = 0;
   readonly busyWait?: (timeoutMs: number) => Promise<void>;
+  readonly inTransaction?: () => boolean;
 
   constructor(readonly inner: Driver) {
     if (inner.busyWait) this.busyWait = (ms) => inner.busyWait!(ms);
+    if (inner.inTransaction) this.inTransaction = () => inner.inTransaction!();
   }
 
   query(sql: string, params?: readonly SqlValue[]): Promise<Row[]> {

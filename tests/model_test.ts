@@ -8,13 +8,19 @@ import { runModelTest } from "./model.ts";
 // file bound far below what chance can reach.
 for (const driver of DRIVERS) {
   const numRuns = driver.file ? 120 : 400;
-  Deno.test(`${driver.name}: model-based: random claim/acknowledge/renew/release/clock sequences on three connections match the reference model, every event keeping the identity its enqueue returned`, async () => {
+  Deno.test(`${driver.name}: model-based: random claim/acknowledge/renew/release/clock sequences on three connections, shared with application transactions that commit or roll back, match the reference model, every event keeping the identity its enqueue returned`, async () => {
     const report = await runModelTest(() => driver.open(3), { numRuns });
     console.log(report);
     assert.equal(report.runs, numRuns);
     assert.ok(
       report.steps >= (driver.file ? 2_500 : 10_000),
       `only ${report.steps} steps`,
+    );
+    // Both ends of the application's transactions were exercised.
+    assert.ok(report.committed > 0, JSON.stringify(report));
+    assert.ok(
+      report.applicationTransactions > report.committed,
+      JSON.stringify(report),
     );
   });
 }
