@@ -151,3 +151,22 @@ export async function runBenchSmoke(script: string): Promise<BenchOutput> {
   const { rows, smoke } = JSON.parse(json!);
   return { tableLines: table!.split("\n"), rows, smoke };
 }
+
+/** A temporary directory that `await using` removes with its contents. */
+export interface TempDir extends AsyncDisposable {
+  readonly path: string;
+}
+
+/**
+ * Makes a temporary directory (under `TMPDIR`) for one test.
+ *
+ * @param prefix Starts the directory's name.
+ * @returns The directory; dispose it with `await using`, on every path out.
+ */
+export async function tempDir(prefix = "outbox-test-"): Promise<TempDir> {
+  const path = await Deno.makeTempDir({ prefix });
+  return {
+    path,
+    [Symbol.asyncDispose]: () => Deno.remove(path, { recursive: true }),
+  };
+}
