@@ -11,7 +11,7 @@
  * @module
  */
 import type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
-import { BusyError, LeaseLostError } from "./errors.ts";
+import { BusyError, LeaseLostError, UnsafeIntegerError } from "./errors.ts";
 import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 
 /** Milliseconds since the Unix epoch, from an injected clock. */
@@ -495,7 +495,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const outbox = new Outbox<P>(driver, options);
     await outbox.#write("open outbox", async () => {
       const [row] = await driver.query(SQL.userVersion);
-      const version = Number(row?.["user_version"] ?? 0);
+      const version = row === undefined ? 0 : integerOf(row, "user_version");
       const [table] = await driver.query(SQL.hasSchema);
       if (version === 0 && table === undefined) await driver.exec(SCHEMA_SQL);
       else if (table === undefined) {
@@ -592,6 +592,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @throws {TypeError | RangeError} When an argument is invalid (before any
    * SQL), or when a supplied `token` was used on the event before.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @throws {UnsafeIntegerError} When the event's id, fence or attempt (or
+   * the next fence or attempt) is past `Number.MAX_SAFE_INTEGER`; nothing
+   * is claimed.
+   * @throws {Error} When the claim's UPDATE did not change exactly the rows
+   * it leased; nothing is claimed.
    */
   claim(options?: ClaimOptions): Promise<Lease<P> | null>;
   /**
@@ -602,6 +607,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @returns The leases, possibly none.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @throws {UnsafeIntegerError} As for a lone claim; nothing is claimed.
    */
   claim(options: BatchClaimOptions): Promise<Lease<P>[]>;
   async claim(
@@ -709,7 +715,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         await this.#stale(checked, "stale_renew", now);
         return false;
       }
-      const leaseUntil = Number(row["lease_until"]);
+      const leaseUntil = integerOf(row, "lease_until");
       await this.#ledger(
         checked.eventId,
         checked.fence,
@@ -803,13 +809,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return await this.#write(op, async () => {
       const rows = await this.#driver.query(SQL.deadLetters, [queue, limit]);
       return rows.map((row) => ({
-        eventId: Number(row["id"]),
+        eventId: integerOf(row, "id"),
         queue: String(row["queue"]),
         payload: decodePayload(row["payload"]) as P,
-        attempts: Number(row["attempt"]),
+        attempts: integerOf(row, "attempt"),
         lastError: nullableString(row["last_error"]),
-        createdAt: Number(row["created_at"]),
-        deadAt: Number(row["done_at"]),
+        createdAt: integerOf(row, "created_at"),
+        deadAt: integerOf(row, "done_at"),
       }));
     });
   }
@@ -830,7 +836,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return await this.#write("retry", async (now) => {
       const [row] = await this.#driver.query(SQL.retry, [now, id]);
       if (row === undefined) return false;
-      await this.#ledger(id, Number(row["fence"]), "retried", now);
+      await this.#ledger(id, integerOf(row, "fence"), "retried", now);
       return true;
     });
   }
@@ -888,9 +894,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       };
       let oldestPendingAgeMs = 0;
       for (const row of await this.#driver.query(SQL.stats, [queue])) {
-        counts[String(row["state"])] = Number(row["n"]);
+        counts[String(row["state"])] = integerOf(row, "n");
         if (row["state"] === "pending") {
-          oldestPendingAgeMs = Math.max(0, now - Number(row["oldest"]));
+          oldestPendingAgeMs = Math.max(0, now - integerOf(row, "oldest"));
         }
       }
       return {
@@ -923,21 +929,21 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         entry,
       ) => ({
         kind: entry["kind"] as LedgerEntry["kind"],
-        fence: Number(entry["fence"]),
-        at: Number(entry["at"]),
+        fence: integerOf(entry, "fence"),
+        at: integerOf(entry, "at"),
         token: nullableString(entry["token"]),
         leaseUntil: entry["lease_until"] === null
           ? null
-          : Number(entry["lease_until"]),
+          : integerOf(entry, "lease_until"),
         detail: nullableString(entry["detail"]),
       }));
       return {
         eventId: id,
         queue: String(row["queue"]),
         state: row["state"] as EventState,
-        attempt: Number(row["attempt"]),
-        maxAttempts: Number(row["max_attempts"]),
-        fence: Number(row["fence"]),
+        attempt: integerOf(row, "attempt"),
+        maxAttempts: integerOf(row, "max_attempts"),
+        fence: integerOf(row, "fence"),
         lastError: nullableString(row["last_error"]),
         history,
       };
@@ -1110,13 +1116,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       now,
     ]);
     if (changes === 1) {
-      return { eventId: Number(lastInsertRowid), deduplicated: false };
+      return {
+        eventId: safeInteger("lastInsertRowid", lastInsertRowid),
+        deduplicated: false,
+      };
     }
     const [row] = await this.#driver.query(SQL.byDedupKey, [
       event.queue,
       event.dedupKey,
     ]);
-    return { eventId: Number(row?.["id"]), deduplicated: true };
+    return { eventId: integerOf(row ?? {}, "id"), deduplicated: true };
   }
 
   async #claim(
@@ -1141,8 +1150,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     );
     // Each lease is its row as read plus what CLAIM_SET changes.
     const leases = candidates.map((row, i): Lease<P> => {
-      const eventId = Number(row["id"]);
-      const fence = Number(row["fence"]);
+      const eventId = integerOf(row, "id");
+      const fence = integerOf(row, "fence");
       const taken = row["state"] === "leased";
       // Taking over a lapsed lease records how the previous attempt ended,
       // before the claim's own entry.
@@ -1153,9 +1162,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         eventId,
         queue,
         token: token ?? hex(random, 16 * i, 16),
-        fence: fence + 1,
-        attempt: Number(row["attempt"]) + 1,
-        maxAttempts: Number(row["max_attempts"]),
+        fence: successor("fence", fence),
+        attempt: successor("attempt", integerOf(row, "attempt")),
+        maxAttempts: integerOf(row, "max_attempts"),
         leaseUntil,
         payload: decodePayload(row["payload"]) as P,
         orderingKey: nullableString(row["ordering_key"]),
@@ -1178,22 +1187,30 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     }
     // The claims' own entries stay unwritten (schema.sql's
     // outbox_unwritten_attempts).
+    let changes;
     if (leases.length === 1) {
       const { eventId, token: leaseToken } = leases[0]!;
-      await this.#driver.run(SQL.claimOne, [
+      ({ changes } = await this.#driver.run(SQL.claimOne, [
         leaseUntil,
         now,
         eventId,
         leaseToken,
-      ]);
+      ]));
     } else {
-      await this.#driver.run(SQL.claim, [
+      ({ changes } = await this.#driver.run(SQL.claim, [
         leaseUntil,
         now,
         JSON.stringify(
           Object.fromEntries(leases.map((l) => [l.eventId, l.token])),
         ),
-      ]);
+      ]));
+    }
+    // A lease whose row the UPDATE missed would leave its event claimable
+    // by the next caller: two live holders.
+    if (changes !== leases.length) {
+      throw new Error(
+        `Cannot claim as the claim changed ${changes} event rows for ${leases.length} leases: the transaction was rolled back`,
+      );
     }
     return leases;
   }
@@ -1252,13 +1269,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   async #expireExhausted(now: number): Promise<void> {
     const rows = await this.#driver.query(SQL.exhausted, [now]);
     if (rows.length === 0) return;
-    const eventIds = rows.map((row) => Number(row["id"]));
+    const eventIds = rows.map((row) => integerOf(row, "id"));
     await this.#writeUnwritten(eventIds);
     await this.#driver.run(SQL.expire, [now, JSON.stringify(eventIds)]);
     await this.#ledgerAll(
       rows.flatMap((row): LedgerRow[] => {
-        const eventId = Number(row["id"]);
-        const fence = Number(row["fence"]);
+        const eventId = integerOf(row, "id");
+        const fence = integerOf(row, "fence");
         return [
           [eventId, fence, "expired", null, null, LEASE_EXPIRED],
           [eventId, fence, "dead", null, null, LEASE_EXPIRED],
@@ -1503,6 +1520,28 @@ function tooLarge(op: string, bytes: number, maxBytes: number): RangeError {
   return new RangeError(
     `Cannot ${op} as 'payload' must be at most ${maxBytes} bytes ('maxPayloadBytes'): current size is ${bytes} bytes`,
   );
+}
+
+/**
+ * An integer column of a row as a number. SQLite's integers have 64 bits;
+ * past ±2^53 a number would round, and a rounded id or fence names another
+ * event or lease.
+ */
+function integerOf(row: Row, column: string): number {
+  return safeInteger(column, row[column]);
+}
+
+function safeInteger(column: string, value: unknown): number {
+  if (typeof value === "number" && Number.isSafeInteger(value)) return value;
+  throw new UnsafeIntegerError(column, value);
+}
+
+/** `value + 1` for a fence or attempt a claim writes, refused past 2^53 - 1. */
+function successor(column: string, value: number): number {
+  if (value >= Number.MAX_SAFE_INTEGER) {
+    throw new UnsafeIntegerError(column, BigInt(value) + 1n);
+  }
+  return value + 1;
 }
 
 function nullableString(value: SqlValue | undefined): string | null {

@@ -56,6 +56,7 @@ export {
   LeaseLostError,
   SqliteError,
   sqliteError,
+  UnsafeIntegerError,
 } from "./errors.ts";
 export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 export {
