@@ -115,12 +115,15 @@ export interface NodeSqliteOptions {
  * import assert from "node:assert/strict";
  *
  * const dir = await Deno.makeTempDir();
- * await using a = await openNodeSqlite(`${dir}/outbox.db`);
- * await using b = await openNodeSqlite(`${dir}/outbox.db`);
- * await a.exec("CREATE TABLE t(x INTEGER) STRICT");
- * await a.run("INSERT INTO t VALUES (?)", [2n ** 60n]);
- * assert.deepEqual(await b.query("SELECT x FROM t"), [{ x: 2n ** 60n }]);
- * assert.deepEqual(await b.query("PRAGMA journal_mode"), [{ journal_mode: "wal" }]);
+ * {
+ *   await using a = await openNodeSqlite(`${dir}/outbox.db`);
+ *   await using b = await openNodeSqlite(`${dir}/outbox.db`);
+ *   await a.exec("CREATE TABLE t(x INTEGER) STRICT");
+ *   await a.run("INSERT INTO t VALUES (?)", [2n ** 60n]);
+ *   assert.deepEqual(await b.query("SELECT x FROM t"), [{ x: 2n ** 60n }]);
+ *   assert.deepEqual(await b.query("PRAGMA journal_mode"), [{ journal_mode: "wal" }]);
+ * }
+ * await Deno.remove(dir, { recursive: true });
  * ```
  */
 export async function openNodeSqlite(

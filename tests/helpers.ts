@@ -128,8 +128,17 @@ export interface BenchOutput {
   readonly smoke: boolean;
 }
 
-/** Runs a `bench/` script with `--smoke` and parses its table and JSON. */
-export async function runBenchSmoke(script: string): Promise<BenchOutput> {
+/**
+ * Runs a `bench/` script with `--smoke` and parses its table and JSON, the
+ * only things its stdout may hold.
+ *
+ * @param script The script's file name in `bench/`.
+ * @param env Variables added to the script's environment.
+ */
+export async function runBenchSmoke(
+  script: string,
+  env: Record<string, string> = {},
+): Promise<BenchOutput> {
   const output = await new Deno.Command(Deno.execPath(), {
     args: [
       "run",
@@ -139,6 +148,7 @@ export async function runBenchSmoke(script: string): Promise<BenchOutput> {
       new URL(`../bench/${script}`, import.meta.url).pathname,
       "--smoke",
     ],
+    env,
     stdout: "piped",
     stderr: "piped",
   }).output();
