@@ -3,16 +3,18 @@
  * (`npm:@sqlite.org/sqlite-wasm`, pinned to 3.54.1-build1) with database
  * files on disk through {@linkcode installDenoFileVfs}.
  *
- * Permissions: `--allow-read` for the package's `sqlite3.wasm` (in Deno's npm
- * cache) and for the database's directory, `--allow-write` for that
- * directory (the journal and three `*.lock` sidecar files live next to the
- * database). `:memory:` needs only the read permission for the `.wasm`.
+ * Permissions: `--allow-read` and `--allow-write` for the database's
+ * directory (the journal and the `*.lock` sidecar files live next to the
+ * database). The package's `sqlite3.wasm` is imported as a module, so it
+ * needs no permission; `:memory:` needs none at all.
  *
  * @module
  */
+import type { Sqlite3Static } from "@sqlite.org/sqlite-wasm";
+import sqlite3Wasm from "./sqlite3_wasm_module.js";
 import {
   type BusyWaitHook,
-  loadSqlite3,
+  loadSqlite3 as loadSqlite3From,
   openDatabase,
   SqliteWasmDriver,
   type SqliteWasmOptions,
@@ -25,13 +27,20 @@ import {
 import { openBusyTimeoutMs, untilNotBusy } from "./driver.ts";
 import { SqliteError, sqliteError } from "./errors.ts";
 
-export {
-  installDenoFileVfs,
-  loadSqlite3,
-  SqliteWasmDriver,
-  takeDenoFileVfsError,
-};
+export { installDenoFileVfs, SqliteWasmDriver, takeDenoFileVfsError };
 export type { DenoFileVfsOptions } from "./deno_file_vfs.ts";
+
+/**
+ * Loads and initialises the SQLite WASM module once per realm, from the
+ * `sqlite3.wasm` imported as a module (no read permission needed). For the
+ * project's own drivers and VFS, which reach into the module's C API.
+ *
+ * @ignore
+ * @returns The module's namespace (`capi`, `oo1`, `wasm`, `vfs`).
+ */
+export function loadSqlite3(): Promise<Sqlite3Static> {
+  return loadSqlite3From(sqlite3Wasm);
+}
 export type { SqliteWasmOptions } from "./sqlite_wasm.ts";
 
 /**
