@@ -1,7 +1,7 @@
-/** `deno task test` (scripts/test.ts): Chromium, the banner, temporary files. */
+/** `deno task test` (scripts/run_tests.ts): Chromium, the banner, temporary files. */
 import assert from "node:assert/strict";
 
-const TASK = new URL("../scripts/test.ts", import.meta.url).pathname;
+const TASK = new URL("../scripts/run_tests.ts", import.meta.url).pathname;
 const FIXTURES = new URL("./fixtures/runner/", import.meta.url).pathname;
 
 /** Runs the test task on one fixture file with `env` added. */
