@@ -18,6 +18,7 @@
  *
  * @example Queue work in any tab, deliver it from the leader
  * ```ts ignore
+ * import { deliveryHeaders } from "@leased/outbox";
  * import { openSharedOutbox } from "@leased/outbox/browser";
  *
  * const outbox = await openSharedOutbox("mail");
@@ -26,7 +27,7 @@
  * if (lease) {
  *   await fetch("/send", {
  *     method: "POST",
- *     headers: { "idempotency-key": `${lease.eventId}:${lease.fence}` },
+ *     headers: deliveryHeaders(lease),
  *     body: JSON.stringify(lease.payload),
  *   });
  *   await outbox.acknowledge(lease);
@@ -47,7 +48,15 @@ import type {
   ReleaseOptions,
   Stats,
 } from "./lease.ts";
+import type {
+  EventInfo,
+  ListOptions,
+  PurgeOptions,
+  QueueCounts,
+  RedriveOptions,
+} from "./admin.ts";
 import type { OpenConfig, OpfsVfs, Synchronous } from "./browser_host.ts";
+import { uuidv7 } from "./identity.ts";
 import {
   type CallMessage,
   type ChannelMessage,
@@ -64,8 +73,27 @@ export {
   BusyError,
   ConstraintError,
   LeaseLostError,
+  PermanentError,
+  RetryAfterError,
   SqliteError,
 } from "./errors.ts";
+export {
+  type Handler,
+  type HandlerContext,
+  type ProcessableOutbox,
+  processEvents,
+  type ProcessOptions,
+  Processor,
+  type ProcessorCounters,
+  type Timers,
+} from "./worker.ts";
+export type {
+  EventInfo,
+  ListOptions,
+  PurgeOptions,
+  QueueCounts,
+  RedriveOptions,
+} from "./admin.ts";
 export type {
   BatchClaimOptions,
   ClaimOptions,
@@ -125,16 +153,43 @@ const NAME = /^[A-Za-z0-9_-]{1,64}$/;
 export abstract class RemoteOutbox<P = unknown> extends EventTarget {
   /** The outbox name (one database per name and origin). */
   readonly name: string;
+  /** The default lease length of claims and renewals, in milliseconds. */
+  readonly leaseMs: number;
   readonly #held = new Map<string, Lease<unknown>>();
 
   /**
    * Starts the client side of one outbox.
    *
    * @param name The outbox name.
+   * @param leaseMs The outbox's default lease length, in milliseconds.
    */
-  constructor(name: string) {
+  constructor(name: string, leaseMs = 30_000) {
     super();
     this.name = name;
+    this.leaseMs = leaseMs;
+  }
+
+  /** Whether {@linkcode RemoteOutbox.close} was called: every later call rejects. */
+  abstract get closed(): boolean;
+
+  /**
+   * Calls `listener` whenever this object dispatches `"enqueue"` (an event
+   * was stored through it; in the leader tab of a shared outbox, through any
+   * tab), so
+   * {@linkcode processEvents} wakes for new work.
+   *
+   * @param listener Called after the event is stored.
+   * @returns A function that removes the listener.
+   */
+  onEnqueue(listener: () => void): () => void {
+    if (typeof listener !== "function") {
+      throw new TypeError(
+        `Cannot listen for enqueues as 'listener' must be a function: current value is ${typeof listener}`,
+      );
+    }
+    const entry = () => listener();
+    this.addEventListener("enqueue", entry);
+    return () => this.removeEventListener("enqueue", entry);
   }
 
   /**
@@ -286,23 +341,66 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
   }
 
   /**
-   * Makes a dead event claimable again; see `Outbox.retry`.
+   * Lists events in one state, a page at a time; see `Outbox.list`.
    *
-   * @param eventId The dead event.
-   * @returns `true` when it was dead and is pending now.
+   * @param options `state`, `queue`, `limit`, `afterId`.
+   * @returns The events.
    */
-  async retry(eventId: number): Promise<boolean> {
-    return await this.invoke("retry", [eventId]) as boolean;
+  async list(options: ListOptions): Promise<EventInfo<P>[]> {
+    return await this.invoke("list", [options]) as EventInfo<P>[];
   }
 
   /**
-   * Deletes done events; see `Outbox.purge`.
+   * Cancels a pending event (it becomes a dead letter, `"cancelled"`); see
+   * `Outbox.cancel`.
    *
-   * @param options `doneBeforeMs`: epoch ms before which done events go.
+   * @param eventId The event.
+   * @returns `true` when it was pending and is cancelled now.
+   */
+  async cancel(eventId: number): Promise<boolean> {
+    return await this.invoke("cancel", [eventId]) as boolean;
+  }
+
+  /**
+   * Makes dead letters claimable again; see `Outbox.redrive`.
+   *
+   * @param options `queue`, `ids`.
+   * @returns How many are pending now.
+   */
+  async redrive(options: RedriveOptions = {}): Promise<number> {
+    return await this.invoke("redrive", [options]) as number;
+  }
+
+  /**
+   * Deletes done events and dead letters older than a duration; see
+   * `Outbox.purge`.
+   *
+   * @param options `olderThanMs`, `states`.
    * @returns How many events were deleted.
    */
-  async purge(options: { readonly doneBeforeMs: number }): Promise<number> {
+  async purge(options: PurgeOptions): Promise<number> {
     return await this.invoke("purge", [options]) as number;
+  }
+
+  /**
+   * Counts every queue's events per state; see `Outbox.queues`.
+   *
+   * @returns One entry per queue.
+   */
+  async queues(): Promise<QueueCounts[]> {
+    return await this.invoke("queues", []) as QueueCounts[];
+  }
+
+  /**
+   * Time until a queue's next event comes due; see `Outbox.nextDueInMs`.
+   *
+   * @param options `queue`.
+   * @returns Milliseconds, or `null` when nothing is scheduled.
+   */
+  async nextDueInMs(
+    options: { readonly queue?: string } = {},
+  ): Promise<number | null> {
+    return await this.invoke("nextDueInMs", [options]) as number | null;
   }
 
   /**
@@ -318,11 +416,11 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
   /**
    * Tells the history of one event; see `Outbox.explain`.
    *
-   * @param eventId The event.
+   * @param event The event's id or identity.
    * @returns Its state and attempt ledger, or `null` when there is no such event.
    */
-  async explain(eventId: number): Promise<Explanation | null> {
-    return await this.invoke("explain", [eventId]) as Explanation | null;
+  async explain(event: number | string): Promise<Explanation | null> {
+    return await this.invoke("explain", [event]) as Explanation | null;
   }
 
   /**
@@ -333,6 +431,11 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
   heldLeases(): Lease<unknown>[] {
     return [...this.#held.values()];
   }
+}
+
+function leaseMsOf(setup: WorkerSetup): number | undefined {
+  const leaseMs = setup.config.outbox["leaseMs"];
+  return typeof leaseMs === "number" ? leaseMs : undefined;
 }
 
 function leaseKey(lease: Lease<unknown>): string {
@@ -477,14 +580,20 @@ class WorkerConnection {
 
 /**
  * An outbox in one dedicated worker of this tab, holding the database alone.
- * Made by {@linkcode openWorkerOutbox}.
+ * Made by {@linkcode openWorkerOutbox}. Dispatches `"enqueue"` after each of
+ * its enqueues.
  */
 export class WorkerOutbox<P = unknown> extends RemoteOutbox<P> {
   readonly #connection: WorkerConnection;
   readonly #visibility: () => void;
+  #closed = false;
 
-  private constructor(name: string, connection: WorkerConnection) {
-    super(name);
+  private constructor(
+    name: string,
+    connection: WorkerConnection,
+    leaseMs: number | undefined,
+  ) {
+    super(name, leaseMs);
     this.#connection = connection;
     this.#visibility = watchVisibility(
       () => connection.call("hide", []).catch(() => {}),
@@ -497,7 +606,16 @@ export class WorkerOutbox<P = unknown> extends RemoteOutbox<P> {
     name: string,
     setup: WorkerSetup,
   ): Promise<WorkerOutbox<P>> {
-    return new WorkerOutbox<P>(name, await WorkerConnection.open(setup));
+    return new WorkerOutbox<P>(
+      name,
+      await WorkerConnection.open(setup),
+      leaseMsOf(setup),
+    );
+  }
+
+  /** Whether {@linkcode WorkerOutbox.close} was called. */
+  get closed(): boolean {
+    return this.#closed;
   }
 
   /** The SQLite VFS the database was opened through. */
@@ -505,13 +623,22 @@ export class WorkerOutbox<P = unknown> extends RemoteOutbox<P> {
     return this.#connection.vfs;
   }
 
-  /** Sends one call to the worker. */
-  protected invoke(method: string, args: readonly unknown[]): Promise<unknown> {
-    return this.#connection.call(method, args);
+  /**
+   * Sends one call to the worker; a stored event is announced with an
+   * `"enqueue"` event, which wakes {@linkcode processEvents}.
+   */
+  protected async invoke(
+    method: string,
+    args: readonly unknown[],
+  ): Promise<unknown> {
+    const result = await this.#connection.call(method, args);
+    if (method === "enqueue") this.dispatchEvent(new Event("enqueue"));
+    return result;
   }
 
   /** Closes the database, releases its OPFS handles and ends the worker. */
   close(): Promise<void> {
+    this.#closed = true;
     this.#visibility();
     return this.#connection.close();
   }
@@ -614,7 +741,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   #next = 0;
 
   private constructor(name: string, setup: WorkerSetup) {
-    super(name);
+    super(name, leaseMsOf(setup));
     this.#setup = setup;
     this.#channel = new BroadcastChannel(`leased-outbox:${name}`);
     this.#channel.addEventListener(
@@ -647,6 +774,11 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     return new SharedOutbox<P>(name, setup);
   }
 
+  /** Whether this outbox was closed (or failed to open): every later call rejects. */
+  get closed(): boolean {
+    return this.#failure !== undefined;
+  }
+
   /** Whether this tab hosts the database now. */
   get isLeader(): boolean {
     return this.#local !== undefined;
@@ -663,13 +795,15 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   }
 
   /**
-   * Adds a pending event; see `Outbox.enqueue`. A call that has to be re-sent
-   * to a new leader carries a generated `dedupKey` (unless one is given), so
-   * it is stored once even when the old leader stored it before it went away.
+   * Adds a pending event; see `Outbox.enqueue`. The event's identity is
+   * minted in this tab (unless one is given), so a call that has to be
+   * re-sent to a new leader is stored once even when the old leader stored
+   * it before it went away.
    *
    * @param payload A JSON-serializable value, or a `Uint8Array`.
-   * @param options Delay, attempts, dedup and ordering keys, queue.
-   * @returns The event id and whether the caller's `dedupKey` matched.
+   * @param options Delay, attempts, dedup and ordering keys, identity, queue.
+   * @returns The event id, its identity, and whether the caller's `dedupKey`
+   * or `identity` matched an earlier event.
    * @throws {TypeError | RangeError} When an argument is invalid.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
@@ -677,15 +811,18 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     payload: P,
     options: EnqueueOptions = {},
   ): Promise<EnqueueResult> {
-    if (options === null || typeof options !== "object") {
+    if (
+      options === null || typeof options !== "object" ||
+      options.identity !== undefined
+    ) {
       return super.enqueue(payload, options);
     }
-    if (options.dedupKey !== undefined) return super.enqueue(payload, options);
-    const result = await super.enqueue(payload, {
-      ...options,
-      dedupKey: `tab-call:${crypto.randomUUID()}`,
-    });
-    return { ...result, deduplicated: false };
+    const identity = uuidv7();
+    const result = await super.enqueue(payload, { ...options, identity });
+    // Our own identity found means a re-sent call the old leader stored.
+    return result.identity === identity
+      ? { ...result, deduplicated: false }
+      : result;
   }
 
   /** Runs a call here when leading, else forwards it to the leader. */

@@ -1,20 +1,23 @@
 /**
  * `deno task demo`: the whole product on real processes, a real database
- * file and a real HTTP receiver on 127.0.0.1.
+ * file and a real HTTP recipient on 127.0.0.1 with a second database and
+ * an inbox.
  *
  * 1. The seed scenario on two connections to a file.
  * 2. A producer process commits N orders, each with its event; three worker
- *    processes deliver them to the receiver. Midway one worker is killed
+ *    processes deliver them to the recipient, which dedupes on each event's
+ *    identity with its inbox. Midway one worker is killed
  *    (SIGKILL) and another is paused past its lease (SIGSTOP, then SIGCONT),
  *    so its late acknowledgements come back stale. Poison events end in the
  *    dead letters.
- * 3. A summary; the exit code is 1 when any event was lost or acknowledged
- *    twice.
+ * 3. A summary; the exit code is 1 when any event was lost, acknowledged
+ *    twice, or had its effect applied other than exactly once.
  *
  * Usage: `deno run -A demo.ts [PATH] [--events 2000] [--poison 5]
  * [--lease-ms 2000] [--latency-ms 5] [--json]`. PATH is a database file that
- * must not exist yet (default: one in a new temporary directory, removed
- * when the demo exits).
+ * must not exist yet, nor PATH.recipient.db beside it, the recipient's
+ * database (default: both in a new temporary directory, removed when the
+ * demo exits).
  *
  * @module
  */
@@ -73,9 +76,13 @@ const latencyMs = integer("latency-ms", 5);
 const json = parsed.values.json === true;
 const path = parsed.positionals[0];
 
-if (path !== undefined && await exists(path)) {
-  console.error(`${path} exists already: give the demo a new file name`);
-  Deno.exit(2);
+for (
+  const file of path === undefined ? [] : [path, `${path}.recipient.db`]
+) {
+  if (await exists(file)) {
+    console.error(`${file} exists already: give the demo a new file name`);
+    Deno.exit(2);
+  }
 }
 const children = new Set<Deno.ChildProcess>();
 const tempDir = path === undefined
@@ -100,12 +107,14 @@ globalThis.addEventListener("unhandledrejection", cleanUp);
 Deno.addSignalListener("SIGINT", () => Deno.exit(130));
 Deno.addSignalListener("SIGTERM", () => Deno.exit(143));
 const dbPath = path ?? join(tempDir!, "outbox.db");
+const recipientPath = `${dbPath}.recipient.db`;
 const seedPath = join(dirname(dbPath), "seed.db");
 
 console.log(`leased-outbox demo · ${DRIVER_NAME}`);
 console.log(
-  `database ${dbPath}${tempDir === undefined ? "" : " (removed at exit)"}\n`,
+  `database ${dbPath}${tempDir === undefined ? "" : " (removed at exit)"}`,
 );
+console.log(`recipient database ${recipientPath}\n`);
 
 // 1. The seed scenario, on two connections to one file.
 {
@@ -119,7 +128,7 @@ console.log(
   await using second = await open();
   await first.transaction((tx) =>
     tx.run(
-      "INSERT INTO outbox_events (id, queue, state, payload, due_at, max_attempts, created_at, updated_at) VALUES (41, 'default', 'pending', 'null', 0, 5, 0, 0)",
+      "INSERT INTO outbox_events (id, identity, queue, state, payload, due_at, max_attempts, created_at, updated_at) VALUES (41, '00000000-0000-7000-8000-000000000041', 'default', 'pending', 'null', 0, 5, 0, 0)",
     )
   );
   const claim = async (outbox: Outbox, at: number, token: string) => {
@@ -147,8 +156,8 @@ console.log(
   console.log();
 }
 
-// 2. The run: a producer, three workers, a receiver, a crash and a pause.
-const receiver = startReceiver(latencyMs);
+// 2. The run: a producer, three workers, a recipient, a crash and a pause.
+const receiver = await startReceiver(recipientPath, latencyMs);
 const setup = await openOutbox(dbPath, { busyTimeoutMs: 1_000 });
 await setup.transaction(async (tx) => {
   await tx.run(ORDERS_SQL);
@@ -159,10 +168,10 @@ await setup.transaction(async (tx) => {
 const monitor = await openDatabase(dbPath);
 
 console.log(
-  `Run: 1 producer writes ${events} orders (${poison} poison), 3 workers deliver to ${receiver.url}`,
+  `Run: 1 producer writes ${events} orders (${poison} poison), 3 workers deliver to ${receiver.url} (an inbox)`,
 );
 console.log(
-  `     lease ${leaseMs} ms, 4 handlers per worker, receiver latency ${latencyMs} ms\n`,
+  `     lease ${leaseMs} ms, 4 handlers per worker, recipient latency ${latencyMs} ms\n`,
 );
 
 function spawn(script: string, extra: string[]): Deno.ChildProcess {
@@ -372,18 +381,34 @@ const ordersWithoutEvent = await one(
   "SELECT count(*) FROM orders AS o WHERE NOT EXISTS (SELECT 1 FROM outbox_events AS e WHERE e.dedup_key = 'order-' || o.id)",
 );
 const rows = await read(
-  `SELECT e.id, e.state, json_extract(e.payload, '$.poison') AS poison, e.attempt,
-     (SELECT count(*) FROM outbox_ledger AS a WHERE a.event_id = e.id AND a.kind = 'acknowledged') AS acks,
-     (SELECT max(fence) FROM outbox_ledger AS a WHERE a.event_id = e.id AND a.kind = 'acknowledged') AS acked_fence
+  `SELECT e.id, e.identity, e.state, json_extract(e.payload, '$.poison') AS poison, e.attempt,
+     (SELECT count(*) FROM outbox_ledger AS a WHERE a.event_id = e.id AND a.kind = 'acknowledged') AS acks
    FROM outbox_events AS e`,
 );
+// How many times each identity's effect was applied, from the recipient's
+// own database.
+const recipient = await openDatabase(recipientPath);
+const applied = new Map(
+  (await recipient.query("SELECT identity, applied FROM shipments")).map((
+    row,
+  ) => [String(row["identity"]), Number(row["applied"])]),
+);
+const [{ n: inboxRecords = 0 } = {}] = await recipient.query(
+  "SELECT count(*) AS n FROM inbox_accepted",
+);
+const recipientIntegrity = String(
+  (await recipient.query("PRAGMA integrity_check"))[0]?.["integrity_check"],
+);
+await recipient.close();
+let appliedTwice = 0;
+for (const times of applied.values()) if (times > 1) appliedTwice++;
 let lost = 0;
+let effectsLost = 0;
 let acknowledgedTwice = 0;
 let unexpectedDead = 0;
 let poisonDead = 0;
 const poisonAttempts = new Set<number>();
 for (const row of rows) {
-  const id = Number(row["id"]);
   if (Number(row["acks"]) > 1) acknowledgedTwice++;
   if (row["poison"] === 1) {
     if (row["state"] === "dead") {
@@ -393,11 +418,9 @@ for (const row of rows) {
     continue;
   }
   if (row["state"] === "dead") unexpectedDead++;
-  const fences = receiver.fences.get(id) ?? [];
-  // Done without a delivery under the acknowledged fence is a lost event.
-  if (row["state"] !== "done" || !fences.includes(Number(row["acked_fence"]))) {
-    lost++;
-  }
+  if (row["state"] !== "done") lost++;
+  // Done without its effect at the recipient is a lost event too.
+  else if (!applied.has(String(row["identity"]))) effectsLost++;
 }
 lost += events - eventCount + ordersWithoutEvent;
 const staleAcknowledgements = await one(
@@ -413,7 +436,7 @@ for (const fences of receiver.fences.values()) {
   }
 }
 const redeliveries = [...redeliveryFences.values()].reduce((a, b) => a + b, 0);
-const deliveredEvents = [...receiver.fences.keys()].length;
+const deliveredEvents = applied.size;
 const deliveries = [...receiver.fences.values()].reduce(
   (sum, fences) => sum + fences.length,
   0,
@@ -426,19 +449,26 @@ await monitor.close();
 await setup.close();
 await receiver[Symbol.asyncDispose]();
 
-const ok = !timedOut && lost === 0 && acknowledgedTwice === 0 &&
-  unexpectedDead === 0 && integrity === "ok" && orderCount === events;
+const ok = !timedOut && lost === 0 && effectsLost === 0 &&
+  appliedTwice === 0 && acknowledgedTwice === 0 && unexpectedDead === 0 &&
+  integrity === "ok" && recipientIntegrity === "ok" &&
+  orderCount === events && deliveredEvents === nonPoison &&
+  Number(inboxRecords) === deliveredEvents;
 const fenceText = [...redeliveryFences.entries()].sort(([a], [b]) => a - b)
   .map(([fence, n]) => `fence ${fence} ×${n}`).join(", ");
 const summary: [string, string][] = [
   ["events (orders committed with their event)", `${eventCount}`],
   [
-    "delivered (distinct events at the receiver)",
+    "delivered (events whose effect the recipient applied)",
     `${deliveredEvents} of ${nonPoison}`,
   ],
   [
-    "deliveries received (deduped by eventId:fence)",
-    `${deliveries} (+${receiver.duplicates} duplicate keys, ${receiver.refused} poison refusals)`,
+    "deliveries received (inbox, deduped by identity)",
+    `${deliveries}: ${receiver.accepted} accepted, ${receiver.duplicates} duplicate, ${receiver.stale} stale (+${receiver.refused} poison refusals)`,
+  ],
+  [
+    "effects applied once / twice / lost",
+    `${deliveredEvents - appliedTwice} / ${appliedTwice} / ${effectsLost}`,
   ],
   ["redeliveries", `${redeliveries}${fenceText ? ` (${fenceText})` : ""}`],
   ["expired leases taken over", `${expiredLeases}`],
@@ -452,7 +482,10 @@ const summary: [string, string][] = [
     })`,
   ],
   ["lost / acknowledged twice", `${lost} / ${acknowledgedTwice}`],
-  ["integrity_check", integrity],
+  [
+    "integrity_check (outbox, recipient)",
+    `${integrity}, ${recipientIntegrity}`,
+  ],
   ["elapsed", `${elapsed.toFixed(1)} s${timedOut ? " (TIMED OUT)" : ""}`],
   ["throughput", `${(events / elapsed).toFixed(1)} events/s`],
 ];
@@ -490,7 +523,7 @@ for (const [i, name] of names.entries()) {
 console.log(
   `\n${
     ok ? "OK" : "FAILED"
-  }: every event delivered and acknowledged exactly once, poison in the dead letters${
+  }: every event's effect applied exactly once and every event acknowledged once, poison in the dead letters${
     ok ? "" : " — see above"
   }`,
 );
@@ -500,7 +533,14 @@ if (json) {
     orders: orderCount,
     delivered: deliveredEvents,
     deliveries,
+    accepted: receiver.accepted,
     duplicates: receiver.duplicates,
+    stale: receiver.stale,
+    appliedOnce: deliveredEvents - appliedTwice,
+    appliedTwice,
+    effectsLost,
+    inboxRecords: Number(inboxRecords),
+    recipientIntegrity,
     redeliveries,
     redeliveryFences: Object.fromEntries(redeliveryFences),
     expiredLeases,

@@ -196,3 +196,86 @@ export function sqliteError(
       return new SqliteError(message, code, options);
   }
 }
+
+/**
+ * Thrown by a handler of {@linkcode processEvents} to say "do not retry":
+ * the event becomes a dead letter at once, whatever attempts it has left,
+ * with this error's text as its last error (BullMQ's `UnrecoverableError`).
+ * Use it for failures another attempt cannot fix, such as an HTTP 4xx.
+ *
+ * @example Usage
+ * ```ts
+ * import { PermanentError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const error = new PermanentError("receiver answered 422", { status: 422 });
+ * assert.equal(error.name, "PermanentError");
+ * assert.deepEqual(error.data, { status: 422 });
+ * ```
+ */
+export class PermanentError extends Error {
+  /** Whatever the handler attached, e.g. the response status; `undefined` when none. */
+  readonly data: unknown;
+
+  /**
+   * Makes the error.
+   *
+   * @param message Why the event cannot succeed; kept as its last error.
+   * @param data Anything for the `onHandlerError` hook to read.
+   * @param options `cause`: the underlying error.
+   */
+  constructor(message: string, data?: unknown, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "PermanentError";
+    this.data = data;
+  }
+}
+
+/** The largest `delayMs` of a {@linkcode RetryAfterError}: 365 days. */
+const MAX_RETRY_AFTER_MS = 31_536_000_000;
+
+/**
+ * Thrown by a handler of {@linkcode processEvents} to say "retry after
+ * `delayMs`": the event is released for exactly that delay instead of the
+ * loop's backoff (an HTTP `Retry-After`; liteque's `RetryAfterError`). The
+ * attempt still counts, so on the last attempt the event becomes a dead
+ * letter.
+ *
+ * @example Usage
+ * ```ts
+ * import { RetryAfterError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const error = new RetryAfterError(30_000, "receiver answered 429");
+ * assert.equal(error.delayMs, 30_000);
+ * assert.equal(error.message, "receiver answered 429");
+ * ```
+ */
+export class RetryAfterError extends Error {
+  /** How long the event waits before it can be claimed again, in milliseconds. */
+  readonly delayMs: number;
+
+  /**
+   * Makes the error.
+   *
+   * @param delayMs Milliseconds before the next attempt, an integer from 0
+   * to 365 days.
+   * @param message Why the attempt failed; kept as the event's last error.
+   * @param options `cause`: the underlying error.
+   * @throws {RangeError} When `delayMs` is not such an integer.
+   */
+  constructor(delayMs: number, message?: string, options?: ErrorOptions) {
+    if (
+      !Number.isInteger(delayMs) || delayMs < 0 || delayMs > MAX_RETRY_AFTER_MS
+    ) {
+      throw new RangeError(
+        `Cannot make RetryAfterError as 'delayMs' must be a non-negative integer at most ${MAX_RETRY_AFTER_MS}: current value is ${
+          typeof delayMs === "number" ? delayMs : typeof delayMs
+        }`,
+      );
+    }
+    super(message ?? `retry after ${delayMs} ms`, options);
+    this.name = "RetryAfterError";
+    this.delayMs = delayMs;
+  }
+}

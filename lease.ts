@@ -11,7 +11,25 @@
  * @module
  */
 import type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
-import { BusyError, LeaseLostError, UnsafeIntegerError } from "./errors.ts";
+import {
+  BusyError,
+  LeaseLostError,
+  SqliteError,
+  UnsafeIntegerError,
+} from "./errors.ts";
+import { isIdentity, uuidv7 } from "./identity.ts";
+import {
+  ADMIN_SQL,
+  CANCELLED,
+  type EventInfo,
+  eventInfo,
+  type ListOptions,
+  PURGE_BATCH,
+  type PurgeOptions,
+  type QueueCounts,
+  queueCounts,
+  type RedriveOptions,
+} from "./admin.ts";
 import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 
 /** Milliseconds since the Unix epoch, from an injected clock. */
@@ -23,8 +41,13 @@ export const MAX_DURATION_MS = 31_536_000_000;
 export const MAX_ATTEMPTS = 1_000_000;
 /** The largest accepted `max` of a batch claim. */
 export const MAX_BATCH = 10_000;
-/** The largest accepted `maxPayloadBytes`, below SQLite's `SQLITE_MAX_LENGTH`. */
-export const MAX_PAYLOAD_BYTES = 512 * 1024 * 1024;
+/**
+ * The largest accepted `maxPayloadBytes`: what a claim can really read back.
+ * Measured on the WASM build over a file (4 GiB heap): a 256 MiB payload
+ * enqueues and claims; a 384 MiB one enqueues but its claim fails with "out
+ * of memory", since reading it back needs the engine's copy and JavaScript's.
+ */
+export const MAX_PAYLOAD_BYTES = 256 * 1024 * 1024;
 
 /** Options fixed when an {@linkcode Outbox} is opened. */
 export interface OutboxOptions {
@@ -71,12 +94,26 @@ export interface EnqueueOptions {
    * same queue with the same key is pending or leased.
    */
   readonly orderingKey?: string;
+  /**
+   * The event's global identity, canonical lowercase UUID text of any
+   * version, for example an upstream event's id carried on. Unique across
+   * queues: when an event has it already, the enqueue inserts nothing and
+   * returns that event with `deduplicated: true`, as a `dedupKey` does.
+   *
+   * @default {a new UUIDv7 stamped with the outbox's clock}
+   */
+  readonly identity?: string;
 }
 
 /** What {@linkcode Outbox.enqueue} reports. */
 export interface EnqueueResult {
-  /** The event's id (the original one when deduplicated). */
+  /** The event's id in this database (the original one when deduplicated). */
   readonly eventId: number;
+  /**
+   * The event's global identity, UUID text (the original one when
+   * deduplicated): what recipients dedupe on.
+   */
+  readonly identity: string;
   /** `true` when `dedupKey` matched an existing event and nothing was inserted. */
   readonly deduplicated: boolean;
 }
@@ -103,15 +140,21 @@ export interface BatchClaimOptions extends Omit<ClaimOptions, "token"> {
 
 /** A claim on one event: who holds it (token, fence) and until when. */
 export interface Lease<P = unknown> {
-  /** The event's id. */
+  /** The event's id, local to this database. */
   readonly eventId: number;
+  /**
+   * The event's global identity, UUID text, the same on every claim of it:
+   * recipients dedupe external effects on it (the idempotency key).
+   */
+  readonly identity: string;
   /** The queue the event is in. */
   readonly queue: string;
   /** The claim token that acknowledge, renew and release must present. */
   readonly token: string;
   /**
-   * The event's claim number, strictly increasing per event: recipients
-   * dedupe external effects on `${eventId}:${fence}`.
+   * The event's claim number, strictly increasing per event. It orders the
+   * attempts at one event, and is no idempotency key: a recipient may
+   * refuse an attempt whose fence is lower than one it already accepted.
    */
   readonly fence: number;
   /** Attempt number of this claim, from 1. */
@@ -134,12 +177,19 @@ export interface ReleaseOptions {
   readonly delayMs?: number;
   /** Why the attempt failed, kept as the event's last error. */
   readonly error?: string;
+  /**
+   * Makes the event a dead letter now, whatever attempts it has left (the
+   * handler knows another attempt cannot succeed). @default {false}
+   */
+  readonly deadLetter?: boolean;
 }
 
 /** A dead letter: an event whose attempts ran out. */
 export interface DeadLetter<P = unknown> {
-  /** The event's id. */
+  /** The event's id, local to this database. */
   readonly eventId: number;
+  /** The event's global identity, UUID text. */
+  readonly identity: string;
   /** The queue the event is in. */
   readonly queue: string;
   /** The payload as enqueued. */
@@ -199,8 +249,10 @@ export interface LedgerEntry {
 
 /** One event and its history, from {@linkcode Outbox.explain}. */
 export interface Explanation {
-  /** The event's id. */
+  /** The event's id, local to this database. */
   readonly eventId: number;
+  /** The event's global identity, UUID text. */
+  readonly identity: string;
   /** The queue it is in. */
   readonly queue: string;
   /** Its state now. */
@@ -239,7 +291,8 @@ export interface Transaction {
 
 const TOKEN = /^[A-Za-z0-9._~-]{1,128}$/;
 const MAX_NAME_LENGTH = 1024;
-const MAX_ERROR_LENGTH = 65_536;
+/** The longest error text an event keeps, in UTF-16 code units. */
+export const MAX_ERROR_LENGTH = 65_536;
 const LEASE_EXPIRED = "lease expired";
 const MAX_DATE_MS = 8_640_000_000_000_000;
 // SQLite queues no lock waiters: a waiter only wins if it polls in the gap
@@ -254,7 +307,7 @@ const HEX = Array.from(
 const mutexes = new WeakMap<Driver, Mutex>();
 
 const EVENT_COLUMNS =
-  "id, queue, state, payload, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
+  "id, identity, queue, state, payload, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
 // What a claim changes, shared by the batch and the lone claim; #claim builds
 // the lease from the candidate row plus exactly these changes.
 const CLAIM_SET = `state = 'leased', fence = fence + 1, attempt = attempt + 1,
@@ -285,11 +338,28 @@ export const SQL = {
   migrateV2: `ALTER TABLE outbox_events ADD COLUMN claimed_at INTEGER;
     ${VIEWS_SQL}
     PRAGMA user_version = 3`,
+  // Existing events get UUIDv7 identities stamped with their created_at:
+  // 74 random bits from randomblob() (rand_a, rand_b and the variant's
+  // free bits), so they sort by enqueue time as minted ones do. The
+  // subquery, correlated with the row, draws new bits for each row.
+  migrateV3: `ALTER TABLE outbox_events ADD COLUMN identity TEXT;
+    UPDATE outbox_events SET identity = (
+      SELECT substr(t, 1, 8) || '-' || substr(t, 9, 4) || '-7' || substr(r, 1, 3)
+        || '-' || substr('89ab89ab89ab89ab', instr('0123456789abcdef', substr(r, 4, 1)), 1)
+        || substr(r, 5, 3) || '-' || substr(r, 8, 12)
+      FROM (SELECT printf('%012x', created_at & 0xffffffffffff) AS t,
+        lower(hex(randomblob(10))) AS r));
+    CREATE UNIQUE INDEX outbox_events_identity ON outbox_events (identity);
+    PRAGMA user_version = 4`,
+  // A conflict on the dedup key or the identity inserts nothing.
   insert: `INSERT INTO outbox_events
-    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at)
-    VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?)
-    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`,
-  byDedupKey: "SELECT id FROM outbox_events WHERE queue = ? AND dedup_key = ?",
+    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity)
+    VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT DO NOTHING`,
+  // The dedup key's event first: it is the one the caller's key names.
+  existing: `SELECT id, identity FROM outbox_events
+    WHERE (queue = ?1 AND dedup_key = ?2) OR identity = ?3
+    ORDER BY dedup_key IS NOT ?2 LIMIT 1`,
   // A lapsed lease on the last attempt is a dead letter from its deadline on
   // (SQS moves a message to its dead-letter queue when its receive count runs
   // out). Every transaction looks for them first, so once any call has seen
@@ -309,8 +379,12 @@ export const SQL = {
   // with a constant (the LIMIT; the partial indexes' WHERE clauses), which
   // cost every claim 18 µs on node:sqlite and 33 µs in WASM; the unary plus
   // keeps the parameters out of the planner's sight.
-  candidates: `SELECT id, state, fence, attempt, max_attempts, payload,
-      ordering_key, last_error
+  // ?4: the claiming outbox's maxPayloadBytes. octet_length reads a
+  // payload's size from its record header, so a payload too large to read
+  // back is never loaded: its event becomes a dead letter instead.
+  candidates: `SELECT id, identity, state, fence, attempt, max_attempts,
+      CASE WHEN octet_length(payload) <= ?4 THEN payload END AS payload,
+      octet_length(payload) AS bytes, ordering_key, last_error
     FROM outbox_events AS e
     WHERE queue = +?1 AND state IN ('pending', 'leased') AND due_at <= ?2
       AND (ordering_key IS NULL OR NOT EXISTS (
@@ -366,9 +440,10 @@ export const SQL = {
     WHERE id = ?3 AND token = ?4 AND fence = ?5 AND state = 'leased'
       AND lease_until > ?2
     RETURNING lease_until`,
+  // ?7: 1 makes it a dead letter whatever attempts are left.
   release: `UPDATE outbox_events
-    SET state = CASE WHEN attempt >= max_attempts THEN 'dead' ELSE 'pending' END,
-      done_at = CASE WHEN attempt >= max_attempts THEN ?1 END,
+    SET state = CASE WHEN ?7 OR attempt >= max_attempts THEN 'dead' ELSE 'pending' END,
+      done_at = CASE WHEN ?7 OR attempt >= max_attempts THEN ?1 END,
       token = NULL, lease_until = NULL, due_at = ?2, updated_at = ?1,
       last_error = coalesce(?3, last_error)
     WHERE id = ?4 AND token = ?5 AND fence = ?6 AND state = 'leased'
@@ -376,21 +451,44 @@ export const SQL = {
   stale: `INSERT INTO outbox_attempts (event_id, fence, kind, at, token)
     SELECT id, ?2, ?3, ?4, ?5 FROM outbox_events WHERE id = ?1`,
   deadLetters:
-    `SELECT id, queue, payload, attempt, last_error, created_at, done_at
+    `SELECT id, identity, queue, payload, attempt, last_error, created_at, done_at
     FROM outbox_events WHERE state = 'dead' AND queue = ? ORDER BY id LIMIT ?`,
-  retry: `UPDATE outbox_events
-    SET state = 'pending', attempt = 0, due_at = ?1, updated_at = ?1, done_at = NULL
-    WHERE id = ?2 AND state = 'dead'
-    RETURNING fence`,
-  purgeLedger: `DELETE FROM outbox_attempts WHERE event_id IN (
-    SELECT id FROM outbox_events WHERE state = 'done' AND done_at < ?)`,
-  purge: "DELETE FROM outbox_events WHERE state = 'done' AND done_at < ?",
+  // An event a claim cannot hand out (payload too large, or text that is
+  // not JSON): a dead letter with the reason, so the queue goes on.
+  unclaimable: `UPDATE outbox_events
+    SET state = 'dead', done_at = ?1, updated_at = ?1, lease_until = NULL,
+      token = NULL, last_error = ?2
+    WHERE id = ?3`,
+  // A write that changes nothing: fails with SQLITE_READONLY on a read-only
+  // connection, where BEGIN IMMEDIATE itself succeeds.
+  writable: "UPDATE outbox_events SET id = id WHERE 0",
+  tableCount: "SELECT count(*) AS n FROM sqlite_schema",
+  // Only takes effect before the first table exists (sqlite.org/pragma.html).
+  autoVacuum: "PRAGMA auto_vacuum = INCREMENTAL",
+  freelistCount: "PRAGMA freelist_count",
+  pageCount: "PRAGMA page_count",
+  pageSize: "PRAGMA page_size",
+  autoVacuumMode: "PRAGMA auto_vacuum",
+  incrementalVacuum: "PRAGMA incremental_vacuum",
   stats: `SELECT state, count(*) AS n, min(created_at) AS oldest
     FROM outbox_events WHERE queue = ? GROUP BY state`,
   event: `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE id = ?`,
+  eventByIdentity:
+    `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE identity = ?`,
   history: `SELECT kind, fence, at, token, lease_until, detail
     FROM outbox_ledger WHERE event_id = ? ORDER BY seq`,
 } as const;
+
+/**
+ * The upgrade steps, run in order in the transaction that opens the
+ * outbox: the one at index `n` takes a version `n + 1` schema to version
+ * `n + 2`.
+ */
+const MIGRATIONS: readonly string[] = [
+  SQL.migrateV1,
+  SQL.migrateV2,
+  SQL.migrateV3,
+];
 
 /**
  * A transactional outbox with leases on one SQLite connection.
@@ -460,24 +558,31 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       1,
       MAX_PAYLOAD_BYTES,
     ) ?? 1_048_576;
-    let mutex = mutexes.get(driver);
-    if (mutex === undefined) mutexes.set(driver, mutex = new Mutex());
-    this.#mutex = mutex;
+    this.#mutex = driverMutex(driver);
   }
 
   /**
    * Opens an outbox on a connection, creating the schema (`schema.sql`) when
-   * the database has none, upgrading a version 1 or 2 schema in the same
+   * the database has none, upgrading a version 1, 2 or 3 schema in the same
    * transaction, and checking its version otherwise. The upgrade drops the
-   * triggers that wrote version 1's ledger and adds version 3's `claimed_at`
-   * and ledger views: stop processes running an older release first, or
-   * their claims and acknowledgements go unrecorded or out of order.
+   * triggers that wrote version 1's ledger, adds version 3's `claimed_at`
+   * and ledger views, and adds version 4's `identity`, giving every existing
+   * event a UUIDv7 stamped with its `created_at`: stop processes running an
+   * older release first, or their claims and acknowledgements go unrecorded
+   * or out of order, and the events they enqueue have no identity.
    *
-   * @param driver The connection; the outbox owns it and closes it.
+   * A new database gets `auto_vacuum = INCREMENTAL` before its first table,
+   * so {@linkcode Outbox.maintain} can give freed pages back to the file
+   * system.
+   *
+   * @param driver The connection; the outbox owns it and closes it, also
+   * when opening fails.
    * @param options See {@linkcode OutboxOptions}.
    * @returns The opened outbox.
    * @throws {TypeError | RangeError} When an option is invalid, naming it.
-   * @throws {Error} When the database has a newer schema version.
+   * @throws {Error} When the database has a newer schema version, or the
+   * connection is read-only (every call writes: lapsed last-attempt leases
+   * become dead letters first).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   static async open<P = unknown>(
@@ -493,7 +598,27 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     }
     checkOptions("open outbox", options);
     const outbox = new Outbox<P>(driver, options);
-    await outbox.#write("open outbox", async () => {
+    try {
+      await outbox.#open();
+    } catch (error) {
+      await outbox.close().catch(() => {});
+      throw error;
+    }
+    return outbox;
+  }
+
+  async #open(): Promise<void> {
+    const driver = this.#driver;
+    await this.#mutex.run(async () => {
+      try {
+        const [tables] = await driver.query(SQL.tableCount);
+        if (Number(tables?.["n"]) === 0) await driver.exec(SQL.autoVacuum);
+      } catch (error) {
+        // Locked: another connection is writing, so the database exists.
+        if (!(error instanceof BusyError)) throw error;
+      }
+    });
+    await this.#write("open outbox", async () => {
       const [row] = await driver.query(SQL.userVersion);
       const version = row === undefined ? 0 : integerOf(row, "user_version");
       const [table] = await driver.query(SQL.hasSchema);
@@ -503,16 +628,27 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         throw new Error(
           `Cannot open outbox as the database's user_version is ${version} but it has no outbox tables: another schema uses user_version, so give the outbox its own database file`,
         );
-      } else if (version === 1) {
-        await driver.exec(`${SQL.migrateV1};${SQL.migrateV2}`);
-      } else if (version === 2) await driver.exec(SQL.migrateV2);
-      else if (version !== SCHEMA_VERSION) {
+      } else if (version >= 1 && version < SCHEMA_VERSION) {
+        for (const step of MIGRATIONS.slice(version - 1)) {
+          await driver.exec(step);
+        }
+      } else if (version !== SCHEMA_VERSION) {
         throw new Error(
           `Cannot open outbox as the database has outbox schema version ${version}, not ${SCHEMA_VERSION}`,
         );
       }
+      try {
+        await driver.run(SQL.writable);
+      } catch (error) {
+        if (error instanceof SqliteError && error.primaryCode === 8) {
+          throw new Error(
+            "Cannot open outbox as the connection is read-only: every call takes the write lock (lapsed last-attempt leases become dead letters first)",
+            { cause: error },
+          );
+        }
+        throw error;
+      }
     }, false);
-    return outbox;
   }
 
   /**
@@ -523,7 +659,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * makes it (so `NaN` becomes `null` and a `Map` `{}`), or a `Uint8Array`
    * stored as is.
    * @param options See {@linkcode EnqueueOptions}.
-   * @returns The event id, and whether `dedupKey` matched an earlier event.
+   * @returns The event id, its identity, and whether `dedupKey` or a
+   * supplied `identity` matched an earlier event.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
@@ -751,6 +888,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const error = options.error === undefined
       ? null
       : checkError(op, options.error);
+    const deadLetter = options.deadLetter ?? false;
+    if (typeof deadLetter !== "boolean") {
+      throw new TypeError(
+        `Cannot ${op} as 'deadLetter' must be a boolean: current value is ${
+          describe(deadLetter)
+        }`,
+      );
+    }
     return await this.#write(op, async (now) => {
       await this.#writeUnwritten([checked.eventId]);
       const [row] = await this.#driver.query(SQL.release, [
@@ -760,6 +905,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         checked.eventId,
         checked.token,
         checked.fence,
+        deadLetter ? 1 : 0,
       ]);
       if (row === undefined) {
         await this.#stale(checked, "stale_release", now);
@@ -810,6 +956,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       const rows = await this.#driver.query(SQL.deadLetters, [queue, limit]);
       return rows.map((row) => ({
         eventId: integerOf(row, "id"),
+        identity: String(row["identity"]),
         queue: String(row["queue"]),
         payload: decodePayload(row["payload"]) as P,
         attempts: integerOf(row, "attempt"),
@@ -821,54 +968,354 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   /**
-   * Makes a dead letter claimable again with a fresh attempt count (SQS's
-   * dead-letter queue redrive).
+   * Lists events in one state, oldest id first, a page at a time: pass the
+   * last id of a page as `afterId` for the next one.
    *
-   * @param eventId The dead event's id.
-   * @returns `true` when the event was dead and is pending now, else `false`.
+   * @param options See {@linkcode ListOptions}.
+   * @returns The events, at most `limit` of them.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Page through pending events
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * for (const n of [1, 2, 3]) await outbox.enqueue({ n });
+   * const first = await outbox.list({ state: "pending", limit: 2 });
+   * assert.deepEqual(first.map((e) => e.payload), [{ n: 1 }, { n: 2 }]);
+   * const next = await outbox.list({ state: "pending", afterId: first[1]!.id });
+   * assert.deepEqual(next.map((e) => e.payload), [{ n: 3 }]);
+   * ```
+   */
+  async list(options: ListOptions): Promise<EventInfo<P>[]> {
+    const op = "list events";
+    const params = listParameters(op, options);
+    return await this.#write(op, async () => {
+      const rows = await this.#driver.query(ADMIN_SQL.list, params);
+      return rows.map((row) => eventInfo<P>(row, decodePayload));
+    });
+  }
+
+  /**
+   * Cancels a pending event: it becomes a dead letter whose last error is
+   * `"cancelled"`, so it stays listed (and explained) and
+   * {@linkcode Outbox.redrive} can bring it back; purge deletes it for good.
+   * A leased event is not cancelled: its holder would find its
+   * acknowledgement refused without knowing why.
+   *
+   * @param eventId The event's id.
+   * @returns `true` when the event was pending and is cancelled now, else `false`.
    * @throws {TypeError | RangeError} When `eventId` is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Cancel, then change one's mind
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * const { eventId } = await outbox.enqueue({ to: "ada@example.com" });
+   * assert.equal(await outbox.cancel(eventId), true);
+   * assert.equal(await outbox.claim(), null);
+   * assert.equal(await outbox.redrive({ ids: [eventId] }), 1);
+   * assert.equal((await outbox.claim())?.eventId, eventId);
+   * ```
    */
-  async retry(eventId: number): Promise<boolean> {
-    const id =
-      checkInteger("retry", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
-        0;
-    return await this.#write("retry", async (now) => {
-      const [row] = await this.#driver.query(SQL.retry, [now, id]);
+  async cancel(eventId: number): Promise<boolean> {
+    const op = "cancel";
+    const id = checkEventId(op, eventId);
+    return await this.#write(op, async (now) => {
+      const [row] = await this.#driver.query(ADMIN_SQL.cancel, [now, id]);
       if (row === undefined) return false;
-      await this.#ledger(id, integerOf(row, "fence"), "retried", now);
+      await this.#ledger(
+        id,
+        integerOf(row, "fence"),
+        "dead",
+        now,
+        null,
+        null,
+        CANCELLED,
+      );
       return true;
     });
   }
 
   /**
-   * Deletes done events acknowledged before a time, with their ledger
-   * entries (retention). Their dedup keys stop deduplicating.
+   * Makes dead letters claimable again at once with a fresh attempt count
+   * (SQS's dead-letter redrive, pg-boss's `redrive()`), in one transaction.
+   * With neither option, every dead letter of every queue.
    *
-   * @param options `doneBeforeMs`: epoch milliseconds; events done strictly
-   * earlier are deleted.
+   * @param options See {@linkcode RedriveOptions}.
+   * @returns How many dead letters are pending now.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Redrive a queue's dead letters after fixing the receiver
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"), {
+   *   maxAttempts: 1,
+   * });
+   * await outbox.enqueue({ to: "ada@example.com" }, { queue: "mail" });
+   * const lease = await outbox.claim({ queue: "mail" });
+   * await outbox.release(lease!, { error: "receiver down" });
+   * assert.equal(await outbox.redrive({ queue: "mail" }), 1);
+   * assert.equal((await outbox.claim({ queue: "mail" }))?.attempt, 1);
+   * ```
+   */
+  async redrive(options: RedriveOptions = {}): Promise<number> {
+    const op = "redrive";
+    checkOptions(op, options);
+    const queue = options.queue === undefined
+      ? null
+      : checkName(op, "queue", options.queue);
+    let ids: string | null = null;
+    if (options.ids !== undefined) {
+      if (!Array.isArray(options.ids) || options.ids.length > MAX_BATCH) {
+        throw new TypeError(
+          `Cannot ${op} as 'ids' must be an array of at most ${MAX_BATCH} event ids: current value is ${
+            describe(options.ids)
+          }`,
+        );
+      }
+      ids = JSON.stringify(
+        Array.from(options.ids, (id, i) => checkEventId(op, id, `ids[${i}]`)),
+      );
+    }
+    return await this.#write(op, async (now) => {
+      const rows = await this.#driver.query(ADMIN_SQL.redrive, [
+        now,
+        queue,
+        ids,
+      ]);
+      await this.#ledgerAll(
+        rows.map((row): LedgerRow => [
+          integerOf(row, "id"),
+          integerOf(row, "fence"),
+          "retried",
+          null,
+          null,
+          null,
+        ]),
+        now,
+      );
+      return rows.length;
+    });
+  }
+
+  /**
+   * Deletes done events and dead letters older than a duration, counted from
+   * when they were acknowledged or became dead letters, with their ledger
+   * entries (retention). It deletes at most 1,000 events per transaction, so
+   * claims on other connections wait for short write locks only. Their dedup
+   * keys stop deduplicating.
+   *
+   * @param options See {@linkcode PurgeOptions}.
    * @returns How many events were deleted.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Keep a week of history
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * let now = 0;
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"), {
+   *   now: () => now,
+   * });
+   * await outbox.enqueue({ n: 1 });
+   * await outbox.acknowledge((await outbox.claim())!);
+   * now = 3 * 86_400_000;
+   * assert.equal(await outbox.purge({ olderThanMs: 7 * 86_400_000 }), 0);
+   * now = 8 * 86_400_000;
+   * assert.equal(await outbox.purge({ olderThanMs: 7 * 86_400_000 }), 1);
+   * ```
    */
-  async purge(options: { readonly doneBeforeMs: number }): Promise<number> {
+  async purge(options: PurgeOptions): Promise<number> {
     const op = "purge";
     checkOptions(op, options);
-    const before = checkInteger(
+    const olderThanMs = checkInteger(
       op,
-      "doneBeforeMs",
-      options.doneBeforeMs,
+      "olderThanMs",
+      options.olderThanMs,
       0,
       Number.MAX_SAFE_INTEGER,
-    );
-    if (before === undefined) {
+    ) ?? missing(op, "olderThanMs");
+    const states = options.states ?? ["done", "dead"];
+    if (
+      !Array.isArray(states) || states.length === 0 ||
+      !states.every((state) => state === "done" || state === "dead")
+    ) {
       throw new TypeError(
-        "Cannot purge as 'doneBeforeMs' is required: current value is undefined",
+        `Cannot ${op} as 'states' must be a non-empty array of "done" and "dead": current value is ${
+          describe(states)
+        }`,
       );
     }
-    return await this.#write(op, async () => {
-      await this.#driver.run(SQL.purgeLedger, [before]);
-      return (await this.#driver.run(SQL.purge, [before])).changes;
+    let cutoff: number | undefined;
+    let deleted = 0;
+    for (const state of new Set(states)) {
+      for (;;) {
+        const n = await this.#write(op, async (now) => {
+          cutoff ??= now - olderThanMs;
+          const rows = await this.#driver.query(ADMIN_SQL.purgeable, [
+            state,
+            cutoff,
+          ]);
+          if (rows.length === 0) return 0;
+          const ids = JSON.stringify(rows.map((row) => integerOf(row, "id")));
+          await this.#driver.run(ADMIN_SQL.purgeLedger, [ids]);
+          return (await this.#driver.run(ADMIN_SQL.purge, [ids])).changes;
+        });
+        deleted += n;
+        if (n < PURGE_BATCH) break;
+      }
+    }
+    return deleted;
+  }
+
+  /**
+   * Counts the events of every queue per state.
+   *
+   * @returns One entry per queue that has events, in name order.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Usage
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"), { now: () => 5 });
+   * await outbox.enqueue({ n: 1 }, { queue: "mail" });
+   * assert.deepEqual(await outbox.queues(), [
+   *   { queue: "mail", pending: 1, leased: 0, done: 0, dead: 0, oldestPendingAt: 5 },
+   * ]);
+   * ```
+   */
+  async queues(): Promise<QueueCounts[]> {
+    return await this.#write(
+      "count queues",
+      async () => queueCounts(await this.#driver.query(ADMIN_SQL.queues)),
+    );
+  }
+
+  /**
+   * How long until the next pending or leased event of a queue that is not
+   * due yet comes due (a delayed event, a backoff, a lease deadline), by the
+   * outbox's clock, so an idle loop sleeps until then instead of polling.
+   *
+   * @param options `queue`: default the outbox's.
+   * @returns Milliseconds from now, or `null` when nothing is scheduled.
+   * @throws {TypeError} When `queue` is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Usage
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"), { now: () => 0 });
+   * assert.equal(await outbox.nextDueInMs(), null);
+   * await outbox.enqueue({ n: 1 }, { delayMs: 2_000 });
+   * assert.equal(await outbox.nextDueInMs(), 2_000);
+   * ```
+   */
+  async nextDueInMs(
+    options: { readonly queue?: string } = {},
+  ): Promise<number | null> {
+    const op = "find the next due time";
+    checkOptions(op, options);
+    const queue = options.queue === undefined
+      ? this.#queue
+      : checkName(op, "queue", options.queue);
+    return await this.#write(op, async (now) => {
+      const [row] = await this.#driver.query(ADMIN_SQL.nextDue, [queue, now]);
+      return row === undefined ? null : integerOf(row, "due_at") - now;
+    });
+  }
+
+  /**
+   * Gives the pages that deleted rows freed back to the file system, so the
+   * file shrinks after {@linkcode Outbox.purge} (SQLite keeps freed pages on
+   * a free list otherwise). Databases this library creates have
+   * `auto_vacuum = INCREMENTAL`, and this runs `PRAGMA incremental_vacuum`.
+   * One made before (or by another program) has `auto_vacuum = NONE`, which
+   * the result says: `vacuum: true` then runs a full `VACUUM` once, which
+   * rewrites the file, switches it to incremental, and fails with
+   * {@linkcode BusyError} while another connection uses the database.
+   *
+   * @param options `vacuum`: run a full `VACUUM`. @default {false}
+   * @returns The bytes given back, the free pages left, and the database's
+   * `auto_vacuum` mode afterwards (`"none"`: nothing can be given back
+   * without `vacuum: true`).
+   * @throws {TypeError} When an option is invalid (before any SQL).
+   * @throws {BusyError} When the database is locked.
+   *
+   * @example Shrink after a purge
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * const { autoVacuum } = await outbox.maintain();
+   * assert.equal(autoVacuum, "incremental");
+   * ```
+   */
+  async maintain(
+    options: { readonly vacuum?: boolean } = {},
+  ): Promise<
+    {
+      reclaimedBytes: number;
+      freePages: number;
+      autoVacuum: "none" | "full" | "incremental";
+    }
+  > {
+    const op = "maintain";
+    checkOptions(op, options);
+    if (options.vacuum !== undefined && typeof options.vacuum !== "boolean") {
+      throw new TypeError(
+        `Cannot ${op} as 'vacuum' must be a boolean: current value is ${
+          describe(options.vacuum)
+        }`,
+      );
+    }
+    if (this.#closed) throw new Error(`Cannot ${op} as the outbox is closed`);
+    const driver = this.#driver;
+    const read = async (pragma: string) =>
+      Number(Object.values((await driver.query(pragma))[0] ?? {})[0]);
+    return await this.#mutex.run(async () => {
+      const pageSize = await read(SQL.pageSize);
+      const pagesBefore = await read(SQL.pageCount);
+      // Neither runs inside a transaction: VACUUM cannot, and
+      // incremental_vacuum takes the write lock itself.
+      if (options.vacuum) {
+        await driver.exec(`${SQL.autoVacuum}; VACUUM`);
+      } else {
+        // It frees one page per step: a query steps it to the end, where
+        // exec would stop after the first.
+        await driver.query(SQL.incrementalVacuum);
+      }
+      const mode = await read(SQL.autoVacuumMode);
+      return {
+        reclaimedBytes: Math.max(
+          0,
+          (pagesBefore - await read(SQL.pageCount)) * pageSize,
+        ),
+        freePages: await read(SQL.freelistCount),
+        autoVacuum: mode === 2 ? "incremental" : mode === 1 ? "full" : "none",
+      };
     });
   }
 
@@ -913,40 +1360,24 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * Tells one event's state and every claim, renewal, release,
    * acknowledgement, stale call, expiry, dead letter and retry it had.
    *
-   * @param eventId The event's id.
+   * @param event The event's id, or its identity (UUID text).
    * @returns The explanation, or `null` when no such event exists.
-   * @throws {TypeError | RangeError} When `eventId` is invalid (before any SQL).
+   * @throws {TypeError | RangeError} When `event` is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
-  async explain(eventId: number): Promise<Explanation | null> {
-    const id =
-      checkInteger("explain", "eventId", eventId, 1, Number.MAX_SAFE_INTEGER) ??
-        0;
+  async explain(event: number | string): Promise<Explanation | null> {
+    const [sql, key] = typeof event === "string"
+      ? [SQL.eventByIdentity, checkIdentity("explain", "event", event)]
+      : [
+        SQL.event,
+        checkInteger("explain", "event", event, 1, Number.MAX_SAFE_INTEGER) ??
+          missing("explain", "event"),
+      ];
     return await this.#write("explain", async () => {
-      const [row] = await this.#driver.query(SQL.event, [id]);
+      const [row] = await this.#driver.query(sql, [key]);
       if (row === undefined) return null;
-      const history = (await this.#driver.query(SQL.history, [id])).map((
-        entry,
-      ) => ({
-        kind: entry["kind"] as LedgerEntry["kind"],
-        fence: integerOf(entry, "fence"),
-        at: integerOf(entry, "at"),
-        token: nullableString(entry["token"]),
-        leaseUntil: entry["lease_until"] === null
-          ? null
-          : integerOf(entry, "lease_until"),
-        detail: nullableString(entry["detail"]),
-      }));
-      return {
-        eventId: id,
-        queue: String(row["queue"]),
-        state: row["state"] as EventState,
-        attempt: integerOf(row, "attempt"),
-        maxAttempts: integerOf(row, "max_attempts"),
-        fence: integerOf(row, "fence"),
-        lastError: nullableString(row["last_error"]),
-        history,
-      };
+      const history = await this.#driver.query(SQL.history, [row["id"]!]);
+      return explanation(row, history);
     });
   }
 
@@ -1038,6 +1469,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return result;
   }
 
+  /** The queue of calls that name none. */
+  get queue(): string {
+    return this.#queue;
+  }
+
   /** The default lease length of claims and renewals, in milliseconds. */
   get leaseMs(): number {
     return this.#leaseMs;
@@ -1092,6 +1528,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const orderingKey = options.orderingKey === undefined
       ? null
       : checkName(op, "orderingKey", options.orderingKey);
+    const identity = options.identity === undefined
+      ? null
+      : checkIdentity(op, "identity", options.identity);
     const stored = encodePayload(op, payload, this.#maxPayloadBytes);
     // Times are filled in under the write lock, from the clock at that moment.
     return {
@@ -1099,12 +1538,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       payload: stored,
       dedupKey,
       orderingKey,
+      identity,
       delayMs,
       maxAttempts,
     };
   }
 
   async #enqueue(event: PreparedEnqueue, now: number): Promise<EnqueueResult> {
+    const identity = event.identity ?? uuidv7(now);
     const { changes, lastInsertRowid } = await this.#driver.run(SQL.insert, [
       event.queue,
       event.payload,
@@ -1114,18 +1555,25 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       event.maxAttempts,
       now,
       now,
+      identity,
     ]);
     if (changes === 1) {
       return {
         eventId: safeInteger("lastInsertRowid", lastInsertRowid),
+        identity,
         deduplicated: false,
       };
     }
-    const [row] = await this.#driver.query(SQL.byDedupKey, [
+    const [row] = await this.#driver.query(SQL.existing, [
       event.queue,
       event.dedupKey,
+      identity,
     ]);
-    return { eventId: integerOf(row ?? {}, "id"), deduplicated: true };
+    return {
+      eventId: integerOf(row ?? {}, "id"),
+      identity: String(row?.["identity"]),
+      deduplicated: true,
+    };
   }
 
   async #claim(
@@ -1135,11 +1583,30 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     token: string | undefined,
     now: number,
   ): Promise<Lease<P>[]> {
-    const candidates = await this.#driver.query(SQL.candidates, [
-      queue,
-      now,
-      max,
-    ]);
+    const candidates: Row[] = [];
+    const payloads: unknown[] = [];
+    // Unclaimable rows are dead letters once seen, so each round finds new
+    // candidates, and the batch fills as if they had never been there.
+    for (let wanted = max; wanted > 0;) {
+      const rows = await this.#driver.query(SQL.candidates, [
+        queue,
+        now,
+        wanted,
+        this.#maxPayloadBytes,
+      ]);
+      let unclaimable = 0;
+      for (const row of rows) {
+        const reason = this.#unclaimable(row, payloads);
+        if (reason === undefined) {
+          candidates.push(row);
+          continue;
+        }
+        unclaimable++;
+        await this.#deadLetter(row, reason, now);
+      }
+      if (unclaimable === 0) break;
+      wanted -= rows.length - unclaimable;
+    }
     if (candidates.length === 0) return [];
     const leaseUntil = now + leaseMs;
     const expired: LedgerRow[] = [];
@@ -1160,13 +1627,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       }
       return {
         eventId,
+        identity: String(row["identity"]),
         queue,
         token: token ?? hex(random, 16 * i, 16),
         fence: successor("fence", fence),
         attempt: successor("attempt", integerOf(row, "attempt")),
         maxAttempts: integerOf(row, "max_attempts"),
         leaseUntil,
-        payload: decodePayload(row["payload"]) as P,
+        payload: payloads[i] as P,
         orderingKey: nullableString(row["ordering_key"]),
         lastError: taken ? LEASE_EXPIRED : nullableString(row["last_error"]),
       };
@@ -1213,6 +1681,39 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       );
     }
     return leases;
+  }
+
+  /**
+   * Decodes a candidate's payload into `payloads`; returns why the event
+   * cannot be handed out instead, when it cannot.
+   */
+  #unclaimable(row: Row, payloads: unknown[]): string | undefined {
+    const bytes = integerOf(row, "bytes");
+    if (bytes > this.#maxPayloadBytes) {
+      return `unclaimable: its payload of ${bytes} bytes exceeds this outbox's maxPayloadBytes of ${this.#maxPayloadBytes}`;
+    }
+    try {
+      payloads.push(decodePayload(row["payload"]));
+    } catch (error) {
+      return `unclaimable: its payload is text but not JSON (${
+        error instanceof Error ? error.message : "unreadable"
+      })`;
+    }
+    return undefined;
+  }
+
+  /** Makes a candidate a dead letter with `reason`, in the ledger too. */
+  async #deadLetter(row: Row, reason: string, now: number): Promise<void> {
+    const eventId = integerOf(row, "id");
+    const fence = integerOf(row, "fence");
+    const entries: LedgerRow[] = [];
+    if (row["state"] === "leased") {
+      await this.#writeUnwritten([eventId]);
+      entries.push([eventId, fence, "expired", null, null, LEASE_EXPIRED]);
+    }
+    entries.push([eventId, fence, "dead", null, null, reason]);
+    await this.#driver.run(SQL.unclaimable, [now, reason, eventId]);
+    await this.#ledgerAll(entries, now);
   }
 
   /**
@@ -1423,6 +1924,7 @@ interface PreparedEnqueue {
   readonly payload: SqlValue;
   readonly dedupKey: string | null;
   readonly orderingKey: string | null;
+  readonly identity: string | null;
   readonly delayMs: number;
   readonly maxAttempts: number;
 }
@@ -1443,8 +1945,24 @@ type LedgerRow = [
   string | null,
 ];
 
-/** Serializes async sections: each runs after the previous one settles. */
-class Mutex {
+/**
+ * The mutex of a connection, shared by every outbox and inbox on it, so
+ * their transactions never interleave.
+ *
+ * @ignore
+ */
+export function driverMutex(driver: Driver): Mutex {
+  let mutex = mutexes.get(driver);
+  if (mutex === undefined) mutexes.set(driver, mutex = new Mutex());
+  return mutex;
+}
+
+/**
+ * Serializes async sections: each runs after the previous one settles.
+ *
+ * @ignore
+ */
+export class Mutex {
   #tail: Promise<unknown> = Promise.resolve();
 
   run<T>(fn: () => Promise<T>): Promise<T> {
@@ -1510,7 +2028,46 @@ function encodePayload(
   return json;
 }
 
-function decodePayload(value: SqlValue | undefined): unknown {
+/**
+ * An event row (`SQL.event`) and its ledger rows (`SQL.history`) as an
+ * {@linkcode Explanation}.
+ *
+ * @ignore
+ * @param row The event's row.
+ * @param history Its ledger rows, oldest first.
+ * @returns The explanation.
+ */
+export function explanation(row: Row, history: readonly Row[]): Explanation {
+  return {
+    eventId: integerOf(row, "id"),
+    identity: String(row["identity"]),
+    queue: String(row["queue"]),
+    state: row["state"] as EventState,
+    attempt: integerOf(row, "attempt"),
+    maxAttempts: integerOf(row, "max_attempts"),
+    fence: integerOf(row, "fence"),
+    lastError: nullableString(row["last_error"]),
+    history: history.map((entry) => ({
+      kind: entry["kind"] as LedgerEntry["kind"],
+      fence: integerOf(entry, "fence"),
+      at: integerOf(entry, "at"),
+      token: nullableString(entry["token"]),
+      leaseUntil: entry["lease_until"] === null
+        ? null
+        : integerOf(entry, "lease_until"),
+      detail: nullableString(entry["detail"]),
+    })),
+  };
+}
+
+/**
+ * A stored payload as enqueued: JSON text parsed, a BLOB as a `Uint8Array`.
+ *
+ * @ignore
+ * @param value The `payload` column.
+ * @returns The payload.
+ */
+export function decodePayload(value: SqlValue | undefined): unknown {
   if (value instanceof Uint8Array) return value;
   if (typeof value === "string") return JSON.parse(value);
   return value === undefined ? null : value;
@@ -1548,7 +2105,15 @@ function nullableString(value: SqlValue | undefined): string | null {
   return value === null || value === undefined ? null : String(value);
 }
 
-function checkOptions(op: string, options: unknown): void {
+/**
+ * Throws unless `options` is an object.
+ *
+ * @ignore
+ * @param op What was being done, for the message ("Cannot {op} as …").
+ * @param options The options as passed.
+ * @throws {TypeError} When `options` is not an object.
+ */
+export function checkOptions(op: string, options: unknown): void {
   if (options === null || typeof options !== "object") {
     throw new TypeError(
       `Cannot ${op} as 'options' must be an object: current value is ${
@@ -1558,8 +2123,13 @@ function checkOptions(op: string, options: unknown): void {
   }
 }
 
-/** Validates an optional integer field; `undefined` means "use the default". */
-function checkInteger(
+/**
+ * Validates an optional integer field; `undefined` means "use the default".
+ * The one home of this check and its error text, shared by the loop.
+ *
+ * @ignore
+ */
+export function checkInteger(
   op: string,
   field: string,
   value: unknown,
@@ -1567,7 +2137,11 @@ function checkInteger(
   max: number,
 ): number | undefined {
   if (value === undefined) return undefined;
-  const kind = min === 0 ? "a non-negative integer" : "a positive integer";
+  const kind = min === 0
+    ? "a non-negative integer"
+    : min === 1
+    ? "a positive integer"
+    : `an integer of at least ${min}`;
   if (typeof value !== "number") {
     throw new TypeError(
       `Cannot ${op} as '${field}' must be ${kind}: current value is ${
@@ -1585,7 +2159,17 @@ function checkInteger(
   return value;
 }
 
-function checkName(op: string, field: string, value: unknown): string {
+/**
+ * Validates a queue name or key: 1–1024 characters, no NUL or lone surrogate.
+ *
+ * @param op What the caller cannot do, for the message.
+ * @param field The field's name.
+ * @param value The value given.
+ * @returns The name.
+ * @throws {TypeError} When it is not such a string.
+ * @ignore
+ */
+export function checkName(op: string, field: string, value: unknown): string {
   // NUL is refused because some drivers (Deno's node:sqlite) cut text there;
   // lone surrogates because SQLite stores them as U+FFFD, merging names.
   if (
@@ -1606,6 +2190,26 @@ function checkToken(op: string, field: string, value: unknown): string {
   if (typeof value !== "string" || !TOKEN.test(value)) {
     throw new TypeError(
       `Cannot ${op} as '${field}' must be 1 to 128 characters of A-Z a-z 0-9 . _ ~ -: current value is ${
+        describe(value)
+      }`,
+    );
+  }
+  return value;
+}
+
+/**
+ * Validates an event identity: canonical lowercase UUID text.
+ *
+ * @ignore
+ */
+export function checkIdentity(
+  op: string,
+  field: string,
+  value: unknown,
+): string {
+  if (!isIdentity(value)) {
+    throw new TypeError(
+      `Cannot ${op} as '${field}' must be a UUID in canonical lowercase text (8-4-4-4-12 hex digits): current value is ${
         describe(value)
       }`,
     );
@@ -1652,13 +2256,72 @@ function checkLease(op: string, field: string, lease: unknown): CheckedLease {
   };
 }
 
-function missing(op: string, field: string): never {
+function checkEventId(op: string, value: unknown, field = "eventId"): number {
+  return checkInteger(op, field, value, 1, Number.MAX_SAFE_INTEGER) ??
+    missing(op, field);
+}
+
+/**
+ * Validates {@linkcode ListOptions} into the parameters of `ADMIN_SQL.list`.
+ *
+ * @ignore
+ * @param op What was being done, for the message.
+ * @param options The options as passed.
+ * @returns State, queue (`null`: all), afterId and limit.
+ * @throws {TypeError | RangeError} When an option is invalid, naming it.
+ */
+export function listParameters(
+  op: string,
+  options: ListOptions,
+): [EventState, string | null, number, number] {
+  checkOptions(op, options);
+  const state = checkState(op, options.state);
+  const queue = options.queue === undefined
+    ? null
+    : checkName(op, "queue", options.queue);
+  const limit = checkInteger(op, "limit", options.limit, 1, MAX_BATCH) ?? 100;
+  const afterId = checkInteger(
+    op,
+    "afterId",
+    options.afterId,
+    0,
+    Number.MAX_SAFE_INTEGER,
+  ) ?? 0;
+  return [state, queue, afterId, limit];
+}
+
+/**
+ * Validates an event state.
+ *
+ * @ignore
+ * @param op What was being done, for the message.
+ * @param value The state as passed.
+ * @returns The state.
+ * @throws {TypeError} When it is not one of the four states.
+ */
+export function checkState(op: string, value: unknown): EventState {
+  if (
+    value !== "pending" && value !== "leased" && value !== "done" &&
+    value !== "dead"
+  ) {
+    throw new TypeError(
+      `Cannot ${op} as 'state' must be "pending", "leased", "done" or "dead": current value is ${
+        describe(value)
+      }`,
+    );
+  }
+  return value;
+}
+
+/** @ignore */
+export function missing(op: string, field: string): never {
   throw new TypeError(
     `Cannot ${op} as '${field}' is required: current value is undefined`,
   );
 }
 
-function describe(value: unknown): string {
+/** @ignore */
+export function describe(value: unknown): string {
   if (typeof value === "string") {
     return JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}…` : value);
   }

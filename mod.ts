@@ -5,8 +5,11 @@
  * claim it under a lease (a deadline plus a fresh token and a fence), do the
  * side effect, and acknowledge it. An acknowledgement matches the event id
  * *and* the current token, so a worker whose lease lapsed can never complete
- * a newer worker's claim. The core talks to SQLite only through a
- * {@linkcode Driver}; drivers are separate exports (`./sqlite-wasm`).
+ * a newer worker's claim. Every event has a global identity (UUIDv7 text):
+ * recipients dedupe on it, and the {@linkcode Inbox} is the receiving half
+ * that applies each event's effect once. The core talks to SQLite only
+ * through a {@linkcode Driver}; drivers are separate exports
+ * (`./sqlite-wasm`).
  *
  * @example Produce, claim, acknowledge
  * ```ts
@@ -22,7 +25,8 @@
  * });
  * const lease = await outbox.claim({ leaseMs: 30_000 });
  * assert.deepEqual(lease?.payload, { type: "order.placed", total: 4200 });
- * // Deliver it with the idempotency key `${lease.eventId}:${lease.fence}`, then:
+ * // Deliver it with deliveryHeaders(lease): the recipient dedupes on
+ * // lease.identity (Idempotency-Key). Then:
  * assert.equal(await outbox.acknowledge(lease!), true);
  * ```
  *
@@ -49,11 +53,33 @@ export {
   type Stats,
   type Transaction,
 } from "./lease.ts";
+export type {
+  EventInfo,
+  ListOptions,
+  PurgeOptions,
+  QueueCounts,
+  RedriveOptions,
+} from "./admin.ts";
 export type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
+export { isIdentity, uuidv7, uuidv7Time } from "./identity.ts";
+export {
+  type AcceptResult,
+  type Delivery,
+  deliveryHeaders,
+  FENCE_HEADER,
+  IDENTITY_HEADER,
+  Inbox,
+  INBOX_SCHEMA_SQL,
+  type InboxOptions,
+  type InboxTransaction,
+  readDeliveryHeaders,
+} from "./inbox.ts";
 export {
   BusyError,
   ConstraintError,
   LeaseLostError,
+  PermanentError,
+  RetryAfterError,
   SqliteError,
   sqliteError,
   UnsafeIntegerError,
@@ -62,6 +88,7 @@ export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 export {
   type Handler,
   type HandlerContext,
+  type ProcessableOutbox,
   processEvents,
   type ProcessOptions,
   Processor,

@@ -1,13 +1,18 @@
--- leased-outbox schema, version 3 (stored in PRAGMA user_version).
+-- leased-outbox schema, version 4 (stored in PRAGMA user_version).
 -- Applied once by Outbox.open() inside one BEGIN IMMEDIATE transaction.
 
--- One row per event. AUTOINCREMENT: ids are never reused, even after purge(),
--- because recipients dedupe on `${id}:${fence}`. `due_at` is when the event
--- can next be claimed: the end of its delay while pending, its lease deadline
--- while leased (SQS's visibility timeout), so one index serves both "pending
--- and due" and "lease lapsed" claims. `claimed_at` is when the latest claim
--- was made (version 3 added it, last so an upgraded table matches a new one);
--- an acknowledgement keeps `token` and `lease_until` (see
+-- One row per event. `identity` is the event's global identity, UUID text
+-- (UUIDv7 unless the caller supplied one), what recipients dedupe on; the id
+-- is local to this file, and AUTOINCREMENT keeps it from being reused after
+-- purge() all the same, so logs and explain() never confuse two events.
+-- Version 4 added `identity`, last, so an upgraded table matches a new one; it
+-- may be NULL only because ALTER TABLE cannot add a NOT NULL column without a
+-- default: enqueue always writes it and the upgrade fills it. `due_at` is when
+-- the event can next be claimed: the end of its delay while pending, its lease
+-- deadline while leased (SQS's visibility timeout), so one index serves both
+-- "pending and due" and "lease lapsed" claims. `claimed_at` is when the latest
+-- claim was made (version 3 added it, last for the same reason); an
+-- acknowledgement keeps `token` and `lease_until` (see
 -- outbox_unwritten_attempts). The CHECKs list values with OR, not IN: SQLite
 -- builds an IN list's lookup table again for every row it writes, which cost
 -- a claim or an acknowledgement 0.8 µs in WASM (versions 1 and 2 used IN; an
@@ -31,8 +36,13 @@ CREATE TABLE outbox_events (
   created_at INTEGER NOT NULL,
   updated_at INTEGER NOT NULL,
   done_at INTEGER,
-  claimed_at INTEGER
+  claimed_at INTEGER,
+  identity TEXT
 ) STRICT;
+
+-- Identities are unique across queues: a supplied identity that exists
+-- already deduplicates the enqueue, as a dedup key does.
+CREATE UNIQUE INDEX outbox_events_identity ON outbox_events (identity);
 
 -- Matches the claim query exactly (queue =, state IN, due_at <=, ORDER BY
 -- due_at, id): done and dead rows are not in it, so they cost claims nothing.
@@ -109,4 +119,4 @@ CREATE VIEW outbox_ledger AS
     fence, kind, at, token, lease_until, detail
   FROM outbox_unwritten_attempts;
 
-PRAGMA user_version = 3;
+PRAGMA user_version = 4;

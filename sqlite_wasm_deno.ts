@@ -3,10 +3,12 @@
  * (`npm:@sqlite.org/sqlite-wasm`, pinned to 3.54.1-build1) with database
  * files on disk through {@linkcode installDenoFileVfs}.
  *
- * Permissions: `--allow-read` and `--allow-write` for the database's
- * directory (the journal and the `*.lock` sidecar files live next to the
- * database). The package's `sqlite3.wasm` is imported as a module, so it
- * needs no permission; `:memory:` needs none at all.
+ * Permissions: `--allow-ffi` for file databases (SQLite's locks and the
+ * database's I/O go through libc; without it opening a file path fails,
+ * naming the flag), `--allow-read` and `--allow-write` for the database's
+ * directory (the journal lives next to the database). The package's
+ * `sqlite3.wasm` is imported as a module, so it needs no permission;
+ * `:memory:` needs none at all.
  *
  * @module
  */
@@ -110,7 +112,11 @@ const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
  * @throws {TypeError} When `path` or an option has the wrong type or value.
  * @throws {BusyError} When the database stays locked past `busyTimeoutMs`,
  *   e.g. `journalMode` is `"wal"` and another connection has it open.
- * @throws {SqliteError} When SQLite cannot open the file (`SQLITE_CANTOPEN`).
+ * @throws {SqliteError} When SQLite cannot open the file (`SQLITE_CANTOPEN`,
+ *   e.g. without `--allow-ffi`, or while a process of the earlier
+ *   flock-sidecar release holds the file); later, writes to a file renamed
+ *   or deleted under the connection fail with code 1032
+ *   (`SQLITE_READONLY_DBMOVED`).
  *
  * @example A database file that outlives its connection
  * ```ts
@@ -232,8 +238,13 @@ async function applyJournalMode(
       throw error;
     }
     await driver.exec("PRAGMA locking_mode=EXCLUSIVE");
-    await expectJournalMode(driver, journalMode);
-    await driver.exec("PRAGMA locking_mode=NORMAL");
+    try {
+      await expectJournalMode(driver, journalMode);
+    } finally {
+      // Also when busy: the retry must not find the connection exclusive
+      // (it would leave WAL without ever giving the lock back).
+      await driver.exec("PRAGMA locking_mode=NORMAL");
+    }
     // The exclusive lock is released at the end of the next read.
     await driver.query("SELECT count(*) FROM sqlite_schema");
   }

@@ -11,8 +11,57 @@
  *
  * @module
  */
-import type { Clock, Lease, Outbox, Transaction } from "./lease.ts";
-import { LeaseLostError } from "./errors.ts";
+import {
+  type BatchClaimOptions,
+  checkInteger,
+  checkName,
+  type Clock,
+  type Explanation,
+  type Lease,
+  MAX_BATCH,
+  MAX_DURATION_MS,
+  MAX_ERROR_LENGTH,
+  type ReleaseOptions,
+  type Stats,
+  type Transaction,
+} from "./lease.ts";
+import { LeaseLostError, PermanentError, RetryAfterError } from "./errors.ts";
+import { type CounterName, ProcessorTelemetry } from "./telemetry.ts";
+
+/**
+ * What {@linkcode processEvents} needs of an outbox: an
+ * {@linkcode Outbox}, or the browser's shared outbox (which has no
+ * `transaction`, so a handler's {@linkcode HandlerContext.transaction}
+ * throws there).
+ *
+ * @typeParam P The payload type.
+ */
+export interface ProcessableOutbox<P> {
+  /** Claims a batch, as {@linkcode Outbox.claim} does. */
+  claim(options: BatchClaimOptions): Promise<Lease<P>[]>;
+  /** Acknowledges leases in one transaction, as {@linkcode Outbox.acknowledge} does. */
+  acknowledge(leases: readonly Lease<unknown>[]): Promise<boolean[]>;
+  /** Extends a live lease, as {@linkcode Outbox.renew} does. */
+  renew(lease: Lease<unknown>, leaseMs?: number): Promise<number | false>;
+  /** Gives an event back, as {@linkcode Outbox.release} does. */
+  release(lease: Lease<unknown>, options?: ReleaseOptions): Promise<boolean>;
+  /** Counts a queue's events per state, as {@linkcode Outbox.stats} does. */
+  stats(options?: { readonly queue?: string }): Promise<Stats>;
+  /** Tells one event's state, as {@linkcode Outbox.explain} does. */
+  explain(eventId: number): Promise<Explanation | null>;
+  /** Time until the next event comes due, as {@linkcode Outbox.nextDueInMs} says. */
+  nextDueInMs(options?: { readonly queue?: string }): Promise<number | null>;
+  /** Calls `listener` after each local enqueue; returns its removal. */
+  onEnqueue(listener: () => void): () => void;
+  /** Whether the outbox was closed. */
+  readonly closed: boolean;
+  /** The queue of calls that name none, when the outbox says. */
+  readonly queue?: string;
+  /** The default lease length, in milliseconds. */
+  readonly leaseMs: number;
+  /** Runs `fn` in one transaction, as {@linkcode Outbox.transaction} does. */
+  transaction?<T>(fn: (tx: Transaction) => Promise<T>): Promise<T>;
+}
 
 /** Timer functions, injectable so tests control time; web-standard by default. */
 export interface Timers {
@@ -85,11 +134,20 @@ export interface HandlerContext {
 }
 
 /**
- * Does the work of one event. Resolving acknowledges the event (unless
- * {@linkcode HandlerContext.transaction} acknowledged it already); throwing
- * (or rejecting) releases it for a retry after a backoff, or makes it a dead
- * letter when its attempts are used up. Recipients of external effects
- * should dedupe on `${lease.eventId}:${lease.fence}`.
+ * Does the work of one event. Its outcome decides the event's fate:
+ *
+ * - resolving acknowledges it (unless {@linkcode HandlerContext.transaction}
+ *   or the handler's own `acknowledge` did already);
+ * - throwing {@linkcode PermanentError} makes it a dead letter at once, with
+ *   the error's text as its reason ("do not retry");
+ * - throwing {@linkcode RetryAfterError} releases it for exactly its
+ *   `delayMs` ("retry after");
+ * - throwing anything else releases it after the loop's backoff;
+ *
+ * and an event whose attempts are used up becomes a dead letter. Every throw
+ * reaches the `onHandlerError` hook. Recipients of external effects dedupe
+ * on `lease.identity`; the fence only orders the attempts at one event (send
+ * both with `deliveryHeaders(lease)`).
  */
 export type Handler<P> = (
   lease: Lease<P>,
@@ -119,21 +177,44 @@ export interface ProcessOptions {
   readonly pollMinMs?: number;
   /** Longest wait between claims while the queue stays empty. @default {5000} */
   readonly pollMaxMs?: number;
-  /** Retry delay after the first failed attempt. @default {1000} */
-  readonly retryMinMs?: number;
-  /** Longest retry delay. @default {60000} */
-  readonly retryMaxMs?: number;
-  /** Factor by which the retry delay grows per attempt. @default {2} */
-  readonly retryMultiplier?: number;
   /**
-   * Fraction of the retry delay taken away at random, from `0` (none) to `1`
-   * ("full jitter", which keeps failing workers from retrying in step).
+   * Backoff before the second attempt after a failed one (formerly
+   * `retryMinMs`).
+   *
+   * @default {1000}
+   */
+  readonly backoffMinMs?: number;
+  /** Longest backoff (formerly `retryMaxMs`). @default {60000} */
+  readonly backoffMaxMs?: number;
+  /** Factor by which the backoff grows per attempt (formerly `retryMultiplier`). @default {2} */
+  readonly backoffMultiplier?: number;
+  /**
+   * Fraction of the backoff taken away at random, from `0` (none) to `1`
+   * ("full jitter", which keeps failing workers from retrying in step;
+   * formerly `retryJitter`).
    *
    * @default {1}
    */
-  readonly retryJitter?: number;
+  readonly backoffJitter?: number;
   /** How long {@linkcode Processor.stop} waits for running handlers. @default {10000} */
   readonly stopTimeoutMs?: number;
+  /**
+   * How long a handler may run. Past it, its signal aborts with a
+   * `TimeoutError`, its lease is no longer renewed and it is released after
+   * the backoff (the attempt counts), so another worker can take the event;
+   * its slot stays taken until the handler settles, since concurrency bounds
+   * what really runs. A handler that ignores its signal cannot acknowledge:
+   * its token is stale. @default {no limit}
+   */
+  readonly handlerTimeoutMs?: number;
+  /**
+   * Receives every error a handler throws (or a handler timeout), with its
+   * lease, before the event is released or dead-lettered: the place to log
+   * or count failures. What it throws goes to `onError`.
+   *
+   * @default {nothing}
+   */
+  readonly onHandlerError?: (error: unknown, lease: Lease<unknown>) => void;
   /**
    * A wall clock in milliseconds, read only for time elapsed since a claim
    * or renewal (so its epoch need not match the outbox's clock). It keeps
@@ -176,24 +257,65 @@ export interface ProcessorCounters {
   readonly leasesLost: number;
   /** Events given back for a retry (after a failure or at stop). */
   readonly released: number;
-  /** Events that became dead letters on release, their attempts used up. */
+  /** Events that became dead letters on release: attempts used up, or {@linkcode PermanentError}. */
   readonly dead: number;
+  /** Handlers that threw or timed out. */
+  readonly failed: number;
 }
 
 interface Slot<P> {
   lease: Lease<P>;
-  state: "running" | "finishing" | "released";
+  /**
+   * "abandoned": timed out and released while its handler still runs; it
+   * keeps its slot until the handler settles, and stop() does not wait for it.
+   */
+  state: "running" | "finishing" | "released" | "abandoned";
   /** Set inside the handler's transaction once its acknowledgement is written. */
   acknowledged: boolean;
   validUntilMonotonic: number;
   validUntilWall: number;
-  renewTimer: unknown;
-  watchdogTimer: unknown;
+  renewTimer: LongTimer | undefined;
+  watchdogTimer: LongTimer | undefined;
+  timeoutTimer: LongTimer | undefined;
   readonly controller: AbortController;
   done: Promise<void>;
+  /** The release of an abandoned slot. */
+  released: Promise<void>;
 }
 
 const OP = "process events";
+/** The longest delay `setTimeout` honours: longer ones fire at once. */
+const MAX_TIMER_MS = 2_147_483_647;
+
+/** A timer that may outlast `setTimeout`'s limit, re-armed in steps. */
+interface LongTimer {
+  handle: unknown;
+}
+
+/**
+ * Calls `callback` after `delayMs`, however long: `setTimeout` turns delays
+ * past 2^31 − 1 ms (about 24.8 days) into 1 ms, so longer ones are chained.
+ */
+function setLongTimeout(
+  timers: Timers,
+  callback: () => void,
+  delayMs: number,
+): LongTimer {
+  const timer: LongTimer = { handle: undefined };
+  const arm = (remainingMs: number) => {
+    const stepMs = Math.min(remainingMs, MAX_TIMER_MS);
+    timer.handle = timers.setTimeout(
+      () => stepMs < remainingMs ? arm(remainingMs - stepMs) : callback(),
+      stepMs,
+    );
+  };
+  arm(Math.max(0, delayMs));
+  return timer;
+}
+
+function clearLongTimeout(timers: Timers, timer: LongTimer | undefined): void {
+  if (timer !== undefined) timers.clearTimeout(timer.handle);
+}
 
 /**
  * Starts processing events of `outbox` with `handler`, at once.
@@ -222,22 +344,22 @@ const OP = "process events";
  *
  * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
  * const seen: string[] = [];
+ * const { identity } = await outbox.enqueue({ to: "ada@example.com" });
  * const delivered = Promise.withResolvers<void>();
  * {
  *   await using _processor = processEvents(outbox, (lease, { signal }) => {
  *     signal.throwIfAborted();
- *     seen.push(`${lease.eventId}:${lease.fence}`);
+ *     seen.push(lease.identity);
  *     delivered.resolve();
  *   }, { leaseMs: 10_000 });
- *   await outbox.enqueue({ to: "ada@example.com" });
  *   await delivered.promise;
  * }
- * assert.deepEqual(seen, ["1:1"]);
+ * assert.deepEqual(seen, [identity]);
  * assert.equal((await outbox.stats()).done, 1);
  * ```
  */
 export function processEvents<P>(
-  outbox: Outbox<P>,
+  outbox: ProcessableOutbox<P>,
   handler: Handler<P>,
   options: ProcessOptions = {},
 ): Processor<P> {
@@ -253,7 +375,7 @@ export function processEvents<P>(
  * released at its last attempt becomes a dead letter.
  */
 export class Processor<P = unknown> implements AsyncDisposable {
-  readonly #outbox: Outbox<P>;
+  readonly #outbox: ProcessableOutbox<P>;
   readonly #handler: Handler<P>;
   readonly #queue: string | undefined;
   readonly #concurrency: number;
@@ -262,16 +384,20 @@ export class Processor<P = unknown> implements AsyncDisposable {
   readonly #marginMs: number;
   readonly #pollMinMs: number;
   readonly #pollMaxMs: number;
-  readonly #retryMinMs: number;
-  readonly #retryMaxMs: number;
-  readonly #retryMultiplier: number;
-  readonly #retryJitter: number;
+  readonly #backoffMinMs: number;
+  readonly #backoffMaxMs: number;
+  readonly #backoffMultiplier: number;
+  readonly #backoffJitter: number;
   readonly #stopTimeoutMs: number;
+  readonly #handlerTimeoutMs: number | undefined;
   readonly #now: Clock;
   readonly #monotonicNow: () => number;
   readonly #timers: Timers;
   readonly #random: () => number;
   readonly #onError: (error: unknown) => void;
+  readonly #onHandlerError:
+    | ((error: unknown, lease: Lease<unknown>) => void)
+    | undefined;
   readonly #signal: AbortSignal | undefined;
   readonly #slots = new Set<Slot<P>>();
   readonly #counters = {
@@ -281,7 +407,9 @@ export class Processor<P = unknown> implements AsyncDisposable {
     leasesLost: 0,
     released: 0,
     dead: 0,
+    failed: 0,
   };
+  readonly #telemetry: ProcessorTelemetry;
   readonly #loop: Promise<void>;
   readonly #unsubscribe: () => void;
   #stopping = false;
@@ -294,6 +422,8 @@ export class Processor<P = unknown> implements AsyncDisposable {
 
   /**
    * Starts the loop at once; {@linkcode processEvents} is the usual way in.
+   * Every option is checked here, so a bad one fails at start rather than
+   * in every claim or release later.
    *
    * @param outbox The outbox to claim from.
    * @param handler Does the work of one event.
@@ -301,10 +431,17 @@ export class Processor<P = unknown> implements AsyncDisposable {
    * @throws {TypeError | RangeError} When an option is invalid, naming it.
    */
   constructor(
-    outbox: Outbox<P>,
+    outbox: ProcessableOutbox<P>,
     handler: Handler<P>,
     options: ProcessOptions = {},
   ) {
+    if (outbox === null || typeof outbox !== "object") {
+      throw new TypeError(
+        `Cannot ${OP} as 'outbox' must be an outbox: current value is ${
+          outbox === null ? "null" : typeof outbox
+        }`,
+      );
+    }
     if (typeof handler !== "function") {
       throw new TypeError(
         `Cannot ${OP} as 'handler' must be a function: current value is ${typeof handler}`,
@@ -319,26 +456,28 @@ export class Processor<P = unknown> implements AsyncDisposable {
     }
     this.#outbox = outbox;
     this.#handler = handler;
-    this.#queue = options.queue;
-    this.#concurrency = integer("concurrency", options.concurrency, 1, 1);
-    this.#leaseMs = integer(
+    this.#queue = options.queue === undefined
+      ? undefined
+      : checkName(OP, "queue", options.queue);
+    this.#concurrency =
+      checkInteger(OP, "concurrency", options.concurrency, 1, MAX_BATCH) ?? 1;
+    this.#leaseMs = checkInteger(
+      OP,
       "leaseMs",
       options.leaseMs ?? outbox.leaseMs,
       3,
-      outbox.leaseMs,
-    );
-    this.#renewIntervalMs = integer(
+      MAX_DURATION_MS,
+    )!;
+    this.#renewIntervalMs = checkInteger(
+      OP,
       "renewIntervalMs",
       options.renewIntervalMs,
       1,
-      Math.floor(this.#leaseMs / 3),
-    );
-    this.#marginMs = integer(
-      "marginMs",
-      options.marginMs,
-      0,
-      Math.floor(this.#leaseMs / 5),
-    );
+      MAX_DURATION_MS,
+    ) ?? Math.floor(this.#leaseMs / 3);
+    this.#marginMs =
+      checkInteger(OP, "marginMs", options.marginMs, 0, MAX_DURATION_MS) ??
+        Math.floor(this.#leaseMs / 5);
     if (this.#renewIntervalMs + this.#marginMs >= this.#leaseMs) {
       throw new RangeError(
         `Cannot ${OP} as 'renewIntervalMs' + 'marginMs' must be below 'leaseMs' (${this.#leaseMs}): current value is ${
@@ -346,44 +485,64 @@ export class Processor<P = unknown> implements AsyncDisposable {
         }`,
       );
     }
-    this.#pollMinMs = integer("pollMinMs", options.pollMinMs, 1, 100);
-    this.#pollMaxMs = integer(
+    this.#pollMinMs =
+      checkInteger(OP, "pollMinMs", options.pollMinMs, 1, MAX_DURATION_MS) ??
+        100;
+    this.#pollMaxMs = checkInteger(
+      OP,
       "pollMaxMs",
       options.pollMaxMs,
       this.#pollMinMs,
-      Math.max(5_000, this.#pollMinMs),
-    );
-    this.#retryMinMs = integer("retryMinMs", options.retryMinMs, 0, 1_000);
-    this.#retryMaxMs = integer(
-      "retryMaxMs",
-      options.retryMaxMs,
-      this.#retryMinMs,
-      Math.max(60_000, this.#retryMinMs),
-    );
-    this.#retryMultiplier = real(
-      "retryMultiplier",
-      options.retryMultiplier,
+      MAX_DURATION_MS,
+    ) ?? Math.max(5_000, this.#pollMinMs);
+    this.#backoffMinMs = checkInteger(
+      OP,
+      "backoffMinMs",
+      options.backoffMinMs,
+      0,
+      MAX_DURATION_MS,
+    ) ?? 1_000;
+    this.#backoffMaxMs = checkInteger(
+      OP,
+      "backoffMaxMs",
+      options.backoffMaxMs,
+      this.#backoffMinMs,
+      MAX_DURATION_MS,
+    ) ?? Math.max(60_000, this.#backoffMinMs);
+    this.#backoffMultiplier = real(
+      "backoffMultiplier",
+      options.backoffMultiplier,
       1,
       Infinity,
       2,
     );
-    this.#retryJitter = real("retryJitter", options.retryJitter, 0, 1, 1);
-    this.#stopTimeoutMs = integer(
+    this.#backoffJitter = real("backoffJitter", options.backoffJitter, 0, 1, 1);
+    this.#stopTimeoutMs = checkInteger(
+      OP,
       "stopTimeoutMs",
       options.stopTimeoutMs,
       0,
-      10_000,
+      MAX_DURATION_MS,
+    ) ?? 10_000;
+    this.#handlerTimeoutMs = checkInteger(
+      OP,
+      "handlerTimeoutMs",
+      options.handlerTimeoutMs,
+      1,
+      MAX_DURATION_MS,
     );
     this.#now = fn("now", options.now) ?? Date.now;
     this.#monotonicNow = fn("monotonicNow", options.monotonicNow) ??
       (() => performance.now());
     this.#random = fn("random", options.random) ?? Math.random;
     this.#onError = fn("onError", options.onError) ?? console.error;
+    this.#onHandlerError = fn("onHandlerError", options.onHandlerError);
     this.#timers = options.timers ?? {
       setTimeout: (callback, delayMs) => setTimeout(callback, delayMs),
       clearTimeout: (handle) => clearTimeout(handle as number),
     };
     this.#signal = options.signal;
+    this.#telemetry = new ProcessorTelemetry(outbox, options.queue);
     this.#unsubscribe = outbox.onEnqueue(() => this.#wake());
     this.#signal?.addEventListener("abort", this.#onAbort);
     this.#loop = this.#run();
@@ -395,7 +554,10 @@ export class Processor<P = unknown> implements AsyncDisposable {
     return { ...this.#counters };
   }
 
-  /** Handlers running (or finishing their acknowledgement) now. */
+  /**
+   * Handlers running (or finishing their acknowledgement) now, timed-out
+   * ones that have not settled included: each holds its slot.
+   */
   get inFlight(): number {
     return this.#slots.size;
   }
@@ -405,7 +567,8 @@ export class Processor<P = unknown> implements AsyncDisposable {
    * aborts the signals of the others and releases their leases. Calling it
    * again returns the same promise. The processor also stops on its own when
    * it finds its outbox closed; then it aborts running handlers' signals at
-   * once and releases nothing, the connection being gone.
+   * once and releases nothing, the connection being gone. Handlers that ran
+   * past `handlerTimeoutMs` were released already: it does not wait for them.
    *
    * @returns Resolves when no handler's lease is held any more.
    */
@@ -441,7 +604,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         });
       } catch (error) {
         if (this.#noteClosed()) break;
-        this.#onError(error);
+        this.#report(error);
         await this.#wait(idleMs);
         idleMs = Math.min(idleMs * 2, this.#pollMaxMs);
         continue;
@@ -453,8 +616,26 @@ export class Processor<P = unknown> implements AsyncDisposable {
         idleMs = this.#pollMinMs;
         continue;
       }
-      await this.#wait(idleMs);
+      await this.#wait(Math.min(idleMs, await this.#nextDueInMs(idleMs)));
       idleMs = Math.min(idleMs * 2, this.#pollMaxMs);
+    }
+  }
+
+  /**
+   * Time until the queue's next delayed event, backoff or lease deadline
+   * comes due, so an idle loop wakes for it rather than on its next poll;
+   * `fallbackMs` when there is none or it cannot be read.
+   */
+  async #nextDueInMs(fallbackMs: number): Promise<number> {
+    if (this.#woken || this.#stopping) return 0;
+    try {
+      const dueInMs = await this.#outbox.nextDueInMs(
+        this.#queue === undefined ? {} : { queue: this.#queue },
+      );
+      return dueInMs === null ? fallbackMs : Math.max(1, dueInMs);
+    } catch (error) {
+      if (!this.#noteClosed()) this.#report(error);
+      return fallbackMs;
     }
   }
 
@@ -465,15 +646,15 @@ export class Processor<P = unknown> implements AsyncDisposable {
       return Promise.resolve();
     }
     return new Promise((resolve) => {
-      let handle: unknown;
+      let timer: LongTimer | undefined;
       this.#waiter = () => {
-        if (handle !== undefined) this.#timers.clearTimeout(handle);
+        clearLongTimeout(this.#timers, timer);
         this.#waiter = undefined;
         this.#woken = false;
         resolve();
       };
       if (delayMs !== undefined) {
-        handle = this.#timers.setTimeout(() => this.#waiter?.(), delayMs);
+        timer = setLongTimeout(this.#timers, () => this.#waiter?.(), delayMs);
       }
     });
   }
@@ -494,8 +675,10 @@ export class Processor<P = unknown> implements AsyncDisposable {
       validUntilWall: claimedAtWall + this.#leaseMs,
       renewTimer: undefined,
       watchdogTimer: undefined,
+      timeoutTimer: undefined,
       controller: new AbortController(),
       done: Promise.resolve(),
+      released: Promise.resolve(),
     };
     this.#slots.add(slot);
     this.#armWatchdog(slot);
@@ -503,6 +686,13 @@ export class Processor<P = unknown> implements AsyncDisposable {
       slot,
       claimedAt + this.#renewIntervalMs - this.#monotonicNow(),
     );
+    if (this.#handlerTimeoutMs !== undefined) {
+      slot.timeoutTimer = setLongTimeout(
+        this.#timers,
+        () => this.#timeOut(slot),
+        this.#handlerTimeoutMs,
+      );
+    }
     const context: HandlerContext = {
       signal: slot.controller.signal,
       throwIfLost: () => {
@@ -513,13 +703,21 @@ export class Processor<P = unknown> implements AsyncDisposable {
     };
     let outcome: Promise<unknown>;
     try {
-      outcome = Promise.resolve(this.#handler(lease, context));
+      outcome = Promise.resolve(
+        this.#telemetry.handle(
+          slot,
+          lease,
+          () => this.#handler(lease, context),
+        ),
+      );
     } catch (error) {
       outcome = Promise.reject(error);
     }
+    // Neither path rejects: #succeed and #fail report what goes wrong.
     slot.done = outcome
       .then(() => this.#succeed(slot), (error) => this.#fail(slot, error))
       .finally(() => {
+        this.#telemetry.end(slot);
         this.#slots.delete(slot);
         this.#wake();
       });
@@ -529,9 +727,15 @@ export class Processor<P = unknown> implements AsyncDisposable {
     slot: Slot<P>,
     fn: (tx: Transaction) => Promise<T>,
   ): Promise<T> {
+    const outbox = this.#outbox;
+    if (outbox.transaction === undefined) {
+      throw new TypeError(
+        "Cannot run transaction as this outbox has none (the browser's shared outbox forwards single calls only)",
+      );
+    }
     let result: T;
     try {
-      result = await this.#outbox.transaction(async (tx) => {
+      result = await outbox.transaction(async (tx) => {
         const value = await fn(tx);
         await tx.acknowledge(slot.lease);
         // Before the commit, so a renewal refused because of it is not a loss.
@@ -541,7 +745,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     } catch (error) {
       slot.acknowledged = false;
       if (error instanceof LeaseLostError) {
-        this.#counters.staleAcknowledgements++;
+        this.#count(slot, "staleAcknowledgements");
         // Its current holder owns the event: no acknowledgement, no release.
         if (slot.state === "running") this.#finish(slot);
         this.#lose(slot, error);
@@ -550,7 +754,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       }
       throw error;
     }
-    this.#counters.acknowledged++;
+    this.#count(slot, "acknowledged");
     if (slot.state === "running") this.#finish(slot);
     return result;
   }
@@ -580,55 +784,140 @@ export class Processor<P = unknown> implements AsyncDisposable {
         const results = await this.#outbox.acknowledge(
           batch.map(({ slot }) => slot.lease),
         );
-        for (const acknowledged of results) {
-          if (acknowledged) this.#counters.acknowledged++;
-          else this.#counters.staleAcknowledgements++;
+        for (const [i, acknowledged] of results.entries()) {
+          const { slot } = batch[i]!;
+          this.#count(
+            slot,
+            acknowledged || await this.#acknowledgedBySelf(slot.lease)
+              ? "acknowledged"
+              : "staleAcknowledgements",
+          );
         }
       } catch (error) {
-        if (!this.#noteClosed()) this.#onError(error);
+        if (!this.#noteClosed()) this.#report(error);
       }
       for (const { resolve } of batch) resolve();
     }
     this.#acknowledging = false;
   }
 
+  /**
+   * Whether a refused acknowledgement was refused because the handler
+   * acknowledged its own lease already: the event is done at this lease's
+   * fence, which only this lease's token could do.
+   */
+  async #acknowledgedBySelf(lease: Lease<P>): Promise<boolean> {
+    try {
+      const event = await this.#outbox.explain(lease.eventId);
+      return event?.state === "done" && event.fence === lease.fence;
+    } catch (error) {
+      if (!this.#noteClosed()) this.#report(error);
+      return false;
+    }
+  }
+
   async #fail(slot: Slot<P>, error: unknown): Promise<void> {
+    // A timed-out handler was counted and reported when it timed out.
+    if (slot.state === "abandoned") return;
+    this.#counters.failed++;
+    this.#handlerError(error, slot.lease);
     if (slot.state !== "running" || this.#closed) return;
     this.#finish(slot);
-    await this.#release(slot, describeError(error), this.#retryDelayMs(slot));
+    const text = describeError(error);
+    if (error instanceof PermanentError) {
+      await this.#release(slot, { error: text, deadLetter: true });
+    } else if (error instanceof RetryAfterError) {
+      await this.#release(slot, { error: text, delayMs: error.delayMs });
+    } else {
+      await this.#release(slot, {
+        error: text,
+        delayMs: this.#backoffMs(slot),
+      });
+    }
+  }
+
+  /**
+   * A handler past `handlerTimeoutMs`: its signal aborts, its lease is given
+   * back after the backoff, and its slot stays taken until it settles.
+   */
+  #timeOut(slot: Slot<P>): void {
+    if (slot.state !== "running") return;
+    this.#finish(slot);
+    slot.state = "abandoned";
+    const error = new DOMException(
+      `Handler of event ${slot.lease.eventId} (fence ${slot.lease.fence}) ran past handlerTimeoutMs (${this.#handlerTimeoutMs} ms)`,
+      "TimeoutError",
+    );
+    this.#counters.failed++;
+    slot.controller.abort(error);
+    this.#handlerError(error, slot.lease);
+    slot.released = this.#release(slot, {
+      error: describeError(error),
+      delayMs: this.#backoffMs(slot),
+    });
   }
 
   /** Exponential backoff with jitter, as in Deno std's `retry`. */
-  #retryDelayMs(slot: Slot<P>): number {
+  #backoffMs(slot: Slot<P>): number {
     const exponent = Math.max(0, slot.lease.attempt - 1);
     const capped = Math.min(
-      this.#retryMaxMs,
-      this.#retryMinMs * this.#retryMultiplier ** exponent,
+      this.#backoffMaxMs,
+      this.#backoffMinMs * this.#backoffMultiplier ** exponent,
     );
-    return Math.round(capped * (1 - this.#retryJitter * this.#random()));
+    return Math.round(capped * (1 - this.#backoffJitter * this.#random()));
   }
 
-  async #release(slot: Slot<P>, error: string, delayMs: number) {
+  async #release(slot: Slot<P>, options: ReleaseOptions): Promise<void> {
     try {
-      if (await this.#outbox.release(slot.lease, { delayMs, error })) {
-        if (slot.lease.attempt >= slot.lease.maxAttempts) this.#counters.dead++;
-        else this.#counters.released++;
+      if (await this.#outbox.release(slot.lease, options)) {
+        this.#count(
+          slot,
+          options.deadLetter || slot.lease.attempt >= slot.lease.maxAttempts
+            ? "dead"
+            : "released",
+        );
       }
     } catch (releaseError) {
-      if (!this.#noteClosed()) this.#onError(releaseError);
+      if (!this.#noteClosed()) this.#report(releaseError);
     }
+  }
+
+  /** Reports an error the loop survives; a throwing `onError` cannot stop it. */
+  #report(error: unknown): void {
+    try {
+      this.#onError(error);
+    } catch (hookError) {
+      reportError(hookError);
+    }
+  }
+
+  #handlerError(error: unknown, lease: Lease<P>): void {
+    if (this.#onHandlerError === undefined) return;
+    try {
+      this.#onHandlerError(error, lease);
+    } catch (hookError) {
+      this.#report(hookError);
+    }
+  }
+
+  /** Counts for `counters` and for OpenTelemetry. */
+  #count(slot: Slot<P>, name: Exclude<CounterName, "claimed">): void {
+    this.#counters[name]++;
+    this.#telemetry.count(slot, name);
   }
 
   #finish(slot: Slot<P>): void {
     slot.state = "finishing";
-    this.#timers.clearTimeout(slot.renewTimer);
-    this.#timers.clearTimeout(slot.watchdogTimer);
+    clearLongTimeout(this.#timers, slot.renewTimer);
+    clearLongTimeout(this.#timers, slot.watchdogTimer);
+    clearLongTimeout(this.#timers, slot.timeoutTimer);
   }
 
   #scheduleRenewal(slot: Slot<P>, delayMs: number): void {
-    slot.renewTimer = this.#timers.setTimeout(
+    slot.renewTimer = setLongTimeout(
+      this.#timers,
       () => void this.#renew(slot),
-      Math.max(0, delayMs),
+      delayMs,
     );
   }
 
@@ -641,7 +930,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       leaseUntil = await this.#outbox.renew(slot.lease, this.#leaseMs);
     } catch (error) {
       if (this.#noteClosed()) return;
-      this.#onError(error);
+      this.#report(error);
       // The watchdog still guards the deadline; try again soon.
       if (slot.state === "running") {
         this.#scheduleRenewal(
@@ -669,14 +958,14 @@ export class Processor<P = unknown> implements AsyncDisposable {
   }
 
   #armWatchdog(slot: Slot<P>): void {
-    this.#timers.clearTimeout(slot.watchdogTimer);
+    clearLongTimeout(this.#timers, slot.watchdogTimer);
     const delayMs = slot.validUntilMonotonic - this.#marginMs -
       this.#monotonicNow();
-    slot.watchdogTimer = this.#timers.setTimeout(() => {
+    slot.watchdogTimer = setLongTimeout(this.#timers, () => {
       if (slot.state === "running" && !this.#checkOverdue(slot)) {
         this.#armWatchdog(slot);
       }
-    }, Math.max(0, delayMs));
+    }, delayMs);
   }
 
   /**
@@ -704,9 +993,9 @@ export class Processor<P = unknown> implements AsyncDisposable {
 
   #lose(slot: Slot<P>, reason: unknown): void {
     if (slot.controller.signal.aborted) return;
-    this.#counters.leasesLost++;
-    this.#timers.clearTimeout(slot.renewTimer);
-    this.#timers.clearTimeout(slot.watchdogTimer);
+    this.#count(slot, "leasesLost");
+    clearLongTimeout(this.#timers, slot.renewTimer);
+    clearLongTimeout(this.#timers, slot.watchdogTimer);
     slot.controller.abort(reason);
   }
 
@@ -726,6 +1015,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
   async #stop(): Promise<void> {
     this.#stopping = true;
     this.#unsubscribe();
+    this.#telemetry.close();
     this.#signal?.removeEventListener("abort", this.#onAbort);
     this.#wake();
     await this.#loop;
@@ -734,6 +1024,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       // leases will lapse, and handlers must stop acting on them now.
       const finishing: Promise<void>[] = [];
       for (const slot of this.#slots) {
+        if (slot.state === "abandoned") continue;
         if (slot.state !== "running") {
           finishing.push(slot.done);
           continue;
@@ -749,19 +1040,27 @@ export class Processor<P = unknown> implements AsyncDisposable {
       await Promise.all(finishing);
       return;
     }
-    if ([...this.#slots].some((slot) => slot.state === "running")) {
+    const held = () =>
+      [...this.#slots].filter((slot) => slot.state !== "abandoned");
+    if (held().some((slot) => slot.state === "running")) {
       await new Promise<void>((resolve) => {
-        const handle = this.#timers.setTimeout(resolve, this.#stopTimeoutMs);
-        void Promise.all([...this.#slots].map((slot) => slot.done)).then(
-          () => {
-            this.#timers.clearTimeout(handle);
-            resolve();
-          },
+        const timer = setLongTimeout(
+          this.#timers,
+          resolve,
+          this.#stopTimeoutMs,
         );
+        void Promise.all(held().map((slot) => slot.done)).then(() => {
+          clearLongTimeout(this.#timers, timer);
+          resolve();
+        });
       });
     }
     const pending: Promise<void>[] = [];
     for (const slot of this.#slots) {
+      if (slot.state === "abandoned") {
+        pending.push(slot.released);
+        continue;
+      }
       if (slot.state !== "running") {
         pending.push(slot.done);
         continue;
@@ -772,7 +1071,10 @@ export class Processor<P = unknown> implements AsyncDisposable {
         new DOMException("The processor stopped", "AbortError"),
       );
       pending.push(
-        this.#release(slot, "processor stopped before the handler finished", 0),
+        this.#release(slot, {
+          delayMs: 0,
+          error: "processor stopped before the handler finished",
+        }),
       );
     }
     await Promise.all(pending);
@@ -782,32 +1084,28 @@ export class Processor<P = unknown> implements AsyncDisposable {
   }
 }
 
+/**
+ * The error text an event keeps: whatever was thrown, as text SQLite can
+ * store. An `Object.create(null)` or an error whose `message` getter throws
+ * cannot be printed the usual way; NUL is cut by some drivers and lone
+ * surrogates become U+FFFD, so both are replaced, after cutting to the
+ * longest text kept (a cut may split a surrogate pair).
+ */
 function describeError(error: unknown): string {
-  const text = error instanceof Error
-    ? `${error.name}: ${error.message}`
-    : String(error);
-  // The core keeps at most 65536 characters of error text.
-  return text.length > 65_536 ? text.slice(0, 65_536) : text;
-}
-
-function integer(
-  field: string,
-  value: unknown,
-  min: number,
-  fallback: number,
-): number {
-  if (value === undefined) return fallback;
-  if (typeof value !== "number") {
-    throw new TypeError(
-      `Cannot ${OP} as '${field}' must be an integer of at least ${min}: current value is ${typeof value}`,
-    );
+  let text = "an error that cannot be printed";
+  try {
+    text = error instanceof Error
+      ? `${error.name}: ${error.message}`
+      : String(error);
+  } catch {
+    try {
+      text = `an unprintable ${Object.prototype.toString.call(error)}`;
+    } catch {
+      // Even its tag throws (a hostile Proxy): the default text stays.
+    }
   }
-  if (!Number.isSafeInteger(value) || value < min) {
-    throw new RangeError(
-      `Cannot ${OP} as '${field}' must be an integer of at least ${min}: current value is ${value}`,
-    );
-  }
-  return value;
+  return text.replaceAll("\0", "\uFFFD").slice(0, MAX_ERROR_LENGTH)
+    .toWellFormed();
 }
 
 function real(

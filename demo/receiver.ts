@@ -1,70 +1,100 @@
 /**
- * The demo's HTTP receiver on 127.0.0.1: records every delivery and
- * dedupes by the idempotency key `${eventId}:${fence}`, as a real webhook
- * recipient would. Poison orders are refused with 422, every time.
+ * The demo's recipient on 127.0.0.1: a second real database with an inbox.
+ * Each delivery's effect (recording the shipment of an order) commits with
+ * its identity in one transaction, so a redelivery, under any fence, is
+ * refused as a duplicate and a lower fence than the accepted one as stale.
+ * Poison orders are refused with 422, every time, before the inbox.
  *
  * @module
  */
-import type { OrderPlaced } from "./db.ts";
+import { Inbox } from "../mod.ts";
+import { openDatabase, type OrderPlaced } from "./db.ts";
 
-/** What the receiver has seen. */
+/** The recipient's business table: one row per shipped order. */
+export const SHIPMENTS_SQL = `CREATE TABLE IF NOT EXISTS shipments (
+  identity TEXT PRIMARY KEY,
+  order_id INTEGER NOT NULL,
+  fence INTEGER NOT NULL,
+  applied INTEGER NOT NULL
+) STRICT`;
+
+/** What the recipient has seen. */
 export interface Receiver extends AsyncDisposable {
   /** The delivery URL. */
   readonly url: string;
-  /** Requests received, poison and duplicates included. */
+  /** Requests received, poison and refused ones included. */
   requests: number;
-  /** Requests whose idempotency key had been seen already (deduped). */
+  /** Deliveries the inbox accepted: their effect ran. */
+  accepted: number;
+  /** Deliveries refused as duplicates: the identity was accepted before. */
   duplicates: number;
+  /** Deliveries refused as stale: a higher fence was accepted. */
+  stale: number;
   /** Refused poison deliveries. */
   refused: number;
-  /** Fences delivered per event id, in arrival order. */
-  readonly fences: Map<number, number[]>;
-}
-
-interface Delivery {
-  readonly eventId: number;
-  readonly fence: number;
-  readonly order: OrderPlaced;
+  /** Fences of every non-poison delivery per identity, in arrival order. */
+  readonly fences: Map<string, number[]>;
 }
 
 /**
- * Starts the receiver on a free port of 127.0.0.1.
+ * Starts the recipient on a free port of 127.0.0.1, with its database at
+ * `path`.
  *
+ * @param path The recipient's database file.
  * @param latencyMs How long each delivery takes, like a real endpoint.
  */
-export function startReceiver(latencyMs: number): Receiver {
-  const keys = new Set<string>();
+export async function startReceiver(
+  path: string,
+  latencyMs: number,
+): Promise<Receiver> {
+  const driver = await openDatabase(path);
+  await driver.exec(SHIPMENTS_SQL);
+  const inbox = await Inbox.open(driver, { busyTimeoutMs: 10_000 });
   const server = Deno.serve({
     hostname: "127.0.0.1",
     port: 0,
     onListen: () => {},
   }, async (request) => {
-    const delivery = await request.json() as Delivery;
     receiver.requests++;
+    const order = await request.json() as OrderPlaced;
     await new Promise((resolve) => setTimeout(resolve, latencyMs));
-    if (delivery.order.poison) {
+    if (order.poison) {
       receiver.refused++;
       return new Response("poison order", { status: 422 });
     }
-    const key = request.headers.get("idempotency-key") ??
-      `${delivery.eventId}:${delivery.fence}`;
-    if (keys.has(key)) {
-      receiver.duplicates++;
-      return new Response("duplicate", { status: 200 });
-    }
-    keys.add(key);
-    const fences = receiver.fences.get(delivery.eventId) ?? [];
-    fences.push(delivery.fence);
-    receiver.fences.set(delivery.eventId, fences);
-    return new Response("ok", { status: 200 });
+    const response = await inbox.acceptRequest(request, async (tx) => {
+      const identity = request.headers.get("idempotency-key");
+      const fence = Number(request.headers.get("idempotency-fence"));
+      // Counting applications, rather than inserting once, lets the demo
+      // see an effect applied twice if the inbox ever let one through.
+      await tx.run(
+        `INSERT INTO shipments (identity, order_id, fence, applied) VALUES (?, ?, ?, 1)
+         ON CONFLICT (identity) DO UPDATE SET applied = applied + 1`,
+        [identity, order.orderId, fence],
+      );
+    });
+    const identity = request.headers.get("idempotency-key") ?? "";
+    const fences = receiver.fences.get(identity) ?? [];
+    fences.push(Number(request.headers.get("idempotency-fence")));
+    receiver.fences.set(identity, fences);
+    const answer = await response.clone().text();
+    if (answer === "accepted") receiver.accepted++;
+    else if (answer === "duplicate") receiver.duplicates++;
+    else if (answer === "stale") receiver.stale++;
+    return response;
   });
   const receiver: Receiver = {
     url: `http://127.0.0.1:${server.addr.port}/deliver`,
     requests: 0,
+    accepted: 0,
     duplicates: 0,
+    stale: 0,
     refused: 0,
     fences: new Map(),
-    [Symbol.asyncDispose]: () => server.shutdown(),
+    [Symbol.asyncDispose]: async () => {
+      await server.shutdown();
+      await inbox.close();
+    },
   };
   return receiver;
 }

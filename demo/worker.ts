@@ -8,6 +8,7 @@
  *
  * @module
  */
+import { deliveryHeaders } from "../mod.ts";
 import { processEvents } from "../worker.ts";
 import { flag, intFlag, openOutbox, type OrderPlaced } from "./db.ts";
 
@@ -24,17 +25,9 @@ const processor = processEvents(outbox, async (lease, context) => {
   context.throwIfLost();
   const response = await fetch(url, {
     method: "POST",
-    headers: {
-      "content-type": "application/json",
-      "idempotency-key": `${lease.eventId}:${lease.fence}`,
-    },
-    body: JSON.stringify({
-      eventId: lease.eventId,
-      fence: lease.fence,
-      attempt: lease.attempt,
-      worker: name,
-      order,
-    }),
+    // The recipient dedupes on the identity; the fence orders attempts.
+    headers: { "content-type": "application/json", ...deliveryHeaders(lease) },
+    body: JSON.stringify(order),
     signal: context.signal,
   });
   await response.body?.cancel();
@@ -44,8 +37,8 @@ const processor = processEvents(outbox, async (lease, context) => {
   leaseMs,
   pollMinMs: 5,
   pollMaxMs: 100,
-  retryMinMs: 50,
-  retryMaxMs: 400,
+  backoffMinMs: 50,
+  backoffMaxMs: 400,
   stopTimeoutMs: 5_000,
   onError: (error) =>
     console.error(

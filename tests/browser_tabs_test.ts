@@ -17,10 +17,10 @@ async function appPage(session: Session, query: string): Promise<Page> {
 }
 
 /** Queues `count` jobs named `${prefix}-${i}` in the page, all at once. */
-function addJobs(page: Page, prefix: string, count: number): Promise<number[]> {
+function addJobs(page: Page, prefix: string, count: number): Promise<string[]> {
   return page.evaluate(async ({ prefix, count }) => {
     const app = (globalThis as unknown as {
-      outboxApp: { add(text: string, job: string): Promise<number> };
+      outboxApp: { add(text: string, job: string): Promise<string> };
     }).outboxApp;
     return await Promise.all(
       Array.from(
@@ -135,7 +135,7 @@ Deno.test(
   },
   async () => {
     await using session = await openSession();
-    const query = "outbox=tabs&retryBaseMs=50";
+    const query = "outbox=tabs&backoffMinMs=50";
     const first = await appPage(session, query);
     const second = await appPage(session, query);
     await until(() => isLeader(first), 10_000, "the first tab to lead");
@@ -162,12 +162,95 @@ Deno.test(
 Deno.test(
   {
     name:
+      "two outboxes whose first events both have id 1 are both delivered: the page shows their identities and the endpoint dedupes on them",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const first = await appPage(session, "outbox=origin-a&retryBaseMs=50");
+    const second = await appPage(session, "outbox=origin-b&retryBaseMs=50");
+    await until(
+      async () => await isLeader(first) && await isLeader(second),
+      10_000,
+      "each tab to lead its outbox",
+    );
+    const [[a], [b]] = await Promise.all([
+      addJobs(first, "A", 1),
+      addJobs(second, "B", 1),
+    ]);
+    const uuid =
+      /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
+    assert.match(a!, uuid);
+    assert.match(b!, uuid);
+    assert.notEqual(a, b);
+    await until(
+      () => session.server.deliveries.length >= 2,
+      10_000,
+      "both deliveries",
+    );
+    assert.deepEqual(
+      session.server.deliveries.map(({ identity, fence, body }) => [
+        identity,
+        fence,
+        (body as { job: string }).job,
+      ]).sort(),
+      [[a, 1, "A-0"], [b, 1, "B-0"]].sort(),
+    );
+    // Both events are event 1 of their outbox: ids would have merged them.
+    const ids = await Promise.all(
+      [first, second].map((page) =>
+        page.evaluate(async () => {
+          const { outbox } = (globalThis as unknown as {
+            outboxApp: {
+              outbox: { explain(id: number): Promise<{ identity: string }> };
+            };
+          }).outboxApp;
+          return (await outbox.explain(1)).identity;
+        })
+      ),
+    );
+    assert.deepEqual(ids, [a, b]);
+    await until(
+      async () =>
+        (await first.locator("#delivered").textContent() ?? "").includes(b!),
+      5_000,
+      "the page to list the identities",
+    );
+    const listed = await first.locator("#delivered li").allTextContents();
+    assert.deepEqual(
+      listed.sort(),
+      [`message 0 (${a}, fence 1)`, `message 0 (${b}, fence 1)`].sort(),
+    );
+
+    // The endpoint never applies a redelivery of an identity, under any fence.
+    const deliver = async (fence: number) => {
+      const response = await fetch(`${session.server.url}deliver`, {
+        method: "POST",
+        headers: {
+          "content-type": "application/json",
+          "Idempotency-Key": a!,
+          "Idempotency-Fence": String(fence),
+        },
+        body: JSON.stringify({ text: "again", job: "A-0" }),
+      });
+      return [response.status, (await response.json()).status];
+    };
+    assert.deepEqual(await deliver(1), [200, "duplicate"]);
+    assert.deepEqual(await deliver(5), [200, "duplicate"]);
+    assert.equal(session.server.deliveries.length, 2);
+    assert.equal(session.server.duplicates(), 2);
+  },
+);
+
+Deno.test(
+  {
+    name:
       "closing the leader tab mid-run: another tab becomes leader and the run completes",
     ...browserTest,
   },
   async () => {
     await using session = await openSession({ deliveryDelayMs: 20 });
-    const query = "outbox=takeover&retryBaseMs=50&leaseMs=2000";
+    const query = "outbox=takeover&backoffMinMs=50&leaseMs=2000";
     const leader = await appPage(session, query);
     const follower = await appPage(session, query);
     await until(() => isLeader(leader), 10_000, "the first tab to lead");
@@ -206,7 +289,7 @@ Deno.test(
     session.server.down = true;
     const page = await appPage(
       session,
-      "outbox=offline&retryBaseMs=100&retryMaxMs=400",
+      "outbox=offline&backoffMinMs=100&backoffMaxMs=400",
     );
     await until(() => isLeader(page), 10_000, "the tab to lead");
     await addJobs(page, "D", 5);
@@ -408,19 +491,26 @@ Deno.test(
           isLeader: boolean;
           stats(): Promise<{ pending: number }>;
         };
-        enqueued: Promise<{ eventId: number; deduplicated: boolean }>;
+        enqueued: Promise<
+          { eventId: number; identity: string; deduplicated: boolean }
+        >;
       };
-      const stored = await enqueued;
+      const { identity, ...stored } = await enqueued;
       return {
         stored,
         leader: outbox.isLeader,
         pending: (await outbox.stats()).pending,
+        // The one stored event is the call's, under the identity it returned.
+        explained: (await (outbox as unknown as {
+          explain(id: number): Promise<{ identity: string }>;
+        }).explain(1)).identity === identity,
       };
     });
     assert.deepEqual(result, {
       stored: { eventId: 1, deduplicated: false },
       leader: true,
       pending: 1,
+      explained: true,
     });
   },
 );

@@ -159,7 +159,7 @@ for (const driver of DRIVERS) {
       "SELECT id FROM outbox_events WHERE state = 'leased' AND lease_until <= 20",
     );
     assert.deepEqual(leftLeased, []);
-    assert.equal(await a!.retry(eventId), true);
+    assert.equal(await a!.redrive({ ids: [eventId] }), 1);
     const again = await a!.claim({ leaseMs: 10 });
     assert.equal(again?.eventId, eventId);
     assert.equal(again?.attempt, 1);
@@ -240,8 +240,8 @@ for (const driver of DRIVERS) {
       "leases[1]",
     );
     await rejects(() => a!.release(lease!, { error: "cut\0here" }), "error");
-    await rejects(() => a!.retry(0), "eventId");
-    await rejects(() => a!.purge({ doneBeforeMs: -5 }), "doneBeforeMs");
+    await rejects(() => a!.redrive({ ids: [0] }), "ids[0]");
+    await rejects(() => a!.purge({ olderThanMs: -5 }), "olderThanMs");
     assert.equal(sent(), statements);
     assert.deepEqual(await snapshot(raw), before);
     // BEGIN fails inside an open transaction, so this proves none was left open.

@@ -6,7 +6,7 @@ import { tempDir } from "./helpers.ts";
 
 const root = dirname(dirname(fileURLToPath(import.meta.url)));
 
-Deno.test("the demo delivers every event once through a crash and a pause, and its summary adds up", async () => {
+Deno.test("the demo applies every event's effect once at its inbox recipient through a crash and a pause, and its summary adds up", async () => {
   await using dir = await tempDir();
   const path = join(dir.path, "outbox.db");
   await using tmp = await tempDir();
@@ -47,8 +47,19 @@ Deno.test("the demo delivers every event once through a crash and a pause, and i
   assert.equal(summary.unexpectedDead, 0);
   assert.equal(summary.lost, 0);
   assert.equal(summary.acknowledgedTwice, 0);
-  assert.equal(summary.duplicates, 0);
   assert.equal(summary.integrity, "ok");
+  assert.equal(summary.recipientIntegrity, "ok");
+  // Every delivered event's effect was applied exactly once; the inbox
+  // refused the rest, and the counts add up to the deliveries received.
+  assert.equal(summary.appliedOnce, 57);
+  assert.equal(summary.appliedTwice, 0);
+  assert.equal(summary.effectsLost, 0);
+  assert.equal(summary.accepted, 57);
+  assert.equal(summary.inboxRecords, 57);
+  assert.equal(
+    summary.deliveries,
+    summary.accepted + summary.duplicates + summary.stale,
+  );
   // Every delivery is a first delivery or a redelivery under a newer fence.
   const fences = Object.entries(
     summary.redeliveryFences as Record<string, number>,
@@ -73,7 +84,18 @@ Deno.test("the demo delivers every event once through a crash and a pause, and i
     /^ {2}events \(orders committed with their event\) +60$/m,
   );
   assert.match(output, /^ {2}lost \/ acknowledged twice +0 \/ 0$/m);
-  assert.match(output, /^ {2}integrity_check +ok$/m);
+  assert.match(output, /^ {2}integrity_check \(outbox, recipient\) +ok, ok$/m);
+  assert.match(
+    output,
+    new RegExp(
+      `^ {2}deliveries received \\(inbox, deduped by identity\\) +${summary.deliveries}: 57 accepted, ${summary.duplicates} duplicate, ${summary.stale} stale \\(\\+\\d+ poison refusals\\)$`,
+      "m",
+    ),
+  );
+  assert.match(
+    output,
+    /^ {2}effects applied once \/ twice \/ lost +57 \/ 0 \/ 0$/m,
+  );
   assert.match(
     output,
     new RegExp(
@@ -94,6 +116,22 @@ Deno.test("the demo delivers every event once through a crash and a pause, and i
       "SELECT state, count(*) AS n FROM outbox_events GROUP BY state ORDER BY state",
     ),
     [{ state: "dead", n: 3 }, { state: "done", n: 57 }],
+  );
+  // The recipient's own database: one shipment per delivered event, each
+  // applied once, under the identity of its event.
+  await using recipient = await openSqliteWasm(`${path}.recipient.db`);
+  assert.deepEqual(
+    await recipient.query(
+      "SELECT applied, count(*) AS n FROM shipments GROUP BY applied",
+    ),
+    [{ applied: 1, n: 57 }],
+  );
+  const identities = await db.query(
+    "SELECT identity FROM outbox_events WHERE state = 'done' ORDER BY identity",
+  );
+  assert.deepEqual(
+    await recipient.query("SELECT identity FROM shipments ORDER BY identity"),
+    identities,
   );
 });
 

@@ -927,6 +927,8 @@ interface Held {
 interface Books {
   readonly realIds: Map<number, number>;
   readonly modelIds: Map<number, number>;
+  /** Each real event's identity, as its enqueue returned it. */
+  readonly identities: Map<number, string>;
   lastRealId: number;
   readonly minted: Set<string>;
   readonly held: Held[][];
@@ -936,6 +938,7 @@ function copyBooks(books: Books): Books {
   return {
     realIds: new Map(books.realIds),
     modelIds: new Map(books.modelIds),
+    identities: new Map(books.identities),
     lastRealId: books.lastRealId,
     minted: new Set(books.minted),
     held: books.held.map((leases) => [...leases]),
@@ -974,6 +977,7 @@ class Run {
     this.#books = {
       realIds: new Map(),
       modelIds: new Map(),
+      identities: new Map(),
       lastRealId: 0,
       minted: new Set(),
       held: workers.map(() => []),
@@ -1204,7 +1208,7 @@ class Run {
         const id = realId(this.#books, command.eventId);
         return {
           model: (m) => m.retry(now, command.eventId),
-          real: () => outbox.retry(id),
+          real: async () => (await outbox.redrive({ ids: [id] })) === 1,
           check: equal,
         };
       }
@@ -1220,7 +1224,8 @@ class Run {
         const doneBeforeMs = Math.max(0, now - command.ageMs);
         return {
           model: (m) => m.purge(now, doneBeforeMs),
-          real: () => outbox.purge({ doneBeforeMs }),
+          real: () =>
+            outbox.purge({ olderThanMs: command.ageMs, states: ["done"] }),
           check: equal,
         };
       }
@@ -1234,8 +1239,14 @@ class Run {
       model: (m) => m.explain(now, eventId),
       real: async () => {
         const e = await outbox.explain(id);
-        return e === null ? null : {
+        if (e === null) return null;
+        // The identity finds the same event the id does, unless a purge run
+        // together with this call deleted it in between.
+        const again = await outbox.explain(e.identity);
+        if (again !== null) assert.equal(again.eventId, e.eventId);
+        return {
           eventId: e.eventId,
+          identity: e.identity,
           queue: e.queue,
           state: e.state,
           attempt: e.attempt,
@@ -1309,9 +1320,18 @@ function enqueued(real: unknown, expected: unknown, books: Books): void {
     result.eventId > books.lastRealId,
     `a new event got id ${result.eventId}, not above the last one, ${books.lastRealId}: ids must never be reused`,
   );
+  assert.match(
+    result.identity,
+    /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/,
+  );
+  assert.ok(
+    ![...books.identities.values()].includes(result.identity),
+    `a new event got identity ${result.identity}, another event's`,
+  );
   books.lastRealId = result.eventId;
   books.realIds.set(model.eventId, result.eventId);
   books.modelIds.set(result.eventId, model.eventId);
+  books.identities.set(result.eventId, result.identity);
 }
 
 /**
@@ -1347,14 +1367,24 @@ function realId(books: Books, modelId: number): number {
   return books.realIds.get(modelId) ?? books.lastRealId + modelId;
 }
 
-/** Rewrites `eventId` fields of a result (or of its elements) to model ids. */
+/**
+ * Rewrites `eventId` fields of a result (or of its elements) to model ids,
+ * after checking that its `identity` is the one the event's enqueue
+ * returned: an event keeps its identity through every operation.
+ */
 function toModelIds(books: Books, value: unknown): unknown {
   if (Array.isArray(value)) return value.map((v) => toModelIds(books, v));
   if (value === null || typeof value !== "object" || !("eventId" in value)) {
     return value;
   }
   const id = Number(value.eventId);
-  return { ...value, eventId: books.modelIds.get(id) ?? -id };
+  const { identity, ...rest } = value as { identity?: unknown };
+  assert.equal(
+    identity,
+    books.identities.get(id),
+    `event ${id} changed identity`,
+  );
+  return { ...rest, eventId: books.modelIds.get(id) ?? -id };
 }
 
 function enqueueOptions(

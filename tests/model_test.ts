@@ -8,7 +8,7 @@ import { runModelTest } from "./model.ts";
 // file bound far below what chance can reach.
 for (const driver of DRIVERS) {
   const numRuns = driver.file ? 120 : 400;
-  Deno.test(`${driver.name}: model-based: random claim/acknowledge/renew/release/clock sequences on three connections match the reference model`, async () => {
+  Deno.test(`${driver.name}: model-based: random claim/acknowledge/renew/release/clock sequences on three connections match the reference model, every event keeping the identity its enqueue returned`, async () => {
     const report = await runModelTest(() => driver.open(3), { numRuns });
     console.log(report);
     assert.equal(report.runs, numRuns);

@@ -7,6 +7,7 @@ import {
   SCHEMA_SQL,
   SCHEMA_VERSION,
   type Transaction,
+  uuidv7Time,
 } from "../mod.ts";
 import { DatabaseSync } from "node:sqlite";
 import { driverTest, eventRow, type Harness, snapshot } from "./helpers.ts";
@@ -89,11 +90,13 @@ for (const driver of DRIVERS) {
     const first = await a!.enqueue("x", { dedupKey: "order-7" });
     assert.deepEqual(await a!.enqueue("y", { dedupKey: "order-7" }), {
       eventId: first.eventId,
+      identity: first.identity,
       deduplicated: true,
     });
     await a!.acknowledge((await a!.claim())!);
     assert.deepEqual(await a!.enqueue("z", { dedupKey: "order-7" }), {
       eventId: first.eventId,
+      identity: first.identity,
       deduplicated: true,
     });
     const other = await a!.enqueue("x", {
@@ -102,6 +105,94 @@ for (const driver of DRIVERS) {
     });
     assert.equal(other.deduplicated, false);
     assert.equal((await a!.stats()).done, 1);
+  });
+
+  test("enqueue() assigns each event a UUIDv7 identity that its leases, dead letter, retry and explain() carry unchanged", async ({ clock, open }) => {
+    const [a, b] = await open({ maxAttempts: 1 });
+    clock.set(1_700_000_000_000);
+    const { eventId, identity } = await a!.enqueue("x");
+    assert.match(
+      identity,
+      /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/,
+    );
+    assert.ok(uuidv7Time(identity) >= 1_700_000_000_000);
+    const first = await a!.claim({ leaseMs: 10 });
+    assert.equal(first?.identity, identity);
+    clock.advance(10);
+    // The lapsed last attempt makes it a dead letter.
+    assert.equal(await b!.claim(), null);
+    const [dead] = await b!.deadLetters();
+    assert.deepEqual([dead?.eventId, dead?.identity], [eventId, identity]);
+    assert.equal(await b!.redrive({ ids: [eventId] }), 1);
+    const second = await b!.claim();
+    assert.deepEqual([second?.identity, second?.fence], [identity, 2]);
+    assert.equal(await b!.release(second!), true);
+    const third = await a!.redrive({ ids: [eventId] }) === 1 &&
+      await a!.claim();
+    assert.deepEqual([third && third.identity, third && third.fence], [
+      identity,
+      3,
+    ]);
+    const byId = await a!.explain(eventId);
+    assert.equal(byId?.identity, identity);
+    assert.deepEqual(await a!.explain(identity), byId);
+  });
+
+  test("enqueue() keeps a supplied identity, and one that exists already returns its event deduplicated, across queues", async ({ open, raw }) => {
+    const [a] = await open();
+    const upstream = "3f2b8c1e-9a4d-4e6f-b1c2-d3e4f5a6b7c8";
+    const first = await a!.enqueue("x", { identity: upstream });
+    assert.deepEqual(first, {
+      eventId: first.eventId,
+      identity: upstream,
+      deduplicated: false,
+    });
+    assert.deepEqual(
+      await a!.enqueue("y", { identity: upstream, queue: "other" }),
+      { ...first, deduplicated: true },
+    );
+    // A dedup key names its event first; the supplied identity then goes unused.
+    const keyed = await a!.enqueue("k", { dedupKey: "order-1" });
+    assert.deepEqual(
+      await a!.enqueue("z", { dedupKey: "order-1", identity: upstream }),
+      { ...keyed, deduplicated: true },
+    );
+    const [count] = await raw.query("SELECT count(*) AS n FROM outbox_events");
+    assert.equal(count?.["n"], 2);
+    assert.equal((await a!.claim())?.identity, upstream);
+  });
+
+  test("enqueue() refuses an identity that is not canonical lowercase UUID text before any SQL", async ({ open, raw, sent }) => {
+    const [a] = await open();
+    const before = await snapshot(raw);
+    const statements = sent();
+    for (
+      const identity of [
+        "3F2B8C1E-9A4D-4E6F-B1C2-D3E4F5A6B7C8",
+        "3f2b8c1e9a4d4e6fb1c2d3e4f5a6b7c8",
+        "{3f2b8c1e-9a4d-4e6f-b1c2-d3e4f5a6b7c8}",
+        "",
+        42,
+        null,
+      ]
+    ) {
+      await assert.rejects(
+        () => a!.enqueue("x", { identity: identity as string }),
+        new TypeError(
+          `Cannot enqueue as 'identity' must be a UUID in canonical lowercase text (8-4-4-4-12 hex digits): current value is ${
+            typeof identity === "string" ? JSON.stringify(identity) : identity
+          }`,
+        ),
+      );
+      if (typeof identity === "string") {
+        await assert.rejects(
+          () => a!.explain(identity),
+          /Cannot explain as 'event' must be a UUID/,
+        );
+      }
+    }
+    assert.equal(sent(), statements);
+    assert.deepEqual(await snapshot(raw), before);
   });
 
   test("an ordering key holds later events until the earlier one is done or dead", async ({ open }) => {
@@ -321,7 +412,7 @@ for (const driver of DRIVERS) {
     const { eventId } = await a!.enqueue("new");
     await a!.acknowledge((await a!.claim())!);
     await a!.enqueue("pending");
-    assert.equal(await a!.purge({ doneBeforeMs: 100 }), 1);
+    assert.equal(await a!.purge({ olderThanMs: 0 }), 1);
     assert.deepEqual(await a!.stats(), {
       pending: 1,
       leased: 0,
@@ -486,30 +577,32 @@ for (const driver of DRIVERS) {
     assert.notDeepEqual(await snapshot(raw), before);
   });
 
-  test("open() refuses a database whose user_version belongs to another schema", async ({ open, raw }) => {
+  test("open() refuses a database whose user_version belongs to another schema, and closes the connection it owns", async ({ open, raw }) => {
     await raw.exec("CREATE TABLE app (x INTEGER); PRAGMA user_version = 3");
+    const [before] = await raw.query("PRAGMA user_version");
+    assert.equal(before?.["user_version"], 3);
     await assert.rejects(
       () => open(),
       /user_version is 3 but it has no outbox tables/,
     );
-    const [version] = await raw.query("PRAGMA user_version");
-    assert.equal(version?.["user_version"], 3);
+    await assert.rejects(() => raw.query("PRAGMA user_version"));
   });
 
-  for (const older of [1, 2]) {
+  for (const older of [1, 2, 3]) {
     test(`open() upgrades a version ${older} database in place: its history reads the same and calls after it are recorded once`, async ({ clock, open, raw }) => {
       const fixture = (v: number) =>
         Deno.readTextFile(
           new URL(`./fixtures/schema_v${v}.sql`, import.meta.url),
         );
       await raw.exec(await fixture(older));
-      // Version 2's lease.ts wrote the ledger rows version 1's triggers wrote.
+      // Versions 2 and 3 wrote the ledger rows version 1's triggers wrote
+      // (version 3 could leave a claim's entry in its row; written is valid).
       const v1 = await fixture(1);
       const triggers = v1.slice(
         v1.indexOf("CREATE TRIGGER"),
         v1.lastIndexOf("PRAGMA user_version"),
       );
-      if (older === 2) await raw.exec(triggers);
+      if (older >= 2) await raw.exec(triggers);
       // What an older lease.ts ran for: enqueue, claim as tokenA, takeover
       // as tokenB after the lease lapsed, tokenA's stale acknowledgement,
       // tokenB's acknowledgement; and a second event claimed as tokenC. It
@@ -536,7 +629,7 @@ for (const driver of DRIVERS) {
       await raw.run(acknowledge, [25, 1, "tokenB", 2]);
       await raw.run(insert, ['"open"', 25]);
       await raw.run(claim, ["tokenC", 1000, 25, 2]);
-      if (older === 2) {
+      if (older >= 2) {
         await raw.exec(
           "DROP TRIGGER outbox_events_claimed; DROP TRIGGER outbox_events_acknowledged",
         );
@@ -555,10 +648,24 @@ for (const driver of DRIVERS) {
         [],
       );
       const after = await snapshot(raw);
-      assert.deepEqual([after.events, after.attempts], [
+      assert.deepEqual([
+        after.events.map(({ identity: _, ...row }) => row),
+        after.attempts,
+      ], [
         before.events.map((row) => ({ ...row, claimed_at: null })),
         before.attempts,
       ]);
+      // Each existing event got a UUIDv7 identity stamped with its
+      // created_at, and no two the same.
+      const identities = after.events.map((row) => String(row["identity"]));
+      for (const [i, identity] of identities.entries()) {
+        assert.match(
+          identity,
+          /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/,
+        );
+        assert.equal(uuidv7Time(identity), after.events[i]?.["created_at"]);
+      }
+      assert.equal(new Set(identities).size, identities.length);
       const columns =
         "SELECT name, type FROM pragma_table_info('outbox_events')";
       const objects =
@@ -591,7 +698,8 @@ for (const driver of DRIVERS) {
       clock.set(25);
       assert.equal(await a!.acknowledge(leaseB!), true);
       const story = async (id: number) => {
-        const { eventId: _, queue: __, ...rest } = (await a!.explain(id))!;
+        const { eventId: _, queue: __, identity: ___, ...rest } =
+          (await a!.explain(id))!;
         return rest;
       };
       const upgraded = await story(1);
@@ -607,6 +715,7 @@ for (const driver of DRIVERS) {
       clock.set(40);
       const leaseC: Lease = {
         eventId: 2,
+        identity: identities[1]!,
         queue: "default",
         token: "tokenC",
         fence: 1,

@@ -7,7 +7,7 @@ const root = new URL("../", import.meta.url);
 
 Deno.test("the README's minimal-permission command runs an outbox on a file with any DENO_DIR", async () => {
   const readme = await Deno.readTextFile(new URL("README.md", root));
-  const command = readme.match(/`(deno run (?:--allow-[\w-]+=\S+ )+app\.ts)`/)
+  const command = readme.match(/`(deno run (?:--allow-[\w-]+(?:=\S+)? )+app\.ts)`/)
     ?.[1];
   assert.ok(command, "README names a `deno run --allow-… app.ts` command");
   // Exactly those flags; --no-prompt so a missing one fails, never asks.

@@ -8,6 +8,9 @@ import {
   SqliteWasmDriver,
 } from "../sqlite_wasm.ts";
 import { ManualClock } from "./helpers.ts";
+import { DatabaseSync } from "node:sqlite";
+import { join } from "node:path";
+import { openSqliteWasm as openSqliteFile } from "../sqlite_wasm_deno.ts";
 
 Deno.test("the schema the code applies is exactly schema.sql", async () => {
   const file = await Deno.readTextFile(
@@ -113,4 +116,44 @@ Deno.test("claims and acknowledgements never make SQLite recompile a statement",
     }
   }
   assert.deepEqual(recompiled, []);
+});
+
+Deno.test("a version 3 file upgraded in place has the same columns, indexes and views as a fresh one", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "schema_upgrade_" });
+  const shape = async (path: string) => {
+    await using driver = await openSqliteFile(path);
+    await using _outbox = await Outbox.open(driver);
+    const columns = await driver.query(
+      "SELECT name, type, \"notnull\", dflt_value, pk FROM pragma_table_xinfo('outbox_events')",
+    );
+    const objects = await driver.query(
+      "SELECT type, name, tbl_name, sql FROM sqlite_schema WHERE type IN ('index', 'view') ORDER BY name",
+    );
+    const indexed = [];
+    for (const { name } of objects) {
+      indexed.push(
+        await driver.query(
+          "SELECT seqno, name, desc, key FROM pragma_index_xinfo(?)",
+          [String(name)],
+        ),
+      );
+    }
+    return { columns, objects, indexed };
+  };
+  try {
+    const upgraded = join(dir, "upgraded.db");
+    const v3 = new DatabaseSync(upgraded);
+    v3.exec(
+      await Deno.readTextFile(
+        new URL("./fixtures/schema_v3.sql", import.meta.url),
+      ),
+    );
+    v3.exec(
+      "INSERT INTO outbox_events (queue, state, payload, due_at, max_attempts, created_at, updated_at) VALUES ('default', 'pending', '1', 0, 5, 7, 7)",
+    );
+    v3.close();
+    assert.deepEqual(await shape(upgraded), await shape(join(dir, "fresh.db")));
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });

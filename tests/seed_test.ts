@@ -15,8 +15,8 @@ for (const driver of DRIVERS) {
       const [a, b] = outboxes as [Outbox, Outbox];
       await a.transaction((tx) =>
         tx.run(
-          `INSERT INTO outbox_events (id, queue, state, payload, due_at, max_attempts, created_at, updated_at)
-           VALUES (41, 'default', 'pending', 'null', 0, 5, 0, 0)`,
+          `INSERT INTO outbox_events (id, identity, queue, state, payload, due_at, max_attempts, created_at, updated_at)
+           VALUES (41, '00000000-0000-7000-8000-000000000041', 'default', 'pending', 'null', 0, 5, 0, 0)`,
         )
       );
       const claim = async (outbox: Outbox, now: number, token: string) => {

@@ -51,7 +51,7 @@ Deno.test("seed scenario on a real file with two connections: 41, null, 41, fals
     const second = await open({ now: clock.now, leaseMs: 10 });
     await first.transaction((tx) =>
       tx.run(
-        "INSERT INTO outbox_events (id, queue, state, payload, due_at, max_attempts, created_at, updated_at) VALUES (41, 'default', 'pending', 'null', 0, 5, 0, 0)",
+        "INSERT INTO outbox_events (id, identity, queue, state, payload, due_at, max_attempts, created_at, updated_at) VALUES (41, '00000000-0000-7000-8000-000000000041', 'default', 'pending', 'null', 0, 5, 0, 0)",
       )
     );
     const claim = async (outbox: Outbox, now: number, token: string) => {

@@ -7,109 +7,15 @@ import {
   Outbox,
   type SqlValue,
 } from "../mod.ts";
+import { SQL } from "../lease.ts";
 import { openSqliteWasm } from "../sqlite_wasm.ts";
+import { type Handler, processEvents, type ProcessOptions } from "../worker.ts";
 import {
-  type Handler,
-  processEvents,
-  type ProcessOptions,
-  type Timers,
-} from "../worker.ts";
-import { ManualClock } from "./helpers.ts";
-
-/**
- * Manual time for the processor: the monotonic clock and the timers, driven
- * by hand. `advance` fires due timers in order, letting the promises they
- * start settle after each; `jump` moves time without firing anything, which
- * is what a stalled event loop or a suspended process looks like.
- */
-class ManualTimers implements Timers {
-  ms = 0;
-  readonly #timers = new Map<number, { at: number; callback: () => void }>();
-  #nextId = 1;
-  readonly monotonicNow = (): number => this.ms;
-
-  setTimeout(callback: () => void, delayMs: number): unknown {
-    const id = this.#nextId++;
-    this.#timers.set(id, { at: this.ms + delayMs, callback });
-    return id;
-  }
-
-  clearTimeout(handle: unknown): void {
-    this.#timers.delete(handle as number);
-  }
-
-  /** Fires every timer due up to `ms` from now, in order, then settles. */
-  async advance(ms: number, wall?: ManualClock): Promise<void> {
-    const target = this.ms + ms;
-    for (;;) {
-      await settle();
-      let next: [number, { at: number; callback: () => void }] | undefined;
-      for (const entry of this.#timers) {
-        if (entry[1].at <= target && (!next || entry[1].at < next[1].at)) {
-          next = entry;
-        }
-      }
-      if (next === undefined) break;
-      const [id, { at, callback }] = next;
-      this.#timers.delete(id);
-      wall?.advance(Math.max(0, at - this.ms));
-      this.ms = Math.max(this.ms, at);
-      callback();
-    }
-    wall?.advance(target - this.ms);
-    this.ms = target;
-    await settle();
-  }
-
-  /** Moves time without firing timers, as a stalled event loop sees it. */
-  jump(ms: number, wall?: ManualClock): void {
-    this.ms += ms;
-    wall?.advance(ms);
-  }
-}
-
-/** Lets every pending promise chain run (one macrotask turn). */
-function settle(): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, 0));
-}
-
-interface Fixture {
-  outbox: Outbox;
-  wall: ManualClock;
-  time: ManualTimers;
-  errors: unknown[];
-  options: (extra?: ProcessOptions) => ProcessOptions;
-  [Symbol.asyncDispose](): Promise<void>;
-}
-
-async function fixture(driver?: Driver): Promise<Fixture> {
-  const wall = new ManualClock(1_000_000);
-  const time = new ManualTimers();
-  const errors: unknown[] = [];
-  const outbox = await Outbox.open(
-    driver ?? await openSqliteWasm(":memory:"),
-    { now: wall.now, leaseMs: 1_000 },
-  );
-  return {
-    outbox,
-    wall,
-    time,
-    errors,
-    options: (extra = {}) => ({
-      leaseMs: 1_000,
-      pollMinMs: 10,
-      pollMaxMs: 10,
-      retryMinMs: 100,
-      retryJitter: 0,
-      now: wall.now,
-      monotonicNow: time.monotonicNow,
-      timers: time,
-      onError: (error) => errors.push(error),
-      ...extra,
-    }),
-    [Symbol.asyncDispose]: () => outbox.close(),
-  };
-}
+  type Fixture,
+  fixture,
+  ManualTimers,
+  settle,
+} from "./worker_fixture.ts";
 
 Deno.test("processEvents() delivers each event once and acknowledges it", async () => {
   await using f = await fixture();
@@ -128,6 +34,7 @@ Deno.test("processEvents() delivers each event once and acknowledges it", async 
     leasesLost: 0,
     released: 0,
     dead: 0,
+    failed: 0,
   });
   assert.equal((await f.outbox.stats()).done, 3);
   assert.deepEqual(f.errors, []);
@@ -170,6 +77,7 @@ Deno.test("a stalled handler has its signal aborted, its acknowledge returns fal
     leasesLost: 1,
     released: 0,
     dead: 0,
+    failed: 0,
   });
   const history = (await f.outbox.explain(eventId))!.history;
   assert.deepEqual(
@@ -213,6 +121,7 @@ Deno.test("the handler's signal fires when renewal is overdue by the monotonic c
     leasesLost: 1,
     released: 0,
     dead: 0,
+    failed: 0,
   });
 });
 
@@ -357,10 +266,14 @@ Deno.test("failed attempts are retried on the configured exponential backoff sch
   await using f = await fixture();
   await f.outbox.enqueue({}, { maxAttempts: 6 });
   const startedAt: number[] = [];
-  await using processor = processEvents(f.outbox, () => {
-    startedAt.push(f.time.ms);
-    throw new Error("receiver down");
-  }, f.options({ retryMinMs: 100, retryMultiplier: 3, retryMaxMs: 1_000 }));
+  await using processor = processEvents(
+    f.outbox,
+    () => {
+      startedAt.push(f.time.ms);
+      throw new Error("receiver down");
+    },
+    f.options({ backoffMinMs: 100, backoffMultiplier: 3, backoffMaxMs: 1_000 }),
+  );
   await f.time.advance(4_000, f.wall);
   assert.deepEqual(
     startedAt.slice(1).map((at, i) => at - startedAt[i]!),
@@ -370,12 +283,12 @@ Deno.test("failed attempts are retried on the configured exponential backoff sch
   assert.equal(processor.counters.dead, 1);
 });
 
-Deno.test("retryJitter takes a random fraction off each delay", async () => {
+Deno.test("backoffJitter takes a random fraction off each delay", async () => {
   await using f = await fixture();
   const { eventId } = await f.outbox.enqueue({});
   await using _processor = processEvents(f.outbox, () => {
     throw new Error("nope");
-  }, f.options({ retryMinMs: 100, retryJitter: 0.5, random: () => 0.5 }));
+  }, f.options({ backoffMinMs: 100, backoffJitter: 0.5, random: () => 0.5 }));
   const delays: number[] = [];
   for (let i = 0; i < 3; i++) {
     await f.time.advance(i === 0 ? 0 : delays.at(-1)! + 10, f.wall);
@@ -408,7 +321,7 @@ Deno.test("a poison event ends in the dead letters after maxAttempts with its la
   });
   await using processor = processEvents(f.outbox, (lease) => {
     throw new Error(`boom on attempt ${lease.attempt}`);
-  }, f.options({ retryMinMs: 20 }));
+  }, f.options({ backoffMinMs: 20 }));
   await f.time.advance(1_000, f.wall);
   const dead = await f.outbox.deadLetters();
   assert.deepEqual(
@@ -426,6 +339,7 @@ Deno.test("a poison event ends in the dead letters after maxAttempts with its la
     leasesLost: 0,
     released: 2,
     dead: 1,
+    failed: 3,
   });
 });
 
@@ -494,14 +408,14 @@ Deno.test("an enqueue in the same process wakes an idle processor at once", asyn
 Deno.test("an empty queue is polled with a doubling wait up to pollMaxMs", async () => {
   const driver = await openSqliteWasm(":memory:");
   const time = new ManualTimers();
-  // Every claim is one write transaction; opening the outbox runs one too.
+  // Every claim reads its candidates once.
   const claims: number[] = [];
   const counting: Driver = {
-    query: (sql, params) => driver.query(sql, params),
-    run: (sql, params) => {
-      if (sql === "BEGIN IMMEDIATE") claims.push(time.ms);
-      return driver.run(sql, params);
+    query: (sql, params) => {
+      if (sql === SQL.candidates) claims.push(time.ms);
+      return driver.query(sql, params);
     },
+    run: (sql, params) => driver.run(sql, params),
     exec: (sql) => driver.exec(sql),
     close: () => driver.close(),
   };
@@ -618,6 +532,7 @@ Deno.test("context.transaction() commits the handler's row with its acknowledgem
     leasesLost: 0,
     released: 0,
     dead: 0,
+    failed: 0,
   });
   assert.deepEqual(
     await f.outbox.transaction((tx) => tx.query("SELECT * FROM mails")),
@@ -671,6 +586,7 @@ Deno.test("context.transaction() on a lost lease writes nothing, throws LeaseLos
     leasesLost: 1,
     released: 0,
     dead: 0,
+    failed: 1,
   });
   assert.deepEqual(
     await f.outbox.transaction((tx) => tx.query("SELECT * FROM mails")),
@@ -779,6 +695,7 @@ Deno.test("a running handler's outbox closing aborts its signal at the next rene
     leasesLost: 1,
     released: 0,
     dead: 0,
+    failed: 0,
   });
   assert.deepEqual(f.errors, []);
 });
@@ -810,27 +727,27 @@ Deno.test("invalid options throw TypeError or RangeError naming the field", asyn
   assert.throws(start({ concurrency: 0 }), {
     name: "RangeError",
     message:
-      "Cannot process events as 'concurrency' must be an integer of at least 1: current value is 0",
+      "Cannot process events as 'concurrency' must be a positive integer at most 10000: current value is 0",
   });
   assert.throws(start({ leaseMs: NaN }), {
     name: "RangeError",
     message:
-      "Cannot process events as 'leaseMs' must be an integer of at least 3: current value is NaN",
+      "Cannot process events as 'leaseMs' must be an integer of at least 3 at most 31536000000: current value is NaN",
   });
   assert.throws(start({ pollMinMs: "10" }), {
     name: "TypeError",
     message:
-      "Cannot process events as 'pollMinMs' must be an integer of at least 1: current value is string",
+      "Cannot process events as 'pollMinMs' must be a positive integer: current value is \"10\"",
   });
-  assert.throws(start({ retryJitter: 1.5 }), {
+  assert.throws(start({ backoffJitter: 1.5 }), {
     name: "RangeError",
     message:
-      "Cannot process events as 'retryJitter' must be a number from 0 to 1: current value is 1.5",
+      "Cannot process events as 'backoffJitter' must be a number from 0 to 1: current value is 1.5",
   });
-  assert.throws(start({ retryMultiplier: Infinity }), {
+  assert.throws(start({ backoffMultiplier: Infinity }), {
     name: "RangeError",
     message:
-      "Cannot process events as 'retryMultiplier' must be a finite number of at least 1: current value is Infinity",
+      "Cannot process events as 'backoffMultiplier' must be a finite number of at least 1: current value is Infinity",
   });
   assert.throws(start({ leaseMs: 1_000, renewIntervalMs: 900 }), {
     name: "RangeError",

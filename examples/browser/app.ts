@@ -1,16 +1,27 @@
 /**
  * The example page: messages typed here are queued in the shared outbox and
- * delivered to the server's `/deliver` endpoint by the leader tab, with the
- * claim's `${eventId}:${fence}` as idempotency key. Failed deliveries are
- * released with exponential backoff and retried until the endpoint is back.
+ * delivered to the server's `/deliver` endpoint by the leader tab's
+ * {@linkcode processEvents} loop, with the event's identity as
+ * `Idempotency-Key` and the claim's fence as `Idempotency-Fence`
+ * (`deliveryHeaders`). Failed deliveries are released with the loop's
+ * exponential backoff and retried until the endpoint is back; an answer the
+ * endpoint will never accept (a 4xx) makes the message a dead letter at once.
  *
  * Query parameters (the tests use them): `outbox` (name), `leaseMs`,
- * `maxAttempts`, `retryBaseMs`, `retryMaxMs`, `concurrency`.
+ * `maxAttempts`, `backoffMinMs`, `backoffMaxMs`, `concurrency`.
  *
  * @module
  */
-import { openSharedOutbox } from "../../browser.ts";
-import type { Lease } from "../../lease.ts";
+import {
+  type HandlerContext,
+  type Lease,
+  openSharedOutbox,
+  PermanentError,
+  processEvents,
+  type Processor,
+} from "../../browser.ts";
+import { showEvents } from "./events.ts";
+import { deliveryHeaders } from "../../inbox.ts";
 
 /** What one queued job carries. */
 export interface Message {
@@ -21,99 +32,71 @@ export interface Message {
 }
 
 const params = new URL(location.href).searchParams;
-const retryBaseMs = Number(params.get("retryBaseMs") ?? 1_000);
-const retryMaxMs = Number(params.get("retryMaxMs") ?? 30_000);
+const backoffMinMs = Number(params.get("backoffMinMs") ?? 1_000);
+const backoffMaxMs = Number(params.get("backoffMaxMs") ?? 30_000);
 const concurrency = Number(params.get("concurrency") ?? 2);
 const leaseMs = Number(params.get("leaseMs") ?? 15_000);
 const maxAttempts = Number(params.get("maxAttempts") ?? 20);
-const idleMs = 1_000;
 
 const outbox = await openSharedOutbox<Message>(
   params.get("outbox") ?? "messages",
   { leaseMs, maxAttempts },
 );
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
 /**
  * Queues one message.
  *
  * @param text The message.
  * @param job Its job id (a fresh UUID when not given).
- * @returns The event id.
+ * @returns The event's identity.
  */
-async function add(text: string, job = crypto.randomUUID()): Promise<number> {
-  const { eventId } = await outbox.enqueue({ text, job });
-  return eventId;
+async function add(text: string, job = crypto.randomUUID()): Promise<string> {
+  const { identity } = await outbox.enqueue({ text, job });
+  return identity;
 }
 
-function backoffMs(attempt: number): number {
-  const ms = Math.min(retryMaxMs, retryBaseMs * 2 ** (attempt - 1));
-  return Math.round(ms * (0.8 + Math.random() * 0.4));
-}
-
-async function deliver(lease: Lease<Message>): Promise<void> {
+async function deliver(
+  lease: Lease<Message>,
+  { signal }: HandlerContext,
+): Promise<void> {
   const response = await fetch("/deliver", {
     method: "POST",
-    headers: {
-      "content-type": "application/json",
-      "idempotency-key": `${lease.eventId}:${lease.fence}`,
-    },
+    headers: { "content-type": "application/json", ...deliveryHeaders(lease) },
     body: JSON.stringify(lease.payload),
+    signal,
   });
   await response.body?.cancel();
+  if (response.status >= 400 && response.status < 500) {
+    throw new PermanentError(`endpoint answered ${response.status}`);
+  }
   if (!response.ok) throw new Error(`endpoint answered ${response.status}`);
 }
 
-async function drainLoop(): Promise<void> {
-  while (outbox.isLeader) {
-    let lease: Lease<Message> | null;
-    try {
-      lease = await outbox.claim();
-    } catch (error) {
-      show(error);
-      await sleep(500);
-      continue;
-    }
-    if (lease === null) {
-      // Wake on new work from any tab; the timer only covers delayed
-      // retries coming due (and is throttled while the tab is hidden).
-      await new Promise<void>((resolve) => {
-        const wake = () => {
-          clearTimeout(timer);
-          outbox.removeEventListener("enqueue", wake);
-          resolve();
-        };
-        const timer = setTimeout(wake, idleMs);
-        outbox.addEventListener("enqueue", wake);
-      });
-      continue;
-    }
-    try {
-      await deliver(lease);
-      await outbox.acknowledge(lease);
-    } catch (error) {
-      await outbox.release(lease, {
-        delayMs: backoffMs(lease.attempt),
-        error: String(error),
-      }).catch(show);
-    }
+// Only the leader tab hosts the database, so only it runs the loop; the
+// "enqueue" events it receives from every tab wake the loop at once.
+let processor: Processor<Message> | undefined;
+function lead(): void {
+  if (outbox.isLeader && processor === undefined) {
+    processor = processEvents(outbox, deliver, {
+      concurrency,
+      backoffMinMs,
+      backoffMaxMs,
+      // Background tabs throttle timers: enqueue events do the waking.
+      pollMaxMs: 1_000,
+      onError: show,
+    });
+  } else if (!outbox.isLeader && processor !== undefined) {
+    void processor.stop();
+    processor = undefined;
   }
-}
-
-let draining = false;
-function drain(): void {
-  if (draining || !outbox.isLeader) return;
-  draining = true;
-  Promise.all(Array.from({ length: concurrency }, drainLoop)).finally(() => {
-    draining = false;
-  });
 }
 
 // The few DOM members used, declared here rather than through the DOM lib,
 // whose globals would clash with Deno's when the repository is checked.
 interface Element {
   textContent: string | null;
+  title: string;
+  className: string;
   value: string;
   hidden: boolean;
   append(...nodes: (Element | string)[]): void;
@@ -142,35 +125,23 @@ async function refresh(): Promise<void> {
     $("oldest").textContent = stats.pending === 0
       ? "nothing"
       : `${Math.round(stats.oldestPendingAgeMs / 1000)} s`;
-    const dead = await outbox.deadLetters({ limit: 20 });
-    $("dead-letters").hidden = dead.length === 0;
-    $("dead-list").replaceChildren(...dead.map((letter) => {
-      const item = document.createElement("li");
-      const retry = document.createElement("button");
-      retry.textContent = "retry";
-      retry.addEventListener("click", () => {
-        outbox.retry(letter.eventId).then(refresh, show);
-      });
-      item.append(
-        `${letter.payload.text} (${letter.attempts} attempts: ${letter.lastError}) `,
-        retry,
-      );
-      return item;
-    }));
+    await showEvents(outbox, document, (eventId) => {
+      outbox.redrive({ ids: [eventId] }).then(refresh, show);
+    });
     $("role").textContent = outbox.isLeader
       ? "leader (delivers)"
       : "follower (forwards to the leader)";
     const response = await fetch("/deliveries");
     const { down, deliveries } = await response.json() as {
       down: boolean;
-      deliveries: { key: string; body: Message }[];
+      deliveries: { identity: string; fence: number; body: Message }[];
     };
     $("endpoint").textContent = down ? "off" : "on";
     $("toggle").textContent = down ? "switch on" : "switch off";
     $("delivered").replaceChildren(
-      ...deliveries.reverse().map(({ key, body }) => {
+      ...deliveries.reverse().map(({ identity, fence, body }) => {
         const item = document.createElement("li");
-        item.textContent = `${body.text} (${key})`;
+        item.textContent = `${body.text} (${identity}, fence ${fence})`;
         return item;
       }),
     );
@@ -190,8 +161,8 @@ $("toggle").addEventListener("click", async () => {
   await fetch("/endpoint", { method: "POST", body: down ? "down" : "up" });
   await refresh();
 });
-outbox.addEventListener("leaderchange", drain);
-drain();
+outbox.addEventListener("leaderchange", lead);
+lead();
 setInterval(refresh, 500);
 void refresh();
 

@@ -3,23 +3,28 @@
  * works): it serves the page and the bundle, and it is the endpoint the
  * page delivers queued messages to.
  *
- * The endpoint is what a careful recipient looks like: it logs every
- * idempotency key `${eventId}:${fence}` it receives and applies each event
- * once, so a repeated delivery (the same claim sent again, or a later claim
- * of an event whose acknowledgement was lost) is absorbed. It can be
- * switched down (503) and up again to watch jobs retry with backoff and
- * drain.
+ * The endpoint is what a careful recipient looks like: it applies each
+ * delivery through an {@linkcode Inbox}, which dedupes on the event's
+ * identity (the `Idempotency-Key` header), so a repeated delivery (the same
+ * claim sent again, or a later claim of an event whose acknowledgement was
+ * lost) is absorbed, and events of different outboxes and browsers, whose
+ * ids all start at 1, never merge. It can be switched down (503) and up
+ * again to watch jobs retry with backoff and drain.
  *
  * Run with `deno task serve:browser` (it builds the bundle first).
  *
  * @module
  */
+import { Inbox, readDeliveryHeaders } from "../../mod.ts";
+import { openSqliteWasm } from "../../sqlite_wasm_deno.ts";
 import { buildBrowser } from "./build.ts";
 
 /** One message the endpoint applied. */
 export interface Delivery {
-  /** `${eventId}:${fence}` of the claim that delivered it. */
-  readonly key: string;
+  /** The event's identity: what the endpoint dedupes on. */
+  readonly identity: string;
+  /** The fence of the claim that delivered it. */
+  readonly fence: number;
   /** The message as the page sent it. */
   readonly body: unknown;
 }
@@ -49,9 +54,9 @@ export interface ExampleServer {
   readonly url: string;
   /** Applied deliveries, one per event, in arrival order. */
   readonly deliveries: Delivery[];
-  /** Every idempotency key received, repeats and refused ones included. */
+  /** Every identity received, repeats and refused ones included. */
   readonly keys: string[];
-  /** How many deliveries repeated an event already applied. */
+  /** How many deliveries the inbox refused (duplicate or stale). */
   readonly duplicates: () => number;
   /** Whether the endpoint answers 503. */
   down: boolean;
@@ -78,7 +83,9 @@ export function serveExample(
   options: ExampleServerOptions = {},
 ): ExampleServer {
   const buildDir = options.buildDir ?? new URL("build/", pageDir);
-  const applied = new Set<string>();
+  // The endpoint's own database, in memory: the example shows the inbox,
+  // not where the recipient keeps its data.
+  const inbox = openSqliteWasm(":memory:").then((driver) => Inbox.open(driver));
   const keys: string[] = [];
   let duplicates = 0;
   const state: { down: boolean } = { down: false };
@@ -104,21 +111,26 @@ export function serveExample(
         if (options.deliveryDelayMs) {
           await new Promise((r) => setTimeout(r, options.deliveryDelayMs));
         }
-        const key = request.headers.get("idempotency-key") ?? "";
-        if (!/^\d+:\d+$/.test(key)) {
-          return new Response("missing idempotency-key", { status: 400 });
+        let delivery;
+        try {
+          delivery = readDeliveryHeaders(request.headers);
+        } catch (error) {
+          return new Response(String(error), { status: 400 });
         }
-        keys.push(key);
+        const { identity, fence } = delivery;
+        keys.push(identity);
         if (state.down) {
           return new Response("endpoint down", { status: 503 });
         }
-        const eventId = key.split(":")[0]!;
-        if (applied.has(eventId)) duplicates++;
-        else {
-          applied.add(eventId);
-          deliveries.push({ key, body });
-        }
-        return Response.json({ key }, { headers: headers("application/json") });
+        const result = await (await inbox).accept(identity, fence, () => {
+          deliveries.push({ identity, fence, body });
+          return Promise.resolve();
+        });
+        if (result.status !== "accepted") duplicates++;
+        return Response.json({ identity, status: result.status }, {
+          status: result.status === "stale" ? 409 : 200,
+          headers: headers("application/json"),
+        });
       }
       if (pathname === "/endpoint" && request.method === "POST") {
         state.down = (await request.text()) === "down";
@@ -164,7 +176,10 @@ export function serveExample(
     set down(value: boolean) {
       state.down = value;
     },
-    shutdown: () => server.shutdown(),
+    shutdown: async () => {
+      await server.shutdown();
+      await (await inbox).close();
+    },
   };
 }
 

@@ -1,0 +1,228 @@
+/**
+ * The admin side of an outbox: listing events, cancelling, redriving and
+ * purging them, counting queues. This file holds their shapes, SQL and row
+ * mapping, apart from the lease rules; {@linkcode Outbox} runs them under its
+ * write lock and validates their arguments with the lease rules' helpers.
+ *
+ * The names follow the peers operators know: pg-boss's `redrive()` and SQS's
+ * dead-letter redrive, and purge by age as a duration (`olderThanMs`), like
+ * every other `…Ms` option.
+ *
+ * @module
+ */
+import type { Row, SqlValue } from "./driver.ts";
+import type { EventState } from "./lease.ts";
+
+/** Options of {@linkcode Outbox.list}. */
+export interface ListOptions {
+  /** Which events to list. */
+  readonly state: EventState;
+  /** Only this queue's events. @default {every queue} */
+  readonly queue?: string;
+  /** Most events to return, 1–10000. @default {100} */
+  readonly limit?: number;
+  /**
+   * Paging cursor: only events with a larger id. Pass the last id of the
+   * previous page. @default {0}
+   */
+  readonly afterId?: number;
+}
+
+/** One event as {@linkcode Outbox.list} reports it. */
+export interface EventInfo<P = unknown> {
+  /** The event's id. */
+  readonly id: number;
+  /** The event's identity (UUID text): what recipients dedupe on. */
+  readonly identity: string;
+  /** The queue it is in. */
+  readonly queue: string;
+  /** Its state. */
+  readonly state: EventState;
+  /** Attempts made since it was enqueued or redriven. */
+  readonly attempt: number;
+  /** Attempts allowed before it becomes a dead letter. */
+  readonly maxAttempts: number;
+  /**
+   * When it can next be claimed, epoch milliseconds: the end of its delay or
+   * backoff while pending, its lease deadline while leased.
+   */
+  readonly dueAt: number;
+  /** The lease deadline while leased, else `null`. */
+  readonly leaseUntil: number | null;
+  /** The last error (a release's, `"lease expired"`, `"cancelled"`), or `null`. */
+  readonly lastError: string | null;
+  /** When it was enqueued, epoch milliseconds. */
+  readonly createdAt: number;
+  /** When its row last changed, epoch milliseconds. */
+  readonly updatedAt: number;
+  /**
+   * The payload as enqueued; the stored text itself when it is not JSON
+   * (written by another program), so a listing never fails on one row.
+   */
+  readonly payload: P;
+  /** The ordering key, or `null`. */
+  readonly orderingKey: string | null;
+  /** The dedup key, or `null`. */
+  readonly dedupKey: string | null;
+}
+
+/** Options of {@linkcode Outbox.redrive}. */
+export interface RedriveOptions {
+  /** Only this queue's dead letters. @default {every queue} */
+  readonly queue?: string;
+  /** Only these events (at most 10000 ids); others named here are left alone. @default {every dead letter} */
+  readonly ids?: readonly number[];
+}
+
+/** Options of {@linkcode Outbox.purge}. */
+export interface PurgeOptions {
+  /**
+   * Minimum age in milliseconds, counted from when an event was acknowledged
+   * or became a dead letter: older ones are deleted. `0` deletes all of them.
+   */
+  readonly olderThanMs: number;
+  /** Which finished events to delete. @default {["done", "dead"]} */
+  readonly states?: readonly ("done" | "dead")[];
+}
+
+/** One queue's counts, from {@linkcode Outbox.queues}. */
+export interface QueueCounts {
+  /** The queue's name. */
+  readonly queue: string;
+  /** Events waiting to be claimed (due or delayed). */
+  readonly pending: number;
+  /** Events under a lease, live or lapsed. */
+  readonly leased: number;
+  /** Acknowledged events not yet purged. */
+  readonly done: number;
+  /** Dead letters. */
+  readonly dead: number;
+  /** When the oldest pending event was enqueued, epoch milliseconds, or `null`. */
+  readonly oldestPendingAt: number | null;
+}
+
+/** The last error of a cancelled event: a dead letter, so it stays listed and can be redriven. */
+export const CANCELLED = "cancelled";
+
+/**
+ * Rows {@linkcode Outbox.purge} deletes per transaction: short write locks
+ * keep claims on other connections fast while a large backlog is purged.
+ */
+export const PURGE_BATCH = 1_000;
+
+/** The admin statements, exported for the query-plan tests only. */
+export const ADMIN_SQL = {
+  // ?2 NULL: every queue. Paged by id, the primary key.
+  list:
+    `SELECT id, identity, queue, state, attempt, max_attempts, due_at, lease_until,
+      last_error, created_at, updated_at, payload, ordering_key, dedup_key
+    FROM outbox_events
+    WHERE state = ?1 AND (?2 IS NULL OR queue = ?2) AND id > ?3
+    ORDER BY id LIMIT ?4`,
+  // Only a pending event: a leased one has a holder whose acknowledgement
+  // would be refused without telling it why.
+  cancel: `UPDATE outbox_events
+    SET state = 'dead', done_at = ?1, updated_at = ?1,
+      last_error = '${CANCELLED}'
+    WHERE id = ?2 AND state = 'pending'
+    RETURNING fence`,
+  // ?2 NULL: every queue; ?3 NULL: every id, else a JSON array of ids.
+  redrive: `UPDATE outbox_events
+    SET state = 'pending', attempt = 0, due_at = ?1, updated_at = ?1,
+      done_at = NULL
+    WHERE state = 'dead' AND (?2 IS NULL OR queue = ?2)
+      AND (?3 IS NULL OR id IN (SELECT value FROM json_each(?3)))
+    RETURNING id, fence`,
+  // A done event's age counts from its done_at, as the outbox_events_done
+  // index has it; a dead letter's likewise.
+  purgeable: `SELECT id FROM outbox_events
+    WHERE state = ?1 AND done_at < ?2 LIMIT ${PURGE_BATCH}`,
+  purgeLedger: `DELETE FROM outbox_attempts
+    WHERE event_id IN (SELECT value FROM json_each(?1))`,
+  purge: `DELETE FROM outbox_events
+    WHERE id IN (SELECT value FROM json_each(?1))`,
+  queues: `SELECT queue, state, count(*) AS n, min(created_at) AS oldest
+    FROM outbox_events GROUP BY queue, state ORDER BY queue`,
+  // The claim index (queue, due_at, id) answers it with one seek.
+  nextDue: `SELECT due_at FROM outbox_events
+    WHERE queue = ?1 AND state IN ('pending', 'leased') AND due_at > ?2
+    ORDER BY due_at LIMIT 1`,
+} as const;
+
+/**
+ * Builds an {@linkcode EventInfo} from a row of `ADMIN_SQL.list`.
+ *
+ * @param row The row.
+ * @param decode Decodes a stored payload; its errors leave the text as is.
+ * @returns The event as listed.
+ */
+export function eventInfo<P>(
+  row: Row,
+  decode: (value: SqlValue | undefined) => unknown,
+): EventInfo<P> {
+  const state = String(row["state"]) as EventState;
+  let payload: unknown;
+  try {
+    payload = decode(row["payload"]);
+  } catch {
+    payload = row["payload"];
+  }
+  return {
+    id: Number(row["id"]),
+    identity: String(row["identity"]),
+    queue: String(row["queue"]),
+    state,
+    attempt: Number(row["attempt"]),
+    maxAttempts: Number(row["max_attempts"]),
+    dueAt: Number(row["due_at"]),
+    // An acknowledgement keeps lease_until in the row (the ledger reads it).
+    leaseUntil: state === "leased" ? Number(row["lease_until"]) : null,
+    lastError: text(row["last_error"]),
+    createdAt: Number(row["created_at"]),
+    updatedAt: Number(row["updated_at"]),
+    payload: payload as P,
+    orderingKey: text(row["ordering_key"]),
+    dedupKey: text(row["dedup_key"]),
+  };
+}
+
+/**
+ * Folds `ADMIN_SQL.queues` rows (one per queue and state) into one entry per
+ * queue, in name order.
+ *
+ * @param rows The rows.
+ * @returns The counts per queue.
+ */
+export function queueCounts(rows: readonly Row[]): QueueCounts[] {
+  const byQueue = new Map<string, {
+    queue: string;
+    pending: number;
+    leased: number;
+    done: number;
+    dead: number;
+    oldestPendingAt: number | null;
+  }>();
+  for (const row of rows) {
+    const queue = String(row["queue"]);
+    let counts = byQueue.get(queue);
+    if (counts === undefined) {
+      counts = {
+        queue,
+        pending: 0,
+        leased: 0,
+        done: 0,
+        dead: 0,
+        oldestPendingAt: null,
+      };
+      byQueue.set(queue, counts);
+    }
+    const state = String(row["state"]) as EventState;
+    counts[state] = Number(row["n"]);
+    if (state === "pending") counts.oldestPendingAt = Number(row["oldest"]);
+  }
+  return [...byQueue.values()];
+}
+
+function text(value: SqlValue | undefined): string | null {
+  return value === null || value === undefined ? null : String(value);
+}

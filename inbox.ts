@@ -1,0 +1,531 @@
+/**
+ * The receiving half of the outbox: an inbox that applies each event's
+ * effect once, however often the event is delivered.
+ *
+ * The sender delivers an event with its identity (the idempotency key) and
+ * the fence of the claim delivering it, {@linkcode deliveryHeaders} puts
+ * both in HTTP headers. {@linkcode Inbox.accept} runs the effect's writes
+ * and records the identity in one `BEGIN IMMEDIATE` transaction: a second
+ * delivery of the identity runs nothing and reports `duplicate`, and one
+ * whose fence is lower than the accepted one reports `stale`. The write
+ * lock is taken before the identity is looked up, so two processes
+ * delivering one identity at once apply its effect once.
+ *
+ * Runtime-neutral, on the same drivers as the outbox: it may share the
+ * application's database (and a connection) with an outbox.
+ *
+ * @module
+ */
+import {
+  type Driver,
+  type Row,
+  type RunResult,
+  type SqlValue,
+  untilNotBusy,
+} from "./driver.ts";
+import { BusyError } from "./errors.ts";
+import {
+  checkIdentity,
+  checkInteger,
+  checkOptions,
+  type Clock,
+  describe,
+  driverMutex,
+  type Lease,
+  MAX_DURATION_MS,
+  missing,
+  type Mutex,
+} from "./lease.ts";
+
+/**
+ * The request header that carries an event's identity: `Idempotency-Key`,
+ * from the IETF HTTPAPI draft "The Idempotency-Key HTTP Header Field".
+ */
+export const IDENTITY_HEADER = "Idempotency-Key";
+
+/**
+ * The request header that carries the fence of the claim delivering the
+ * event, a positive decimal integer. No registered header carries a
+ * fencing token, so it is named after the key whose attempts it orders,
+ * without an `X-` prefix (RFC 6648); not "token", since the claim token
+ * stays with the sender.
+ */
+export const FENCE_HEADER = "Idempotency-Fence";
+
+/**
+ * The inbox's table, created by {@linkcode Inbox.open} when missing: one
+ * row per accepted identity, with the fence that was accepted and when.
+ * It lives beside the application's tables and never touches
+ * `PRAGMA user_version`.
+ */
+export const INBOX_SCHEMA_SQL = `CREATE TABLE IF NOT EXISTS inbox_accepted (
+  identity TEXT PRIMARY KEY,
+  fence INTEGER NOT NULL,
+  accepted_at INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS inbox_accepted_at ON inbox_accepted (accepted_at);`;
+
+const SQL = {
+  begin: "BEGIN IMMEDIATE",
+  commit: "COMMIT",
+  rollback: "ROLLBACK",
+  accepted: "SELECT fence FROM inbox_accepted WHERE identity = ?",
+  record:
+    "INSERT INTO inbox_accepted (identity, fence, accepted_at) VALUES (?, ?, ?)",
+  purge: "DELETE FROM inbox_accepted WHERE accepted_at < ?",
+} as const;
+
+const MAX_DATE_MS = 8_640_000_000_000_000;
+const MAX_BUSY_BACKOFF_MS = 4;
+
+/** Options fixed when an {@linkcode Inbox} is opened. */
+export interface InboxOptions {
+  /**
+   * The clock acceptances are stamped with, in epoch milliseconds; purge
+   * judges ages by it.
+   *
+   * @default {Date.now}
+   */
+  readonly now?: Clock;
+  /**
+   * How long a call waits for the database write lock before it throws
+   * {@linkcode BusyError}, in milliseconds. `0` tries once.
+   *
+   * @default {5000}
+   */
+  readonly busyTimeoutMs?: number;
+}
+
+/** The handle an effect writes through, inside the acceptance's transaction. */
+export interface InboxTransaction {
+  /** Runs one of the caller's statements inside the transaction. */
+  run(sql: string, params?: readonly SqlValue[]): Promise<RunResult>;
+  /** Runs one of the caller's queries inside the transaction. */
+  query(sql: string, params?: readonly SqlValue[]): Promise<Row[]>;
+}
+
+/** What {@linkcode Inbox.accept} reports. */
+export type AcceptResult<T> =
+  | {
+    /** The effect ran and its writes committed with the identity. */
+    readonly status: "accepted";
+    /** What the effect returned. */
+    readonly value: T;
+  }
+  | {
+    /**
+     * `duplicate`: the identity was accepted before, at this fence or a
+     * lower one. `stale`: it was accepted at a higher fence. Either way the
+     * effect did not run.
+     */
+    readonly status: "duplicate" | "stale";
+    /** The fence the identity was accepted at. */
+    readonly acceptedFence: number;
+  };
+
+/** An event's identity and fence as a delivery carries them. */
+export interface Delivery {
+  /** The event's identity, canonical lowercase UUID text. */
+  readonly identity: string;
+  /** The fence of the claim delivering it, a positive integer. */
+  readonly fence: number;
+}
+
+/**
+ * Applies each event's effect once: records accepted identities in the
+ * recipient's database, in the transaction of the effect's own writes.
+ *
+ * @example Accept a delivery once
+ * ```ts
+ * import { Inbox } from "@leased/outbox";
+ * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+ * import assert from "node:assert/strict";
+ *
+ * await using inbox = await Inbox.open(await openSqliteWasm(":memory:"));
+ * const identity = "0190b2c4-7d3e-7a11-8f00-5c0ffee0cafe";
+ * const effect = (tx: { run(sql: string): Promise<unknown> }) =>
+ *   tx.run("CREATE TABLE IF NOT EXISTS shipped (n INTEGER)");
+ * assert.equal((await inbox.accept(identity, 1, effect)).status, "accepted");
+ * assert.equal((await inbox.accept(identity, 2, effect)).status, "duplicate");
+ * ```
+ */
+export class Inbox implements AsyncDisposable {
+  readonly #driver: Driver;
+  readonly #mutex: Mutex;
+  readonly #now: Clock;
+  readonly #busyTimeoutMs: number;
+  #closed = false;
+
+  private constructor(driver: Driver, options: InboxOptions) {
+    const op = "open inbox";
+    this.#driver = driver;
+    this.#now = options.now ?? Date.now;
+    if (typeof this.#now !== "function") {
+      throw new TypeError(
+        `Cannot ${op} as 'now' must be a function: current value is ${
+          describe(this.#now)
+        }`,
+      );
+    }
+    this.#busyTimeoutMs = checkInteger(
+      op,
+      "busyTimeoutMs",
+      options.busyTimeoutMs,
+      0,
+      MAX_DURATION_MS,
+    ) ?? 5_000;
+    this.#mutex = driverMutex(driver);
+  }
+
+  /**
+   * Opens an inbox on a connection, creating its table
+   * ({@linkcode INBOX_SCHEMA_SQL}) when missing.
+   *
+   * @param driver The connection; the inbox owns it and closes it.
+   * @param options See {@linkcode InboxOptions}.
+   * @returns The opened inbox.
+   * @throws {TypeError | RangeError} When an option is invalid, naming it.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  static async open(
+    driver: Driver,
+    options: InboxOptions = {},
+  ): Promise<Inbox> {
+    if (driver === null || typeof driver !== "object") {
+      throw new TypeError(
+        `Cannot open inbox as 'driver' must be a Driver: current value is ${
+          describe(driver)
+        }`,
+      );
+    }
+    checkOptions("open inbox", options);
+    const inbox = new Inbox(driver, options);
+    await inbox.#write("open inbox", () => driver.exec(INBOX_SCHEMA_SQL));
+    return inbox;
+  }
+
+  /**
+   * Applies a delivery's effect unless its identity was accepted before.
+   * In one `BEGIN IMMEDIATE` transaction: looks the identity up, runs `fn`
+   * when it is new, and records it with `fence`. Holding the write lock
+   * before the lookup is what makes two processes that accept one identity
+   * at once run its effect once: the second waits, then finds it.
+   * Throwing from `fn` rolls its writes back, records nothing, and rethrows,
+   * so the sender's retry runs the effect again.
+   *
+   * Inside `fn`, use only `tx`: this inbox's (or an outbox's on the same
+   * connection) own methods would wait for the transaction waiting for them.
+   *
+   * @param identity The event's identity (`lease.identity` at the sender).
+   * @param fence The delivering claim's fence (`lease.fence`).
+   * @param fn The effect's writes.
+   * @returns `accepted` with what `fn` returned; or `duplicate` (accepted
+   * before at this fence or a lower one) or `stale` (accepted at a higher
+   * fence), with the accepted fence, and `fn` did not run.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async accept<T>(
+    identity: string,
+    fence: number,
+    fn: (tx: InboxTransaction) => Promise<T>,
+  ): Promise<AcceptResult<T>> {
+    const op = "accept";
+    const key = checkIdentity(op, "identity", identity);
+    const checkedFence =
+      checkInteger(op, "fence", fence, 1, Number.MAX_SAFE_INTEGER) ??
+        missing(op, "fence");
+    if (typeof fn !== "function") {
+      throw new TypeError(
+        `Cannot ${op} as 'fn' must be a function: current value is ${
+          describe(fn)
+        }`,
+      );
+    }
+    const driver = this.#driver;
+    return await this.#write(op, async (now) => {
+      const [row] = await driver.query(SQL.accepted, [key]);
+      if (row !== undefined) {
+        const acceptedFence = Number(row["fence"]);
+        return {
+          status: checkedFence < acceptedFence ? "stale" : "duplicate",
+          acceptedFence,
+        };
+      }
+      let ended = false;
+      const inside = (method: string) => {
+        if (ended) {
+          throw new Error(
+            `Cannot ${method} as the acceptance this handle belongs to has ended`,
+          );
+        }
+      };
+      let value: T;
+      try {
+        value = await fn({
+          run: async (sql, params) => {
+            inside("run");
+            return await driver.run(sql, params);
+          },
+          query: async (sql, params) => {
+            inside("query");
+            return await driver.query(sql, params);
+          },
+        });
+      } finally {
+        ended = true;
+      }
+      await driver.run(SQL.record, [key, checkedFence, now]);
+      return { status: "accepted", value };
+    });
+  }
+
+  /**
+   * Accepts an HTTP delivery, for `Deno.serve` handlers: reads the identity
+   * from {@linkcode IDENTITY_HEADER} and the fence from
+   * {@linkcode FENCE_HEADER}, then {@linkcode Inbox.accept}s it.
+   *
+   * @param request The delivery.
+   * @param fn The effect's writes; a `Response` it returns is sent when the
+   * delivery is accepted.
+   * @returns `fn`'s response, or 200 when it returned none; 200 `duplicate`
+   * for a duplicate, so the sender acknowledges; 409 `stale` for a stale
+   * fence (the sender's lease was lost, a newer claim delivered); 400 when a
+   * header is missing or invalid, naming it.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example A Deno.serve handler
+   * ```ts
+   * import { deliveryHeaders, Inbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using inbox = await Inbox.open(await openSqliteWasm(":memory:"));
+   * const handler = (request: Request) =>
+   *   inbox.acceptRequest(request, async (tx, request) => {
+   *     await tx.run("CREATE TABLE IF NOT EXISTS mail (body TEXT)");
+   *     await tx.run("INSERT INTO mail VALUES (?)", [await request.text()]);
+   *   });
+   * const lease = { identity: "0190b2c4-7d3e-7a11-8f00-5c0ffee0cafe", fence: 1 };
+   * const deliver = () =>
+   *   handler(new Request("http://x/", { method: "POST", headers: deliveryHeaders(lease), body: "hi" }));
+   * assert.equal(await (await deliver()).text(), "accepted");
+   * assert.equal(await (await deliver()).text(), "duplicate");
+   * ```
+   */
+  async acceptRequest(
+    request: Request,
+    fn: (tx: InboxTransaction, request: Request) => Promise<Response | void>,
+  ): Promise<Response> {
+    let delivery: Delivery;
+    try {
+      delivery = readDeliveryHeaders(request.headers);
+    } catch (error) {
+      if (!(error instanceof TypeError)) throw error;
+      return new Response(error.message, { status: 400 });
+    }
+    const result = await this.accept(
+      delivery.identity,
+      delivery.fence,
+      (tx) => fn(tx, request),
+    );
+    if (result.status === "accepted") {
+      return result.value ?? new Response("accepted", { status: 200 });
+    }
+    return new Response(result.status, {
+      status: result.status === "stale" ? 409 : 200,
+    });
+  }
+
+  /**
+   * Deletes the records of identities accepted more than `olderThanMs`
+   * ago. A purged identity is accepted again when it comes back, so keep
+   * records longer than an event can be redelivered: the sender's leases
+   * times its attempts, plus its backoff, plus any retry of dead letters.
+   *
+   * @param options `olderThanMs`: the age, in milliseconds, by the inbox's
+   * clock, past which records go.
+   * @returns How many records were deleted.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async purge(options: { readonly olderThanMs: number }): Promise<number> {
+    const op = "purge inbox";
+    checkOptions(op, options);
+    const olderThanMs = checkInteger(
+      op,
+      "olderThanMs",
+      options.olderThanMs,
+      0,
+      Number.MAX_SAFE_INTEGER,
+    ) ?? missing(op, "olderThanMs");
+    return await this.#write(op, async (now) => {
+      const { changes } = await this.#driver.run(SQL.purge, [
+        now - olderThanMs,
+      ]);
+      return changes;
+    });
+  }
+
+  /** Whether {@linkcode Inbox.close} was called: every later call rejects. */
+  get closed(): boolean {
+    return this.#closed;
+  }
+
+  /** Closes the connection once the calls made before it finish. */
+  close(): Promise<void> {
+    this.#closed = true;
+    return this.#mutex.run(() => this.#driver.close());
+  }
+
+  /** Same as {@linkcode Inbox.close}, for `await using`. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+
+  /**
+   * Runs `fn` in a `BEGIN IMMEDIATE` transaction under the connection's
+   * mutex, waiting out `SQLITE_BUSY` until `busyTimeoutMs`; `fn` sees the
+   * clock read once the write lock is held.
+   */
+  #write<T>(op: string, fn: (now: number) => Promise<T>): Promise<T> {
+    if (this.#closed) {
+      return Promise.reject(new Error(`Cannot ${op} as the inbox is closed`));
+    }
+    return this.#mutex.run(async () => {
+      const deadline = performance.now() + this.#busyTimeoutMs;
+      await this.#untilNotBusy(op, deadline, SQL.begin);
+      try {
+        const result = await fn(this.#clock(op));
+        await this.#untilNotBusy(op, deadline, SQL.commit);
+        return result;
+      } catch (error) {
+        await this.#driver.run(SQL.rollback).catch(() => {});
+        throw error;
+      }
+    });
+  }
+
+  async #untilNotBusy(op: string, deadline: number, sql: string) {
+    let backoffMs = 1;
+    try {
+      await untilNotBusy(
+        Math.max(0, deadline - performance.now()),
+        () => this.#driver.run(sql),
+        async (remainingMs) => {
+          if (this.#driver.busyWait !== undefined) {
+            await this.#driver.busyWait(remainingMs);
+          } else {
+            // Full jitter keeps contending recipients apart.
+            const ms = Math.min(remainingMs, 1 + Math.random() * backoffMs);
+            backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS);
+            await new Promise((resolve) => setTimeout(resolve, ms));
+          }
+        },
+      );
+    } catch (error) {
+      if (!(error instanceof BusyError)) throw error;
+      throw new BusyError(
+        `Cannot ${op} as the database stayed locked for ${this.#busyTimeoutMs} ms`,
+        error.code,
+        { cause: error },
+      );
+    }
+  }
+
+  #clock(op: string): number {
+    const now = this.#now();
+    if (!Number.isSafeInteger(now) || now < 0 || now > MAX_DATE_MS) {
+      throw new RangeError(
+        `Cannot ${op} as the clock must return a non-negative integer of milliseconds within Date's range: current value is ${
+          describe(now)
+        }`,
+      );
+    }
+    return now;
+  }
+}
+
+/**
+ * The headers that deliver a claimed event to a recipient: its identity as
+ * {@linkcode IDENTITY_HEADER} (what the recipient dedupes on) and the
+ * claim's fence as {@linkcode FENCE_HEADER} (what orders the attempts).
+ *
+ * @param lease The lease being delivered (its `identity` and `fence`).
+ * @returns The two headers, to spread into `fetch`'s `headers`.
+ * @throws {TypeError | RangeError} When the lease's identity or fence is invalid.
+ *
+ * @example Usage
+ * ```ts
+ * import { deliveryHeaders } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const lease = { identity: "0190b2c4-7d3e-7a11-8f00-5c0ffee0cafe", fence: 2 };
+ * assert.deepEqual(deliveryHeaders(lease), {
+ *   "Idempotency-Key": "0190b2c4-7d3e-7a11-8f00-5c0ffee0cafe",
+ *   "Idempotency-Fence": "2",
+ * });
+ * ```
+ */
+export function deliveryHeaders(
+  lease: Pick<Lease<unknown>, "identity" | "fence">,
+): Record<string, string> {
+  const op = "build delivery headers";
+  if (lease === null || typeof lease !== "object") {
+    throw new TypeError(
+      `Cannot ${op} as 'lease' must be a Lease: current value is ${
+        describe(lease)
+      }`,
+    );
+  }
+  const identity = checkIdentity(op, "lease.identity", lease.identity);
+  const fence =
+    checkInteger(op, "lease.fence", lease.fence, 1, Number.MAX_SAFE_INTEGER) ??
+      missing(op, "lease.fence");
+  return { [IDENTITY_HEADER]: identity, [FENCE_HEADER]: String(fence) };
+}
+
+/**
+ * Reads a delivery's identity and fence from request headers
+ * ({@linkcode IDENTITY_HEADER}, {@linkcode FENCE_HEADER}).
+ *
+ * @param headers The request's headers.
+ * @returns The identity and the fence.
+ * @throws {TypeError} When a header is missing or invalid, naming it.
+ *
+ * @example Usage
+ * ```ts
+ * import { readDeliveryHeaders } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const headers = new Headers({
+ *   "idempotency-key": "0190b2c4-7d3e-7a11-8f00-5c0ffee0cafe",
+ *   "idempotency-fence": "3",
+ * });
+ * assert.deepEqual(readDeliveryHeaders(headers), {
+ *   identity: "0190b2c4-7d3e-7a11-8f00-5c0ffee0cafe",
+ *   fence: 3,
+ * });
+ * ```
+ */
+export function readDeliveryHeaders(headers: Headers): Delivery {
+  const op = "read delivery";
+  const identity = checkIdentity(
+    op,
+    IDENTITY_HEADER,
+    headers.get(IDENTITY_HEADER) ?? undefined,
+  );
+  const text = headers.get(FENCE_HEADER);
+  // Digits only: Number() would also take "0x10", "1e3" and " 7 ".
+  const fence = text !== null && /^[1-9][0-9]{0,15}$/.test(text)
+    ? Number(text)
+    : NaN;
+  if (!Number.isSafeInteger(fence)) {
+    throw new TypeError(
+      `Cannot ${op} as '${FENCE_HEADER}' must be a positive decimal integer: current value is ${
+        describe(text ?? undefined)
+      }`,
+    );
+  }
+  return { identity, fence };
+}

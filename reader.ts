@@ -1,0 +1,282 @@
+/**
+ * Read-only admin reads of an outbox: counts per queue and state, lists of
+ * events, one event's ledger, the acknowledgement rate. Unlike
+ * {@linkcode Outbox}, whose every call takes the write lock (and turns lapsed
+ * last-attempt leases into dead letters first), an {@linkcode OutboxReader}
+ * only reads, in deferred transactions, so it works on a read-only
+ * connection (`file:outbox.db?mode=ro`) beside live workers and never
+ * creates or upgrades the schema.
+ *
+ * @module
+ */
+import {
+  ADMIN_SQL,
+  type EventInfo,
+  eventInfo,
+  type ListOptions,
+  type QueueCounts,
+  queueCounts,
+} from "./admin.ts";
+import type { Driver } from "./driver.ts";
+import { untilNotBusy } from "./driver.ts";
+import { BusyError } from "./errors.ts";
+import {
+  checkIdentity,
+  checkInteger,
+  checkOptions,
+  decodePayload,
+  type Explanation,
+  explanation,
+  listParameters,
+  MAX_DURATION_MS,
+  SQL,
+} from "./lease.ts";
+import { SCHEMA_VERSION } from "./schema.ts";
+
+/** Options of {@linkcode OutboxReader.open}. */
+export interface OutboxReaderOptions {
+  /**
+   * How long a read waits for a writer's lock (a commit in progress) before
+   * it throws {@linkcode BusyError}, in milliseconds.
+   *
+   * @default {5000}
+   */
+  readonly busyTimeoutMs?: number;
+}
+
+const READ = {
+  begin: "BEGIN",
+  // The retention index (outbox_events_done) serves it.
+  acknowledgedSince: `SELECT queue, count(*) AS n FROM outbox_events
+    WHERE state = 'done' AND done_at >= ? GROUP BY queue`,
+} as const;
+
+/**
+ * Read-only access to an outbox database, for tools that watch a live queue.
+ *
+ * @example Count and list events without taking the write lock
+ * ```ts
+ * import { Outbox } from "@leased/outbox";
+ * import { OutboxReader } from "@leased/outbox/reader";
+ * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+ * import assert from "node:assert/strict";
+ *
+ * const dir = await Deno.makeTempDir();
+ * {
+ *   await using outbox = await Outbox.open(await openSqliteWasm(`${dir}/o.db`));
+ *   await outbox.enqueue({ to: "ada@example.com" }, { queue: "mail" });
+ * }
+ * {
+ *   await using reader = await OutboxReader.open(
+ *     await openSqliteWasm(new URL(`file://${dir}/o.db?mode=ro`)),
+ *   );
+ *   const [mail] = await reader.queues();
+ *   assert.equal(mail?.pending, 1);
+ *   const [event] = await reader.list({ state: "pending" });
+ *   assert.deepEqual(event?.payload, { to: "ada@example.com" });
+ * }
+ * await Deno.remove(dir, { recursive: true });
+ * ```
+ */
+export class OutboxReader implements AsyncDisposable {
+  readonly #driver: Driver;
+  readonly #busyTimeoutMs: number;
+  // One transaction at a time on the connection; reads inside snapshot()
+  // join its transaction.
+  #tail: Promise<unknown> = Promise.resolve();
+  #inside = false;
+
+  private constructor(driver: Driver, busyTimeoutMs: number) {
+    this.#driver = driver;
+    this.#busyTimeoutMs = busyTimeoutMs;
+  }
+
+  /**
+   * Checks that the database holds an outbox of this release's schema,
+   * without writing anything.
+   *
+   * @param driver The connection, read-only or not; the reader owns it and
+   * closes it (also when opening fails).
+   * @param options See {@linkcode OutboxReaderOptions}.
+   * @returns The reader.
+   * @throws {TypeError | RangeError} When an option is invalid, naming it.
+   * @throws {Error} When the database has no outbox, or another schema version.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  static async open(
+    driver: Driver,
+    options: OutboxReaderOptions = {},
+  ): Promise<OutboxReader> {
+    const op = "open outbox reader";
+    let reader: OutboxReader;
+    try {
+      checkOptions(op, options);
+      const busyTimeoutMs = checkInteger(
+        op,
+        "busyTimeoutMs",
+        options.busyTimeoutMs,
+        0,
+        MAX_DURATION_MS,
+      ) ?? 5_000;
+      reader = new OutboxReader(driver, busyTimeoutMs);
+      await reader.#read(async () => {
+        const [table] = await driver.query(SQL.hasSchema);
+        if (table === undefined) {
+          throw new Error(
+            `Cannot ${op} as the database has no outbox (no table outbox_events)`,
+          );
+        }
+        const [row] = await driver.query(SQL.userVersion);
+        const version = Number(row?.["user_version"] ?? 0);
+        if (version !== SCHEMA_VERSION) {
+          throw new Error(
+            `Cannot ${op} as the database has outbox schema version ${version}, not ${SCHEMA_VERSION}: Outbox.open upgrades an older one`,
+          );
+        }
+      });
+    } catch (error) {
+      await driver.close();
+      throw error;
+    }
+    return reader;
+  }
+
+  /**
+   * Counts the events of every queue per state, in one snapshot.
+   *
+   * @returns One entry per queue that has events, by name.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async queues(): Promise<QueueCounts[]> {
+    return queueCounts(
+      await this.#read(() => this.#driver.query(ADMIN_SQL.queues)),
+    );
+  }
+
+  /**
+   * Counts acknowledgements per queue since a time (from the events' `done_at`,
+   * so purged events no longer count).
+   *
+   * @param sinceMs Epoch milliseconds; acknowledgements at or after it count.
+   * @returns Acknowledgements per queue name; queues with none are absent.
+   * @throws {TypeError | RangeError} When `sinceMs` is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async acknowledgedSince(sinceMs: number): Promise<Map<string, number>> {
+    const since = checkInteger(
+      "count acknowledgements",
+      "sinceMs",
+      sinceMs,
+      0,
+      Number.MAX_SAFE_INTEGER,
+    ) ?? 0;
+    const rows = await this.#read(() =>
+      this.#driver.query(READ.acknowledgedSince, [since])
+    );
+    return new Map(rows.map((row) => [String(row["queue"]), Number(row["n"])]));
+  }
+
+  /**
+   * Lists the events in one state, by id, a page at a time.
+   *
+   * @param options See {@linkcode ListOptions}.
+   * @returns Up to `limit` events with ids above `afterId`.
+   * @throws {TypeError | RangeError} When an option is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async list(options: ListOptions): Promise<EventInfo[]> {
+    const params = listParameters("list events", options);
+    const rows = await this.#read(() =>
+      this.#driver.query(ADMIN_SQL.list, params)
+    );
+    return rows.map((row) => eventInfo(row, decodePayload));
+  }
+
+  /**
+   * Tells one event's state and its whole ledger, as
+   * {@linkcode Outbox.explain} does, without writing.
+   *
+   * @param event The event's id, or its identity (UUID text).
+   * @returns The explanation, or `null` when no such event exists.
+   * @throws {TypeError | RangeError} When `event` is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async explain(event: number | string): Promise<Explanation | null> {
+    const [sql, key] = typeof event === "string"
+      ? [SQL.eventByIdentity, checkIdentity("explain", "event", event)]
+      : [
+        SQL.event,
+        checkInteger("explain", "event", event, 1, Number.MAX_SAFE_INTEGER) ??
+          0,
+      ];
+    return await this.#read(async () => {
+      const [row] = await this.#driver.query(sql, [key]);
+      if (row === undefined) return null;
+      const history = await this.#driver.query(SQL.history, [row["id"]!]);
+      return explanation(row, history);
+    });
+  }
+
+  /**
+   * Runs several reads in one transaction, so they see one state of the
+   * database (counts and rates that add up).
+   *
+   * @param fn Calls this reader's methods.
+   * @returns What `fn` returned.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  snapshot<T>(fn: () => Promise<T>): Promise<T> {
+    return this.#read(fn);
+  }
+
+  /** Closes the connection. */
+  close(): Promise<void> {
+    return this.#driver.close();
+  }
+
+  /** Same as {@linkcode OutboxReader.close}, for `await using`. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+
+  /**
+   * Runs `fn` in one deferred (read) transaction, so its statements see one
+   * snapshot; a writer's lock met on the way makes it wait and start over.
+   * Inside a transaction already (snapshot()), `fn` joins it.
+   */
+  #read<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.#inside) return fn();
+    const run = this.#tail.then(() => this.#transaction(fn));
+    this.#tail = run.catch(() => {});
+    return run;
+  }
+
+  #transaction<T>(fn: () => Promise<T>): Promise<T> {
+    const driver = this.#driver;
+    return untilNotBusy(this.#busyTimeoutMs, async () => {
+      await driver.run(READ.begin);
+      this.#inside = true;
+      try {
+        const result = await fn();
+        await driver.run(SQL.commit);
+        return result;
+      } catch (error) {
+        await driver.run(SQL.rollback).catch(() => {});
+        throw error;
+      } finally {
+        this.#inside = false;
+      }
+    }, (remainingMs) =>
+      driver.busyWait?.(remainingMs) ??
+        new Promise((resolve) =>
+          setTimeout(resolve, Math.min(remainingMs, 1 + Math.random() * 4))
+        )).catch((error) => {
+        if (!(error instanceof BusyError)) throw error;
+        throw new BusyError(
+          `Cannot read the outbox as the database stayed locked for ${this.#busyTimeoutMs} ms`,
+          error.code,
+          { cause: error },
+        );
+      });
+  }
+}

@@ -1,0 +1,366 @@
+/** The admin calls (list, cancel, redrive, purge, queues) and the open and claim defects of issue 15. */
+import assert from "node:assert/strict";
+import { MAX_PAYLOAD_BYTES, Outbox } from "../mod.ts";
+import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openNodeSqlite } from "../node_sqlite.ts";
+import { driverTest, type Harness, snapshot } from "./helpers.ts";
+import { DRIVERS } from "./drivers.ts";
+
+for (const driver of DRIVERS) {
+  const test = (name: string, fn: (t: Harness) => Promise<void>) =>
+    driverTest(driver, name, fn);
+
+  test("list() pages through one state by afterId, filtered by queue, with each event's attempt, times, keys and last error", async ({ clock, open }) => {
+    const [a] = await open();
+    clock.set(10);
+    for (const n of [1, 2, 3]) {
+      await a!.enqueue({ n }, { dedupKey: `d${n}`, orderingKey: `k${n}` });
+    }
+    await a!.enqueue({ n: 4 }, { queue: "other" });
+    const lease = await a!.claim({ leaseMs: 500 });
+    await a!.release(lease!, { error: "503", delayMs: 90 });
+    const first = await a!.list({ state: "pending", limit: 2 });
+    assert.match(first[0]?.identity ?? "", /^[0-9a-f-]{36}$/);
+    assert.deepEqual(first.map(({ identity: _, ...rest }) => rest), [
+      {
+        id: 1,
+        queue: "default",
+        state: "pending",
+        attempt: 1,
+        maxAttempts: 5,
+        dueAt: 100,
+        leaseUntil: null,
+        lastError: "503",
+        createdAt: 10,
+        updatedAt: 10,
+        payload: { n: 1 },
+        orderingKey: "k1",
+        dedupKey: "d1",
+      },
+      {
+        id: 2,
+        queue: "default",
+        state: "pending",
+        attempt: 0,
+        maxAttempts: 5,
+        dueAt: 10,
+        leaseUntil: null,
+        lastError: null,
+        createdAt: 10,
+        updatedAt: 10,
+        payload: { n: 2 },
+        orderingKey: "k2",
+        dedupKey: "d2",
+      },
+    ]);
+    const next = await a!.list({ state: "pending", afterId: 2 });
+    assert.deepEqual(next.map((e) => e.id), [3, 4]);
+    const other = await a!.list({ state: "pending", queue: "other" });
+    assert.deepEqual(other.map((e) => e.payload), [{ n: 4 }]);
+    const leased = await a!.claim({ leaseMs: 700 });
+    const [held] = await a!.list({ state: "leased" });
+    assert.equal(held?.id, leased?.eventId);
+    assert.equal(held?.leaseUntil, 710);
+    assert.deepEqual(await a!.list({ state: "done" }), []);
+  });
+
+  test("cancel() makes a pending event a dead letter marked cancelled, refuses a leased or done one, and redrive() brings it back", async ({ clock, open }) => {
+    const [a] = await open();
+    const { eventId } = await a!.enqueue("cancel me");
+    const { eventId: leasedId } = await a!.enqueue("leased");
+    clock.set(5);
+    assert.equal(await a!.cancel(eventId), true);
+    assert.equal(await a!.cancel(eventId), false);
+    const lease = await a!.claim();
+    assert.equal(lease?.eventId, leasedId);
+    assert.equal(await a!.cancel(leasedId), false);
+    assert.equal(await a!.acknowledge(lease!), true);
+    assert.equal(await a!.cancel(leasedId), false);
+    assert.equal(await a!.cancel(99), false);
+    const [letter] = await a!.deadLetters();
+    assert.equal(letter?.eventId, eventId);
+    assert.equal(letter?.lastError, "cancelled");
+    assert.equal(letter?.deadAt, 5);
+    const history = (await a!.explain(eventId))!.history;
+    assert.deepEqual(
+      history.map((e) => [e.kind, e.detail]),
+      [["dead", "cancelled"]],
+    );
+    assert.equal(await a!.redrive({ ids: [eventId] }), 1);
+    assert.equal((await a!.claim())?.eventId, eventId);
+  });
+
+  test("redrive() brings back dead letters by queue or by id with their attempts reset, and counts them", async ({ clock, open }) => {
+    const [a] = await open({ maxAttempts: 1 });
+    for (const queue of ["mail", "mail", "sms"]) {
+      await a!.enqueue(queue, { queue });
+      const lease = await a!.claim({ queue });
+      await a!.release(lease!, { error: "boom" });
+    }
+    assert.equal((await a!.queues()).reduce((n, q) => n + q.dead, 0), 3);
+    clock.set(50);
+    assert.equal(await a!.redrive({ queue: "sms" }), 1);
+    assert.equal(await a!.redrive({ queue: "sms" }), 0);
+    assert.equal(await a!.redrive({ queue: "mail", ids: [2, 3] }), 1);
+    const [pending] = await a!.list({ state: "pending", queue: "mail" });
+    assert.equal(pending?.id, 2);
+    assert.equal(pending?.attempt, 0);
+    assert.equal(pending?.dueAt, 50);
+    assert.deepEqual(
+      (await a!.explain(2))!.history.map((e) => e.kind).at(-1),
+      "retried",
+    );
+    assert.equal(await a!.redrive(), 1);
+    assert.deepEqual((await a!.queues()).map((q) => q.dead), [0, 0]);
+  });
+
+  test("purge() deletes done events and dead letters older than a duration, by state, with their ledger", async ({ clock, open, raw }) => {
+    const [a] = await open({ maxAttempts: 1 });
+    await a!.enqueue("done early");
+    await a!.acknowledge((await a!.claim())!);
+    clock.set(1_000);
+    await a!.enqueue("dead later");
+    await a!.release((await a!.claim())!, { error: "boom" });
+    clock.set(2_000);
+    await a!.enqueue("done late");
+    await a!.acknowledge((await a!.claim())!);
+    await a!.enqueue("pending");
+    clock.set(10_000);
+    // Seven days ago is before any of them: a duration, not an epoch time.
+    assert.equal(await a!.purge({ olderThanMs: 7 * 86_400_000 }), 0);
+    assert.equal(await a!.purge({ olderThanMs: 9_500, states: ["done"] }), 1);
+    assert.equal(await a!.purge({ olderThanMs: 8_500, states: ["done"] }), 0);
+    assert.equal(await a!.purge({ olderThanMs: 8_500 }), 1);
+    assert.equal(await a!.purge({ olderThanMs: 0 }), 1);
+    assert.deepEqual(
+      (await a!.queues()).map(({ pending, done, dead }) => [
+        pending,
+        done,
+        dead,
+      ]),
+      [[1, 0, 0]],
+    );
+    const ledger = await raw.query(
+      "SELECT DISTINCT event_id FROM outbox_attempts ORDER BY event_id",
+    );
+    assert.deepEqual(ledger.map((r) => Number(r["event_id"])), []);
+  });
+
+  test("queues() counts every queue's events per state with its oldest pending event's time", async ({ clock, open }) => {
+    const [a] = await open();
+    assert.deepEqual(await a!.queues(), []);
+    clock.set(7);
+    await a!.enqueue(1, { queue: "sms" });
+    clock.set(9);
+    await a!.enqueue(2, { queue: "sms" });
+    await a!.enqueue(3, { queue: "mail" });
+    await a!.claim({ queue: "mail" });
+    assert.deepEqual(await a!.queues(), [
+      {
+        queue: "mail",
+        pending: 0,
+        leased: 1,
+        done: 0,
+        dead: 0,
+        oldestPendingAt: null,
+      },
+      {
+        queue: "sms",
+        pending: 2,
+        leased: 0,
+        done: 0,
+        dead: 0,
+        oldestPendingAt: 7,
+      },
+    ]);
+  });
+
+  test("defect 5: admin calls with a missing or bad id or option throw TypeError or RangeError naming it before any SQL, and nothing changes", async ({ open, raw, sent }) => {
+    const [a] = await open({ maxAttempts: 1 });
+    await a!.enqueue("x");
+    await a!.release((await a!.claim())!, { error: "boom" });
+    const before = await snapshot(raw);
+    const statements = sent();
+    const rejects = async (
+      call: () => Promise<unknown>,
+      name: string,
+      field: string,
+    ) => {
+      await assert.rejects(call, (error: Error) => {
+        assert.equal(error.name, name);
+        assert.match(
+          error.message,
+          new RegExp(`'${field.replace("[", "\\[")}'`),
+        );
+        return true;
+      });
+    };
+    await rejects(() => a!.explain(undefined as never), "TypeError", "event");
+    await rejects(() => a!.cancel(undefined as never), "TypeError", "eventId");
+    await rejects(() => a!.cancel(0), "RangeError", "eventId");
+    await rejects(() => a!.cancel("1" as never), "TypeError", "eventId");
+    await rejects(() => a!.redrive({ ids: "1" as never }), "TypeError", "ids");
+    await rejects(() => a!.redrive({ ids: [1, 1.5] }), "RangeError", "ids[1]");
+    await rejects(
+      () => a!.redrive({ ids: [, 1] as never }),
+      "TypeError",
+      "ids[0]",
+    );
+    await rejects(() => a!.redrive({ queue: "" }), "TypeError", "queue");
+    await rejects(() => a!.redrive(null as never), "TypeError", "options");
+    await rejects(() => a!.list({} as never), "TypeError", "state");
+    await rejects(
+      () => a!.list({ state: "gone" as never }),
+      "TypeError",
+      "state",
+    );
+    await rejects(
+      () => a!.list({ state: "dead", limit: 0 }),
+      "RangeError",
+      "limit",
+    );
+    await rejects(
+      () => a!.list({ state: "dead", limit: 10_001 }),
+      "RangeError",
+      "limit",
+    );
+    await rejects(
+      () => a!.list({ state: "dead", afterId: -1 }),
+      "RangeError",
+      "afterId",
+    );
+    await rejects(
+      () => a!.list({ state: "dead", queue: 1 as never }),
+      "TypeError",
+      "queue",
+    );
+    await rejects(() => a!.purge({} as never), "TypeError", "olderThanMs");
+    await rejects(
+      () => a!.purge({ doneBeforeMs: 5 } as never),
+      "TypeError",
+      "olderThanMs",
+    );
+    await rejects(
+      () => a!.purge({ olderThanMs: -1 }),
+      "RangeError",
+      "olderThanMs",
+    );
+    await rejects(
+      () => a!.purge({ olderThanMs: 0, states: [] }),
+      "TypeError",
+      "states",
+    );
+    await rejects(
+      () => a!.purge({ olderThanMs: 0, states: ["pending" as never] }),
+      "TypeError",
+      "states",
+    );
+    await rejects(
+      () => a!.maintain({ vacuum: 1 as never }),
+      "TypeError",
+      "vacuum",
+    );
+    assert.equal(sent(), statements);
+    assert.deepEqual(await snapshot(raw), before);
+  });
+
+  test("defect 7: an event whose TEXT payload is not JSON becomes a dead letter with the reason, and the claim goes on to the next event", async ({ open, raw }) => {
+    const [a] = await open();
+    await a!.enqueue({ n: 1 });
+    await a!.enqueue({ n: 2 });
+    await raw.run("UPDATE outbox_events SET payload = 'not json' WHERE id = 1");
+    const [lease] = await a!.claim({ max: 1 });
+    assert.equal(lease?.eventId, 2);
+    const [letter] = await a!.list({ state: "dead" });
+    assert.equal(letter?.id, 1);
+    assert.equal(letter?.payload, "not json");
+    assert.match(
+      letter?.lastError ?? "",
+      /^unclaimable: its payload is text but not JSON \(/,
+    );
+    assert.deepEqual(
+      (await a!.explain(1))!.history.map((e) => e.kind),
+      ["dead"],
+    );
+  });
+
+  test("defect 6: an event whose payload exceeds the claiming outbox's maxPayloadBytes becomes a dead letter, never blocking the queue", async ({ open }) => {
+    const [big] = await open({ maxPayloadBytes: 4_096 });
+    await big!.enqueue("x".repeat(3_000));
+    await big!.enqueue("small");
+    const [small] = await open({ maxPayloadBytes: 1_024 });
+    const lease = await small!.claim();
+    assert.equal(lease?.payload, "small");
+    const [letter] = await small!.list({ state: "dead" });
+    assert.equal(letter?.id, 1);
+    assert.equal(
+      letter?.lastError,
+      "unclaimable: its payload of 3002 bytes exceeds this outbox's maxPayloadBytes of 1024",
+    );
+  });
+}
+
+Deno.test("defect 6: maxPayloadBytes is capped at what a claim was measured to read back (256 MiB)", async () => {
+  assert.equal(MAX_PAYLOAD_BYTES, 256 * 1024 * 1024);
+  await assert.rejects(
+    async () =>
+      await Outbox.open(await openSqliteWasm(":memory:"), {
+        maxPayloadBytes: 512 * 1024 * 1024,
+      }),
+    {
+      name: "RangeError",
+      message:
+        "Cannot open outbox as 'maxPayloadBytes' must be a positive integer at most 268435456: current value is 536870912",
+    },
+  );
+});
+
+function openFds(): number {
+  return [...Deno.readDirSync("/proc/self/fd")].length;
+}
+
+for (
+  const [name, connect] of [
+    ["wasm file", (path: string) => openSqliteWasm(path)],
+    ["node:sqlite file", (path: string) => openNodeSqlite(path)],
+  ] as const
+) {
+  Deno.test(`defect 8: ${name}: 50 failed opens close the connections they own and leak no file descriptors`, async () => {
+    const dir = await Deno.makeTempDir();
+    try {
+      const path = `${dir}/foreign.db`;
+      const setup = await connect(path);
+      await setup.exec("CREATE TABLE app (x INTEGER); PRAGMA user_version = 3");
+      await setup.close();
+      // One failure first, so lazily opened runtime files are counted before.
+      await assert.rejects(async () => await Outbox.open(await connect(path)));
+      const before = openFds();
+      for (let i = 0; i < 50; i++) {
+        await assert.rejects(
+          async () => await Outbox.open(await connect(path)),
+          /another schema uses user_version/,
+        );
+      }
+      assert.equal(openFds(), before);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  });
+}
+
+Deno.test("defect 10: Outbox.open refuses a read-only connection at once, as the README says, and closes it", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const path = `${dir}/outbox.db`;
+    await (await Outbox.open(await openSqliteWasm(path))).close();
+    const readOnly = await openSqliteWasm(`file:${encodeURI(path)}?mode=ro`);
+    await assert.rejects(() => Outbox.open(readOnly), {
+      name: "Error",
+      message:
+        "Cannot open outbox as the connection is read-only: every call takes the write lock (lapsed last-attempt leases become dead letters first)",
+    });
+    await assert.rejects(() => readOnly.query("SELECT 1"));
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});

@@ -1,0 +1,542 @@
+import assert from "node:assert/strict";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { main } from "../cli.ts";
+import { Outbox } from "../lease.ts";
+import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+
+const root = dirname(dirname(fileURLToPath(import.meta.url)));
+const child = join(root, "tests", "fixtures", "cli_child.ts");
+const EVENTS_PER_CHILD = 40;
+const decoder = new TextDecoder();
+
+interface Output {
+  readonly code: number;
+  readonly stdout: string;
+  readonly stderr: string;
+}
+
+/** Runs `deno task outbox` as the user would, with stdout piped (no TTY). */
+async function cli(...args: string[]): Promise<Output> {
+  const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", join(root, "cli.ts"), ...args],
+    cwd: root,
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  return {
+    code,
+    stdout: decoder.decode(stdout),
+    stderr: decoder.decode(stderr),
+  };
+}
+
+/** Runs the CLI and parses its stdout as one JSON value; it must exit 0. */
+async function json(...args: string[]): Promise<Record<string, unknown>> {
+  const output = await cli(...args, "--json");
+  assert.equal(output.code, 0, output.stderr);
+  const lines = output.stdout.trimEnd().split("\n");
+  assert.equal(lines.length, 1, output.stdout);
+  return JSON.parse(lines[0]!);
+}
+
+interface LiveRun {
+  readonly dir: string;
+  readonly path: string;
+  /** What `stats --json` printed while the two processes ran. */
+  readonly during: Output[];
+}
+
+let live: Promise<LiveRun> | undefined;
+
+/**
+ * Two processes that each enqueue and deliver events on one file, with the
+ * CLI's `stats --json` run again and again beside them; once, shared by the
+ * tests that only read the finished file.
+ */
+function liveRun(): Promise<LiveRun> {
+  live ??= (async () => {
+    const dir = await Deno.makeTempDir({ prefix: "cli-test-" });
+    const path = join(dir, "outbox.db");
+    // Created first, so the CLI never meets a file without the schema.
+    await (await Outbox.open(await openSqliteWasm(path))).close();
+    const children = [1, 2].map(() =>
+      new Deno.Command(Deno.execPath(), {
+        args: ["run", "-A", child, path, String(EVENTS_PER_CHILD)],
+        cwd: root,
+        stdout: "piped",
+        stderr: "piped",
+      }).output()
+    );
+    let running = true;
+    const finished = Promise.all(children).finally(() => running = false);
+    const during: Output[] = [];
+    while (running) during.push(await cli("stats", path, "--json"));
+    for (const result of await finished) {
+      assert.equal(result.code, 0, decoder.decode(result.stderr));
+    }
+    globalThis.addEventListener(
+      "unload",
+      () => Deno.removeSync(dir, { recursive: true }),
+    );
+    return { dir, path, during };
+  })();
+  return live;
+}
+
+/** A copy of the finished run's file, for a command that writes. */
+async function copyOfRun(): Promise<string> {
+  const { dir, path } = await liveRun();
+  const copy = join(dir, `copy-${crypto.randomUUID()}.db`);
+  await Deno.copyFile(path, copy);
+  return copy;
+}
+
+interface Summary {
+  pending: number;
+  leased: number;
+  done: number;
+  dead: number;
+  oldestPendingAgeMs: number;
+  acknowledgedLastMinute: number;
+  queues: (Omit<Summary, "queues"> & { queue: string })[];
+}
+
+Deno.test("stats --json beside two live producer/worker processes prints one JSON object of counts per state, and the final one adds up", async () => {
+  const { path, during } = await liveRun();
+  assert.ok(during.length >= 1);
+  const total = 2 * EVENTS_PER_CHILD;
+  for (const output of during) {
+    assert.equal(output.code, 0, output.stderr);
+    const summary = JSON.parse(output.stdout) as Summary;
+    const states = ["pending", "leased", "done", "dead"] as const;
+    assert.ok(states.reduce((n, s) => n + summary[s], 0) <= total);
+    for (const state of states) {
+      assert.equal(
+        summary.queues.reduce((n, q) => n + q[state], 0),
+        summary[state],
+      );
+    }
+  }
+  const final = await json("stats", path) as unknown as Summary;
+  assert.deepEqual(
+    {
+      pending: final.pending,
+      leased: final.leased,
+      done: final.done,
+      dead: final.dead,
+      oldestPendingAgeMs: final.oldestPendingAgeMs,
+      queues: final.queues.map((q) => [q.queue, q.done, q.dead]),
+    },
+    {
+      pending: 0,
+      leased: 0,
+      done: total - 4,
+      dead: 4,
+      oldestPendingAgeMs: 0,
+      queues: [["mail", total / 2 - 2, 2], ["webhooks", total / 2 - 2, 2]],
+    },
+  );
+  // Every acknowledgement of the run happened within the last minute.
+  assert.equal(final.acknowledgedLastMinute, total - 4);
+});
+
+Deno.test("stats prints a table per queue with a total row, and no colour when piped", async () => {
+  const { path } = await liveRun();
+  const { code, stdout } = await cli("stats", path);
+  assert.equal(code, 0);
+  assert.ok(!stdout.includes("\x1b"), "no escape sequences");
+  const lines = stdout.trimEnd().split("\n");
+  assert.match(
+    lines[0]!,
+    /^queue +pending +leased +done +dead +oldest pending +acks last 60 s$/,
+  );
+  assert.match(lines[1]!, /^mail +0 +0 +38 +2 +- +38$/);
+  assert.match(lines[2]!, /^webhooks +0 +0 +38 +2 +- +38$/);
+  assert.match(lines[3]!, /^total +0 +0 +76 +4 +- +76$/);
+  assert.equal(lines.length, 4);
+});
+
+Deno.test("list dead shows each dead letter's identity, attempts and last error, a page at a time", async () => {
+  const { path } = await liveRun();
+  const all = await json("list", path, "dead");
+  const events = all["events"] as Record<string, unknown>[];
+  assert.equal(events.length, 4);
+  assert.equal(all["next"], null);
+  for (const event of events) {
+    assert.equal(event["state"], "dead");
+    assert.equal(event["attempt"], 2);
+    assert.equal(event["maxAttempts"], 2);
+    assert.match(String(event["identity"]), /^[0-9a-f]{8}-[0-9a-f-]{27}$/);
+    assert.equal(
+      event["lastError"],
+      `Error: receiver answered 422 for ${event["id"]}`,
+    );
+  }
+  const first = await json("list", path, "dead", "--limit", "3");
+  const firstIds = (first["events"] as { id: number }[]).map((e) => e.id);
+  assert.equal(first["next"], firstIds[2]);
+  const second = await json(
+    "list",
+    path,
+    "dead",
+    "--limit",
+    "3",
+    "--after",
+    String(first["next"]),
+  );
+  assert.deepEqual(
+    [...firstIds, ...(second["events"] as { id: number }[]).map((e) => e.id)],
+    events.map((e) => e["id"]),
+  );
+
+  const { code, stdout } = await cli("list", path, "dead", "--queue", "mail");
+  assert.equal(code, 0);
+  const lines = stdout.trimEnd().split("\n");
+  assert.match(
+    lines[0]!,
+    /^ *id +identity +queue +attempt +since +last error$/,
+  );
+  const mail = events.filter((e) => e["queue"] === "mail");
+  mail.forEach((event, i) => {
+    assert.match(
+      lines[i + 1]!,
+      new RegExp(
+        `^ *${event["id"]} +${
+          event["identity"]
+        } +mail +2/2 +[\\d.]+ m?s ago +Error: receiver answered 422 for ${
+          event["id"]
+        }$`,
+      ),
+    );
+  });
+  assert.equal(lines.at(-1), "2 dead");
+});
+
+Deno.test("list pending shows when each event is due, and leased when its lease ends", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "cli-test-" });
+  const path = join(dir, "outbox.db");
+  {
+    await using outbox = await Outbox.open(await openSqliteWasm(path));
+    await outbox.enqueue({ n: 1 }, { delayMs: 3_600_000 });
+    await outbox.enqueue({ n: 2 });
+    await outbox.claim({ leaseMs: 7_200_000 });
+  }
+  const pending = await cli("list", path, "pending");
+  assert.equal(pending.code, 0, pending.stderr);
+  assert.match(
+    pending.stdout,
+    /^ *1 +[0-9a-f-]{36} +default +0\/5 +in (59\.\d|60\.0) min +-$/m,
+  );
+  const leased = await cli("list", path, "leased");
+  assert.match(leased.stdout, /^ *id +identity +queue +attempt +lease until/);
+  assert.match(
+    leased.stdout,
+    /^ *2 +[0-9a-f-]{36} +default +1\/5 +in (1\.\d|2\.0) h +-$/m,
+  );
+  await Deno.remove(dir, { recursive: true });
+});
+
+Deno.test("explain prints an event's timeline, by id or by identity, as text and as JSON", async () => {
+  const { path } = await liveRun();
+  const dead = await json("list", path, "dead", "--limit", "1");
+  const [event] = dead["events"] as { id: number; identity: string }[];
+  const byId = await json("explain", path, String(event!.id));
+  const byIdentity = await json("explain", path, event!.identity);
+  assert.deepEqual(byIdentity, byId);
+  assert.equal(byId["state"], "dead");
+  assert.deepEqual(
+    (byId["history"] as { kind: string; fence: number }[]).map((e) =>
+      `${e.kind}@${e.fence}`
+    ),
+    ["claimed@1", "released@1", "claimed@2", "released@2", "dead@2"],
+  );
+
+  const { code, stdout } = await cli("explain", path, String(event!.id));
+  assert.equal(code, 0);
+  const lines = stdout.trimEnd().split("\n");
+  assert.equal(
+    lines[0],
+    `event ${event!.id} (${event!.identity}) in queue ${
+      byId["queue"]
+    }: dead, attempt 2/2, fence 2, last error "Error: receiver answered 422 for ${
+      event!.id
+    }"`,
+  );
+  assert.match(lines[1]!, /^at +\+ +fence +what +token +detail$/);
+  assert.match(lines[2]!, /^\S+Z +0 ms +1 +claimed +[0-9a-f]{9}… +lease until/);
+  assert.match(lines[3]!, / +1 +released +[0-9a-f]{9}… +Error: receiver/);
+  assert.match(lines[6]!, / +2 +dead +- +Error: receiver/);
+  assert.equal(lines.length, 7);
+});
+
+Deno.test("watch prints the counts at every refresh until SIGINT, then exits 0", async () => {
+  const { path } = await liveRun();
+  const process = new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      join(root, "cli.ts"),
+      "watch",
+      path,
+      "--interval",
+      "50ms",
+    ],
+    cwd: root,
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const lines: string[] = [];
+  const reader = process.stdout.pipeThrough(new TextDecoderStream())
+    .getReader();
+  let buffer = "";
+  while (lines.length < 3) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += value;
+    const parts = buffer.split("\n");
+    buffer = parts.pop()!;
+    lines.push(...parts);
+  }
+  process.kill("SIGINT");
+  for (;;) if ((await reader.read()).done) break;
+  const { code } = await process.status;
+  await process.stderr.cancel();
+  assert.equal(code, 0);
+  for (const line of lines) {
+    assert.match(
+      line,
+      /^\S+Z {2}pending 0 {2}leased 0 {2}done 76 {2}dead 4 {2}oldest pending - {2}acks 76\/min/,
+    );
+  }
+  // From the second refresh on, the rate over the last interval.
+  assert.match(lines[1]!, / {2}0\.0\/s now$/);
+});
+
+Deno.test("retry and redrive put dead letters back to pending: those named, or every one of a queue", async () => {
+  const path = await copyOfRun();
+  const dead = (await json("list", path, "dead"))["events"] as {
+    id: number;
+    queue: string;
+  }[];
+  const [first] = dead;
+  assert.deepEqual(await json("retry", path, String(first!.id)), {
+    redriven: 1,
+  });
+  // Not dead any more: nothing to retry.
+  const again = await cli("retry", path, String(first!.id));
+  assert.equal(again.code, 0);
+  assert.equal(again.stdout, "redrove 0 dead letters\n");
+  const redriven = await json("redrive", path, "--queue", "webhooks");
+  assert.equal(
+    redriven["redriven"],
+    dead.filter((e) => e.queue === "webhooks" && e.id !== first!.id).length,
+  );
+  const stats = await json("stats", path) as unknown as Summary;
+  assert.equal(stats.pending, 1 + (redriven["redriven"] as number));
+  assert.equal(stats.dead, 4 - stats.pending);
+  const pending = (await json("list", path, "pending"))["events"] as {
+    attempt: number;
+  }[];
+  assert.deepEqual(pending.map((e) => e.attempt), pending.map(() => 0));
+});
+
+Deno.test("cancel makes pending events dead letters marked cancelled, and leaves others alone", async () => {
+  const path = await copyOfRun();
+  const [dead] = (await json("list", path, "dead", "--limit", "1"))[
+    "events"
+  ] as { id: number }[];
+  await json("retry", path, String(dead!.id));
+  const done = (await json("list", path, "done", "--limit", "1"))[
+    "events"
+  ] as { id: number }[];
+  const { code, stdout } = await cli(
+    "cancel",
+    path,
+    String(dead!.id),
+    String(done[0]!.id),
+  );
+  assert.equal(code, 0);
+  assert.equal(stdout, `cancelled 1 of 2: ${dead!.id}\n`);
+  const explained = await json("explain", path, String(dead!.id));
+  assert.equal(explained["state"], "dead");
+  assert.equal(explained["lastError"], "cancelled");
+  const stats = await json("stats", path) as unknown as Summary;
+  assert.deepEqual([stats.pending, stats.done, stats.dead], [0, 76, 4]);
+});
+
+Deno.test("purge --older-than deletes done events and dead letters older than the age, or only the states given", async () => {
+  const path = await copyOfRun();
+  assert.deepEqual(await json("purge", path, "--older-than", "1h"), {
+    purged: 0,
+  });
+  const done = await cli(
+    "purge",
+    path,
+    "--older-than",
+    "0ms",
+    "--state",
+    "done",
+  );
+  assert.equal(done.code, 0, done.stderr);
+  assert.equal(done.stdout, "purged 76 events (done) older than 0ms\n");
+  let stats = await json("stats", path) as unknown as Summary;
+  assert.deepEqual([stats.done, stats.dead], [0, 4]);
+  assert.deepEqual(await json("purge", path, "--older-than", "0ms"), {
+    purged: 4,
+  });
+  stats = await json("stats", path) as unknown as Summary;
+  assert.deepEqual([stats.done, stats.dead, stats.queues.length], [0, 0, 0]);
+});
+
+Deno.test("read-only commands leave the file's bytes as they were, and never create a schema", async () => {
+  const { dir, path } = await liveRun();
+  const before = await Deno.readFile(path);
+  for (
+    const args of [
+      ["stats", path],
+      ["list", path, "dead"],
+      ["explain", path, "1"],
+    ]
+  ) {
+    assert.equal((await cli(...args)).code, 0);
+  }
+  assert.deepEqual(await Deno.readFile(path), before);
+
+  const other = join(dir, "other.db");
+  {
+    await using db = await openSqliteWasm(other);
+    await db.exec("CREATE TABLE orders (id INTEGER PRIMARY KEY)");
+  }
+  const otherBefore = await Deno.readFile(other);
+  for (const args of [["stats", other], ["retry", other, "1"]]) {
+    const { code, stderr } = await cli(...args);
+    assert.equal(code, 1);
+    assert.equal(
+      stderr,
+      `outbox: cannot open ${other}: not an outbox database (no outbox tables)\n`,
+    );
+  }
+  assert.deepEqual(await Deno.readFile(other), otherBefore);
+});
+
+Deno.test("a command waits for another connection's exclusive lock up to --busy-timeout, then fails with exit 1", async () => {
+  const { path } = await liveRun();
+  await using holder = await openSqliteWasm(path);
+  await holder.exec("BEGIN EXCLUSIVE");
+  const timedOut = await cli("stats", path, "--busy-timeout", "200ms");
+  assert.equal(timedOut.code, 1);
+  assert.match(
+    timedOut.stderr,
+    /^outbox: cannot open .*: locked by another connection for longer than --busy-timeout \(200 ms\)\n$/,
+  );
+  const waiting = cli("stats", path, "--json", "--busy-timeout", "30s");
+  // Let go once the CLI is waiting (it needs a moment to start).
+  await new Promise((resolve) => setTimeout(resolve, 1_500));
+  await holder.exec("COMMIT");
+  const output = await waiting;
+  assert.equal(output.code, 0, output.stderr);
+  assert.equal(JSON.parse(output.stdout).done, 76);
+});
+
+Deno.test("usage errors exit 2 with the reason and the usage on stderr", async () => {
+  const { path } = await liveRun();
+  const cases: [string[], string][] = [
+    [[], "no command given"],
+    [["frobnicate", path], 'unknown command "frobnicate"'],
+    [["stats"], "stats needs a database"],
+    [
+      ["list", path],
+      "list needs a state (pending, leased, dead or done): got none",
+    ],
+    [
+      ["list", path, "sleeping"],
+      'list needs a state (pending, leased, dead or done): got "sleeping"',
+    ],
+    [
+      ["list", path, "dead", "--limit", "0"],
+      '--limit must be an integer of at least 1: got "0"',
+    ],
+    [["explain", path], "explain needs an event id or identity"],
+    [
+      ["retry", path, "abc"],
+      'event id must be an integer of at least 1: got "abc"',
+    ],
+    [["purge", path], "purge needs --older-than"],
+    [
+      ["purge", path, "--older-than", "1d", "--state", "leased"],
+      '--state must be done or dead: got "leased"',
+    ],
+    [
+      ["redrive", path, "3", "--queue", "mail"],
+      "redrive takes event ids or --queue, not both",
+    ],
+    [["cancel", path], "cancel needs an event id"],
+    [
+      ["purge", path, "--older-than", "1d", "--queue", "mail"],
+      "--queue does not apply to purge",
+    ],
+    [["stats", path, "--limit", "5"], "--limit does not apply to stats"],
+    [
+      ["purge", path, "--older-than", "7 days"],
+      '--older-than must be a duration like 500ms, 30s, 15m, 12h, 7d or 1h30m: got "7 days"',
+    ],
+    [["stats", path, "--colour"], "Unknown option '--colour'"],
+  ];
+  for (const [args, reason] of cases) {
+    const { code, stdout, stderr } = await cli(...args);
+    assert.equal(code, 2, args.join(" "));
+    assert.equal(stdout, "");
+    assert.ok(stderr.startsWith(`outbox: ${reason}`), stderr);
+    assert.match(stderr, /\n\nUsage: outbox <command> <database>/);
+  }
+  const help = await cli("--help");
+  assert.equal(help.code, 0);
+  assert.match(help.stdout, /^Usage: outbox <command> <database>/);
+});
+
+Deno.test("runtime errors exit 1 with one clear line: no such file, not SQLite, a Postgres URL", async () => {
+  const { dir } = await liveRun();
+  const junk = join(dir, "junk.db");
+  await Deno.writeTextFile(junk, "not a database, just text\n".repeat(100));
+  const cases: [string, RegExp][] = [
+    [
+      join(dir, "missing.db"),
+      /^outbox: cannot open .*missing\.db: unable to open database file: No such file or directory/,
+    ],
+    [
+      junk,
+      /^outbox: cannot open .*junk\.db: not an outbox database \(not SQLite\)$/,
+    ],
+    [
+      "postgres://localhost/app",
+      /^outbox: PostgreSQL databases are not supported yet: pass a SQLite file path$/,
+    ],
+  ];
+  for (const [database, message] of cases) {
+    const { code, stderr } = await cli("stats", database);
+    assert.equal(code, 1, stderr);
+    assert.match(stderr.trimEnd(), message);
+    assert.equal(stderr.trimEnd().split("\n").length, 1);
+  }
+  await Deno.stat(join(dir, "missing.db")).then(
+    () => assert.fail("stats created the missing file"),
+    (error) => assert.ok(error instanceof Deno.errors.NotFound),
+  );
+});
+
+Deno.test("on a terminal the table's header is bold, and nothing else is coloured", async () => {
+  const { path } = await liveRun();
+  const lines: string[] = [];
+  const code = await main(["stats", path], {
+    color: true,
+    stdout: (line) => lines.push(line),
+  });
+  assert.equal(code, 0);
+  const [header, ...rest] = lines.join("\n").split("\n");
+  const bold = "\x1b[1m";
+  const normal = "\x1b[22m";
+  assert.ok(header!.startsWith(`${bold}queue `), header);
+  assert.ok(header!.endsWith(`acks last 60 s${normal}`), header);
+  assert.ok(rest.every((line) => !line.includes("\x1b")));
+});

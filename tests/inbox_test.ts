@@ -1,0 +1,346 @@
+/** The inbox on every driver: accept once, refuse duplicates and stale fences, purge by age. */
+import assert from "node:assert/strict";
+import {
+  deliveryHeaders,
+  type Driver,
+  FENCE_HEADER,
+  IDENTITY_HEADER,
+  Inbox,
+  type InboxOptions,
+  Outbox,
+  readDeliveryHeaders,
+  uuidv7,
+} from "../mod.ts";
+import { DRIVERS } from "./drivers.ts";
+import { ManualClock } from "./helpers.ts";
+
+interface InboxHarness {
+  readonly clock: ManualClock;
+  /** Opens an inbox on each connection, on the manual clock. */
+  open(options?: InboxOptions): Promise<Inbox[]>;
+  /** The first connection, for reading rows as stored. */
+  readonly raw: Driver;
+}
+
+const EFFECTS =
+  "CREATE TABLE IF NOT EXISTS effects (identity TEXT NOT NULL, fence INTEGER NOT NULL) STRICT";
+
+for (const driver of DRIVERS) {
+  const test = (name: string, fn: (t: InboxHarness) => Promise<void>) =>
+    Deno.test(`${driver.name}: ${name}`, async () => {
+      const connections = await driver.open();
+      const clock = new ManualClock();
+      await connections.drivers[0]!.exec(EFFECTS);
+      try {
+        await fn({
+          clock,
+          raw: connections.drivers[0]!,
+          open: async (options = {}) => {
+            const inboxes = [];
+            for (const d of connections.drivers) {
+              inboxes.push(await Inbox.open(d, { now: clock.now, ...options }));
+            }
+            return inboxes;
+          },
+        });
+      } finally {
+        await connections.close();
+      }
+    });
+
+  const effect =
+    (identity: string, fence: number) =>
+    async (tx: { run(sql: string, params: string[] | number[]): unknown }) => {
+      await tx.run(
+        "INSERT INTO effects VALUES (?, ?)",
+        [identity, fence] as never,
+      );
+      return fence;
+    };
+  const effects = async (raw: Driver) =>
+    (await raw.query("SELECT identity, fence FROM effects ORDER BY rowid")).map(
+      (row) => `${row["identity"]}@${row["fence"]}`,
+    );
+
+  test("accept() runs the effect once: a redelivery at the same or a higher fence is a duplicate, at a lower one stale", async ({ open, raw }) => {
+    const [a, b] = await open();
+    const identity = uuidv7();
+    assert.deepEqual(await a!.accept(identity, 2, effect(identity, 2)), {
+      status: "accepted",
+      value: 2,
+    });
+    assert.deepEqual(await b!.accept(identity, 2, effect(identity, 2)), {
+      status: "duplicate",
+      acceptedFence: 2,
+    });
+    assert.deepEqual(await b!.accept(identity, 3, effect(identity, 3)), {
+      status: "duplicate",
+      acceptedFence: 2,
+    });
+    assert.deepEqual(await a!.accept(identity, 1, effect(identity, 1)), {
+      status: "stale",
+      acceptedFence: 2,
+    });
+    assert.deepEqual(await effects(raw), [`${identity}@2`]);
+  });
+
+  test("accept() records the identity with the effect's writes: an effect that throws leaves neither, and the next delivery runs it", async ({ open, raw }) => {
+    const [a] = await open();
+    const identity = uuidv7();
+    await assert.rejects(
+      () =>
+        a!.accept(identity, 1, async (tx) => {
+          await effect(identity, 1)(tx);
+          throw new Error("recipient down");
+        }),
+      /recipient down/,
+    );
+    assert.deepEqual(await effects(raw), []);
+    assert.deepEqual(
+      await raw.query("SELECT count(*) AS n FROM inbox_accepted"),
+      [{ n: 0 }],
+    );
+    assert.equal(
+      (await a!.accept(identity, 2, effect(identity, 2))).status,
+      "accepted",
+    );
+    assert.deepEqual(await effects(raw), [`${identity}@2`]);
+  });
+
+  test("accept() holds the write lock before it looks the identity up: a second connection's accept waits for the first to commit, then is a duplicate", async ({ open, raw }) => {
+    const [a, b] = await open();
+    const identity = uuidv7();
+    const entered = Promise.withResolvers<void>();
+    const finish = Promise.withResolvers<void>();
+    const first = a!.accept(identity, 1, async (tx) => {
+      entered.resolve();
+      await finish.promise;
+      return await effect(identity, 1)(tx);
+    });
+    await entered.promise;
+    let secondRan = false;
+    const second = b!.accept(identity, 1, async (tx) => {
+      secondRan = true;
+      return await effect(identity, 1)(tx);
+    });
+    finish.resolve();
+    assert.equal((await first).status, "accepted");
+    assert.deepEqual(await second, { status: "duplicate", acceptedFence: 1 });
+    assert.equal(secondRan, false);
+    assert.deepEqual(await effects(raw), [`${identity}@1`]);
+  });
+
+  test("accept() refuses a malformed identity, fence or effect before any SQL", async ({ open, raw }) => {
+    const [a] = await open();
+    const identity = uuidv7();
+    const cases: [unknown, unknown, unknown, RegExp][] = [
+      [
+        "not-a-uuid",
+        1,
+        effect(identity, 1),
+        /^Cannot accept as 'identity' must be a UUID in canonical lowercase text \(8-4-4-4-12 hex digits\): current value is "not-a-uuid"$/,
+      ],
+      [
+        identity.toUpperCase(),
+        1,
+        effect(identity, 1),
+        /'identity' must be a UUID/,
+      ],
+      [
+        identity,
+        0,
+        effect(identity, 1),
+        /^Cannot accept as 'fence' must be a positive integer at most 9007199254740991: current value is 0$/,
+      ],
+      [
+        identity,
+        1.5,
+        effect(identity, 1),
+        /'fence' must be a positive integer/,
+      ],
+      [
+        identity,
+        "1",
+        effect(identity, 1),
+        /^Cannot accept as 'fence' must be a positive integer: current value is "1"$/,
+      ],
+      [
+        identity,
+        undefined,
+        effect(identity, 1),
+        /^Cannot accept as 'fence' is required: current value is undefined$/,
+      ],
+      [
+        identity,
+        1,
+        "effect",
+        /^Cannot accept as 'fn' must be a function: current value is "effect"$/,
+      ],
+    ];
+    for (const [id, fence, fn, message] of cases) {
+      await assert.rejects(
+        () => a!.accept(id as string, fence as number, fn as never),
+        (error: Error) =>
+          (error instanceof TypeError || error instanceof RangeError) &&
+          message.test(error.message),
+      );
+    }
+    assert.deepEqual(
+      await raw.query("SELECT count(*) AS n FROM inbox_accepted"),
+      [{ n: 0 }],
+    );
+  });
+
+  test("purge() deletes records accepted more than olderThanMs ago by the inbox's clock, and a purged identity is accepted again", async ({ clock, open, raw }) => {
+    const [a] = await open();
+    const old = uuidv7();
+    const recent = uuidv7();
+    clock.set(1_000);
+    await a!.accept(old, 1, effect(old, 1));
+    clock.set(5_000);
+    await a!.accept(recent, 1, effect(recent, 1));
+    clock.set(6_000);
+    assert.equal(await a!.purge({ olderThanMs: 1_000 }), 1);
+    assert.equal(await a!.purge({ olderThanMs: 1_000 }), 0);
+    assert.equal(
+      (await a!.accept(recent, 1, effect(recent, 1))).status,
+      "duplicate",
+    );
+    assert.equal((await a!.accept(old, 2, effect(old, 2))).status, "accepted");
+    assert.deepEqual(await effects(raw), [
+      `${old}@1`,
+      `${recent}@1`,
+      `${old}@2`,
+    ]);
+    await assert.rejects(
+      () => a!.purge({ olderThanMs: -1 }),
+      /^RangeError: Cannot purge inbox as 'olderThanMs' must be a non-negative integer at most 9007199254740991: current value is -1$/,
+    );
+    await assert.rejects(
+      () => a!.purge({} as never),
+      /^TypeError: Cannot purge inbox as 'olderThanMs' is required: current value is undefined$/,
+    );
+  });
+
+  test("an inbox and an outbox share one connection, and each open leaves the other's tables alone", async ({ open, raw }) => {
+    const outbox = await Outbox.open(raw);
+    const [inbox] = await open();
+    const { identity } = await outbox.enqueue("x");
+    const lease = (await outbox.claim())!;
+    assert.equal(
+      (await inbox!.accept(lease.identity, lease.fence, effect(identity, 1)))
+        .status,
+      "accepted",
+    );
+    assert.equal(await outbox.acknowledge(lease), true);
+    await Inbox.open(raw);
+    await Outbox.open(raw);
+    assert.deepEqual(await effects(raw), [`${identity}@1`]);
+  });
+}
+
+Deno.test("deliveryHeaders() puts a lease's identity in Idempotency-Key and its fence in Idempotency-Fence, which readDeliveryHeaders() reads back", () => {
+  const lease = { identity: uuidv7(), fence: 7 };
+  const headers = deliveryHeaders(lease);
+  assert.deepEqual(headers, {
+    "Idempotency-Key": lease.identity,
+    "Idempotency-Fence": "7",
+  });
+  assert.deepEqual([IDENTITY_HEADER, FENCE_HEADER], [
+    "Idempotency-Key",
+    "Idempotency-Fence",
+  ]);
+  assert.deepEqual(readDeliveryHeaders(new Headers(headers)), lease);
+});
+
+Deno.test("deliveryHeaders() refuses a lease without a valid identity or fence, naming the field", () => {
+  assert.throws(
+    () => deliveryHeaders({ identity: "1:2", fence: 2 }),
+    new TypeError(
+      `Cannot build delivery headers as 'lease.identity' must be a UUID in canonical lowercase text (8-4-4-4-12 hex digits): current value is "1:2"`,
+    ),
+  );
+  assert.throws(
+    () => deliveryHeaders({ identity: uuidv7(), fence: 0 }),
+    /^RangeError: Cannot build delivery headers as 'lease.fence' must be a positive integer/,
+  );
+  assert.throws(
+    () => deliveryHeaders(null as never),
+    /'lease' must be a Lease/,
+  );
+});
+
+Deno.test("readDeliveryHeaders() refuses a missing or malformed header, naming it", () => {
+  const identity = uuidv7();
+  const read = (init: Record<string, string>) => () =>
+    readDeliveryHeaders(new Headers(init));
+  assert.throws(
+    read({ "idempotency-fence": "1" }),
+    new TypeError(
+      "Cannot read delivery as 'Idempotency-Key' must be a UUID in canonical lowercase text (8-4-4-4-12 hex digits): current value is undefined",
+    ),
+  );
+  for (
+    const fence of [
+      "0",
+      "-1",
+      "1.0",
+      "0x10",
+      "1e3",
+
+      "",
+      "9007199254740992",
+    ]
+  ) {
+    assert.throws(
+      read({ "idempotency-key": identity, "idempotency-fence": fence }),
+      new TypeError(
+        `Cannot read delivery as 'Idempotency-Fence' must be a positive decimal integer: current value is ${
+          JSON.stringify(fence)
+        }`,
+      ),
+      fence,
+    );
+  }
+  assert.throws(
+    read({ "idempotency-key": identity }),
+    /'Idempotency-Fence' must be a positive decimal integer: current value is undefined$/,
+  );
+});
+
+Deno.test("acceptRequest() answers an accepted delivery with the effect's response, a duplicate with 200, a stale fence with 409 and a bad header with 400", async () => {
+  await using inbox = await Inbox.open(
+    await (await import("../sqlite_wasm_deno.ts")).openSqliteWasm(":memory:"),
+  );
+  let applied = 0;
+  const handler = (request: Request) =>
+    inbox.acceptRequest(request, async (tx, request) => {
+      await tx.run("CREATE TABLE IF NOT EXISTS mail (body TEXT)");
+      await tx.run("INSERT INTO mail VALUES (?)", [await request.text()]);
+      applied++;
+      return new Response("sent", { status: 201 });
+    });
+  const identity = uuidv7();
+  const deliver = async (headers: Record<string, string>) => {
+    const response = await handler(
+      new Request("http://recipient/", { method: "POST", headers, body: "hi" }),
+    );
+    return [response.status, await response.text()];
+  };
+  assert.deepEqual(await deliver(deliveryHeaders({ identity, fence: 2 })), [
+    201,
+    "sent",
+  ]);
+  assert.deepEqual(await deliver(deliveryHeaders({ identity, fence: 2 })), [
+    200,
+    "duplicate",
+  ]);
+  assert.deepEqual(await deliver(deliveryHeaders({ identity, fence: 1 })), [
+    409,
+    "stale",
+  ]);
+  const [status, text] = await deliver({ "Idempotency-Key": `1:2` });
+  assert.equal(status, 400);
+  assert.match(String(text), /'Idempotency-Key' must be a UUID/);
+  assert.equal(applied, 1);
+});
