@@ -7,7 +7,9 @@ const root = new URL("../", import.meta.url);
 
 Deno.test("the README's minimal-permission command runs an outbox on a file with any DENO_DIR", async () => {
   const readme = await Deno.readTextFile(new URL("README.md", root));
-  const command = readme.match(/`(deno run (?:--allow-[\w-]+(?:=\S+)? )+app\.ts)`/)
+  const command = readme.match(
+    /`(deno run (?:--allow-[\w-]+(?:=\S+)? )+app\.ts)`/,
+  )
     ?.[1];
   assert.ok(command, "README names a `deno run --allow-… app.ts` command");
   // Exactly those flags; --no-prompt so a missing one fails, never asks.
@@ -25,7 +27,7 @@ Deno.test("the README's minimal-permission command runs an outbox on a file with
       imports: {
         "@leased/outbox": new URL("mod.ts", root).href,
         "@leased/outbox/sqlite-wasm": new URL("sqlite_wasm_deno.ts", root).href,
-        "@sqlite.org/sqlite-wasm": imports["@sqlite.org/sqlite-wasm"],
+        ...imports,
       },
     }),
   );
@@ -46,13 +48,16 @@ console.log(JSON.stringify({ acknowledged: await outbox.acknowledge(lease!) }));
     stdout: "piped",
   }).output();
   const { npmCache } = JSON.parse(new TextDecoder().decode(info.stdout));
-  const scope = join(denoDir.path, "npm", "registry.npmjs.org", "@sqlite.org");
-  await Deno.mkdir(scope, { recursive: true });
+  // The npm scopes the outbox's modules import (the WASM build, the
+  // OpenTelemetry API), nothing else.
+  const registry = join(denoDir.path, "npm", "registry.npmjs.org");
+  await Deno.mkdir(registry, { recursive: true });
   const copy = await new Deno.Command("cp", {
     args: [
       "-R",
-      join(npmCache, "registry.npmjs.org", "@sqlite.org", "sqlite-wasm"),
-      scope,
+      join(npmCache, "registry.npmjs.org", "@sqlite.org"),
+      join(npmCache, "registry.npmjs.org", "@opentelemetry"),
+      registry,
     ],
   }).output();
   assert.equal(copy.code, 0);
