@@ -173,8 +173,8 @@ Deno.test("the demo stopped with SIGTERM midway stops its processes and removes 
   assert.deepEqual(await entries(tmp.path), []);
 });
 
-Deno.test("the demo and its processes load only @sqlite.org/sqlite-wasm from npm", async () => {
-  // A Deno cache holding that one package and no way out to the registry:
+Deno.test("the demo and its processes load only the npm packages they import (the WASM build, the OpenTelemetry API)", async () => {
+  // A Deno cache holding those packages and no way out to the registry:
   // any other package the run needed would fail to download.
   await using denoDir = await tempDir();
   const info = await new Deno.Command(Deno.execPath(), {
@@ -182,13 +182,14 @@ Deno.test("the demo and its processes load only @sqlite.org/sqlite-wasm from npm
     stdout: "piped",
   }).output();
   const { npmCache } = JSON.parse(new TextDecoder().decode(info.stdout));
-  const scope = join(denoDir.path, "npm", "registry.npmjs.org", "@sqlite.org");
-  await Deno.mkdir(scope, { recursive: true });
+  const registry = join(denoDir.path, "npm", "registry.npmjs.org");
+  await Deno.mkdir(registry, { recursive: true });
   const copy = await new Deno.Command("cp", {
     args: [
       "-R",
-      join(npmCache, "registry.npmjs.org", "@sqlite.org", "sqlite-wasm"),
-      scope,
+      join(npmCache, "registry.npmjs.org", "@sqlite.org"),
+      join(npmCache, "registry.npmjs.org", "@opentelemetry"),
+      registry,
     ],
   }).output();
   assert.equal(copy.code, 0);
@@ -207,7 +208,7 @@ Deno.test("the demo and its processes load only @sqlite.org/sqlite-wasm from npm
   assert.doesNotMatch(errors, /Download/);
   assert.deepEqual(
     await entries(join(denoDir.path, "npm", "registry.npmjs.org")),
-    ["@sqlite.org"],
+    ["@opentelemetry", "@sqlite.org"],
   );
 });
 
