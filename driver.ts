@@ -9,7 +9,7 @@
  * @module
  */
 
-import { BusyError } from "./errors.ts";
+import { BusyError, UnsafeIntegerError } from "./errors.ts";
 
 /** A value SQLite stores or returns: `NULL`, `INTEGER`/`REAL`, `TEXT` or `BLOB`. */
 export type SqlValue = null | number | bigint | string | Uint8Array;
@@ -198,4 +198,31 @@ function separatorsEnd(text: string, i: number): number {
 
 function clip(text: string): string {
   return text.length <= 60 ? text : `${text.slice(0, 57)}...`;
+}
+
+/**
+ * Reads an integer column exactly: a value that is not a safe integer (a
+ * `bigint` past 2^53 - 1, a rounded or non-integer number, text, NULL) throws
+ * instead of becoming a rounded number that would name another event.
+ *
+ * @param row The row.
+ * @param column The column to read.
+ * @returns The value as a safe integer.
+ * @throws {UnsafeIntegerError} When the value is not a safe integer.
+ */
+export function integerOf(row: Row, column: string): number {
+  return safeInteger(column, row[column]);
+}
+
+/**
+ * Checks one value read from the database as {@linkcode integerOf} does.
+ *
+ * @param column The column (or result field) it came from, for the error.
+ * @param value The value as read.
+ * @returns The value as a safe integer.
+ * @throws {UnsafeIntegerError} When the value is not a safe integer.
+ */
+export function safeInteger(column: string, value: unknown): number {
+  if (typeof value === "number" && Number.isSafeInteger(value)) return value;
+  throw new UnsafeIntegerError(column, value);
 }

@@ -18,6 +18,7 @@
  */
 import {
   type Driver,
+  integerOf,
   type Row,
   type RunResult,
   type SqlValue,
@@ -246,7 +247,7 @@ export class Inbox implements AsyncDisposable {
     return await this.#write(op, async (now) => {
       const [row] = await driver.query(SQL.accepted, [key]);
       if (row !== undefined) {
-        const acceptedFence = Number(row["fence"]);
+        const acceptedFence = integerOf(row, "fence");
         return {
           status: checkedFence < acceptedFence ? "stale" : "duplicate",
           acceptedFence,

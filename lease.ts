@@ -13,8 +13,10 @@
 import {
   type Driver,
   firstKeyword,
+  integerOf,
   type Row,
   type RunResult,
+  safeInteger,
   type SqlValue,
 } from "./driver.ts";
 import {
@@ -22,6 +24,7 @@ import {
   LeaseLostError,
   SchemaVersionError,
   SqliteError,
+  UnsafeIntegerError,
 } from "./errors.ts";
 import { isIdentity, uuidv7 } from "./identity.ts";
 import {
@@ -785,6 +788,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @throws {TypeError | RangeError} When an argument is invalid (before any
    * SQL), or when a supplied `token` was used on the event before.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @throws {UnsafeIntegerError} When the event's id, fence or attempt (or
+   * the next fence or attempt) is past `Number.MAX_SAFE_INTEGER`; nothing
+   * is claimed.
+   * @throws {Error} When the claim's UPDATE did not change exactly the rows
+   * it leased; nothing is claimed.
    */
   claim(options?: ClaimOptions): Promise<Lease<P> | null>;
   /**
@@ -795,6 +803,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @returns The leases, possibly none.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @throws {UnsafeIntegerError} As for a lone claim; nothing is claimed.
    */
   claim(options: BatchClaimOptions): Promise<Lease<P>[]>;
   async claim(
@@ -923,7 +932,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         await this.#stale(checked, "stale_renew", now);
         return false;
       }
-      const leaseUntil = Number(row["lease_until"]);
+      const leaseUntil = integerOf(row, "lease_until");
       await this.#ledger(
         checked.eventId,
         checked.fence,
@@ -1026,14 +1035,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return await this.#write(op, async () => {
       const rows = await this.#driver.query(SQL.deadLetters, [queue, limit]);
       return rows.map((row) => ({
-        eventId: Number(row["id"]),
+        eventId: integerOf(row, "id"),
         identity: String(row["identity"]),
         queue: String(row["queue"]),
         payload: decodePayload(row["payload"]) as P,
-        attempts: Number(row["attempt"]),
+        attempts: integerOf(row, "attempt"),
         lastError: nullableString(row["last_error"]),
-        createdAt: Number(row["created_at"]),
-        deadAt: Number(row["done_at"]),
+        createdAt: integerOf(row, "created_at"),
+        deadAt: integerOf(row, "done_at"),
       }));
     });
   }
@@ -1104,7 +1113,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       if (row === undefined) return false;
       await this.#ledger(
         id,
-        Number(row["fence"]),
+        integerOf(row, "fence"),
         "dead",
         now,
         null,
@@ -1168,8 +1177,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       ]);
       await this.#ledgerAll(
         rows.map((row): LedgerRow => [
-          Number(row["id"]),
-          Number(row["fence"]),
+          integerOf(row, "id"),
+          integerOf(row, "fence"),
           "retried",
           null,
           null,
@@ -1243,7 +1252,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
             cutoff,
           ]);
           if (rows.length === 0) return 0;
-          const ids = JSON.stringify(rows.map((row) => Number(row["id"])));
+          const ids = JSON.stringify(rows.map((row) => integerOf(row, "id")));
           await this.#driver.run(ADMIN_SQL.purgeLedger, [ids]);
           return (await this.#driver.run(ADMIN_SQL.purge, [ids])).changes;
         });
@@ -1312,7 +1321,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       : checkName(op, "queue", options.queue);
     return await this.#write(op, async (now) => {
       const [row] = await this.#driver.query(ADMIN_SQL.nextDue, [queue, now]);
-      return row === undefined ? null : Number(row["due_at"]) - now;
+      return row === undefined ? null : integerOf(row, "due_at") - now;
     });
   }
 
@@ -1412,9 +1421,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       };
       let oldestPendingAgeMs = 0;
       for (const row of await this.#driver.query(SQL.stats, [queue])) {
-        counts[String(row["state"])] = Number(row["n"]);
+        counts[String(row["state"])] = integerOf(row, "n");
         if (row["state"] === "pending") {
-          oldestPendingAgeMs = Math.max(0, now - Number(row["oldest"]));
+          oldestPendingAgeMs = Math.max(0, now - integerOf(row, "oldest"));
         }
       }
       return {
@@ -1654,7 +1663,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     ]);
     if (changes === 1) {
       return {
-        eventId: Number(lastInsertRowid),
+        eventId: safeInteger("lastInsertRowid", lastInsertRowid),
         identity,
         deduplicated: false,
       };
@@ -1665,7 +1674,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       identity,
     ]);
     return {
-      eventId: Number(row?.["id"]),
+      eventId: integerOf(row ?? {}, "id"),
       identity: String(row?.["identity"]),
       deduplicated: true,
     };
@@ -1712,8 +1721,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     );
     // Each lease is its row as read plus what CLAIM_SET changes.
     const leases = candidates.map((row, i): Lease<P> => {
-      const eventId = Number(row["id"]);
-      const fence = Number(row["fence"]);
+      const eventId = integerOf(row, "id");
+      const fence = integerOf(row, "fence");
       const taken = row["state"] === "leased";
       // Taking over a lapsed lease records how the previous attempt ended,
       // before the claim's own entry.
@@ -1725,9 +1734,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         identity: String(row["identity"]),
         queue,
         token: token ?? hex(random, 16 * i, 16),
-        fence: fence + 1,
-        attempt: Number(row["attempt"]) + 1,
-        maxAttempts: Number(row["max_attempts"]),
+        fence: successor("fence", fence),
+        attempt: successor("attempt", integerOf(row, "attempt")),
+        maxAttempts: integerOf(row, "max_attempts"),
         leaseUntil,
         payload: payloads[i] as P,
         orderingKey: nullableString(row["ordering_key"]),
@@ -1750,22 +1759,30 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     }
     // The claims' own entries stay unwritten (schema.sql's
     // outbox_unwritten_attempts).
+    let changes;
     if (leases.length === 1) {
       const { eventId, token: leaseToken } = leases[0]!;
-      await this.#driver.run(SQL.claimOne, [
+      ({ changes } = await this.#driver.run(SQL.claimOne, [
         leaseUntil,
         now,
         eventId,
         leaseToken,
-      ]);
+      ]));
     } else {
-      await this.#driver.run(SQL.claim, [
+      ({ changes } = await this.#driver.run(SQL.claim, [
         leaseUntil,
         now,
         JSON.stringify(
           Object.fromEntries(leases.map((l) => [l.eventId, l.token])),
         ),
-      ]);
+      ]));
+    }
+    // A lease whose row the UPDATE missed would leave its event claimable
+    // by the next caller: two live holders.
+    if (changes !== leases.length) {
+      throw new Error(
+        `Cannot claim as the claim changed ${changes} event rows for ${leases.length} leases: the transaction was rolled back`,
+      );
     }
     return leases;
   }
@@ -1775,7 +1792,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * cannot be handed out instead, when it cannot.
    */
   #unclaimable(row: Row, payloads: unknown[]): string | undefined {
-    const bytes = Number(row["bytes"]);
+    const bytes = integerOf(row, "bytes");
     if (bytes > this.#maxPayloadBytes) {
       return `unclaimable: its payload of ${bytes} bytes exceeds this outbox's maxPayloadBytes of ${this.#maxPayloadBytes}`;
     }
@@ -1791,8 +1808,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   /** Makes a candidate a dead letter with `reason`, in the ledger too. */
   async #deadLetter(row: Row, reason: string, now: number): Promise<void> {
-    const eventId = Number(row["id"]);
-    const fence = Number(row["fence"]);
+    const eventId = integerOf(row, "id");
+    const fence = integerOf(row, "fence");
     const entries: LedgerRow[] = [];
     if (row["state"] === "leased") {
       await this.#writeUnwritten([eventId]);
@@ -1857,13 +1874,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   async #expireExhausted(now: number): Promise<void> {
     const rows = await this.#driver.query(SQL.exhausted, [now]);
     if (rows.length === 0) return;
-    const eventIds = rows.map((row) => Number(row["id"]));
+    const eventIds = rows.map((row) => integerOf(row, "id"));
     await this.#writeUnwritten(eventIds);
     await this.#driver.run(SQL.expire, [now, JSON.stringify(eventIds)]);
     await this.#ledgerAll(
       rows.flatMap((row): LedgerRow[] => {
-        const eventId = Number(row["id"]);
-        const fence = Number(row["fence"]);
+        const eventId = integerOf(row, "id");
+        const fence = integerOf(row, "fence");
         return [
           [eventId, fence, "expired", null, null, LEASE_EXPIRED],
           [eventId, fence, "dead", null, null, LEASE_EXPIRED],
@@ -2105,7 +2122,7 @@ async function migrate(driver: Driver): Promise<void> {
   let version: number;
   if (tables.has("outbox_schema")) {
     const [row] = await driver.query(SQL.schemaVersion);
-    version = Number(row?.["version"] ?? 0);
+    version = row === undefined ? 0 : integerOf(row, "version");
   } else if (tables.has("outbox_events")) {
     const [shape] = await driver.query(SQL.legacyShape);
     version = Number(shape?.["identity"]) > 0
@@ -2118,7 +2135,7 @@ async function migrate(driver: Driver): Promise<void> {
     // The older release wrote this user_version; one that differs is the
     // application's, set after that release last opened the file.
     const [row] = await driver.query(SQL.userVersion);
-    if (Number(row?.["user_version"]) === version) {
+    if (row !== undefined && integerOf(row, "user_version") === version) {
       await driver.run(SQL.resetUserVersion);
     }
     await driver.exec(VERSION_TABLE_SQL);
@@ -2302,22 +2319,22 @@ function encodePayload(
  */
 export function explanation(row: Row, history: readonly Row[]): Explanation {
   return {
-    eventId: Number(row["id"]),
+    eventId: integerOf(row, "id"),
     identity: String(row["identity"]),
     queue: String(row["queue"]),
     state: row["state"] as EventState,
-    attempt: Number(row["attempt"]),
-    maxAttempts: Number(row["max_attempts"]),
-    fence: Number(row["fence"]),
+    attempt: integerOf(row, "attempt"),
+    maxAttempts: integerOf(row, "max_attempts"),
+    fence: integerOf(row, "fence"),
     lastError: nullableString(row["last_error"]),
     history: history.map((entry) => ({
       kind: entry["kind"] as LedgerEntry["kind"],
-      fence: Number(entry["fence"]),
-      at: Number(entry["at"]),
+      fence: integerOf(entry, "fence"),
+      at: integerOf(entry, "at"),
       token: nullableString(entry["token"]),
       leaseUntil: entry["lease_until"] === null
         ? null
-        : Number(entry["lease_until"]),
+        : integerOf(entry, "lease_until"),
       detail: nullableString(entry["detail"]),
     })),
   };
@@ -2340,6 +2357,19 @@ function tooLarge(op: string, bytes: number, maxBytes: number): RangeError {
   return new RangeError(
     `Cannot ${op} as 'payload' must be at most ${maxBytes} bytes ('maxPayloadBytes'): current size is ${bytes} bytes`,
   );
+}
+
+/**
+ * An integer column of a row as a number. SQLite's integers have 64 bits;
+ * past ±2^53 a number would round, and a rounded id or fence names another
+ * event or lease.
+ */
+/** `value + 1` for a fence or attempt a claim writes, refused past 2^53 - 1. */
+function successor(column: string, value: number): number {
+  if (value >= Number.MAX_SAFE_INTEGER) {
+    throw new UnsafeIntegerError(column, BigInt(value) + 1n);
+  }
+  return value + 1;
 }
 
 function nullableString(value: SqlValue | undefined): string | null {

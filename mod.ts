@@ -83,6 +83,7 @@ export {
   SchemaVersionError,
   SqliteError,
   sqliteError,
+  UnsafeIntegerError,
 } from "./errors.ts";
 export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 export {

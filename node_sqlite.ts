@@ -26,7 +26,7 @@ import {
   type SqlValue,
   untilNotBusy,
 } from "./driver.ts";
-import { sqliteError } from "./errors.ts";
+import { SqliteError, sqliteError } from "./errors.ts";
 import { checkOptions } from "./lease.ts";
 
 /** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
@@ -85,6 +85,16 @@ export interface NodeSqliteOptions {
    * @default {5000}
    */
   readonly busyTimeoutMs?: number;
+  /**
+   * Opens the file read-only (`SQLITE_OPEN_READONLY`): queries work, every
+   * write fails with {@linkcode SqliteError} code 8 (`SQLITE_READONLY`), and
+   * `journalMode` is not applied, since switching it writes the file; the
+   * file keeps the journal mode it has. A file this process may not write
+   * opens the same way without the option.
+   *
+   * @default {false}
+   */
+  readonly readOnly?: boolean;
 }
 
 /**
@@ -106,12 +116,15 @@ export interface NodeSqliteOptions {
  * import assert from "node:assert/strict";
  *
  * const dir = await Deno.makeTempDir();
- * await using a = await openNodeSqlite(`${dir}/outbox.db`);
- * await using b = await openNodeSqlite(`${dir}/outbox.db`);
- * await a.exec("CREATE TABLE t(x INTEGER) STRICT");
- * await a.run("INSERT INTO t VALUES (?)", [2n ** 60n]);
- * assert.deepEqual(await b.query("SELECT x FROM t"), [{ x: 2n ** 60n }]);
- * assert.deepEqual(await b.query("PRAGMA journal_mode"), [{ journal_mode: "wal" }]);
+ * {
+ *   await using a = await openNodeSqlite(`${dir}/outbox.db`);
+ *   await using b = await openNodeSqlite(`${dir}/outbox.db`);
+ *   await a.exec("CREATE TABLE t(x INTEGER) STRICT");
+ *   await a.run("INSERT INTO t VALUES (?)", [2n ** 60n]);
+ *   assert.deepEqual(await b.query("SELECT x FROM t"), [{ x: 2n ** 60n }]);
+ *   assert.deepEqual(await b.query("PRAGMA journal_mode"), [{ journal_mode: "wal" }]);
+ * }
+ * await Deno.remove(dir, { recursive: true });
  * ```
  */
 export async function openNodeSqlite(
@@ -143,21 +156,47 @@ export async function openNodeSqlite(
     "full",
   );
   const busyTimeoutMs = openBusyTimeoutMs(options.busyTimeoutMs);
+  const readOnly = options.readOnly ?? false;
+  if (typeof readOnly !== "boolean") {
+    throw new TypeError(
+      `Cannot open database as 'readOnly' must be a boolean: current value is ${
+        String(readOnly)
+      }`,
+    );
+  }
   let db: DatabaseSync | undefined;
   try {
-    db = new DatabaseSync(path, { enableForeignKeyConstraints: false });
+    db = new DatabaseSync(path, {
+      enableForeignKeyConstraints: false,
+      readOnly,
+    });
     // Deno's node:sqlite installs a 5 s busy handler whatever `timeout`
     // says; the core retries SQLITE_BUSY itself without blocking the loop.
     db.exec("PRAGMA busy_timeout = 0");
+    let keptMode = false;
     // Both read the schema first, which takes a shared lock.
     const actual = await untilNotBusy(
       busyTimeoutMs,
       () => {
         try {
           db!.exec(`PRAGMA synchronous = ${synchronous}`);
-          return Promise.resolve(
-            db!.prepare(`PRAGMA journal_mode = ${journalMode}`).all(),
-          );
+          if (readOnly) {
+            return Promise.resolve(db!.prepare("PRAGMA journal_mode").all());
+          }
+          try {
+            return Promise.resolve(
+              db!.prepare(`PRAGMA journal_mode = ${journalMode}`).all(),
+            );
+          } catch (error) {
+            // SQLite opened a file it may not write read-only; it keeps its
+            // journal mode, as with `readOnly`.
+            const mapped = toSqliteError(error);
+            if (!(mapped instanceof SqliteError) || mapped.primaryCode !== 8) {
+              throw mapped;
+            }
+            keptMode = true;
+            return Promise.resolve(db!.prepare("PRAGMA journal_mode").all());
+          }
         } catch (error) {
           return Promise.reject(toSqliteError(error));
         }
@@ -169,7 +208,7 @@ export async function openNodeSqlite(
         ),
     );
     const mode = String(actual[0]?.["journal_mode"]);
-    if (mode !== "memory" && mode !== journalMode) {
+    if (!readOnly && !keptMode && mode !== "memory" && mode !== journalMode) {
       throw sqliteError(
         `SQLite kept journal_mode ${mode} instead of ${journalMode}`,
         1,

@@ -18,7 +18,7 @@ import {
   queueCounts,
 } from "./admin.ts";
 import type { Driver } from "./driver.ts";
-import { untilNotBusy } from "./driver.ts";
+import { integerOf, untilNotBusy } from "./driver.ts";
 import { BusyError } from "./errors.ts";
 import {
   checkIdentity,
@@ -133,7 +133,9 @@ export class OutboxReader implements AsyncDisposable {
         const [row] = await driver.query(
           "SELECT max(version) AS version FROM outbox_schema",
         ).catch(() => [undefined]);
-        const version = Number(row?.["version"] ?? 0);
+        const version = row?.["version"] == null
+          ? 0
+          : integerOf(row, "version");
         if (version !== SCHEMA_VERSION) {
           throw new Error(
             `Cannot ${op} as the database has outbox schema version ${version}, not ${SCHEMA_VERSION}: Outbox.open upgrades an older one`,
@@ -179,7 +181,9 @@ export class OutboxReader implements AsyncDisposable {
     const rows = await this.#read(() =>
       this.#driver.query(READ.acknowledgedSince, [since])
     );
-    return new Map(rows.map((row) => [String(row["queue"]), Number(row["n"])]));
+    return new Map(
+      rows.map((row) => [String(row["queue"]), integerOf(row, "n")]),
+    );
   }
 
   /**

@@ -26,10 +26,31 @@ let sqlite3: Promise<Sqlite3Static> | undefined;
  * project's own drivers and VFS, which reach into the module's C API.
  *
  * @ignore
+ * @param wasm The compiled `sqlite3.wasm`, when the caller has it already
+ * (Deno imports it as a module, which needs no read permission); without
+ * it, the build fetches or reads the file next to its script.
  * @returns The module's namespace (`capi`, `oo1`, `wasm`, `vfs`).
  */
-export function loadSqlite3(): Promise<Sqlite3Static> {
-  sqlite3 ??= sqlite3InitModule().then((module) => {
+export function loadSqlite3(wasm?: WebAssembly.Module): Promise<Sqlite3Static> {
+  const moduleArg = wasm === undefined ? {} : {
+    instantiateWasm(
+      imports: WebAssembly.Imports,
+      receive: (
+        instance: WebAssembly.Instance,
+        module: WebAssembly.Module,
+      ) => void,
+    ) {
+      WebAssembly.instantiate(wasm, imports).then((instance) =>
+        receive(instance, wasm)
+      );
+      return {};
+    },
+  };
+  // The package's types omit the Emscripten module argument it passes on.
+  const init = sqlite3InitModule as (
+    moduleArg: object,
+  ) => Promise<Sqlite3Static>;
+  sqlite3 ??= init(moduleArg).then((module) => {
     // oo1 logs every failed step before throwing; the driver turns each into
     // a typed rejection, so the log would only repeat it, once per busy retry.
     const warn = module.config.warn;

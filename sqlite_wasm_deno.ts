@@ -5,16 +5,18 @@
  *
  * Permissions: `--allow-ffi` for file databases (SQLite's locks and the
  * database's I/O go through libc; without it opening a file path fails,
- * naming the flag), `--allow-read` for the package's `sqlite3.wasm` (in
- * Deno's npm cache) and for the database's directory, `--allow-write` for
- * that directory (the journal lives next to the database). `:memory:` needs
- * only the read permission for the `.wasm`.
+ * naming the flag), `--allow-read` and `--allow-write` for the database's
+ * directory (the journal lives next to the database). The package's
+ * `sqlite3.wasm` is imported as a module, so it needs no permission;
+ * `:memory:` needs none at all.
  *
  * @module
  */
+import type { Sqlite3Static } from "@sqlite.org/sqlite-wasm";
+import sqlite3Wasm from "./sqlite3_wasm_module.js";
 import {
   type BusyWaitHook,
-  loadSqlite3,
+  loadSqlite3 as loadSqlite3From,
   openDatabase,
   SqliteWasmDriver,
   sqliteWasmDriver,
@@ -31,7 +33,6 @@ import { checkOptions } from "./lease.ts";
 
 export {
   installDenoFileVfs,
-  loadSqlite3,
   SqliteWasmDriver,
   sqliteWasmDriver,
   takeDenoFileVfsError,
@@ -42,6 +43,19 @@ export type {
   SqliteWasmModule,
   SqliteWasmOptions,
 } from "./sqlite_wasm.ts";
+
+/**
+ * Loads and initialises the SQLite WASM module once per realm, from the
+ * `sqlite3.wasm` imported as a module (no read permission needed). For the
+ * project's own drivers and VFS, which reach into the module's C API, and for
+ * {@linkcode sqliteWasmDriver} over an application's own `oo1.DB`.
+ *
+ * @ignore
+ * @returns The module's namespace (`capi`, `oo1`, `wasm`, `vfs`).
+ */
+export function loadSqlite3(): Promise<Sqlite3Static> {
+  return loadSqlite3From(sqlite3Wasm);
+}
 
 /**
  * How the database keeps its rollback journal (https://sqlite.org/pragma.html#pragma_journal_mode).

@@ -130,8 +130,17 @@ export interface BenchOutput {
   readonly smoke: boolean;
 }
 
-/** Runs a `bench/` script with `--smoke` and parses its table and JSON. */
-export async function runBenchSmoke(script: string): Promise<BenchOutput> {
+/**
+ * Runs a `bench/` script with `--smoke` and parses its table and JSON, the
+ * only things its stdout may hold.
+ *
+ * @param script The script's file name in `bench/`.
+ * @param env Variables added to the script's environment.
+ */
+export async function runBenchSmoke(
+  script: string,
+  env: Record<string, string> = {},
+): Promise<BenchOutput> {
   const output = await new Deno.Command(Deno.execPath(), {
     args: [
       "run",
@@ -141,6 +150,7 @@ export async function runBenchSmoke(script: string): Promise<BenchOutput> {
       new URL(`../bench/${script}`, import.meta.url).pathname,
       "--smoke",
     ],
+    env,
     stdout: "piped",
     stderr: "piped",
   }).output();
@@ -152,4 +162,23 @@ export async function runBenchSmoke(script: string): Promise<BenchOutput> {
   );
   const { rows, smoke } = JSON.parse(json!);
   return { tableLines: table!.split("\n"), rows, smoke };
+}
+
+/** A temporary directory that `await using` removes with its contents. */
+export interface TempDir extends AsyncDisposable {
+  readonly path: string;
+}
+
+/**
+ * Makes a temporary directory (under `TMPDIR`) for one test.
+ *
+ * @param prefix Starts the directory's name.
+ * @returns The directory; dispose it with `await using`, on every path out.
+ */
+export async function tempDir(prefix = "outbox-test-"): Promise<TempDir> {
+  const path = await Deno.makeTempDir({ prefix });
+  return {
+    path,
+    [Symbol.asyncDispose]: () => Deno.remove(path, { recursive: true }),
+  };
 }
