@@ -142,6 +142,7 @@ export async function openNodeSqlite(
     "journalMode",
     "synchronous",
     "busyTimeoutMs",
+    "readOnly",
   ]);
   const journalMode = oneOf(
     "journalMode",
