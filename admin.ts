@@ -10,7 +10,7 @@
  *
  * @module
  */
-import type { Row, SqlValue } from "./driver.ts";
+import { integerOf, type Row, type SqlValue } from "./driver.ts";
 import type { EventState } from "./lease.ts";
 
 /** Options of {@linkcode Outbox.list}. */
@@ -168,18 +168,18 @@ export function eventInfo<P>(
     payload = row["payload"];
   }
   return {
-    id: Number(row["id"]),
+    id: integerOf(row, "id"),
     identity: String(row["identity"]),
     queue: String(row["queue"]),
     state,
-    attempt: Number(row["attempt"]),
-    maxAttempts: Number(row["max_attempts"]),
-    dueAt: Number(row["due_at"]),
+    attempt: integerOf(row, "attempt"),
+    maxAttempts: integerOf(row, "max_attempts"),
+    dueAt: integerOf(row, "due_at"),
     // An acknowledgement keeps lease_until in the row (the ledger reads it).
-    leaseUntil: state === "leased" ? Number(row["lease_until"]) : null,
+    leaseUntil: state === "leased" ? integerOf(row, "lease_until") : null,
     lastError: text(row["last_error"]),
-    createdAt: Number(row["created_at"]),
-    updatedAt: Number(row["updated_at"]),
+    createdAt: integerOf(row, "created_at"),
+    updatedAt: integerOf(row, "updated_at"),
     payload: payload as P,
     orderingKey: text(row["ordering_key"]),
     dedupKey: text(row["dedup_key"]),
@@ -217,8 +217,8 @@ export function queueCounts(rows: readonly Row[]): QueueCounts[] {
       byQueue.set(queue, counts);
     }
     const state = String(row["state"]) as EventState;
-    counts[state] = Number(row["n"]);
-    if (state === "pending") counts.oldestPendingAt = Number(row["oldest"]);
+    counts[state] = integerOf(row, "n");
+    if (state === "pending") counts.oldestPendingAt = integerOf(row, "oldest");
   }
   return [...byQueue.values()];
 }

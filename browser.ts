@@ -48,6 +48,7 @@ import type {
   ReleaseOptions,
   Stats,
 } from "./lease.ts";
+import { checkOptions, OUTBOX_OPTIONS } from "./lease.ts";
 import type {
   EventInfo,
   ListOptions,
@@ -75,6 +76,7 @@ export {
   LeaseLostError,
   PermanentError,
   RetryAfterError,
+  SchemaVersionError,
   SqliteError,
 } from "./errors.ts";
 export {
@@ -475,6 +477,13 @@ function setup(
   name: unknown,
   options: BrowserOutboxOptions,
 ): WorkerSetup {
+  checkOptions(op, options, [
+    ...OUTBOX_OPTIONS.filter((key) => key !== "now"),
+    "vfs",
+    "synchronous",
+    "openTimeoutMs",
+    "workerUrl",
+  ]);
   const {
     vfs = "auto",
     synchronous = "full",

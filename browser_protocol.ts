@@ -11,6 +11,7 @@ import {
   BusyError,
   ConstraintError,
   LeaseLostError,
+  SchemaVersionError,
   SqliteError,
 } from "./errors.ts";
 
@@ -86,6 +87,8 @@ export interface WireError {
   readonly eventId?: number;
   readonly fence?: number;
   readonly database?: string;
+  readonly version?: number;
+  readonly supported?: number;
 }
 
 /** A request to the database worker (or, forwarded, to the leader tab). */
@@ -160,6 +163,8 @@ export function toWireError(error: unknown): WireError {
     eventId?: number;
     fence?: number;
     database?: string;
+    version?: number;
+    supported?: number;
   } = { name: error.name, message: error.message };
   if (error instanceof SqliteError) wire.code = error.code;
   if (error instanceof LeaseLostError) {
@@ -167,6 +172,10 @@ export function toWireError(error: unknown): WireError {
     wire.fence = error.fence;
   }
   if (error instanceof OpfsBusyError) wire.database = error.database;
+  if (error instanceof SchemaVersionError) {
+    wire.version = error.version;
+    wire.supported = error.supported;
+  }
   return wire;
 }
 
@@ -191,6 +200,8 @@ export function fromWireError(wire: WireError): Error {
       return new SqliteError(wire.message, wire.code ?? 1);
     case "LeaseLostError":
       return new LeaseLostError(wire.eventId ?? 0, wire.fence ?? 0);
+    case "SchemaVersionError":
+      return new SchemaVersionError(wire.version ?? 0, wire.supported ?? 0);
     case "TypeError":
       return new TypeError(wire.message);
     case "RangeError":

@@ -16,7 +16,8 @@
  * Usage: `deno run -A demo.ts [PATH] [--events 2000] [--poison 5]
  * [--lease-ms 2000] [--latency-ms 5] [--json]`. PATH is a database file that
  * must not exist yet, nor PATH.recipient.db beside it, the recipient's
- * database (default: both in a new temporary directory).
+ * database (default: both in a new temporary directory, removed when the
+ * demo exits).
  *
  * @module
  */
@@ -75,21 +76,44 @@ const latencyMs = integer("latency-ms", 5);
 const json = parsed.values.json === true;
 const path = parsed.positionals[0];
 
-const dbPath = path ?? join(
-  await Deno.makeTempDir({ prefix: "leased-outbox-demo-" }),
-  "outbox.db",
-);
-const recipientPath = `${dbPath}.recipient.db`;
-for (const file of path === undefined ? [] : [path, recipientPath]) {
+for (
+  const file of path === undefined ? [] : [path, `${path}.recipient.db`]
+) {
   if (await exists(file)) {
     console.error(`${file} exists already: give the demo a new file name`);
     Deno.exit(2);
   }
 }
+const children = new Set<Deno.ChildProcess>();
+const tempDir = path === undefined
+  ? await Deno.makeTempDir({ prefix: "leased-outbox-demo-" })
+  : undefined;
+// However the demo ends (done, failed, thrown, interrupted), no worker or
+// producer outlives it and its temporary directory goes; a file the caller
+// named stays.
+const cleanUp = () => {
+  for (const child of children) {
+    try {
+      child.kill("SIGKILL");
+    } catch {
+      // It exited already.
+    }
+  }
+  children.clear();
+  if (tempDir !== undefined) Deno.removeSync(tempDir, { recursive: true });
+};
+globalThis.addEventListener("unload", cleanUp);
+globalThis.addEventListener("unhandledrejection", cleanUp);
+Deno.addSignalListener("SIGINT", () => Deno.exit(130));
+Deno.addSignalListener("SIGTERM", () => Deno.exit(143));
+const dbPath = path ?? join(tempDir!, "outbox.db");
+const recipientPath = `${dbPath}.recipient.db`;
 const seedPath = join(dirname(dbPath), "seed.db");
 
 console.log(`leased-outbox demo · ${DRIVER_NAME}`);
-console.log(`database ${dbPath}`);
+console.log(
+  `database ${dbPath}${tempDir === undefined ? "" : " (removed at exit)"}`,
+);
 console.log(`recipient database ${recipientPath}\n`);
 
 // 1. The seed scenario, on two connections to one file.
@@ -151,7 +175,7 @@ console.log(
 );
 
 function spawn(script: string, extra: string[]): Deno.ChildProcess {
-  return new Deno.Command(Deno.execPath(), {
+  const child = new Deno.Command(Deno.execPath(), {
     args: [
       "run",
       "-A",
@@ -166,6 +190,9 @@ function spawn(script: string, extra: string[]): Deno.ChildProcess {
     stdout: "piped",
     stderr: "inherit",
   }).spawn();
+  children.add(child);
+  child.status.then(() => children.delete(child));
+  return child;
 }
 
 const startedAt = performance.now();

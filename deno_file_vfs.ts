@@ -1,32 +1,31 @@
 /**
  * A SQLite VFS that gives the official SQLite WASM build real files under
- * Deno, over Deno's synchronous file API.
+ * Deno: the database through its own descriptors (libc via `Deno.dlopen`),
+ * journals through Deno's synchronous file API.
  *
  * The package's node build (which Deno loads) only has a transient in-memory
  * filesystem; {@linkcode installDenoFileVfs} registers this VFS so that file
  * paths and `file:` URIs open real files on disk.
  *
- * Locking follows SQLite's own five lock levels (https://sqlite.org/lockingv3.html)
- * and the order of `unixLock`/`unixUnlock` in SQLite's `os_unix.c`, but over
- * `flock(2)`-style whole-file locks (`Deno.FsFile.tryLockSync`), because Deno
- * has no byte-range locks. Three permanent zero-byte sidecar files next to the
- * database stand for SQLite's PENDING, RESERVED and SHARED lock bytes:
- * `<db>-pending.lock`, `<db>-reserved.lock` and `<db>-shared.lock`; a fourth,
- * `<db>-waiting.lock`, is the line of connections refused a lock (see
- * `lock_wait.ts`): a writer that keeps beginning transactions while someone
- * waits in line lets them in after a few, so nobody is starved. flock
- * locks belong to an open file description, so every connection opens its
- * own sidecar handles and two connections in one process exclude each other
- * exactly like two processes do; the kernel drops a dead process's locks, so
- * a crash never leaves a stale lock behind. Paths are canonicalised
- * (symlinks resolved) so two names of one file share the journal and the
- * locks; a database file with several hard links is refused, since its links
- * could not share them.
+ * Locking is SQLite's own (https://sqlite.org/lockingv3.html): byte-range
+ * locks on the database file at os_unix.c's offsets (PENDING_BYTE
+ * 0x40000000, RESERVED +1, the 510-byte SHARED range from +2), taken in the
+ * order and with the conversions of `unixLock`/`unixUnlock`. They are Linux
+ * open file description locks (`F_OFD_SETLK`, see `libc.ts`): they conflict
+ * with native SQLite's classic POSIX locks on the same bytes, so the
+ * `sqlite3` CLI, `node:sqlite` and any other SQLite process exclude WASM
+ * connections and are excluded by them; each open file description owns its
+ * locks, so two connections in one process exclude each other like two
+ * processes; the kernel drops a dead process's locks. Locks follow the
+ * inode, so hard links and renames share them; paths are canonicalised
+ * (symlinks resolved) so that two names of one file also share the journal.
+ * A connection refused a lock waits in the kernel (`F_OFD_SETLKW`) on a
+ * second open file description (see `LockSet`).
  *
- * What this does not do: interlock with native SQLite processes writing the
- * same file (they use POSIX byte-range locks, which do not see flock locks),
- * lock reliably on network filesystems, or provide shared memory (so WAL
- * works only with `PRAGMA locking_mode=EXCLUSIVE`, one connection at a time).
+ * What this does not do: lock reliably on network filesystems, run off Linux
+ * (no open file description locks: opening fails), or provide shared memory
+ * (so WAL works only with `PRAGMA locking_mode=EXCLUSIVE`, one connection at
+ * a time).
  *
  * @module
  */
@@ -37,7 +36,15 @@ import { existsSync } from "node:fs";
 import { basename, dirname, join, resolve } from "node:path";
 import type { loadSqlite3 } from "./sqlite_wasm.ts";
 import type { Sqlite3Static, WasmPointer } from "@sqlite.org/sqlite-wasm";
-import { WaitLine } from "./lock_wait.ts";
+import {
+  F_RDLCK,
+  F_UNLCK,
+  F_WRLCK,
+  type FileId,
+  type Libc,
+  LibcError,
+  loadLibc,
+} from "./libc.ts";
 
 /** Options for {@linkcode installDenoFileVfs}. */
 export interface DenoFileVfsOptions {
@@ -59,8 +66,10 @@ export interface DenoFileVfsOptions {
  * Registers the Deno file VFS with a SQLite WASM module, once per module and
  * name (later calls return the name without registering again).
  *
- * Needs `--allow-read` and `--allow-write` for the database's directory: the
- * VFS creates the journal and the three lock sidecar files there.
+ * Opening a database file needs `--allow-ffi` (its locks and I/O go through
+ * libc; without it the open fails with an error naming the flag), and
+ * `--allow-read` and `--allow-write` for the database's directory, where the
+ * VFS creates the journal.
  *
  * @param sqlite3 The initialised module (from `loadSqlite3()`).
  * @param options See {@linkcode DenoFileVfsOptions}.
@@ -153,10 +162,10 @@ const lastErrors = new WeakMap<Sqlite3Static, () => string | undefined>();
 
 /**
  * Waits after the connection `db` got `SQLITE_BUSY` until the lock that
- * refused it may be free, or `timeoutMs` milliseconds at most: in line with
- * the other waiting connections of its database (see `lock_wait.ts`), or on
- * a timer when no lock can be watched. `SQLITE_FCNTL_FILE_POINTER` finds
- * the connection's main database file.
+ * refused it is free, or `timeoutMs` milliseconds at most: in the kernel
+ * (see `LockSet.wait`), or on a short timer when readers are in a writer's
+ * way or the lock is unknown. `SQLITE_FCNTL_FILE_POINTER` finds the
+ * connection's main database file.
  *
  * @ignore
  * @param sqlite3 The module the VFS was installed in.
@@ -245,42 +254,46 @@ const OPEN_SUPER_JOURNAL = 0x4000;
 const OPEN_WAL = 0x80000;
 
 const ACCESS_EXISTS = 0;
+const ACCESS_READWRITE = 1;
 const IOCAP_POWERSAFE_OVERWRITE = 0x1000;
-// The longest run of contiguous writes combined into one writeSync; larger
+// The longest run of contiguous writes combined into one write; larger
 // than a journal record or WAL frame at SQLite's largest page (64 KiB).
 const RUN_BYTES = 128 * 1024;
-// Readers and writers briefly hold sidecar locks while probing or taking
-// SHARED; a few immediate retries absorb those windows instead of reporting a
-// spurious SQLITE_BUSY to the writer.
-const LOCK_ATTEMPTS = 3;
-// How long taking RESERVED keeps trying while only shared holders (probes,
-// the first in line's worker) are in the way.
-const RESERVED_SPIN_MS = 0.5;
-// How many transactions in a row a writer may begin while others wait in
-// line for the lock, before it gets in line behind them.
-const TURN_TRANSACTIONS = 16;
-// How long a writer does not yield again after a yield nobody took.
-const STUCK_LINE_MS = 1_000;
 // How long a writer keeps trying to get readers out of its way (PENDING,
-// then EXCLUSIVE) before it reports SQLITE_BUSY.
+// then EXCLUSIVE) before it reports SQLITE_BUSY: readers hold SHARED for
+// one statement and, once PENDING is held, no new one gets in.
 const READERS_SPIN_MS = 2;
+// How long RESERVED, granted to a waiting connection, is kept for its retry
+// before it is given back. The retry follows the wait's end at once (see
+// LockSet.wait), so this only bounds a caller that never retries.
+const GRANT_KEPT_MS = 100;
 
-// The sidecars a refused connection can watch, as its WaitLine indexes them.
-const RESERVED_FILE = 0;
-const SHARED_FILE = 1;
+// os_unix.c's lock bytes: one page-sized range past 1 GiB that SQLite never
+// reads or writes, so native SQLite and this VFS lock the same bytes.
+const PENDING_BYTE = 0x40000000;
+const RESERVED_BYTE = PENDING_BYTE + 1;
+const SHARED_FIRST = PENDING_BYTE + 2;
+const SHARED_SIZE = 510;
 
-/**
- * What a connection refused a lock waits for before it tries again: the
- * sidecar whose exclusive holder refused it, and whether it yielded its
- * turn; `undefined` when nothing can be watched and it pauses.
- */
-type Refusal =
-  | { readonly watch: number; readonly yielded?: true }
-  | undefined;
+// What a refused connection waits for, as WAITS indexes it.
+const WAIT_PENDING = 0;
+const WAIT_SHARED = 1;
+const WAIT_RESERVED = 2;
+/** Per wait: the lock the waiter asks the kernel for (type, start, length). */
+const WAITS: readonly (readonly [number, number, number])[] = [
+  // A writer holds PENDING while it commits (or recovers a hot journal).
+  [F_RDLCK, PENDING_BYTE, 1],
+  // A writer holds the SHARED range exclusively while it writes the file.
+  [F_RDLCK, SHARED_FIRST, SHARED_SIZE],
+  // A writer holds RESERVED for its whole transaction.
+  [F_WRLCK, RESERVED_BYTE, 1],
+];
 
-// The pause when readers are in a writer's way (they hold their locks for
-// one statement), or the lock that refused is unknown (not this VFS's
-// database, or an error outside the lock calls).
+// SQLITE_FCNTL_HAS_MOVED (sqlite3.h).
+const FCNTL_HAS_MOVED = 20;
+
+// The pause when readers are in a writer's way, or the lock that refused is
+// unknown (not this VFS's database, or an error outside the lock calls).
 const PAUSE_MS = 1;
 
 const ioMethodsPointer = new WeakMap<Sqlite3Static, WasmPointer>();
@@ -311,278 +324,542 @@ interface OpenFile {
 }
 
 /**
- * SQLite's lock levels over three sidecar files, one connection's view.
+ * A database file's descriptors in this process. Closing any descriptor of
+ * a file drops every classic POSIX lock this process holds on it, and native
+ * SQLite in the process (node:sqlite) holds those: so, like os_unix.c's
+ * unused-descriptor list, a closed connection's descriptors stay open (and
+ * are reused by the next connection) until the process's last connection
+ * to the file closes.
+ */
+interface Inode {
+  readonly key: string;
+  connections: number;
+  readonly idle: { readonly fd: number; readonly writable: boolean }[];
+}
+
+const inodes = new Map<string, Inode>();
+
+function inodeKey(id: FileId): string {
+  return `${id.dev}:${id.ino}`;
+}
+
+/** Takes an idle descriptor of the file at `path`, when there is one. */
+function takeIdle(
+  libc: Libc,
+  path: string,
+  writable: boolean,
+): number | undefined {
+  const id = libc.pathId(path);
+  const idle = id === undefined ? undefined : inodes.get(inodeKey(id))?.idle;
+  const at = idle?.findIndex((entry) => entry.writable === writable) ?? -1;
+  return at < 0 ? undefined : idle!.splice(at, 1)[0]!.fd;
+}
+
+/** Gives back a descriptor of `inode` that holds no lock. */
+function releaseDescriptor(
+  libc: Libc,
+  inode: Inode,
+  fd: number,
+  writable: boolean,
+): void {
+  if (inode.connections > 0) {
+    inode.idle.push({ fd, writable });
+    return;
+  }
+  libc.close(fd);
+}
+
+/**
+ * SQLite's lock levels as os_unix.c takes them, one connection's view, over
+ * two open file descriptions of the database file, each the owner of its
+ * locks: the main one holds PENDING and the SHARED range (and does the
+ * I/O), the second holds RESERVED and waits in the kernel for a lock that
+ * refused the connection. Native SQLite's classic POSIX locks on the same
+ * bytes conflict with them, and so do other connections' in this process.
  *
- * The order mirrors os_unix.c: a reader takes PENDING shared for a moment
- * before SHARED (so it cannot slip in while a writer waits for readers to
- * drain); a writer keeps SHARED while it takes RESERVED (no upgrade gap); the
- * SHARED→EXCLUSIVE conversion happens only while holding PENDING, so nobody
- * else can take SHARED or EXCLUSIVE in the moment flock's non-atomic
- * conversion leaves the SHARED sidecar unlocked.
+ * Holding RESERVED on the second description is what makes a wait fair: when
+ * the writer ahead lets RESERVED go, the kernel grants it to the waiting
+ * description, and the connection keeps it for its retry instead of racing
+ * the writer's next transaction for it.
  */
 class LockSet {
   #level = NONE;
-  /** What to wait for after the last refused lock. */
-  #refusal: Refusal;
-  /** Transactions this connection began in a row while others waited. */
-  #turns = 0;
-  /** Until when (performance.now()) this connection does not yield. */
-  #yieldAgainAt = 0;
-  /** Whether a lock was refused since SHARED was last granted. */
-  #refused = false;
-  #pendingHeld = false;
-  #reservedHeld = false;
-  readonly #pending: Deno.FsFile;
-  readonly #reserved: Deno.FsFile;
-  readonly #shared: Deno.FsFile;
-  readonly #waiting: Deno.FsFile;
-  readonly #paths: readonly string[];
-  /** This connection's place in the waiting line, once it had to wait. */
-  #line: WaitLine | undefined;
-  #inLine = false;
+  /** RESERVED on the second description: taken, or granted to a wait. */
+  #reserved: "none" | "held" | "granted" = "none";
+  #grantTimer: ReturnType<typeof setTimeout> | undefined;
+  /** What to wait for after the last refused lock; undefined: a pause. */
+  #refusal: number | undefined;
+  /** Kernel waits in flight, by WAIT_*: a wait cannot be cancelled. */
+  readonly #calls = new Map<number, Promise<void>>();
+  /** Callers of wait() still waiting, by WAIT_*. */
+  readonly #waiters = [0, 0, 0];
+  #closed = false;
+  /** Resolved on close: a closed connection has nothing left to wait for. */
+  readonly #closing = Promise.withResolvers<void>();
+  readonly #libc: Libc;
+  readonly #fd: number;
+  readonly #waitFd: number;
+  /** Gives the second descriptor back once no wait uses it. */
+  readonly #release: (fd: number) => void;
+  /** Whether a journal that may be hot is on disk. */
+  readonly #hotJournal: () => boolean;
+  /** Whether the descriptors may take write locks (not a read-only open). */
+  readonly #writable: boolean;
 
-  constructor(databasePath: string) {
-    this.#paths = ["pending", "reserved", "shared", "waiting"].map((kind) =>
-      `${databasePath}-${kind}.lock`
-    );
-    const opened: Deno.FsFile[] = [];
-    try {
-      for (const path of this.#paths) opened.push(openSidecar(path));
-    } catch (error) {
-      for (const file of opened) file.close();
-      throw error;
-    }
-    [this.#pending, this.#reserved, this.#shared, this.#waiting] = opened as [
-      Deno.FsFile,
-      Deno.FsFile,
-      Deno.FsFile,
-      Deno.FsFile,
-    ];
+  constructor(
+    libc: Libc,
+    fds: readonly [number, number],
+    writable: boolean,
+    release: (fd: number) => void,
+    hotJournal: () => boolean,
+  ) {
+    this.#libc = libc;
+    [this.#fd, this.#waitFd] = fds;
+    this.#writable = writable;
+    this.#release = release;
+    this.#hotJournal = hotJournal;
   }
 
   get level(): number {
     return this.#level;
   }
 
+  get waitFd(): number {
+    return this.#waitFd;
+  }
+
   /**
-   * Waits until the lock that refused this connection last may be free (see
-   * {@linkcode WaitLine}), or `timeoutMs` at most.
+   * Waits until the lock that refused this connection last is free (the
+   * kernel grants it to the second description, which lets go of it at
+   * once, or keeps RESERVED for the retry), or `timeoutMs` at most. A wait
+   * that timed out stays in flight; whatever it is granted later is given
+   * back when it returns.
    */
   async wait(timeoutMs: number): Promise<void> {
-    const refusal = this.#refusal;
-    if (refusal === undefined) return await pause(timeoutMs);
-    const [, reserved, shared, waiting] = this.#paths as [
-      string,
-      string,
-      string,
-      string,
-    ];
-    // Indexed by RESERVED_FILE and SHARED_FILE.
-    this.#line ??= new WaitLine(waiting, [reserved, shared]);
-    this.#inLine = true;
-    const reported = await this.#line.wait(refusal.watch, timeoutMs);
-    // Nobody took the turn this connection yielded: whoever is first in
-    // line is stopped or gone (its worker still holds the line until the
-    // lock it watches is let go). Yielding to it again would only cost
-    // every turn a wait.
-    if (refusal.yielded && !reported) {
-      this.#yieldAgainAt = performance.now() + STUCK_LINE_MS;
+    const kind = this.#refusal;
+    if (kind === undefined || this.#closed) return await pause(timeoutMs);
+    if (kind === WAIT_RESERVED && this.#reserved === "granted") return;
+    const call = this.#calls.get(kind) ?? this.#startWait(kind);
+    this.#waiters[kind]!++;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    try {
+      await Promise.race([
+        call,
+        this.#closing.promise,
+        new Promise<void>((resolve) => {
+          timer = setTimeout(resolve, timeoutMs);
+        }),
+      ]);
+    } finally {
+      clearTimeout(timer);
+      this.#waiters[kind]!--;
     }
+  }
+
+  #startWait(kind: number): Promise<void> {
+    const [type, start, length] = WAITS[kind]!;
+    const call = this.#libc.waitLock(this.#waitFd, type, start, length).then(
+      (held) => {
+        this.#calls.delete(kind);
+        if (held) this.#granted(kind);
+        if (this.#closed && this.#calls.size === 0) {
+          this.#release(this.#waitFd);
+        }
+      },
+      () => {
+        this.#calls.delete(kind);
+      },
+    );
+    this.#calls.set(kind, call);
+    return call;
+  }
+
+  /** A kernel wait returned holding its lock on the second description. */
+  #granted(kind: number): void {
+    const [, start, length] = WAITS[kind]!;
+    if (kind === WAIT_RESERVED && !this.#closed) {
+      // Taken meanwhile without waiting: the grant merged into it.
+      if (this.#reserved !== "none") return;
+      // Kept for the retry only when no crashed writer left a hot journal:
+      // RESERVED held tells every other connection that the journal is live
+      // (xCheckReservedLock), and this connection has not yet recovered it.
+      if (this.#waiters[WAIT_RESERVED]! > 0 && !this.#hotJournal()) {
+        this.#reserved = "granted";
+        const timer = setTimeout(() => this.#dropGrant(), GRANT_KEPT_MS);
+        Deno.unrefTimer(timer as unknown as number);
+        this.#grantTimer = timer;
+        return;
+      }
+    }
+    this.#libc.setLock(this.#waitFd, F_UNLCK, start, length);
+  }
+
+  #dropGrant(): void {
+    if (this.#reserved !== "granted") return;
+    clearTimeout(this.#grantTimer);
+    this.#reserved = "none";
+    this.#libc.setLock(this.#waitFd, F_UNLCK, RESERVED_BYTE, 1);
   }
 
   lock(target: number): number {
     if (this.#level >= target) return OK;
+    const libc = this.#libc;
     if (target === SHARED) {
-      // A writer holds PENDING from its commit's start to its end, and
-      // RESERVED from its transaction's start to the same end: watching
-      // RESERVED wakes this connection once the whole transaction is over
-      // (not between its commit and the same writer's next transaction).
-      // Only a connection rolling back a hot journal holds PENDING without
-      // RESERVED, and then the wait ends at once and the retry comes back.
-      if (!this.#pending.tryLockSync(false)) {
-        return this.#refuse({ watch: RESERVED_FILE });
+      // As unixLock: a read lock on PENDING first, so no reader slips in
+      // while a writer holds PENDING to wait for readers to leave.
+      if (!libc.setLock(this.#fd, F_RDLCK, PENDING_BYTE, 1)) {
+        // A writer committing holds RESERVED too, until its commit ends: a
+        // wait for RESERVED ends then, and leaves PENDING alone (a read lock
+        // granted on it would hold up the next commit until this process
+        // got round to letting it go; the same goes for the SHARED range
+        // below). Only a connection recovering a hot journal holds PENDING
+        // or the SHARED range exclusively without RESERVED.
+        return this.#refuse(
+          this.#writable &&
+            libc.conflicts(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
+            ? WAIT_RESERVED
+            : WAIT_PENDING,
+        );
       }
-      const shared = this.#shared.tryLockSync(false);
-      this.#pending.unlockSync();
-      if (!shared) return this.#refuse({ watch: SHARED_FILE });
+      const shared = libc.setLock(
+        this.#fd,
+        F_RDLCK,
+        SHARED_FIRST,
+        SHARED_SIZE,
+      );
+      libc.setLock(this.#fd, F_UNLCK, PENDING_BYTE, 1);
+      if (!shared) {
+        return this.#refuse(
+          this.#writable &&
+            libc.conflicts(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
+            ? WAIT_RESERVED
+            : WAIT_SHARED,
+        );
+      }
       this.#level = SHARED;
-      this.#refused = false;
       return OK;
     }
     if (target === RESERVED) {
-      // SQLite's lock has no queue: a writer that starts its next
-      // transaction the moment it commits wins every race against writers
-      // that must first be woken. So while someone waits in line, a writer
-      // takes a few transactions in a row (a handoff costs about as much as
-      // a transaction) and then gets in line behind them.
-      const othersWaiting = this.#line?.isFirst !== true &&
-        this.#othersWaiting();
-      if (
-        othersWaiting && this.#turns >= TURN_TRANSACTIONS &&
-        performance.now() >= this.#yieldAgainAt
-      ) {
-        this.#turns = 0;
-        return this.#refuse({ watch: RESERVED_FILE, yielded: true });
+      if (this.#reserved === "granted") {
+        clearTimeout(this.#grantTimer);
+      } else if (!libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)) {
+        return this.#refuse(WAIT_RESERVED);
       }
-      if (!this.#takeReserved()) {
-        return this.#refuse({ watch: RESERVED_FILE });
-      }
-      this.#turns = othersWaiting ? this.#turns + 1 : 0;
-      this.#leaveLine();
-      this.#reservedHeld = true;
+      this.#reserved = "held";
       this.#level = RESERVED;
       return OK;
     }
-    // What stands in the way now is readers: the PENDING sidecar (readers
-    // hold it shared while they take SHARED) or the SHARED one, which this
-    // connection holds too, so neither can be watched. A reader holds SHARED
-    // for one statement, often a writer's failed BEGIN IMMEDIATE (tens of
-    // µs), and no new reader gets in once PENDING is held: trying again for
-    // a moment is far cheaper than a pause on a timer, which would keep
-    // every other connection out for milliseconds.
+    // EXCLUSIVE: a write lock on PENDING (kept when the next step fails, as
+    // unixLock does, so no new reader gets in), then the SHARED range turned
+    // from read to write in one fcntl, which keeps the read lock if it fails.
+    // Only readers can be in the way (a writer would hold RESERVED, or
+    // PENDING while it recovers a hot journal), and they leave within a
+    // statement, so this tries again for a moment rather than refuse.
     const until = performance.now() + READERS_SPIN_MS;
     for (;;) {
-      if (!this.#pendingHeld && this.#pending.tryLockSync(true)) {
-        this.#pendingHeld = true;
+      if (
+        this.#level < PENDING &&
+        libc.setLock(this.#fd, F_WRLCK, PENDING_BYTE, 1)
+      ) {
         this.#level = PENDING;
       }
-      if (this.#pendingHeld) {
-        // flock converts SHARED to EXCLUSIVE by dropping the old lock first,
-        // and a failed conversion leaves none (flock(2), Linux's
-        // flock_lock_inode), so on failure SHARED is taken again.
-        if (this.#shared.tryLockSync(true)) {
-          this.#level = EXCLUSIVE;
-          return OK;
-        }
-        if (!tryLock(this.#shared, false)) {
-          throw new VfsError(
-            "Could not re-take the SHARED lock after a failed EXCLUSIVE attempt",
-            IOERR_LOCK,
-          );
-        }
+      if (
+        this.#level === PENDING &&
+        libc.setLock(this.#fd, F_WRLCK, SHARED_FIRST, SHARED_SIZE)
+      ) {
+        this.#level = EXCLUSIVE;
+        return OK;
       }
       if (performance.now() >= until) return this.#refuse(undefined);
     }
   }
 
-  /**
-   * Takes RESERVED (the sidecar exclusively). Besides a writer holding it,
-   * probes (xCheckReservedLock) and the first in line's worker hold it
-   * shared for a few µs, and a worker does so right when a writer lets go,
-   * just as that writer may begin again: while only such shared holders are
-   * in the way, this tries again for a moment rather than refuse.
-   */
-  #takeReserved(): boolean {
-    const until = performance.now() + RESERVED_SPIN_MS;
-    for (;;) {
-      if (tryLock(this.#reserved, true)) return true;
-      // A shared lock is refused only while a writer holds RESERVED.
-      if (!this.#reserved.tryLockSync(false)) return false;
-      this.#reserved.unlockSync();
-      if (performance.now() >= until) return false;
-    }
-  }
-
-  #refuse(refusal: Refusal): number {
-    this.#refusal = refusal;
-    this.#refused = true;
+  #refuse(wait: number | undefined): number {
+    this.#refusal = wait;
     return BUSY;
   }
 
-  /** Leaves the line once this connection no longer waits for a lock. */
-  #leaveLine(): void {
-    if (!this.#inLine) return;
-    this.#inLine = false;
-    this.#line!.leave();
-  }
-
   unlock(target: number): number {
-    if (this.#level <= target) return OK;
+    if (this.#level <= target) {
+      if (target === NONE) this.#dropGrant();
+      return OK;
+    }
+    const libc = this.#libc;
     if (target === SHARED) {
-      if (this.#level === EXCLUSIVE && !tryLock(this.#shared, false)) {
+      if (
+        this.#level === EXCLUSIVE &&
+        !libc.setLock(this.#fd, F_RDLCK, SHARED_FIRST, SHARED_SIZE)
+      ) {
         throw new VfsError(
           "Could not downgrade the EXCLUSIVE lock to SHARED",
           IOERR_RDLOCK,
         );
       }
+      libc.setLock(this.#fd, F_UNLCK, PENDING_BYTE, 1);
     } else {
-      this.#shared.unlockSync();
+      libc.setLock(this.#fd, F_UNLCK, 0, 0);
     }
-    // PENDING before RESERVED (os_unix lets both go in one call): a writer
-    // waiting in line watches RESERVED and should find PENDING free.
-    if (this.#pendingHeld) {
-      this.#pending.unlockSync();
-      this.#pendingHeld = false;
-    }
-    if (this.#reservedHeld) {
-      this.#reserved.unlockSync();
-      this.#reservedHeld = false;
+    if (this.#reserved === "held") {
+      libc.setLock(this.#waitFd, F_UNLCK, RESERVED_BYTE, 1);
+      this.#reserved = "none";
+    } else {
+      this.#dropGrant();
     }
     this.#level = target;
-    // A reader that waited got its read done; a writer refused RESERVED
-    // comes back and stays in line.
-    if (target === NONE && !this.#refused) this.#leaveLine();
     return OK;
   }
 
   /**
-   * Whether some connection holds RESERVED or more. A probe with a shared
-   * lock fails only against a real RESERVED holder (an exclusive lock), so
-   * this never reports a reservation that is not there: after a crash the
-   * kernel has dropped the dead writer's lock and the hot journal is seen.
+   * Whether some connection or process holds RESERVED or more, as
+   * unixCheckReservedLock asks: this connection's own level, else the
+   * kernel whether any other owner holds a lock on RESERVED. Asked on the
+   * second description, so a RESERVED granted to this connection's wait is
+   * not taken for someone else's (it excludes everyone else from RESERVED).
+   * After a crash the kernel has dropped the dead writer's lock, so its
+   * hot journal is seen.
    */
   checkReserved(): boolean {
     if (this.#level > SHARED) return true;
-    if (!this.#reserved.tryLockSync(false)) return true;
-    this.#reserved.unlockSync();
-    return false;
+    return this.#libc.conflicts(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1);
+  }
+
+  /**
+   * Lets every lock go; returns whether the second descriptor is free to be
+   * given back now (otherwise a wait in flight gives it back on return).
+   */
+  close(): boolean {
+    this.#closed = true;
+    this.#closing.resolve();
+    clearTimeout(this.#grantTimer);
+    this.#reserved = "none";
+    this.#level = NONE;
+    this.#libc.setLock(this.#fd, F_UNLCK, 0, 0);
+    this.#libc.setLock(this.#waitFd, F_UNLCK, 0, 0);
+    return this.#calls.size === 0;
+  }
+}
+
+/**
+ * The main database file: I/O through its own descriptor (pread, pwrite,
+ * fdatasync), with SQLite's locks on it.
+ */
+class DatabaseFile implements OpenFile {
+  readonly path: string;
+  readonly #libc: Libc;
+  readonly #fd: number;
+  readonly #locks: LockSet;
+  readonly #id: FileId;
+  readonly #inode: Inode;
+  readonly #writable: boolean;
+  // The error of buffered writes that never reached the file, though each
+  // xWrite of them returned OK (see `run` in createVfs).
+  #lostWrite: unknown = undefined;
+
+  constructor(
+    libc: Libc,
+    path: string,
+    fds: readonly [number, number],
+    writable: boolean,
+  ) {
+    this.#libc = libc;
+    this.path = path;
+    const [fd] = fds;
+    this.#fd = fd;
+    this.#writable = writable;
+    this.#id = libc.fileId(fd);
+    const key = inodeKey(this.#id);
+    let inode = inodes.get(key);
+    if (inode === undefined) {
+      inode = { key, connections: 0, idle: [] };
+      inodes.set(key, inode);
+    }
+    inode.connections++;
+    this.#inode = inode;
+    this.#locks = new LockSet(libc, fds, writable, (released) => {
+      releaseDescriptor(libc, inode, released, writable);
+      if (inode.connections === 0 && inode.idle.length === 0) {
+        inodes.delete(key);
+      }
+    }, () => journalMayBeHot(`${path}-journal`));
+  }
+
+  lockLevel(): number {
+    return this.#locks.level;
+  }
+
+  busyWait(timeoutMs: number): Promise<void> {
+    return this.#locks.wait(timeoutMs);
+  }
+
+  /** As {@linkcode DiskFile.loseWrite}; a database fails once. */
+  loseWrite(error: unknown): void {
+    this.#lostWrite = error;
+  }
+
+  #checkLostWrite(): void {
+    if (this.#lostWrite === undefined) return;
+    const error = this.#lostWrite;
+    this.#lostWrite = undefined;
+    throw error;
+  }
+
+  /**
+   * Whether the path no longer names this file (renamed, deleted or
+   * replaced), as os_unix.c's fileHasMoved: SQLite then fails writes with
+   * SQLITE_READONLY_DBMOVED rather than commit to a file nobody will open.
+   */
+  hasMoved(): boolean {
+    const id = this.#libc.pathId(this.path);
+    return id === undefined || id.dev !== this.#id.dev ||
+      id.ino !== this.#id.ino;
+  }
+
+  read(into: Uint8Array, offset: number): number {
+    this.#checkLostWrite();
+    return this.#libc.read(this.#fd, into, offset);
+  }
+
+  write(from: Uint8Array, offset: number): void {
+    this.#checkLostWrite();
+    this.#libc.write(this.#fd, from, offset);
+  }
+
+  truncate(size: number): void {
+    this.#checkLostWrite();
+    this.#libc.truncate(this.#fd, size);
+  }
+
+  sync(): void {
+    this.#checkLostWrite();
+    // fdatasync also flushes the file size, which is all SQLite needs; on
+    // Linux os_unix uses it for every sync flag.
+    this.#libc.sync(this.#fd);
+  }
+
+  size(): number {
+    this.#checkLostWrite();
+    return this.#libc.size(this.#fd);
+  }
+
+  lock(level: number): number {
+    return this.#locks.lock(level);
+  }
+
+  unlock(level: number): number {
+    return this.#locks.unlock(level);
+  }
+
+  checkReserved(): boolean {
+    return this.#locks.checkReserved();
   }
 
   close(): void {
-    this.#line?.close();
-    this.#pending.close();
-    this.#reserved.close();
-    this.#shared.close();
-    this.#waiting.close();
-    this.#level = NONE;
-  }
-
-  /** Whether another connection is first in line (holds the waiting sidecar). */
-  #othersWaiting(): boolean {
-    if (!this.#waiting.tryLockSync(false)) return true;
-    this.#waiting.unlockSync();
-    return false;
-  }
-}
-
-function tryLock(file: Deno.FsFile, exclusive: boolean): boolean {
-  for (let attempt = 0; attempt < LOCK_ATTEMPTS; attempt++) {
-    if (file.tryLockSync(exclusive)) return true;
-  }
-  return false;
-}
-
-function openSidecar(path: string): Deno.FsFile {
-  try {
-    return Deno.openSync(path, { read: true, write: true, create: true });
-  } catch (error) {
-    // A read-only database (a read-only directory, or no --allow-write)
-    // still locks through sidecars someone created earlier.
-    if (
-      error instanceof Deno.errors.PermissionDenied ||
-      error instanceof Deno.errors.NotCapable
-    ) {
-      return Deno.openSync(path, { read: true });
+    const waitFdFree = this.#locks.close();
+    const inode = this.#inode;
+    inode.connections--;
+    if (inode.connections === 0) {
+      for (const { fd } of inode.idle.splice(0)) this.#libc.close(fd);
     }
+    releaseDescriptor(this.#libc, inode, this.#fd, this.#writable);
+    if (waitFdFree) {
+      releaseDescriptor(this.#libc, inode, this.#locks.waitFd, this.#writable);
+    }
+    if (inode.connections === 0 && inode.idle.length === 0 && waitFdFree) {
+      inodes.delete(inode.key);
+    }
+  }
+}
+
+/**
+ * Opens the main database's two descriptors (reusing idle ones of the same
+ * file), read-only when SQLite may fall back to it. Returns them and
+ * whether they are writable.
+ */
+function openDatabaseDescriptors(
+  libc: Libc,
+  path: string,
+  writable: boolean,
+  create: boolean,
+  createNew: boolean,
+): [readonly [number, number], boolean] {
+  const opened: number[] = [];
+  try {
+    for (let i = 0; i < 2; i++) {
+      let fd = takeIdle(libc, path, writable);
+      if (fd === undefined) {
+        try {
+          fd = libc.open(path, {
+            write: writable,
+            create: create && i === 0,
+            createNew: createNew && i === 0,
+          });
+        } catch (error) {
+          // Like os_unix: a database we may not write opens read-only.
+          if (
+            i === 0 && writable && error instanceof LibcError &&
+            (error.code === "EACCES" || error.code === "EROFS")
+          ) {
+            return openDatabaseDescriptors(libc, path, false, false, false);
+          }
+          throw error;
+        }
+      }
+      opened.push(fd);
+    }
+  } catch (error) {
+    for (const fd of opened) libc.close(fd);
     throw error;
   }
+  return [opened as unknown as [number, number], writable];
 }
 
-/** A file on disk, with the lock set when it is a main database. */
+// The first bytes of a rollback journal's header while it is live (pager.c's
+// aJournalMagic); a committed journal is empty, gone or zeroed.
+const JOURNAL_MAGIC = [0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7];
+
+/** Whether the rollback journal at `path` has a live header. */
+function journalMayBeHot(path: string): boolean {
+  let file: Deno.FsFile;
+  try {
+    file = Deno.openSync(path, { read: true });
+  } catch {
+    return false;
+  }
+  try {
+    const header = new Uint8Array(JOURNAL_MAGIC.length);
+    return file.readSync(header) === header.length &&
+      JOURNAL_MAGIC.every((byte, i) => header[i] === byte);
+  } catch {
+    return true;
+  } finally {
+    file.close();
+  }
+}
+
+/**
+ * Refuses a database that a process of the previous release is using: it
+ * locked through `<db>-*.lock` sidecar files, which this release's locks do
+ * not see. Such a process holds a sidecar lock while in a transaction.
+ */
+function refuseSidecarLocks(path: string): void {
+  for (const kind of ["pending", "reserved", "shared", "waiting"]) {
+    const sidecar = `${path}-${kind}.lock`;
+    if (!existsSync(sidecar)) continue;
+    using file = Deno.openSync(sidecar, { read: true });
+    if (!file.tryLockSync(true)) {
+      throw new VfsError(
+        `Cannot open ${path}: a process of an earlier leased-outbox release (locking through ${sidecar}) is using it, and its locks and this release's do not exclude each other; stop it first`,
+        CANTOPEN,
+      );
+    }
+    file.unlockSync();
+  }
+}
+
+/** A journal or WAL file on disk, through Deno's file API (nothing locks it). */
 class DiskFile implements OpenFile {
   readonly path: string;
   readonly #file: Deno.FsFile;
-  readonly #locks: LockSet | undefined;
   readonly #deleteOnClose: boolean;
   #syncDirectory: boolean;
   // Where the OS file offset is, so sequential I/O skips the seek; -1 =
@@ -595,24 +872,17 @@ class DiskFile implements OpenFile {
   constructor(
     path: string,
     file: Deno.FsFile,
-    locks: LockSet | undefined,
     deleteOnClose: boolean,
     syncDirectory: boolean,
   ) {
     this.path = path;
     this.#file = file;
-    this.#locks = locks;
     this.#deleteOnClose = deleteOnClose;
     this.#syncDirectory = syncDirectory;
   }
 
   lockLevel(): number {
-    return this.#locks?.level ?? NONE;
-  }
-
-  /** Waits as {@linkcode LockSet.wait} does (a pause when unlocked). */
-  busyWait(timeoutMs: number): Promise<void> {
-    return this.#locks?.wait(timeoutMs) ?? pause(timeoutMs);
+    return NONE;
   }
 
   /**
@@ -620,18 +890,16 @@ class DiskFile implements OpenFile {
    * write, truncate, sync or size fails with `error`, so SQLite hears of the
    * loss before it relies on those bytes. A journal or WAL stays failed until
    * closed: a rollback that read it back without the lost records would keep
-   * their pages' changes in the cache. A main database fails once, as if the
-   * write itself had failed; its rollback rewrites the pages from the journal.
+   * their pages' changes in the cache. (A main database fails once, as if
+   * the write itself had failed; its rollback rewrites the pages from the
+   * journal.)
    */
   loseWrite(error: unknown): void {
     this.#lostWrite = error;
   }
 
   #checkLostWrite(): void {
-    if (this.#lostWrite === undefined) return;
-    const error = this.#lostWrite;
-    if (this.#locks !== undefined) this.#lostWrite = undefined;
-    throw error;
+    if (this.#lostWrite !== undefined) throw this.#lostWrite;
   }
 
   read(into: Uint8Array, offset: number): number {
@@ -694,24 +962,22 @@ class DiskFile implements OpenFile {
     return this.#position;
   }
 
-  lock(level: number): number {
-    return this.#locks?.lock(level) ?? OK;
+  lock(): number {
+    return OK;
   }
 
-  unlock(level: number): number {
-    return this.#locks?.unlock(level) ?? OK;
+  unlock(): number {
+    return OK;
   }
 
   checkReserved(): boolean {
-    return this.#locks?.checkReserved() ?? false;
+    return false;
   }
 
   close(): void {
     try {
-      this.#locks?.unlock(NONE);
-    } finally {
-      this.#locks?.close();
       this.#file.close();
+    } finally {
       if (this.#deleteOnClose) removeIfPresent(this.path);
     }
   }
@@ -801,6 +1067,20 @@ function syncDirectory(path: string): void {
   }
 }
 
+/**
+ * Asks Deno's permissions before libc opens the database, which Deno would
+ * not check: reading, and writing when SQLite asks to.
+ */
+function requirePermission(path: string, write: boolean): void {
+  for (const name of write ? ["read", "write"] as const : ["read"] as const) {
+    if (Deno.permissions.querySync({ name, path }).state !== "granted") {
+      throw new Deno.errors.NotCapable(
+        `Requires ${name} access to "${path}", run again with the --allow-${name} flag`,
+      );
+    }
+  }
+}
+
 function removeIfPresent(path: string): void {
   try {
     Deno.removeSync(path);
@@ -811,7 +1091,7 @@ function removeIfPresent(path: string): void {
 
 /**
  * The absolute path with symlinks resolved, so that two names of one file
- * share one journal and one set of lock sidecars.
+ * share one journal.
  */
 function canonicalPath(name: string): string {
   const absolute = resolve(name);
@@ -873,7 +1153,7 @@ function createVfs(sqlite3: Sqlite3Static) {
   // larger, and a crash can only cut the sequence at a point where the
   // unbuffered VFS could also have been cut.
   const run = {
-    file: undefined as DiskFile | undefined,
+    file: undefined as DiskFile | DatabaseFile | undefined,
     offset: 0,
     length: 0,
     bytes: new Uint8Array(RUN_BYTES),
@@ -987,7 +1267,10 @@ function createVfs(sqlite3: Sqlite3Static) {
           return OK;
         }
         flush();
-        if (file instanceof DiskFile && amount <= RUN_BYTES) {
+        if (
+          (file instanceof DiskFile || file instanceof DatabaseFile) &&
+          amount <= RUN_BYTES
+        ) {
           run.bytes.set(from, 0);
           run.file = file;
           run.offset = at;
@@ -1059,8 +1342,20 @@ function createVfs(sqlite3: Sqlite3Static) {
         return fail(error, IOERR_CHECKRESERVEDLOCK);
       }
     },
-    xFileControl(): number {
-      return NOTFOUND;
+    xFileControl(pFile: WasmPointer, op: number, pArg: WasmPointer): number {
+      if (op !== FCNTL_HAS_MOVED) return NOTFOUND;
+      const flushRc = flushed();
+      if (flushRc !== OK) return flushRc;
+      try {
+        const file = fileOf(pFile);
+        wasm.poke32(
+          pArg,
+          file instanceof DatabaseFile && file.hasMoved() ? 1 : 0,
+        );
+        return OK;
+      } catch (error) {
+        return fail(error, IOERR_FSTAT);
+      }
     },
     xSectorSize(): number {
       return SECTOR_SIZE;
@@ -1092,54 +1387,42 @@ function createVfs(sqlite3: Sqlite3Static) {
           const create = writable && (flags & OPEN_CREATE) !== 0;
           const isJournal =
             (flags & (OPEN_MAIN_JOURNAL | OPEN_SUPER_JOURNAL | OPEN_WAL)) !== 0;
-          let handle: Deno.FsFile;
-          let created = false;
-          if (create && isJournal && (flags & OPEN_EXCLUSIVE) === 0) {
-            [handle, created] = openJournal(name);
+          if ((flags & OPEN_MAIN_DB) !== 0) {
+            const libc = loadLibc(name);
+            requirePermission(name, writable);
+            refuseSidecarLocks(name);
+            const [fds, opened] = openDatabaseDescriptors(
+              libc,
+              name,
+              writable,
+              create,
+              create && (flags & OPEN_EXCLUSIVE) !== 0,
+            );
+            if (writable && !opened) {
+              outFlags = (flags & ~(OPEN_READWRITE | OPEN_CREATE)) |
+                OPEN_READONLY;
+            }
+            file = new DatabaseFile(libc, name, fds, opened);
           } else {
-            try {
+            let handle: Deno.FsFile;
+            let created = false;
+            if (create && isJournal && (flags & OPEN_EXCLUSIVE) === 0) {
+              [handle, created] = openJournal(name);
+            } else {
               handle = Deno.openSync(name, {
                 read: true,
                 write: writable,
                 create,
                 createNew: create && (flags & OPEN_EXCLUSIVE) !== 0,
               });
-            } catch (error) {
-              // Like os_unix: a database we may not write opens read-only.
-              if (
-                !(writable && (flags & OPEN_MAIN_DB) !== 0 &&
-                  error instanceof Deno.errors.PermissionDenied)
-              ) throw error;
-              handle = Deno.openSync(name, { read: true });
-              outFlags = (flags & ~(OPEN_READWRITE | OPEN_CREATE)) |
-                OPEN_READONLY;
             }
+            file = new DiskFile(
+              name,
+              handle,
+              (flags & OPEN_DELETEONCLOSE) !== 0,
+              created,
+            );
           }
-          let locks: LockSet | undefined;
-          if ((flags & OPEN_MAIN_DB) !== 0) {
-            try {
-              // Locks and the journal follow the path; a second hard link
-              // would get its own of both and not exclude this one.
-              const links = handle.statSync().nlink ?? 1;
-              if (links > 1) {
-                throw new VfsError(
-                  `Refusing ${name}: it has ${links} hard links, which would not share locks`,
-                  CANTOPEN,
-                );
-              }
-              locks = new LockSet(name);
-            } catch (error) {
-              handle.close();
-              throw error;
-            }
-          }
-          file = new DiskFile(
-            name,
-            handle,
-            locks,
-            (flags & OPEN_DELETEONCLOSE) !== 0,
-            created,
-          );
         }
         files.set(Number(pFile), file);
         wasm.pokePtr(pFile, ioMethodsPointer.get(sqlite3)!);
@@ -1201,16 +1484,9 @@ function createVfs(sqlite3: Sqlite3Static) {
             }
           }
         } else {
-          try {
-            Deno.openSync(path, { read: true, write: true }).close();
-            result = true;
-          } catch (error) {
-            if (
-              !(error instanceof Deno.errors.NotFound ||
-                error instanceof Deno.errors.PermissionDenied ||
-                error instanceof Deno.errors.NotCapable)
-            ) throw error;
-          }
+          // access(2), as os_unix: opening the path to find out, then
+          // closing it, would drop this process's native SQLite locks on it.
+          result = loadLibc(path).accessible(path, flags === ACCESS_READWRITE);
         }
         wasm.poke32(pOut, result ? 1 : 0);
         return OK;
@@ -1281,7 +1557,7 @@ function createVfs(sqlite3: Sqlite3Static) {
   };
   const busyWait = (pFile: number, timeoutMs: number): Promise<void> => {
     const file = files.get(pFile);
-    return file instanceof DiskFile
+    return file instanceof DatabaseFile
       ? file.busyWait(timeoutMs)
       : pause(timeoutMs);
   };

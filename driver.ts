@@ -9,7 +9,7 @@
  * @module
  */
 
-import { BusyError } from "./errors.ts";
+import { BusyError, UnsafeIntegerError } from "./errors.ts";
 import type { Dialect } from "./lease.ts";
 
 /** A value SQLite stores or returns: `NULL`, `INTEGER`/`REAL`, `TEXT` or `BLOB`. */
@@ -70,6 +70,15 @@ export interface Driver {
    * @returns Stops the calls.
    */
   watchEnqueues?(listener: () => void): Promise<() => Promise<void>>;
+  /**
+   * Whether a transaction is open on this connection now
+   * (`sqlite3_get_autocommit()` is 0): outside the outbox's own
+   * transactions, one the application began on the handle it shares with
+   * the outbox. `enqueue` and the fenced `acknowledge` then run inside it,
+   * and every other call waits for it to end. Optional: without it the
+   * outbox assumes the connection is its own.
+   */
+  inTransaction?(): boolean;
   /** Closes the connection; later calls reject. Closing twice is a no-op. */
   close(): Promise<void>;
 }
@@ -161,13 +170,32 @@ export async function untilNotBusy<T>(
 }
 
 /**
+ * The first word of `sql` after SQLite's whitespace, semicolons and
+ * comments (`""` when none), as SQLite's tokenizer would read it: how the
+ * core recognises a transaction-control statement before it runs.
+ *
+ * @ignore
+ * @param sql SQL text.
+ * @returns The leading keyword or identifier, as written.
+ */
+export function firstKeyword(sql: string): string {
+  const start = separatorsEnd(sql, 0);
+  const match = /^[A-Za-z_][A-Za-z0-9_$]*/.exec(sql.slice(start, start + 64));
+  return match?.[0] ?? "";
+}
+
+/**
  * Whether `text` holds only SQLite's whitespace, `;`, `-- …` to the end of
  * the line and `/* … *\/` (which SQLite, too, ends at the end of the text
  * when it is never closed). Scanned rather than matched with one regular
  * expression, which could read a closed comment as an unclosed one.
  */
 function onlySeparators(text: string): boolean {
-  let i = 0;
+  return separatorsEnd(text, 0) === text.length;
+}
+
+/** Where the run of separators that starts at `i` in `text` ends. */
+function separatorsEnd(text: string, i: number): number {
   while (i < text.length) {
     const c = text[i]!;
     if (" \t\n\v\f\r;".includes(c)) i++;
@@ -177,11 +205,38 @@ function onlySeparators(text: string): boolean {
     } else if (text.startsWith("/*", i)) {
       const end = text.indexOf("*/", i + 2);
       i = end < 0 ? text.length : end + 2;
-    } else return false;
+    } else return i;
   }
-  return true;
+  return i;
 }
 
 function clip(text: string): string {
   return text.length <= 60 ? text : `${text.slice(0, 57)}...`;
+}
+
+/**
+ * Reads an integer column exactly: a value that is not a safe integer (a
+ * `bigint` past 2^53 - 1, a rounded or non-integer number, text, NULL) throws
+ * instead of becoming a rounded number that would name another event.
+ *
+ * @param row The row.
+ * @param column The column to read.
+ * @returns The value as a safe integer.
+ * @throws {UnsafeIntegerError} When the value is not a safe integer.
+ */
+export function integerOf(row: Row, column: string): number {
+  return safeInteger(column, row[column]);
+}
+
+/**
+ * Checks one value read from the database as {@linkcode integerOf} does.
+ *
+ * @param column The column (or result field) it came from, for the error.
+ * @param value The value as read.
+ * @returns The value as a safe integer.
+ * @throws {UnsafeIntegerError} When the value is not a safe integer.
+ */
+export function safeInteger(column: string, value: unknown): number {
+  if (typeof value === "number" && Number.isSafeInteger(value)) return value;
+  throw new UnsafeIntegerError(column, value);
 }

@@ -130,6 +130,90 @@ export class LeaseLostError extends Error {
 }
 
 /**
+ * The database's outbox schema is one this release cannot use: newer than
+ * {@linkcode SCHEMA_VERSION} (a newer release upgraded it), or a version no
+ * upgrade step starts from. {@linkcode Outbox.open} throws it before any
+ * claim, having changed nothing; an older worker should stop rather than
+ * retry.
+ *
+ * @example Usage
+ * ```ts
+ * import { SchemaVersionError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const error = new SchemaVersionError(4, 3);
+ * assert.equal(error.version, 4);
+ * assert.equal(error.supported, 3);
+ * ```
+ */
+export class SchemaVersionError extends Error {
+  /** The version recorded in the database's `outbox_schema` table. */
+  readonly version: number;
+  /** The version this release applies. */
+  readonly supported: number;
+
+  /**
+   * Makes the error for a schema version this release cannot use.
+   *
+   * @param version The database's outbox schema version.
+   * @param supported The version this release applies.
+   */
+  constructor(version: number, supported: number) {
+    super(
+      version > supported
+        ? `Cannot open outbox as the database has outbox schema version ${version}, newer than this release's ${supported}: run a release that knows version ${version}`
+        : `Cannot open outbox as the database has outbox schema version ${version}, which no upgrade to version ${supported} starts from`,
+    );
+    this.name = "SchemaVersionError";
+    this.version = version;
+    this.supported = supported;
+  }
+}
+
+/**
+ * The database holds an integer the outbox cannot represent exactly as a
+ * JavaScript number: a row id, fence, attempt, count or time outside
+ * ±(2^53 - 1) (`Number.MAX_SAFE_INTEGER`), or a claim that would take a fence
+ * or attempt past it. Rounding it would name another event or lease (a lease
+ * on a rounded id acknowledges nothing and lets a second claim take the same
+ * event), so the call fails instead and its transaction rolls back: nothing
+ * changed.
+ *
+ * @example Usage
+ * ```ts
+ * import { UnsafeIntegerError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const error = new UnsafeIntegerError("id", 2n ** 53n + 1n);
+ * assert.equal(error.column, "id");
+ * assert.equal(error.value, 2n ** 53n + 1n);
+ * ```
+ */
+export class UnsafeIntegerError extends Error {
+  /** The column (or result field) the integer came from. */
+  readonly column: string;
+  /** The value as read, exactly (a `bigint` past ±2^53). */
+  readonly value: unknown;
+
+  /**
+   * Makes the error for one value.
+   *
+   * @param column The column (or result field) the value came from.
+   * @param value The value as read.
+   */
+  constructor(column: string, value: unknown) {
+    super(
+      `Column '${column}' holds ${
+        typeof value === "string" ? JSON.stringify(value) : String(value)
+      }, which is not a safe integer (at most ${Number.MAX_SAFE_INTEGER} in magnitude): the outbox refuses to round it`,
+    );
+    this.name = "UnsafeIntegerError";
+    this.column = column;
+    this.value = value;
+  }
+}
+
+/**
  * Maps a SQLite result code to the typed error for it.
  *
  * @param message What the engine said.

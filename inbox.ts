@@ -18,6 +18,7 @@
  */
 import {
   type Driver,
+  integerOf,
   type Row,
   type RunResult,
   type SqlValue,
@@ -198,7 +199,7 @@ export class Inbox implements AsyncDisposable {
         }`,
       );
     }
-    checkOptions("open inbox", options);
+    checkOptions("open inbox", options, ["now", "busyTimeoutMs"]);
     const inbox = new Inbox(driver, options);
     await inbox.#write("open inbox", () => driver.exec(INBOX_SCHEMA_SQL));
     return inbox;
@@ -246,7 +247,7 @@ export class Inbox implements AsyncDisposable {
     return await this.#write(op, async (now) => {
       const [row] = await driver.query(SQL.accepted, [key]);
       if (row !== undefined) {
-        const acceptedFence = Number(row["fence"]);
+        const acceptedFence = integerOf(row, "fence");
         return {
           status: checkedFence < acceptedFence ? "stale" : "duplicate",
           acceptedFence,
@@ -351,7 +352,7 @@ export class Inbox implements AsyncDisposable {
    */
   async purge(options: { readonly olderThanMs: number }): Promise<number> {
     const op = "purge inbox";
-    checkOptions(op, options);
+    checkOptions(op, options, ["olderThanMs"]);
     const olderThanMs = checkInteger(
       op,
       "olderThanMs",

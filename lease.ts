@@ -10,8 +10,22 @@
  *
  * @module
  */
-import type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
-import { BusyError, LeaseLostError, SqliteError } from "./errors.ts";
+import {
+  type Driver,
+  firstKeyword,
+  integerOf,
+  type Row,
+  type RunResult,
+  safeInteger,
+  type SqlValue,
+} from "./driver.ts";
+import {
+  BusyError,
+  LeaseLostError,
+  SchemaVersionError,
+  SqliteError,
+  UnsafeIntegerError,
+} from "./errors.ts";
 import { isIdentity, uuidv7 } from "./identity.ts";
 import {
   ADMIN_SQL,
@@ -71,7 +85,10 @@ export type StatementName =
   | "purgeLedger"
   | "purge"
   | "queues"
-  | "nextDue";
+  | "nextDue"
+  | "joinSavepoint"
+  | "releaseJoin"
+  | "rollbackJoin";
 
 /**
  * How the core's statements are spelled on one engine: SQL text only, no
@@ -138,7 +155,9 @@ export interface OutboxOptions {
   readonly maxAttempts?: number;
   /**
    * How long a call waits for the database write lock before it throws
-   * {@linkcode BusyError}, in milliseconds. `0` tries once.
+   * {@linkcode BusyError}, in milliseconds; also how long a claim, renewal,
+   * release or `transaction()` waits for a transaction the application
+   * holds open on a shared connection. `0` tries once.
    *
    * @default {5000}
    */
@@ -346,9 +365,14 @@ export interface Explanation {
  * enqueues and fenced acknowledgements commit together or not at all.
  */
 export interface Transaction {
-  /** Runs one of the caller's statements inside the transaction. */
+  /**
+   * Runs one of the caller's statements inside the transaction. A
+   * statement that begins, ends or rolls back a transaction (`BEGIN`,
+   * `COMMIT`, `END`, `ROLLBACK`, `SAVEPOINT`, `RELEASE`) is refused with a
+   * `RangeError` before it runs: the transaction ends when `fn` does.
+   */
   run(sql: string, params?: readonly SqlValue[]): Promise<RunResult>;
-  /** Runs one of the caller's queries inside the transaction. */
+  /** Runs one of the caller's queries inside the transaction (same refusal as `run`). */
   query(sql: string, params?: readonly SqlValue[]): Promise<Row[]>;
   /** Enqueues an event that commits with the caller's rows. */
   enqueue(payload: unknown, options?: EnqueueOptions): Promise<EnqueueResult>;
@@ -388,8 +412,59 @@ const CLAIM_SET = `state = 'leased', fence = fence + 1, attempt = attempt + 1,
 // Version 3's views, as schema.sql creates them.
 const VIEWS_SQL: string = SCHEMA_SQL.slice(
   SCHEMA_SQL.indexOf("CREATE VIEW"),
-  SCHEMA_SQL.lastIndexOf("PRAGMA user_version"),
+  SCHEMA_SQL.indexOf("CREATE TABLE outbox_schema"),
 );
+// The version table, which databases of older releases lack.
+const VERSION_TABLE_SQL = SCHEMA_SQL.slice(
+  SCHEMA_SQL.indexOf("CREATE TABLE outbox_schema"),
+  SCHEMA_SQL.indexOf("INSERT INTO outbox_schema"),
+);
+// Transaction control through tx.run would commit or roll back behind the
+// outbox's back (a handler's writes committed before its stale
+// acknowledgement threw).
+const TRANSACTION_CONTROL = new Set([
+  "BEGIN",
+  "COMMIT",
+  "END",
+  "ROLLBACK",
+  "SAVEPOINT",
+  "RELEASE",
+]);
+
+/**
+ * The schema upgrades, keyed by the version each starts from: step `n`
+ * brings a version `n` database to version `n + 1`, inside the transaction
+ * that opens it, and `outbox_schema` records `n + 1`. A new schema version
+ * adds its step here and its table shape to schema.sql. Exported for tests.
+ *
+ * @ignore
+ */
+export const UPGRADES: ReadonlyMap<number, string> = new Map([
+  // lease.ts writes the ledger itself; left in place, version 1's triggers
+  // would write the entries of claims and acknowledgements again.
+  [
+    1,
+    `DROP TRIGGER IF EXISTS outbox_events_claimed;
+    DROP TRIGGER IF EXISTS outbox_events_acknowledged`,
+  ],
+  // Version 2 wrote every entry as a row, so none is left unwritten.
+  [2, `ALTER TABLE outbox_events ADD COLUMN claimed_at INTEGER; ${VIEWS_SQL}`],
+  // Existing events get UUIDv7 identities stamped with their created_at:
+  // 74 random bits from randomblob() (rand_a, rand_b and the variant's
+  // free bits), so they sort by enqueue time as minted ones do. The
+  // subquery, correlated with the row, draws new bits for each row.
+  [
+    3,
+    `ALTER TABLE outbox_events ADD COLUMN identity TEXT;
+    UPDATE outbox_events SET identity = (
+      SELECT substr(t, 1, 8) || '-' || substr(t, 9, 4) || '-7' || substr(r, 1, 3)
+        || '-' || substr('89ab89ab89ab89ab', instr('0123456789abcdef', substr(r, 4, 1)), 1)
+        || substr(r, 5, 3) || '-' || substr(r, 8, 12)
+      FROM (SELECT printf('%012x', created_at & 0xffffffffffff) AS t,
+        lower(hex(randomblob(10))) AS r));
+    CREATE UNIQUE INDEX outbox_events_identity ON outbox_events (identity)`,
+  ],
+]);
 
 /** The statements of the core, exported for the query-plan tests only. */
 export const SQL = {
@@ -399,30 +474,29 @@ export const SQL = {
   savepoint: "SAVEPOINT acknowledge",
   releaseSavepoint: "RELEASE acknowledge",
   rollbackToSavepoint: "ROLLBACK TO acknowledge",
+  // Inside an application's transaction: the outbox's statements as one
+  // unit that a failure undoes without touching the application's writes.
+  joinSavepoint: "SAVEPOINT outbox",
+  releaseJoin: "RELEASE outbox",
+  rollbackJoin: "ROLLBACK TO outbox",
+  tables: `SELECT name FROM sqlite_schema
+    WHERE type = 'table' AND name IN ('outbox_events', 'outbox_schema')`,
+  schemaVersion: "SELECT max(version) AS version FROM outbox_schema",
+  recordVersion: `INSERT INTO outbox_schema (version, applied_at)
+    VALUES (?, CAST(unixepoch('subsec') * 1000 AS INTEGER))`,
+  // Releases before outbox_schema kept the version in user_version; the
+  // tables' shape tells it without trusting user_version: version 4 added
+  // identity, version 3 claimed_at, version 2 dropped version 1's ledger
+  // triggers.
+  legacyShape: `SELECT
+    (SELECT count(*) FROM pragma_table_info('outbox_events')
+      WHERE name = 'identity') AS identity,
+    (SELECT count(*) FROM pragma_table_info('outbox_events')
+      WHERE name = 'claimed_at') AS claimed_at,
+    (SELECT count(*) FROM sqlite_schema
+      WHERE type = 'trigger' AND name = 'outbox_events_claimed') AS triggers`,
   userVersion: "PRAGMA user_version",
-  hasSchema:
-    "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'outbox_events'",
-  // lease.ts writes the ledger itself; left in place, version 1's triggers
-  // would write the entries of claims and acknowledgements again.
-  migrateV1: `DROP TRIGGER IF EXISTS outbox_events_claimed;
-    DROP TRIGGER IF EXISTS outbox_events_acknowledged`,
-  // Version 2 wrote every entry as a row, so none is left unwritten.
-  migrateV2: `ALTER TABLE outbox_events ADD COLUMN claimed_at INTEGER;
-    ${VIEWS_SQL}
-    PRAGMA user_version = 3`,
-  // Existing events get UUIDv7 identities stamped with their created_at:
-  // 74 random bits from randomblob() (rand_a, rand_b and the variant's
-  // free bits), so they sort by enqueue time as minted ones do. The
-  // subquery, correlated with the row, draws new bits for each row.
-  migrateV3: `ALTER TABLE outbox_events ADD COLUMN identity TEXT;
-    UPDATE outbox_events SET identity = (
-      SELECT substr(t, 1, 8) || '-' || substr(t, 9, 4) || '-7' || substr(r, 1, 3)
-        || '-' || substr('89ab89ab89ab89ab', instr('0123456789abcdef', substr(r, 4, 1)), 1)
-        || substr(r, 5, 3) || '-' || substr(r, 8, 12)
-      FROM (SELECT printf('%012x', created_at & 0xffffffffffff) AS t,
-        lower(hex(randomblob(10))) AS r));
-    CREATE UNIQUE INDEX outbox_events_identity ON outbox_events (identity);
-    PRAGMA user_version = 4`,
+  resetUserVersion: "PRAGMA user_version = 0",
   // A conflict on the dedup key or the identity inserts nothing.
   // ?10: the payload when it is bytes (?2 when JSON text): PostgreSQL keeps
   // the two in columns of their own.
@@ -558,17 +632,6 @@ export const SQL = {
 const SQLITE: Dialect = { ...SQL, ...ADMIN_SQL };
 
 /**
- * The upgrade steps, run in order in the transaction that opens the
- * outbox: the one at index `n` takes a version `n + 1` schema to version
- * `n + 2`.
- */
-const MIGRATIONS: readonly string[] = [
-  SQL.migrateV1,
-  SQL.migrateV2,
-  SQL.migrateV3,
-];
-
-/**
  * A transactional outbox with leases on one SQLite connection.
  *
  * Open it with {@linkcode Outbox.open}, which applies the schema once. Calls
@@ -647,26 +710,35 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   /**
    * Opens an outbox on a connection, creating the schema (`schema.sql`) when
-   * the database has none, upgrading a version 1, 2 or 3 schema in the same
-   * transaction, and checking its version otherwise. The upgrade drops the
-   * triggers that wrote version 1's ledger, adds version 3's `claimed_at`
-   * and ledger views, and adds version 4's `identity`, giving every existing
-   * event a UUIDv7 stamped with its `created_at`: stop processes running an
-   * older release first, or their claims and acknowledgements go unrecorded
-   * or out of order, and the events they enqueue have no identity.
+   * the database has none, upgrading an older one in the same transaction,
+   * and checking its version otherwise. The version lives in the outbox's
+   * own table `outbox_schema`, never in `PRAGMA user_version`, which the
+   * application may use for its own migrations; a database from a release
+   * that kept versions 1 to 4 in `user_version` is recognised by its tables'
+   * shape, its version moves to `outbox_schema`, and `user_version` goes
+   * back to `0` (an older release then refuses the file rather than run
+   * beside an upgrade it does not know). Opening never reads or writes
+   * `user_version` otherwise. The upgrade drops the triggers that wrote
+   * version 1's ledger, adds version 3's `claimed_at` and ledger views, and
+   * adds version 4's `identity`, giving every existing event a UUIDv7
+   * stamped with its `created_at`: stop processes running an older release
+   * first, or their claims and acknowledgements go unrecorded or out of
+   * order, and the events they enqueue have no identity.
    *
    * A new database gets `auto_vacuum = INCREMENTAL` before its first table,
    * so {@linkcode Outbox.maintain} can give freed pages back to the file
    * system.
    *
-   * @param driver The connection; the outbox owns it and closes it, also
-   * when opening fails.
+   * @param driver The connection; the outbox closes it when it closes, also
+   * when opening fails (a driver over the application's own handle, such as
+   * `nodeSqliteDriver`, leaves the handle open).
    * @param options See {@linkcode OutboxOptions}.
    * @returns The opened outbox.
-   * @throws {TypeError | RangeError} When an option is invalid, naming it.
-   * @throws {Error} When the database has a newer schema version, or the
-   * connection is read-only (every call writes: lapsed last-attempt leases
-   * become dead letters first).
+   * @throws {TypeError | RangeError} When an option is invalid or unknown,
+   * naming it.
+   * @throws {SchemaVersionError} When the database has a newer outbox schema.
+   * @throws {Error} When the connection is read-only (every call writes:
+   * lapsed last-attempt leases become dead letters first).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   static async open<P = unknown>(
@@ -680,7 +752,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         }`,
       );
     }
-    checkOptions("open outbox", options);
+    checkOptions("open outbox", options, OUTBOX_OPTIONS);
     const outbox = new Outbox<P>(driver, options);
     try {
       await outbox.#open();
@@ -737,24 +809,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       }
     });
     await this.#write("open outbox", async () => {
-      const [row] = await driver.query(SQL.userVersion);
-      const version = Number(row?.["user_version"] ?? 0);
-      const [table] = await driver.query(SQL.hasSchema);
-      if (version === 0 && table === undefined) await driver.exec(SCHEMA_SQL);
-      else if (table === undefined) {
-        // Another schema owns user_version: creating ours would clobber it.
-        throw new Error(
-          `Cannot open outbox as the database's user_version is ${version} but it has no outbox tables: another schema uses user_version, so give the outbox its own database file`,
-        );
-      } else if (version >= 1 && version < SCHEMA_VERSION) {
-        for (const step of MIGRATIONS.slice(version - 1)) {
-          await driver.exec(step);
-        }
-      } else if (version !== SCHEMA_VERSION) {
-        throw new Error(
-          `Cannot open outbox as the database has outbox schema version ${version}, not ${SCHEMA_VERSION}`,
-        );
-      }
+      await migrate(driver);
       try {
         await driver.run(SQL.writable);
       } catch (error) {
@@ -771,7 +826,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   /**
    * Adds a pending event. To commit it with business rows, use
-   * {@linkcode Transaction.enqueue} inside {@linkcode Outbox.transaction}.
+   * {@linkcode Transaction.enqueue} inside {@linkcode Outbox.transaction},
+   * or call this inside a transaction the application began on the
+   * connection the outbox shares ({@linkcode Driver.inTransaction}): it then
+   * runs inside that transaction, with no `BEGIN` or `COMMIT` of its own,
+   * and the application's `COMMIT` or `ROLLBACK` decides.
    *
    * @param payload A JSON-serializable value, stored as `JSON.stringify`
    * makes it (so `NaN` becomes `null` and a `Map` `{}`), or a `Uint8Array`
@@ -779,8 +838,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @param options See {@linkcode EnqueueOptions}.
    * @returns The event id, its identity, and whether `dedupKey` or a
    * supplied `identity` matched an earlier event.
-   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
-   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @throws {TypeError | RangeError} When an argument is invalid or an
+   * option unknown (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`
+   * (inside the application's transaction: at once, as waiting could
+   * deadlock).
    */
   async enqueue(
     payload: P,
@@ -790,6 +852,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const result = await this.#write(
       "enqueue",
       (now) => this.#enqueue(insert, now),
+      true,
+      true,
     );
     this.#enqueued();
     return result;
@@ -799,7 +863,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * Calls `listener` after each commit that enqueued events through this
    * outbox ({@linkcode Outbox.enqueue} or a transaction's `enqueue`), so a
    * processing loop in the same process can claim at once instead of waiting
-   * for its next poll. Other processes are not notified: they poll.
+   * for its next poll. Other processes are not notified: they poll. An
+   * enqueue inside the application's transaction calls it when it returns,
+   * before the application commits (a claim on the same connection then
+   * waits for that commit).
    *
    * @param listener Called synchronously after the commit; what it throws is
    * reported with `reportError` and does not fail the enqueue.
@@ -847,6 +914,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @throws {TypeError | RangeError} When an argument is invalid (before any
    * SQL), or when a supplied `token` was used on the event before.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @throws {UnsafeIntegerError} When the event's id, fence or attempt (or
+   * the next fence or attempt) is past `Number.MAX_SAFE_INTEGER`; nothing
+   * is claimed.
+   * @throws {Error} When the claim's UPDATE did not change exactly the rows
+   * it leased; nothing is claimed.
    */
   claim(options?: ClaimOptions): Promise<Lease<P> | null>;
   /**
@@ -857,13 +929,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @returns The leases, possibly none.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @throws {UnsafeIntegerError} As for a lone claim; nothing is claimed.
    */
   claim(options: BatchClaimOptions): Promise<Lease<P>[]>;
   async claim(
     options: ClaimOptions | BatchClaimOptions = {},
   ): Promise<Lease<P> | null | Lease<P>[]> {
     const op = "claim";
-    checkOptions(op, options);
+    checkOptions(op, options, CLAIM_OPTIONS);
     const queue = options.queue === undefined
       ? this.#queue
       : checkName(op, "queue", options.queue);
@@ -896,16 +969,26 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * current one and the event is not done or dead. A stale lease changes
    * nothing but the ledger's `stale_acknowledge` entry.
    *
+   * Inside a transaction the application began on the connection the
+   * outbox shares ({@linkcode Driver.inTransaction}), it runs inside that
+   * transaction and commits with the application's writes; a stale lease
+   * then throws {@linkcode LeaseLostError} having written nothing, so the
+   * application rolls its effect back (as `tx.acknowledge` does).
+   *
    * @param lease A lease from {@linkcode Outbox.claim}, or an array of them
    * acknowledged in one transaction.
    * @returns `true` when acknowledged, `false` when stale (per lease for an array).
    * @throws {TypeError | RangeError} When a lease is malformed (before any SQL).
+   * @throws {LeaseLostError} When the lease is stale inside the
+   * application's transaction.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   acknowledge(lease: Lease<unknown>): Promise<boolean>;
   /**
    * Acknowledges several leases in one transaction, each as
-   * {@linkcode Outbox.acknowledge} does one.
+   * {@linkcode Outbox.acknowledge} does one. A batch is the processing
+   * loop's: it never joins the application's transaction but waits for it
+   * to end, as claims do.
    *
    * @param leases Leases from {@linkcode Outbox.claim}.
    * @returns Per lease, in order: `true` when acknowledged, `false` when
@@ -927,7 +1010,18 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       return await this.#write(op, (now) => this.#acknowledge(checked, now));
     }
     const lease = checkLease(op, "lease", leases);
-    return await this.#write(op, (now) => this.#acknowledgeOne(lease, now));
+    return await this.#write(
+      op,
+      async (now, joined) => {
+        if (await this.#acknowledgeOne(lease, now)) return true;
+        // In the application's transaction, a stale lease must roll its
+        // writes back, as in transaction(fn).
+        if (joined) throw new LeaseLostError(lease.eventId, lease.fence);
+        return false;
+      },
+      true,
+      true,
+    );
   }
 
   /**
@@ -964,7 +1058,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         await this.#stale(checked, "stale_renew", now);
         return false;
       }
-      const leaseUntil = Number(row["lease_until"]);
+      const leaseUntil = integerOf(row, "lease_until");
       await this.#ledger(
         checked.eventId,
         checked.fence,
@@ -994,7 +1088,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   ): Promise<boolean> {
     const op = "release";
     const checked = checkLease(op, "lease", lease);
-    checkOptions(op, options);
+    checkOptions(op, options, RELEASE_OPTIONS);
     const delayMs =
       checkInteger(op, "delayMs", options.delayMs, 0, MAX_DURATION_MS) ?? 0;
     const error = options.error === undefined
@@ -1059,7 +1153,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     options: { readonly queue?: string; readonly limit?: number } = {},
   ): Promise<DeadLetter<P>[]> {
     const op = "list dead letters";
-    checkOptions(op, options);
+    checkOptions(op, options, ["queue", "limit"]);
     const queue = options.queue === undefined
       ? this.#queue
       : checkName(op, "queue", options.queue);
@@ -1070,14 +1164,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         limit,
       ]);
       return rows.map((row) => ({
-        eventId: Number(row["id"]),
+        eventId: integerOf(row, "id"),
         identity: String(row["identity"]),
         queue: String(row["queue"]),
         payload: decodePayload(row["payload_bytes"] ?? row["payload"]) as P,
-        attempts: Number(row["attempt"]),
+        attempts: integerOf(row, "attempt"),
         lastError: nullableString(row["last_error"]),
-        createdAt: Number(row["created_at"]),
-        deadAt: Number(row["done_at"]),
+        createdAt: integerOf(row, "created_at"),
+        deadAt: integerOf(row, "done_at"),
       }));
     });
   }
@@ -1148,7 +1242,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       if (row === undefined) return false;
       await this.#ledger(
         id,
-        Number(row["fence"]),
+        integerOf(row, "fence"),
         "dead",
         now,
         null,
@@ -1187,7 +1281,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    */
   async redrive(options: RedriveOptions = {}): Promise<number> {
     const op = "redrive";
-    checkOptions(op, options);
+    checkOptions(op, options, ["queue", "ids"]);
     const queue = options.queue === undefined
       ? null
       : checkName(op, "queue", options.queue);
@@ -1212,8 +1306,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       ]);
       await this.#ledgerAll(
         rows.map((row): LedgerRow => [
-          Number(row["id"]),
-          Number(row["fence"]),
+          integerOf(row, "id"),
+          integerOf(row, "fence"),
           "retried",
           null,
           null,
@@ -1257,7 +1351,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    */
   async purge(options: PurgeOptions): Promise<number> {
     const op = "purge";
-    checkOptions(op, options);
+    checkOptions(op, options, PURGE_OPTIONS);
     const olderThanMs = checkInteger(
       op,
       "olderThanMs",
@@ -1287,7 +1381,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
             cutoff,
           ]);
           if (rows.length === 0) return 0;
-          const ids = JSON.stringify(rows.map((row) => Number(row["id"])));
+          const ids = JSON.stringify(rows.map((row) => integerOf(row, "id")));
           await this.#driver.run(this.#sql.purgeLedger, [ids]);
           return (await this.#driver.run(this.#sql.purge, [ids])).changes;
         });
@@ -1350,13 +1444,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     options: { readonly queue?: string } = {},
   ): Promise<number | null> {
     const op = "find the next due time";
-    checkOptions(op, options);
+    checkOptions(op, options, ["queue"]);
     const queue = options.queue === undefined
       ? this.#queue
       : checkName(op, "queue", options.queue);
     return await this.#write(op, async (now) => {
       const [row] = await this.#driver.query(this.#sql.nextDue, [queue, now]);
-      return row === undefined ? null : Number(row["due_at"]) - now;
+      return row === undefined ? null : integerOf(row, "due_at") - now;
     });
   }
 
@@ -1376,7 +1470,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * without `vacuum: true`).
    * @throws {TypeError} When an option is invalid (before any SQL).
    * @throws {BusyError} When the database is locked.
-   * @throws {Error} On PostgreSQL, whose autovacuum does this itself.
    *
    * @example Shrink after a purge
    * ```ts
@@ -1399,7 +1492,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     }
   > {
     const op = "maintain";
-    checkOptions(op, options);
+    checkOptions(op, options, ["vacuum"]);
     if (options.vacuum !== undefined && typeof options.vacuum !== "boolean") {
       throw new TypeError(
         `Cannot ${op} as 'vacuum' must be a boolean: current value is ${
@@ -1450,7 +1543,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    */
   async stats(options: { readonly queue?: string } = {}): Promise<Stats> {
     const op = "read stats";
-    checkOptions(op, options);
+    checkOptions(op, options, ["queue"]);
     const queue = options.queue === undefined
       ? this.#queue
       : checkName(op, "queue", options.queue);
@@ -1463,9 +1556,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       };
       let oldestPendingAgeMs = 0;
       for (const row of await this.#driver.query(this.#sql.stats, [queue])) {
-        counts[String(row["state"])] = Number(row["n"]);
+        counts[String(row["state"])] = integerOf(row, "n");
         if (row["state"] === "pending") {
-          oldestPendingAgeMs = Math.max(0, now - Number(row["oldest"]));
+          oldestPendingAgeMs = Math.max(0, now - integerOf(row, "oldest"));
         }
       }
       return {
@@ -1508,12 +1601,22 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * enqueues and fenced acknowledgements commit together, or none of them
    * does. Throwing from `fn` rolls back and rethrows.
    *
-   * Inside `fn`, use only the handle: calling this outbox's own methods
-   * would wait for the transaction that is waiting for them.
+   * Inside `fn`, use only the handle: a call on this outbox (or another
+   * outbox on the same connection) made from `fn` throws at once, as it
+   * would wait for the transaction that is waiting for it (where the
+   * runtime has no `AsyncLocalStorage`, as in browsers, it is not detected
+   * and waits). `tx.run` and `tx.query` refuse `BEGIN`, `COMMIT`, `END`,
+   * `ROLLBACK`, `SAVEPOINT` and `RELEASE`: the transaction ends when `fn`
+   * does. While the application has its own transaction open on the
+   * connection, this waits for it to end (see {@linkcode Outbox.enqueue}).
    *
    * @param fn The work; its result is returned after the commit.
    * @returns What `fn` returned.
    * @throws {LeaseLostError} When `tx.acknowledge` found its lease stale.
+   * @throws {RangeError} When `tx.run` or `tx.query` is given a
+   * transaction-control statement (before it runs).
+   * @throws {Error} When called from inside `fn` of a transaction on the
+   * same connection.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    *
    * @example Business row and event commit together
@@ -1557,10 +1660,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       const tx: Transaction = {
         run: async (sql, params) => {
           inside("run");
+          checkNotTransactionControl("run", sql);
           return await driver.run(sql, params);
         },
         query: async (sql, params) => {
           inside("query");
+          checkNotTransactionControl("query", sql);
           return await driver.query(sql, params);
         },
         enqueue: async (payload, options = {}) => {
@@ -1577,14 +1682,21 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           throw lost;
         },
       };
+      const scope: Scope = {
+        mutex: this.#mutex,
+        open: true,
+        outer: scopes?.getStore(),
+      };
       try {
-        const value = await fn(tx);
+        const run = () => fn(tx);
+        const value = await (scopes?.run(scope, run) ?? run());
         // Catching the LeaseLostError inside fn must not let the stale
         // worker's writes commit.
         if (lost !== undefined) throw lost;
         return value;
       } finally {
         ended = true;
+        scope.open = false;
       }
     });
     if (enqueued) this.#enqueued();
@@ -1611,6 +1723,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * after it reject with an `Error` saying the outbox is closed.
    */
   close(): Promise<void> {
+    try {
+      this.#notNested("close");
+    } catch (error) {
+      return Promise.reject(error);
+    }
     this.#closed = true;
     return this.#mutex.run(async () => {
       await this.#stopWatching?.().catch(() => {});
@@ -1638,7 +1755,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     payload: unknown,
     options: EnqueueOptions,
   ): PreparedEnqueue {
-    checkOptions(op, options);
+    checkOptions(op, options, ENQUEUE_OPTIONS);
     const queue = options.queue === undefined
       ? this.#queue
       : checkName(op, "queue", options.queue);
@@ -1685,7 +1802,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       bytes ? event.payload : null,
     ]);
     if (inserted !== undefined) {
-      return { eventId: Number(inserted["id"]), identity, deduplicated: false };
+      return {
+        eventId: integerOf(inserted, "id"),
+        identity,
+        deduplicated: false,
+      };
     }
     const [row] = await this.#driver.query(this.#sql.existing, [
       event.queue,
@@ -1693,7 +1814,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       identity,
     ]);
     return {
-      eventId: Number(row?.["id"]),
+      eventId: integerOf(row ?? {}, "id"),
       identity: String(row?.["identity"]),
       deduplicated: true,
     };
@@ -1740,8 +1861,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     );
     // Each lease is its row as read plus what CLAIM_SET changes.
     const leases = candidates.map((row, i): Lease<P> => {
-      const eventId = Number(row["id"]);
-      const fence = Number(row["fence"]);
+      const eventId = integerOf(row, "id");
+      const fence = integerOf(row, "fence");
       const taken = row["state"] === "leased";
       // Taking over a lapsed lease records how the previous attempt ended,
       // before the claim's own entry.
@@ -1753,9 +1874,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         identity: String(row["identity"]),
         queue,
         token: token ?? hex(random, 16 * i, 16),
-        fence: fence + 1,
-        attempt: Number(row["attempt"]) + 1,
-        maxAttempts: Number(row["max_attempts"]),
+        fence: successor("fence", fence),
+        attempt: successor("attempt", integerOf(row, "attempt")),
+        maxAttempts: integerOf(row, "max_attempts"),
         leaseUntil,
         payload: payloads[i] as P,
         orderingKey: nullableString(row["ordering_key"]),
@@ -1781,22 +1902,30 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     }
     // The claims' own entries stay unwritten (schema.sql's
     // outbox_unwritten_attempts).
+    let changes;
     if (leases.length === 1) {
       const { eventId, token: leaseToken } = leases[0]!;
-      await this.#driver.run(this.#sql.claimOne, [
+      ({ changes } = await this.#driver.run(this.#sql.claimOne, [
         leaseUntil,
         now,
         eventId,
         leaseToken,
-      ]);
+      ]));
     } else {
-      await this.#driver.run(this.#sql.claim, [
+      ({ changes } = await this.#driver.run(this.#sql.claim, [
         leaseUntil,
         now,
         JSON.stringify(
           Object.fromEntries(leases.map((l) => [l.eventId, l.token])),
         ),
-      ]);
+      ]));
+    }
+    // A lease whose row the UPDATE missed would leave its event claimable
+    // by the next caller: two live holders.
+    if (changes !== leases.length) {
+      throw new Error(
+        `Cannot claim as the claim changed ${changes} event rows for ${leases.length} leases: the transaction was rolled back`,
+      );
     }
     return leases;
   }
@@ -1806,7 +1935,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * cannot be handed out instead, when it cannot.
    */
   #unclaimable(row: Row, payloads: unknown[]): string | undefined {
-    const bytes = Number(row["bytes"]);
+    const bytes = integerOf(row, "bytes");
     if (bytes > this.#maxPayloadBytes) {
       return `unclaimable: its payload of ${bytes} bytes exceeds this outbox's maxPayloadBytes of ${this.#maxPayloadBytes}`;
     }
@@ -1822,8 +1951,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   /** Makes a candidate a dead letter with `reason`, in the ledger too. */
   async #deadLetter(row: Row, reason: string, now: number): Promise<void> {
-    const eventId = Number(row["id"]);
-    const fence = Number(row["fence"]);
+    const eventId = integerOf(row, "id");
+    const fence = integerOf(row, "fence");
     const entries: LedgerRow[] = [];
     if (row["state"] === "leased") {
       await this.#writeUnwritten([eventId]);
@@ -1885,6 +2014,23 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return results;
   }
 
+  /**
+   * Reads the lease clock at the start of a transaction and, unless
+   * `expire` is off, makes lapsed last-attempt leases dead letters; on the
+   * server's clock one statement does both when the dialect has it.
+   */
+  async #start(op: string, expire: boolean): Promise<number> {
+    if (expire && this.#now === "database" && this.#sql.nowExhausted) {
+      const rows = await this.#driver.query(this.#sql.nowExhausted);
+      const now = this.#checkNow(op, rows[0]?.["now"]);
+      await this.#expire(rows.filter((row) => row["id"] !== null), now);
+      return now;
+    }
+    const now = await this.#clock(op);
+    if (expire) await this.#expireExhausted(now);
+    return now;
+  }
+
   async #expireExhausted(now: number): Promise<void> {
     await this.#expire(
       await this.#driver.query(this.#sql.exhausted, [now]),
@@ -1895,13 +2041,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   /** Makes the exhausted leases `rows` (id, fence) dead letters. */
   async #expire(rows: readonly Row[], now: number): Promise<void> {
     if (rows.length === 0) return;
-    const eventIds = rows.map((row) => Number(row["id"]));
+    const eventIds = rows.map((row) => integerOf(row, "id"));
     await this.#writeUnwritten(eventIds);
     await this.#driver.run(this.#sql.expire, [now, JSON.stringify(eventIds)]);
     await this.#ledgerAll(
       rows.flatMap((row): LedgerRow[] => {
-        const eventId = Number(row["id"]);
-        const fence = Number(row["fence"]);
+        const eventId = integerOf(row, "id");
+        const fence = integerOf(row, "fence");
         return [
           [eventId, fence, "expired", null, null, LEASE_EXPIRED],
           [eventId, fence, "dead", null, null, LEASE_EXPIRED],
@@ -1972,39 +2118,117 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * the injected lease clock must not stretch). `fn` sees the lease clock
    * read once the write lock is held, after lapsed last-attempt leases became
    * dead letters (`expire`, off only while the schema may not exist yet).
+   *
+   * While the application has a transaction open on the connection
+   * ({@linkcode Driver.inTransaction}), a `join` call runs `fn` inside it
+   * under a savepoint (`joined` is then `true`), and any other call waits,
+   * outside the mutex, until the application's transaction ends: a claim or
+   * renewal committed or rolled back with the application's writes would
+   * leave a worker holding a lease the database never kept.
    */
-  #write<T>(
+  async #write<T>(
     op: string,
-    fn: (now: number) => Promise<T>,
+    fn: (now: number, joined: boolean) => Promise<T>,
     expire = true,
+    join = false,
   ): Promise<T> {
-    if (this.#closed) {
-      return Promise.reject(
-        new Error(`Cannot ${op} as the outbox is closed`),
-      );
-    }
-    return this.#mutex.run(async () => {
-      const deadline = performance.now() + this.#busyTimeoutMs;
-      await this.#untilNotBusy(op, deadline, this.#sql.begin);
-      let result: T;
-      try {
-        let now: number;
-        if (expire && this.#now === "database" && this.#sql.nowExhausted) {
-          const rows = await this.#driver.query(this.#sql.nowExhausted);
-          now = this.#checkNow(op, rows[0]?.["now"]);
-          await this.#expire(rows.filter((row) => row["id"] !== null), now);
-        } else {
-          now = await this.#clock(op);
-          if (expire) await this.#expireExhausted(now);
-        }
-        result = await fn(now);
-        await this.#untilNotBusy(op, deadline, this.#sql.commit);
-      } catch (error) {
-        await this.#driver.run(this.#sql.rollback).catch(() => {});
-        throw error;
+    if (this.#closed) throw new Error(`Cannot ${op} as the outbox is closed`);
+    this.#notNested(op);
+    const deadline = performance.now() + this.#busyTimeoutMs;
+    for (let retried = false;; retried = true) {
+      // A held mutex may be this connection's own transaction, which a
+      // queued call just waits for; after a retry it is the application's.
+      if (
+        !join && (retried ||
+          !this.#mutex.held && this.#driver.inTransaction?.() === true)
+      ) {
+        await this.#untilApplicationCommits(op, deadline, retried);
       }
-      return result;
-    });
+      const outcome = await this.#mutex.run(async () => {
+        if (this.#driver.inTransaction?.() === true) {
+          return join ? { value: await this.#joined(op, fn, expire) } : null;
+        }
+        const busyDeadline = performance.now() + this.#busyTimeoutMs;
+        await this.#untilNotBusy(op, busyDeadline, this.#sql.begin);
+        let value: T;
+        try {
+          const now = await this.#start(op, expire);
+          value = await fn(now, false);
+          await this.#untilNotBusy(op, busyDeadline, this.#sql.commit);
+        } catch (error) {
+          await this.#driver.run(this.#sql.rollback).catch(() => {});
+          throw error;
+        }
+        return { value };
+      });
+      if (outcome !== null) return outcome.value;
+    }
+  }
+
+  /**
+   * Runs `fn` inside the application's open transaction, under a savepoint
+   * so that a failure undoes the outbox's statements and nothing else; the
+   * application's `COMMIT` or `ROLLBACK` decides the rest. No retry on
+   * `SQLITE_BUSY`: inside a transaction that began deferred, waiting for the
+   * write lock can deadlock with the writer holding it.
+   */
+  async #joined<T>(
+    op: string,
+    fn: (now: number, joined: boolean) => Promise<T>,
+    expire: boolean,
+  ): Promise<T> {
+    await this.#driver.run(this.#sql.joinSavepoint);
+    try {
+      const now = await this.#start(op, expire);
+      const value = await fn(now, true);
+      await this.#driver.run(this.#sql.releaseJoin);
+      return value;
+    } catch (error) {
+      await this.#driver.run(this.#sql.rollbackJoin).catch(() => {});
+      await this.#driver.run(this.#sql.releaseJoin).catch(() => {});
+      throw error;
+    }
+  }
+
+  /**
+   * Waits, polling with jittered backoff, until no transaction the
+   * application began is open on the connection; after a retry (`pause`)
+   * it waits once in any case, so a call that keeps finding the
+   * application's transaction inside the mutex still meets its deadline.
+   */
+  async #untilApplicationCommits(
+    op: string,
+    deadline: number,
+    pause: boolean,
+  ): Promise<void> {
+    for (
+      let backoffMs = 1;
+      pause || this.#driver.inTransaction?.() === true;
+      backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS), pause = false
+    ) {
+      const remainingMs = deadline - performance.now();
+      if (remainingMs <= 0) {
+        throw new BusyError(
+          `Cannot ${op} as the application's transaction on this connection stayed open for ${this.#busyTimeoutMs} ms: only enqueue() and acknowledge() of one lease join it; claims, renewals, releases and the outbox's own transactions wait for it to end`,
+        );
+      }
+      await sleep(Math.min(remainingMs, 1 + Math.random() * backoffMs));
+    }
+  }
+
+  /**
+   * Throws when called from inside `transaction(fn)` of an outbox on the
+   * same connection: the call would wait for the mutex that the
+   * transaction holds while it waits for the call.
+   */
+  #notNested(op: string): void {
+    for (let scope = scopes?.getStore(); scope; scope = scope.outer) {
+      if (scope.open && scope.mutex === this.#mutex) {
+        throw new Error(
+          `Cannot ${op} on the outbox inside its own transaction(fn): use the transaction's handle (tx.enqueue, tx.acknowledge, tx.run), or the call would wait for the transaction that waits for it`,
+        );
+      }
+    }
   }
 
   async #untilNotBusy(
@@ -2063,6 +2287,53 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 }
 
+/**
+ * Creates or upgrades the schema inside the opening transaction: concurrent
+ * first opens take turns on the write lock, so each version is applied and
+ * recorded once.
+ */
+async function migrate(driver: Driver): Promise<void> {
+  const tables = new Set(
+    (await driver.query(SQL.tables)).map((row) => String(row["name"])),
+  );
+  let version: number;
+  if (tables.has("outbox_schema")) {
+    const [row] = await driver.query(SQL.schemaVersion);
+    version = row === undefined ? 0 : integerOf(row, "version");
+  } else if (tables.has("outbox_events")) {
+    const [shape] = await driver.query(SQL.legacyShape);
+    version = Number(shape?.["identity"]) > 0
+      ? 4
+      : Number(shape?.["claimed_at"]) > 0
+      ? 3
+      : Number(shape?.["triggers"]) > 0
+      ? 1
+      : 2;
+    // The older release wrote this user_version; one that differs is the
+    // application's, set after that release last opened the file.
+    const [row] = await driver.query(SQL.userVersion);
+    if (row !== undefined && integerOf(row, "user_version") === version) {
+      await driver.run(SQL.resetUserVersion);
+    }
+    await driver.exec(VERSION_TABLE_SQL);
+    await driver.run(SQL.recordVersion, [version]);
+  } else {
+    await driver.exec(SCHEMA_SQL);
+    return;
+  }
+  if (version > SCHEMA_VERSION) {
+    throw new SchemaVersionError(version, SCHEMA_VERSION);
+  }
+  for (; version < SCHEMA_VERSION; version++) {
+    const step = UPGRADES.get(version);
+    if (step === undefined) {
+      throw new SchemaVersionError(version, SCHEMA_VERSION);
+    }
+    await driver.exec(step);
+    await driver.run(SQL.recordVersion, [version + 1]);
+  }
+}
+
 interface PreparedEnqueue {
   readonly queue: string;
   readonly payload: SqlValue;
@@ -2108,13 +2379,55 @@ export function driverMutex(driver: Driver): Mutex {
  */
 export class Mutex {
   #tail: Promise<unknown> = Promise.resolve();
+  #sections = 0;
+
+  /** Whether a section is running or waiting to run. */
+  get held(): boolean {
+    return this.#sections > 0;
+  }
 
   run<T>(fn: () => Promise<T>): Promise<T> {
+    this.#sections++;
     const result = this.#tail.then(fn);
-    this.#tail = result.catch(() => {});
+    const settled = () => {
+      this.#sections--;
+    };
+    this.#tail = result.then(settled, settled);
     return result;
   }
 }
+
+/** A running `transaction(fn)`, as the async context of its `fn` sees it. */
+interface Scope {
+  readonly mutex: Mutex;
+  open: boolean;
+  readonly outer: Scope | undefined;
+}
+
+/** The subset of `AsyncLocalStorage` the outbox uses. */
+interface AsyncContext<T> {
+  run<R>(store: T, fn: () => R): R;
+  getStore(): T | undefined;
+}
+
+/**
+ * Which `transaction(fn)` calls the current async context runs inside,
+ * through `AsyncLocalStorage` where the runtime has one (Deno, Node.js, Bun,
+ * found by feature detection rather than an import, so the core stays
+ * runtime-neutral). Where none exists (browsers), a nested call is not
+ * detected and waits, as the documentation of `transaction` warns.
+ */
+const scopes: AsyncContext<Scope> | undefined = (() => {
+  const process = (globalThis as {
+    process?: { getBuiltinModule?(id: string): unknown };
+  }).process;
+  const hooks = process?.getBuiltinModule?.("node:async_hooks") as
+    | { AsyncLocalStorage?: new () => AsyncContext<Scope> }
+    | undefined;
+  return hooks?.AsyncLocalStorage === undefined
+    ? undefined
+    : new hooks.AsyncLocalStorage();
+})();
 
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
@@ -2183,22 +2496,22 @@ function encodePayload(
  */
 export function explanation(row: Row, history: readonly Row[]): Explanation {
   return {
-    eventId: Number(row["id"]),
+    eventId: integerOf(row, "id"),
     identity: String(row["identity"]),
     queue: String(row["queue"]),
     state: row["state"] as EventState,
-    attempt: Number(row["attempt"]),
-    maxAttempts: Number(row["max_attempts"]),
-    fence: Number(row["fence"]),
+    attempt: integerOf(row, "attempt"),
+    maxAttempts: integerOf(row, "max_attempts"),
+    fence: integerOf(row, "fence"),
     lastError: nullableString(row["last_error"]),
     history: history.map((entry) => ({
       kind: entry["kind"] as LedgerEntry["kind"],
-      fence: Number(entry["fence"]),
-      at: Number(entry["at"]),
+      fence: integerOf(entry, "fence"),
+      at: integerOf(entry, "at"),
       token: nullableString(entry["token"]),
       leaseUntil: entry["lease_until"] === null
         ? null
-        : Number(entry["lease_until"]),
+        : integerOf(entry, "lease_until"),
       detail: nullableString(entry["detail"]),
     })),
   };
@@ -2223,24 +2536,156 @@ function tooLarge(op: string, bytes: number, maxBytes: number): RangeError {
   );
 }
 
+/**
+ * An integer column of a row as a number. SQLite's integers have 64 bits;
+ * past ±2^53 a number would round, and a rounded id or fence names another
+ * event or lease.
+ */
+/** `value + 1` for a fence or attempt a claim writes, refused past 2^53 - 1. */
+function successor(column: string, value: number): number {
+  if (value >= Number.MAX_SAFE_INTEGER) {
+    throw new UnsafeIntegerError(column, BigInt(value) + 1n);
+  }
+  return value + 1;
+}
+
 function nullableString(value: SqlValue | undefined): string | null {
   return value === null || value === undefined ? null : String(value);
 }
 
+/** The options of {@linkcode Outbox.open}. @ignore */
+export const OUTBOX_OPTIONS: readonly string[] = [
+  "now",
+  "queue",
+  "leaseMs",
+  "maxAttempts",
+  "busyTimeoutMs",
+  "maxPayloadBytes",
+];
+const ENQUEUE_OPTIONS = [
+  "queue",
+  "delayMs",
+  "maxAttempts",
+  "dedupKey",
+  "orderingKey",
+  "identity",
+];
+const CLAIM_OPTIONS = ["queue", "leaseMs", "token", "max"];
+const RELEASE_OPTIONS = ["delayMs", "error", "deadLetter"];
+const PURGE_OPTIONS = ["olderThanMs", "states"];
+
 /**
- * Throws unless `options` is an object.
+ * Checks that `options` is an object whose own keys are all in `known`,
+ * before any option is read: a misspelt option would otherwise be ignored
+ * and its default used in silence. The one check every options object goes
+ * through (outbox, its calls, the processing loop, the openers, the
+ * browser).
  *
  * @ignore
- * @param op What was being done, for the message ("Cannot {op} as …").
+ * @param op What the caller was doing, for the message ("enqueue").
  * @param options The options as passed.
- * @throws {TypeError} When `options` is not an object.
+ * @param known Every option name the caller takes.
+ * @throws {TypeError} When `options` is not an object, or has a key not in
+ * `known`: the message names the key and the nearest known one.
  */
-export function checkOptions(op: string, options: unknown): void {
+export function checkOptions(
+  op: string,
+  options: unknown,
+  known: readonly string[],
+): void {
   if (options === null || typeof options !== "object") {
     throw new TypeError(
       `Cannot ${op} as 'options' must be an object: current value is ${
         describe(options)
       }`,
+    );
+  }
+  for (const key of Object.keys(options)) {
+    if (known.includes(key)) continue;
+    const nearest = nearestName(key, known);
+    throw new TypeError(
+      `Cannot ${op} as '${key}' is not an option${
+        nearest === undefined ? "" : `: did you mean '${nearest}'?`
+      } (known: ${known.map((name) => `'${name}'`).join(", ")})`,
+    );
+  }
+}
+
+/**
+ * The known name closest to `name` by edit distance (ignoring case), when
+ * it is close enough to be a slip rather than another word.
+ */
+function nearestName(
+  name: string,
+  known: readonly string[],
+): string | undefined {
+  let best: string | undefined;
+  let bestDistance = Infinity;
+  const lower = name.toLowerCase();
+  for (const candidate of known) {
+    const other = candidate.toLowerCase();
+    // An abbreviation (`closeDb` for `closeDatabase`) counts as one slip.
+    const distance = lower.length >= 3 && isAbbreviation(lower, other)
+      ? 1
+      : editDistance(lower, other);
+    if (distance < bestDistance) {
+      best = candidate;
+      bestDistance = distance;
+    }
+  }
+  return bestDistance <= Math.max(2, Math.floor(name.length / 3))
+    ? best
+    : undefined;
+}
+
+/** Whether `short` is `long`'s first letter and then some of its letters, in order. */
+function isAbbreviation(short: string, long: string): boolean {
+  if (short[0] !== long[0]) return false;
+  let j = 0;
+  for (const c of short) {
+    j = long.indexOf(c, j) + 1;
+    if (j === 0) return false;
+  }
+  return true;
+}
+
+/**
+ * Optimal string alignment distance: insertions, deletions, substitutions
+ * and swaps of two neighbours each cost one.
+ */
+function editDistance(a: string, b: string): number {
+  let before: number[] = [];
+  let previous = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const current = [i];
+    for (let j = 1; j <= b.length; j++) {
+      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
+      let distance = Math.min(
+        previous[j]! + 1,
+        current[j - 1]! + 1,
+        previous[j - 1]! + cost,
+      );
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) {
+        distance = Math.min(distance, before[j - 2]! + 1);
+      }
+      current.push(distance);
+    }
+    before = previous;
+    previous = current;
+  }
+  return previous[b.length]!;
+}
+
+/**
+ * Refuses SQL whose first keyword begins, ends or rolls back a transaction,
+ * before it runs.
+ */
+function checkNotTransactionControl(op: string, sql: unknown): void {
+  if (typeof sql !== "string") return;
+  const keyword = firstKeyword(sql).toUpperCase();
+  if (TRANSACTION_CONTROL.has(keyword)) {
+    throw new RangeError(
+      `Cannot ${op} as 'sql' must not control the transaction: found ${keyword}; the transaction commits when fn returns and rolls back when it throws`,
     );
   }
 }
@@ -2396,7 +2841,7 @@ export function listParameters(
   op: string,
   options: ListOptions,
 ): [EventState, string | null, number, number] {
-  checkOptions(op, options);
+  checkOptions(op, options, ["state", "queue", "limit", "afterId"]);
   const state = checkState(op, options.state);
   const queue = options.queue === undefined
     ? null

@@ -84,9 +84,11 @@ export {
   PermanentError,
   PostgresError,
   RetryAfterError,
+  SchemaVersionError,
   SqliteError,
   sqliteError,
   StatementTimeoutError,
+  UnsafeIntegerError,
 } from "./errors.ts";
 export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 export {

@@ -26,7 +26,8 @@ import {
   type SqlValue,
   untilNotBusy,
 } from "./driver.ts";
-import { sqliteError } from "./errors.ts";
+import { SqliteError, sqliteError } from "./errors.ts";
+import { checkOptions } from "./lease.ts";
 
 /** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
 export type JournalMode =
@@ -84,6 +85,16 @@ export interface NodeSqliteOptions {
    * @default {5000}
    */
   readonly busyTimeoutMs?: number;
+  /**
+   * Opens the file read-only (`SQLITE_OPEN_READONLY`): queries work, every
+   * write fails with {@linkcode SqliteError} code 8 (`SQLITE_READONLY`), and
+   * `journalMode` is not applied, since switching it writes the file; the
+   * file keeps the journal mode it has. A file this process may not write
+   * opens the same way without the option.
+   *
+   * @default {false}
+   */
+  readonly readOnly?: boolean;
 }
 
 /**
@@ -105,12 +116,15 @@ export interface NodeSqliteOptions {
  * import assert from "node:assert/strict";
  *
  * const dir = await Deno.makeTempDir();
- * await using a = await openNodeSqlite(`${dir}/outbox.db`);
- * await using b = await openNodeSqlite(`${dir}/outbox.db`);
- * await a.exec("CREATE TABLE t(x INTEGER) STRICT");
- * await a.run("INSERT INTO t VALUES (?)", [2n ** 60n]);
- * assert.deepEqual(await b.query("SELECT x FROM t"), [{ x: 2n ** 60n }]);
- * assert.deepEqual(await b.query("PRAGMA journal_mode"), [{ journal_mode: "wal" }]);
+ * {
+ *   await using a = await openNodeSqlite(`${dir}/outbox.db`);
+ *   await using b = await openNodeSqlite(`${dir}/outbox.db`);
+ *   await a.exec("CREATE TABLE t(x INTEGER) STRICT");
+ *   await a.run("INSERT INTO t VALUES (?)", [2n ** 60n]);
+ *   assert.deepEqual(await b.query("SELECT x FROM t"), [{ x: 2n ** 60n }]);
+ *   assert.deepEqual(await b.query("PRAGMA journal_mode"), [{ journal_mode: "wal" }]);
+ * }
+ * await Deno.remove(dir, { recursive: true });
  * ```
  */
 export async function openNodeSqlite(
@@ -124,6 +138,12 @@ export async function openNodeSqlite(
       }`,
     );
   }
+  checkOptions("open database", options, [
+    "journalMode",
+    "synchronous",
+    "busyTimeoutMs",
+    "readOnly",
+  ]);
   const journalMode = oneOf(
     "journalMode",
     options.journalMode,
@@ -137,21 +157,47 @@ export async function openNodeSqlite(
     "full",
   );
   const busyTimeoutMs = openBusyTimeoutMs(options.busyTimeoutMs);
+  const readOnly = options.readOnly ?? false;
+  if (typeof readOnly !== "boolean") {
+    throw new TypeError(
+      `Cannot open database as 'readOnly' must be a boolean: current value is ${
+        String(readOnly)
+      }`,
+    );
+  }
   let db: DatabaseSync | undefined;
   try {
-    db = new DatabaseSync(path, { enableForeignKeyConstraints: false });
+    db = new DatabaseSync(path, {
+      enableForeignKeyConstraints: false,
+      readOnly,
+    });
     // Deno's node:sqlite installs a 5 s busy handler whatever `timeout`
     // says; the core retries SQLITE_BUSY itself without blocking the loop.
     db.exec("PRAGMA busy_timeout = 0");
+    let keptMode = false;
     // Both read the schema first, which takes a shared lock.
     const actual = await untilNotBusy(
       busyTimeoutMs,
       () => {
         try {
           db!.exec(`PRAGMA synchronous = ${synchronous}`);
-          return Promise.resolve(
-            db!.prepare(`PRAGMA journal_mode = ${journalMode}`).all(),
-          );
+          if (readOnly) {
+            return Promise.resolve(db!.prepare("PRAGMA journal_mode").all());
+          }
+          try {
+            return Promise.resolve(
+              db!.prepare(`PRAGMA journal_mode = ${journalMode}`).all(),
+            );
+          } catch (error) {
+            // SQLite opened a file it may not write read-only; it keeps its
+            // journal mode, as with `readOnly`.
+            const mapped = toSqliteError(error);
+            if (!(mapped instanceof SqliteError) || mapped.primaryCode !== 8) {
+              throw mapped;
+            }
+            keptMode = true;
+            return Promise.resolve(db!.prepare("PRAGMA journal_mode").all());
+          }
         } catch (error) {
           return Promise.reject(toSqliteError(error));
         }
@@ -163,7 +209,7 @@ export async function openNodeSqlite(
         ),
     );
     const mode = String(actual[0]?.["journal_mode"]);
-    if (mode !== "memory" && mode !== journalMode) {
+    if (!readOnly && !keptMode && mode !== "memory" && mode !== journalMode) {
       throw sqliteError(
         `SQLite kept journal_mode ${mode} instead of ${journalMode}`,
         1,
@@ -176,22 +222,105 @@ export async function openNodeSqlite(
   return new NodeSqliteDriver(db);
 }
 
+/** Options for {@linkcode nodeSqliteDriver}. */
+export interface NodeSqliteDriverOptions {
+  /**
+   * Whether closing the driver (or the outbox over it) closes the
+   * application's handle too.
+   *
+   * @default {false}
+   */
+  readonly closeDatabase?: boolean;
+}
+
+/**
+ * Makes a driver over a `node:sqlite` handle the application already owns,
+ * so an outbox shares its database, its connection and its transactions.
+ * While the application has a transaction open on the handle (its own
+ * `BEGIN`, or a query builder's `transaction()`), `Outbox.enqueue` and the
+ * fenced `Outbox.acknowledge` run inside it without a `BEGIN` or `COMMIT`
+ * of their own, and the application's `COMMIT` or `ROLLBACK` decides; other
+ * calls wait for it to end. The handle's settings stay as the application
+ * made them: its busy timeout (Deno's node:sqlite sets 5 s) blocks the
+ * thread while a statement waits for a lock, as the application's own
+ * statements do. Keep one driver per handle.
+ *
+ * @param db An open handle; the application keeps it.
+ * @param options See {@linkcode NodeSqliteDriverOptions}.
+ * @returns A driver over `db`.
+ * @throws {TypeError} When `db` is not an open `DatabaseSync`, or an option
+ * is unknown or of the wrong type.
+ *
+ * @example An order and its event in the application's own transaction
+ * ```ts
+ * import { Outbox } from "@leased/outbox";
+ * import { nodeSqliteDriver } from "@leased/outbox/node-sqlite";
+ * import { DatabaseSync } from "node:sqlite";
+ * import assert from "node:assert/strict";
+ *
+ * const db = new DatabaseSync(":memory:");
+ * db.exec("CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER)");
+ * const outbox = await Outbox.open(nodeSqliteDriver(db));
+ * db.exec("BEGIN IMMEDIATE");
+ * db.prepare("INSERT INTO orders (total) VALUES (?)").run(4200);
+ * await outbox.enqueue({ type: "order.placed" });
+ * db.exec("ROLLBACK"); // drops the order and its event
+ * assert.equal((await outbox.stats()).pending, 0);
+ * await outbox.close();
+ * assert.equal(db.isOpen, true); // the application's handle stays open
+ * db.close();
+ * ```
+ */
+export function nodeSqliteDriver(
+  db: DatabaseSync,
+  options: NodeSqliteDriverOptions = {},
+): NodeSqliteDriver {
+  const op = "make driver";
+  if (!(db instanceof DatabaseSync) || !db.isOpen) {
+    throw new TypeError(
+      `Cannot ${op} as 'db' must be an open DatabaseSync: current value is ${
+        db instanceof DatabaseSync ? "a closed DatabaseSync" : String(db)
+      }`,
+    );
+  }
+  checkOptions(op, options, ["closeDatabase"]);
+  const closeDatabase = options.closeDatabase ?? false;
+  if (typeof closeDatabase !== "boolean") {
+    throw new TypeError(
+      `Cannot ${op} as 'closeDatabase' must be a boolean: current value is ${
+        String(closeDatabase)
+      }`,
+    );
+  }
+  return new NodeSqliteDriver(db, closeDatabase);
+}
+
 /**
  * A {@linkcode Driver} over one `node:sqlite` connection. Statements are
  * prepared once per SQL text and kept until {@linkcode NodeSqliteDriver.close}.
  */
 export class NodeSqliteDriver implements Driver, AsyncDisposable {
   #db: DatabaseSync | undefined;
+  readonly #closeDatabase: boolean;
   readonly #statements = new Map<string, StatementSync>();
 
   /**
    * Wraps an open connection; {@linkcode openNodeSqlite} is the usual way in,
-   * as it also sets the pragmas this driver relies on (`busy_timeout = 0`).
+   * as it also sets the pragmas this driver relies on (`busy_timeout = 0`),
+   * and {@linkcode nodeSqliteDriver} the way over the application's handle.
    *
-   * @param db An open connection this driver takes ownership of.
+   * @param db An open connection.
+   * @param closeDatabase Whether {@linkcode NodeSqliteDriver.close} closes
+   * `db` (the driver owns it).
    */
-  constructor(db: DatabaseSync) {
+  constructor(db: DatabaseSync, closeDatabase = true) {
     this.#db = db;
+    this.#closeDatabase = closeDatabase;
+  }
+
+  /** Whether a transaction is open on the connection (`sqlite3_get_autocommit()` is 0). */
+  inTransaction(): boolean {
+    return this.#db?.isTransaction ?? false;
   }
 
   /** Runs one statement and returns its rows. */
@@ -230,12 +359,15 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
     }
   }
 
-  /** Closes the connection, which finalizes every cached statement. */
+  /**
+   * Closes the connection, which finalizes every cached statement; over an
+   * application's handle (closeDatabase false) only forgets the statements.
+   */
   close(): Promise<void> {
     const db = this.#db;
     this.#db = undefined;
     this.#statements.clear();
-    db?.close();
+    if (this.#closeDatabase) db?.close();
     return Promise.resolve();
   }
 

@@ -18,7 +18,7 @@ import {
   queueCounts,
 } from "./admin.ts";
 import type { Driver } from "./driver.ts";
-import { untilNotBusy } from "./driver.ts";
+import { integerOf, untilNotBusy } from "./driver.ts";
 import { BusyError } from "./errors.ts";
 import {
   checkIdentity,
@@ -110,7 +110,7 @@ export class OutboxReader implements AsyncDisposable {
     const op = "open outbox reader";
     let reader: OutboxReader;
     try {
-      checkOptions(op, options);
+      checkOptions(op, options, ["busyTimeoutMs"]);
       const busyTimeoutMs = checkInteger(
         op,
         "busyTimeoutMs",
@@ -120,14 +120,22 @@ export class OutboxReader implements AsyncDisposable {
       ) ?? 5_000;
       reader = new OutboxReader(driver, busyTimeoutMs);
       await reader.#read(async () => {
-        const [table] = await driver.query(SQL.hasSchema);
+        const [table] = await driver.query(
+          "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'outbox_events'",
+        );
         if (table === undefined) {
           throw new Error(
             `Cannot ${op} as the database has no outbox (no table outbox_events)`,
           );
         }
-        const [row] = await driver.query(SQL.userVersion);
-        const version = Number(row?.["user_version"] ?? 0);
+        // The version lives in outbox_schema; a file without it is from a
+        // release that kept it in user_version, which Outbox.open upgrades.
+        const [row] = await driver.query(
+          "SELECT max(version) AS version FROM outbox_schema",
+        ).catch(() => [undefined]);
+        const version = row?.["version"] == null
+          ? 0
+          : integerOf(row, "version");
         if (version !== SCHEMA_VERSION) {
           throw new Error(
             `Cannot ${op} as the database has outbox schema version ${version}, not ${SCHEMA_VERSION}: Outbox.open upgrades an older one`,
@@ -173,7 +181,9 @@ export class OutboxReader implements AsyncDisposable {
     const rows = await this.#read(() =>
       this.#driver.query(READ.acknowledgedSince, [since])
     );
-    return new Map(rows.map((row) => [String(row["queue"]), Number(row["n"])]));
+    return new Map(
+      rows.map((row) => [String(row["queue"]), integerOf(row, "n")]),
+    );
   }
 
   /**

@@ -1,4 +1,4 @@
--- leased-outbox schema, version 4 (stored in PRAGMA user_version).
+-- leased-outbox schema, version 4 (stored in the table outbox_schema).
 -- Applied once by Outbox.open() inside one BEGIN IMMEDIATE transaction.
 
 -- One row per event. `identity` is the event's global identity, UUID text
@@ -119,4 +119,15 @@ CREATE VIEW outbox_ledger AS
     fence, kind, at, token, lease_until, detail
   FROM outbox_unwritten_attempts;
 
-PRAGMA user_version = 4;
+-- The outbox's own schema version: one row per version the database
+-- reached, the highest is current. Never PRAGMA user_version, which belongs
+-- to the application's own migrations (releases before this table kept
+-- versions 1 to 4 there; Outbox.open() moves them here and gives
+-- user_version back to the application as 0).
+CREATE TABLE outbox_schema (
+  version INTEGER PRIMARY KEY,
+  applied_at INTEGER NOT NULL
+) STRICT;
+
+INSERT INTO outbox_schema (version, applied_at)
+  VALUES (4, CAST(unixepoch('subsec') * 1000 AS INTEGER));

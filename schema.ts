@@ -5,16 +5,20 @@
  * @module
  */
 
-/** The schema version `Outbox.open()` applies, stored in `PRAGMA user_version`. */
+/**
+ * The schema version `Outbox.open()` applies, stored in the table
+ * `outbox_schema` (never in `PRAGMA user_version`, the application's).
+ */
 export const SCHEMA_VERSION = 4;
 
 /**
  * The text of `schema.sql`: STRICT tables `outbox_events` and
- * `outbox_attempts`, the indexes the claim query uses and the ledger views
- * `outbox_unwritten_attempts` and `outbox_ledger`.
+ * `outbox_attempts`, the indexes the claim query uses, the ledger views
+ * `outbox_unwritten_attempts` and `outbox_ledger`, and the version table
+ * `outbox_schema`.
  */
 export const SCHEMA_SQL: string =
-  `-- leased-outbox schema, version 4 (stored in PRAGMA user_version).
+  `-- leased-outbox schema, version 4 (stored in the table outbox_schema).
 -- Applied once by Outbox.open() inside one BEGIN IMMEDIATE transaction.
 
 -- One row per event. \`identity\` is the event's global identity, UUID text
@@ -135,4 +139,15 @@ CREATE VIEW outbox_ledger AS
     fence, kind, at, token, lease_until, detail
   FROM outbox_unwritten_attempts;
 
-PRAGMA user_version = 4;`;
+-- The outbox's own schema version: one row per version the database
+-- reached, the highest is current. Never PRAGMA user_version, which belongs
+-- to the application's own migrations (releases before this table kept
+-- versions 1 to 4 there; Outbox.open() moves them here and gives
+-- user_version back to the application as 0).
+CREATE TABLE outbox_schema (
+  version INTEGER PRIMARY KEY,
+  applied_at INTEGER NOT NULL
+) STRICT;
+
+INSERT INTO outbox_schema (version, applied_at)
+  VALUES (4, CAST(unixepoch('subsec') * 1000 AS INTEGER));`;

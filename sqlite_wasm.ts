@@ -17,6 +17,7 @@ import {
   type SqlValue,
 } from "./driver.ts";
 import { sqliteError } from "./errors.ts";
+import { checkOptions } from "./lease.ts";
 
 let sqlite3: Promise<Sqlite3Static> | undefined;
 
@@ -25,10 +26,31 @@ let sqlite3: Promise<Sqlite3Static> | undefined;
  * project's own drivers and VFS, which reach into the module's C API.
  *
  * @ignore
+ * @param wasm The compiled `sqlite3.wasm`, when the caller has it already
+ * (Deno imports it as a module, which needs no read permission); without
+ * it, the build fetches or reads the file next to its script.
  * @returns The module's namespace (`capi`, `oo1`, `wasm`, `vfs`).
  */
-export function loadSqlite3(): Promise<Sqlite3Static> {
-  sqlite3 ??= sqlite3InitModule().then((module) => {
+export function loadSqlite3(wasm?: WebAssembly.Module): Promise<Sqlite3Static> {
+  const moduleArg = wasm === undefined ? {} : {
+    instantiateWasm(
+      imports: WebAssembly.Imports,
+      receive: (
+        instance: WebAssembly.Instance,
+        module: WebAssembly.Module,
+      ) => void,
+    ) {
+      WebAssembly.instantiate(wasm, imports).then((instance) =>
+        receive(instance, wasm)
+      );
+      return {};
+    },
+  };
+  // The package's types omit the Emscripten module argument it passes on.
+  const init = sqlite3InitModule as (
+    moduleArg: object,
+  ) => Promise<Sqlite3Static>;
+  sqlite3 ??= init(moduleArg).then((module) => {
     // oo1 logs every failed step before throwing; the driver turns each into
     // a typed rejection, so the log would only repeat it, once per busy retry.
     const warn = module.config.warn;
@@ -80,8 +102,98 @@ export async function openSqliteWasm(
   path: string,
   options: SqliteWasmOptions = {},
 ): Promise<SqliteWasmDriver> {
+  checkOptions("open database", options, ["vfs"]);
   const sqlite3 = await loadSqlite3();
   return new SqliteWasmDriver(sqlite3, openDatabase(sqlite3, path, options));
+}
+
+/**
+ * The part of the official build's module namespace (what its
+ * `sqlite3InitModule()` resolves to) that {@linkcode sqliteWasmDriver}
+ * checks a connection against.
+ */
+export interface SqliteWasmModule {
+  /** The object-oriented API, whose `DB` class the connection must be of. */
+  readonly oo1: { readonly DB: abstract new (...args: never[]) => object };
+}
+
+/** Options for {@linkcode sqliteWasmDriver}. */
+export interface SqliteWasmDriverOptions {
+  /**
+   * The module namespace `db` was opened with (what the build's
+   * `sqlite3InitModule()` resolved to): each call of it makes a separate
+   * WASM instance, whose connections another instance cannot use.
+   *
+   * @default {the module {@linkcode loadSqlite3} loads, which this package's openers use}
+   */
+  readonly sqlite3?: SqliteWasmModule;
+  /**
+   * Whether closing the driver (or the outbox over it) closes the
+   * application's `db` too.
+   *
+   * @default {false}
+   */
+  readonly closeDatabase?: boolean;
+}
+
+/**
+ * Makes a driver over an `oo1.DB` the application already owns, so an
+ * outbox shares its database, its connection and its transactions. While
+ * the application has a transaction open on `db` (its own `BEGIN`, or a
+ * query builder's `transaction()`), `Outbox.enqueue` and the fenced
+ * `Outbox.acknowledge` run inside it without a `BEGIN` or `COMMIT` of their
+ * own, and the application's `COMMIT` or `ROLLBACK` decides; other calls
+ * wait for it to end. Keep one driver per handle.
+ *
+ * @param db An open oo1 connection; the application keeps it.
+ * @param options See {@linkcode SqliteWasmDriverOptions}.
+ * @returns A driver over `db`.
+ * @throws {TypeError} When `db` is not an open `oo1.DB` of the module, or an
+ * option is unknown.
+ *
+ * @example An order and its event in the application's own transaction
+ * ```ts
+ * import { Outbox } from "@leased/outbox";
+ * import { loadSqlite3, sqliteWasmDriver } from "@leased/outbox/sqlite-wasm";
+ * import assert from "node:assert/strict";
+ *
+ * const sqlite3 = await loadSqlite3();
+ * const db = new sqlite3.oo1.DB(":memory:");
+ * db.exec("CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER)");
+ * const outbox = await Outbox.open(await sqliteWasmDriver(db, { sqlite3 }));
+ * db.exec("BEGIN IMMEDIATE");
+ * db.exec("INSERT INTO orders (total) VALUES (4200)");
+ * await outbox.enqueue({ type: "order.placed" });
+ * db.exec("COMMIT"); // the order and its event, together
+ * assert.equal((await outbox.stats()).pending, 1);
+ * await outbox.close();
+ * assert.equal(db.isOpen(), true); // the application's handle stays open
+ * db.close();
+ * ```
+ */
+export async function sqliteWasmDriver(
+  db: object,
+  options: SqliteWasmDriverOptions = {},
+): Promise<SqliteWasmDriver> {
+  const op = "make driver";
+  checkOptions(op, options, ["sqlite3", "closeDatabase"]);
+  const sqlite3 = (options.sqlite3 ?? await loadSqlite3()) as Sqlite3Static;
+  if (!(db instanceof sqlite3.oo1.DB) || !db.pointer) {
+    throw new TypeError(
+      `Cannot ${op} as 'db' must be an open oo1.DB of the module given as 'sqlite3' (default: loadSqlite3()'s): current value is ${
+        db instanceof sqlite3.oo1.DB ? "a closed oo1.DB" : String(db)
+      }`,
+    );
+  }
+  const closeDatabase = options.closeDatabase ?? false;
+  if (typeof closeDatabase !== "boolean") {
+    throw new TypeError(
+      `Cannot ${op} as 'closeDatabase' must be a boolean: current value is ${
+        String(closeDatabase)
+      }`,
+    );
+  }
+  return new SqliteWasmDriver(sqlite3, db, undefined, closeDatabase);
 }
 
 /**
@@ -141,6 +253,7 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
   readonly #memory: WebAssembly.Memory;
   #heap: Uint8Array;
   #db: Database | undefined;
+  readonly #closeDatabase: boolean;
   readonly #pointer: number;
   readonly #statements = new Map<string, CachedStatement>();
   readonly #alloc: (bytes: number) => number;
@@ -161,10 +274,18 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
    *
    * @ignore
    * @param sqlite3 The module namespace from {@linkcode loadSqlite3}.
-   * @param db An open oo1 database this driver takes ownership of.
+   * @param db An open oo1 database.
    * @param busyWait How to wait after `SQLITE_BUSY`, if the opener knows.
+   * @param closeDatabase Whether {@linkcode SqliteWasmDriver.close} closes
+   * `db` (the driver owns it).
    */
-  constructor(sqlite3: Sqlite3Static, db: Database, busyWait?: BusyWaitHook) {
+  constructor(
+    sqlite3: Sqlite3Static,
+    db: Database,
+    busyWait?: BusyWaitHook,
+    closeDatabase = true,
+  ) {
+    this.#closeDatabase = closeDatabase;
     this.#capi = sqlite3.wasm.exports as RawCapi;
     this.#memory = sqlite3.config.memory;
     this.#heap = new Uint8Array(this.#memory.buffer);
@@ -179,6 +300,12 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
           ? Promise.resolve()
           : busyWait(this.#pointer, timeoutMs);
     }
+  }
+
+  /** Whether a transaction is open on the connection (`sqlite3_get_autocommit()` is 0). */
+  inTransaction(): boolean {
+    return this.#db !== undefined &&
+      this.#capi.sqlite3_get_autocommit(this.#pointer) === 0;
   }
 
   /** Runs one statement and returns its rows. */
@@ -229,7 +356,10 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
     }
   }
 
-  /** Finalizes cached statements and closes the connection. */
+  /**
+   * Finalizes cached statements and closes the connection (over an
+   * application's `db`, closeDatabase false, leaves it open).
+   */
   close(): Promise<void> {
     const db = this.#db;
     this.#db = undefined;
@@ -240,7 +370,7 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
     if (this.#scratch !== 0) this.#dealloc(this.#scratch);
     this.#scratch = 0;
     this.#scratchBytes = 0;
-    db?.close();
+    if (this.#closeDatabase) db?.close();
     return Promise.resolve();
   }
 
@@ -508,6 +638,7 @@ interface RawCapi {
   sqlite3_stmt_status(stmt: number, op: number, reset: number): number;
   sqlite3_sql(stmt: number): number;
   sqlite3_changes(db: number): number;
+  sqlite3_get_autocommit(db: number): number;
   sqlite3_last_insert_rowid(db: number): bigint;
   sqlite3_errmsg(db: number): number;
   sqlite3_extended_errcode(db: number): number;

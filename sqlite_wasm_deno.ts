@@ -3,18 +3,23 @@
  * (`npm:@sqlite.org/sqlite-wasm`, pinned to 3.54.1-build1) with database
  * files on disk through {@linkcode installDenoFileVfs}.
  *
- * Permissions: `--allow-read` for the package's `sqlite3.wasm` (in Deno's npm
- * cache) and for the database's directory, `--allow-write` for that
- * directory (the journal and three `*.lock` sidecar files live next to the
- * database). `:memory:` needs only the read permission for the `.wasm`.
+ * Permissions: `--allow-ffi` for file databases (SQLite's locks and the
+ * database's I/O go through libc; without it opening a file path fails,
+ * naming the flag), `--allow-read` and `--allow-write` for the database's
+ * directory (the journal lives next to the database). The package's
+ * `sqlite3.wasm` is imported as a module, so it needs no permission;
+ * `:memory:` needs none at all.
  *
  * @module
  */
+import type { Sqlite3Static } from "@sqlite.org/sqlite-wasm";
+import sqlite3Wasm from "./sqlite3_wasm_module.js";
 import {
   type BusyWaitHook,
-  loadSqlite3,
+  loadSqlite3 as loadSqlite3From,
   openDatabase,
   SqliteWasmDriver,
+  sqliteWasmDriver,
   type SqliteWasmOptions,
 } from "./sqlite_wasm.ts";
 import {
@@ -24,15 +29,33 @@ import {
 } from "./deno_file_vfs.ts";
 import { openBusyTimeoutMs, untilNotBusy } from "./driver.ts";
 import { SqliteError, sqliteError } from "./errors.ts";
+import { checkOptions } from "./lease.ts";
 
 export {
   installDenoFileVfs,
-  loadSqlite3,
   SqliteWasmDriver,
+  sqliteWasmDriver,
   takeDenoFileVfsError,
 };
 export type { DenoFileVfsOptions } from "./deno_file_vfs.ts";
-export type { SqliteWasmOptions } from "./sqlite_wasm.ts";
+export type {
+  SqliteWasmDriverOptions,
+  SqliteWasmModule,
+  SqliteWasmOptions,
+} from "./sqlite_wasm.ts";
+
+/**
+ * Loads and initialises the SQLite WASM module once per realm, from the
+ * `sqlite3.wasm` imported as a module (no read permission needed). For the
+ * project's own drivers and VFS, which reach into the module's C API, and for
+ * {@linkcode sqliteWasmDriver} over an application's own `oo1.DB`.
+ *
+ * @ignore
+ * @returns The module's namespace (`capi`, `oo1`, `wasm`, `vfs`).
+ */
+export function loadSqlite3(): Promise<Sqlite3Static> {
+  return loadSqlite3From(sqlite3Wasm);
+}
 
 /**
  * How the database keeps its rollback journal (https://sqlite.org/pragma.html#pragma_journal_mode).
@@ -101,7 +124,11 @@ const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
  * @throws {TypeError} When `path` or an option has the wrong type or value.
  * @throws {BusyError} When the database stays locked past `busyTimeoutMs`,
  *   e.g. `journalMode` is `"wal"` and another connection has it open.
- * @throws {SqliteError} When SQLite cannot open the file (`SQLITE_CANTOPEN`).
+ * @throws {SqliteError} When SQLite cannot open the file (`SQLITE_CANTOPEN`,
+ *   e.g. without `--allow-ffi`, or while a process of the earlier
+ *   flock-sidecar release holds the file); later, writes to a file renamed
+ *   or deleted under the connection fail with code 1032
+ *   (`SQLITE_READONLY_DBMOVED`).
  *
  * @example A database file that outlives its connection
  * ```ts
@@ -124,6 +151,12 @@ export async function openSqliteWasm(
   path: string | URL,
   options: DenoSqliteWasmOptions = {},
 ): Promise<SqliteWasmDriver> {
+  checkOptions("open database", options, [
+    "vfs",
+    "journalMode",
+    "synchronous",
+    "busyTimeoutMs",
+  ]);
   const journalMode = options.journalMode ?? "truncate";
   const synchronous = options.synchronous ?? "full";
   if (!journalModes.includes(journalMode)) {
@@ -223,8 +256,13 @@ async function applyJournalMode(
       throw error;
     }
     await driver.exec("PRAGMA locking_mode=EXCLUSIVE");
-    await expectJournalMode(driver, journalMode);
-    await driver.exec("PRAGMA locking_mode=NORMAL");
+    try {
+      await expectJournalMode(driver, journalMode);
+    } finally {
+      // Also when busy: the retry must not find the connection exclusive
+      // (it would leave WAL without ever giving the lock back).
+      await driver.exec("PRAGMA locking_mode=NORMAL");
+    }
     // The exclusive lock is released at the end of the next read.
     await driver.query("SELECT count(*) FROM sqlite_schema");
   }

@@ -15,6 +15,7 @@ import {
   type BatchClaimOptions,
   checkInteger,
   checkName,
+  checkOptions,
   type Clock,
   type Explanation,
   type Lease,
@@ -284,6 +285,28 @@ interface Slot<P> {
 }
 
 const OP = "process events";
+const PROCESS_OPTIONS = [
+  "signal",
+  "queue",
+  "concurrency",
+  "leaseMs",
+  "renewIntervalMs",
+  "marginMs",
+  "pollMinMs",
+  "pollMaxMs",
+  "backoffMinMs",
+  "backoffMaxMs",
+  "backoffMultiplier",
+  "backoffJitter",
+  "stopTimeoutMs",
+  "handlerTimeoutMs",
+  "onHandlerError",
+  "now",
+  "monotonicNow",
+  "timers",
+  "random",
+  "onError",
+];
 /** The longest delay `setTimeout` honours: longer ones fire at once. */
 const MAX_TIMER_MS = 2_147_483_647;
 
@@ -447,13 +470,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         `Cannot ${OP} as 'handler' must be a function: current value is ${typeof handler}`,
       );
     }
-    if (options === null || typeof options !== "object") {
-      throw new TypeError(
-        `Cannot ${OP} as 'options' must be an object: current value is ${
-          String(options)
-        }`,
-      );
-    }
+    checkOptions(OP, options, PROCESS_OPTIONS);
     this.#outbox = outbox;
     this.#handler = handler;
     this.#queue = options.queue === undefined

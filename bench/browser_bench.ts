@@ -17,7 +17,7 @@ import { type BenchRow, markdown } from "./table.ts";
 import {
   CHROMIUM_ARGS,
   CHROMIUM_PATH,
-} from "../tests/fixtures/browser/harness.ts";
+} from "../tests/fixtures/browser/chromium.ts";
 
 interface Sizes {
   readonly warmup: number;

@@ -169,6 +169,10 @@ export const POSTGRES = {
   savepoint: "SAVEPOINT acknowledge",
   releaseSavepoint: "RELEASE SAVEPOINT acknowledge",
   rollbackToSavepoint: "ROLLBACK TO SAVEPOINT acknowledge",
+  // Inside the application's own transaction on this connection.
+  joinSavepoint: "SAVEPOINT outbox",
+  releaseJoin: "RELEASE SAVEPOINT outbox",
+  rollbackJoin: "ROLLBACK TO SAVEPOINT outbox",
   // One outbox opening at a time per schema creates or upgrades it.
   lock:
     "SELECT pg_advisory_xact_lock(hashtext('leased_outbox:' || current_schema()))",

@@ -3,9 +3,11 @@
  * applies exactly the canonical text; tests/schema_test.ts fails on drift.
  */
 const sql = await Deno.readTextFile(new URL("../schema.sql", import.meta.url));
-const version = sql.match(/^PRAGMA user_version = (\d+);$/m)?.[1];
+const version = sql.match(
+  /^INSERT INTO outbox_schema \(version, applied_at\)\n\s+VALUES \((\d+),/m,
+)?.[1];
 if (version === undefined) {
-  throw new Error("schema.sql must set PRAGMA user_version");
+  throw new Error("schema.sql must insert its version into outbox_schema");
 }
 const literal = sql.replaceAll("\\", "\\\\").replaceAll("`", "\\`").replaceAll(
   "${",
@@ -18,13 +20,17 @@ const module = `/**
  * @module
  */
 
-/** The schema version \`Outbox.open()\` applies, stored in \`PRAGMA user_version\`. */
+/**
+ * The schema version \`Outbox.open()\` applies, stored in the table
+ * \`outbox_schema\` (never in \`PRAGMA user_version\`, the application's).
+ */
 export const SCHEMA_VERSION = ${version};
 
 /**
  * The text of \`schema.sql\`: STRICT tables \`outbox_events\` and
- * \`outbox_attempts\`, the indexes the claim query uses and the ledger views
- * \`outbox_unwritten_attempts\` and \`outbox_ledger\`.
+ * \`outbox_attempts\`, the indexes the claim query uses, the ledger views
+ * \`outbox_unwritten_attempts\` and \`outbox_ledger\`, and the version table
+ * \`outbox_schema\`.
  */
 export const SCHEMA_SQL: string = \`${literal}\`;
 `;

@@ -2,12 +2,14 @@ import assert from "node:assert/strict";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { tempDir } from "./helpers.ts";
 
 const root = dirname(dirname(fileURLToPath(import.meta.url)));
 
 Deno.test("the demo applies every event's effect once at its inbox recipient through a crash and a pause, and its summary adds up", async () => {
-  const dir = await Deno.makeTempDir({ prefix: "demo-test-" });
-  const path = join(dir, "outbox.db");
+  await using dir = await tempDir();
+  const path = join(dir.path, "outbox.db");
+  await using tmp = await tempDir();
   const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
     args: [
       "run",
@@ -23,11 +25,13 @@ Deno.test("the demo applies every event's effect once at its inbox recipient thr
       "--json",
     ],
     cwd: root,
+    env: { TMPDIR: tmp.path },
     stdout: "piped",
     stderr: "piped",
   }).output();
   const output = new TextDecoder().decode(stdout);
   assert.equal(code, 0, output + new TextDecoder().decode(stderr));
+  assert.deepEqual(await entries(tmp.path), []);
 
   // The seed scenario's six results, in order.
   const seed = [...output.matchAll(/→ (\S+)$/gm)].map((match) => match[1]);
@@ -129,5 +133,99 @@ Deno.test("the demo applies every event's effect once at its inbox recipient thr
     await recipient.query("SELECT identity FROM shipments ORDER BY identity"),
     identities,
   );
-  await Deno.remove(dir, { recursive: true });
 });
+
+Deno.test("the demo run without a database path removes its temporary directory", async () => {
+  await using tmp = await tempDir();
+  const { code, stdout } = await demo([
+    "--events",
+    "10",
+    "--poison",
+    "1",
+    "--lease-ms",
+    "1000",
+  ], {
+    TMPDIR: tmp.path,
+  }).output();
+  const output = new TextDecoder().decode(stdout);
+  assert.equal(code, 0, output);
+  assert.match(output, /^database \S+ \(removed at exit\)$/m);
+  assert.deepEqual(await entries(tmp.path), []);
+});
+
+Deno.test("the demo stopped with SIGTERM midway stops its processes and removes its temporary directory", async () => {
+  await using tmp = await tempDir();
+  const child = demo(["--events", "100000"], { TMPDIR: tmp.path }).spawn();
+  const reader = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
+  let output = "";
+  while (!output.includes("\nRun: ")) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    output += value;
+  }
+  child.kill("SIGTERM");
+  await reader.cancel();
+  // The workers and the producer inherit the demo's stderr: it ends only
+  // when every one of them has exited.
+  const stderr = await new Response(child.stderr).text();
+  const { code } = await child.status;
+  assert.equal(code, 143, output + stderr);
+  assert.deepEqual(await entries(tmp.path), []);
+});
+
+Deno.test("the demo and its processes load only the npm packages they import (the WASM build, the OpenTelemetry API)", async () => {
+  // A Deno cache holding those packages and no way out to the registry:
+  // any other package the run needed would fail to download.
+  await using denoDir = await tempDir();
+  const info = await new Deno.Command(Deno.execPath(), {
+    args: ["info", "--json"],
+    stdout: "piped",
+  }).output();
+  const { npmCache } = JSON.parse(new TextDecoder().decode(info.stdout));
+  const registry = join(denoDir.path, "npm", "registry.npmjs.org");
+  await Deno.mkdir(registry, { recursive: true });
+  const copy = await new Deno.Command("cp", {
+    args: [
+      "-R",
+      join(npmCache, "registry.npmjs.org", "@sqlite.org"),
+      join(npmCache, "registry.npmjs.org", "@opentelemetry"),
+      registry,
+    ],
+  }).output();
+  assert.equal(copy.code, 0);
+  await using tmp = await tempDir();
+  const { code, stdout, stderr } = await demo(
+    ["--events", "10", "--poison", "1", "--lease-ms", "1000"],
+    {
+      DENO_DIR: denoDir.path,
+      HTTPS_PROXY: "http://127.0.0.1:9",
+      NO_PROXY: "127.0.0.1",
+      TMPDIR: tmp.path,
+    },
+  ).output();
+  const errors = new TextDecoder().decode(stderr);
+  assert.equal(code, 0, new TextDecoder().decode(stdout) + errors);
+  assert.doesNotMatch(errors, /Download/);
+  assert.deepEqual(
+    await entries(join(denoDir.path, "npm", "registry.npmjs.org")),
+    ["@opentelemetry", "@sqlite.org"],
+  );
+});
+
+/** The demo as the README runs it, with `args` and `env` added. */
+function demo(args: string[], env: Record<string, string>): Deno.Command {
+  return new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", "demo.ts", ...args],
+    cwd: root,
+    env: { ...env, NO_COLOR: "1" },
+    stdout: "piped",
+    stderr: "piped",
+  });
+}
+
+/** The names in a directory, sorted. */
+async function entries(dir: string): Promise<string[]> {
+  const names = [];
+  for await (const entry of Deno.readDir(dir)) names.push(entry.name);
+  return names.sort();
+}

@@ -82,6 +82,7 @@ export interface Harness {
 class CountingDriver implements Driver {
   sent = 0;
   readonly busyWait?: (timeoutMs: number) => Promise<void>;
+  readonly inTransaction?: () => boolean;
 
   readonly watchEnqueues?: (
     listener: () => void,
@@ -95,6 +96,7 @@ class CountingDriver implements Driver {
     if (inner.watchEnqueues) {
       this.watchEnqueues = (listener) => inner.watchEnqueues!(listener);
     }
+    if (inner.inTransaction) this.inTransaction = () => inner.inTransaction!();
   }
 
   query(sql: string, params?: readonly SqlValue[]): Promise<Row[]> {
@@ -160,8 +162,17 @@ export interface BenchOutput {
   readonly smoke: boolean;
 }
 
-/** Runs a `bench/` script with `--smoke` and parses its table and JSON. */
-export async function runBenchSmoke(script: string): Promise<BenchOutput> {
+/**
+ * Runs a `bench/` script with `--smoke` and parses its table and JSON, the
+ * only things its stdout may hold.
+ *
+ * @param script The script's file name in `bench/`.
+ * @param env Variables added to the script's environment.
+ */
+export async function runBenchSmoke(
+  script: string,
+  env: Record<string, string> = {},
+): Promise<BenchOutput> {
   const output = await new Deno.Command(Deno.execPath(), {
     args: [
       "run",
@@ -171,6 +182,7 @@ export async function runBenchSmoke(script: string): Promise<BenchOutput> {
       new URL(`../bench/${script}`, import.meta.url).pathname,
       "--smoke",
     ],
+    env,
     stdout: "piped",
     stderr: "piped",
   }).output();
@@ -182,4 +194,23 @@ export async function runBenchSmoke(script: string): Promise<BenchOutput> {
   );
   const { rows, smoke } = JSON.parse(json!);
   return { tableLines: table!.split("\n"), rows, smoke };
+}
+
+/** A temporary directory that `await using` removes with its contents. */
+export interface TempDir extends AsyncDisposable {
+  readonly path: string;
+}
+
+/**
+ * Makes a temporary directory (under `TMPDIR`) for one test.
+ *
+ * @param prefix Starts the directory's name.
+ * @returns The directory; dispose it with `await using`, on every path out.
+ */
+export async function tempDir(prefix = "outbox-test-"): Promise<TempDir> {
+  const path = await Deno.makeTempDir({ prefix });
+  return {
+    path,
+    [Symbol.asyncDispose]: () => Deno.remove(path, { recursive: true }),
+  };
 }

@@ -23,6 +23,7 @@ import {
   LeaseLostError,
   Outbox,
 } from "../mod.ts";
+import type { Driver } from "../driver.ts";
 import type { Connections } from "./drivers.ts";
 import { ManualClock } from "./helpers.ts";
 
@@ -547,11 +548,21 @@ export type WorkerCommand =
 /**
  * One generated step: a worker's call, a clock move (possibly backwards;
  * `toDeadline` sets the clock next to a held lease's deadline, where
- * off-by-one faults live), or two calls started at once whose results must match one of the two
- * serial orders.
+ * off-by-one faults live), two calls started at once whose results must match one of the two
+ * serial orders, or an application transaction on a worker's connection:
+ * `BEGIN`, a business row, `outbox.enqueue` (and `outbox.acknowledge` of a
+ * held lease when `lease` is set) joining it, then `COMMIT` or `ROLLBACK`.
  */
 export type Command =
   | WorkerCommand
+  | {
+    readonly op: "application";
+    readonly worker: number;
+    readonly payload: unknown;
+    readonly dedupKey?: string;
+    readonly lease?: number;
+    readonly commit: boolean;
+  }
   | { readonly op: "advance"; readonly ms: number }
   | {
     readonly op: "toDeadline";
@@ -788,6 +799,17 @@ export const commandArbitrary: fc.Arbitrary<Command> = fc.oneof(
   {
     weight: 3,
     arbitrary: fc.record({
+      op: fc.constant("application" as const),
+      worker,
+      payload,
+      dedupKey,
+      lease: optional(leaseIndex),
+      commit: fc.boolean(),
+    }).map((c) => printable<Command>(c)),
+  },
+  {
+    weight: 3,
+    arbitrary: fc.record({
       op: fc.constant("together" as const),
       first: workerCommand,
       second: workerCommand,
@@ -824,6 +846,10 @@ export interface ModelTestReport {
   readonly concurrentSteps: number;
   /** Clock moves (forwards, backwards or by zero). */
   readonly clockMoves: number;
+  /** Application transactions that enqueued on the outbox's connection. */
+  readonly applicationTransactions: number;
+  /** Of those, the ones the application committed. */
+  readonly committed: number;
 }
 
 /** The clock starts at a realistic epoch time, so exact integers are exercised. */
@@ -843,7 +869,14 @@ export async function runModelTest(
   open: () => Promise<Connections>,
   options: ModelTestOptions = {},
 ): Promise<ModelTestReport> {
-  const report = { runs: 0, steps: 0, concurrentSteps: 0, clockMoves: 0 };
+  const report = {
+    runs: 0,
+    steps: 0,
+    concurrentSteps: 0,
+    clockMoves: 0,
+    applicationTransactions: 0,
+    committed: 0,
+  };
   const property = fc.asyncProperty(
     fc.array(workerSetup, { minLength: 3, maxLength: 3 }),
     fc.array(commandArbitrary, {
@@ -856,14 +889,16 @@ export async function runModelTest(
       const clock = new ManualClock(START_MS);
       const workers: Worker[] = [];
       try {
+        // The application's own migrations, in the same file, first.
+        await connections.drivers[0]!.exec(
+          "CREATE TABLE app_orders (id INTEGER PRIMARY KEY, note TEXT); PRAGMA user_version = 7",
+        );
         for (const [i, driver] of connections.drivers.entries()) {
           const setup = setups[i % setups.length]!;
           workers.push({
             index: i,
-            outbox: await Outbox.open(driver, {
-              now: clock.now,
-              ...setup,
-            }),
+            driver,
+            outbox: await Outbox.open(driver, { now: clock.now, ...setup }),
             leaseMs: setup.leaseMs ?? 30_000,
             maxAttempts: setup.maxAttempts ?? 5,
           });
@@ -880,6 +915,11 @@ export async function runModelTest(
                 clock.set(deadline + command.offsetMs);
                 report.clockMoves += 1;
               }
+            } else if (command.op === "application") {
+              if (await run.application(command)) {
+                report.steps += 1;
+                report.applicationTransactions += 1;
+              }
             } else if (command.op === "together") {
               const ran = await run.together(command.first, command.second);
               report.steps += ran.calls;
@@ -895,6 +935,11 @@ export async function runModelTest(
           }
         }
         await run.checkEveryEvent();
+        report.committed += run.committed;
+        const [version] = await connections.drivers[0]!.query(
+          "PRAGMA user_version",
+        );
+        assert.equal(version?.["user_version"], 7);
       } finally {
         for (const w of workers) await w.outbox.close();
         await connections.close();
@@ -911,6 +956,8 @@ export async function runModelTest(
 
 interface Worker {
   readonly index: number;
+  /** The connection the worker's outbox and its application share. */
+  readonly driver: Driver;
   readonly outbox: Outbox;
   readonly leaseMs: number;
   readonly maxAttempts: number;
@@ -972,6 +1019,8 @@ type Outcome = { ok: true; value: unknown } | { ok: false; error: unknown };
 class Run {
   #model = new ReferenceOutbox();
   #books: Books;
+  /** Business rows the application committed. */
+  committed = 0;
 
   constructor(
     readonly clock: ManualClock,
@@ -1053,6 +1102,69 @@ class Run {
     throw new Error(
       `no serial order explains the results:\n${mismatches.join("\n---\n")}`,
     );
+  }
+
+  /**
+   * An application transaction on a worker's connection, with the outbox's
+   * calls joining it: on COMMIT the model takes the enqueue (and the
+   * acknowledgement) as one atomic call; on ROLLBACK, or when the
+   * acknowledgement threw, nothing changes. The business rows must follow.
+   *
+   * @returns `false` when `lease` is set and the worker holds none.
+   */
+  async application(
+    command: Extract<Command, { op: "application" }>,
+  ): Promise<boolean> {
+    const worker = this.workers[command.worker % this.workers.length]!;
+    const held = this.#books.held[worker.index]!;
+    const lease = command.lease === undefined || held.length === 0
+      ? undefined
+      : held[held.length - 1 - (command.lease % held.length)];
+    if (command.lease !== undefined && lease === undefined) return false;
+    const now = this.clock.ms;
+    const options = present({ dedupKey: command.dedupKey });
+    const modelOptions = enqueueOptions(worker, options);
+    const { driver, outbox } = worker;
+    await driver.run("BEGIN IMMEDIATE");
+    const real = await settleAsync(async () => {
+      await driver.run("INSERT INTO app_orders (note) VALUES (?)", [
+        `${command.worker}`,
+      ]);
+      const result = await outbox.enqueue(command.payload, options);
+      if (lease !== undefined) await outbox.acknowledge(lease.real);
+      return result;
+    });
+    assert.equal(driver.inTransaction?.(), true, "the outbox ended it");
+    const commit = command.commit && real.ok;
+    await driver.run(commit ? "COMMIT" : "ROLLBACK");
+    const model = commit ? this.#model : this.#model.clone();
+    const books = commit ? this.#books : copyBooks(this.#books);
+    const expected = settle(() =>
+      lease === undefined
+        ? model.enqueue(now, command.payload, modelOptions)
+        : model.enqueueAndAcknowledge(
+          now,
+          command.payload,
+          modelOptions,
+          lease.model,
+        )
+    );
+    judge(
+      {
+        model: () => undefined,
+        real: () => Promise.resolve(),
+        check: enqueued,
+      },
+      real,
+      expected,
+      books,
+    );
+    if (commit) this.committed += 1;
+    const [rows] = await driver.query(
+      "SELECT count(*) AS n FROM app_orders",
+    );
+    assert.equal(rows?.["n"], this.committed, "business rows");
+    return true;
   }
 
   /** After a sequence: every event the model or the database has agrees. */

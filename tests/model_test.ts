@@ -16,13 +16,19 @@ for (const driver of DRIVERS) {
     ? "file"
     : "memory";
   const numRuns = RUNS[kind];
-  Deno.test(`${driver.name}: model-based: random claim/acknowledge/renew/release/clock sequences on three connections match the reference model, every event keeping the identity its enqueue returned`, async () => {
+  Deno.test(`${driver.name}: model-based: random claim/acknowledge/renew/release/clock sequences on three connections, shared with application transactions that commit or roll back, match the reference model, every event keeping the identity its enqueue returned`, async () => {
     const report = await runModelTest(() => driver.open(3), { numRuns });
     console.log(report);
     assert.equal(report.runs, numRuns);
     assert.ok(
       report.steps >= MIN_STEPS[kind],
       `only ${report.steps} steps`,
+    );
+    // Both ends of the application's transactions were exercised.
+    assert.ok(report.committed > 0, JSON.stringify(report));
+    assert.ok(
+      report.applicationTransactions > report.committed,
+      JSON.stringify(report),
     );
   });
 }

@@ -179,6 +179,89 @@ Deno.test("bad paths and options throw before opening", async () => {
   );
 });
 
+/** A rollback-journal database with one row, made read-only (0444). */
+async function readOnlyFile(path: string): Promise<Uint8Array> {
+  const db = await openNodeSqlite(path, { journalMode: "delete" });
+  await db.exec("CREATE TABLE t(x INTEGER) STRICT; INSERT INTO t VALUES (7)");
+  await db.close();
+  await Deno.chmod(path, 0o444);
+  return await Deno.readFile(path);
+}
+
+Deno.test("readOnly opens a 0444 file in its own journal mode, reads it, refuses writes and leaves it unchanged", async () => {
+  await using file = await tempFile();
+  const before = await readOnlyFile(file.path);
+  {
+    await using db = await openNodeSqlite(file.path, { readOnly: true });
+    assert.deepEqual(await db.query("SELECT x FROM t"), [{ x: 7 }]);
+    assert.deepEqual(await db.query("PRAGMA journal_mode"), [{
+      journal_mode: "delete",
+    }]);
+    // SQLITE_OPEN_READONLY refuses writes even to root, who may write 0444.
+    await assert.rejects(
+      db.run("INSERT INTO t VALUES (8)"),
+      (error) => error instanceof SqliteError && error.code === 8,
+    );
+  }
+  assert.deepEqual(await Deno.readFile(file.path), before);
+  assert.deepEqual(
+    [...Deno.readDirSync(join(file.path, ".."))].map((e) => e.name),
+    ["test.db"],
+  );
+  await assert.rejects(
+    // @ts-expect-error: the flag is checked at run time too
+    openNodeSqlite(file.path, { readOnly: "yes" }),
+    new TypeError(
+      "Cannot open database as 'readOnly' must be a boolean: current value is yes",
+    ),
+  );
+});
+
+Deno.test("a file the process may not write opens with the default options and keeps its journal mode", async () => {
+  await using file = await tempFile();
+  const before = await readOnlyFile(file.path);
+  const dir = join(file.path, "..");
+  const code = `
+    import { openNodeSqlite } from ${
+    JSON.stringify(new URL("../node_sqlite.ts", import.meta.url).href)
+  };
+    const db = await openNodeSqlite(${JSON.stringify(file.path)});
+    const rows = await db.query("SELECT x FROM t");
+    const mode = await db.query("PRAGMA journal_mode");
+    const write = await db.run("INSERT INTO t VALUES (8)").then(() => "written", (e) => e.code);
+    await db.close();
+    console.log(JSON.stringify({ rows, mode, write }));
+  `;
+  const deno = [Deno.execPath(), "eval", "--no-config", code];
+  // chmod 0444 stops no write by root: as root, the reader runs in its own
+  // mount namespace where the database's directory is mounted read-only.
+  const asRoot = Deno.uid() === 0;
+  const { success, stdout, stderr } = await new Deno.Command(
+    asRoot ? "unshare" : deno[0]!,
+    {
+      args: asRoot
+        ? [
+          "-m",
+          "sh",
+          "-c",
+          'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"',
+          dir,
+          ...deno,
+        ]
+        : deno.slice(1),
+      stdout: "piped",
+      stderr: "piped",
+    },
+  ).output();
+  assert.ok(success, new TextDecoder().decode(stderr));
+  assert.deepEqual(JSON.parse(new TextDecoder().decode(stdout)), {
+    rows: [{ x: 7 }],
+    mode: [{ journal_mode: "delete" }],
+    write: 8,
+  });
+  assert.deepEqual(await Deno.readFile(file.path), before);
+});
+
 Deno.test("opening waits up to busyTimeoutMs while another connection holds the lock the journal mode needs", async () => {
   await using file = await tempFile();
   await using holder = await openNodeSqlite(file.path, {

@@ -577,17 +577,6 @@ for (const driver of DRIVERS) {
     assert.notDeepEqual(await snapshot(raw), before);
   });
 
-  test("open() refuses a database whose user_version belongs to another schema, and closes the connection it owns", async ({ open, raw }) => {
-    await raw.exec("CREATE TABLE app (x INTEGER); PRAGMA user_version = 3");
-    const [before] = await raw.query("PRAGMA user_version");
-    assert.equal(before?.["user_version"], 3);
-    await assert.rejects(
-      () => open(),
-      /user_version is 3 but it has no outbox tables/,
-    );
-    await assert.rejects(() => raw.query("PRAGMA user_version"));
-  });
-
   for (const older of [1, 2, 3]) {
     test(`open() upgrades a version ${older} database in place: its history reads the same and calls after it are recorded once`, async ({ clock, open, raw }) => {
       const fixture = (v: number) =>
@@ -639,8 +628,16 @@ for (const driver of DRIVERS) {
 
       clock.set(30);
       const [a] = await open();
+      // The older release's user_version goes back to the application.
       const [version] = await raw.query("PRAGMA user_version");
-      assert.equal(version?.["user_version"], SCHEMA_VERSION);
+      assert.equal(version?.["user_version"], 0);
+      assert.deepEqual(
+        await raw.query("SELECT version FROM outbox_schema ORDER BY version"),
+        Array.from(
+          { length: SCHEMA_VERSION - older + 1 },
+          (_, i) => ({ version: older + i }),
+        ),
+      );
       assert.deepEqual(
         await raw.query(
           "SELECT name FROM sqlite_schema WHERE type = 'trigger'",
@@ -736,15 +733,69 @@ for (const driver of DRIVERS) {
     });
   }
 
-  test("open() applies the schema once and refuses a newer schema version", async ({ open, raw }) => {
+  test("open() applies the schema once, records its version in outbox_schema and refuses a newer one", async ({ open, raw }) => {
     await open();
     await open();
+    assert.deepEqual(await raw.query("SELECT version FROM outbox_schema"), [{
+      version: SCHEMA_VERSION,
+    }]);
     const [version] = await raw.query("PRAGMA user_version");
-    assert.equal(version?.["user_version"], SCHEMA_VERSION);
-    await raw.exec(`PRAGMA user_version = ${SCHEMA_VERSION + 1}`);
-    await assert.rejects(
-      () => open(),
-      new RegExp(`schema version ${SCHEMA_VERSION + 1}, not ${SCHEMA_VERSION}`),
+    assert.equal(version?.["user_version"], 0);
+    await raw.run(
+      "INSERT INTO outbox_schema (version, applied_at) VALUES (?, 0)",
+      [SCHEMA_VERSION + 1],
+    );
+    await assert.rejects(() => open(), {
+      name: "SchemaVersionError",
+      version: SCHEMA_VERSION + 1,
+      supported: SCHEMA_VERSION,
+      message: new RegExp(
+        `schema version ${
+          SCHEMA_VERSION + 1
+        }, newer than this release's ${SCHEMA_VERSION}`,
+      ),
+    });
+    // Like any open that fails, it closed the connection it was given.
+    await assert.rejects(() => raw.query("SELECT 1"));
+  });
+
+  test("open() upgrades a version 4 file that kept its version in user_version: the version moves to outbox_schema and user_version goes back to 0", async ({ open, raw }) => {
+    await raw.exec(
+      await Deno.readTextFile(
+        new URL("./fixtures/schema_v4.sql", import.meta.url),
+      ),
+    );
+    await raw.run(
+      `INSERT INTO outbox_events (queue, state, payload, due_at, max_attempts, created_at, updated_at, identity)
+       VALUES ('default', 'pending', '"legacy"', 0, 5, 0, 0, '0190a8b0-0000-7000-8000-000000000001')`,
+    );
+    const [a] = await open();
+    assert.deepEqual(await raw.query("PRAGMA user_version"), [{
+      user_version: 0,
+    }]);
+    assert.deepEqual(await raw.query("SELECT version FROM outbox_schema"), [{
+      version: 4,
+    }]);
+    const lease = await a!.claim();
+    assert.equal(lease?.payload, "legacy");
+    assert.equal(await a!.acknowledge(lease!), true);
+  });
+
+  test("open() leaves a user_version that differs from the legacy tables' version to the application", async ({ open, raw }) => {
+    await raw.exec(
+      await Deno.readTextFile(
+        new URL("./fixtures/schema_v3.sql", import.meta.url),
+      ),
+    );
+    // The application took user_version over after the older release ran.
+    await raw.exec("PRAGMA user_version = 42");
+    await open();
+    assert.deepEqual(await raw.query("PRAGMA user_version"), [{
+      user_version: 42,
+    }]);
+    assert.deepEqual(
+      await raw.query("SELECT version FROM outbox_schema ORDER BY version"),
+      [{ version: 3 }, { version: 4 }],
     );
   });
 }

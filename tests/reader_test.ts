@@ -110,7 +110,7 @@ Deno.test("OutboxReader refuses a database without an outbox, or with another sc
   {
     await using db = await openSqliteWasm(path);
     await db.exec(
-      "CREATE TABLE outbox_events (id INTEGER PRIMARY KEY); PRAGMA user_version = 2",
+      "CREATE TABLE outbox_events (id INTEGER PRIMARY KEY); CREATE TABLE outbox_schema (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL); INSERT INTO outbox_schema VALUES (2, 0)",
     );
   }
   await assert.rejects(

@@ -1,7 +1,7 @@
 /** The schema as applied, and the core's query plans against it. */
 import assert from "node:assert/strict";
-import { Outbox, SCHEMA_SQL } from "../mod.ts";
-import { SQL } from "../lease.ts";
+import { Outbox, SCHEMA_SQL, SCHEMA_VERSION } from "../mod.ts";
+import { SQL, UPGRADES } from "../lease.ts";
 import {
   loadSqlite3,
   openSqliteWasm,
@@ -116,6 +116,13 @@ Deno.test("claims and acknowledgements never make SQLite recompile a statement",
     }
   }
   assert.deepEqual(recompiled, []);
+});
+
+Deno.test("UPGRADES holds one step from each version below SCHEMA_VERSION, so every older database reaches the current one", () => {
+  assert.deepEqual(
+    [...UPGRADES.keys()].sort((a, b) => a - b),
+    Array.from({ length: SCHEMA_VERSION - 1 }, (_, i) => i + 1),
+  );
 });
 
 Deno.test("a version 3 file upgraded in place has the same columns, indexes and views as a fresh one", async () => {

@@ -90,16 +90,21 @@ for (const journalMode of MODES) {
           await worker.status();
           assert.fail(`worker did not start: ${await worker.stderr()}`);
         }
+        // The kill comes at a random moment after the first commit, so a
+        // loaded machine's slow start cannot leave a trial without one.
+        const committed = Promise.withResolvers<void>();
         const output = (async () => {
           for (let line; (line = await worker.next()) !== undefined;) {
+            committed.resolve();
             const [kind, id, token] = line.split(" ");
             if (kind === "E") enqueued.add(Number(id));
             else if (kind === "C") claimed.set(Number(id), token!);
             else if (kind === "A") acknowledged.set(Number(id), token!);
           }
-        })();
+        })().finally(() => committed.resolve());
+        await committed.promise;
         await new Promise((resolve) =>
-          setTimeout(resolve, 50 + Math.random() * 450)
+          setTimeout(resolve, Math.random() * 450)
         );
         worker.kill();
         const status = await worker.status();
@@ -206,6 +211,125 @@ for (const journalMode of ["truncate", "delete", "persist"] as const) {
         committed,
         "the file is back to its committed bytes",
       );
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  });
+}
+
+/** A 300-row table of zeroblobs, and the file's committed bytes. */
+async function seedSpillTable(
+  path: string,
+  journalMode: JournalMode,
+): Promise<Uint8Array> {
+  await using db = await openSqliteWasm(path, { journalMode });
+  await db.exec(
+    "CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB NOT NULL) STRICT; WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300) INSERT INTO t SELECT i, zeroblob(1000) FROM n",
+  );
+  await db.close();
+  return await Deno.readFile(path);
+}
+
+/** Runs the native `sqlite3` CLI on `path` with `sql`; returns its output. */
+async function nativeSqlite(path: string, sql: string): Promise<string> {
+  const output = await new Deno.Command("sqlite3", {
+    args: ["-bail", path, sql],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const stderr = new TextDecoder().decode(output.stderr);
+  assert.equal(output.code, 0, stderr);
+  return new TextDecoder().decode(output.stdout).trim();
+}
+
+for (const journalMode of ["truncate", "delete", "persist"] as const) {
+  Deno.test(`crash (${journalMode}): native sqlite3 killed after spilling pages leaves a hot journal that a WASM opener, shut out until then, rolls back`, async () => {
+    const dir = await Deno.makeTempDir({
+      prefix: `vfs_native_${journalMode}_`,
+    });
+    const path = join(dir, "spill.db");
+    try {
+      const committed = await seedSpillTable(path, journalMode);
+      await using reader = await openSqliteWasm(path, { journalMode });
+      const native = new Deno.Command("sqlite3", {
+        args: [path],
+        stdin: "piped",
+        stdout: "piped",
+        stderr: "piped",
+      }).spawn();
+      const lines = native.stdout.pipeThrough(new TextDecoderStream())
+        .getReader();
+      const writer = native.stdin.getWriter();
+      try {
+        await writer.write(
+          new TextEncoder().encode(
+            `PRAGMA journal_mode=${journalMode}; PRAGMA cache_size=2; BEGIN; UPDATE t SET v = randomblob(1000);\n.print spilled\n`,
+          ),
+        );
+        let printed = "";
+        while (!printed.includes("spilled")) {
+          const { value, done } = await lines.read();
+          assert.equal(done, false, "sqlite3 ended early");
+          printed += value;
+        }
+        assert.notDeepEqual(await Deno.readFile(path), committed);
+        // The native writer holds EXCLUSIVE: the WASM reader is shut out
+        // rather than reading its uncommitted pages or its live journal.
+        await assert.rejects(reader.query("SELECT count(*) FROM t"), BusyError);
+        native.kill("SIGKILL");
+        assert.equal((await native.status).signal, "SIGKILL");
+      } finally {
+        await writer.close().catch(() => {});
+        await lines.cancel();
+        await native.stderr.cancel();
+      }
+      assert.equal(await hotJournal(path), true);
+      assert.deepEqual(
+        await reader.query(
+          "SELECT count(*) AS n, count(*) FILTER (WHERE v = zeroblob(1000)) AS untouched FROM t",
+        ),
+        [{ n: 300, untouched: 300 }],
+      );
+      assert.deepEqual(await reader.query("PRAGMA integrity_check"), [{
+        integrity_check: "ok",
+      }]);
+      assert.equal(await hotJournal(path), false);
+      assert.deepEqual(await Deno.readFile(path), committed);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  });
+
+  Deno.test(`crash (${journalMode}): a WASM writer killed after spilling pages leaves a hot journal that native sqlite3, shut out until then, rolls back`, async () => {
+    const dir = await Deno.makeTempDir({ prefix: `vfs_wasm_${journalMode}_` });
+    const path = join(dir, "spill.db");
+    try {
+      const committed = await seedSpillTable(path, journalMode);
+      await using writer = new Child("spill", path, journalMode);
+      assert.equal(await writer.next(), "spilled");
+      assert.notDeepEqual(await Deno.readFile(path), committed);
+      const shutOut = await new Deno.Command("sqlite3", {
+        args: [path, "SELECT count(*) FROM t"],
+        stdout: "piped",
+        stderr: "piped",
+      }).output();
+      assert.notEqual(shutOut.code, 0);
+      assert.match(
+        new TextDecoder().decode(shutOut.stderr),
+        /database is locked/,
+      );
+      writer.kill();
+      assert.equal((await writer.status()).signal, "SIGKILL");
+      assert.equal(await hotJournal(path), true);
+      assert.equal(
+        await nativeSqlite(
+          path,
+          "SELECT count(*), count(*) FILTER (WHERE v = zeroblob(1000)) FROM t; PRAGMA integrity_check",
+        ),
+        "300|300\nok",
+      );
+      assert.equal(await hotJournal(path), false);
+      assert.deepEqual(await Deno.readFile(path), committed);
     } finally {
       await Deno.remove(dir, { recursive: true });
     }

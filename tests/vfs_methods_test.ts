@@ -5,6 +5,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { installDenoFileVfs, loadSqlite3 } from "../sqlite_wasm_deno.ts";
+import { locksOn } from "./fixtures/vfs_locks.ts";
 
 const SHARED = 1;
 const RESERVED = 2;
@@ -201,16 +202,27 @@ Deno.test("xCheckReservedLock reports RESERVED only while some connection holds 
   });
 });
 
-Deno.test("unlocking to NONE frees every sidecar lock", () => {
+Deno.test("the lock levels are os_unix.c's byte-range locks on the database file, and unlocking to NONE frees them all", () => {
   withFiles(1, ([a], path) => {
     assert.equal(a!.lock(SHARED), OK);
+    assert.deepEqual(locksOn(path), ["READ 1073741826 1073742335"]);
+    assert.equal(a!.lock(RESERVED), OK);
+    assert.deepEqual(locksOn(path), [
+      "READ 1073741826 1073742335",
+      "WRITE 1073741825 1073741825",
+    ]);
+    assert.equal(a!.lock(EXCLUSIVE), OK);
+    assert.deepEqual(locksOn(path), [
+      "WRITE 1073741824 1073741824",
+      "WRITE 1073741825 1073741825",
+      "WRITE 1073741826 1073742335",
+    ]);
+    assert.equal(a!.unlock(SHARED), OK);
+    assert.deepEqual(locksOn(path), ["READ 1073741826 1073742335"]);
     assert.equal(a!.lock(RESERVED), OK);
     assert.equal(a!.lock(EXCLUSIVE), OK);
     assert.equal(a!.unlock(NONE), OK);
-    for (const kind of ["pending", "reserved", "shared", "waiting"]) {
-      using probe = Deno.openSync(`${path}-${kind}.lock`, { read: true });
-      assert.equal(probe.tryLockSync(true), true, `${kind} is free`);
-    }
+    assert.deepEqual(locksOn(path), []);
   });
 });
 

@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { BusyError, SqliteError } from "../errors.ts";
+import { locksOn } from "./fixtures/vfs_locks.ts";
 import {
   type DenoSqliteWasmOptions,
   openSqliteWasm,
@@ -67,10 +68,7 @@ Deno.test("lock matrix over SQL: readers during RESERVED, one writer, COMMIT wai
     // Every connection is back to NONE: an exclusive transaction succeeds.
     await other.exec("BEGIN EXCLUSIVE");
     await other.exec("COMMIT");
-    for (const kind of ["pending", "reserved", "shared", "waiting"]) {
-      using probe = await Deno.open(`${path}-${kind}.lock`, { read: true });
-      assert.equal(probe.tryLockSync(true), true, `${kind} sidecar is free`);
-    }
+    assert.deepEqual(locksOn(path), []);
   });
 });
 
@@ -261,10 +259,6 @@ Deno.test("a symlink and the real path share one journal and one set of locks", 
       "link.db",
       "real.db",
       "real.db-journal",
-      "real.db-pending.lock",
-      "real.db-reserved.lock",
-      "real.db-shared.lock",
-      "real.db-waiting.lock",
     ]);
   });
 });
@@ -284,23 +278,20 @@ Deno.test("a failed open says why, not only 'unable to open database file'", asy
   });
 });
 
-Deno.test("a database file with a second hard link is refused: its locks would not be shared", async () => {
+Deno.test("two hard links of one database share its locks: a writer through one name shuts out a writer through the other", async () => {
   await withDir(async (dir) => {
     const path = join(dir, "linked.db");
-    {
-      await using db = await open(path);
-      await db.exec("CREATE TABLE t(x)");
-    }
-    await Deno.link(path, join(dir, "other.db"));
-    await assert.rejects(
-      open(path),
-      new RegExp(
-        `^SqliteError: unable to open database file: Refusing ${path}: it has 2 hard links, which would not share locks$`,
-      ),
-    );
-    await Deno.remove(join(dir, "other.db"));
-    await using db = await open(path);
-    assert.deepEqual(await db.query("SELECT count(*) AS n FROM t"), [{ n: 0 }]);
+    const other = join(dir, "other.db");
+    await using a = await open(path);
+    await a.exec("CREATE TABLE t(x)");
+    await Deno.link(path, other);
+    await using b = await open(other);
+    await a.exec("BEGIN IMMEDIATE");
+    await a.run("INSERT INTO t VALUES (1)");
+    await assert.rejects(b.exec("BEGIN IMMEDIATE"), BusyError);
+    await a.exec("COMMIT");
+    await b.run("INSERT INTO t VALUES (2)");
+    assert.deepEqual(await a.query("SELECT count(*) AS n FROM t"), [{ n: 2 }]);
   });
 });
 
@@ -348,10 +339,6 @@ Deno.test("nameless temporary files (temp_store=FILE) work and leave nothing on 
     const names = [...Deno.readDirSync(dir)].map((e) => e.name).sort();
     assert.deepEqual(names, [
       "temp.db",
-      "temp.db-pending.lock",
-      "temp.db-reserved.lock",
-      "temp.db-shared.lock",
-      "temp.db-waiting.lock",
     ]);
   });
 });
@@ -442,5 +429,107 @@ Deno.test("a native WAL-mode file is switched to the requested rollback mode", a
       journal_mode: "delete",
     }]);
     assert.deepEqual(await db.query("SELECT x FROM t"), [{ x: 1 }]);
+  });
+});
+
+Deno.test("without --allow-ffi a file path fails at once naming the flag, and :memory: still works", async () => {
+  await withDir(async (dir) => {
+    const module = new URL("../sqlite_wasm_deno.ts", import.meta.url).href;
+    const script = `
+      const { openSqliteWasm } = await import(${JSON.stringify(module)});
+      const memory = await openSqliteWasm(":memory:");
+      console.log(JSON.stringify(await memory.query("SELECT 1 AS one")));
+      await memory.close();
+      try {
+        await openSqliteWasm(${JSON.stringify(join(dir, "x.db"))});
+        console.log("opened");
+      } catch (error) {
+        console.log(error.message);
+      }
+    `;
+    // `deno eval` would grant every permission.
+    const file = join(dir, "script.ts");
+    await Deno.writeTextFile(file, script);
+    const output = await new Deno.Command(Deno.execPath(), {
+      args: [
+        "run",
+        "--no-prompt",
+        "--allow-read",
+        "--allow-write",
+        "--allow-env",
+        "--config",
+        new URL("../deno.json", import.meta.url).pathname,
+        file,
+      ],
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const lines = new TextDecoder().decode(output.stdout).trim().split("\n");
+    assert.equal(output.code, 0, new TextDecoder().decode(output.stderr));
+    assert.equal(lines[0], '[{"one":1}]');
+    assert.match(lines[1]!, /requires --allow-ffi/);
+    assert.deepEqual(
+      [...Deno.readDirSync(dir)].map((entry) => entry.name),
+      ["script.ts"],
+      "no database created",
+    );
+  });
+});
+
+Deno.test("a database whose earlier-release flock sidecar is locked is refused with a message naming it", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "old.db");
+    {
+      await using db = await open(path);
+      await db.exec("CREATE TABLE t(x)");
+    }
+    const sidecar = `${path}-reserved.lock`;
+    {
+      using old = await Deno.open(sidecar, { create: true, write: true });
+      await old.lock(true);
+      await assert.rejects(
+        open(path),
+        (error: unknown) => {
+          assert.ok(error instanceof SqliteError);
+          assert.equal(error.code, 14);
+          assert.match(error.message, /earlier leased-outbox release/);
+          assert.ok(error.message.includes(sidecar));
+          return true;
+        },
+      );
+    }
+    await using db = await open(path);
+    assert.deepEqual(await db.query("SELECT count(*) AS n FROM t"), [{ n: 0 }]);
+  });
+});
+
+Deno.test("closing a WASM connection while another stays open keeps node:sqlite's POSIX locks in the same process", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "mixed.db");
+    await using keeper = await open(path);
+    await keeper.exec("CREATE TABLE t(x)");
+    const native = new DatabaseSync(path);
+    try {
+      native.exec("BEGIN IMMEDIATE; INSERT INTO t VALUES (1)");
+      const passerby = await open(path);
+      await passerby.query("SELECT count(*) FROM t");
+      await passerby.close();
+      // Another process still finds node:sqlite's RESERVED lock.
+      const output = await new Deno.Command("sqlite3", {
+        args: [path, "BEGIN IMMEDIATE; COMMIT;"],
+        stderr: "piped",
+      }).output();
+      assert.notEqual(output.code, 0);
+      assert.match(
+        new TextDecoder().decode(output.stderr),
+        /database is locked/,
+      );
+      native.exec("COMMIT");
+    } finally {
+      native.close();
+    }
+    assert.deepEqual(await keeper.query("SELECT count(*) AS n FROM t"), [{
+      n: 1,
+    }]);
   });
 });

@@ -1,0 +1,120 @@
+/**
+ * `deno task test`: every test, doc examples included (`deno test -A --doc`
+ * plus any arguments given), on a fresh machine too.
+ *
+ * - Chromium: the browser tests drive Debian's `/usr/bin/chromium`. When it
+ *   is missing and this runs as root on a system with apt-get, it installs
+ *   Debian's `chromium` package first (non-interactive, at most 10 minutes,
+ *   never a browser downloaded from elsewhere). When Chromium is still
+ *   missing, the browser tests are ignored and a banner at the end says what
+ *   did not run and how to run it; with `CI` set, that run fails.
+ * - Temporary files: the tests run with `TMPDIR` set to a fresh directory,
+ *   and the run fails if anything is left in it afterwards.
+ *
+ * @module
+ */
+import {
+  CHROMIUM_PATH,
+  isExecutable,
+  SKIP_NOTICE,
+} from "../tests/fixtures/browser/chromium.ts";
+
+const INSTALL_TIMEOUT_MS = 10 * 60_000;
+
+function say(message: string): void {
+  console.error(`test: ${message}`);
+}
+
+/** Runs one apt-get command, quietly, within what is left of `deadline`. */
+async function aptGet(args: string[], deadline: number): Promise<boolean> {
+  try {
+    const { success } = await new Deno.Command("apt-get", {
+      args: ["-o", "DPkg::Lock::Timeout=120", ...args],
+      env: { DEBIAN_FRONTEND: "noninteractive" },
+      stdin: "null",
+      stdout: "null",
+      stderr: "inherit",
+      signal: AbortSignal.timeout(Math.max(0, deadline - Date.now())),
+    }).output();
+    return success;
+  } catch {
+    return false;
+  }
+}
+
+/** Installs Debian's chromium when that is possible here; says why not. */
+async function installChromium(): Promise<void> {
+  if (Deno.env.get("CHROMIUM_PATH") !== undefined) {
+    say(`no Chromium at CHROMIUM_PATH=${CHROMIUM_PATH}; not installing one`);
+    return;
+  }
+  if (Deno.uid() !== 0) {
+    say("no Chromium, and not root: not installing it with apt-get");
+    return;
+  }
+  if (!isExecutable("/usr/bin/apt-get")) {
+    say("no Chromium, and no apt-get to install it with");
+    return;
+  }
+  say(
+    `no Chromium at ${CHROMIUM_PATH}: installing Debian's chromium with apt-get (at most ${
+      INSTALL_TIMEOUT_MS / 60_000
+    } minutes)`,
+  );
+  const deadline = Date.now() + INSTALL_TIMEOUT_MS;
+  const install = [
+    "install",
+    "-y",
+    "-q",
+    "--no-install-recommends",
+    "chromium",
+  ];
+  // A fresh image has no package lists yet: update only when needed.
+  const installed = await aptGet(install, deadline) ||
+    (await aptGet(["update", "-q"], deadline) &&
+      await aptGet(install, deadline));
+  if (!installed) say("apt-get could not install chromium");
+}
+
+if (!isExecutable(CHROMIUM_PATH)) await installChromium();
+const chromium = isExecutable(CHROMIUM_PATH);
+
+const tmp = await Deno.makeTempDir({ prefix: "leased-outbox-test-" });
+let code = 1;
+try {
+  ({ code } = await new Deno.Command(Deno.execPath(), {
+    args: ["test", "-A", "--doc", ...Deno.args],
+    env: { TMPDIR: tmp },
+    stdin: "null",
+    stdout: "inherit",
+    stderr: "inherit",
+  }).spawn().status);
+  const left = [];
+  for await (const entry of Deno.readDir(tmp)) left.push(entry.name);
+  if (left.length > 0) {
+    say(`the tests left temporary files behind: ${left.sort().join(", ")}`);
+    code ||= 1;
+  }
+} finally {
+  await Deno.remove(tmp, { recursive: true });
+}
+
+if (!chromium) {
+  const ci = (Deno.env.get("CI") ?? "") !== "";
+  const bar = "=".repeat(78);
+  console.error(
+    [
+      "",
+      bar,
+      `${SKIP_NOTICE} at ${CHROMIUM_PATH}: the browser tests did NOT run`,
+      "(tests/browser_*_test.ts, shown as ignored above).",
+      "To run them: install Debian's Chromium (sudo apt-get install chromium),",
+      "or run `deno task test` as root, which installs it; or point",
+      "CHROMIUM_PATH at a Chromium binary. Then run `deno task test` again.",
+      ci ? "CI is set: this run fails." : "",
+      bar,
+    ].filter((line) => line !== "").join("\n"),
+  );
+  if (ci) code ||= 1;
+}
+Deno.exit(code);
