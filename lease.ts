@@ -16,7 +16,6 @@ import {
   integerOf,
   type Row,
   type RunResult,
-  safeInteger,
   type SqlValue,
 } from "./driver.ts";
 import {
