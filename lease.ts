@@ -413,6 +413,21 @@ const VIEWS_SQL: string = SCHEMA_SQL.slice(
   SCHEMA_SQL.indexOf("CREATE VIEW"),
   SCHEMA_SQL.indexOf("CREATE TABLE outbox_schema"),
 );
+// UUIDv7 identities stamped with each row's created_at: 74 random bits from
+// randomblob() (rand_a, rand_b and the variant's free bits), so they sort by
+// enqueue time as minted ones do. The subquery, correlated with the row,
+// draws new bits for each row.
+const FILL_IDENTITIES_SQL = `UPDATE outbox_events SET identity = (
+      SELECT substr(t, 1, 8) || '-' || substr(t, 9, 4) || '-7' || substr(r, 1, 3)
+        || '-' || substr('89ab89ab89ab89ab', instr('0123456789abcdef', substr(r, 4, 1)), 1)
+        || substr(r, 5, 3) || '-' || substr(r, 8, 12)
+      FROM (SELECT printf('%012x', created_at & 0xffffffffffff) AS t,
+        lower(hex(randomblob(10))) AS r))`;
+// Version 5's trigger, as schema.sql creates it.
+const IDENTITY_TRIGGER_SQL: string = SCHEMA_SQL.slice(
+  SCHEMA_SQL.indexOf("CREATE TRIGGER outbox_events_fill_identity"),
+  SCHEMA_SQL.indexOf("END;", SCHEMA_SQL.indexOf("CREATE TRIGGER")) + 4,
+);
 // The version table, which databases of older releases lack.
 const VERSION_TABLE_SQL = SCHEMA_SQL.slice(
   SCHEMA_SQL.indexOf("CREATE TABLE outbox_schema"),
@@ -448,21 +463,16 @@ export const UPGRADES: ReadonlyMap<number, string> = new Map([
   ],
   // Version 2 wrote every entry as a row, so none is left unwritten.
   [2, `ALTER TABLE outbox_events ADD COLUMN claimed_at INTEGER; ${VIEWS_SQL}`],
-  // Existing events get UUIDv7 identities stamped with their created_at:
-  // 74 random bits from randomblob() (rand_a, rand_b and the variant's
-  // free bits), so they sort by enqueue time as minted ones do. The
-  // subquery, correlated with the row, draws new bits for each row.
+  // Existing events get UUIDv7 identities stamped with their created_at.
   [
     3,
     `ALTER TABLE outbox_events ADD COLUMN identity TEXT;
-    UPDATE outbox_events SET identity = (
-      SELECT substr(t, 1, 8) || '-' || substr(t, 9, 4) || '-7' || substr(r, 1, 3)
-        || '-' || substr('89ab89ab89ab89ab', instr('0123456789abcdef', substr(r, 4, 1)), 1)
-        || substr(r, 5, 3) || '-' || substr(r, 8, 12)
-      FROM (SELECT printf('%012x', created_at & 0xffffffffffff) AS t,
-        lower(hex(randomblob(10))) AS r));
+    ${FILL_IDENTITIES_SQL};
     CREATE UNIQUE INDEX outbox_events_identity ON outbox_events (identity)`,
   ],
+  // Rows other writers inserted without an identity get one now, and the
+  // trigger gives later ones theirs.
+  [4, `${FILL_IDENTITIES_SQL} WHERE identity IS NULL; ${IDENTITY_TRIGGER_SQL}`],
 ]);
 
 /** The statements of the core, exported for the query-plan tests only. */
