@@ -32,10 +32,12 @@ import {
   type Clock,
   describe,
   driverMutex,
+  insideTransactionBody,
   type Lease,
   MAX_DURATION_MS,
   missing,
   type Mutex,
+  runTransactionBody,
 } from "./lease.ts";
 
 /**
@@ -215,7 +217,10 @@ export class Inbox implements AsyncDisposable {
    * so the sender's retry runs the effect again.
    *
    * Inside `fn`, use only `tx`: this inbox's (or an outbox's on the same
-   * connection) own methods would wait for the transaction waiting for them.
+   * connection) own methods would wait for the transaction waiting for
+   * them, so they throw at once instead (where the runtime has no
+   * `AsyncLocalStorage`, as in browsers, this is not detected and they
+   * wait).
    *
    * @param identity The event's identity (`lease.identity` at the sender).
    * @param fence The delivering claim's fence (`lease.fence`).
@@ -225,6 +230,8 @@ export class Inbox implements AsyncDisposable {
    * fence), with the accepted fence, and `fn` did not run.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @throws {Error} When called from inside `fn` of an acceptance or a
+   * transaction on the same connection.
    */
   async accept<T>(
     identity: string,
@@ -263,16 +270,17 @@ export class Inbox implements AsyncDisposable {
       };
       let value: T;
       try {
-        value = await fn({
-          run: async (sql, params) => {
-            inside("run");
-            return await driver.run(sql, params);
-          },
-          query: async (sql, params) => {
-            inside("query");
-            return await driver.query(sql, params);
-          },
-        });
+        value = await runTransactionBody(this.#mutex, () =>
+          fn({
+            run: async (sql, params) => {
+              inside("run");
+              return await driver.run(sql, params);
+            },
+            query: async (sql, params) => {
+              inside("query");
+              return await driver.query(sql, params);
+            },
+          }));
       } finally {
         ended = true;
       }
@@ -392,6 +400,13 @@ export class Inbox implements AsyncDisposable {
   #write<T>(op: string, fn: (now: number) => Promise<T>): Promise<T> {
     if (this.#closed) {
       return Promise.reject(new Error(`Cannot ${op} as the inbox is closed`));
+    }
+    if (insideTransactionBody(this.#mutex)) {
+      return Promise.reject(
+        new Error(
+          `Cannot ${op} inside an acceptance's or a transaction's fn on the same connection: use its handle (tx.run, tx.query), or the call would wait for the transaction that waits for it`,
+        ),
+      );
     }
     return this.#mutex.run(async () => {
       const deadline = performance.now() + this.#busyTimeoutMs;

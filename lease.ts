@@ -1691,21 +1691,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           throw lost;
         },
       };
-      const scope: Scope = {
-        mutex: this.#mutex,
-        open: true,
-        outer: scopes?.getStore(),
-      };
       try {
-        const run = () => fn(tx);
-        const value = await (scopes?.run(scope, run) ?? run());
+        const value = await runTransactionBody(this.#mutex, () => fn(tx));
         // Catching the LeaseLostError inside fn must not let the stale
         // worker's writes commit.
         if (lost !== undefined) throw lost;
         return value;
       } finally {
         ended = true;
-        scope.open = false;
       }
     });
     if (enqueued) this.#enqueued();
@@ -2231,12 +2224,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * transaction holds while it waits for the call.
    */
   #notNested(op: string): void {
-    for (let scope = scopes?.getStore(); scope; scope = scope.outer) {
-      if (scope.open && scope.mutex === this.#mutex) {
-        throw new Error(
-          `Cannot ${op} on the outbox inside its own transaction(fn): use the transaction's handle (tx.enqueue, tx.acknowledge, tx.run), or the call would wait for the transaction that waits for it`,
-        );
-      }
+    if (insideTransactionBody(this.#mutex)) {
+      throw new Error(
+        `Cannot ${op} on the outbox inside its own transaction(fn): use the transaction's handle (tx.enqueue, tx.acknowledge, tx.run), or the call would wait for the transaction that waits for it`,
+      );
     }
   }
 
@@ -2406,7 +2397,10 @@ export class Mutex {
   }
 }
 
-/** A running `transaction(fn)`, as the async context of its `fn` sees it. */
+/**
+ * A running `transaction(fn)` or `accept`, as the async context of its `fn`
+ * sees it.
+ */
 interface Scope {
   readonly mutex: Mutex;
   open: boolean;
@@ -2437,6 +2431,40 @@ const scopes: AsyncContext<Scope> | undefined = (() => {
     ? undefined
     : new hooks.AsyncLocalStorage();
 })();
+
+/**
+ * Runs `fn`, the body of a transaction holding `mutex` (an outbox's
+ * `transaction(fn)`, an inbox's `accept`), so that calls it makes on the
+ * same connection can see, through {@linkcode insideTransactionBody}, that
+ * they would wait for the transaction that waits for them.
+ *
+ * @ignore
+ */
+export async function runTransactionBody<T>(
+  mutex: Mutex,
+  fn: () => Promise<T>,
+): Promise<T> {
+  const scope: Scope = { mutex, open: true, outer: scopes?.getStore() };
+  try {
+    return await (scopes?.run(scope, fn) ?? fn());
+  } finally {
+    scope.open = false;
+  }
+}
+
+/**
+ * Whether the current async context runs inside the body of a transaction
+ * holding `mutex` (always false where the runtime has no
+ * `AsyncLocalStorage`).
+ *
+ * @ignore
+ */
+export function insideTransactionBody(mutex: Mutex): boolean {
+  for (let scope = scopes?.getStore(); scope; scope = scope.outer) {
+    if (scope.open && scope.mutex === mutex) return true;
+  }
+  return false;
+}
 
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
@@ -2687,9 +2715,12 @@ function editDistance(a: string, b: string): number {
 
 /**
  * Refuses SQL whose first keyword begins, ends or rolls back a transaction,
- * before it runs.
+ * before it runs: the one home of this check for the outbox's and the
+ * inbox's transactions.
+ *
+ * @ignore
  */
-function checkNotTransactionControl(op: string, sql: unknown): void {
+export function checkNotTransactionControl(op: string, sql: unknown): void {
   if (typeof sql !== "string") return;
   const keyword = firstKeyword(sql).toUpperCase();
   if (TRANSACTION_CONTROL.has(keyword)) {
