@@ -28,6 +28,7 @@ import { BusyError } from "./errors.ts";
 import {
   checkIdentity,
   checkInteger,
+  checkNotTransactionControl,
   checkOptions,
   type Clock,
   describe,
@@ -101,9 +102,15 @@ export interface InboxOptions {
 
 /** The handle an effect writes through, inside the acceptance's transaction. */
 export interface InboxTransaction {
-  /** Runs one of the caller's statements inside the transaction. */
+  /**
+   * Runs one of the caller's statements inside the transaction; refuses a
+   * transaction-control statement with a RangeError before it runs.
+   */
   run(sql: string, params?: readonly SqlValue[]): Promise<RunResult>;
-  /** Runs one of the caller's queries inside the transaction. */
+  /**
+   * Runs one of the caller's queries inside the transaction; refuses a
+   * transaction-control statement with a RangeError before it runs.
+   */
   query(sql: string, params?: readonly SqlValue[]): Promise<Row[]>;
 }
 
@@ -220,7 +227,10 @@ export class Inbox implements AsyncDisposable {
    * connection) own methods would wait for the transaction waiting for
    * them, so they throw at once instead (where the runtime has no
    * `AsyncLocalStorage`, as in browsers, this is not detected and they
-   * wait).
+   * wait). `tx.run` and `tx.query` refuse `BEGIN`, `COMMIT`, `END`,
+   * `ROLLBACK`, `SAVEPOINT` and `RELEASE` before they run: a `COMMIT` there
+   * would let another connection accept the identity and apply the effect
+   * again.
    *
    * @param identity The event's identity (`lease.identity` at the sender).
    * @param fence The delivering claim's fence (`lease.fence`).
@@ -230,6 +240,8 @@ export class Inbox implements AsyncDisposable {
    * fence), with the accepted fence, and `fn` did not run.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @throws {RangeError} When `tx.run` or `tx.query` is given a
+   * transaction-control statement (before it runs).
    * @throws {Error} When called from inside `fn` of an acceptance or a
    * transaction on the same connection.
    */
@@ -274,10 +286,12 @@ export class Inbox implements AsyncDisposable {
           fn({
             run: async (sql, params) => {
               inside("run");
+              checkNotTransactionControl("run", sql);
               return await driver.run(sql, params);
             },
             query: async (sql, params) => {
               inside("query");
+              checkNotTransactionControl("query", sql);
               return await driver.query(sql, params);
             },
           }));

@@ -85,6 +85,36 @@ for (const driver of DRIVERS) {
     assert.deepEqual(await effects(raw), [`${outer}@1`]);
   });
 
+  test("an effect's tx.run() and tx.query() refuse transaction-control statements before running them, so the acceptance stays one transaction", async ({ open, raw }) => {
+    const [a] = await open();
+    const identity = uuidv7();
+    const result = await a!.accept(identity, 1, async (tx) => {
+      await effect(identity, 1)(tx);
+      for (
+        const [sql, keyword] of [
+          ["COMMIT", "COMMIT"],
+          ["end transaction", "END"],
+          ["-- undo\nrollback", "ROLLBACK"],
+          ["begin immediate", "BEGIN"],
+          ["SAVEPOINT s", "SAVEPOINT"],
+          ["release s", "RELEASE"],
+        ]
+      ) {
+        for (const method of ["run", "query"] as const) {
+          await assert.rejects(() => tx[method](sql!), {
+            name: "RangeError",
+            message: new RegExp(
+              `^Cannot ${method} as 'sql' must not control the transaction: found ${keyword};`,
+            ),
+          });
+        }
+      }
+      return (await tx.query("SELECT count(*) AS n FROM effects"))[0]?.["n"];
+    });
+    assert.deepEqual(result, { status: "accepted", value: 1 });
+    assert.deepEqual(await effects(raw), [`${identity}@1`]);
+  });
+
   test("accept() runs the effect once: a redelivery at the same or a higher fence is a duplicate, at a lower one stale", async ({ open, raw }) => {
     const [a, b] = await open();
     const identity = uuidv7();
