@@ -7,7 +7,9 @@
  * read-only (`?mode=ro`) through {@linkcode OutboxReader}: they never write,
  * never create or upgrade the schema, and wait on a writer's lock for
  * `--busy-timeout`. The others open it read-write through
- * {@linkcode Outbox} after the same check.
+ * {@linkcode Outbox} after the same check. A file in WAL mode (as
+ * `openNodeSqlite` leaves it by default) opens through `node:sqlite`, since
+ * the WASM VFS has no shared-memory wal-index to read it with.
  *
  * Exit codes: 0 done, 1 a runtime error (no such file, not an outbox, lock
  * held too long), 2 a usage error (with the usage on stderr).
@@ -42,6 +44,7 @@ import { BusyError, SqliteError } from "./errors.ts";
 import { type Explanation, Outbox } from "./lease.ts";
 import type { EventInfo, QueueCounts } from "./admin.ts";
 import { OutboxReader } from "./reader.ts";
+import { openNodeSqlite } from "./node_sqlite.ts";
 import { openSqliteWasm } from "./sqlite_wasm_deno.ts";
 
 /** Where {@linkcode main} writes, and its clock; the process's by default. */
@@ -582,10 +585,40 @@ async function openOutbox(context: Context): Promise<Outbox> {
 }
 
 async function open(context: Context, url: URL) {
+  const options = { busyTimeoutMs: context.busyTimeoutMs };
   return await withPath(
     context,
-    () => openSqliteWasm(url, { busyTimeoutMs: context.busyTimeoutMs }),
+    async () =>
+      await isWal(url)
+        ? await openNodeSqlite(new URL(url.pathname, url), {
+          ...options,
+          readOnly: url.searchParams.get("mode") === "ro",
+        })
+        : await openSqliteWasm(url, options),
   );
+}
+
+/**
+ * Whether the file's header marks it WAL mode (the file format read and
+ * write versions, bytes 18 and 19, are 2). A file that cannot be read is
+ * left to the open that follows, which reports why.
+ */
+async function isWal(url: URL): Promise<boolean> {
+  let file: Deno.FsFile;
+  try {
+    file = await Deno.open(new URL(url.pathname, url));
+  } catch {
+    return false;
+  }
+  using _ = file;
+  const header = new Uint8Array(20);
+  let read = 0;
+  while (read < header.length) {
+    const n = await file.read(header.subarray(read));
+    if (n === null) return false;
+    read += n;
+  }
+  return header[18] === 2 || header[19] === 2;
 }
 
 async function withPath<T>(context: Context, fn: () => Promise<T>): Promise<T> {

@@ -28,14 +28,17 @@ import { BusyError } from "./errors.ts";
 import {
   checkIdentity,
   checkInteger,
+  checkNotTransactionControl,
   checkOptions,
   type Clock,
   describe,
   driverMutex,
+  insideTransactionBody,
   type Lease,
   MAX_DURATION_MS,
   missing,
   type Mutex,
+  runTransactionBody,
 } from "./lease.ts";
 
 /**
@@ -99,9 +102,15 @@ export interface InboxOptions {
 
 /** The handle an effect writes through, inside the acceptance's transaction. */
 export interface InboxTransaction {
-  /** Runs one of the caller's statements inside the transaction. */
+  /**
+   * Runs one of the caller's statements inside the transaction; refuses a
+   * transaction-control statement with a RangeError before it runs.
+   */
   run(sql: string, params?: readonly SqlValue[]): Promise<RunResult>;
-  /** Runs one of the caller's queries inside the transaction. */
+  /**
+   * Runs one of the caller's queries inside the transaction; refuses a
+   * transaction-control statement with a RangeError before it runs.
+   */
   query(sql: string, params?: readonly SqlValue[]): Promise<Row[]>;
 }
 
@@ -215,7 +224,13 @@ export class Inbox implements AsyncDisposable {
    * so the sender's retry runs the effect again.
    *
    * Inside `fn`, use only `tx`: this inbox's (or an outbox's on the same
-   * connection) own methods would wait for the transaction waiting for them.
+   * connection) own methods would wait for the transaction waiting for
+   * them, so they throw at once instead (where the runtime has no
+   * `AsyncLocalStorage`, as in browsers, this is not detected and they
+   * wait). `tx.run` and `tx.query` refuse `BEGIN`, `COMMIT`, `END`,
+   * `ROLLBACK`, `SAVEPOINT` and `RELEASE` before they run: a `COMMIT` there
+   * would let another connection accept the identity and apply the effect
+   * again.
    *
    * @param identity The event's identity (`lease.identity` at the sender).
    * @param fence The delivering claim's fence (`lease.fence`).
@@ -225,6 +240,10 @@ export class Inbox implements AsyncDisposable {
    * fence), with the accepted fence, and `fn` did not run.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @throws {RangeError} When `tx.run` or `tx.query` is given a
+   * transaction-control statement (before it runs).
+   * @throws {Error} When called from inside `fn` of an acceptance or a
+   * transaction on the same connection.
    */
   async accept<T>(
     identity: string,
@@ -263,16 +282,19 @@ export class Inbox implements AsyncDisposable {
       };
       let value: T;
       try {
-        value = await fn({
-          run: async (sql, params) => {
-            inside("run");
-            return await driver.run(sql, params);
-          },
-          query: async (sql, params) => {
-            inside("query");
-            return await driver.query(sql, params);
-          },
-        });
+        value = await runTransactionBody(this.#mutex, () =>
+          fn({
+            run: async (sql, params) => {
+              inside("run");
+              checkNotTransactionControl("run", sql);
+              return await driver.run(sql, params);
+            },
+            query: async (sql, params) => {
+              inside("query");
+              checkNotTransactionControl("query", sql);
+              return await driver.query(sql, params);
+            },
+          }));
       } finally {
         ended = true;
       }
@@ -392,6 +414,13 @@ export class Inbox implements AsyncDisposable {
   #write<T>(op: string, fn: (now: number) => Promise<T>): Promise<T> {
     if (this.#closed) {
       return Promise.reject(new Error(`Cannot ${op} as the inbox is closed`));
+    }
+    if (insideTransactionBody(this.#mutex)) {
+      return Promise.reject(
+        new Error(
+          `Cannot ${op} inside an acceptance's or a transaction's fn on the same connection: use its handle (tx.run, tx.query), or the call would wait for the transaction that waits for it`,
+        ),
+      );
     }
     return this.#mutex.run(async () => {
       const deadline = performance.now() + this.#busyTimeoutMs;

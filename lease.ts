@@ -413,6 +413,21 @@ const VIEWS_SQL: string = SCHEMA_SQL.slice(
   SCHEMA_SQL.indexOf("CREATE VIEW"),
   SCHEMA_SQL.indexOf("CREATE TABLE outbox_schema"),
 );
+// UUIDv7 identities stamped with each row's created_at: 74 random bits from
+// randomblob() (rand_a, rand_b and the variant's free bits), so they sort by
+// enqueue time as minted ones do. The subquery, correlated with the row,
+// draws new bits for each row.
+const FILL_IDENTITIES_SQL = `UPDATE outbox_events SET identity = (
+      SELECT substr(t, 1, 8) || '-' || substr(t, 9, 4) || '-7' || substr(r, 1, 3)
+        || '-' || substr('89ab89ab89ab89ab', instr('0123456789abcdef', substr(r, 4, 1)), 1)
+        || substr(r, 5, 3) || '-' || substr(r, 8, 12)
+      FROM (SELECT printf('%012x', created_at & 0xffffffffffff) AS t,
+        lower(hex(randomblob(10))) AS r))`;
+// Version 5's trigger, as schema.sql creates it.
+const IDENTITY_TRIGGER_SQL: string = SCHEMA_SQL.slice(
+  SCHEMA_SQL.indexOf("CREATE TRIGGER outbox_events_fill_identity"),
+  SCHEMA_SQL.indexOf("END;", SCHEMA_SQL.indexOf("CREATE TRIGGER")) + 4,
+);
 // The version table, which databases of older releases lack.
 const VERSION_TABLE_SQL = SCHEMA_SQL.slice(
   SCHEMA_SQL.indexOf("CREATE TABLE outbox_schema"),
@@ -448,21 +463,16 @@ export const UPGRADES: ReadonlyMap<number, string> = new Map([
   ],
   // Version 2 wrote every entry as a row, so none is left unwritten.
   [2, `ALTER TABLE outbox_events ADD COLUMN claimed_at INTEGER; ${VIEWS_SQL}`],
-  // Existing events get UUIDv7 identities stamped with their created_at:
-  // 74 random bits from randomblob() (rand_a, rand_b and the variant's
-  // free bits), so they sort by enqueue time as minted ones do. The
-  // subquery, correlated with the row, draws new bits for each row.
+  // Existing events get UUIDv7 identities stamped with their created_at.
   [
     3,
     `ALTER TABLE outbox_events ADD COLUMN identity TEXT;
-    UPDATE outbox_events SET identity = (
-      SELECT substr(t, 1, 8) || '-' || substr(t, 9, 4) || '-7' || substr(r, 1, 3)
-        || '-' || substr('89ab89ab89ab89ab', instr('0123456789abcdef', substr(r, 4, 1)), 1)
-        || substr(r, 5, 3) || '-' || substr(r, 8, 12)
-      FROM (SELECT printf('%012x', created_at & 0xffffffffffff) AS t,
-        lower(hex(randomblob(10))) AS r));
+    ${FILL_IDENTITIES_SQL};
     CREATE UNIQUE INDEX outbox_events_identity ON outbox_events (identity)`,
   ],
+  // Rows other writers inserted without an identity get one now, and the
+  // trigger gives later ones theirs.
+  [4, `${FILL_IDENTITIES_SQL} WHERE identity IS NULL; ${IDENTITY_TRIGGER_SQL}`],
 ]);
 
 /** The statements of the core, exported for the query-plan tests only. */
@@ -1681,21 +1691,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           throw lost;
         },
       };
-      const scope: Scope = {
-        mutex: this.#mutex,
-        open: true,
-        outer: scopes?.getStore(),
-      };
       try {
-        const run = () => fn(tx);
-        const value = await (scopes?.run(scope, run) ?? run());
+        const value = await runTransactionBody(this.#mutex, () => fn(tx));
         // Catching the LeaseLostError inside fn must not let the stale
         // worker's writes commit.
         if (lost !== undefined) throw lost;
         return value;
       } finally {
         ended = true;
-        scope.open = false;
       }
     });
     if (enqueued) this.#enqueued();
@@ -2221,12 +2224,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * transaction holds while it waits for the call.
    */
   #notNested(op: string): void {
-    for (let scope = scopes?.getStore(); scope; scope = scope.outer) {
-      if (scope.open && scope.mutex === this.#mutex) {
-        throw new Error(
-          `Cannot ${op} on the outbox inside its own transaction(fn): use the transaction's handle (tx.enqueue, tx.acknowledge, tx.run), or the call would wait for the transaction that waits for it`,
-        );
-      }
+    if (insideTransactionBody(this.#mutex)) {
+      throw new Error(
+        `Cannot ${op} on the outbox inside its own transaction(fn): use the transaction's handle (tx.enqueue, tx.acknowledge, tx.run), or the call would wait for the transaction that waits for it`,
+      );
     }
   }
 
@@ -2396,7 +2397,10 @@ export class Mutex {
   }
 }
 
-/** A running `transaction(fn)`, as the async context of its `fn` sees it. */
+/**
+ * A running `transaction(fn)` or `accept`, as the async context of its `fn`
+ * sees it.
+ */
 interface Scope {
   readonly mutex: Mutex;
   open: boolean;
@@ -2427,6 +2431,40 @@ const scopes: AsyncContext<Scope> | undefined = (() => {
     ? undefined
     : new hooks.AsyncLocalStorage();
 })();
+
+/**
+ * Runs `fn`, the body of a transaction holding `mutex` (an outbox's
+ * `transaction(fn)`, an inbox's `accept`), so that calls it makes on the
+ * same connection can see, through {@linkcode insideTransactionBody}, that
+ * they would wait for the transaction that waits for them.
+ *
+ * @ignore
+ */
+export async function runTransactionBody<T>(
+  mutex: Mutex,
+  fn: () => Promise<T>,
+): Promise<T> {
+  const scope: Scope = { mutex, open: true, outer: scopes?.getStore() };
+  try {
+    return await (scopes?.run(scope, fn) ?? fn());
+  } finally {
+    scope.open = false;
+  }
+}
+
+/**
+ * Whether the current async context runs inside the body of a transaction
+ * holding `mutex` (always false where the runtime has no
+ * `AsyncLocalStorage`).
+ *
+ * @ignore
+ */
+export function insideTransactionBody(mutex: Mutex): boolean {
+  for (let scope = scopes?.getStore(); scope; scope = scope.outer) {
+    if (scope.open && scope.mutex === mutex) return true;
+  }
+  return false;
+}
 
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
@@ -2677,9 +2715,12 @@ function editDistance(a: string, b: string): number {
 
 /**
  * Refuses SQL whose first keyword begins, ends or rolls back a transaction,
- * before it runs.
+ * before it runs: the one home of this check for the outbox's and the
+ * inbox's transactions.
+ *
+ * @ignore
  */
-function checkNotTransactionControl(op: string, sql: unknown): void {
+export function checkNotTransactionControl(op: string, sql: unknown): void {
   if (typeof sql !== "string") return;
   const keyword = firstKeyword(sql).toUpperCase();
   if (TRANSACTION_CONTROL.has(keyword)) {

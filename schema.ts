@@ -9,7 +9,7 @@
  * The schema version `Outbox.open()` applies, stored in the table
  * `outbox_schema` (never in `PRAGMA user_version`, the application's).
  */
-export const SCHEMA_VERSION = 4;
+export const SCHEMA_VERSION = 5;
 
 /**
  * The text of `schema.sql`: STRICT tables `outbox_events` and
@@ -18,7 +18,7 @@ export const SCHEMA_VERSION = 4;
  * `outbox_schema`.
  */
 export const SCHEMA_SQL: string =
-  `-- leased-outbox schema, version 4 (stored in the table outbox_schema).
+  `-- leased-outbox schema, version 5 (stored in the table outbox_schema).
 -- Applied once by Outbox.open() inside one BEGIN IMMEDIATE transaction.
 
 -- One row per event. \`identity\` is the event's global identity, UUID text
@@ -27,7 +27,8 @@ export const SCHEMA_SQL: string =
 -- purge() all the same, so logs and explain() never confuse two events.
 -- Version 4 added \`identity\`, last, so an upgraded table matches a new one; it
 -- may be NULL only because ALTER TABLE cannot add a NOT NULL column without a
--- default: enqueue always writes it and the upgrade fills it. \`due_at\` is when
+-- default: enqueue always writes it, the upgrade fills it, and the trigger
+-- outbox_events_fill_identity below fills it for rows other writers insert. \`due_at\` is when
 -- the event can next be claimed: the end of its delay while pending, its lease
 -- deadline while leased (SQS's visibility timeout), so one index serves both
 -- "pending and due" and "lease lapsed" claims. \`claimed_at\` is when the latest
@@ -72,6 +73,22 @@ CREATE INDEX outbox_events_claim ON outbox_events (queue, due_at, id)
 -- Leases on an event's last attempt: once lapsed they are dead letters.
 CREATE INDEX outbox_events_last_attempt ON outbox_events (due_at)
   WHERE state = 'leased' AND attempt >= max_attempts;
+
+-- Rows inserted without an identity (the sqlite3 shell, the application's
+-- own SQL) get a UUIDv7 stamped with their created_at, 74 random bits from
+-- randomblob(), as Outbox.open()'s upgrade to version 4 gives old rows: an
+-- event is never handed out without one (version 5 added it).
+CREATE TRIGGER outbox_events_fill_identity AFTER INSERT ON outbox_events
+  WHEN NEW.identity IS NULL
+BEGIN
+  UPDATE outbox_events SET identity = (
+    SELECT substr(t, 1, 8) || '-' || substr(t, 9, 4) || '-7' || substr(r, 1, 3)
+      || '-' || substr('89ab89ab89ab89ab', instr('0123456789abcdef', substr(r, 4, 1)), 1)
+      || substr(r, 5, 3) || '-' || substr(r, 8, 12)
+    FROM (SELECT printf('%012x', NEW.created_at & 0xffffffffffff) AS t,
+      lower(hex(randomblob(10))) AS r))
+  WHERE id = NEW.id;
+END;
 
 -- Idempotent enqueue: the key stays after the event is done.
 CREATE UNIQUE INDEX outbox_events_dedup ON outbox_events (queue, dedup_key)
@@ -150,4 +167,4 @@ CREATE TABLE outbox_schema (
 ) STRICT;
 
 INSERT INTO outbox_schema (version, applied_at)
-  VALUES (4, CAST(unixepoch('subsec') * 1000 AS INTEGER));`;
+  VALUES (5, CAST(unixepoch('subsec') * 1000 AS INTEGER));`;

@@ -211,7 +211,8 @@ export interface ProcessOptions {
   /**
    * Receives every error a handler throws (or a handler timeout), with its
    * lease, before the event is released or dead-lettered: the place to log
-   * or count failures. What it throws goes to `onError`.
+   * or count failures. What it throws goes to `onError`; it never stops
+   * the loop, and the event is released or dead-lettered all the same.
    *
    * @default {nothing}
    */
@@ -240,6 +241,9 @@ export interface ProcessOptions {
    * Receives errors the loop survives (a claim, renewal, acknowledgement or
    * release that threw, e.g. {@linkcode BusyError}); the loop backs off and
    * goes on. A closed outbox is not reported: the processor stops instead.
+   * What it throws goes to `console.error`, never to `reportError`, which
+   * would end the process as an uncaught error: a failing hook must not
+   * stop the loop.
    *
    * @default {console.error}
    */
@@ -904,7 +908,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     try {
       this.#onError(error);
     } catch (hookError) {
-      reportError(hookError);
+      console.error("processEvents: the onError hook threw", hookError);
     }
   }
 

@@ -3,6 +3,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { main } from "../cli.ts";
 import { Outbox } from "../lease.ts";
+import { openNodeSqlite } from "../node_sqlite.ts";
 import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
 
 const root = dirname(dirname(fileURLToPath(import.meta.url)));
@@ -493,6 +494,28 @@ Deno.test("usage errors exit 2 with the reason and the usage on stderr", async (
   const help = await cli("--help");
   assert.equal(help.code, 0);
   assert.match(help.stdout, /^Usage: outbox <command> <database>/);
+});
+
+Deno.test("a WAL-mode file that a live openNodeSqlite connection holds opens for read commands and for cancel", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const path = join(dir, "wal.db");
+    await using outbox = await Outbox.open(await openNodeSqlite(path));
+    const { eventId } = await outbox.enqueue({ n: 1 });
+    await outbox.enqueue({ n: 2 });
+    const stats = await json("stats", path) as unknown as Summary;
+    assert.deepEqual([stats.pending, stats.done, stats.dead], [2, 0, 0]);
+    assert.equal(
+      (await json("explain", path, String(eventId)))["state"],
+      "pending",
+    );
+    const { code, stdout, stderr } = await cli("cancel", path, String(eventId));
+    assert.equal(code, 0, stderr);
+    assert.equal(stdout, `cancelled 1 of 1: ${eventId}\n`);
+    assert.equal((await outbox.explain(eventId))?.state, "dead");
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });
 
 Deno.test("runtime errors exit 1 with one clear line: no such file, not SQLite, a Postgres URL", async () => {

@@ -62,6 +62,59 @@ for (const driver of DRIVERS) {
       (row) => `${row["identity"]}@${row["fence"]}`,
     );
 
+  test("accept() called inside an effect throws at once, the outer acceptance rolls back, and the inbox goes on accepting", async ({ open, raw }) => {
+    const [a] = await open();
+    const outer = uuidv7();
+    const inner = uuidv7();
+    await assert.rejects(
+      a!.accept(outer, 1, async (tx) => {
+        await effect(outer, 1)(tx);
+        return await a!.accept(inner, 1, effect(inner, 1));
+      }),
+      {
+        name: "Error",
+        message:
+          "Cannot accept inside an acceptance's or a transaction's fn on the same connection: use its handle (tx.run, tx.query), or the call would wait for the transaction that waits for it",
+      },
+    );
+    assert.deepEqual(await effects(raw), []);
+    assert.deepEqual(await a!.accept(outer, 1, effect(outer, 1)), {
+      status: "accepted",
+      value: 1,
+    });
+    assert.deepEqual(await effects(raw), [`${outer}@1`]);
+  });
+
+  test("an effect's tx.run() and tx.query() refuse transaction-control statements before running them, so the acceptance stays one transaction", async ({ open, raw }) => {
+    const [a] = await open();
+    const identity = uuidv7();
+    const result = await a!.accept(identity, 1, async (tx) => {
+      await effect(identity, 1)(tx);
+      for (
+        const [sql, keyword] of [
+          ["COMMIT", "COMMIT"],
+          ["end transaction", "END"],
+          ["-- undo\nrollback", "ROLLBACK"],
+          ["begin immediate", "BEGIN"],
+          ["SAVEPOINT s", "SAVEPOINT"],
+          ["release s", "RELEASE"],
+        ]
+      ) {
+        for (const method of ["run", "query"] as const) {
+          await assert.rejects(() => tx[method](sql!), {
+            name: "RangeError",
+            message: new RegExp(
+              `^Cannot ${method} as 'sql' must not control the transaction: found ${keyword};`,
+            ),
+          });
+        }
+      }
+      return (await tx.query("SELECT count(*) AS n FROM effects"))[0]?.["n"];
+    });
+    assert.deepEqual(result, { status: "accepted", value: 1 });
+    assert.deepEqual(await effects(raw), [`${identity}@1`]);
+  });
+
   test("accept() runs the effect once: a redelivery at the same or a higher fence is a duplicate, at a lower one stale", async ({ open, raw }) => {
     const [a, b] = await open();
     const identity = uuidv7();

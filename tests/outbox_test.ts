@@ -773,12 +773,57 @@ for (const driver of DRIVERS) {
     assert.deepEqual(await raw.query("PRAGMA user_version"), [{
       user_version: 0,
     }]);
-    assert.deepEqual(await raw.query("SELECT version FROM outbox_schema"), [{
-      version: 4,
-    }]);
+    assert.deepEqual(
+      await raw.query("SELECT version FROM outbox_schema ORDER BY version"),
+      [{ version: 4 }, { version: 5 }],
+    );
     const lease = await a!.claim();
     assert.equal(lease?.payload, "legacy");
     assert.equal(await a!.acknowledge(lease!), true);
+  });
+
+  test("an event another writer inserts without an identity gets a UUIDv7 at insert, the same on every claim and in explain()", async ({ open, raw }) => {
+    const [a] = await open();
+    await raw.run(
+      `INSERT INTO outbox_events (queue, state, payload, due_at, max_attempts, created_at, updated_at)
+       VALUES ('default', 'pending', '"native"', 0, 5, 1720000000000, 0)`,
+    );
+    const [row] = await raw.query("SELECT identity FROM outbox_events");
+    const identity = String(row?.["identity"]);
+    assert.match(
+      identity,
+      /^019077fd-3000-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/,
+    );
+    const lease = await a!.claim();
+    assert.equal(lease?.identity, identity);
+    assert.equal((await a!.explain(identity))?.identity, identity);
+    assert.equal(await a!.release(lease!), true);
+    assert.equal((await a!.claim())?.identity, identity);
+  });
+
+  test("open() gives identities to a version 4 file's rows that other writers inserted without one", async ({ open, raw }) => {
+    await raw.exec(
+      await Deno.readTextFile(
+        new URL("./fixtures/schema_v4.sql", import.meta.url),
+      ),
+    );
+    await raw.exec("PRAGMA user_version = 0");
+    await raw.exec(
+      `CREATE TABLE outbox_schema (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL) STRICT;
+       INSERT INTO outbox_schema VALUES (4, 0);
+       INSERT INTO outbox_events (queue, state, payload, due_at, max_attempts, created_at, updated_at)
+       VALUES ('default', 'pending', '"native"', 0, 5, 0, 0)`,
+    );
+    const [a] = await open();
+    const lease = await a!.claim();
+    assert.match(
+      String(lease?.identity),
+      /^00000000-0000-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/,
+    );
+    assert.deepEqual(
+      await raw.query("SELECT identity FROM outbox_events"),
+      [{ identity: lease?.identity }],
+    );
   });
 
   test("open() leaves a user_version that differs from the legacy tables' version to the application", async ({ open, raw }) => {
@@ -795,7 +840,7 @@ for (const driver of DRIVERS) {
     }]);
     assert.deepEqual(
       await raw.query("SELECT version FROM outbox_schema ORDER BY version"),
-      [{ version: 3 }, { version: 4 }],
+      [{ version: 3 }, { version: 4 }, { version: 5 }],
     );
   });
 }

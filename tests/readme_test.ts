@@ -13,6 +13,9 @@ Deno.test("the README's browser snippet type-checks against browser.ts", async (
   const start = section.indexOf("```ts ignore\n") + "```ts ignore\n".length;
   const snippet = section.slice(start, section.indexOf("```", start));
   assert.match(snippet, /processEvents\(outbox/);
+  // Deliveries carry the identity and fence headers the inbox reads.
+  assert.match(snippet, /headers: \{[^}]*\.\.\.deliveryHeaders\(lease\)/);
+  assert.doesNotMatch(snippet, /idempotency-key/i);
   const dir = await Deno.makeTempDir();
   try {
     const file = `${dir}/snippet.ts`;
@@ -21,6 +24,9 @@ Deno.test("the README's browser snippet type-checks against browser.ts", async (
       snippet.replace(
         `"@leased/outbox/browser"`,
         JSON.stringify(new URL("../browser.ts", import.meta.url).href),
+      ).replace(
+        `"@leased/outbox"`,
+        JSON.stringify(new URL("../mod.ts", import.meta.url).href),
       ),
     );
     const { success, stderr } = await new Deno.Command(Deno.execPath(), {

@@ -461,6 +461,40 @@ Deno.test("a claim that throws is reported and the loop goes on", async () => {
   assert.equal(processor.counters.acknowledged, 1);
 });
 
+Deno.test("throwing onHandlerError and onError hooks never stop the loop: the failed event is released and delivered again", async () => {
+  await using f = await fixture();
+  const { eventId } = await f.outbox.enqueue({});
+  const logged: unknown[][] = [];
+  const consoleError = console.error;
+  console.error = (...data: unknown[]) => logged.push(data);
+  try {
+    const attempts: number[] = [];
+    await using processor = processEvents(f.outbox, (lease) => {
+      attempts.push(lease.attempt);
+      if (lease.attempt === 1) throw new Error("handler failed");
+    }, {
+      ...f.options({ backoffMinMs: 20 }),
+      onHandlerError: () => {
+        throw new Error("onHandlerError failed");
+      },
+      onError: () => {
+        throw new Error("onError failed");
+      },
+    });
+    await f.time.advance(1_000, f.wall);
+    assert.deepEqual(attempts, [1, 2]);
+    assert.equal(processor.counters.released, 1);
+    assert.equal(processor.counters.acknowledged, 1);
+    assert.equal((await f.outbox.explain(eventId))?.state, "done");
+    assert.deepEqual(
+      logged.map(([message, error]) => [message, (error as Error).message]),
+      [["processEvents: the onError hook threw", "onError failed"]],
+    );
+  } finally {
+    console.error = consoleError;
+  }
+});
+
 Deno.test("a renewal that throws is reported and tried again a quarter interval later", async () => {
   const driver = await openSqliteWasm(":memory:");
   let busy = 0;
