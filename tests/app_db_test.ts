@@ -21,7 +21,7 @@ import {
 import { openWorkerOutbox } from "../browser.ts";
 import type { Driver } from "../driver.ts";
 import { driverTest, type Harness, ManualClock, snapshot } from "./helpers.ts";
-import { DRIVERS } from "./drivers.ts";
+import { SQLITE_DRIVERS } from "./drivers.ts";
 
 /** Rejects when `promise` has not settled within `ms`: a hang fails the test. */
 function settlesWithin<T>(promise: Promise<T>, ms: number): Promise<T> {
@@ -47,7 +47,7 @@ async function userVersion(driver: Driver): Promise<number> {
   return Number(row?.["user_version"]);
 }
 
-for (const driver of DRIVERS) {
+for (const driver of SQLITE_DRIVERS) {
   const test = (name: string, fn: (t: Harness) => Promise<void>) =>
     driverTest(driver, name, fn);
 

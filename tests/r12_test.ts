@@ -12,7 +12,7 @@ import {
   SCHEMA_VERSION,
   SchemaVersionError,
 } from "../mod.ts";
-import { DRIVERS } from "./drivers.ts";
+import { SQLITE_DRIVERS } from "./drivers.ts";
 import { ManualClock, snapshot } from "./helpers.ts";
 import { openNodeSqlite } from "../node_sqlite.ts";
 import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
@@ -83,7 +83,7 @@ for (const kind of ["wasm", "node"] as const) {
   });
 }
 
-for (const driver of DRIVERS.filter((d) => d.file)) {
+for (const driver of SQLITE_DRIVERS.filter((d) => d.file)) {
   Deno.test(`R12: ${driver.name}: a newer release's additive upgrade runs beside a running worker, whose claims and acknowledgements go on; this release then refuses the newer file before its first claim`, async () => {
     const connections = await driver.open(3);
     const [workerDb, upgraderDb, laterDb] = connections.drivers;
