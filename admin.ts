@@ -163,7 +163,7 @@ export function eventInfo<P>(
   const state = String(row["state"]) as EventState;
   let payload: unknown;
   try {
-    payload = decode(row["payload"]);
+    payload = decode(row["payload_bytes"] ?? row["payload"]);
   } catch {
     payload = row["payload"];
   }

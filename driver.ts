@@ -10,6 +10,7 @@
  */
 
 import { BusyError, UnsafeIntegerError } from "./errors.ts";
+import type { Dialect } from "./lease.ts";
 
 /** A value SQLite stores or returns: `NULL`, `INTEGER`/`REAL`, `TEXT` or `BLOB`. */
 export type SqlValue = null | number | bigint | string | Uint8Array;
@@ -56,6 +57,19 @@ export interface Driver {
    * through most handoffs.
    */
   busyWait?(timeoutMs: number): Promise<void>;
+  /**
+   * How the core spells its statements for this connection's engine.
+   * Optional: SQLite's when absent.
+   */
+  readonly dialect?: Dialect;
+  /**
+   * Calls `listener` after another connection commits new events, so an
+   * idle worker claims at once instead of at its next poll (PostgreSQL's
+   * `LISTEN`/`NOTIFY`). Optional: without it workers only poll.
+   *
+   * @returns Stops the calls.
+   */
+  watchEnqueues?(listener: () => void): Promise<() => Promise<void>>;
   /**
    * Whether a transaction is open on this connection now
    * (`sqlite3_get_autocommit()` is 0): outside the outbox's own

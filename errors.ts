@@ -239,6 +239,92 @@ export function sqliteError(
 }
 
 /**
+ * An error reported by PostgreSQL, carrying its SQLSTATE
+ * (https://www.postgresql.org/docs/current/errcodes-appendix.html).
+ *
+ * @example Usage
+ * ```ts
+ * import { PostgresError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const error = new PostgresError("duplicate key value", "23505");
+ * assert.equal(error.code, "23505");
+ * ```
+ */
+export class PostgresError extends Error {
+  /** The five-character SQLSTATE, e.g. `"23505"` for a unique violation. */
+  readonly code: string;
+
+  /**
+   * Makes an error for a SQLSTATE.
+   *
+   * @param message What the server said.
+   * @param code The SQLSTATE.
+   * @param options `cause`: the client's own error object.
+   */
+  constructor(message: string, code: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "PostgresError";
+    this.code = code;
+  }
+}
+
+/**
+ * The connection to PostgreSQL broke (server restart or crash, a terminated
+ * backend, a network failure) or could not be made. The transaction in
+ * progress was rolled back by the server; a `COMMIT` that was in flight may
+ * or may not have committed. The next transaction opens a new connection.
+ *
+ * @example Usage
+ * ```ts
+ * import { ConnectionLostError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * assert.equal(new ConnectionLostError("server closed the connection").code, "08006");
+ * ```
+ */
+export class ConnectionLostError extends PostgresError {
+  /**
+   * Makes a connection error.
+   *
+   * @param message What went wrong.
+   * @param code The SQLSTATE, `"08006"` (connection failure) when the server
+   * sent none.
+   * @param options `cause`: the client's own error object.
+   */
+  constructor(message: string, code = "08006", options?: ErrorOptions) {
+    super(message, code, options);
+    this.name = "ConnectionLostError";
+  }
+}
+
+/**
+ * A statement ran past `statement_timeout` (or was canceled), SQLSTATE
+ * `57014`. The server rolled the statement back, and the transaction around
+ * it fails as a whole.
+ *
+ * @example Usage
+ * ```ts
+ * import { StatementTimeoutError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * assert.equal(new StatementTimeoutError("canceling statement").code, "57014");
+ * ```
+ */
+export class StatementTimeoutError extends PostgresError {
+  /**
+   * Makes a timeout error.
+   *
+   * @param message What the server said.
+   * @param options `cause`: the client's own error object.
+   */
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, "57014", options);
+    this.name = "StatementTimeoutError";
+  }
+}
+
+/**
  * Thrown by a handler of {@linkcode processEvents} to say "do not retry":
  * the event becomes a dead letter at once, whatever attempts it has left,
  * with this error's text as its last error (BullMQ's `UnrecoverableError`).

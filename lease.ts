@@ -16,7 +16,6 @@ import {
   integerOf,
   type Row,
   type RunResult,
-  safeInteger,
   type SqlValue,
 } from "./driver.ts";
 import {
@@ -44,6 +43,83 @@ import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 /** Milliseconds since the Unix epoch, from an injected clock. */
 export type Clock = () => number;
 
+/**
+ * The statements every engine spells: the keys of a {@linkcode Dialect}.
+ * {@linkcode SQL} (and, for the admin calls, `ADMIN_SQL` in admin.ts) holds
+ * SQLite's text for each, with what its parameters mean.
+ */
+export type StatementName =
+  | "begin"
+  | "commit"
+  | "rollback"
+  | "savepoint"
+  | "releaseSavepoint"
+  | "rollbackToSavepoint"
+  | "insert"
+  | "existing"
+  | "exhausted"
+  | "expire"
+  | "candidates"
+  | "tokenUsed"
+  | "claim"
+  | "claimOne"
+  | "ledger"
+  | "writeUnwritten"
+  | "ledgerAll"
+  | "acknowledge"
+  | "acknowledgeAll"
+  | "renew"
+  | "release"
+  | "stale"
+  | "deadLetters"
+  | "stats"
+  | "event"
+  | "eventByIdentity"
+  | "history"
+  | "unclaimable"
+  | "list"
+  | "cancel"
+  | "redrive"
+  | "purgeable"
+  | "purgeLedger"
+  | "purge"
+  | "queues"
+  | "nextDue"
+  | "joinSavepoint"
+  | "releaseJoin"
+  | "rollbackJoin";
+
+/**
+ * How the core's statements are spelled on one engine: SQL text only, no
+ * I/O. The core decides which statement runs and with what; a dialect says
+ * how it is written. {@linkcode SQL} is SQLite's (its schema steps are
+ * SQLite's own); PostgreSQL's is `POSTGRES` in `dialects/postgres.ts`, each
+ * statement taking the same parameters in the same order.
+ */
+export interface Dialect extends Readonly<Record<StatementName, string>> {
+  /** Reads the database server's clock as `now`, epoch milliseconds. */
+  readonly now?: string;
+  /**
+   * `now` and `exhausted` in one statement, saving a round trip at the
+   * start of every transaction on the server's clock: a row with `now`,
+   * and `id` and `fence` of each exhausted lease (`null` when none).
+   */
+  readonly nowExhausted?: string;
+  /**
+   * Takes the lock that lines up openers setting the schema up, held to
+   * the end of the transaction (instead of SQLite's schema steps).
+   */
+  readonly lock?: string;
+  /** Creates what is missing of the schema, run under `lock`. */
+  readonly setup?: string;
+  /** Answers `present`: whether the schema's version table exists. */
+  readonly schemaPresent?: string;
+  /** Answers `version`: the schema version the database holds. */
+  readonly schemaVersion?: string;
+  /** The schema version `setup` creates. */
+  readonly version?: number;
+}
+
 /** The longest accepted `leaseMs` or `delayMs`: 365 days in milliseconds. */
 export const MAX_DURATION_MS = 31_536_000_000;
 /** The largest accepted `maxAttempts`. */
@@ -62,11 +138,14 @@ export const MAX_PAYLOAD_BYTES = 256 * 1024 * 1024;
 export interface OutboxOptions {
   /**
    * The clock leases are judged by, in epoch milliseconds. Every worker
-   * sharing a database must agree on it.
+   * sharing a database must agree on it. `"database"` reads the database
+   * server's clock at the start of each transaction, so workers on machines
+   * whose clocks disagree still agree (the default when the driver's dialect
+   * can read it: PostgreSQL's).
    *
    * @default {Date.now}
    */
-  readonly now?: Clock;
+  readonly now?: Clock | "database";
   /** Queue used when a call names none. @default {"default"} */
   readonly queue?: string;
   /** Lease length when a claim names none, in milliseconds. @default {30000} */
@@ -330,7 +409,7 @@ const CLAIM_SET = `state = 'leased', fence = fence + 1, attempt = attempt + 1,
       lease_until = ?1, due_at = ?1, updated_at = ?2, claimed_at = ?2,
       last_error = CASE state WHEN 'leased' THEN '${LEASE_EXPIRED}' ELSE last_error END`;
 // Version 3's views, as schema.sql creates them.
-const VIEWS_SQL = SCHEMA_SQL.slice(
+const VIEWS_SQL: string = SCHEMA_SQL.slice(
   SCHEMA_SQL.indexOf("CREATE VIEW"),
   SCHEMA_SQL.indexOf("CREATE TABLE outbox_schema"),
 );
@@ -418,10 +497,13 @@ export const SQL = {
   userVersion: "PRAGMA user_version",
   resetUserVersion: "PRAGMA user_version = 0",
   // A conflict on the dedup key or the identity inserts nothing.
+  // ?10: the payload when it is bytes (?2 when JSON text): PostgreSQL keeps
+  // the two in columns of their own.
   insert: `INSERT INTO outbox_events
     (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity)
-    VALUES (?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?)
-    ON CONFLICT DO NOTHING`,
+    VALUES (?1, 'pending', coalesce(?2, ?10), ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+    ON CONFLICT DO NOTHING
+    RETURNING id`,
   // The dedup key's event first: it is the one the caller's key names.
   existing: `SELECT id, identity FROM outbox_events
     WHERE (queue = ?1 AND dedup_key = ?2) OR identity = ?3
@@ -545,6 +627,9 @@ export const SQL = {
     FROM outbox_ledger WHERE event_id = ? ORDER BY seq`,
 } as const;
 
+/** SQLite's dialect: the core's statements and the admin calls'. */
+const SQLITE: Dialect = { ...SQL, ...ADMIN_SQL };
+
 /**
  * A transactional outbox with leases on one SQLite connection.
  *
@@ -572,7 +657,9 @@ export const SQL = {
 export class Outbox<P = unknown> implements AsyncDisposable {
   readonly #driver: Driver;
   readonly #mutex: Mutex;
-  readonly #now: Clock;
+  readonly #sql: Dialect;
+  readonly #now: Clock | "database";
+  #stopWatching: (() => Promise<void>) | undefined;
   readonly #queue: string;
   readonly #leaseMs: number;
   readonly #maxAttempts: number;
@@ -584,8 +671,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   private constructor(driver: Driver, options: OutboxOptions) {
     const op = "open outbox";
     this.#driver = driver;
-    this.#now = options.now ?? Date.now;
-    if (typeof this.#now !== "function") {
+    this.#sql = driver.dialect ?? SQLITE;
+    this.#now = options.now ?? (this.#sql.now ? "database" : Date.now);
+    if (
+      typeof this.#now !== "function" &&
+      !(this.#now === "database" && this.#sql.now !== undefined)
+    ) {
       throw new TypeError(
         `Cannot ${op} as 'now' must be a function: current value is ${
           describe(this.#now)
@@ -671,8 +762,42 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return outbox;
   }
 
+  /**
+   * Opens on an engine whose dialect sets its schema up itself (PostgreSQL):
+   * creates or upgrades it under the dialect's lock, then listens for other
+   * connections' enqueues when the driver can.
+   */
+  async #setUp(): Promise<void> {
+    const driver = this.#driver;
+    const sql = this.#sql;
+    await this.#write("open outbox", async () => {
+      const version = async () => {
+        const [present] = await driver.query(sql.schemaPresent!);
+        if (!present?.["present"]) return 0;
+        const [row] = await driver.query(sql.schemaVersion!);
+        return Number(row?.["version"] ?? 0);
+      };
+      // Set-up takes locks that stop running workers for a moment: only
+      // an opener that finds the schema missing or older takes them.
+      if (await version() !== sql.version) {
+        await driver.run(sql.lock!);
+        if (await version() < sql.version!) await driver.exec(sql.setup!);
+      }
+      const found = await version();
+      if (found !== sql.version) {
+        throw new Error(
+          `Cannot open outbox as the database has outbox schema version ${found}, not ${sql.version}`,
+        );
+      }
+    }, false);
+    if (driver.watchEnqueues !== undefined) {
+      this.#stopWatching = await driver.watchEnqueues(() => this.#enqueued());
+    }
+  }
+
   async #open(): Promise<void> {
     const driver = this.#driver;
+    if (this.#sql.setup !== undefined) return await this.#setUp();
     await this.#mutex.run(async () => {
       try {
         const [tables] = await driver.query(SQL.tableCount);
@@ -921,7 +1046,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       this.#leaseMs;
     return await this.#write(op, async (now) => {
       await this.#writeUnwritten([checked.eventId]);
-      const [row] = await this.#driver.query(SQL.renew, [
+      const [row] = await this.#driver.query(this.#sql.renew, [
         now + ms,
         now,
         checked.eventId,
@@ -978,7 +1103,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     }
     return await this.#write(op, async (now) => {
       await this.#writeUnwritten([checked.eventId]);
-      const [row] = await this.#driver.query(SQL.release, [
+      const [row] = await this.#driver.query(this.#sql.release, [
         now,
         now + delayMs,
         error,
@@ -1033,12 +1158,15 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       : checkName(op, "queue", options.queue);
     const limit = checkInteger(op, "limit", options.limit, 1, MAX_BATCH) ?? 100;
     return await this.#write(op, async () => {
-      const rows = await this.#driver.query(SQL.deadLetters, [queue, limit]);
+      const rows = await this.#driver.query(this.#sql.deadLetters, [
+        queue,
+        limit,
+      ]);
       return rows.map((row) => ({
         eventId: integerOf(row, "id"),
         identity: String(row["identity"]),
         queue: String(row["queue"]),
-        payload: decodePayload(row["payload"]) as P,
+        payload: decodePayload(row["payload_bytes"] ?? row["payload"]) as P,
         attempts: integerOf(row, "attempt"),
         lastError: nullableString(row["last_error"]),
         createdAt: integerOf(row, "created_at"),
@@ -1074,7 +1202,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const op = "list events";
     const params = listParameters(op, options);
     return await this.#write(op, async () => {
-      const rows = await this.#driver.query(ADMIN_SQL.list, params);
+      const rows = await this.#driver.query(this.#sql.list, params);
       return rows.map((row) => eventInfo<P>(row, decodePayload));
     });
   }
@@ -1109,7 +1237,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const op = "cancel";
     const id = checkEventId(op, eventId);
     return await this.#write(op, async (now) => {
-      const [row] = await this.#driver.query(ADMIN_SQL.cancel, [now, id]);
+      const [row] = await this.#driver.query(this.#sql.cancel, [now, id]);
       if (row === undefined) return false;
       await this.#ledger(
         id,
@@ -1170,7 +1298,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       );
     }
     return await this.#write(op, async (now) => {
-      const rows = await this.#driver.query(ADMIN_SQL.redrive, [
+      const rows = await this.#driver.query(this.#sql.redrive, [
         now,
         queue,
         ids,
@@ -1247,14 +1375,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       for (;;) {
         const n = await this.#write(op, async (now) => {
           cutoff ??= now - olderThanMs;
-          const rows = await this.#driver.query(ADMIN_SQL.purgeable, [
+          const rows = await this.#driver.query(this.#sql.purgeable, [
             state,
             cutoff,
           ]);
           if (rows.length === 0) return 0;
           const ids = JSON.stringify(rows.map((row) => integerOf(row, "id")));
-          await this.#driver.run(ADMIN_SQL.purgeLedger, [ids]);
-          return (await this.#driver.run(ADMIN_SQL.purge, [ids])).changes;
+          await this.#driver.run(this.#sql.purgeLedger, [ids]);
+          return (await this.#driver.run(this.#sql.purge, [ids])).changes;
         });
         deleted += n;
         if (n < PURGE_BATCH) break;
@@ -1285,7 +1413,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   async queues(): Promise<QueueCounts[]> {
     return await this.#write(
       "count queues",
-      async () => queueCounts(await this.#driver.query(ADMIN_SQL.queues)),
+      async () => queueCounts(await this.#driver.query(this.#sql.queues)),
     );
   }
 
@@ -1320,7 +1448,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       ? this.#queue
       : checkName(op, "queue", options.queue);
     return await this.#write(op, async (now) => {
-      const [row] = await this.#driver.query(ADMIN_SQL.nextDue, [queue, now]);
+      const [row] = await this.#driver.query(this.#sql.nextDue, [queue, now]);
       return row === undefined ? null : integerOf(row, "due_at") - now;
     });
   }
@@ -1372,6 +1500,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       );
     }
     if (this.#closed) throw new Error(`Cannot ${op} as the outbox is closed`);
+    if (this.#sql !== SQLITE) {
+      // PostgreSQL's autovacuum returns freed space to the table itself.
+      throw new Error(
+        `Cannot ${op} as it concerns SQLite's free pages: PostgreSQL's autovacuum reclaims space itself`,
+      );
+    }
     const driver = this.#driver;
     const read = async (pragma: string) =>
       Number(Object.values((await driver.query(pragma))[0] ?? {})[0]);
@@ -1420,7 +1554,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         dead: 0,
       };
       let oldestPendingAgeMs = 0;
-      for (const row of await this.#driver.query(SQL.stats, [queue])) {
+      for (const row of await this.#driver.query(this.#sql.stats, [queue])) {
         counts[String(row["state"])] = integerOf(row, "n");
         if (row["state"] === "pending") {
           oldestPendingAgeMs = Math.max(0, now - integerOf(row, "oldest"));
@@ -1447,16 +1581,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    */
   async explain(event: number | string): Promise<Explanation | null> {
     const [sql, key] = typeof event === "string"
-      ? [SQL.eventByIdentity, checkIdentity("explain", "event", event)]
+      ? [this.#sql.eventByIdentity, checkIdentity("explain", "event", event)]
       : [
-        SQL.event,
+        this.#sql.event,
         checkInteger("explain", "event", event, 1, Number.MAX_SAFE_INTEGER) ??
           missing("explain", "event"),
       ];
     return await this.#write("explain", async () => {
       const [row] = await this.#driver.query(sql, [key]);
       if (row === undefined) return null;
-      const history = await this.#driver.query(SQL.history, [row["id"]!]);
+      const history = await this.#driver.query(this.#sql.history, [row["id"]!]);
       return explanation(row, history);
     });
   }
@@ -1594,7 +1728,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       return Promise.reject(error);
     }
     this.#closed = true;
-    return this.#mutex.run(() => this.#driver.close());
+    return this.#mutex.run(async () => {
+      await this.#stopWatching?.().catch(() => {});
+      await this.#driver.close();
+    });
   }
 
   /** Same as {@linkcode Outbox.close}, for `await using`. */
@@ -1650,9 +1787,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   async #enqueue(event: PreparedEnqueue, now: number): Promise<EnqueueResult> {
     const identity = event.identity ?? uuidv7(now);
-    const { changes, lastInsertRowid } = await this.#driver.run(SQL.insert, [
+    const bytes = event.payload instanceof Uint8Array;
+    const [inserted] = await this.#driver.query(this.#sql.insert, [
       event.queue,
-      event.payload,
+      bytes ? null : event.payload,
       event.dedupKey,
       event.orderingKey,
       now + event.delayMs,
@@ -1660,15 +1798,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       now,
       now,
       identity,
+      bytes ? event.payload : null,
     ]);
-    if (changes === 1) {
+    if (inserted !== undefined) {
       return {
-        eventId: safeInteger("lastInsertRowid", lastInsertRowid),
+        eventId: integerOf(inserted, "id"),
         identity,
         deduplicated: false,
       };
     }
-    const [row] = await this.#driver.query(SQL.existing, [
+    const [row] = await this.#driver.query(this.#sql.existing, [
       event.queue,
       event.dedupKey,
       identity,
@@ -1692,7 +1831,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     // Unclaimable rows are dead letters once seen, so each round finds new
     // candidates, and the batch fills as if they had never been there.
     for (let wanted = max; wanted > 0;) {
-      const rows = await this.#driver.query(SQL.candidates, [
+      const rows = await this.#driver.query(this.#sql.candidates, [
         queue,
         now,
         wanted,
@@ -1745,7 +1884,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     });
     if (token !== undefined) {
       for (const { eventId } of leases) {
-        const used = await this.#driver.query(SQL.tokenUsed, [eventId, token]);
+        const used = await this.#driver.query(this.#sql.tokenUsed, [
+          eventId,
+          token,
+        ]);
         if (used.length > 0) {
           throw new RangeError(
             `Cannot claim as 'token' was used on event ${eventId} before: reuse would let a stale worker act`,
@@ -1762,14 +1904,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     let changes;
     if (leases.length === 1) {
       const { eventId, token: leaseToken } = leases[0]!;
-      ({ changes } = await this.#driver.run(SQL.claimOne, [
+      ({ changes } = await this.#driver.run(this.#sql.claimOne, [
         leaseUntil,
         now,
         eventId,
         leaseToken,
       ]));
     } else {
-      ({ changes } = await this.#driver.run(SQL.claim, [
+      ({ changes } = await this.#driver.run(this.#sql.claim, [
         leaseUntil,
         now,
         JSON.stringify(
@@ -1797,7 +1939,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       return `unclaimable: its payload of ${bytes} bytes exceeds this outbox's maxPayloadBytes of ${this.#maxPayloadBytes}`;
     }
     try {
-      payloads.push(decodePayload(row["payload"]));
+      payloads.push(decodePayload(row["payload_bytes"] ?? row["payload"]));
     } catch (error) {
       return `unclaimable: its payload is text but not JSON (${
         error instanceof Error ? error.message : "unreadable"
@@ -1816,7 +1958,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       entries.push([eventId, fence, "expired", null, null, LEASE_EXPIRED]);
     }
     entries.push([eventId, fence, "dead", null, null, reason]);
-    await this.#driver.run(SQL.unclaimable, [now, reason, eventId]);
+    await this.#driver.run(this.#sql.unclaimable, [now, reason, eventId]);
     await this.#ledgerAll(entries, now);
   }
 
@@ -1825,7 +1967,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * cost a lone call more than its SQL does.
    */
   async #acknowledgeOne(lease: CheckedLease, now: number): Promise<boolean> {
-    const { changes } = await this.#driver.run(SQL.acknowledge, [
+    const { changes } = await this.#driver.run(this.#sql.acknowledge, [
       now,
       lease.eventId,
       lease.token,
@@ -1847,8 +1989,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     // Usually every lease is current and listed once, and then the count
     // of changed rows says so: reading them back (RETURNING) cost a fifth of
     // the batch. A lease listed twice leaves one key in the object.
-    await this.#driver.run(SQL.savepoint);
-    const { changes } = await this.#driver.run(SQL.acknowledgeAll, [
+    await this.#driver.run(this.#sql.savepoint);
+    const { changes } = await this.#driver.run(this.#sql.acknowledgeAll, [
       now,
       JSON.stringify(
         Object.fromEntries(
@@ -1857,13 +1999,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       ),
     ]);
     if (changes === leases.length) {
-      await this.#driver.run(SQL.releaseSavepoint);
+      await this.#driver.run(this.#sql.releaseSavepoint);
       return leases.map(() => true);
     }
     // Some lease is stale, or listed twice (stale the second time): one at
     // a time, in the order of the calls, as the ledger records them.
-    await this.#driver.run(SQL.rollbackToSavepoint);
-    await this.#driver.run(SQL.releaseSavepoint);
+    await this.#driver.run(this.#sql.rollbackToSavepoint);
+    await this.#driver.run(this.#sql.releaseSavepoint);
     const results = [];
     for (const lease of leases) {
       results.push(await this.#acknowledgeOne(lease, now));
@@ -1871,12 +2013,36 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return results;
   }
 
+  /**
+   * Reads the lease clock at the start of a transaction and, unless
+   * `expire` is off, makes lapsed last-attempt leases dead letters; on the
+   * server's clock one statement does both when the dialect has it.
+   */
+  async #start(op: string, expire: boolean): Promise<number> {
+    if (expire && this.#now === "database" && this.#sql.nowExhausted) {
+      const rows = await this.#driver.query(this.#sql.nowExhausted);
+      const now = this.#checkNow(op, rows[0]?.["now"]);
+      await this.#expire(rows.filter((row) => row["id"] !== null), now);
+      return now;
+    }
+    const now = await this.#clock(op);
+    if (expire) await this.#expireExhausted(now);
+    return now;
+  }
+
   async #expireExhausted(now: number): Promise<void> {
-    const rows = await this.#driver.query(SQL.exhausted, [now]);
+    await this.#expire(
+      await this.#driver.query(this.#sql.exhausted, [now]),
+      now,
+    );
+  }
+
+  /** Makes the exhausted leases `rows` (id, fence) dead letters. */
+  async #expire(rows: readonly Row[], now: number): Promise<void> {
     if (rows.length === 0) return;
     const eventIds = rows.map((row) => integerOf(row, "id"));
     await this.#writeUnwritten(eventIds);
-    await this.#driver.run(SQL.expire, [now, JSON.stringify(eventIds)]);
+    await this.#driver.run(this.#sql.expire, [now, JSON.stringify(eventIds)]);
     await this.#ledgerAll(
       rows.flatMap((row): LedgerRow[] => {
         const eventId = integerOf(row, "id");
@@ -1895,12 +2061,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * must follow them or a change to what they are read from.
    */
   async #writeUnwritten(eventIds: readonly number[]): Promise<void> {
-    await this.#driver.run(SQL.writeUnwritten, [JSON.stringify(eventIds)]);
+    await this.#driver.run(this.#sql.writeUnwritten, [
+      JSON.stringify(eventIds),
+    ]);
   }
 
   /** Writes ledger entries at `at`, in order, in one statement. */
   async #ledgerAll(entries: readonly LedgerRow[], at: number): Promise<void> {
-    await this.#driver.run(SQL.ledgerAll, [at, JSON.stringify(entries)]);
+    await this.#driver.run(this.#sql.ledgerAll, [at, JSON.stringify(entries)]);
   }
 
   /**
@@ -1912,7 +2080,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     kind: LedgerEntry["kind"],
     now: number,
   ): Promise<void> {
-    await this.#driver.run(SQL.stale, [
+    await this.#driver.run(this.#sql.stale, [
       lease.eventId,
       lease.fence,
       kind,
@@ -1930,7 +2098,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     leaseUntil: number | null = null,
     detail: string | null = null,
   ): Promise<void> {
-    await this.#driver.run(SQL.ledger, [
+    await this.#driver.run(this.#sql.ledger, [
       eventId,
       fence,
       kind,
@@ -1980,15 +2148,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           return join ? { value: await this.#joined(op, fn, expire) } : null;
         }
         const busyDeadline = performance.now() + this.#busyTimeoutMs;
-        await this.#untilNotBusy(op, busyDeadline, SQL.begin);
+        await this.#untilNotBusy(op, busyDeadline, this.#sql.begin);
         let value: T;
         try {
-          const now = this.#clock(op);
-          if (expire) await this.#expireExhausted(now);
+          const now = await this.#start(op, expire);
           value = await fn(now, false);
-          await this.#untilNotBusy(op, busyDeadline, SQL.commit);
+          await this.#untilNotBusy(op, busyDeadline, this.#sql.commit);
         } catch (error) {
-          await this.#driver.run(SQL.rollback).catch(() => {});
+          await this.#driver.run(this.#sql.rollback).catch(() => {});
           throw error;
         }
         return { value };
@@ -2009,16 +2176,15 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     fn: (now: number, joined: boolean) => Promise<T>,
     expire: boolean,
   ): Promise<T> {
-    await this.#driver.run(SQL.joinSavepoint);
+    await this.#driver.run(this.#sql.joinSavepoint);
     try {
-      const now = this.#clock(op);
-      if (expire) await this.#expireExhausted(now);
+      const now = await this.#start(op, expire);
       const value = await fn(now, true);
-      await this.#driver.run(SQL.releaseJoin);
+      await this.#driver.run(this.#sql.releaseJoin);
       return value;
     } catch (error) {
-      await this.#driver.run(SQL.rollbackJoin).catch(() => {});
-      await this.#driver.run(SQL.releaseJoin).catch(() => {});
+      await this.#driver.run(this.#sql.rollbackJoin).catch(() => {});
+      await this.#driver.run(this.#sql.releaseJoin).catch(() => {});
       throw error;
     }
   }
@@ -2096,10 +2262,20 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     }
   }
 
-  #clock(op: string): number {
-    const now = this.#now();
+  async #clock(op: string): Promise<number> {
+    if (this.#now === "database") {
+      const [row] = await this.#driver.query(this.#sql.now!);
+      return this.#checkNow(op, row?.["now"]);
+    }
+    return this.#checkNow(op, this.#now());
+  }
+
+  #checkNow(op: string, now: unknown): number {
     // Date's own range keeps now + MAX_DURATION_MS an exact integer.
-    if (!Number.isSafeInteger(now) || now < 0 || now > MAX_DATE_MS) {
+    if (
+      typeof now !== "number" || !Number.isSafeInteger(now) || now < 0 ||
+      now > MAX_DATE_MS
+    ) {
       throw new RangeError(
         `Cannot ${op} as the clock must return a non-negative integer of milliseconds within Date's range: current value is ${
           describe(now)
@@ -2173,7 +2349,7 @@ interface CheckedLease {
   readonly fence: number;
 }
 
-/** For `SQL.ledgerAll`: event id, fence, kind, token, lease_until, detail. */
+/** For `this.#sql.ledgerAll`: event id, fence, kind, token, lease_until, detail. */
 type LedgerRow = [
   number,
   number,
@@ -2309,7 +2485,7 @@ function encodePayload(
 }
 
 /**
- * An event row (`SQL.event`) and its ledger rows (`SQL.history`) as an
+ * An event row (`this.#sql.event`) and its ledger rows (`this.#sql.history`) as an
  * {@linkcode Explanation}.
  *
  * @ignore
@@ -2652,7 +2828,7 @@ function checkEventId(op: string, value: unknown, field = "eventId"): number {
 }
 
 /**
- * Validates {@linkcode ListOptions} into the parameters of `ADMIN_SQL.list`.
+ * Validates {@linkcode ListOptions} into the parameters of `this.#sql.list`.
  *
  * @ignore
  * @param op What was being done, for the message.

@@ -37,6 +37,7 @@ export {
   type ClaimOptions,
   type Clock,
   type DeadLetter,
+  type Dialect,
   type EnqueueOptions,
   type EnqueueResult,
   type EventState,
@@ -50,6 +51,7 @@ export {
   Outbox,
   type OutboxOptions,
   type ReleaseOptions,
+  type StatementName,
   type Stats,
   type Transaction,
 } from "./lease.ts";
@@ -76,13 +78,16 @@ export {
 } from "./inbox.ts";
 export {
   BusyError,
+  ConnectionLostError,
   ConstraintError,
   LeaseLostError,
   PermanentError,
+  PostgresError,
   RetryAfterError,
   SchemaVersionError,
   SqliteError,
   sqliteError,
+  StatementTimeoutError,
   UnsafeIntegerError,
 } from "./errors.ts";
 export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";

@@ -10,6 +10,7 @@
 import { join } from "node:path";
 import type { Scenario, ScenarioResult, Target } from "./scenario.ts";
 import { browserRows } from "./browser_bench.ts";
+import { postgresRows } from "./postgres_bench.ts";
 import { type BenchRow, markdown } from "./table.ts";
 
 const CONFIG = new URL("../deno.json", import.meta.url).pathname;
@@ -281,6 +282,8 @@ if (import.meta.main) {
   const dir = await Deno.makeTempDir({ prefix: "outbox_bench_" });
   try {
     const rows = await bench(smoke ? SMOKE : FULL, dir);
+    progress("PostgreSQL claim+acknowledge, single and batch, vs pg-boss");
+    rows.push(...await postgresRows(smoke));
     // The browser rows need Chromium; the smoke run leaves them to
     // tests/browser_bench_test.ts.
     if (!smoke) {

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { BusyError, ConstraintError, SqliteError } from "../errors.ts";
 import type { Driver } from "../driver.ts";
-import { type Connections, DRIVERS } from "./drivers.ts";
+import { type Connections, SQLITE_DRIVERS as DRIVERS } from "./drivers.ts";
 
 function driverTest(
   name: string,

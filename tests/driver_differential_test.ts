@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import fc from "fast-check";
 import type { Row, SqlValue } from "../driver.ts";
-import { DRIVERS } from "./drivers.ts";
+import { SQLITE_DRIVERS as DRIVERS } from "./drivers.ts";
 
 const INT64_MIN = -(2n ** 63n);
 const INT64_MAX = 2n ** 63n - 1n;

@@ -4,8 +4,10 @@
  */
 import { join } from "node:path";
 import type { Driver } from "../driver.ts";
+import { connectPostgres } from "../drivers/postgres.ts";
 import { openNodeSqlite } from "../node_sqlite.ts";
 import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { sharedPostgres } from "./postgres_server.ts";
 
 /** Two or more connections to one fresh database. */
 export interface Connections {
@@ -17,6 +19,8 @@ export interface Connections {
 /** One row of the table. */
 export interface DriverCase {
   readonly name: string;
+  /** The engine: suites written in one engine's SQL run on its rows only. */
+  readonly engine: "sqlite" | "postgres";
   /** Whether the database lives in a file (durability, crash, multi-process). */
   readonly file: boolean;
   /** Opens `count` connections (default 2) to one fresh database. */
@@ -54,9 +58,27 @@ async function tempDatabase(): Promise<
   };
 }
 
+/** The PostgreSQL row: a fresh schema of the shared test server. */
+export const POSTGRES_DRIVER: DriverCase = {
+  name: "postgres",
+  engine: "postgres",
+  file: true,
+  async open(count) {
+    const server = await sharedPostgres();
+    const schema = await server.createSchema();
+    return connect(
+      () => connectPostgres(server.url, { schema }),
+      undefined,
+      count,
+    );
+  },
+};
+
+/** Every SQLite row, then PostgreSQL's. */
 export const DRIVERS: readonly DriverCase[] = [
   {
     name: "wasm memory",
+    engine: "sqlite",
     file: false,
     open(count) {
       const name = `file:/${crypto.randomUUID()}?vfs=memdb`;
@@ -65,6 +87,7 @@ export const DRIVERS: readonly DriverCase[] = [
   },
   {
     name: "wasm file",
+    engine: "sqlite",
     file: true,
     async open(count) {
       const { path, cleanup } = await tempDatabase();
@@ -73,10 +96,17 @@ export const DRIVERS: readonly DriverCase[] = [
   },
   {
     name: "node:sqlite file",
+    engine: "sqlite",
     file: true,
     async open(count) {
       const { path, cleanup } = await tempDatabase();
       return connect(() => openNodeSqlite(path), cleanup, count);
     },
   },
+  POSTGRES_DRIVER,
 ];
+
+/** The SQLite rows, for suites written in SQLite's SQL. */
+export const SQLITE_DRIVERS: readonly DriverCase[] = DRIVERS.filter((d) =>
+  d.engine === "sqlite"
+);

@@ -3,7 +3,8 @@
  * count of the statements outboxes send.
  */
 import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
-import { Outbox, type OutboxOptions } from "../mod.ts";
+import { PostgresDriver } from "../drivers/postgres.ts";
+import { type Dialect, Outbox, type OutboxOptions } from "../mod.ts";
 import type { DriverCase } from "./drivers.ts";
 
 /** A clock tests move by hand: `clock.now` is the injected `now()`. */
@@ -22,12 +23,25 @@ export class ManualClock {
   }
 }
 
-/** Every row of both tables plus `total_changes()`, for byte-identical comparisons. */
+/**
+ * Every row of both tables plus a count of writes, for byte-identical
+ * comparisons: SQLite's `total_changes()`, or on PostgreSQL each row's
+ * `xmin`, which any write of the row changes, even of the same values.
+ */
 export async function snapshot(driver: Driver): Promise<{
   events: Row[];
   attempts: Row[];
   totalChanges: number;
 }> {
+  if (driver instanceof PostgresDriver) {
+    const events = await driver.query(
+      "SELECT *, xmin::text AS xmin FROM outbox_events ORDER BY id",
+    );
+    const attempts = await driver.query(
+      "SELECT *, xmin::text AS xmin FROM outbox_attempts ORDER BY id",
+    );
+    return { events, attempts, totalChanges: 0 };
+  }
   const events = await driver.query("SELECT * FROM outbox_events ORDER BY id");
   const attempts = await driver.query(
     "SELECT * FROM outbox_attempts ORDER BY id",
@@ -36,14 +50,17 @@ export async function snapshot(driver: Driver): Promise<{
   return { events, attempts, totalChanges: Number(row?.["n"]) };
 }
 
-/** One event's row as stored. */
+/** One event's row as stored (with its `xmin` on PostgreSQL, see snapshot). */
 export async function eventRow(
   driver: Driver,
   id: number,
 ): Promise<Row | undefined> {
-  const [row] = await driver.query("SELECT * FROM outbox_events WHERE id = ?", [
-    id,
-  ]);
+  const [row] = driver instanceof PostgresDriver
+    ? await driver.query(
+      "SELECT *, xmin::text AS xmin FROM outbox_events WHERE id = $1",
+      [id],
+    )
+    : await driver.query("SELECT * FROM outbox_events WHERE id = ?", [id]);
   return row;
 }
 
@@ -67,8 +84,18 @@ class CountingDriver implements Driver {
   readonly busyWait?: (timeoutMs: number) => Promise<void>;
   readonly inTransaction?: () => boolean;
 
+  readonly watchEnqueues?: (
+    listener: () => void,
+  ) => Promise<() => Promise<void>>;
+
+  readonly dialect?: Dialect;
+
   constructor(readonly inner: Driver) {
+    if (inner.dialect) this.dialect = inner.dialect;
     if (inner.busyWait) this.busyWait = (ms) => inner.busyWait!(ms);
+    if (inner.watchEnqueues) {
+      this.watchEnqueues = (listener) => inner.watchEnqueues!(listener);
+    }
     if (inner.inTransaction) this.inTransaction = () => inner.inTransaction!();
   }
 
@@ -105,7 +132,12 @@ export function driverTest(
     const open = async (options: OutboxOptions = {}) => {
       const outboxes = [];
       for (const d of counted) {
-        outboxes.push(await Outbox.open(d, { now: clock.now, ...options }));
+        outboxes.push(
+          await Outbox.open(d, {
+            now: clock.now,
+            ...options,
+          }),
+        );
       }
       return outboxes;
     };

@@ -11,7 +11,7 @@ import {
   readDeliveryHeaders,
   uuidv7,
 } from "../mod.ts";
-import { DRIVERS } from "./drivers.ts";
+import { SQLITE_DRIVERS as DRIVERS } from "./drivers.ts";
 import { ManualClock } from "./helpers.ts";
 
 interface InboxHarness {

@@ -25,6 +25,7 @@ import {
 } from "../mod.ts";
 import type { Driver } from "../driver.ts";
 import type { Connections } from "./drivers.ts";
+import { PostgresDriver } from "../drivers/postgres.ts";
 import { ManualClock } from "./helpers.ts";
 
 /** The state of an event in the model. */
@@ -889,9 +890,13 @@ export async function runModelTest(
       const clock = new ManualClock(START_MS);
       const workers: Worker[] = [];
       try {
-        // The application's own migrations, in the same file, first.
+        // The application's own migrations, in the same database, first
+        // (on SQLite with its user_version, which the outbox must leave be).
+        const postgres = connections.drivers[0] instanceof PostgresDriver;
         await connections.drivers[0]!.exec(
-          "CREATE TABLE app_orders (id INTEGER PRIMARY KEY, note TEXT); PRAGMA user_version = 7",
+          postgres
+            ? "CREATE TABLE app_orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, note text)"
+            : "CREATE TABLE app_orders (id INTEGER PRIMARY KEY, note TEXT); PRAGMA user_version = 7",
         );
         for (const [i, driver] of connections.drivers.entries()) {
           const setup = setups[i % setups.length]!;
@@ -936,10 +941,12 @@ export async function runModelTest(
         }
         await run.checkEveryEvent();
         report.committed += run.committed;
-        const [version] = await connections.drivers[0]!.query(
-          "PRAGMA user_version",
-        );
-        assert.equal(version?.["user_version"], 7);
+        if (!postgres) {
+          const [version] = await connections.drivers[0]!.query(
+            "PRAGMA user_version",
+          );
+          assert.equal(version?.["user_version"], 7);
+        }
       } finally {
         for (const w of workers) await w.outbox.close();
         await connections.close();
@@ -1125,11 +1132,17 @@ class Run {
     const options = present({ dedupKey: command.dedupKey });
     const modelOptions = enqueueOptions(worker, options);
     const { driver, outbox } = worker;
-    await driver.run("BEGIN IMMEDIATE");
+    const postgres = driver instanceof PostgresDriver;
+    await driver.run(postgres ? "BEGIN" : "BEGIN IMMEDIATE");
     const real = await settleAsync(async () => {
-      await driver.run("INSERT INTO app_orders (note) VALUES (?)", [
-        `${command.worker}`,
-      ]);
+      await driver.run(
+        postgres
+          ? "INSERT INTO app_orders (note) VALUES ($1)"
+          : "INSERT INTO app_orders (note) VALUES (?)",
+        [
+          `${command.worker}`,
+        ],
+      );
       const result = await outbox.enqueue(command.payload, options);
       if (lease !== undefined) await outbox.acknowledge(lease.real);
       return result;

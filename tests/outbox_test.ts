@@ -11,7 +11,7 @@ import {
 } from "../mod.ts";
 import { DatabaseSync } from "node:sqlite";
 import { driverTest, eventRow, type Harness, snapshot } from "./helpers.ts";
-import { DRIVERS } from "./drivers.ts";
+import { SQLITE_DRIVERS as DRIVERS } from "./drivers.ts";
 
 for (const driver of DRIVERS) {
   const test = (name: string, fn: (t: Harness) => Promise<void>) =>

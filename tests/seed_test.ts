@@ -10,7 +10,12 @@ for (const driver of DRIVERS) {
       const clock = new ManualClock();
       const outboxes: Outbox[] = [];
       for (const d of connections.drivers) {
-        outboxes.push(await Outbox.open(d, { now: clock.now, leaseMs: 10 }));
+        outboxes.push(
+          await Outbox.open(d, {
+            now: clock.now,
+            leaseMs: 10,
+          }),
+        );
       }
       const [a, b] = outboxes as [Outbox, Outbox];
       await a.transaction((tx) =>

@@ -1,0 +1,189 @@
+/**
+ * PostgreSQL rows of `deno task bench`: single and batch claim+acknowledge
+ * of this outbox next to pg-boss (fetch + complete) on the same server, in
+ * the same process, one connection each, with the server's default
+ * durability (`fsync` and `synchronous_commit` on) for both. Blocks
+ * alternate which side goes first, so drifting load falls on both alike.
+ *
+ * Runs on its own too: `deno run -A bench/postgres_bench.ts [--smoke]`.
+ *
+ * @module
+ */
+import { PgBoss } from "pg-boss";
+import { openPostgres } from "../drivers/postgres.ts";
+import type { Outbox } from "../mod.ts";
+import { startPostgres } from "../tests/postgres_server.ts";
+import { type BenchRow, markdown } from "./table.ts";
+
+interface Sizes {
+  readonly warmup: number;
+  readonly blocks: number;
+  /** Claim+acknowledge cycles (single) or batches (batch) per block. */
+  readonly units: number;
+  readonly max: number;
+}
+
+const FULL = {
+  single: { warmup: 50, blocks: 10, units: 100, max: 1 },
+  batch: { warmup: 5, blocks: 10, units: 4, max: 256 },
+} satisfies Record<string, Sizes>;
+const SMOKE = {
+  single: { warmup: 1, blocks: 2, units: 3, max: 1 },
+  batch: { warmup: 1, blocks: 2, units: 1, max: 8 },
+} satisfies Record<string, Sizes>;
+
+interface Side {
+  fill(count: number): Promise<void>;
+  /** Claims up to `max` and acknowledges them; resolves to how many. */
+  cycle(max: number): Promise<number>;
+}
+
+function outboxSide(outbox: Outbox): Side {
+  return {
+    async fill(count) {
+      for (let start = 0; start < count; start += 1_000) {
+        await outbox.transaction(async (tx) => {
+          for (let i = start; i < Math.min(count, start + 1_000); i++) {
+            await tx.enqueue({ i });
+          }
+        });
+      }
+    },
+    async cycle(max) {
+      if (max === 1) {
+        const lease = await outbox.claim();
+        if (lease === null) return 0;
+        await outbox.acknowledge(lease);
+        return 1;
+      }
+      const leases = await outbox.claim({ max });
+      await outbox.acknowledge(leases);
+      return leases.length;
+    },
+  };
+}
+
+function bossSide(boss: PgBoss, queue: string): Side {
+  return {
+    async fill(count) {
+      for (let start = 0; start < count; start += 1_000) {
+        const jobs = [];
+        for (let i = start; i < Math.min(count, start + 1_000); i++) {
+          jobs.push({ data: { i } });
+        }
+        await boss.insert(queue, jobs);
+      }
+    },
+    async cycle(max) {
+      const jobs = await boss.fetch(queue, { batchSize: max });
+      if (jobs.length === 0) return 0;
+      await boss.complete(queue, jobs.map((job) => job.id));
+      return jobs.length;
+    },
+  };
+}
+
+/** Events per second of each side, and the median of per-block ratios. */
+async function measure(
+  ours: Side,
+  theirs: Side,
+  sizes: Sizes,
+): Promise<{ value: number; anchorValue: number; ratio: number }> {
+  const perSide = (sizes.warmup + sizes.blocks * sizes.units) * sizes.max;
+  await ours.fill(perSide);
+  await theirs.fill(perSide);
+  for (let i = 0; i < sizes.warmup; i++) {
+    await ours.cycle(sizes.max);
+    await theirs.cycle(sizes.max);
+  }
+  const time = async (side: Side) => {
+    const started = performance.now();
+    let events = 0;
+    for (let i = 0; i < sizes.units; i++) events += await side.cycle(sizes.max);
+    return { events, ms: performance.now() - started };
+  };
+  const totals = { ours: { events: 0, ms: 0 }, theirs: { events: 0, ms: 0 } };
+  const ratios: number[] = [];
+  for (let block = 0; block < sizes.blocks; block++) {
+    let a, b;
+    if (block % 2 === 0) {
+      a = await time(ours);
+      b = await time(theirs);
+    } else {
+      b = await time(theirs);
+      a = await time(ours);
+    }
+    totals.ours.events += a.events;
+    totals.ours.ms += a.ms;
+    totals.theirs.events += b.events;
+    totals.theirs.ms += b.ms;
+    ratios.push((a.events / a.ms) / (b.events / b.ms));
+  }
+  ratios.sort((x, y) => x - y);
+  return {
+    value: totals.ours.events / (totals.ours.ms / 1000),
+    anchorValue: totals.theirs.events / (totals.theirs.ms / 1000),
+    ratio: ratios[Math.floor(ratios.length / 2)]!,
+  };
+}
+
+/**
+ * Starts a server, measures both rows and stops it.
+ *
+ * @param smoke Toy sizes, to keep the script working.
+ * @returns The two rows.
+ */
+export async function postgresRows(smoke: boolean): Promise<BenchRow[]> {
+  const sizes = smoke ? SMOKE : FULL;
+  const server = await startPostgres();
+  try {
+    const outbox = await openPostgres(server.url, { listen: false });
+    const boss = new PgBoss({
+      connectionString: server.url,
+      max: 1,
+      schedule: false,
+      supervise: false,
+    });
+    boss.on("error", () => {});
+    await boss.start();
+    try {
+      const rows: BenchRow[] = [];
+      for (const kind of ["single", "batch"] as const) {
+        const queue = `bench_${kind}`;
+        await boss.createQueue(queue);
+        const m = await measure(
+          outboxSide(outbox),
+          bossSide(boss, queue),
+          sizes[kind],
+        );
+        const goal = kind === "single" ? 1.0 : 1.5;
+        rows.push({
+          name: kind === "single"
+            ? "postgres claim+ack cycles/s, one at a time"
+            : `postgres batch claim+ack events/s, ${sizes.batch.max} per batch`,
+          value: m.value,
+          unit: "events/s",
+          anchor: "pg-boss 12 fetch+complete, same server",
+          anchorValue: m.anchorValue,
+          ratio: m.ratio,
+          goal: `>= ${goal.toFixed(1)}`,
+          met: m.ratio >= goal,
+        });
+      }
+      return rows;
+    } finally {
+      await boss.stop({ graceful: false, close: true });
+      await outbox.close();
+    }
+  } finally {
+    await server.stop();
+  }
+}
+
+if (import.meta.main) {
+  const smoke = Deno.args.includes("--smoke");
+  const rows = await postgresRows(smoke);
+  console.log(markdown(rows));
+  console.log();
+  console.log(JSON.stringify({ smoke, rows }));
+}

@@ -1,0 +1,649 @@
+/**
+ * The driver contract over PostgreSQL: one connection of `npm:pg`
+ * (node-postgres), which runs on Deno, Node and edge runtimes with TCP
+ * sockets.
+ *
+ * Statements go unnamed through the extended protocol unless `prepare` is
+ * on, so the driver works behind a transaction pooler (PgBouncer,
+ * Supavisor) where named prepared statements do not survive. Integers come
+ * back as numbers within ±2^53 and as `bigint` beyond, `bytea` as
+ * `Uint8Array`.
+ *
+ * A lost connection is never resumed inside a transaction: the statement in
+ * flight and the rest of the transaction fail with
+ * {@linkcode ConnectionLostError} until the transaction ends with
+ * `ROLLBACK` (which then succeeds: the server rolled it back when the
+ * session ended), and the next statement after that opens a new connection.
+ *
+ * @module
+ */
+import pgModule from "pg";
+import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
+import { POSTGRES } from "../dialects/postgres.ts";
+import { type Dialect, Outbox, type OutboxOptions } from "../lease.ts";
+import {
+  BusyError,
+  ConnectionLostError,
+  PostgresError,
+  StatementTimeoutError,
+} from "../errors.ts";
+
+/** Options of {@linkcode connectPostgres}. */
+export interface PostgresDriverOptions {
+  /** How long to wait for a connection, in milliseconds. @default {10000} */
+  readonly connectTimeoutMs?: number;
+  /**
+   * The server's `statement_timeout` for this connection, in milliseconds;
+   * `0` for none. A statement past it fails with
+   * {@linkcode StatementTimeoutError}.
+   *
+   * @default {0}
+   */
+  readonly statementTimeoutMs?: number;
+  /**
+   * The server's `lock_timeout` for this connection, in milliseconds; `0`
+   * for none. A lock wait past it fails with {@linkcode BusyError}.
+   * `openPostgres` sets it to the outbox's `busyTimeoutMs` unless given.
+   *
+   * @default {0}
+   */
+  readonly lockTimeoutMs?: number;
+  /**
+   * The schema the outbox's tables live in (the connection's
+   * `search_path`), created by the outbox when missing.
+   *
+   * @default {"public"}
+   */
+  readonly schema?: string;
+  /**
+   * Named prepared statements, parsed once per connection. Leave off behind
+   * a transaction pooler.
+   *
+   * @default {false}
+   */
+  readonly prepare?: boolean;
+  /** `application_name`, shown in `pg_stat_activity`. @default {"leased-outbox"} */
+  readonly applicationName?: string;
+  /**
+   * Wake idle workers with `LISTEN`/`NOTIFY` when another connection
+   * enqueues. Turn it off behind a transaction pooler, where `LISTEN` does
+   * not work; workers then find new events at their next poll.
+   *
+   * @default {true}
+   */
+  readonly listen?: boolean;
+}
+
+/** Options of {@linkcode openPostgres}. */
+export interface PostgresOutboxOptions
+  extends OutboxOptions, PostgresDriverOptions {
+  /**
+   * The clock leases are judged by: `"database"` reads the server's
+   * (`clock_timestamp()`) at the start of every transaction, so workers
+   * whose clocks disagree still agree on leases; a function injects one
+   * (tests).
+   *
+   * @default {"database"}
+   */
+  readonly now?: Exclude<OutboxOptions["now"], undefined>;
+}
+
+/** What the server sent on a channel this connection listens on. */
+export type NotificationListener = (payload: string) => void;
+
+const DRIVER_OPTIONS: readonly (keyof PostgresDriverOptions)[] = [
+  "connectTimeoutMs",
+  "statementTimeoutMs",
+  "lockTimeoutMs",
+  "schema",
+  "prepare",
+  "applicationName",
+  "listen",
+];
+const INT8 = 20;
+const BYTEA = 17;
+const SCHEMA = /^[a-z_][a-z0-9_]{0,62}$/;
+// Errors that node-postgres raises itself when the socket is gone.
+const LOST = [
+  "Connection terminated",
+  "not queryable",
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "EPIPE",
+  "ETIMEDOUT",
+  "timeout expired",
+];
+
+/**
+ * The part of node-postgres this driver uses. Declared here rather than
+ * taken from `@types/pg`, whose `@types/node` would replace the DOM types the
+ * browser modules of this package are checked with.
+ */
+interface PgClient {
+  connect(): Promise<void>;
+  query(config: PgQueryConfig): Promise<PgResult>;
+  end(): Promise<void>;
+  getTransactionStatus(): "I" | "T" | "E" | null;
+  on(event: "error", listener: (error: Error) => void): void;
+  on(
+    event: "notification",
+    listener: (message: { channel: string; payload?: string }) => void,
+  ): void;
+}
+interface PgQueryConfig {
+  text: string;
+  values: unknown[];
+  queryMode?: "extended";
+  name?: string;
+}
+interface PgResult {
+  rows: Row[];
+  rowCount: number | null;
+}
+interface PgClientConfig {
+  connectionString: string;
+  connectionTimeoutMillis: number;
+  application_name: string;
+  statement_timeout?: number;
+  lock_timeout?: number;
+  options?: string;
+  types: { getTypeParser(oid: number, format?: string): unknown };
+}
+const pg = pgModule as unknown as {
+  Client: new (config: PgClientConfig) => PgClient;
+  types: { getTypeParser(oid: number, format?: string): unknown };
+};
+
+const types = {
+  getTypeParser(oid: number, format?: string): unknown {
+    if (oid === INT8) return parseInt8;
+    if (oid === BYTEA) return parseBytea;
+    return pg.types.getTypeParser(oid, format);
+  },
+};
+
+/**
+ * One connection to PostgreSQL behind the {@linkcode Driver} contract.
+ * Open it with {@linkcode connectPostgres}.
+ */
+export class PostgresDriver implements Driver, AsyncDisposable {
+  /** PostgreSQL's spelling of the core's statements. */
+  readonly dialect: Dialect = POSTGRES;
+  readonly #url: string;
+  readonly #options: PostgresDriverOptions;
+  readonly #listeners = new Map<string, Set<NotificationListener>>();
+  readonly #names = new Map<string, string>();
+  #client: PgClient | undefined;
+  #connecting: Promise<PgClient> | undefined;
+  /**
+   * The connection was lost inside a transaction: until the caller's
+   * ROLLBACK, statements fail rather than run on a new connection outside
+   * the transaction they belong to.
+   */
+  #lostInTransaction = false;
+  #closed = false;
+  /** Creates the schema at the first connection (openPostgres's). */
+  #createSchema: boolean;
+
+  /** @ignore Use {@linkcode connectPostgres}. */
+  constructor(
+    url: string,
+    options: PostgresDriverOptions,
+    createSchema = false,
+  ) {
+    this.#url = url;
+    this.#options = options;
+    this.#createSchema = createSchema;
+  }
+
+  /** The schema of the outbox's tables. */
+  get schema(): string {
+    return this.#options.schema ?? "public";
+  }
+
+  /** Connects now, so a bad URL or a server that is down fails at open. */
+  async connect(): Promise<void> {
+    await this.#session();
+  }
+
+  /**
+   * Runs one statement (extended protocol, so a second statement is
+   * refused by the server before anything runs) and returns its rows.
+   *
+   * @param sql One statement, with `$1`, `$2`, … placeholders.
+   * @param params The placeholders' values.
+   * @returns The rows, keyed by column name.
+   * @throws {ConnectionLostError} When the connection is or was lost
+   * inside the transaction.
+   * @throws {PostgresError} When the server refuses the statement.
+   */
+  async query(sql: string, params: readonly SqlValue[] = []): Promise<Row[]> {
+    return (await this.#query("query", sql, params)).rows;
+  }
+
+  /**
+   * Runs one statement and reports how many rows it changed.
+   * `lastInsertRowid` is always `0`: PostgreSQL has none, use `RETURNING`.
+   *
+   * @param sql One statement, with `$1`, `$2`, … placeholders.
+   * @param params The placeholders' values.
+   * @returns The changed-row count.
+   * @throws {ConnectionLostError} When the connection is or was lost
+   * inside the transaction.
+   * @throws {PostgresError} When the server refuses the statement.
+   */
+  async run(sql: string, params: readonly SqlValue[] = []): Promise<RunResult> {
+    const result = await this.#query("run", sql, params);
+    return { changes: result.rowCount ?? 0, lastInsertRowid: 0 };
+  }
+
+  /**
+   * Runs a script of several statements (simple protocol, no parameters).
+   *
+   * @param sql The statements.
+   * @throws {ConnectionLostError} When the connection is or was lost
+   * inside the transaction.
+   * @throws {PostgresError} When the server refuses a statement; those
+   * before it ran.
+   */
+  async exec(sql: string): Promise<void> {
+    await this.#query("exec", sql, []);
+  }
+
+  /**
+   * Calls `listener` with each `NOTIFY` payload sent on `channel`, on this
+   * connection (and again on each new connection after one was lost).
+   * Notifications arrive between transactions; behind a transaction pooler
+   * they do not arrive at all.
+   *
+   * @param channel The channel name, as `LISTEN` takes it (an identifier).
+   * @param listener Called with the payload.
+   * @returns Stops listening.
+   * @throws {ConnectionLostError} When the connection is lost.
+   */
+  async listen(
+    channel: string,
+    listener: NotificationListener,
+  ): Promise<() => Promise<void>> {
+    let set = this.#listeners.get(channel);
+    if (set === undefined) {
+      this.#listeners.set(channel, set = new Set());
+      await this.exec(`LISTEN ${quoteIdentifier(channel)}`);
+    }
+    set.add(listener);
+    return async () => {
+      set.delete(listener);
+      if (set.size > 0 || this.#listeners.get(channel) !== set) return;
+      this.#listeners.delete(channel);
+      if (this.#client !== undefined && !this.#closed) {
+        await this.exec(`UNLISTEN ${quoteIdentifier(channel)}`).catch(
+          () => {},
+        );
+      }
+    };
+  }
+
+  /**
+   * Calls `listener` after another connection commits new events to this
+   * driver's schema (the schema's insert trigger sends a `NOTIFY`). Does
+   * nothing when the driver was opened with `listen: false`.
+   *
+   * @param listener Called with no arguments.
+   * @returns Stops the calls.
+   */
+  async watchEnqueues(listener: () => void): Promise<() => Promise<void>> {
+    if (this.#options.listen === false) return () => Promise.resolve();
+    const schema = this.schema;
+    return await this.listen("leased_outbox", (payload) => {
+      if (payload === schema) listener();
+    });
+  }
+
+  /**
+   * Whether the connection is inside a transaction (the server's
+   * transaction status after the last statement), so an outbox sharing it
+   * joins the application's transaction instead of opening its own.
+   *
+   * @returns `true` inside a transaction, also a failed one.
+   */
+  inTransaction(): boolean {
+    if (this.#lostInTransaction) return true;
+    const status = this.#client?.getTransactionStatus();
+    return status === "T" || status === "E";
+  }
+
+  /** Closes the connection; later calls reject. Closing twice is a no-op. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    const client = this.#client ?? await this.#connecting?.catch(() => {});
+    this.#client = undefined;
+    if (client) await client.end().catch(() => {});
+  }
+
+  /** Closes the connection, as {@linkcode PostgresDriver.close} does. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+
+  async #query(
+    method: "query" | "run" | "exec",
+    sql: string,
+    params: readonly SqlValue[],
+  ): Promise<PgResult> {
+    // exec's scripts go through the simple protocol, which allows several
+    // statements; query and run use the extended one, which refuses them.
+    const extended = method !== "exec";
+    if (this.#closed) throw new Error("Cannot query as the driver is closed");
+    if (this.#lostInTransaction) {
+      if (/^\s*ROLLBACK\s*;?\s*$/i.test(sql)) {
+        this.#lostInTransaction = false;
+        return { rows: [], rowCount: 0 };
+      }
+      throw new ConnectionLostError(
+        "Cannot run the statement as the connection was lost inside this transaction: the server rolled it back",
+      );
+    }
+    const client = await this.#session();
+    const config: PgQueryConfig = {
+      text: sql,
+      values: params.map(toParam),
+    };
+    if (extended) {
+      config.queryMode = "extended";
+      if (this.#options.prepare) config.name = this.#name(sql);
+    }
+    try {
+      return await client.query(config);
+    } catch (error) {
+      const mapped = mapError(error);
+      if (mapped instanceof ConnectionLostError) this.#lost(client);
+      if (
+        extended && mapped instanceof PostgresError &&
+        mapped.code === "42601" && /multiple commands/.test(mapped.message)
+      ) {
+        throw new RangeError(
+          `Cannot ${method} as 'sql' must hold one statement: ${mapped.message}`,
+          { cause: error },
+        );
+      }
+      throw mapped;
+    }
+  }
+
+  #name(sql: string): string {
+    let name = this.#names.get(sql);
+    if (name === undefined) {
+      this.#names.set(sql, name = `leased_outbox_${this.#names.size + 1}`);
+    }
+    return name;
+  }
+
+  /** Forgets a broken client, remembering whether a transaction died with it. */
+  #lost(client: PgClient): void {
+    if (this.#client !== client) return;
+    const status = client.getTransactionStatus();
+    this.#lostInTransaction = status === "T" || status === "E";
+    this.#client = undefined;
+    client.end().catch(() => {});
+  }
+
+  async #session(): Promise<PgClient> {
+    if (this.#client !== undefined) return this.#client;
+    this.#connecting ??= this.#connect().finally(() => {
+      this.#connecting = undefined;
+    });
+    return await this.#connecting;
+  }
+
+  async #connect(): Promise<PgClient> {
+    const options = this.#options;
+    const config: PgClientConfig = {
+      connectionString: this.#url,
+      connectionTimeoutMillis: options.connectTimeoutMs ?? 10_000,
+      application_name: options.applicationName ?? "leased-outbox",
+      types,
+    };
+    if (options.statementTimeoutMs) {
+      config.statement_timeout = options.statementTimeoutMs;
+    }
+    if (options.lockTimeoutMs) config.lock_timeout = options.lockTimeoutMs;
+    if (options.schema !== undefined) {
+      config.options = `-c search_path=${options.schema}`;
+    }
+    const client = new pg.Client(config);
+    // node-postgres emits 'error' for a connection lost while idle; without
+    // a listener that would end the process.
+    client.on("error", () => this.#lost(client));
+    client.on("notification", (message) => {
+      for (const listener of this.#listeners.get(message.channel) ?? []) {
+        try {
+          listener(message.payload ?? "");
+        } catch (error) {
+          reportError(error);
+        }
+      }
+    });
+    try {
+      await client.connect();
+      if (this.#createSchema && options.schema !== undefined) {
+        // CREATE SCHEMA IF NOT EXISTS fails in one of two sessions running
+        // it at once; the outbox set-up's advisory lock lines them up. The
+        // simple protocol runs both in one implicit transaction, which
+        // holds the lock. The name is a checked identifier.
+        await client.query({
+          text:
+            `SELECT pg_advisory_xact_lock(hashtext('leased_outbox:${options.schema}'));
+            CREATE SCHEMA IF NOT EXISTS ${quoteIdentifier(options.schema)}`,
+          values: [],
+        });
+        this.#createSchema = false;
+      }
+      for (const channel of this.#listeners.keys()) {
+        await client.query({
+          text: `LISTEN ${quoteIdentifier(channel)}`,
+          values: [],
+        });
+      }
+    } catch (error) {
+      client.end().catch(() => {});
+      throw mapError(error, true);
+    }
+    if (this.#closed) {
+      await client.end().catch(() => {});
+      throw new Error("Cannot query as the driver is closed");
+    }
+    this.#client = client;
+    return client;
+  }
+}
+
+/**
+ * Opens one connection to PostgreSQL.
+ *
+ * @param url A `postgres://user:password@host:port/database` URL (libpq's
+ * form, `?sslmode=require` included).
+ * @param options See {@linkcode PostgresDriverOptions}.
+ * @returns The connected driver.
+ * @throws {TypeError} When an option is invalid.
+ * @throws {ConnectionLostError} When the server cannot be reached.
+ */
+export async function connectPostgres(
+  url: string,
+  options: PostgresDriverOptions = {},
+): Promise<PostgresDriver> {
+  checkDriverOptions(url, options);
+  const driver = new PostgresDriver(url, options);
+  await driver.connect();
+  return driver;
+}
+
+/**
+ * Opens an outbox on PostgreSQL: connects, creates the schema (and the
+ * `schema` option's PostgreSQL schema) when missing under an advisory lock,
+ * and judges leases by the server's clock unless `now` says otherwise.
+ *
+ * @param url A `postgres://user:password@host:port/database` URL.
+ * @param options See {@linkcode PostgresOutboxOptions}.
+ * @returns The outbox; it owns the connection and closes it.
+ * @throws {TypeError | RangeError} When an option is invalid, naming it.
+ * @throws {ConnectionLostError} When the server cannot be reached.
+ *
+ * @example Enqueue, claim, acknowledge
+ * ```ts ignore
+ * import { openPostgres } from "@leased/outbox/postgres";
+ *
+ * await using outbox = await openPostgres("postgres://app@127.0.0.1/app");
+ * await outbox.enqueue({ to: "ada@example.com" });
+ * const lease = await outbox.claim({ leaseMs: 30_000 });
+ * if (lease) await outbox.acknowledge(lease);
+ * ```
+ */
+export async function openPostgres<P = unknown>(
+  url: string,
+  options: PostgresOutboxOptions = {},
+): Promise<Outbox<P>> {
+  const driverOptions: Record<string, unknown> = {};
+  const outboxOptions: Record<string, unknown> = { now: "database" };
+  for (const [name, value] of Object.entries(options)) {
+    if (value === undefined) continue;
+    if (DRIVER_OPTIONS.includes(name as keyof PostgresDriverOptions)) {
+      driverOptions[name] = value;
+    } else outboxOptions[name] = value;
+  }
+  // A lock wait past busyTimeoutMs is a BusyError on PostgreSQL too; an
+  // invalid busyTimeoutMs is left for Outbox.open to refuse by name.
+  const busyTimeoutMs = options.busyTimeoutMs ?? 5_000;
+  if (
+    driverOptions["lockTimeoutMs"] === undefined &&
+    Number.isSafeInteger(busyTimeoutMs) && busyTimeoutMs >= 0
+  ) {
+    driverOptions["lockTimeoutMs"] = busyTimeoutMs;
+  }
+  checkDriverOptions(url, driverOptions);
+  // Connects at the outbox's first statement, once it has checked its own
+  // options: bad input changes nothing, not even the schema.
+  const driver = new PostgresDriver(url, driverOptions, true);
+  try {
+    return await Outbox.open<P>(driver, outboxOptions as OutboxOptions);
+  } catch (error) {
+    await driver.close();
+    throw error;
+  }
+}
+
+/** Validates a URL and driver options before anything connects. */
+function checkDriverOptions(url: string, options: PostgresDriverOptions): void {
+  if (typeof url !== "string" || !/^postgres(ql)?:\/\//.test(url)) {
+    throw new TypeError(
+      `Cannot connect as 'url' must be a postgres:// URL: current value is ${
+        typeof url === "string" ? JSON.stringify(url.slice(0, 40)) : String(url)
+      }`,
+    );
+  }
+  if (options === null || typeof options !== "object") {
+    throw new TypeError(
+      `Cannot connect as 'options' must be an object: current value is ${
+        String(options)
+      }`,
+    );
+  }
+  for (const name of Object.keys(options)) {
+    if (!DRIVER_OPTIONS.includes(name as keyof PostgresDriverOptions)) {
+      throw new TypeError(
+        `Cannot connect as '${name}' is not an option: the options are ${
+          DRIVER_OPTIONS.join(", ")
+        }`,
+      );
+    }
+  }
+  for (
+    const field of [
+      "connectTimeoutMs",
+      "statementTimeoutMs",
+      "lockTimeoutMs",
+    ] as const
+  ) {
+    const value = options[field];
+    if (
+      value !== undefined &&
+      (typeof value !== "number" || !Number.isSafeInteger(value) || value < 0)
+    ) {
+      throw new TypeError(
+        `Cannot connect as '${field}' must be a non-negative integer: current value is ${
+          String(value)
+        }`,
+      );
+    }
+  }
+  if (options.schema !== undefined && !SCHEMA.test(options.schema)) {
+    throw new TypeError(
+      `Cannot connect as 'schema' must be a lowercase identifier of at most 63 characters: current value is ${
+        JSON.stringify(String(options.schema).slice(0, 70))
+      }`,
+    );
+  }
+}
+
+/** Maps a node-postgres error to the typed error for it. */
+function mapError(error: unknown, connecting = false): Error {
+  const message = error instanceof Error ? error.message : String(error);
+  const code = (error as { code?: unknown } | null)?.code;
+  const sqlstate = typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)
+    ? code
+    : undefined;
+  if (sqlstate === undefined) {
+    if (connecting || LOST.some((text) => message.includes(text))) {
+      return new ConnectionLostError(message, "08006", { cause: error });
+    }
+    return error instanceof Error ? error : new Error(message);
+  }
+  // Class 08 connection exceptions; 57P01–57P03 admin, crash or startup
+  // shutdown; 53300 too many connections.
+  // 08P01, a protocol violation (a bind of the wrong parameter count),
+  // leaves the connection working.
+  if (
+    (sqlstate.startsWith("08") && sqlstate !== "08P01") ||
+    /^57P0[123]$/.test(sqlstate)
+  ) {
+    return new ConnectionLostError(message, sqlstate, { cause: error });
+  }
+  if (connecting && sqlstate === "53300") {
+    return new ConnectionLostError(message, sqlstate, { cause: error });
+  }
+  if (sqlstate === "57014") {
+    return new StatementTimeoutError(message, { cause: error });
+  }
+  if (sqlstate === "55P03") return new BusyError(message, 5, { cause: error });
+  return new PostgresError(message, sqlstate, { cause: error });
+}
+
+function toParam(value: SqlValue): unknown {
+  if (typeof value === "bigint") {
+    if (value > 0x7fffffffffffffffn || value < -0x8000000000000000n) {
+      throw new RangeError(
+        `Cannot bind ${value}n as it is outside the 64-bit integer range`,
+      );
+    }
+    return value.toString();
+  }
+  return value;
+}
+
+function parseInt8(text: string): number | bigint {
+  const n = Number(text);
+  return Number.isSafeInteger(n) ? n : BigInt(text);
+}
+
+function parseBytea(text: string): Uint8Array {
+  // The server's bytea_output is hex by default: "\x" then two digits a byte.
+  const bytes = new Uint8Array((text.length - 2) / 2);
+  for (let i = 0; i < bytes.length; i++) {
+    bytes[i] = parseInt(text.slice(2 + 2 * i, 4 + 2 * i), 16);
+  }
+  return bytes;
+}
+
+function quoteIdentifier(name: string): string {
+  return `"${name.replaceAll('"', '""')}"`;
+}

@@ -1,0 +1,139 @@
+/**
+ * An edge function's two jobs, kept apart from the runtime so a test can
+ * drive them: the request handler commits an order and its event in one
+ * transaction, and the bounded drain delivers up to N events or for at most
+ * T ms, then returns (for scheduled invocations, which are cut off after a
+ * time limit).
+ *
+ * @module
+ */
+import type { Lease, Outbox } from "../../mod.ts";
+
+/** What `order.placed` carries. */
+export interface OrderPlaced {
+  readonly type: "order.placed";
+  readonly order: number;
+  readonly total: number;
+}
+
+/** Creates the orders table when missing. */
+export async function setUpOrders(outbox: Outbox<OrderPlaced>): Promise<void> {
+  await outbox.transaction((tx) =>
+    tx.run(
+      "CREATE TABLE IF NOT EXISTS orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, total integer NOT NULL CHECK (total > 0))",
+    )
+  );
+}
+
+/**
+ * Handles `POST /orders` with `{ "total": 4200 }`: the order row and its
+ * event commit together, or neither does.
+ */
+export function ordersHandler(
+  outbox: Outbox<OrderPlaced>,
+): (request: Request) => Promise<Response> {
+  return async (request) => {
+    const url = new URL(request.url);
+    if (request.method !== "POST" || url.pathname !== "/orders") {
+      return new Response("not found", { status: 404 });
+    }
+    let total: unknown;
+    try {
+      ({ total } = await request.json());
+    } catch {
+      return Response.json({ error: "body must be JSON" }, { status: 400 });
+    }
+    if (!Number.isSafeInteger(total) || (total as number) <= 0) {
+      return Response.json({ error: "total must be a positive integer" }, {
+        status: 400,
+      });
+    }
+    const placed = await outbox.transaction(async (tx) => {
+      const [row] = await tx.query(
+        "INSERT INTO orders (total) VALUES ($1) RETURNING id",
+        [total as number],
+      );
+      const order = Number(row?.["id"]);
+      const { eventId, identity } = await tx.enqueue(
+        { type: "order.placed", order, total: total as number },
+        { dedupKey: `order-${order}` },
+      );
+      // A failure after both writes (here on request, for the test) rolls
+      // both back.
+      if (url.searchParams.has("fail")) throw new Error("failed on request");
+      return { order, eventId, identity };
+    }).catch((error: Error) => error);
+    if (placed instanceof Error) {
+      return Response.json({ error: placed.message }, { status: 500 });
+    }
+    return Response.json(placed, { status: 201 });
+  };
+}
+
+/** Options of {@linkcode drain}. */
+export interface DrainOptions {
+  /** Most events to deliver. @default {100} */
+  readonly maxEvents?: number;
+  /** Stop claiming after this long, in milliseconds. @default {10000} */
+  readonly maxMs?: number;
+  /** Events claimed per transaction. @default {10} */
+  readonly batch?: number;
+  /** Lease per claim, longer than one delivery takes, in milliseconds. @default {30000} */
+  readonly leaseMs?: number;
+  /** Delay before a failed event is tried again, in milliseconds. @default {5000} */
+  readonly retryDelayMs?: number;
+}
+
+/** What one drain did. */
+export interface DrainReport {
+  readonly delivered: number;
+  readonly failed: number;
+  /** Delivered, but the lease had been lost by then (another drain has it). */
+  readonly stale: number;
+}
+
+/**
+ * Claims and delivers events until `maxEvents` were handled, `maxMs`
+ * passed, or none is due: the scheduled edge invocation's bounded share of
+ * the work. Each event is acknowledged after `deliver` resolves, or
+ * released for a retry when it throws; the recipient dedupes on the
+ * event's identity (`deliveryHeaders(lease)`).
+ */
+export async function drain(
+  outbox: Outbox<OrderPlaced>,
+  deliver: (lease: Lease<OrderPlaced>) => Promise<void>,
+  options: DrainOptions = {},
+): Promise<DrainReport> {
+  const maxEvents = options.maxEvents ?? 100;
+  const deadline = performance.now() + (options.maxMs ?? 10_000);
+  let delivered = 0;
+  let failed = 0;
+  let stale = 0;
+  while (delivered + failed < maxEvents && performance.now() < deadline) {
+    const leases = await outbox.claim({
+      max: Math.min(options.batch ?? 10, maxEvents - delivered - failed),
+      leaseMs: options.leaseMs ?? 30_000,
+    });
+    if (leases.length === 0) break;
+    // async: a deliver that throws at once fails its event, not the drain.
+    const outcomes = await Promise.allSettled(
+      leases.map(async (lease) => await deliver(lease)),
+    );
+    const done = leases.filter((_, i) => outcomes[i]!.status === "fulfilled");
+    for (const [i, lease] of leases.entries()) {
+      const outcome = outcomes[i]!;
+      if (outcome.status === "rejected") {
+        failed++;
+        await outbox.release(lease, {
+          delayMs: options.retryDelayMs ?? 5_000,
+          error: String(outcome.reason).slice(0, 1_000),
+        });
+      }
+    }
+    for (const acknowledged of await outbox.acknowledge(done)) {
+      if (acknowledged) delivered++;
+      else stale++;
+    }
+  }
+  return { delivered, failed, stale };
+}

@@ -1,0 +1,255 @@
+/**
+ * The PostgreSQL driver against a real server: values, errors, and what a
+ * lost connection, a restart and a timeout do to a transaction.
+ */
+import assert from "node:assert/strict";
+import {
+  connectPostgres,
+  type PostgresDriver,
+  type PostgresDriverOptions,
+} from "../drivers/postgres.ts";
+import {
+  BusyError,
+  ConnectionLostError,
+  PostgresError,
+  StatementTimeoutError,
+} from "../errors.ts";
+import { sharedPostgres, startPostgres } from "./postgres_server.ts";
+
+/** A driver on a fresh schema of the shared server. */
+async function connect(
+  options: PostgresDriverOptions = {},
+): Promise<PostgresDriver> {
+  const server = await sharedPostgres();
+  const schema = await server.createSchema();
+  return await connectPostgres(server.url, { schema, ...options });
+}
+
+async function backendPid(db: PostgresDriver): Promise<number> {
+  const [row] = await db.query("SELECT pg_backend_pid() AS pid");
+  return Number(row?.["pid"]);
+}
+
+async function terminate(pid: number): Promise<void> {
+  await using admin = await connect();
+  await admin.query("SELECT pg_terminate_backend($1)", [pid]);
+}
+
+Deno.test("postgres driver: int8 reads back as a number within ±2^53 and a bigint beyond", async () => {
+  await using db = await connect();
+  await db.exec("CREATE TABLE t (id int PRIMARY KEY, v bigint)");
+  const values = [
+    0,
+    -1,
+    2 ** 31,
+    Number.MAX_SAFE_INTEGER,
+    Number.MIN_SAFE_INTEGER,
+    2n ** 53n,
+    -(2n ** 53n),
+    2n ** 63n - 1n,
+    -(2n ** 63n),
+  ];
+  for (const [i, v] of values.entries()) {
+    await db.run("INSERT INTO t VALUES ($1, $2)", [i, v]);
+  }
+  const rows = await db.query("SELECT v FROM t ORDER BY id");
+  assert.deepEqual(rows.map((row) => row["v"]), values);
+});
+
+Deno.test("postgres driver: bigints past 64 bits are refused before anything runs", async () => {
+  await using db = await connect();
+  await assert.rejects(db.query("SELECT $1::bigint", [2n ** 63n]), RangeError);
+});
+
+Deno.test("postgres driver: text, bytea and NULL round-trip exactly", async () => {
+  await using db = await connect();
+  const bytes = new Uint8Array(70_000).map((_, i) => i % 251);
+  const text = "emoji 😀 and ünïcödé ".repeat(1_000);
+  assert.deepEqual(
+    await db.query("SELECT $1::text AS t, $2::bytea AS b, $3::text AS n", [
+      text,
+      bytes,
+      null,
+    ]),
+    [{ t: text, b: bytes, n: null }],
+  );
+  assert.deepEqual(await db.query("SELECT ''::bytea AS b"), [{
+    b: new Uint8Array(),
+  }]);
+});
+
+Deno.test("postgres driver: run() reports the changed-row count", async () => {
+  await using db = await connect();
+  await db.exec("CREATE TABLE t (v int); INSERT INTO t VALUES (1), (2), (3)");
+  assert.deepEqual(await db.run("UPDATE t SET v = v + 1 WHERE v > $1", [1]), {
+    changes: 2,
+    lastInsertRowid: 0,
+  });
+});
+
+Deno.test("postgres driver: two statements in query() are refused and neither runs", async () => {
+  await using db = await connect();
+  await db.exec("CREATE TABLE t (v int)");
+  await assert.rejects(
+    db.query("INSERT INTO t VALUES (1); INSERT INTO t VALUES (2)"),
+    (error: Error) =>
+      error instanceof RangeError &&
+      error.message.startsWith("Cannot query as 'sql' must hold one statement"),
+  );
+  assert.deepEqual(await db.query("SELECT count(*) AS n FROM t"), [{ n: 0 }]);
+});
+
+Deno.test("postgres driver: a server error is a PostgresError with its SQLSTATE", async () => {
+  await using db = await connect();
+  await db.exec("CREATE TABLE t (v int PRIMARY KEY); INSERT INTO t VALUES (1)");
+  await assert.rejects(
+    db.run("INSERT INTO t VALUES (1)"),
+    (error: unknown) =>
+      error instanceof PostgresError && error.code === "23505" &&
+      !(error instanceof ConnectionLostError),
+  );
+});
+
+Deno.test("postgres driver: a statement past statementTimeoutMs fails with StatementTimeoutError and the connection goes on", async () => {
+  await using db = await connect({ statementTimeoutMs: 50 });
+  await assert.rejects(db.query("SELECT pg_sleep(5)"), StatementTimeoutError);
+  assert.deepEqual(await db.query("SELECT 1 AS one"), [{ one: 1 }]);
+});
+
+Deno.test("postgres driver: a lock wait past lockTimeoutMs fails with BusyError and nothing changes", async () => {
+  await using a = await connect();
+  await a.exec("CREATE TABLE t (v int); INSERT INTO t VALUES (1)");
+  const [schemaRow] = await a.query("SELECT current_schema() AS s");
+  const server = await sharedPostgres();
+  await using b = await connectPostgres(server.url, {
+    schema: String(schemaRow?.["s"]),
+    lockTimeoutMs: 50,
+  });
+  await a.run("BEGIN");
+  await a.run("UPDATE t SET v = 2");
+  await b.run("BEGIN");
+  await assert.rejects(b.run("UPDATE t SET v = 3"), BusyError);
+  await b.run("ROLLBACK");
+  await a.run("ROLLBACK");
+  assert.deepEqual(await b.query("SELECT v FROM t"), [{ v: 1 }]);
+});
+
+Deno.test("postgres driver: a connection terminated inside a transaction fails the rest of it, ROLLBACK succeeds, and the next transaction reconnects", async () => {
+  await using db = await connect();
+  await db.exec("CREATE TABLE t (v int)");
+  const pid = await backendPid(db);
+  await db.run("BEGIN");
+  await db.run("INSERT INTO t VALUES (1)");
+  await terminate(pid);
+  await assert.rejects(db.run("INSERT INTO t VALUES (2)"), ConnectionLostError);
+  await assert.rejects(db.run("COMMIT"), ConnectionLostError);
+  await db.run("ROLLBACK");
+  assert.notEqual(await backendPid(db), pid);
+  assert.deepEqual(await db.query("SELECT count(*) AS n FROM t"), [{ n: 0 }]);
+});
+
+Deno.test("postgres driver: a connection terminated while idle reconnects at the next statement", async () => {
+  await using db = await connect();
+  const pid = await backendPid(db);
+  await terminate(pid);
+  // The server's goodbye may still be on its way: the first statement
+  // either fails as lost or already runs on a new connection.
+  const next = await backendPid(db).catch((error) => {
+    assert.ok(error instanceof ConnectionLostError);
+    return backendPid(db);
+  });
+  assert.notEqual(next, pid);
+});
+
+Deno.test("postgres driver: a server restart fails the transaction with ConnectionLostError, committed rows stay, and the driver reconnects", async () => {
+  const server = await startPostgres();
+  try {
+    const db = await connectPostgres(server.url);
+    try {
+      await db.exec("CREATE TABLE t (v int); INSERT INTO t VALUES (1)");
+      await db.run("BEGIN");
+      await db.run("INSERT INTO t VALUES (2)");
+      await server.restart();
+      await assert.rejects(db.run("COMMIT"), ConnectionLostError);
+      await db.run("ROLLBACK");
+      assert.deepEqual(await db.query("SELECT v FROM t"), [{ v: 1 }]);
+    } finally {
+      await db.close();
+    }
+  } finally {
+    await server.stop();
+  }
+});
+
+Deno.test("postgres driver: connecting to a port nobody listens on fails with ConnectionLostError", async () => {
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const { port } = listener.addr;
+  listener.close();
+  await assert.rejects(
+    connectPostgres(`postgres://postgres@127.0.0.1:${port}/postgres`, {
+      connectTimeoutMs: 2_000,
+    }),
+    ConnectionLostError,
+  );
+});
+
+Deno.test("postgres driver: bad options are refused with TypeError naming the field", async () => {
+  await assert.rejects(
+    connectPostgres("mysql://x"),
+    new TypeError(
+      `Cannot connect as 'url' must be a postgres:// URL: current value is "mysql://x"`,
+    ),
+  );
+  await assert.rejects(
+    connectPostgres("postgres://x", { statementTimeoutMs: -1 }),
+    new TypeError(
+      "Cannot connect as 'statementTimeoutMs' must be a non-negative integer: current value is -1",
+    ),
+  );
+  await assert.rejects(
+    connectPostgres("postgres://x", { schema: "Robert'); DROP" }),
+    TypeError,
+  );
+  await assert.rejects(
+    connectPostgres("postgres://x", { statementTimeout: 5 } as never),
+    new TypeError(
+      "Cannot connect as 'statementTimeout' is not an option: the options are connectTimeoutMs, statementTimeoutMs, lockTimeoutMs, schema, prepare, applicationName, listen",
+    ),
+  );
+});
+
+Deno.test("postgres driver: NOTIFY reaches a listener between transactions", async () => {
+  await using a = await connect();
+  await using b = await connect();
+  const received = Promise.withResolvers<string>();
+  const stop = await a.listen("outbox_test", (payload) => {
+    received.resolve(payload);
+  });
+  await b.query("SELECT pg_notify('outbox_test', 'hello')");
+  assert.equal(await received.promise, "hello");
+  await stop();
+});
+
+Deno.test("postgres driver: with prepare on, statements run again by name", async () => {
+  await using db = await connect({ prepare: true });
+  for (let i = 0; i < 3; i++) {
+    assert.deepEqual(await db.query("SELECT $1::int + 1 AS n", [i]), [{
+      n: i + 1,
+    }]);
+  }
+  const [row] = await db.query(
+    "SELECT count(*) AS n FROM pg_prepared_statements WHERE name LIKE 'leased_outbox_%'",
+  );
+  assert.equal(row?.["n"], 2);
+});
+
+Deno.test("postgres driver: inTransaction() follows BEGIN, a failed statement and ROLLBACK", async () => {
+  await using db = await connect();
+  assert.equal(db.inTransaction(), false);
+  await db.run("BEGIN");
+  assert.equal(db.inTransaction(), true);
+  await assert.rejects(db.query("SELECT 1/0"), PostgresError);
+  assert.equal(db.inTransaction(), true);
+  await db.run("ROLLBACK");
+  assert.equal(db.inTransaction(), false);
+});

@@ -1,0 +1,185 @@
+/**
+ * The edge function example (examples/edge/) against the real server: an
+ * order and its event commit together or not at all, and the drain stops
+ * at its bounds.
+ */
+import assert from "node:assert/strict";
+import { openPostgres } from "../drivers/postgres.ts";
+import type { Lease, Outbox } from "../mod.ts";
+import {
+  drain,
+  type OrderPlaced,
+  ordersHandler,
+  setUpOrders,
+} from "../examples/edge/orders.ts";
+import { sharedPostgres } from "./postgres_server.ts";
+
+async function shop(): Promise<
+  {
+    outbox: Outbox<OrderPlaced>;
+    post(body: unknown, query?: string): Promise<Response>;
+  }
+> {
+  const server = await sharedPostgres();
+  const outbox = await openPostgres<OrderPlaced>(server.url, {
+    schema: await server.createSchema(),
+    listen: false,
+  });
+  await setUpOrders(outbox);
+  const handle = ordersHandler(outbox);
+  return {
+    outbox,
+    post: (body, query = "") =>
+      handle(
+        new Request(`http://edge.test/orders${query}`, {
+          method: "POST",
+          body: typeof body === "string" ? body : JSON.stringify(body),
+        }),
+      ),
+  };
+}
+
+async function counts(outbox: Outbox<OrderPlaced>) {
+  return await outbox.transaction(async (tx) => {
+    const [orders] = await tx.query("SELECT count(*) AS n FROM orders");
+    const [events] = await tx.query("SELECT count(*) AS n FROM outbox_events");
+    return { orders: orders?.["n"], events: events?.["n"] };
+  });
+}
+
+Deno.test("edge example: POST /orders commits the order and its event together", async () => {
+  const { outbox, post } = await shop();
+  await using _ = outbox;
+  const response = await post({ total: 4200 });
+  assert.equal(response.status, 201);
+  const { order, eventId } = await response.json();
+  const lease = await outbox.claim();
+  assert.equal(lease?.eventId, eventId);
+  assert.deepEqual(lease?.payload, {
+    type: "order.placed",
+    order,
+    total: 4200,
+  });
+});
+
+Deno.test("edge example: a failure after both writes leaves neither the order nor its event", async () => {
+  const { outbox, post } = await shop();
+  await using _ = outbox;
+  assert.equal((await post({ total: 10 }, "?fail")).status, 500);
+  assert.equal((await post({ total: -1 })).status, 400);
+  assert.equal((await post("{")).status, 400);
+  assert.deepEqual(await counts(outbox), { orders: 0, events: 0 });
+});
+
+Deno.test("edge example: the drain delivers at most maxEvents and leaves the rest pending", async () => {
+  const { outbox, post } = await shop();
+  await using _ = outbox;
+  for (let i = 1; i <= 5; i++) await post({ total: i });
+  const keys: string[] = [];
+  const report = await drain(outbox, (lease: Lease<OrderPlaced>) => {
+    keys.push(`${lease.eventId}:${lease.fence}`);
+    return Promise.resolve();
+  }, { maxEvents: 3, batch: 2 });
+  assert.deepEqual(report, { delivered: 3, failed: 0, stale: 0 });
+  assert.equal(new Set(keys).size, 3);
+  const stats = await outbox.stats();
+  assert.deepEqual([stats.done, stats.pending], [3, 2]);
+});
+
+Deno.test("edge example: the drain stops claiming once maxMs has passed", async () => {
+  const { outbox, post } = await shop();
+  await using _ = outbox;
+  for (let i = 1; i <= 10; i++) await post({ total: i });
+  const started = performance.now();
+  const report = await drain(outbox, async () => {
+    await new Promise((resolve) => setTimeout(resolve, 60));
+  }, { maxMs: 100, batch: 1 });
+  assert.ok(
+    report.delivered >= 1 && report.delivered < 10,
+    String(report.delivered),
+  );
+  assert.ok(performance.now() - started < 2_000);
+  assert.equal((await outbox.stats()).pending, 10 - report.delivered);
+});
+
+Deno.test("edge example: a failed delivery is released with its error for a later retry", async () => {
+  const { outbox, post } = await shop();
+  await using _ = outbox;
+  const { eventId } = await (await post({ total: 1 })).json();
+  const report = await drain(outbox, () => {
+    throw new Error("webhook answered 503");
+  }, { retryDelayMs: 60_000 });
+  assert.deepEqual(report, { delivered: 0, failed: 1, stale: 0 });
+  const explanation = await outbox.explain(eventId);
+  assert.equal(explanation?.state, "pending");
+  assert.equal(explanation?.lastError, "Error: webhook answered 503");
+  assert.equal(await outbox.claim(), null);
+});
+
+Deno.test("edge example: main.ts serves orders and drains them to the webhook with the event's identity and fence", async () => {
+  const server = await sharedPostgres();
+  const database = await server.createDatabase();
+  const received: {
+    key: string | null;
+    fence: string | null;
+    body: unknown;
+  }[] = [];
+  await using webhook = Deno.serve(
+    { hostname: "127.0.0.1", port: 0, onListen() {} },
+    async (request) => {
+      received.push({
+        key: request.headers.get("idempotency-key"),
+        fence: request.headers.get("idempotency-fence"),
+        body: await request.json(),
+      });
+      return new Response("ok");
+    },
+  );
+  const probe = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = probe.addr.port;
+  probe.close();
+  const child = new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      new URL("../examples/edge/main.ts", import.meta.url).pathname,
+    ],
+    env: {
+      DATABASE_URL: database,
+      WEBHOOK_URL: `http://127.0.0.1:${webhook.addr.port}/`,
+      PORT: String(port),
+    },
+    stdout: "null",
+    stderr: "null",
+  }).spawn();
+  try {
+    const base = `http://127.0.0.1:${port}`;
+    let placed: Response | undefined;
+    for (let i = 0; i < 200 && placed === undefined; i++) {
+      placed = await fetch(`${base}/orders`, {
+        method: "POST",
+        body: JSON.stringify({ total: 4200 }),
+      }).catch(() =>
+        new Promise<undefined>((resolve) =>
+          setTimeout(() => resolve(undefined), 50)
+        )
+      );
+    }
+    assert.equal(placed?.status, 201);
+    const { order, identity } = await placed!.json();
+    const drained = await fetch(`${base}/drain`, { method: "POST" });
+    assert.deepEqual(await drained.json(), {
+      delivered: 1,
+      failed: 0,
+      stale: 0,
+    });
+    assert.deepEqual(received, [{
+      key: identity,
+      fence: "1",
+      body: { type: "order.placed", order, total: 4200 },
+    }]);
+  } finally {
+    child.kill();
+    await child.status;
+  }
+});

@@ -1,0 +1,442 @@
+/**
+ * What PostgreSQL adds to the contract: claims from many connections side
+ * by side, the server's clock, LISTEN/NOTIFY wake-ups, and faults (a
+ * connection dropped inside a claim or an acknowledgement, a statement
+ * timeout, a server restart) that fail calls with typed errors and leave
+ * nothing half done.
+ */
+import assert from "node:assert/strict";
+import { POSTGRES, POSTGRES_SCHEMA_VERSION } from "../dialects/postgres.ts";
+import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
+import {
+  connectPostgres,
+  openPostgres,
+  type PostgresDriver,
+} from "../drivers/postgres.ts";
+import {
+  BusyError,
+  ConnectionLostError,
+  StatementTimeoutError,
+} from "../errors.ts";
+import { type Dialect, Outbox, processEvents } from "../mod.ts";
+import { sharedPostgres, startPostgres } from "./postgres_server.ts";
+
+async function fresh(): Promise<{ url: string; schema: string }> {
+  const server = await sharedPostgres();
+  return { url: server.url, schema: await server.createSchema() };
+}
+
+async function raw(url: string, schema: string): Promise<PostgresDriver> {
+  return await connectPostgres(url, { schema });
+}
+
+async function ledgerKinds(db: Driver, eventId: number): Promise<string[]> {
+  const rows = await db.query(
+    "SELECT kind, fence FROM outbox_ledger WHERE event_id = $1 ORDER BY seq",
+    [eventId],
+  );
+  return rows.map((row) => `${row["kind"]}:${row["fence"]}`);
+}
+
+/**
+ * A connection whose backend is terminated (pg_terminate_backend, from a
+ * second connection) just before it sends the statement `when` picks.
+ */
+class DroppingDriver implements Driver {
+  drops = 0;
+  constructor(
+    readonly inner: PostgresDriver,
+    readonly admin: PostgresDriver,
+    readonly when: (sql: string) => boolean,
+  ) {}
+
+  async #maybeDrop(sql: string): Promise<void> {
+    if (!this.when(sql)) return;
+    this.drops++;
+    const [row] = await this.inner.query("SELECT pg_backend_pid() AS pid");
+    await this.admin.query(
+      "SELECT pg_terminate_backend($1, 5000)",
+      [row?.["pid"] ?? null],
+    );
+  }
+
+  async query(sql: string, params?: readonly SqlValue[]): Promise<Row[]> {
+    await this.#maybeDrop(sql);
+    return await this.inner.query(sql, params);
+  }
+
+  async run(sql: string, params?: readonly SqlValue[]): Promise<RunResult> {
+    await this.#maybeDrop(sql);
+    return await this.inner.run(sql, params);
+  }
+
+  exec(sql: string): Promise<void> {
+    return this.inner.exec(sql);
+  }
+
+  get dialect(): Dialect {
+    return this.inner.dialect;
+  }
+
+  close(): Promise<void> {
+    return this.inner.close();
+  }
+}
+
+Deno.test("postgres: claims from four connections at once take every event exactly once", async () => {
+  const { url, schema } = await fresh();
+  const outboxes = await Promise.all(
+    [0, 1, 2, 3].map(() => openPostgres(url, { schema })),
+  );
+  try {
+    const ids = [];
+    for (let i = 0; i < 200; i++) {
+      ids.push((await outboxes[0]!.enqueue({ i })).eventId);
+    }
+    const claimed = new Map<number, number>();
+    await Promise.all(outboxes.map(async (outbox) => {
+      for (;;) {
+        const leases = await outbox.claim({ max: 7 });
+        if (leases.length === 0) return;
+        for (const lease of leases) {
+          claimed.set(lease.eventId, (claimed.get(lease.eventId) ?? 0) + 1);
+          assert.equal(lease.fence, 1);
+        }
+        assert.deepEqual(
+          await outbox.acknowledge(leases),
+          leases.map(() => true),
+        );
+      }
+    }));
+    assert.deepEqual([...claimed.keys()].sort((a, b) => a - b), ids);
+    assert.ok([...claimed.values()].every((n) => n === 1));
+    assert.equal((await outboxes[0]!.stats()).done, 200);
+  } finally {
+    await Promise.all(outboxes.map((outbox) => outbox.close()));
+  }
+});
+
+Deno.test("postgres: a claim skips an event another transaction holds locked instead of waiting for it", async () => {
+  const { url, schema } = await fresh();
+  await using outbox = await openPostgres(url, { schema });
+  await using holder = await raw(url, schema);
+  const first = await outbox.enqueue("first");
+  const second = await outbox.enqueue("second");
+  await holder.run("BEGIN");
+  await holder.query("SELECT id FROM outbox_events WHERE id = $1 FOR UPDATE", [
+    first.eventId,
+  ]);
+  const lease = await outbox.claim();
+  assert.equal(lease?.eventId, second.eventId);
+  await holder.run("ROLLBACK");
+  assert.equal((await outbox.claim())?.eventId, first.eventId);
+});
+
+Deno.test("postgres: leases are judged by the server's clock by default", async () => {
+  const { url, schema } = await fresh();
+  await using outbox = await openPostgres(url, { schema, leaseMs: 60_000 });
+  await using db = await raw(url, schema);
+  await outbox.enqueue("x");
+  const lease = await outbox.claim();
+  const [row] = await db.query(POSTGRES.now);
+  const serverNow = Number(row?.["now"]);
+  assert.ok(lease!.leaseUntil > serverNow + 50_000);
+  assert.ok(lease!.leaseUntil <= serverNow + 60_000);
+});
+
+Deno.test("postgres: a worker whose own clock is hours off still respects another worker's live lease", async () => {
+  const { url, schema } = await fresh();
+  await using a = await openPostgres(url, { schema, leaseMs: 60_000 });
+  await using b = await openPostgres(url, { schema });
+  await a.enqueue("x");
+  const lease = await a.claim();
+  assert.ok(lease);
+  // b's process clock plays no part: were it judged by a clock three hours
+  // ahead, a's lease would have lapsed.
+  const realNow = Date.now;
+  Date.now = () => realNow() + 3 * 3_600_000;
+  try {
+    assert.equal(await b.claim(), null);
+  } finally {
+    Date.now = realNow;
+  }
+  assert.equal(await a.acknowledge(lease), true);
+});
+
+Deno.test("postgres: an enqueue on one connection wakes a listener of another through NOTIFY", async () => {
+  const { url, schema } = await fresh();
+  await using worker = await openPostgres(url, { schema });
+  await using producer = await openPostgres(url, { schema });
+  const woken = Promise.withResolvers<void>();
+  const off = worker.onEnqueue(() => woken.resolve());
+  await producer.enqueue("x");
+  await woken.promise;
+  off();
+  assert.equal((await worker.claim())?.payload, "x");
+});
+
+Deno.test("postgres: with listen off, enqueues on another connection wake nobody and polling still claims", async () => {
+  const { url, schema } = await fresh();
+  await using worker = await openPostgres(url, { schema, listen: false });
+  await using producer = await openPostgres(url, { schema });
+  let wakes = 0;
+  worker.onEnqueue(() => wakes++);
+  await producer.enqueue("x");
+  // The notification, had it been listened for, arrives before the next
+  // statement's answer on the same connection.
+  assert.equal((await worker.claim())?.payload, "x");
+  assert.equal(wakes, 0);
+});
+
+Deno.test("postgres: a connection dropped inside a claim fails it with ConnectionLostError, leaves the event unclaimed, and the next claim reconnects", async () => {
+  const { url, schema } = await fresh();
+  await using admin = await raw(url, schema);
+  let armed = true;
+  const dropping = new DroppingDriver(
+    await raw(url, schema),
+    admin,
+    (sql) => armed && sql === POSTGRES.claimOne,
+  );
+  await using outbox = await Outbox.open(dropping);
+  const { eventId } = await outbox.enqueue("x");
+  await assert.rejects(outbox.claim(), ConnectionLostError);
+  assert.equal(dropping.drops, 1);
+  const [row] = await admin.query(
+    "SELECT state, fence, attempt, token FROM outbox_events WHERE id = $1",
+    [eventId],
+  );
+  assert.deepEqual(row, {
+    state: "pending",
+    fence: 0,
+    attempt: 0,
+    token: null,
+  });
+  assert.deepEqual(await ledgerKinds(admin, eventId), []);
+  armed = false;
+  const lease = await outbox.claim();
+  assert.equal(lease?.eventId, eventId);
+  assert.equal(lease?.fence, 1);
+  assert.equal(await outbox.acknowledge(lease!), true);
+});
+
+Deno.test("postgres: a connection dropped inside an acknowledgement fails it with ConnectionLostError, the lease stays live, and acknowledging again succeeds once", async () => {
+  const { url, schema } = await fresh();
+  await using admin = await raw(url, schema);
+  let armed = false;
+  const dropping = new DroppingDriver(
+    await raw(url, schema),
+    admin,
+    (sql) => armed && sql === POSTGRES.acknowledge,
+  );
+  await using outbox = await Outbox.open(dropping);
+  const { eventId } = await outbox.enqueue("x");
+  const lease = await outbox.claim();
+  armed = true;
+  await assert.rejects(outbox.acknowledge(lease!), ConnectionLostError);
+  armed = false;
+  const [row] = await admin.query(
+    "SELECT state, fence FROM outbox_events WHERE id = $1",
+    [eventId],
+  );
+  assert.deepEqual(row, { state: "leased", fence: 1 });
+  assert.equal(await outbox.acknowledge(lease!), true);
+  assert.equal(await outbox.acknowledge(lease!), false);
+  assert.deepEqual(await ledgerKinds(admin, eventId), [
+    "claimed:1",
+    "acknowledged:1",
+    "stale_acknowledge:1",
+  ]);
+});
+
+Deno.test("postgres: a connection dropped just before an acknowledgement's COMMIT rolls it back, and acknowledging again records one acknowledgement", async () => {
+  const { url, schema } = await fresh();
+  await using admin = await raw(url, schema);
+  let armed = false;
+  const dropping = new DroppingDriver(
+    await raw(url, schema),
+    admin,
+    (sql) => armed && sql === POSTGRES.commit,
+  );
+  await using outbox = await Outbox.open(dropping);
+  const { eventId } = await outbox.enqueue("x");
+  const lease = await outbox.claim();
+  armed = true;
+  await assert.rejects(outbox.acknowledge(lease!), ConnectionLostError);
+  armed = false;
+  // The drop came before COMMIT reached the server, so it rolled back.
+  const [row] = await admin.query(
+    "SELECT state FROM outbox_events WHERE id = $1",
+    [eventId],
+  );
+  assert.equal(row?.["state"], "leased");
+  assert.equal(await outbox.acknowledge(lease!), true);
+  const acknowledged = (await ledgerKinds(admin, eventId)).filter((entry) =>
+    entry.startsWith("acknowledged")
+  );
+  assert.deepEqual(acknowledged, ["acknowledged:1"]);
+});
+
+Deno.test("postgres: an acknowledgement blocked past statementTimeoutMs fails with StatementTimeoutError and changes nothing", async () => {
+  const { url, schema } = await fresh();
+  await using outbox = await openPostgres(url, {
+    schema,
+    statementTimeoutMs: 200,
+  });
+  await using holder = await raw(url, schema);
+  const { eventId } = await outbox.enqueue("x");
+  const lease = await outbox.claim();
+  await holder.run("BEGIN");
+  await holder.query("SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", [
+    eventId,
+  ]);
+  await assert.rejects(outbox.acknowledge(lease!), StatementTimeoutError);
+  await holder.run("ROLLBACK");
+  assert.deepEqual(await ledgerKinds(holder, eventId), ["claimed:1"]);
+  assert.equal(await outbox.acknowledge(lease!), true);
+});
+
+Deno.test("postgres: workers draining through a server restart reconnect, lose nothing committed and acknowledge every event once", async () => {
+  const server = await startPostgres();
+  try {
+    const outboxes = [
+      await openPostgres(server.url, { leaseMs: 5_000 }),
+      await openPostgres(server.url, { leaseMs: 5_000 }),
+    ];
+    const errors: unknown[] = [];
+    let delivered = 0;
+    const restartAt = Promise.withResolvers<void>();
+    const processors = outboxes.map((outbox) =>
+      processEvents(outbox, () => {
+        if (++delivered === 100) restartAt.resolve();
+        return Promise.resolve();
+      }, {
+        concurrency: 4,
+        pollMinMs: 10,
+        pollMaxMs: 50,
+        onError: (error) => errors.push(error),
+      })
+    );
+    const ids: number[] = [];
+    for (let i = 0; i < 300; i++) {
+      ids.push((await outboxes[0]!.enqueue({ i })).eventId);
+    }
+    await restartAt.promise;
+    await server.restart();
+    let stats = await retry(() => outboxes[0]!.stats());
+    for (let i = 0; stats.done < ids.length && i < 400; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      stats = await retry(() => outboxes[0]!.stats());
+    }
+    await Promise.all(processors.map((processor) => processor.stop()));
+    assert.equal(stats.done, ids.length);
+    assert.ok(
+      errors.some((error) => error instanceof ConnectionLostError),
+      "the restart was seen",
+    );
+    const db = await connectPostgres(server.url);
+    try {
+      const [row] = await db.query(
+        `SELECT count(*) AS n, count(DISTINCT event_id) AS events
+         FROM outbox_ledger WHERE kind = 'acknowledged'`,
+      );
+      assert.deepEqual(row, { n: ids.length, events: ids.length });
+    } finally {
+      await db.close();
+    }
+    await Promise.all(outboxes.map((outbox) => outbox.close()));
+  } finally {
+    await server.stop();
+  }
+});
+
+/** Runs `fn` again while the connection it needs is being re-made. */
+async function retry<T>(fn: () => Promise<T>): Promise<T> {
+  for (let i = 0;; i++) {
+    try {
+      return await fn();
+    } catch (error) {
+      if (!(error instanceof ConnectionLostError) || i >= 50) throw error;
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+  }
+}
+
+Deno.test("postgres: openPostgres refuses bad options before connecting, and creates nothing", async () => {
+  const { url, schema } = await fresh();
+  const missing = `${schema}_never`;
+  await assert.rejects(
+    openPostgres(url, { schema: missing, leaseMs: 0 }),
+    new RangeError(
+      "Cannot open outbox as 'leaseMs' must be a positive integer at most 31536000000: current value is 0",
+    ),
+  );
+  await assert.rejects(
+    openPostgres("postgres://nobody@127.0.0.1:1/none", { maxAttempts: -1 }),
+    RangeError,
+  );
+  await using db = await raw(url, schema);
+  assert.deepEqual(
+    await db.query("SELECT 1 FROM pg_namespace WHERE nspname = $1", [missing]),
+    [],
+  );
+  await using outbox = await openPostgres(url, { schema: missing });
+  assert.equal((await outbox.stats()).pending, 0);
+});
+
+Deno.test("R12: four outboxes opening one new schema at once all open, and the schema version is recorded once", async () => {
+  const { url, schema } = await fresh();
+  const target = `${schema}_r12`;
+  const outboxes = await Promise.all(
+    [0, 1, 2, 3].map(() => openPostgres(url, { schema: target })),
+  );
+  try {
+    await using db = await raw(url, target);
+    assert.deepEqual(
+      await db.query("SELECT version FROM outbox_schema ORDER BY version"),
+      [{ version: POSTGRES_SCHEMA_VERSION }],
+    );
+    await outboxes[0]!.enqueue("x");
+    assert.equal((await outboxes[3]!.claim())?.payload, "x");
+  } finally {
+    await Promise.all(outboxes.map((outbox) => outbox.close()));
+  }
+});
+
+Deno.test("postgres: an acknowledgement waiting for a row lock past busyTimeoutMs fails with BusyError and changes nothing", async () => {
+  const { url, schema } = await fresh();
+  await using outbox = await openPostgres(url, { schema, busyTimeoutMs: 100 });
+  await using holder = await raw(url, schema);
+  const { eventId } = await outbox.enqueue("x");
+  const lease = await outbox.claim();
+  await holder.run("BEGIN");
+  await holder.query("SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", [
+    eventId,
+  ]);
+  await assert.rejects(outbox.acknowledge(lease!), BusyError);
+  await holder.run("ROLLBACK");
+  assert.deepEqual(await ledgerKinds(holder, eventId), ["claimed:1"]);
+  assert.equal(await outbox.acknowledge(lease!), true);
+});
+
+Deno.test("postgres: on the server's clock, a lapsed last-attempt lease is a dead letter at the next call", async () => {
+  const { url, schema } = await fresh();
+  await using outbox = await openPostgres(url, { schema, maxAttempts: 1 });
+  const { eventId } = await outbox.enqueue("x");
+  const lease = await outbox.claim({ leaseMs: 1 });
+  // Real time is the subject: the server's clock must pass the deadline.
+  await new Promise((resolve) => setTimeout(resolve, 20));
+  assert.deepEqual(
+    (await outbox.stats()).dead,
+    1,
+  );
+  assert.equal(await outbox.acknowledge(lease!), false);
+  const history = (await outbox.explain(eventId))!.history.map((entry) =>
+    entry.kind
+  );
+  assert.deepEqual(history, [
+    "claimed",
+    "expired",
+    "dead",
+    "stale_acknowledge",
+  ]);
+});
