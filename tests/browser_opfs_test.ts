@@ -77,36 +77,60 @@ Deno.test(
     const page = await blankPage(session);
     const failed = await page.evaluate(async (paths) => {
       const { connect } = await import(paths.rpc);
-      // Kept alive after its failed open: whatever it took must be released.
+      const config = {
+        synchronous: "full",
+        name: "c17",
+        vfs: "auto",
+        outbox: {},
+      };
+      // Kept alive after its failed open: whatever it took must be released,
+      // or the waiting worker below could never open.
       const failing = connect("/build/browser_worker.js");
-      Object.assign(globalThis, { failing });
+      // Loaded (SQLite's WASM compiled) before it starts waiting, so the
+      // measured interval below is the lock's release, not a worker's start.
+      const waiting = connect("/build/browser_worker.js");
+      await waiting.call("hasVfs", "opfs-sahpool");
+      let failure = "opened";
       try {
-        await failing.call("open", {
-          synchronous: "full",
-          name: "c17",
-          vfs: "auto",
-          openTimeoutMs: 0,
-          outbox: {},
-        });
-        return "opened";
+        await failing.call("open", { ...config, openTimeoutMs: 0 });
       } catch (error) {
-        return (error as Error).name;
+        failure = (error as Error).name;
       }
+      const opening = waiting.call("open", { ...config, openTimeoutMs: 30_000 })
+        .then(() => Date.now());
+      Object.assign(globalThis, { failing, waiting, opening });
+      return failure;
     }, PATHS);
     assert.equal(failed, "OpfsBusyError");
 
-    const closedAt = Date.now();
+    const closingAt = Date.now();
     await holder.close();
-    const reopened = await page.evaluate(async (paths) => {
-      const m = await import(paths.bundle);
-      const outbox = await m.openWorkerOutbox("c17", { openTimeoutMs: 5_000 });
-      const stats = await outbox.stats();
-      await outbox.close();
-      return stats.pending;
-    }, PATHS);
-    const elapsedMs = Date.now() - closedAt;
-    assert.equal(reopened, 1);
-    assert.ok(elapsedMs < 1_000, `reopened after ${elapsedMs} ms`);
+    const goneAt = Date.now();
+    const reopened = await page.evaluate(async () => {
+      const { waiting, opening } = globalThis as unknown as {
+        waiting: {
+          call(
+            method: string,
+            ...args: unknown[]
+          ): Promise<{ pending: number }>;
+        };
+        opening: Promise<number>;
+      };
+      const openedAt = await opening;
+      const stats = await waiting.call("stats", {});
+      await waiting.call("close");
+      return { openedAt, pending: stats.pending };
+    });
+    assert.equal(reopened.pending, 1);
+    assert.ok(
+      reopened.openedAt >= closingAt,
+      `opened ${closingAt - reopened.openedAt} ms before the holder closed`,
+    );
+    const elapsedMs = reopened.openedAt - goneAt;
+    assert.ok(
+      elapsedMs < 1_000,
+      `reopened ${elapsedMs} ms after the holder was gone`,
+    );
   },
 );
 

@@ -55,6 +55,9 @@ for (const kind of ["wasm", "node"] as const) {
       });
       for (const ms of openMs) assert.ok(ms < 5_000, `an open took ${ms} ms`);
 
+      // Warmed up as the children were, so the bound below times the lock
+      // (a poisoned one would hold the open up), not a first run's compiling.
+      await (await Outbox.open(await open(join(dir, "warmup.db")))).close();
       const started = performance.now();
       await using outbox = await Outbox.open(
         await open(path, { busyTimeoutMs: 1_000 }),
@@ -62,7 +65,8 @@ for (const kind of ["wasm", "node"] as const) {
           busyTimeoutMs: 1_000,
         },
       );
-      assert.ok(performance.now() - started < 1_000);
+      const fifthMs = performance.now() - started;
+      assert.ok(fifthMs < 1_000, `the fifth open took ${fifthMs} ms`);
       await using raw = await open(path);
       assert.deepEqual(
         await raw.query("SELECT version FROM outbox_schema ORDER BY version"),
