@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { UnsafeIntegerError } from "../mod.ts";
 import { driverTest, type Harness } from "./helpers.ts";
-import { DRIVERS } from "./drivers.ts";
+import { SQLITE_DRIVERS } from "./drivers.ts";
 
 const MAX = Number.MAX_SAFE_INTEGER;
 const INSERT_EVENT =
@@ -22,7 +22,7 @@ async function seedSequence(raw: Harness["raw"]): Promise<void> {
   );
 }
 
-for (const driver of DRIVERS) {
+for (const driver of SQLITE_DRIVERS) {
   const test = (name: string, fn: (t: Harness) => Promise<void>) =>
     driverTest(driver, name, fn);
 
