@@ -80,6 +80,9 @@ if (!isExecutable(CHROMIUM_PATH)) await installChromium();
 const chromium = isExecutable(CHROMIUM_PATH);
 
 const tmp = await Deno.makeTempDir({ prefix: "leased-outbox-test-" });
+// As root, the PostgreSQL tests run the server as nobody, which must pass
+// through TMPDIR to reach its data directory: traverse, but not list.
+await Deno.chmod(tmp, 0o711);
 let code = 1;
 try {
   ({ code } = await new Deno.Command(Deno.execPath(), {
