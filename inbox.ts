@@ -28,7 +28,6 @@ import { BusyError } from "./errors.ts";
 import {
   checkIdentity,
   checkInteger,
-  checkNotTransactionControl,
   checkOptions,
   type Clock,
   describe,
@@ -39,6 +38,7 @@ import {
   missing,
   type Mutex,
   runTransactionBody,
+  transactionStatements,
 } from "./lease.ts";
 
 /**
@@ -282,19 +282,10 @@ export class Inbox implements AsyncDisposable {
       };
       let value: T;
       try {
-        value = await runTransactionBody(this.#mutex, () =>
-          fn({
-            run: async (sql, params) => {
-              inside("run");
-              checkNotTransactionControl("run", sql);
-              return await driver.run(sql, params);
-            },
-            query: async (sql, params) => {
-              inside("query");
-              checkNotTransactionControl("query", sql);
-              return await driver.query(sql, params);
-            },
-          }));
+        value = await runTransactionBody(
+          this.#mutex,
+          () => fn(transactionStatements(driver, inside)),
+        );
       } finally {
         ended = true;
       }

@@ -1667,16 +1667,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     };
     const result = await this.#write("run transaction", async (now) => {
       const tx: Transaction = {
-        run: async (sql, params) => {
-          inside("run");
-          checkNotTransactionControl("run", sql);
-          return await driver.run(sql, params);
-        },
-        query: async (sql, params) => {
-          inside("query");
-          checkNotTransactionControl("query", sql);
-          return await driver.query(sql, params);
-        },
+        ...transactionStatements(driver, inside),
         enqueue: async (payload, options = {}) => {
           inside("enqueue");
           const event = this.#prepareEnqueue("enqueue", payload, options);
@@ -2714,13 +2705,41 @@ function editDistance(a: string, b: string): number {
 }
 
 /**
+ * The `run` and `query` of a transaction handle (the outbox's and the
+ * inbox's): each checks that the handle's transaction is still live, then
+ * refuses transaction control before the statement reaches the driver.
+ *
+ * @ignore
+ * @param driver The connection the transaction runs on.
+ * @param inside Throws when the handle's transaction has ended.
+ * @returns The two methods.
+ */
+export function transactionStatements(
+  driver: Driver,
+  inside: (method: string) => void,
+): Pick<Transaction, "run" | "query"> {
+  return {
+    run: async (sql, params) => {
+      inside("run");
+      checkNotTransactionControl("run", sql);
+      return await driver.run(sql, params);
+    },
+    query: async (sql, params) => {
+      inside("query");
+      checkNotTransactionControl("query", sql);
+      return await driver.query(sql, params);
+    },
+  };
+}
+
+/**
  * Refuses SQL whose first keyword begins, ends or rolls back a transaction,
  * before it runs: the one home of this check for the outbox's and the
  * inbox's transactions.
  *
  * @ignore
  */
-export function checkNotTransactionControl(op: string, sql: unknown): void {
+function checkNotTransactionControl(op: string, sql: unknown): void {
   if (typeof sql !== "string") return;
   const keyword = firstKeyword(sql).toUpperCase();
   if (TRANSACTION_CONTROL.has(keyword)) {
