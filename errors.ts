@@ -103,6 +103,7 @@ export class DatabaseMovedError extends SqliteError {
 }
 
 const READONLY_DBMOVED = 1032;
+const READONLY_ROLLBACK = 776;
 
 /**
  * A constraint failed (`SQLITE_CONSTRAINT`, result code 19), e.g. a `UNIQUE`
@@ -266,6 +267,11 @@ export function sqliteError(
   const options = cause === undefined ? undefined : { cause };
   if (code === READONLY_DBMOVED) {
     return new DatabaseMovedError(message, options);
+  }
+  if (code === READONLY_ROLLBACK) {
+    // What a read-only connection says of a crashed writer's hot journal.
+    message +=
+      " (SQLITE_READONLY_ROLLBACK: a writer that crashed left a hot journal, which only a read-write connection can roll back; open the database read-write once, e.g. with Outbox.open or a write command of the outbox CLI, then read it again)";
   }
   switch (code & 0xff) {
     case 5: // SQLITE_BUSY
