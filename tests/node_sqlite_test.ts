@@ -212,7 +212,7 @@ Deno.test("readOnly opens a 0444 file in its own journal mode, reads it, refuses
     // @ts-expect-error: the flag is checked at run time too
     openNodeSqlite(file.path, { readOnly: "yes" }),
     new TypeError(
-      "Cannot open database as 'readOnly' must be a boolean: current value is yes",
+      "Cannot open database as 'readOnly' must be a boolean: current value is \"yes\"",
     ),
   );
 });
