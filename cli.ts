@@ -44,8 +44,8 @@ import { BusyError, SqliteError } from "./errors.ts";
 import { type Explanation, Outbox } from "./lease.ts";
 import type { EventInfo, QueueCounts } from "./admin.ts";
 import { OutboxReader } from "./reader.ts";
-import { openNodeSqlite } from "./node_sqlite.ts";
-import { openSqliteWasm } from "./sqlite_wasm_deno.ts";
+import { openNodeSqlite } from "./drivers/node_sqlite.ts";
+import { openSqliteWasm } from "./deno/sqlite_wasm.ts";
 
 /** Where {@linkcode main} writes, and its clock; the process's by default. */
 export interface CliIo {

@@ -12,7 +12,7 @@ import { chromium, type Page } from "playwright-core";
 import { buildBrowser } from "../examples/browser/build.ts";
 import { serveExample } from "../examples/browser/server.ts";
 import { Outbox } from "../lease.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { type BenchRow, markdown, median } from "./table.ts";
 import {
   CHROMIUM_ARGS,

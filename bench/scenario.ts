@@ -8,8 +8,8 @@
  */
 import type { Driver } from "../driver.ts";
 import { Outbox } from "../mod.ts";
-import { openNodeSqlite } from "../node_sqlite.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openNodeSqlite } from "../drivers/node_sqlite.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { median } from "./table.ts";
 
 /** Which driver a database is opened with. */

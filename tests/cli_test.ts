@@ -3,8 +3,8 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { main } from "../cli.ts";
 import { Outbox } from "../lease.ts";
-import { openNodeSqlite } from "../node_sqlite.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openNodeSqlite } from "../drivers/node_sqlite.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 
 const root = dirname(dirname(fileURLToPath(import.meta.url)));
 const child = join(root, "tests", "fixtures", "cli_child.ts");

@@ -8,8 +8,8 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { DatabaseMovedError, Outbox } from "../mod.ts";
-import { openNodeSqlite } from "../node_sqlite.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openNodeSqlite } from "../drivers/node_sqlite.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 
 function isMoved(error: unknown): boolean {
   assert.ok(error instanceof DatabaseMovedError, String(error));

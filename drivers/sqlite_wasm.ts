@@ -15,9 +15,9 @@ import {
   type Row,
   type RunResult,
   type SqlValue,
-} from "./driver.ts";
-import { sqliteError } from "./errors.ts";
-import { checkBoolean, checkOptions } from "./lease.ts";
+} from "../driver.ts";
+import { sqliteError } from "../errors.ts";
+import { checkBoolean, checkOptions } from "../lease.ts";
 
 let sqlite3: Promise<Sqlite3Static> | undefined;
 

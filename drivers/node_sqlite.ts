@@ -25,9 +25,9 @@ import {
   type RunResult,
   type SqlValue,
   untilNotBusy,
-} from "./driver.ts";
-import { SqliteError, sqliteError } from "./errors.ts";
-import { checkBoolean, checkOptions } from "./lease.ts";
+} from "../driver.ts";
+import { SqliteError, sqliteError } from "../errors.ts";
+import { checkBoolean, checkOptions } from "../lease.ts";
 
 /** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
 export type JournalMode =
