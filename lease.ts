@@ -57,6 +57,8 @@ export type StatementName =
   | "rollbackToSavepoint"
   | "insert"
   | "existing"
+  | "insertAll"
+  | "existingAll"
   | "exhausted"
   | "expire"
   | "candidates"
@@ -193,6 +195,15 @@ export interface EnqueueOptions {
    * @default {a new UUIDv7 stamped with the outbox's clock}
    */
   readonly identity?: string;
+}
+
+/**
+ * One element of {@linkcode Outbox.enqueueBatch}: a payload with the options
+ * {@linkcode Outbox.enqueue} takes for it.
+ */
+export interface BatchEvent<P = unknown> extends EnqueueOptions {
+  /** As `enqueue`'s `payload`: a JSON-serializable value or a `Uint8Array`. */
+  readonly payload: P;
 }
 
 /** What {@linkcode Outbox.enqueue} reports. */
@@ -376,6 +387,13 @@ export interface Transaction {
   /** Enqueues an event that commits with the caller's rows. */
   enqueue(payload: unknown, options?: EnqueueOptions): Promise<EnqueueResult>;
   /**
+   * Enqueues events that commit with the caller's rows, in one statement,
+   * as {@linkcode Outbox.enqueueBatch} does.
+   */
+  enqueueBatch(
+    events: readonly BatchEvent<unknown>[],
+  ): Promise<EnqueueResult[]>;
+  /**
    * Acknowledges a lease in this transaction.
    *
    * @throws {LeaseLostError} When the lease is stale; the whole transaction
@@ -518,6 +536,33 @@ export const SQL = {
   existing: `SELECT id, identity FROM outbox_events
     WHERE (queue = ?1 AND dedup_key = ?2) OR identity = ?3
     ORDER BY dedup_key IS NOT ?2 LIMIT 1`,
+  // A batch of enqueues in one statement, each row inserted or skipped as
+  // `insert` would be, in array order, so ids follow it and a later row
+  // meets the keys of earlier ones. ?1: now; ?2: a JSON array of [queue,
+  // payload JSON text or null, payload bytes as hex or null, dedup key,
+  // ordering key, due_at, max_attempts, identity]. (WHERE true: SQLite's
+  // upsert after INSERT … SELECT needs a WHERE clause to parse.)
+  insertAll: `INSERT INTO outbox_events
+    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity)
+    SELECT e.value ->> 0, 'pending',
+      coalesce(e.value ->> 1, unhex(e.value ->> 2)), e.value ->> 3,
+      e.value ->> 4, e.value ->> 5, e.value ->> 6, ?1, ?1, e.value ->> 7
+    FROM json_each(?2) AS e WHERE true ORDER BY e.key
+    ON CONFLICT DO NOTHING
+    RETURNING id, identity, queue, dedup_key`,
+  // `existing` for the skipped rows of a batch. ?1: a JSON array of [queue,
+  // dedup key, identity, bound]; a row with id at or past its bound (the
+  // first id the batch inserted after it) did not exist yet when that
+  // element's turn came. Answers n, the element's index, with id and
+  // identity.
+  existingAll: `SELECT d.key AS n, e.id, e.identity
+    FROM json_each(?1) AS d
+    JOIN outbox_events AS e ON e.id = (
+      SELECT id FROM outbox_events
+      WHERE ((queue = d.value ->> 0 AND dedup_key = d.value ->> 1)
+          OR identity = d.value ->> 2)
+        AND (d.value ->> 3 IS NULL OR id < d.value ->> 3)
+      ORDER BY dedup_key IS NOT d.value ->> 1 LIMIT 1)`,
   // A lapsed lease on the last attempt is a dead letter from its deadline on
   // (SQS moves a message to its dead-letter queue when its receive count runs
   // out). Every transaction looks for them first, so once any call has seen
@@ -676,6 +721,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   readonly #busyTimeoutMs: number;
   readonly #maxPayloadBytes: number;
   readonly #enqueueListeners = new Set<() => void>();
+  // The enqueues waiting for the next transaction; closed (undefined) once
+  // that transaction holds the write lock.
+  #group: EnqueueGroup | undefined;
   #closed = false;
 
   private constructor(driver: Driver, options: OutboxOptions) {
@@ -841,6 +889,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * runs inside that transaction, with no `BEGIN` or `COMMIT` of its own,
    * and the application's `COMMIT` or `ROLLBACK` decides.
    *
+   * Concurrent calls share transactions (group commit): a call made while
+   * the outbox waits for the connection or its write lock joins the next
+   * transaction, up to 1,000 calls (or 8 MiB of payloads) in one; a lone
+   * call commits at once. Each call still resolves only once the commit
+   * holding its event returned, and events get ids in the order of the
+   * calls. A call that fails inside the shared transaction is undone under
+   * its own savepoint and rejects alone; when the commit itself fails, every
+   * call of that transaction rejects with its error and none of their events
+   * was written.
+   *
    * @param payload A JSON-serializable value, stored as `JSON.stringify`
    * makes it (so `NaN` becomes `null` and a `Map` `{}`), or a `Uint8Array`
    * stored as is.
@@ -857,15 +915,74 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     payload: P,
     options: EnqueueOptions = {},
   ): Promise<EnqueueResult> {
-    const insert = this.#prepareEnqueue("enqueue", payload, options);
-    const result = await this.#write(
-      "enqueue",
-      (now) => this.#enqueue(insert, now),
+    const op = "enqueue";
+    const event = this.#prepareEnqueue(op, payload, options);
+    this.#checkOpen(op);
+    this.#notNested(op);
+    const bytes = event.payload instanceof Uint8Array
+      ? event.payload.byteLength
+      : String(event.payload).length;
+    return await new Promise((resolve, reject) => {
+      let group = this.#group;
+      if (
+        group === undefined || group.calls.length >= MAX_GROUP ||
+        group.bytes + bytes > MAX_GROUP_BYTES
+      ) {
+        group = this.#group = { calls: [], bytes: 0 };
+        this.#commitGroup(group);
+      }
+      group.calls.push({ event, resolve, reject });
+      group.bytes += bytes;
+    });
+  }
+
+  /**
+   * Adds pending events in one transaction and one statement, each exactly
+   * as {@linkcode Outbox.enqueue} would add it if called once per element in
+   * order: its options apply to it alone, a `dedupKey` or `identity` may
+   * match an earlier element of the batch, ids follow the array's order.
+   * Joins a transaction the application began on the connection the outbox
+   * shares, as `enqueue` does. All or none: when any element fails in SQL,
+   * none is written.
+   *
+   * @param events The events, at most 10,000: each a `payload` (as for
+   * `enqueue`) with that event's {@linkcode EnqueueOptions}.
+   * @returns One result per element, in order.
+   * @throws {TypeError | RangeError} When `events` is not an array, is too
+   * long, or an element is invalid (before any SQL): the message names it
+   * (`events[3].dedupKey`).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Enqueue a batch
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * const results = await outbox.enqueueBatch([
+   *   { payload: { n: 1 }, dedupKey: "order-1" },
+   *   { payload: { n: 2 }, delayMs: 60_000 },
+   *   { payload: { n: 1 }, dedupKey: "order-1" },
+   * ]);
+   * assert.deepEqual(results.map((r) => r.deduplicated), [false, false, true]);
+   * assert.equal(results[2]!.eventId, results[0]!.eventId);
+   * assert.deepEqual((await outbox.claim())?.payload, { n: 1 });
+   * ```
+   */
+  async enqueueBatch(
+    events: readonly BatchEvent<P>[],
+  ): Promise<EnqueueResult[]> {
+    const op = "enqueue batch";
+    const prepared = this.#prepareBatch(op, events);
+    const results = await this.#write(
+      op,
+      (now) => this.#enqueueAll(prepared, now),
       true,
       true,
     );
-    this.#enqueued();
-    return result;
+    if (results.length > 0) this.#enqueued();
+    return results;
   }
 
   /**
@@ -1666,6 +1783,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           enqueued = true;
           return await this.#enqueue(event, now);
         },
+        enqueueBatch: async (events) => {
+          const op = "enqueue batch";
+          inside(op);
+          const prepared = this.#prepareBatch(op, events);
+          enqueued = true;
+          return await this.#enqueueAll(prepared, now);
+        },
         acknowledge: async (lease) => {
           inside("acknowledge");
           const checked = checkLease("acknowledge", "lease", lease);
@@ -1735,30 +1859,47 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     }
   }
 
+  /**
+   * Validates one event's payload and options; `element` names an element
+   * of a batch (`"events[3]"`) in the messages.
+   */
   #prepareEnqueue(
     op: string,
     payload: unknown,
     options: EnqueueOptions,
+    element?: string,
   ): PreparedEnqueue {
-    checkOptions(op, options, ENQUEUE_OPTIONS);
+    checkOptions(op, options, ENQUEUE_OPTIONS, element);
+    const f = (field: string) =>
+      element === undefined ? field : `${element}.${field}`;
     const queue = options.queue === undefined
       ? this.#queue
-      : checkName(op, "queue", options.queue);
+      : checkName(op, f("queue"), options.queue);
     const delayMs =
-      checkInteger(op, "delayMs", options.delayMs, 0, MAX_DURATION_MS) ?? 0;
-    const maxAttempts =
-      checkInteger(op, "maxAttempts", options.maxAttempts, 1, MAX_ATTEMPTS) ??
-        this.#maxAttempts;
+      checkInteger(op, f("delayMs"), options.delayMs, 0, MAX_DURATION_MS) ??
+        0;
+    const maxAttempts = checkInteger(
+      op,
+      f("maxAttempts"),
+      options.maxAttempts,
+      1,
+      MAX_ATTEMPTS,
+    ) ?? this.#maxAttempts;
     const dedupKey = options.dedupKey === undefined
       ? null
-      : checkName(op, "dedupKey", options.dedupKey);
+      : checkName(op, f("dedupKey"), options.dedupKey);
     const orderingKey = options.orderingKey === undefined
       ? null
-      : checkName(op, "orderingKey", options.orderingKey);
+      : checkName(op, f("orderingKey"), options.orderingKey);
     const identity = options.identity === undefined
       ? null
-      : checkIdentity(op, "identity", options.identity);
-    const stored = encodePayload(op, payload, this.#maxPayloadBytes);
+      : checkIdentity(op, f("identity"), options.identity);
+    const stored = encodePayload(
+      op,
+      f("payload"),
+      payload,
+      this.#maxPayloadBytes,
+    );
     // Times are filled in under the write lock, from the clock at that moment.
     return {
       queue,
@@ -1803,6 +1944,186 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       identity: String(row?.["identity"]),
       deduplicated: true,
     };
+  }
+
+  /**
+   * Commits a group of enqueues in one transaction, then settles each
+   * call's promise: with its own result or error, or with the transaction's
+   * error when it failed.
+   */
+  async #commitGroup(group: EnqueueGroup): Promise<void> {
+    // Calls arriving from now on form the next group.
+    const close = () => {
+      if (this.#group === group) this.#group = undefined;
+    };
+    let settled: Settled<EnqueueResult>[];
+    try {
+      settled = await this.#write(
+        "enqueue",
+        (now) => {
+          close();
+          return this.#enqueueGroup(group.calls, now);
+        },
+        true,
+        true,
+      );
+    } catch (error) {
+      close();
+      for (const call of group.calls) call.reject(error);
+      return;
+    }
+    group.calls.forEach((call, i) => {
+      const outcome = settled[i]!;
+      if ("value" in outcome) call.resolve(outcome.value);
+      else call.reject(outcome.error);
+    });
+    if (settled.some((outcome) => "value" in outcome)) this.#enqueued();
+  }
+
+  /**
+   * The statements of a group of enqueues: a lone call as ever; several in
+   * one statement under a savepoint, and when that fails, each under a
+   * savepoint of its own, so that only the failing call's promise rejects.
+   */
+  async #enqueueGroup(
+    calls: readonly EnqueueCall[],
+    now: number,
+  ): Promise<Settled<EnqueueResult>[]> {
+    const events = calls.map((call) => call.event);
+    if (events.length === 1) {
+      return [{ value: await this.#enqueue(events[0]!, now) }];
+    }
+    const all = await this.#undoable(() => this.#enqueueAll(events, now));
+    if ("value" in all) return all.value.map((value) => ({ value }));
+    const settled: Settled<EnqueueResult>[] = [];
+    for (const event of events) {
+      settled.push(await this.#undoable(() => this.#enqueue(event, now)));
+    }
+    return settled;
+  }
+
+  /**
+   * Runs `fn` under a savepoint: its failure is undone and returned.
+   * Throws `fn`'s error when the savepoint cannot be rolled back to, as when
+   * the engine rolled the whole transaction back (SQLite does on an I/O
+   * error or a full disk): the transaction must then fail as a whole.
+   */
+  async #undoable<T>(fn: () => Promise<T>): Promise<Settled<T>> {
+    await this.#driver.run(this.#sql.savepoint);
+    try {
+      const value = await fn();
+      await this.#driver.run(this.#sql.releaseSavepoint);
+      return { value };
+    } catch (error) {
+      try {
+        await this.#driver.run(this.#sql.rollbackToSavepoint);
+        await this.#driver.run(this.#sql.releaseSavepoint);
+      } catch {
+        throw error;
+      }
+      return { error };
+    }
+  }
+
+  /** Validates the elements of a batch, naming each (`events[3]`). */
+  #prepareBatch(op: string, events: unknown): PreparedEnqueue[] {
+    if (!Array.isArray(events)) {
+      throw new TypeError(
+        `Cannot ${op} as 'events' must be an array: current value is ${
+          describe(events)
+        }`,
+      );
+    }
+    checkInteger(op, "events.length", events.length, 0, MAX_BATCH);
+    // Array.from visits holes, so a sparse array is refused by index.
+    return Array.from(events, (event: unknown, i) => {
+      const element = `events[${i}]`;
+      if (event === null || typeof event !== "object") {
+        // Refused with the message every options object gets.
+        checkOptions(op, event, ENQUEUE_OPTIONS, element);
+      }
+      const { payload, ...options } = event as BatchEvent;
+      return this.#prepareEnqueue(op, payload, options, element);
+    });
+  }
+
+  /**
+   * Inserts `events` with one statement, each as {@linkcode Outbox.#enqueue}
+   * would in turn; the skipped ones' events are looked up with one more.
+   */
+  async #enqueueAll(
+    events: readonly PreparedEnqueue[],
+    now: number,
+  ): Promise<EnqueueResult[]> {
+    if (events.length === 0) return [];
+    const identities = events.map((event) => event.identity ?? uuidv7(now));
+    const inserted = new Map(
+      (await this.#driver.query(this.#sql.insertAll, [
+        now,
+        JSON.stringify(events.map((event, i) => {
+          const { payload } = event;
+          const bytes = payload instanceof Uint8Array;
+          return [
+            event.queue,
+            bytes ? null : payload,
+            bytes ? hex(payload, 0, payload.length) : null,
+            event.dedupKey,
+            event.orderingKey,
+            now + event.delayMs,
+            event.maxAttempts,
+            identities[i],
+          ];
+        })),
+      ])).map((row) => [String(row["identity"]), row]),
+    );
+    // A row is the first element's with its identity, queue and dedup key:
+    // an earlier element with all three the same would have been inserted
+    // instead, or skipped for a conflict the later one meets too.
+    const ids = events.map((event, i) => {
+      const row = inserted.get(identities[i]!);
+      if (
+        row === undefined || row["queue"] !== event.queue ||
+        (row["dedup_key"] ?? null) !== event.dedupKey
+      ) {
+        return undefined;
+      }
+      inserted.delete(identities[i]!);
+      return integerOf(row, "id");
+    });
+    const results: EnqueueResult[] = new Array(events.length);
+    const skipped: [string, string | null, string, number | null][] = [];
+    const skippedAt: number[] = [];
+    let bound: number | null = null;
+    for (let i = events.length - 1; i >= 0; i--) {
+      const id = ids[i];
+      if (id !== undefined) {
+        results[i] = {
+          eventId: id,
+          identity: identities[i]!,
+          deduplicated: false,
+        };
+        bound = id;
+        continue;
+      }
+      const event = events[i]!;
+      skipped.push([event.queue, event.dedupKey, identities[i]!, bound]);
+      skippedAt.push(i);
+    }
+    if (skipped.length === 0) return results;
+    const found = new Map(
+      (await this.#driver.query(this.#sql.existingAll, [
+        JSON.stringify(skipped),
+      ])).map((row) => [Number(row["n"]), row]),
+    );
+    skippedAt.forEach((i, n) => {
+      const row = found.get(n);
+      results[i] = {
+        eventId: integerOf(row ?? {}, "id"),
+        identity: String(row?.["identity"]),
+        deduplicated: true,
+      };
+    });
+    return results;
   }
 
   async #claim(
@@ -2117,7 +2438,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     expire = true,
     join = false,
   ): Promise<T> {
-    if (this.#closed) throw new Error(`Cannot ${op} as the outbox is closed`);
+    this.#checkOpen(op);
     this.#notNested(op);
     const deadline = performance.now() + this.#busyTimeoutMs;
     for (let retried = false;; retried = true) {
@@ -2199,6 +2520,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       }
       await sleep(Math.min(remainingMs, 1 + Math.random() * backoffMs));
     }
+  }
+
+  #checkOpen(op: string): void {
+    if (this.#closed) throw new Error(`Cannot ${op} as the outbox is closed`);
   }
 
   /**
@@ -2316,6 +2641,25 @@ async function migrate(driver: Driver): Promise<void> {
     await driver.run(SQL.recordVersion, [version + 1]);
   }
 }
+
+// A group of enqueues closes at this many calls or bytes of payload: its
+// statement's JSON stays small enough to build and parse at once.
+const MAX_GROUP = 1_000;
+const MAX_GROUP_BYTES = 8 * 1024 * 1024;
+
+interface EnqueueCall {
+  readonly event: PreparedEnqueue;
+  resolve(result: EnqueueResult): void;
+  reject(error: unknown): void;
+}
+
+interface EnqueueGroup {
+  readonly calls: EnqueueCall[];
+  bytes: number;
+}
+
+/** How one call of a shared transaction ended. */
+type Settled<T> = { readonly value: T } | { readonly error: unknown };
 
 interface PreparedEnqueue {
   readonly queue: string;
@@ -2472,13 +2816,14 @@ function hex(bytes: Uint8Array, start: number, length: number): string {
 
 function encodePayload(
   op: string,
+  field: string,
   payload: unknown,
   maxBytes: number,
 ): SqlValue {
   if (payload instanceof Uint8Array) {
     // Checked before any copy: an oversized buffer never reaches the WASM heap.
     if (payload.byteLength > maxBytes) {
-      throw tooLarge(op, payload.byteLength, maxBytes);
+      throw tooLarge(op, field, payload.byteLength, maxBytes);
     }
     return payload;
   }
@@ -2486,13 +2831,16 @@ function encodePayload(
   try {
     json = JSON.stringify(payload);
   } catch (error) {
-    throw new TypeError(`Cannot ${op} as 'payload' must be JSON-serializable`, {
-      cause: error,
-    });
+    throw new TypeError(
+      `Cannot ${op} as '${field}' must be JSON-serializable`,
+      {
+        cause: error,
+      },
+    );
   }
   if (json === undefined) {
     throw new TypeError(
-      `Cannot ${op} as 'payload' must be JSON-serializable: current value is ${
+      `Cannot ${op} as '${field}' must be JSON-serializable: current value is ${
         describe(payload)
       }`,
     );
@@ -2500,7 +2848,7 @@ function encodePayload(
   // UTF-8 is at most 3 bytes per UTF-16 unit, so short texts skip the count.
   if (json.length * 3 > maxBytes) {
     const bytes = encoder.encode(json).byteLength;
-    if (bytes > maxBytes) throw tooLarge(op, bytes, maxBytes);
+    if (bytes > maxBytes) throw tooLarge(op, field, bytes, maxBytes);
   }
   return json;
 }
@@ -2550,9 +2898,14 @@ export function decodePayload(value: SqlValue | undefined): unknown {
   return value === undefined ? null : value;
 }
 
-function tooLarge(op: string, bytes: number, maxBytes: number): RangeError {
+function tooLarge(
+  op: string,
+  field: string,
+  bytes: number,
+  maxBytes: number,
+): RangeError {
   return new RangeError(
-    `Cannot ${op} as 'payload' must be at most ${maxBytes} bytes ('maxPayloadBytes'): current size is ${bytes} bytes`,
+    `Cannot ${op} as '${field}' must be at most ${maxBytes} bytes ('maxPayloadBytes'): current size is ${bytes} bytes`,
   );
 }
 
@@ -2605,6 +2958,8 @@ const PURGE_OPTIONS = ["olderThanMs", "states"];
  * @param op What the caller was doing, for the message ("enqueue").
  * @param options The options as passed.
  * @param known Every option name the caller takes.
+ * @param name What the message calls the object: `"options"`, or an
+ * element's path (`"events[3]"`), which then prefixes each key.
  * @throws {TypeError} When `options` is not an object, or has a key not in
  * `known`: the message names the key and the nearest known one.
  */
@@ -2612,19 +2967,21 @@ export function checkOptions(
   op: string,
   options: unknown,
   known: readonly string[],
+  name = "options",
 ): void {
   if (options === null || typeof options !== "object") {
     throw new TypeError(
-      `Cannot ${op} as 'options' must be an object: current value is ${
+      `Cannot ${op} as '${name}' must be an object: current value is ${
         describe(options)
       }`,
     );
   }
+  const prefix = name === "options" ? "" : `${name}.`;
   for (const key of Object.keys(options)) {
     if (known.includes(key)) continue;
     const nearest = nearestName(key, known);
     throw new TypeError(
-      `Cannot ${op} as '${key}' is not an option${
+      `Cannot ${op} as '${prefix}${key}' is not an option${
         nearest === undefined ? "" : `: did you mean '${nearest}'?`
       } (known: ${known.map((name) => `'${name}'`).join(", ")})`,
     );

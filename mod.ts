@@ -34,6 +34,7 @@
  */
 export {
   type BatchClaimOptions,
+  type BatchEvent,
   type ClaimOptions,
   type Clock,
   type DeadLetter,

@@ -195,6 +195,24 @@ export const POSTGRES = {
   existing: `SELECT id, identity FROM outbox_events
     WHERE (queue = $1 AND dedup_key = $2) OR identity = $3
     ORDER BY dedup_key IS DISTINCT FROM $2 LIMIT 1`,
+  insertAll: `INSERT INTO outbox_events
+    (queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at,
+      max_attempts, created_at, updated_at, identity)
+    SELECT e.value ->> 0, 'pending', e.value ->> 1,
+      decode(e.value ->> 2, 'hex'), e.value ->> 3, e.value ->> 4,
+      (e.value ->> 5)::bigint, (e.value ->> 6)::integer, $1::bigint,
+      $1::bigint, e.value ->> 7
+    FROM json_array_elements($2::json) WITH ORDINALITY AS e (value, n)
+    ORDER BY e.n
+    ON CONFLICT DO NOTHING
+    RETURNING id, identity, queue, dedup_key`,
+  existingAll: `SELECT d.n - 1 AS n, e.id, e.identity
+    FROM json_array_elements($1::json) WITH ORDINALITY AS d (value, n)
+    JOIN LATERAL (SELECT id, identity FROM outbox_events
+      WHERE ((queue = d.value ->> 0 AND dedup_key = d.value ->> 1)
+          OR identity = d.value ->> 2)
+        AND (d.value ->> 3 IS NULL OR id < (d.value ->> 3)::bigint)
+      ORDER BY dedup_key IS DISTINCT FROM d.value ->> 1 LIMIT 1) AS e ON true`,
   exhausted: `SELECT id, fence FROM outbox_events
     WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= $1
     FOR UPDATE SKIP LOCKED`,
