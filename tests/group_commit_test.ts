@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import fc from "fast-check";
 import type { Driver, Row } from "../driver.ts";
 import { BusyError, type EnqueueResult, Outbox } from "../mod.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { type DriverCase, DRIVERS } from "./drivers.ts";
 import { driverTest, type Harness, ManualClock, snapshot } from "./helpers.ts";
 
