@@ -44,8 +44,8 @@ import { BusyError, SqliteError } from "./errors.ts";
 import { type Explanation, Outbox } from "./lease.ts";
 import type { EventInfo, QueueCounts } from "./admin.ts";
 import { OutboxReader } from "./reader.ts";
-import { openNodeSqlite } from "./node_sqlite.ts";
-import { openSqliteWasm } from "./sqlite_wasm_deno.ts";
+import { openNodeSqlite } from "./drivers/node_sqlite.ts";
+import { openSqliteWasm } from "./deno/sqlite_wasm.ts";
 
 /** Where {@linkcode main} writes, and its clock; the process's by default. */
 export interface CliIo {
@@ -572,11 +572,26 @@ async function openReader(context: Context): Promise<OutboxReader> {
 }
 
 async function openOutbox(context: Context): Promise<Outbox> {
-  // Checked read-only first: Outbox.open would create the schema in any
-  // database that has none.
-  await (await openReader(context)).close();
   const url = fileUrl(context.database);
   url.searchParams.set("mode", "rw");
+  // Checked read-only first: Outbox.open would create the schema in any
+  // database that has none. A crashed writer's hot journal stops a
+  // read-only connection; a read-write one rolls it back on its first read.
+  await openReader(context).catch(async (error) => {
+    if (!(error.cause instanceof SqliteError && error.cause.code === 776)) {
+      throw error;
+    }
+    const driver = await open(context, url);
+    try {
+      await withPath(
+        context,
+        () => driver.query("SELECT count(*) FROM sqlite_schema"),
+      );
+    } finally {
+      await driver.close();
+    }
+    return await openReader(context);
+  }).then((reader) => reader.close());
   const driver = await open(context, url);
   return await withPath(
     context,

@@ -69,6 +69,43 @@ export class BusyError extends SqliteError {
 }
 
 /**
+ * The database file was renamed, deleted or replaced while the connection
+ * had it open (`SQLITE_READONLY_DBMOVED`, extended result code 1032, as
+ * native SQLite reports it): writes fail rather than commit to a file that
+ * nobody will open again, and nothing changed. Reads go on. Open the file at
+ * its new path to write again.
+ *
+ * @example Usage
+ * ```ts
+ * import { DatabaseMovedError, SqliteError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const error = new DatabaseMovedError("attempt to write a readonly database");
+ * assert.ok(error instanceof SqliteError);
+ * assert.equal(error.code, 1032);
+ * ```
+ */
+export class DatabaseMovedError extends SqliteError {
+  /**
+   * Makes the error, saying what happened after the engine's own message.
+   *
+   * @param message What the engine said.
+   * @param options `cause`: the engine's own error object.
+   */
+  constructor(message: string, options?: ErrorOptions) {
+    super(
+      `${message} (SQLITE_READONLY_DBMOVED: the database file was renamed, deleted or replaced after this connection opened it; nothing was written, so open it at its new path to write)`,
+      READONLY_DBMOVED,
+      options,
+    );
+    this.name = "DatabaseMovedError";
+  }
+}
+
+const READONLY_DBMOVED = 1032;
+const READONLY_ROLLBACK = 776;
+
+/**
  * A constraint failed (`SQLITE_CONSTRAINT`, result code 19), e.g. a `UNIQUE`
  * or `CHECK` in the caller's own SQL inside a transaction.
  *
@@ -219,7 +256,8 @@ export class UnsafeIntegerError extends Error {
  * @param message What the engine said.
  * @param code The extended result code.
  * @param cause The engine's own error object.
- * @returns A {@linkcode BusyError}, {@linkcode ConstraintError} or {@linkcode SqliteError}.
+ * @returns A {@linkcode BusyError}, {@linkcode ConstraintError},
+ *   {@linkcode DatabaseMovedError} or {@linkcode SqliteError}.
  */
 export function sqliteError(
   message: string,
@@ -227,6 +265,14 @@ export function sqliteError(
   cause?: unknown,
 ): SqliteError {
   const options = cause === undefined ? undefined : { cause };
+  if (code === READONLY_DBMOVED) {
+    return new DatabaseMovedError(message, options);
+  }
+  if (code === READONLY_ROLLBACK) {
+    // What a read-only connection says of a crashed writer's hot journal.
+    message +=
+      " (SQLITE_READONLY_ROLLBACK: a writer that crashed left a hot journal, which only a read-write connection can roll back; open the database read-write once, e.g. with Outbox.open or a write command of the outbox CLI, then read it again)";
+  }
   switch (code & 0xff) {
     case 5: // SQLITE_BUSY
     case 6: // SQLITE_LOCKED

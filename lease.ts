@@ -1103,14 +1103,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const error = options.error === undefined
       ? null
       : checkError(op, options.error);
-    const deadLetter = options.deadLetter ?? false;
-    if (typeof deadLetter !== "boolean") {
-      throw new TypeError(
-        `Cannot ${op} as 'deadLetter' must be a boolean: current value is ${
-          describe(deadLetter)
-        }`,
-      );
-    }
+    const deadLetter = checkBoolean(
+      op,
+      "deadLetter",
+      options.deadLetter,
+      false,
+    );
     return await this.#write(op, async (now) => {
       await this.#writeUnwritten([checked.eventId]);
       const [row] = await this.#driver.query(this.#sql.release, [
@@ -1502,13 +1500,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   > {
     const op = "maintain";
     checkOptions(op, options, ["vacuum"]);
-    if (options.vacuum !== undefined && typeof options.vacuum !== "boolean") {
-      throw new TypeError(
-        `Cannot ${op} as 'vacuum' must be a boolean: current value is ${
-          describe(options.vacuum)
-        }`,
-      );
-    }
+    checkBoolean(op, "vacuum", options.vacuum, false);
     if (this.#closed) throw new Error(`Cannot ${op} as the outbox is closed`);
     if (this.#sql !== SQLITE) {
       // PostgreSQL's autovacuum returns freed space to the table itself.
@@ -2778,6 +2770,29 @@ export function checkInteger(
   if (!Number.isInteger(value) || value < min || value > max) {
     throw new RangeError(
       `Cannot ${op} as '${field}' must be ${kind} at most ${max}: current value is ${
+        describe(value)
+      }`,
+    );
+  }
+  return value;
+}
+
+/**
+ * Validates an optional boolean field, giving `fallback` for `undefined`.
+ * The one home of this check and its error text, shared by the drivers.
+ *
+ * @ignore
+ */
+export function checkBoolean(
+  op: string,
+  field: string,
+  value: unknown,
+  fallback: boolean,
+): boolean {
+  if (value === undefined) return fallback;
+  if (typeof value !== "boolean") {
+    throw new TypeError(
+      `Cannot ${op} as '${field}' must be a boolean: current value is ${
         describe(value)
       }`,
     );

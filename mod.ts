@@ -80,6 +80,7 @@ export {
   BusyError,
   ConnectionLostError,
   ConstraintError,
+  DatabaseMovedError,
   LeaseLostError,
   PermanentError,
   PostgresError,

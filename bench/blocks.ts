@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { median } from "./table.ts";
 
 /** One side of a comparison. */
 export interface Side {
@@ -66,13 +67,9 @@ export async function alternate(
     totals.theirs.ms += t.ms;
     ratios.push((a.events / a.ms) / (t.events / t.ms));
   }
-  ratios.sort((x, y) => x - y);
-  const middle = ratios.length >> 1;
   return {
     value: totals.ours.events / (totals.ours.ms / 1000),
     anchorValue: totals.theirs.events / (totals.theirs.ms / 1000),
-    ratio: ratios.length % 2 === 1
-      ? ratios[middle]!
-      : (ratios[middle - 1]! + ratios[middle]!) / 2,
+    ratio: median(ratios),
   };
 }

@@ -12,8 +12,8 @@ import { chromium, type Page } from "playwright-core";
 import { buildBrowser } from "../examples/browser/build.ts";
 import { serveExample } from "../examples/browser/server.ts";
 import { Outbox } from "../lease.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
-import { type BenchRow, markdown } from "./table.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { type BenchRow, markdown, median } from "./table.ts";
 import {
   CHROMIUM_ARGS,
   CHROMIUM_PATH,
@@ -29,14 +29,6 @@ const fixturesDir = new URL("../tests/fixtures/browser/", import.meta.url);
 
 const FULL: Sizes = { warmup: 50, blocks: 5, cycles: 400 };
 const SMOKE: Sizes = { warmup: 2, blocks: 1, cycles: 5 };
-
-function median(values: readonly number[]): number {
-  const sorted = [...values].sort((a, b) => a - b);
-  const middle = sorted.length >> 1;
-  return sorted.length % 2
-    ? sorted[middle]!
-    : (sorted[middle - 1]! + sorted[middle]!) / 2;
-}
 
 /** Cycles per second on the Deno file driver, one block. */
 async function denoBlock(

@@ -17,7 +17,7 @@ import {
   Outbox,
   processEvents,
 } from "../mod.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { alternate, type Alternated, type Side } from "./blocks.ts";
 import { runJsonProcess } from "./process.ts";
 import { type BenchRow, markdown } from "./table.ts";

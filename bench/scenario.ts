@@ -8,8 +8,9 @@
  */
 import type { Driver } from "../driver.ts";
 import { Outbox } from "../mod.ts";
-import { openNodeSqlite } from "../node_sqlite.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openNodeSqlite } from "../drivers/node_sqlite.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { median } from "./table.ts";
 
 /** Which driver a database is opened with. */
 export type DriverName = "wasm" | "node";
@@ -64,13 +65,18 @@ export type Scenario =
   }
   | {
     /**
-     * One of several contending workers: claim+acknowledge from `startAt`
-     * (epoch ms) for `durationMs`, on a database prepared by `seed`.
+     * One of `processes` contending workers on a database prepared by
+     * `seed`. From `startAt` (epoch ms) time is cut into `phases` phases of
+     * `phaseMs`: in even phases only worker 0 runs claim+acknowledge, in odd
+     * ones every worker does; before `startAt` every worker runs cycles to
+     * warm its JIT. Reports the cycles it finished in each phase.
      */
     readonly kind: "contend";
     readonly target: Target;
+    readonly worker: number;
     readonly startAt: number;
-    readonly durationMs: number;
+    readonly phaseMs: number;
+    readonly phases: number;
   };
 
 /** Events (or claims) per second of one target, with how they were timed. */
@@ -157,12 +163,10 @@ function peakRssBytes(): number {
   }
 }
 
-function median(values: readonly number[]): number {
-  const sorted = [...values].sort((a, b) => a - b);
-  const middle = sorted.length >> 1;
-  return sorted.length % 2 === 1
-    ? sorted[middle]!
-    : (sorted[middle - 1]! + sorted[middle]!) / 2;
+function sleepUntil(epochMs: number): Promise<void> {
+  return new Promise((resolve) =>
+    setTimeout(resolve, Math.max(0, epochMs - Date.now()))
+  );
 }
 
 async function cycle(outbox: Outbox): Promise<number> {
@@ -276,16 +280,26 @@ export async function runScenario(
     }
     case "contend": {
       await using outbox = await open(scenario.target);
-      await new Promise((resolve) =>
-        setTimeout(resolve, Math.max(0, scenario.startAt - Date.now()))
-      );
+      const { worker, startAt, phaseMs, phases } = scenario;
+      // Warm: a cold JIT (and WASM's tier-up, compiled on the same two
+      // cores by every process at once) would be measured as contention.
+      while (Date.now() < startAt - 200) await cycle(outbox);
+      await sleepUntil(startAt);
       const start = performance.now();
-      let operations = 0;
-      while (performance.now() - start < scenario.durationMs) {
-        operations += await cycle(outbox);
+      for (let phase = 0; phase < phases; phase++) {
+        const end = startAt + (phase + 1) * phaseMs;
+        let operations = 0;
+        if (phase % 2 === 1 || worker === 0) {
+          while (Date.now() < end) operations += await cycle(outbox);
+        }
+        measurements.push({
+          operations,
+          elapsedMs: phaseMs,
+          medianMs: phaseMs,
+        });
+        await sleepUntil(end);
       }
       timedMs = performance.now() - start;
-      measurements.push({ operations, elapsedMs: timedMs, medianMs: timedMs });
       break;
     }
   }

@@ -10,6 +10,7 @@
  */
 import type { Lease, Stats } from "../lease.ts";
 import { ProcessorTelemetry } from "../telemetry.ts";
+import { median } from "./table.ts";
 
 const events = Number(Deno.args[0] ?? 200_000);
 const rounds = 5;
@@ -66,8 +67,6 @@ for (let round = 0; round < rounds; round++) {
   samples.bare.push(await measure(false));
   samples.instrumented.push(await measure(true));
 }
-const median = (values: number[]) =>
-  [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!;
 console.log(JSON.stringify({
   events,
   rounds,

@@ -6,7 +6,7 @@
  * @module
  */
 import { type Driver, Outbox, type OutboxOptions } from "../mod.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 
 /** The driver the demo runs on, as printed in its header. */
 export const DRIVER_NAME =

@@ -1,8 +1,8 @@
 /** The admin calls (list, cancel, redrive, purge, queues) and the open and claim defects of issue 15. */
 import assert from "node:assert/strict";
 import { MAX_PAYLOAD_BYTES, Outbox } from "../mod.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
-import { openNodeSqlite } from "../node_sqlite.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { openNodeSqlite } from "../drivers/node_sqlite.ts";
 import { driverTest, type Harness, snapshot } from "./helpers.ts";
 import { DRIVERS } from "./drivers.ts";
 

@@ -12,13 +12,13 @@ import {
   processEvents,
   SCHEMA_VERSION,
 } from "../mod.ts";
-import { nodeSqliteDriver, openNodeSqlite } from "../node_sqlite.ts";
+import { nodeSqliteDriver, openNodeSqlite } from "../drivers/node_sqlite.ts";
 import {
   loadSqlite3,
   openSqliteWasm,
   sqliteWasmDriver,
-} from "../sqlite_wasm_deno.ts";
-import { openWorkerOutbox } from "../browser.ts";
+} from "../deno/sqlite_wasm.ts";
+import { openWorkerOutbox } from "../browser/outbox.ts";
 import type { Driver } from "../driver.ts";
 import { driverTest, type Harness, ManualClock, snapshot } from "./helpers.ts";
 import { SQLITE_DRIVERS } from "./drivers.ts";

@@ -3,8 +3,8 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { main } from "../cli.ts";
 import { Outbox } from "../lease.ts";
-import { openNodeSqlite } from "../node_sqlite.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openNodeSqlite } from "../drivers/node_sqlite.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 
 const root = dirname(dirname(fileURLToPath(import.meta.url)));
 const child = join(root, "tests", "fixtures", "cli_child.ts");
@@ -546,6 +546,42 @@ Deno.test("runtime errors exit 1 with one clear line: no such file, not SQLite, 
     () => assert.fail("stats created the missing file"),
     (error) => assert.ok(error instanceof Deno.errors.NotFound),
   );
+});
+
+Deno.test("a read command on a file with a crashed writer's hot journal says how to recover it, and a write command recovers it", async () => {
+  const path = await copyOfRun();
+  // The CLI kills itself inside the transaction, after spilling pages.
+  const crashed = await new Deno.Command("sqlite3", {
+    args: [
+      path,
+      "PRAGMA journal_mode=truncate",
+      "PRAGMA cache_size=2",
+      "BEGIN",
+      "CREATE TABLE spill(x)",
+      "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 5000) INSERT INTO spill SELECT randomblob(200) FROM c",
+      ".shell kill -9 $PPID",
+    ],
+    stdout: "null",
+    stderr: "null",
+  }).output();
+  assert.equal(crashed.signal, "SIGKILL");
+  assert.ok((await Deno.stat(`${path}-journal`)).size > 0);
+  const before = await cli("stats", path);
+  assert.equal(before.code, 1);
+  assert.match(
+    before.stderr,
+    /hot journal, which only a read-write connection can roll back; open the database read-write once/,
+  );
+  const cancel = await cli("cancel", path, "999999");
+  assert.equal(cancel.code, 0, cancel.stderr);
+  assert.equal((await cli("stats", path)).code, 0);
+  const tables = await new Deno.Command("sqlite3", {
+    args: [
+      path,
+      "SELECT group_concat(name) FROM sqlite_schema WHERE name = 'spill'",
+    ],
+  }).output();
+  assert.equal(new TextDecoder().decode(tables.stdout).trim(), "");
 });
 
 Deno.test("on a terminal the table's header is bold, and nothing else is coloured", async () => {

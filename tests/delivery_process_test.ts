@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Inbox, Outbox } from "../mod.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 
 const child = fileURLToPath(
   new URL("./fixtures/delivery_child.ts", import.meta.url),

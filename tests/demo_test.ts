@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { tempDir } from "./helpers.ts";
 
 const root = dirname(dirname(fileURLToPath(import.meta.url)));

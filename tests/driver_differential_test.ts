@@ -31,7 +31,7 @@ const value: fc.Arbitrary<SqlValue> = fc.oneof(
   fc.bigInt({ min: INT64_MIN, max: INT64_MAX }),
   fc.constantFrom(2n ** 53n, -(2n ** 53n), INT64_MIN, INT64_MAX),
   // Deno's node:sqlite cuts text read back at its first NUL (documented in
-  // node_sqlite.ts), so NUL is left out here and checked on its own below.
+  // drivers/node_sqlite.ts), so NUL is left out here and checked on its own below.
   fc.string({ unit: "binary", maxLength: 80 }).map(withoutNul),
   fc.string({ maxLength: 300 }).map(withoutNul),
   fc.uint8Array({ maxLength: 64 }),

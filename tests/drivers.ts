@@ -5,8 +5,8 @@
 import { join } from "node:path";
 import type { Driver } from "../driver.ts";
 import { connectPostgres } from "../drivers/postgres.ts";
-import { openNodeSqlite } from "../node_sqlite.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openNodeSqlite } from "../drivers/node_sqlite.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { sharedPostgres } from "./postgres_server.ts";
 
 /** Two or more connections to one fresh database. */

@@ -363,7 +363,7 @@ Deno.test("readDeliveryHeaders() refuses a missing or malformed header, naming i
 
 Deno.test("acceptRequest() answers an accepted delivery with the effect's response, a duplicate with 200, a stale fence with 409 and a bad header with 400", async () => {
   await using inbox = await Inbox.open(
-    await (await import("../sqlite_wasm_deno.ts")).openSqliteWasm(":memory:"),
+    await (await import("../deno/sqlite_wasm.ts")).openSqliteWasm(":memory:"),
   );
   let applied = 0;
   const handler = (request: Request) =>

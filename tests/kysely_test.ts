@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { DatabaseSync, type SQLInputValue } from "node:sqlite";
 import { type Generated, Kysely, SqliteDialect } from "kysely";
 import { LeaseLostError, Outbox } from "../mod.ts";
-import { nodeSqliteDriver } from "../node_sqlite.ts";
+import { nodeSqliteDriver } from "../drivers/node_sqlite.ts";
 import { ManualClock } from "./helpers.ts";
 
 interface Schema {

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { BusyError, ConstraintError, SqliteError } from "../errors.ts";
-import { openNodeSqlite } from "../node_sqlite.ts";
+import { openNodeSqlite } from "../drivers/node_sqlite.ts";
 
 async function tempFile(): Promise<{ path: string } & AsyncDisposable> {
   const dir = await Deno.makeTempDir({ prefix: "node_sqlite_test_" });
@@ -212,7 +212,7 @@ Deno.test("readOnly opens a 0444 file in its own journal mode, reads it, refuses
     // @ts-expect-error: the flag is checked at run time too
     openNodeSqlite(file.path, { readOnly: "yes" }),
     new TypeError(
-      "Cannot open database as 'readOnly' must be a boolean: current value is yes",
+      "Cannot open database as 'readOnly' must be a boolean: current value is \"yes\"",
     ),
   );
 });
@@ -223,7 +223,7 @@ Deno.test("a file the process may not write opens with the default options and k
   const dir = join(file.path, "..");
   const code = `
     import { openNodeSqlite } from ${
-    JSON.stringify(new URL("../node_sqlite.ts", import.meta.url).href)
+    JSON.stringify(new URL("../drivers/node_sqlite.ts", import.meta.url).href)
   };
     const db = await openNodeSqlite(${JSON.stringify(file.path)});
     const rows = await db.query("SELECT x FROM t");

@@ -26,7 +26,7 @@ Deno.test("the README's minimal-permission command runs an outbox on a file with
     JSON.stringify({
       imports: {
         "@leased/outbox": new URL("mod.ts", root).href,
-        "@leased/outbox/sqlite-wasm": new URL("sqlite_wasm_deno.ts", root).href,
+        "@leased/outbox/sqlite-wasm": new URL("deno/sqlite_wasm.ts", root).href,
         ...imports,
       },
     }),

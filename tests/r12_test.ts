@@ -14,9 +14,9 @@ import {
 } from "../mod.ts";
 import { SQLITE_DRIVERS } from "./drivers.ts";
 import { ManualClock, snapshot } from "./helpers.ts";
-import { openNodeSqlite } from "../node_sqlite.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
-import { fromWireError, toWireError } from "../browser_protocol.ts";
+import { openNodeSqlite } from "../drivers/node_sqlite.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { fromWireError, toWireError } from "../browser/protocol.ts";
 
 const child = fileURLToPath(
   new URL("./fixtures/open_child.ts", import.meta.url),

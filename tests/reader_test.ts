@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { Outbox } from "../lease.ts";
 import { OutboxReader } from "../reader.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { ManualClock } from "./helpers.ts";
 
 /** A file with events in every state, and a read-only connection to it. */

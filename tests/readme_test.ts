@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 
-Deno.test("the README's browser snippet type-checks against browser.ts", async () => {
+Deno.test("the README's browser snippet type-checks against browser/outbox.ts", async () => {
   const readme = await Deno.readTextFile(
     new URL("../README.md", import.meta.url),
   );
@@ -23,7 +23,7 @@ Deno.test("the README's browser snippet type-checks against browser.ts", async (
       file,
       snippet.replace(
         `"@leased/outbox/browser"`,
-        JSON.stringify(new URL("../browser.ts", import.meta.url).href),
+        JSON.stringify(new URL("../browser/outbox.ts", import.meta.url).href),
       ).replace(
         `"@leased/outbox"`,
         JSON.stringify(new URL("../mod.ts", import.meta.url).href),

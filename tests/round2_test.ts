@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { type Driver, type Lease, Outbox } from "../mod.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { processEvents, type Timers } from "../worker.ts";
 import { ADMIN_SQL } from "../admin.ts";
 import { SQL } from "../lease.ts";

@@ -6,11 +6,11 @@ import {
   loadSqlite3,
   openSqliteWasm,
   SqliteWasmDriver,
-} from "../sqlite_wasm.ts";
+} from "../drivers/sqlite_wasm.ts";
 import { ManualClock } from "./helpers.ts";
 import { DatabaseSync } from "node:sqlite";
 import { join } from "node:path";
-import { openSqliteWasm as openSqliteFile } from "../sqlite_wasm_deno.ts";
+import { openSqliteWasm as openSqliteFile } from "../deno/sqlite_wasm.ts";
 
 Deno.test("the schema the code applies is exactly schema.sql", async () => {
   const file = await Deno.readTextFile(

@@ -15,7 +15,7 @@ import {
   SimpleSpanProcessor,
 } from "@opentelemetry/sdk-trace-base";
 import { Outbox } from "../lease.ts";
-import { openSqliteWasm } from "../sqlite_wasm.ts";
+import { openSqliteWasm } from "../drivers/sqlite_wasm.ts";
 import { type Handler, processEvents, type ProcessOptions } from "../worker.ts";
 import { ManualClock } from "./helpers.ts";
 import { ManualTimers, settle } from "./worker_fixture.ts";

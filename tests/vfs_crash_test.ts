@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { BusyError, Outbox, type Row } from "../mod.ts";
-import { type JournalMode, openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { type JournalMode, openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { Child } from "./fixtures/vfs_child.ts";
 
 // `deno task test:stress` runs 25 per mode (100 in all).

@@ -13,7 +13,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Outbox } from "../mod.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 
 const SOAK_MS = Number(Deno.env.get("VFS_SOAK_MS") ?? 6_000);
 const fixture = fileURLToPath(

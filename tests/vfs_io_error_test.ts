@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { type Lease, Outbox, SqliteError } from "../mod.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { ManualClock } from "./helpers.ts";
 
 type FileMethod = "writeSync" | "syncDataSync" | "truncateSync";

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { BusyError, Outbox, type OutboxOptions } from "../mod.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { ManualClock, snapshot } from "./helpers.ts";
 
 async function withFile(

@@ -4,7 +4,7 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { installDenoFileVfs, loadSqlite3 } from "../sqlite_wasm_deno.ts";
+import { installDenoFileVfs, loadSqlite3 } from "../deno/sqlite_wasm.ts";
 import { locksOn } from "./fixtures/vfs_locks.ts";
 
 const SHARED = 1;

@@ -7,14 +7,14 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { Outbox, SqliteError } from "../mod.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
-
-const READONLY_DBMOVED = 1032;
+import { DatabaseMovedError, Outbox } from "../mod.ts";
+import { openNodeSqlite } from "../drivers/node_sqlite.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 
 function isMoved(error: unknown): boolean {
-  assert.ok(error instanceof SqliteError, String(error));
-  assert.equal(error.code, READONLY_DBMOVED, error.message);
+  assert.ok(error instanceof DatabaseMovedError, String(error));
+  assert.equal(error.code, 1032);
+  assert.match(error.message, /renamed, deleted or replaced/);
   return true;
 }
 
@@ -59,5 +59,17 @@ Deno.test("after the file is deleted, writes fail with SQLITE_READONLY_DBMOVED i
     await assert.rejects(outbox.enqueue({ i: 5 }), isMoved);
     await using fresh = await Outbox.open(await openSqliteWasm(path));
     assert.equal((await fresh.stats()).pending, 1);
+  });
+});
+
+Deno.test("node:sqlite's own SQLITE_READONLY_DBMOVED after a rename is the same typed error", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "outbox.db");
+    await using outbox = await Outbox.open(
+      await openNodeSqlite(path, { journalMode: "truncate" }),
+    );
+    await outbox.enqueue({ i: 0 });
+    await Deno.rename(path, join(dir, "renamed.db"));
+    await assert.rejects(outbox.enqueue({ i: 1 }), isMoved);
   });
 });

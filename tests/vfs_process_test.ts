@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { Outbox } from "../mod.ts";
-import { openSqliteWasm } from "../sqlite_wasm_deno.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { Child } from "./fixtures/vfs_child.ts";
 
 interface Claimed {

@@ -11,7 +11,7 @@ import {
   type DenoSqliteWasmOptions,
   openSqliteWasm,
   type SqliteWasmDriver,
-} from "../sqlite_wasm_deno.ts";
+} from "../deno/sqlite_wasm.ts";
 
 async function withDir(fn: (dir: string) => Promise<void>): Promise<void> {
   const dir = await Deno.makeTempDir({ prefix: "vfs_sql_" });
@@ -434,7 +434,7 @@ Deno.test("a native WAL-mode file is switched to the requested rollback mode", a
 
 Deno.test("without --allow-ffi a file path fails at once naming the flag, and :memory: still works", async () => {
   await withDir(async (dir) => {
-    const module = new URL("../sqlite_wasm_deno.ts", import.meta.url).href;
+    const module = new URL("../deno/sqlite_wasm.ts", import.meta.url).href;
     const script = `
       const { openSqliteWasm } = await import(${JSON.stringify(module)});
       const memory = await openSqliteWasm(":memory:");

@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { BusyError } from "../errors.ts";
-import { openSqliteWasm, type SqliteWasmDriver } from "../sqlite_wasm_deno.ts";
+import { openSqliteWasm, type SqliteWasmDriver } from "../deno/sqlite_wasm.ts";
 import { blockedOn, locksOn } from "./fixtures/vfs_locks.ts";
 
 // The SHARED range's read lock as locksOn lists it.
@@ -48,7 +48,7 @@ async function beginWaiting(driver: SqliteWasmDriver): Promise<void> {
 
 /** A `deno eval` script that opens the database at `path` as `db`, then runs `body`. */
 function childScript(path: string, body: string): string {
-  const module = new URL("../sqlite_wasm_deno.ts", import.meta.url).href;
+  const module = new URL("../deno/sqlite_wasm.ts", import.meta.url).href;
   return `
     const { openSqliteWasm } = await import(${JSON.stringify(module)});
     const db = await openSqliteWasm(${JSON.stringify(path)});

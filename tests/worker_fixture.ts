@@ -2,7 +2,7 @@
  * Manual time and an in-memory outbox for the processing loop's tests.
  */
 import { type Driver, Outbox } from "../mod.ts";
-import { openSqliteWasm } from "../sqlite_wasm.ts";
+import { openSqliteWasm } from "../drivers/sqlite_wasm.ts";
 import type { ProcessOptions, Timers } from "../worker.ts";
 import { ManualClock } from "./helpers.ts";
 

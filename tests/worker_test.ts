@@ -8,7 +8,7 @@ import {
   type SqlValue,
 } from "../mod.ts";
 import { SQL } from "../lease.ts";
-import { openSqliteWasm } from "../sqlite_wasm.ts";
+import { openSqliteWasm } from "../drivers/sqlite_wasm.ts";
 import { type Handler, processEvents, type ProcessOptions } from "../worker.ts";
 import {
   type Fixture,

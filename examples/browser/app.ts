@@ -19,7 +19,7 @@ import {
   PermanentError,
   processEvents,
   type Processor,
-} from "../../browser.ts";
+} from "../../browser/outbox.ts";
 import { showEvents } from "./events.ts";
 import { deliveryHeaders } from "../../inbox.ts";
 

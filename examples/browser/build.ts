@@ -15,10 +15,19 @@ const root = new URL("../../", import.meta.url);
 
 /** The entry points of the bundle, relative to the repository root. */
 export const ENTRIES: readonly string[] = [
-  "browser.ts",
-  "browser_worker.ts",
+  "browser/outbox.ts",
+  "browser/worker.ts",
   "examples/browser/app.ts",
 ];
+
+/**
+ * The bundles' names where they differ from their entry's: the public entry
+ * and its worker, which the entry loads by that name from beside itself.
+ */
+const BUNDLE_NAMES: Readonly<Record<string, string>> = {
+  "browser/outbox.ts": "browser.js",
+  "browser/worker.ts": "browser_worker.js",
+};
 
 /**
  * Bundles `entries` for the browser into `outDir` and copies the SQLite WASM
@@ -38,7 +47,8 @@ export async function buildBrowser(
   // One at a time: concurrent first runs race to install the bundler's
   // esbuild binary into an empty Deno cache and one of them fails.
   for (const entry of entries) {
-    const name = entry.split("/").pop()!.replace(/\.ts$/, ".js");
+    const name = BUNDLE_NAMES[entry] ??
+      entry.split("/").pop()!.replace(/\.ts$/, ".js");
     const { code, stderr } = await new Deno.Command(Deno.execPath(), {
       args: [
         "bundle",

@@ -16,7 +16,7 @@
  * @module
  */
 import { Inbox, readDeliveryHeaders } from "../../mod.ts";
-import { openSqliteWasm } from "../../sqlite_wasm_deno.ts";
+import { openSqliteWasm } from "../../deno/sqlite_wasm.ts";
 import { buildBrowser } from "./build.ts";
 
 /** One message the endpoint applied. */

@@ -13,7 +13,7 @@
  * @module
  */
 import type { Sqlite3Static } from "@sqlite.org/sqlite-wasm";
-import sqlite3Wasm from "./sqlite3_wasm_module.js";
+import sqlite3Wasm from "../drivers/sqlite3_wasm_module.js";
 import {
   type BusyWaitHook,
   loadSqlite3 as loadSqlite3From,
@@ -21,15 +21,15 @@ import {
   SqliteWasmDriver,
   sqliteWasmDriver,
   type SqliteWasmOptions,
-} from "./sqlite_wasm.ts";
+} from "../drivers/sqlite_wasm.ts";
 import {
   denoFileBusyWait,
   installDenoFileVfs,
   takeDenoFileVfsError,
-} from "./deno_file_vfs.ts";
-import { openBusyTimeoutMs, untilNotBusy } from "./driver.ts";
-import { SqliteError, sqliteError } from "./errors.ts";
-import { checkOptions } from "./lease.ts";
+} from "./file_vfs.ts";
+import { openBusyTimeoutMs, untilNotBusy } from "../driver.ts";
+import { SqliteError, sqliteError } from "../errors.ts";
+import { checkOptions } from "../lease.ts";
 
 export {
   installDenoFileVfs,
@@ -37,12 +37,12 @@ export {
   sqliteWasmDriver,
   takeDenoFileVfsError,
 };
-export type { DenoFileVfsOptions } from "./deno_file_vfs.ts";
+export type { DenoFileVfsOptions } from "./file_vfs.ts";
 export type {
   SqliteWasmDriverOptions,
   SqliteWasmModule,
   SqliteWasmOptions,
-} from "./sqlite_wasm.ts";
+} from "../drivers/sqlite_wasm.ts";
 
 /**
  * Loads and initialises the SQLite WASM module once per realm, from the

@@ -13,7 +13,7 @@ import {
   LeaseLostError,
   SchemaVersionError,
   SqliteError,
-} from "./errors.ts";
+} from "../errors.ts";
 
 /**
  * Another worker or tab holds the OPFS database (its sync access handles are

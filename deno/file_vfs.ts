@@ -11,7 +11,7 @@
  * locks on the database file at os_unix.c's offsets (PENDING_BYTE
  * 0x40000000, RESERVED +1, the 510-byte SHARED range from +2), taken in the
  * order and with the conversions of `unixLock`/`unixUnlock`. They are Linux
- * open file description locks (`F_OFD_SETLK`, see `libc.ts`): they conflict
+ * open file description locks (`F_OFD_SETLK`, see `deno/libc.ts`): they conflict
  * with native SQLite's classic POSIX locks on the same bytes, so the
  * `sqlite3` CLI, `node:sqlite` and any other SQLite process exclude WASM
  * connections and are excluded by them; each open file description owns its
@@ -34,7 +34,7 @@
 // exception, about ten times faster than a failing Deno.statSync.
 import { existsSync } from "node:fs";
 import { basename, dirname, join, resolve } from "node:path";
-import type { loadSqlite3 } from "./sqlite_wasm.ts";
+import type { loadSqlite3 } from "../drivers/sqlite_wasm.ts";
 import type { Sqlite3Static, WasmPointer } from "@sqlite.org/sqlite-wasm";
 import {
   F_RDLCK,

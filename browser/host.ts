@@ -1,13 +1,13 @@
 /**
  * The database side of the browser outbox: runs inside a dedicated worker,
  * opens SQLite on OPFS through the official WASM build and answers the calls
- * of the tab that started it. Kept apart from `browser_worker.ts` (the entry)
+ * of the tab that started it. Kept apart from `browser/worker.ts` (the entry)
  * so tests can host it with their own outbox factory.
  *
  * @module
  */
 import type { Database, Sqlite3Static } from "@sqlite.org/sqlite-wasm";
-import type { Driver } from "./driver.ts";
+import type { Driver } from "../driver.ts";
 import {
   type CallMessage,
   OpfsBusyError,
@@ -15,8 +15,8 @@ import {
   type ReplyMessage,
   TAB_CLOSED,
   toWireError,
-} from "./browser_protocol.ts";
-import { loadSqlite3, SqliteWasmDriver } from "./sqlite_wasm.ts";
+} from "./protocol.ts";
+import { loadSqlite3, SqliteWasmDriver } from "../drivers/sqlite_wasm.ts";
 
 /**
  * Which OPFS VFS to open through. `"auto"` picks `"opfs"` when the worker is

@@ -6,8 +6,8 @@
  *
  * @module
  */
-import { serveOutbox, type WorkerScope } from "./browser_host.ts";
-import { Outbox } from "./lease.ts";
+import { serveOutbox, type WorkerScope } from "./host.ts";
+import { Outbox } from "../lease.ts";
 
 serveOutbox(
   globalThis as unknown as WorkerScope,

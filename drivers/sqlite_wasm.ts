@@ -15,9 +15,9 @@ import {
   type Row,
   type RunResult,
   type SqlValue,
-} from "./driver.ts";
-import { sqliteError } from "./errors.ts";
-import { checkOptions } from "./lease.ts";
+} from "../driver.ts";
+import { sqliteError } from "../errors.ts";
+import { checkBoolean, checkOptions } from "../lease.ts";
 
 let sqlite3: Promise<Sqlite3Static> | undefined;
 
@@ -185,14 +185,12 @@ export async function sqliteWasmDriver(
       }`,
     );
   }
-  const closeDatabase = options.closeDatabase ?? false;
-  if (typeof closeDatabase !== "boolean") {
-    throw new TypeError(
-      `Cannot ${op} as 'closeDatabase' must be a boolean: current value is ${
-        String(closeDatabase)
-      }`,
-    );
-  }
+  const closeDatabase = checkBoolean(
+    op,
+    "closeDatabase",
+    options.closeDatabase,
+    false,
+  );
   return new SqliteWasmDriver(sqlite3, db, undefined, closeDatabase);
 }
 

@@ -47,17 +47,17 @@ import type {
   OutboxOptions,
   ReleaseOptions,
   Stats,
-} from "./lease.ts";
-import { checkOptions, OUTBOX_OPTIONS } from "./lease.ts";
+} from "../lease.ts";
+import { checkOptions, OUTBOX_OPTIONS } from "../lease.ts";
 import type {
   EventInfo,
   ListOptions,
   PurgeOptions,
   QueueCounts,
   RedriveOptions,
-} from "./admin.ts";
-import type { OpenConfig, OpfsVfs, Synchronous } from "./browser_host.ts";
-import { uuidv7 } from "./identity.ts";
+} from "../admin.ts";
+import type { OpenConfig, OpfsVfs, Synchronous } from "./host.ts";
+import { uuidv7 } from "../identity.ts";
 import {
   type CallMessage,
   type ChannelMessage,
@@ -67,7 +67,7 @@ import {
   type ReplyMessage,
   TAB_CLOSED,
   toWireError,
-} from "./browser_protocol.ts";
+} from "./protocol.ts";
 
 export { OpfsBusyError, OpfsUnavailableError };
 export {
@@ -78,7 +78,7 @@ export {
   RetryAfterError,
   SchemaVersionError,
   SqliteError,
-} from "./errors.ts";
+} from "../errors.ts";
 export {
   type Handler,
   type HandlerContext,
@@ -88,14 +88,14 @@ export {
   Processor,
   type ProcessorCounters,
   type Timers,
-} from "./worker.ts";
+} from "../worker.ts";
 export type {
   EventInfo,
   ListOptions,
   PurgeOptions,
   QueueCounts,
   RedriveOptions,
-} from "./admin.ts";
+} from "../admin.ts";
 export type {
   BatchClaimOptions,
   ClaimOptions,
@@ -110,8 +110,8 @@ export type {
   OutboxOptions,
   ReleaseOptions,
   Stats,
-} from "./lease.ts";
-export type { OpfsVfs, Synchronous } from "./browser_host.ts";
+} from "../lease.ts";
+export type { OpfsVfs, Synchronous } from "./host.ts";
 
 /** Options for {@linkcode openWorkerOutbox} and {@linkcode openSharedOutbox}. */
 export interface BrowserOutboxOptions extends Omit<OutboxOptions, "now"> {

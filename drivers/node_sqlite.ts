@@ -25,9 +25,9 @@ import {
   type RunResult,
   type SqlValue,
   untilNotBusy,
-} from "./driver.ts";
-import { SqliteError, sqliteError } from "./errors.ts";
-import { checkOptions } from "./lease.ts";
+} from "../driver.ts";
+import { SqliteError, sqliteError } from "../errors.ts";
+import { checkBoolean, checkOptions } from "../lease.ts";
 
 /** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
 export type JournalMode =
@@ -157,14 +157,12 @@ export async function openNodeSqlite(
     "full",
   );
   const busyTimeoutMs = openBusyTimeoutMs(options.busyTimeoutMs);
-  const readOnly = options.readOnly ?? false;
-  if (typeof readOnly !== "boolean") {
-    throw new TypeError(
-      `Cannot open database as 'readOnly' must be a boolean: current value is ${
-        String(readOnly)
-      }`,
-    );
-  }
+  const readOnly = checkBoolean(
+    "open database",
+    "readOnly",
+    options.readOnly,
+    false,
+  );
   let db: DatabaseSync | undefined;
   try {
     db = new DatabaseSync(path, {
@@ -284,14 +282,12 @@ export function nodeSqliteDriver(
     );
   }
   checkOptions(op, options, ["closeDatabase"]);
-  const closeDatabase = options.closeDatabase ?? false;
-  if (typeof closeDatabase !== "boolean") {
-    throw new TypeError(
-      `Cannot ${op} as 'closeDatabase' must be a boolean: current value is ${
-        String(closeDatabase)
-      }`,
-    );
-  }
+  const closeDatabase = checkBoolean(
+    op,
+    "closeDatabase",
+    options.closeDatabase,
+    false,
+  );
   return new NodeSqliteDriver(db, closeDatabase);
 }
 
