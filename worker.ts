@@ -314,6 +314,13 @@ const PROCESS_OPTIONS = [
 /** The longest delay `setTimeout` honours: longer ones fire at once. */
 const MAX_TIMER_MS = 2_147_483_647;
 
+/** What one claim of the loop returned, with when it was sent by both clocks. */
+interface Claimed<P> {
+  readonly leases: Lease<P>[];
+  readonly claimedAt: number;
+  readonly claimedAtWall: number;
+}
+
 /** A timer that may outlast `setTimeout`'s limit, re-armed in steps. */
 interface LongTimer {
   handle: unknown;
@@ -349,11 +356,16 @@ function clearLongTimeout(timers: Timers, timer: LongTimer | undefined): void {
  *
  * Claims up to `concurrency` events (in one batch), runs the handler for each
  * with a lease that renews every `renewIntervalMs`, acknowledges when it
- * resolves (handlers that finish together in one transaction) and releases
- * with exponential backoff and jitter when it throws;
+ * resolves and releases with exponential backoff and jitter when it throws;
  * an event whose attempts are used up becomes a dead letter with the last
  * error kept. When the queue is empty it polls with a doubling wait, and an
  * enqueue through the same outbox wakes it at once.
+ *
+ * Its claims and acknowledgements are batched (group commit): one runs at a
+ * time, and handlers that finish while it commits are acknowledged together
+ * in the next transaction, and claims take every slot freed by then. So
+ * under load each commit covers many events, while an idle loop still
+ * claims a lone new event, and acknowledges it, at once.
  *
  * @typeParam P The payload type.
  * @param outbox The outbox to claim from; keep one per connection.
@@ -443,7 +455,10 @@ export class Processor<P = unknown> implements AsyncDisposable {
   #closed = false;
   #stopped: Promise<void> | undefined;
   #woken = false;
-  #acknowledging = false;
+  /** One of the loop's writes (a claim or a batch of acknowledgements) is under way. */
+  #writing = false;
+  /** Lets the loop's claim, waiting for its turn to write, go ahead. */
+  #claimTurn: (() => void) | undefined;
   readonly #acknowledgements: { slot: Slot<P>; resolve: () => void }[] = [];
   #waiter: (() => void) | undefined;
 
@@ -614,15 +629,9 @@ export class Processor<P = unknown> implements AsyncDisposable {
         continue;
       }
       this.#woken = false;
-      const claimedAt = this.#monotonicNow();
-      const claimedAtWall = this.#now();
-      let leases: Lease<P>[];
+      let claimed: Claimed<P>;
       try {
-        leases = await this.#outbox.claim({
-          max: free,
-          leaseMs: this.#leaseMs,
-          ...(this.#queue === undefined ? {} : { queue: this.#queue }),
-        });
+        claimed = await this.#claim();
       } catch (error) {
         if (this.#noteClosed()) break;
         this.#report(error);
@@ -630,6 +639,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         idleMs = Math.min(idleMs * 2, this.#pollMaxMs);
         continue;
       }
+      const { leases, claimedAt, claimedAtWall } = claimed;
       for (const lease of leases) {
         this.#start(lease, claimedAt, claimedAtWall);
       }
@@ -639,6 +649,74 @@ export class Processor<P = unknown> implements AsyncDisposable {
       }
       await this.#wait(Math.min(idleMs, await this.#nextDueInMs(idleMs)));
       idleMs = Math.min(idleMs * 2, this.#pollMaxMs);
+    }
+  }
+
+  /**
+   * Claims for every free slot when the loop's other writes are done. Sized
+   * when it runs rather than when asked, so slots that acknowledgements
+   * committed meanwhile free join the claim: one transaction for all of them
+   * instead of one per slot as slots free one at a time.
+   */
+  async #claim(): Promise<Claimed<P>> {
+    if (this.#writing) {
+      const turn = Promise.withResolvers<void>();
+      this.#claimTurn = turn.resolve;
+      await turn.promise;
+    } else {
+      this.#writing = true;
+    }
+    try {
+      const claimedAt = this.#monotonicNow();
+      const claimedAtWall = this.#now();
+      const leases = this.#stopping ? [] : await this.#outbox.claim({
+        max: this.#concurrency - this.#slots.size,
+        leaseMs: this.#leaseMs,
+        ...(this.#queue === undefined ? {} : { queue: this.#queue }),
+      });
+      return { leases, claimedAt, claimedAtWall };
+    } finally {
+      this.#nextWrite();
+    }
+  }
+
+  /**
+   * Ends one of the loop's writes. While handlers still run, the next write
+   * waits for the timers due by then: a WASM commit blocks the thread, and
+   * each timer or I/O callback runs with its promise jobs (a whole commit
+   * among them) before the next, so without the wait every handler would
+   * finish, and be acknowledged, alone. A zero-delay message would not do:
+   * Deno delivers it before the timers that are due.
+   */
+  #nextWrite(): void {
+    for (const slot of this.#slots) {
+      if (slot.state === "running") {
+        this.#timers.setTimeout(() => this.#startNextWrite(), 0);
+        return;
+      }
+    }
+    this.#startNextWrite();
+  }
+
+  /**
+   * Starts the loop's next write: waiting acknowledgements first, as they
+   * free slots for the claim, unless at least half the slots are free
+   * already and the claim is waiting (keeping handlers busy).
+   */
+  #startNextWrite(): void {
+    const acknowledgements = this.#acknowledgements.length > 0;
+    const claim = this.#claimTurn;
+    if (
+      claim !== undefined &&
+      (!acknowledgements ||
+        2 * (this.#concurrency - this.#slots.size) >= this.#concurrency)
+    ) {
+      this.#claimTurn = undefined;
+      claim();
+    } else if (acknowledgements) {
+      void this.#acknowledgeBatch();
+    } else {
+      this.#writing = false;
     }
   }
 
@@ -739,8 +817,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       .then(() => this.#succeed(slot), (error) => this.#fail(slot, error))
       .finally(() => {
         this.#telemetry.end(slot);
-        this.#slots.delete(slot);
-        this.#wake();
+        this.#free(slot);
       });
   }
 
@@ -785,41 +862,48 @@ export class Processor<P = unknown> implements AsyncDisposable {
     this.#finish(slot);
     const acknowledged = Promise.withResolvers<void>();
     this.#acknowledgements.push({ slot, resolve: acknowledged.resolve });
-    if (!this.#acknowledging) void this.#acknowledgeBatches();
+    if (!this.#writing) {
+      this.#writing = true;
+      this.#nextWrite();
+    }
     return acknowledged.promise;
   }
 
   /**
-   * Acknowledges finished handlers' leases, all that are waiting in one
-   * transaction: with concurrency, handlers finish while a commit is under
-   * way, and one commit (one fsync) for all of them keeps the database's
-   * write lock free for claims.
+   * Acknowledges the leases of every finished handler waiting, in one
+   * transaction, and counts each lease by its own result. When the batch
+   * throws, nothing of it was committed: its events stay leased until their
+   * leases lapse and are delivered again, and none is counted.
    */
-  async #acknowledgeBatches(): Promise<void> {
-    this.#acknowledging = true;
-    // Handlers that finish in the same turn join the first batch.
-    await Promise.resolve();
-    while (this.#acknowledgements.length > 0) {
-      const batch = this.#acknowledgements.splice(0);
-      try {
-        const results = await this.#outbox.acknowledge(
-          batch.map(({ slot }) => slot.lease),
+  async #acknowledgeBatch(): Promise<void> {
+    const batch = this.#acknowledgements.splice(0);
+    try {
+      const results = await this.#outbox.acknowledge(
+        batch.map(({ slot }) => slot.lease),
+      );
+      for (const [i, acknowledged] of results.entries()) {
+        const { slot } = batch[i]!;
+        this.#count(
+          slot,
+          acknowledged || await this.#acknowledgedBySelf(slot.lease)
+            ? "acknowledged"
+            : "staleAcknowledgements",
         );
-        for (const [i, acknowledged] of results.entries()) {
-          const { slot } = batch[i]!;
-          this.#count(
-            slot,
-            acknowledged || await this.#acknowledgedBySelf(slot.lease)
-              ? "acknowledged"
-              : "staleAcknowledgements",
-          );
-        }
-      } catch (error) {
-        if (!this.#noteClosed()) this.#report(error);
       }
-      for (const { resolve } of batch) resolve();
+    } catch (error) {
+      if (!this.#noteClosed()) this.#report(error);
     }
-    this.#acknowledging = false;
+    // Freed at once, so a claim that runs next counts these slots.
+    for (const { slot, resolve } of batch) {
+      this.#free(slot);
+      resolve();
+    }
+    this.#nextWrite();
+  }
+
+  /** Gives a slot back to the loop. */
+  #free(slot: Slot<P>): void {
+    if (this.#slots.delete(slot)) this.#wake();
   }
 
   /**

@@ -13,6 +13,7 @@ import { PgBoss } from "pg-boss";
 import { openPostgres } from "../drivers/postgres.ts";
 import type { Outbox } from "../mod.ts";
 import { startPostgres } from "../tests/postgres_server.ts";
+import { alternate, type Alternated } from "./blocks.ts";
 import { type BenchRow, markdown } from "./table.ts";
 
 interface Sizes {
@@ -88,7 +89,7 @@ async function measure(
   ours: Side,
   theirs: Side,
   sizes: Sizes,
-): Promise<{ value: number; anchorValue: number; ratio: number }> {
+): Promise<Alternated> {
   const perSide = (sizes.warmup + sizes.blocks * sizes.units) * sizes.max;
   await ours.fill(perSide);
   await theirs.fill(perSide);
@@ -96,35 +97,16 @@ async function measure(
     await ours.cycle(sizes.max);
     await theirs.cycle(sizes.max);
   }
-  const time = async (side: Side) => {
-    const started = performance.now();
-    let events = 0;
-    for (let i = 0; i < sizes.units; i++) events += await side.cycle(sizes.max);
-    return { events, ms: performance.now() - started };
-  };
-  const totals = { ours: { events: 0, ms: 0 }, theirs: { events: 0, ms: 0 } };
-  const ratios: number[] = [];
-  for (let block = 0; block < sizes.blocks; block++) {
-    let a, b;
-    if (block % 2 === 0) {
-      a = await time(ours);
-      b = await time(theirs);
-    } else {
-      b = await time(theirs);
-      a = await time(ours);
-    }
-    totals.ours.events += a.events;
-    totals.ours.ms += a.ms;
-    totals.theirs.events += b.events;
-    totals.theirs.ms += b.ms;
-    ratios.push((a.events / a.ms) / (b.events / b.ms));
-  }
-  ratios.sort((x, y) => x - y);
-  return {
-    value: totals.ours.events / (totals.ours.ms / 1000),
-    anchorValue: totals.theirs.events / (totals.theirs.ms / 1000),
-    ratio: ratios[Math.floor(ratios.length / 2)]!,
-  };
+  const blocks = (side: Side) => ({
+    async block() {
+      let events = 0;
+      for (let i = 0; i < sizes.units; i++) {
+        events += await side.cycle(sizes.max);
+      }
+      return events;
+    },
+  });
+  return await alternate(blocks(ours), blocks(theirs), 0, sizes.blocks);
 }
 
 /**

@@ -10,10 +10,11 @@
 import { join } from "node:path";
 import type { Scenario, ScenarioResult, Target } from "./scenario.ts";
 import { browserRows } from "./browser_bench.ts";
+import { denoKvRows } from "./deno_kv_bench.ts";
 import { postgresRows } from "./postgres_bench.ts";
 import { type BenchRow, markdown, median } from "./table.ts";
+import { runJsonProcess } from "./process.ts";
 
-const CONFIG = new URL("../deno.json", import.meta.url).pathname;
 const SCENARIO = new URL("./scenario.ts", import.meta.url).pathname;
 
 /**
@@ -23,18 +24,10 @@ const SCENARIO = new URL("./scenario.ts", import.meta.url).pathname;
  * @returns What the process measured.
  * @throws {Error} When the process fails.
  */
-export async function runScenarioProcess(
+export function runScenarioProcess(
   scenario: Scenario,
 ): Promise<ScenarioResult> {
-  const output = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", "--config", CONFIG, SCENARIO, JSON.stringify(scenario)],
-    stdout: "piped",
-    stderr: "inherit",
-  }).output();
-  if (!output.success) {
-    throw new Error(`Scenario failed: ${JSON.stringify(scenario)}`);
-  }
-  return JSON.parse(new TextDecoder().decode(output.stdout));
+  return runJsonProcess(SCENARIO, scenario);
 }
 
 async function runAll(
@@ -309,6 +302,8 @@ if (import.meta.main) {
   const dir = await Deno.makeTempDir({ prefix: "outbox_bench_" });
   try {
     const rows = await bench(smoke ? SMOKE : FULL, dir);
+    progress("concurrent enqueue, worker loop and batch enqueue vs Deno KV");
+    rows.push(...await denoKvRows(smoke, dir));
     progress("PostgreSQL claim+acknowledge, single and batch, vs pg-boss");
     rows.push(...await postgresRows(smoke));
     // The browser rows need Chromium; the smoke run leaves them to

@@ -391,6 +391,263 @@ Deno.test("handlers that finish together are acknowledged in one transaction", a
   assert.equal(processor.counters.acknowledged, 3);
 });
 
+/**
+ * A handler that waits until the test opens the gate of its event's `n`.
+ * Disposing it opens every gate, present and future, and lets the
+ * processor's writes run, so the processor can stop; dispose it before the
+ * processor (declare it after).
+ */
+function handlerGates(time: ManualTimers) {
+  const gates = new Map<number, PromiseWithResolvers<void>>();
+  const gate = (n: number) => {
+    if (!gates.has(n)) gates.set(n, Promise.withResolvers<void>());
+    return gates.get(n)!;
+  };
+  let all = false;
+  return {
+    handler: (lease: Lease) => {
+      const { n } = lease.payload as { n: number };
+      return all ? undefined : gate(n).promise;
+    },
+    open: (n: number) => gate(n).resolve(),
+    async [Symbol.asyncDispose]() {
+      all = true;
+      for (const { resolve } of gates.values()) resolve();
+      await time.advance(0);
+    },
+  };
+}
+
+/** Records the claims and acknowledgements an outbox is asked for, in order. */
+function recordWrites(outbox: Outbox): string[] {
+  const calls: string[] = [];
+  const claim = outbox.claim.bind(outbox) as (
+    options: { max: number },
+  ) => Promise<Lease[]>;
+  outbox.claim = (async (options: { max: number }) => {
+    calls.push(`claim ${options.max}`);
+    const leases = await claim(options);
+    calls.push(`claimed ${leases.length}`);
+    return leases;
+  }) as typeof outbox.claim;
+  const acknowledge = outbox.acknowledge.bind(outbox);
+  outbox.acknowledge = ((leases: Lease[]) => {
+    calls.push(`acknowledge ${leases.length}`);
+    return acknowledge(leases);
+  }) as typeof outbox.acknowledge;
+  return calls;
+}
+
+Deno.test("64 events at concurrency 16 take four claims of 16 and four acknowledgements of 16", async () => {
+  await using f = await fixture();
+  for (let n = 0; n < 64; n++) await f.outbox.enqueue({ n });
+  const calls = recordWrites(f.outbox);
+  await using processor = processEvents(
+    f.outbox,
+    () => {},
+    f.options({ concurrency: 16 }),
+  );
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(calls, [
+    ...Array(4).fill(["claim 16", "claimed 16", "acknowledge 16"]).flat(),
+    "claim 16",
+    "claimed 0",
+  ]);
+  assert.equal(processor.counters.acknowledged, 64);
+  assert.equal((await f.outbox.stats()).done, 64);
+});
+
+Deno.test("handlers woken by separate timer callbacks at the same moment are acknowledged in one transaction", async () => {
+  await using f = await fixture();
+  for (let n = 0; n < 16; n++) await f.outbox.enqueue({ n });
+  const calls = recordWrites(f.outbox);
+  // Each timer callback runs with its promise jobs before the next: without
+  // waiting for the timers due, each handler would be acknowledged alone.
+  await using processor = processEvents(
+    f.outbox,
+    () => new Promise<void>((resolve) => f.time.setTimeout(resolve, 5)),
+    f.options({ concurrency: 16 }),
+  );
+  await f.time.advance(0, f.wall);
+  await f.time.advance(5, f.wall);
+  assert.deepEqual(calls, [
+    "claim 16",
+    "claimed 16",
+    "acknowledge 16",
+    "claim 16",
+    "claimed 0",
+  ]);
+  assert.equal(processor.counters.acknowledged, 16);
+});
+
+Deno.test("handlers that finish while a claim is under way are acknowledged together, and the next claim takes every slot they freed", async () => {
+  await using f = await fixture();
+  for (let n = 1; n <= 8; n++) await f.outbox.enqueue({ n });
+  const calls = recordWrites(f.outbox);
+  const recorded = f.outbox.claim.bind(f.outbox) as (
+    options: { max: number },
+  ) => Promise<Lease[]>;
+  const claimGate = Promise.withResolvers<void>();
+  let claims = 0;
+  f.outbox.claim = (async (options: { max: number }) => {
+    // The second claim stays under way until the test lets it go.
+    if (++claims === 2) await claimGate.promise;
+    return await recorded(options);
+  }) as typeof f.outbox.claim;
+  const gates = handlerGates(f.time);
+  await using processor = processEvents(
+    f.outbox,
+    gates.handler,
+    f.options({ concurrency: 4 }),
+  );
+  await using _gates = gates;
+  await f.time.advance(0, f.wall);
+  gates.open(1);
+  await f.time.advance(0, f.wall);
+  gates.open(2);
+  gates.open(3);
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(calls, ["claim 4", "claimed 4", "acknowledge 1"]);
+  claimGate.resolve();
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(calls, [
+    "claim 4",
+    "claimed 4",
+    "acknowledge 1",
+    "claim 1",
+    "claimed 1",
+    "acknowledge 2",
+    "claim 2",
+    "claimed 2",
+  ]);
+  assert.equal(processor.counters.acknowledged, 3);
+  assert.equal(processor.inFlight, 4);
+});
+
+Deno.test("a claim waiting behind an acknowledgement goes first once half the slots are free", async () => {
+  await using f = await fixture();
+  for (let n = 1; n <= 8; n++) await f.outbox.enqueue({ n });
+  const calls = recordWrites(f.outbox);
+  const recorded = f.outbox.acknowledge.bind(f.outbox);
+  const acknowledgeGate = Promise.withResolvers<void>();
+  let acknowledgements = 0;
+  f.outbox.acknowledge = (async (leases: Lease[]) => {
+    // The first acknowledgement stays under way until the test lets it go.
+    if (++acknowledgements === 1) await acknowledgeGate.promise;
+    return await recorded(leases);
+  }) as typeof f.outbox.acknowledge;
+  const gates = handlerGates(f.time);
+  await using processor = processEvents(f.outbox, async (lease) => {
+    await gates.handler(lease);
+    if ((lease.payload as { n: number }).n <= 2) throw new Error("refused");
+  }, f.options({ concurrency: 4 }));
+  await using _gates = gates;
+  await f.time.advance(0, f.wall);
+  gates.open(3);
+  await f.time.advance(0, f.wall);
+  // Two releases free half the slots while 3's acknowledgement is under
+  // way: the loop's claim waits for its turn, and 4 finishes behind it. The
+  // claim goes before 4's acknowledgement, with 3's slot as well.
+  gates.open(1);
+  gates.open(2);
+  await f.time.advance(0, f.wall);
+  gates.open(4);
+  await f.time.advance(0, f.wall);
+  acknowledgeGate.resolve();
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(calls, [
+    "claim 4",
+    "claimed 4",
+    "acknowledge 1",
+    "claim 3",
+    "claimed 3",
+    "acknowledge 1",
+    "claim 1",
+    "claimed 1",
+  ]);
+  assert.deepEqual(
+    { ...processor.counters },
+    {
+      claimed: 8,
+      acknowledged: 2,
+      staleAcknowledgements: 0,
+      leasesLost: 0,
+      released: 2,
+      dead: 0,
+      failed: 2,
+    },
+  );
+});
+
+Deno.test("each handler in one acknowledgement batch keeps its own outcome", async () => {
+  await using f = await fixture();
+  for (let n = 1; n <= 4; n++) await f.outbox.enqueue({ n });
+  const calls = recordWrites(f.outbox);
+  const gate = Promise.withResolvers<void>();
+  await using processor = processEvents(f.outbox, async (lease, context) => {
+    const { n } = lease.payload as { n: number };
+    if (n === 4) {
+      // Someone else gave the event back: this lease is stale now.
+      await f.outbox.release(lease, { delayMs: 60_000 });
+    }
+    await gate.promise;
+    if (n === 2) throw new Error("refused");
+    if (n === 3) await context.transaction(() => Promise.resolve());
+  }, f.options({ concurrency: 4 }));
+  await f.time.advance(0, f.wall);
+  gate.resolve();
+  await f.time.advance(0, f.wall);
+  // 1 and 4 in one transaction; 2 was released, 3 acknowledged itself.
+  assert.deepEqual(
+    calls.filter((call) => call.startsWith("acknowledge")),
+    ["acknowledge 2"],
+  );
+  assert.deepEqual(processor.counters, {
+    claimed: 4,
+    acknowledged: 2,
+    staleAcknowledgements: 1,
+    leasesLost: 0,
+    released: 1,
+    dead: 0,
+    failed: 1,
+  });
+  const states = [];
+  for (let id = 1; id <= 4; id++) {
+    const event = await f.outbox.explain(id);
+    states.push(`${event?.state}:${event?.fence}`);
+  }
+  assert.deepEqual(states, ["done:1", "pending:1", "done:1", "pending:1"]);
+  assert.deepEqual(f.errors, []);
+});
+
+Deno.test("an acknowledgement batch that throws counts none of its leases, and its events are delivered again and acknowledged once", async () => {
+  await using f = await fixture();
+  for (let n = 1; n <= 2; n++) await f.outbox.enqueue({ n });
+  const acknowledge = f.outbox.acknowledge.bind(f.outbox);
+  let failures = 1;
+  f.outbox.acknowledge = ((leases: Lease[]) => {
+    if (failures-- > 0) {
+      return Promise.reject(new BusyError("database is locked"));
+    }
+    return acknowledge(leases);
+  }) as typeof f.outbox.acknowledge;
+  const deliveries: string[] = [];
+  await using processor = processEvents(f.outbox, (lease) => {
+    deliveries.push(`${lease.eventId}:${lease.fence}`);
+  }, f.options({ concurrency: 2 }));
+  await f.time.advance(0, f.wall);
+  assert.equal(f.errors.length, 1);
+  assert.ok(f.errors[0] instanceof BusyError);
+  assert.equal(processor.counters.acknowledged, 0);
+  assert.equal((await f.outbox.stats()).leased, 2);
+  // The leases lapse and the same loop claims the events again.
+  await f.time.advance(1_000, f.wall);
+  assert.deepEqual(deliveries, ["1:1", "2:1", "1:2", "2:2"]);
+  assert.equal(processor.counters.acknowledged, 2);
+  assert.equal(processor.counters.staleAcknowledgements, 0);
+  assert.equal((await f.outbox.stats()).done, 2);
+});
+
 Deno.test("an enqueue in the same process wakes an idle processor at once", async () => {
   await using f = await fixture();
   const seen: unknown[] = [];

@@ -1,0 +1,75 @@
+/**
+ * Alternating blocks: two sides of a comparison timed in turn, in the same
+ * process, so drifting machine load falls on both alike.
+ *
+ * @module
+ */
+import { median } from "./table.ts";
+
+/** One side of a comparison. */
+export interface Side {
+  /** Untimed work before each block (e.g. queueing what the block drains). */
+  prepare?(): Promise<void>;
+  /** Does one timed block; resolves to how many events it handled. */
+  block(): Promise<number>;
+}
+
+/** What {@linkcode alternate} measured. */
+export interface Alternated {
+  /** Events per second of the first side, over all its blocks. */
+  readonly value: number;
+  /** Events per second of the second side, over all its blocks. */
+  readonly anchorValue: number;
+  /** Median over blocks of the first side's rate over the second's. */
+  readonly ratio: number;
+}
+
+/**
+ * Runs `warmup` untimed blocks of each side, then `blocks` timed blocks of
+ * each, the first side going first in even blocks and second in odd ones.
+ *
+ * @param ours The measured side.
+ * @param theirs The anchor.
+ * @param warmup Untimed blocks per side.
+ * @param blocks Timed blocks per side.
+ * @returns Both rates and the median of the per-block ratios.
+ */
+export async function alternate(
+  ours: Side,
+  theirs: Side,
+  warmup: number,
+  blocks: number,
+): Promise<Alternated> {
+  const time = async (side: Side) => {
+    await side.prepare?.();
+    const started = performance.now();
+    const events = await side.block();
+    return { events, ms: performance.now() - started };
+  };
+  for (let i = 0; i < warmup; i++) {
+    await time(ours);
+    await time(theirs);
+  }
+  const totals = { ours: { events: 0, ms: 0 }, theirs: { events: 0, ms: 0 } };
+  const ratios: number[] = [];
+  for (let b = 0; b < blocks; b++) {
+    let a, t;
+    if (b % 2 === 0) {
+      a = await time(ours);
+      t = await time(theirs);
+    } else {
+      t = await time(theirs);
+      a = await time(ours);
+    }
+    totals.ours.events += a.events;
+    totals.ours.ms += a.ms;
+    totals.theirs.events += t.events;
+    totals.theirs.ms += t.ms;
+    ratios.push((a.events / a.ms) / (t.events / t.ms));
+  }
+  return {
+    value: totals.ours.events / (totals.ours.ms / 1000),
+    anchorValue: totals.theirs.events / (totals.theirs.ms / 1000),
+    ratio: median(ratios),
+  };
+}

@@ -1,0 +1,399 @@
+/**
+ * Deno KV rows of `deno task bench`: this outbox on the WASM file driver
+ * (`journal_mode=truncate`, `synchronous=full`) next to Deno KV's queue on a
+ * file (`Deno.openKv(path)`: SQLite in WAL mode with an fsync per commit,
+ * so both are durable when a call resolves). Each row runs in its own
+ * process, the only one started with `--unstable-kv`, and its blocks
+ * alternate which side goes first.
+ *
+ * Runs on its own too: `deno run -A bench/deno_kv_bench.ts [--smoke]`.
+ *
+ * @module
+ */
+import { join } from "node:path";
+import {
+  type EnqueueOptions,
+  type EnqueueResult,
+  Outbox,
+  processEvents,
+} from "../mod.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { alternate, type Alternated, type Side } from "./blocks.ts";
+import { runJsonProcess } from "./process.ts";
+import { type BenchRow, markdown } from "./table.ts";
+
+/** Deno KV's limit on mutations (enqueues included) in one atomic operation. */
+const KV_MAX_MUTATIONS = 1_000;
+
+/** What one process measures; `units` is per block. */
+export type KvScenario =
+  & {
+    /** The outbox's database file. */
+    readonly path: string;
+    /** Deno KV's database file. */
+    readonly kvPath: string;
+    readonly warmup: number;
+    readonly blocks: number;
+  }
+  & (
+    | {
+      /**
+       * `callers` concurrent callers of `outbox.enqueue`, `units` calls each,
+       * against as many sequential `kv.enqueue` calls.
+       */
+      readonly work: "concurrentEnqueue";
+      readonly callers: number;
+      readonly units: number;
+    }
+    | {
+      /**
+       * `processEvents` at `concurrency` with a handler that does nothing,
+       * draining `units` queued events, against `kv.listenQueue` draining as
+       * many (queued before the block, untimed).
+       */
+      readonly work: "workerLoop";
+      readonly concurrency: number;
+      readonly units: number;
+    }
+    | {
+      /**
+       * `units` calls of `max` events each, against `units` atomic
+       * operations of `max` enqueues.
+       */
+      readonly work: "batchEnqueue";
+      readonly max: number;
+      readonly units: number;
+    }
+  );
+
+/** What a {@linkcode KvScenario} process reports. */
+export interface KvResult extends Alternated {
+  /** How the outbox side did its work, for the row's name. */
+  readonly method: string;
+}
+
+/** One event of a batch, as `enqueueBatch` takes it. */
+type BatchEvent = { readonly payload: unknown } & EnqueueOptions;
+
+/** The batch call issue #17 adds to {@linkcode Outbox}. */
+interface BatchEnqueuer {
+  enqueueBatch(events: readonly BatchEvent[]): Promise<EnqueueResult[]>;
+}
+
+function hasEnqueueBatch(
+  outbox: Outbox,
+): outbox is Outbox & BatchEnqueuer {
+  return typeof (outbox as Partial<BatchEnqueuer>).enqueueBatch === "function";
+}
+
+/** Enqueues `payloads` in one call, the fastest way the outbox has. */
+async function enqueueMany(
+  outbox: Outbox,
+  payloads: readonly unknown[],
+): Promise<void> {
+  if (hasEnqueueBatch(outbox)) {
+    await outbox.enqueueBatch(payloads.map((payload) => ({ payload })));
+    return;
+  }
+  await outbox.transaction(async (tx) => {
+    for (const payload of payloads) await tx.enqueue(payload);
+  });
+}
+
+/** Enqueues `payloads` on Deno KV in as few atomic operations as it allows. */
+async function kvEnqueueMany(
+  kv: Deno.Kv,
+  payloads: readonly unknown[],
+): Promise<void> {
+  for (let from = 0; from < payloads.length; from += KV_MAX_MUTATIONS) {
+    const operation = kv.atomic();
+    for (const payload of payloads.slice(from, from + KV_MAX_MUTATIONS)) {
+      operation.enqueue(payload);
+    }
+    const result = await operation.commit();
+    if (!result.ok) throw new Error("Deno KV refused an enqueue");
+  }
+}
+
+const range = (count: number, block: number) =>
+  Array.from({ length: count }, (_, n) => ({ block, n }));
+
+function outboxSide(outbox: Outbox, scenario: KvScenario): Side {
+  let block = 0;
+  switch (scenario.work) {
+    case "concurrentEnqueue": {
+      const { callers, units } = scenario;
+      return {
+        async block() {
+          block++;
+          await Promise.all(
+            Array.from({ length: callers }, async (_, caller) => {
+              for (let n = 0; n < units; n++) {
+                await outbox.enqueue({ block, caller, n });
+              }
+            }),
+          );
+          return callers * units;
+        },
+      };
+    }
+    case "batchEnqueue": {
+      const { max, units } = scenario;
+      return {
+        async block() {
+          block++;
+          for (let u = 0; u < units; u++) {
+            await enqueueMany(outbox, range(max, block));
+          }
+          return max * units;
+        },
+      };
+    }
+    case "workerLoop": {
+      const { concurrency, units } = scenario;
+      return {
+        async prepare() {
+          block++;
+          await enqueueMany(outbox, range(units, block));
+        },
+        async block() {
+          let handled = 0;
+          const drained = Promise.withResolvers<void>();
+          const processor = processEvents(outbox, () => {
+            if (++handled === units) drained.resolve();
+          }, { concurrency });
+          await drained.promise;
+          // Stopping waits for the last acknowledgements' commit.
+          await processor.stop();
+          return units;
+        },
+      };
+    }
+  }
+}
+
+function kvSide(kvPath: string, scenario: KvScenario): Side & Disposable {
+  let kv: Deno.Kv | undefined;
+  let listening: Promise<void> | undefined;
+  let block = 0;
+  const open = async () => kv ??= await Deno.openKv(kvPath);
+  const close = () => {
+    kv?.close();
+    kv = undefined;
+  };
+  const side = (s: Side): Side & Disposable => ({
+    ...s,
+    [Symbol.dispose]: close,
+  });
+  switch (scenario.work) {
+    case "concurrentEnqueue": {
+      const count = scenario.callers * scenario.units;
+      return side({
+        async block() {
+          const db = await open();
+          block++;
+          for (let n = 0; n < count; n++) await db.enqueue({ block, n });
+          return count;
+        },
+      });
+    }
+    case "batchEnqueue": {
+      const { max, units } = scenario;
+      return side({
+        async block() {
+          const db = await open();
+          block++;
+          for (let u = 0; u < units; u++) {
+            await kvEnqueueMany(db, range(max, block));
+          }
+          return max * units;
+        },
+      });
+    }
+    case "workerLoop": {
+      const { units } = scenario;
+      return side({
+        // A Deno.Kv listens once: each block opens the file anew, queues
+        // its events, then listens.
+        async prepare() {
+          close();
+          await listening;
+          block++;
+          await kvEnqueueMany(await open(), range(units, block));
+        },
+        async block() {
+          const current = block;
+          let handled = 0;
+          const drained = Promise.withResolvers<void>();
+          listening = kv!.listenQueue((message: { block: number }) => {
+            if (message.block === current && ++handled === units) {
+              drained.resolve();
+            }
+          });
+          // Ends when the last handler returns, before Deno KV commits its
+          // last messages as finished: in Deno KV's favour.
+          await drained.promise;
+          return units;
+        },
+      });
+    }
+  }
+}
+
+/**
+ * Runs one scenario in this process.
+ *
+ * @param scenario What to measure.
+ * @returns Both rates, their ratio and how the outbox side worked.
+ */
+export async function runKvScenario(scenario: KvScenario): Promise<KvResult> {
+  await using outbox = await Outbox.open(
+    await openSqliteWasm(scenario.path, {
+      journalMode: "truncate",
+      synchronous: "full",
+    }),
+    { leaseMs: 3_600_000, busyTimeoutMs: 60_000 },
+  );
+  using kv = kvSide(scenario.kvPath, scenario);
+  const measured = await alternate(
+    outboxSide(outbox, scenario),
+    kv,
+    scenario.warmup,
+    scenario.blocks,
+  );
+  const method = scenario.work === "batchEnqueue"
+    ? hasEnqueueBatch(outbox) ? "enqueueBatch" : "one transaction"
+    : scenario.work === "concurrentEnqueue"
+    ? "enqueue"
+    : "processEvents";
+  return { ...measured, method };
+}
+
+/** Sizes of one run, per row. */
+interface Sizes {
+  readonly concurrentEnqueue: {
+    callers: number;
+    units: number;
+    warmup: number;
+    blocks: number;
+  };
+  readonly workerLoop: {
+    concurrency: number;
+    units: number;
+    warmup: number;
+    blocks: number;
+  };
+  readonly batchEnqueue: {
+    max: number;
+    units: number;
+    warmup: number;
+    blocks: number;
+  };
+}
+
+const FULL: Sizes = {
+  concurrentEnqueue: { callers: 64, units: 4, warmup: 1, blocks: 10 },
+  workerLoop: { concurrency: 16, units: 1_000, warmup: 1, blocks: 6 },
+  // Warmup of 20 batches: V8 optimizes SQLite's WASM only after a while.
+  batchEnqueue: { max: 256, units: 4, warmup: 5, blocks: 6 },
+};
+
+const SMOKE: Sizes = {
+  concurrentEnqueue: { callers: 4, units: 2, warmup: 1, blocks: 2 },
+  workerLoop: { concurrency: 4, units: 20, warmup: 1, blocks: 2 },
+  batchEnqueue: { max: 8, units: 1, warmup: 1, blocks: 2 },
+};
+
+const SCRIPT = new URL(import.meta.url).pathname;
+const ANCHOR = "Deno KV file (WAL, fsync per commit)";
+
+/**
+ * Measures the three Deno KV rows, each in its own process.
+ *
+ * @param smoke Toy sizes, to keep the script working.
+ * @param dir A directory for the database files.
+ * @returns The rows.
+ */
+export async function denoKvRows(
+  smoke: boolean,
+  dir: string,
+): Promise<BenchRow[]> {
+  const sizes = smoke ? SMOKE : FULL;
+  const run = (scenario: KvScenario) =>
+    runJsonProcess<KvResult>(SCRIPT, scenario, ["--unstable-kv"]);
+  const files = (name: string) => ({
+    path: join(dir, `${name}-outbox.db`),
+    kvPath: join(dir, `${name}-kv.db`),
+  });
+  const row = (
+    name: string,
+    anchor: string,
+    goal: number,
+    m: KvResult,
+  ): BenchRow => ({
+    name,
+    value: m.value,
+    unit: "events/s",
+    anchor,
+    anchorValue: m.anchorValue,
+    ratio: m.ratio,
+    goal: `>= ${goal.toFixed(1)}`,
+    met: m.ratio >= goal,
+  });
+
+  const { callers } = sizes.concurrentEnqueue;
+  const enqueue = await run({
+    work: "concurrentEnqueue",
+    ...files("enqueue"),
+    ...sizes.concurrentEnqueue,
+  });
+  const { concurrency } = sizes.workerLoop;
+  const loop = await run({
+    work: "workerLoop",
+    ...files("loop"),
+    ...sizes.workerLoop,
+  });
+  const { max } = sizes.batchEnqueue;
+  const batch = await run({
+    work: "batchEnqueue",
+    ...files("batch"),
+    ...sizes.batchEnqueue,
+  });
+  return [
+    row(
+      `concurrent enqueue events/s, ${callers} callers of enqueue(), WASM file (truncate, full)`,
+      `${ANCHOR}, sequential kv.enqueue()`,
+      1.5,
+      enqueue,
+    ),
+    row(
+      `worker loop events/s, processEvents at concurrency ${concurrency}, handler does nothing, WASM file (truncate, full)`,
+      `${ANCHOR}, kv.listenQueue()`,
+      1.0,
+      loop,
+    ),
+    row(
+      `batch enqueue events/s, ${max} per call (${batch.method}), WASM file (truncate, full)`,
+      `${ANCHOR}, atomic() of ${max} enqueues (at most ${KV_MAX_MUTATIONS} per atomic)`,
+      0.5,
+      batch,
+    ),
+  ];
+}
+
+if (import.meta.main) {
+  const [arg] = Deno.args;
+  if (arg !== undefined && arg.startsWith("{")) {
+    console.log(JSON.stringify(await runKvScenario(JSON.parse(arg))));
+  } else {
+    const dir = await Deno.makeTempDir({ prefix: "outbox_kv_bench_" });
+    try {
+      const rows = await denoKvRows(arg === "--smoke", dir);
+      console.log(markdown(rows));
+      console.log();
+      console.log(JSON.stringify({ smoke: arg === "--smoke", rows }));
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  }
+}
