@@ -11,12 +11,7 @@
  * @module
  */
 import { join } from "node:path";
-import {
-  type EnqueueOptions,
-  type EnqueueResult,
-  Outbox,
-  processEvents,
-} from "../mod.ts";
+import { Outbox, processEvents } from "../mod.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { alternate, type Alternated, type Side } from "./blocks.ts";
 import { runJsonProcess } from "./process.ts";
@@ -72,34 +67,6 @@ export interface KvResult extends Alternated {
   readonly method: string;
 }
 
-/** One event of a batch, as `enqueueBatch` takes it. */
-type BatchEvent = { readonly payload: unknown } & EnqueueOptions;
-
-/** The batch call issue #17 adds to {@linkcode Outbox}. */
-interface BatchEnqueuer {
-  enqueueBatch(events: readonly BatchEvent[]): Promise<EnqueueResult[]>;
-}
-
-function hasEnqueueBatch(
-  outbox: Outbox,
-): outbox is Outbox & BatchEnqueuer {
-  return typeof (outbox as Partial<BatchEnqueuer>).enqueueBatch === "function";
-}
-
-/** Enqueues `payloads` in one call, the fastest way the outbox has. */
-async function enqueueMany(
-  outbox: Outbox,
-  payloads: readonly unknown[],
-): Promise<void> {
-  if (hasEnqueueBatch(outbox)) {
-    await outbox.enqueueBatch(payloads.map((payload) => ({ payload })));
-    return;
-  }
-  await outbox.transaction(async (tx) => {
-    for (const payload of payloads) await tx.enqueue(payload);
-  });
-}
-
 /** Enqueues `payloads` on Deno KV in as few atomic operations as it allows. */
 async function kvEnqueueMany(
   kv: Deno.Kv,
@@ -143,7 +110,9 @@ function outboxSide(outbox: Outbox, scenario: KvScenario): Side {
         async block() {
           block++;
           for (let u = 0; u < units; u++) {
-            await enqueueMany(outbox, range(max, block));
+            await outbox.enqueueBatch(
+              range(max, block).map((payload) => ({ payload })),
+            );
           }
           return max * units;
         },
@@ -154,7 +123,9 @@ function outboxSide(outbox: Outbox, scenario: KvScenario): Side {
       return {
         async prepare() {
           block++;
-          await enqueueMany(outbox, range(units, block));
+          await outbox.enqueueBatch(
+            range(units, block).map((payload) => ({ payload })),
+          );
         },
         async block() {
           let handled = 0;
@@ -262,7 +233,7 @@ export async function runKvScenario(scenario: KvScenario): Promise<KvResult> {
     scenario.blocks,
   );
   const method = scenario.work === "batchEnqueue"
-    ? hasEnqueueBatch(outbox) ? "enqueueBatch" : "one transaction"
+    ? "enqueueBatch"
     : scenario.work === "concurrentEnqueue"
     ? "enqueue"
     : "processEvents";

@@ -93,8 +93,8 @@ const SMOKE: Sizes = {
   contend: {
     processes: 4,
     pairs: 1,
-    phaseMs: 100,
-    warmupMs: 1_500,
+    phaseMs: 200,
+    warmupMs: 300,
     pending: 5_000,
   },
 };
@@ -240,22 +240,39 @@ async function bench(sizes: Sizes, dir: string): Promise<BenchRow[]> {
   const target = file("contend", "wasm");
   await runScenarioProcess({ kind: "seed", target, pending });
   progress(`1 process vs ${processes} contending on one WASM file`);
+  let results: ScenarioResult[];
   // One set of warm processes; phases of one process and of all of them
   // alternate every `phaseMs` (solo, all, solo, ..., solo), so the disk's
   // drifting fsync latency falls on both alike, and each phase of all is
   // compared with the mean of the solo phases either side of it.
-  const startAt = Date.now() + warmupMs;
-  const results = await runAll(
-    Array.from({ length: processes }, (_, worker) =>
-      ({
-        kind: "contend",
-        target,
-        worker,
-        startAt,
-        phaseMs,
-        phases: 2 * pairs + 1,
-      }) as const),
-  );
+  // Every process signals once its database is open and runs cycles until
+  // `go`, written `warmupMs` after the last one is ready: starting four Deno
+  // processes on two busy cores takes seconds, so a start time fixed in
+  // advance could pass before some had begun.
+  const barrier = await Deno.makeTempDir({ prefix: "contend-" });
+  try {
+    const running = runAll(
+      Array.from({ length: processes }, (_, worker) =>
+        ({
+          kind: "contend",
+          target,
+          worker,
+          barrier,
+          phaseMs,
+          phases: 2 * pairs + 1,
+        }) as const),
+    );
+    while ([...Deno.readDirSync(barrier)].length < processes) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    await new Promise((resolve) => setTimeout(resolve, warmupMs));
+    // Renamed into place, so no process reads it half written.
+    await Deno.writeTextFile(join(barrier, "go."), String(Date.now() + 200));
+    await Deno.rename(join(barrier, "go."), join(barrier, "go"));
+    results = await running;
+  } finally {
+    await Deno.remove(barrier, { recursive: true });
+  }
   const perPhase = Array.from(
     { length: 2 * pairs + 1 },
     (_, phase) =>

@@ -6,6 +6,8 @@
  *
  * @module
  */
+import { existsSync } from "node:fs";
+import { join } from "node:path";
 import type { Driver } from "../driver.ts";
 import { Outbox } from "../mod.ts";
 import { openNodeSqlite } from "../drivers/node_sqlite.ts";
@@ -65,16 +67,17 @@ export type Scenario =
   }
   | {
     /**
-     * One of `processes` contending workers on a database prepared by
-     * `seed`. From `startAt` (epoch ms) time is cut into `phases` phases of
+     * One of several contending workers on a database prepared by `seed`.
+     * Once open, it writes `ready-<worker>` into the `barrier` directory and
+     * runs cycles, warming its JIT, until `go` appears there holding the
+     * start time (epoch ms). From then time is cut into `phases` phases of
      * `phaseMs`: in even phases only worker 0 runs claim+acknowledge, in odd
-     * ones every worker does; before `startAt` every worker runs cycles to
-     * warm its JIT. Reports the cycles it finished in each phase.
+     * ones every worker does. Reports the cycles it finished in each phase.
      */
     readonly kind: "contend";
     readonly target: Target;
     readonly worker: number;
-    readonly startAt: number;
+    readonly barrier: string;
     readonly phaseMs: number;
     readonly phases: number;
   };
@@ -280,10 +283,12 @@ export async function runScenario(
     }
     case "contend": {
       await using outbox = await open(scenario.target);
-      const { worker, startAt, phaseMs, phases } = scenario;
+      const { worker, barrier, phaseMs, phases } = scenario;
+      Deno.writeTextFileSync(join(barrier, `ready-${worker}`), "");
       // Warm: a cold JIT (and WASM's tier-up, compiled on the same two
       // cores by every process at once) would be measured as contention.
-      while (Date.now() < startAt - 200) await cycle(outbox);
+      while (!existsSync(join(barrier, "go"))) await cycle(outbox);
+      const startAt = Number(Deno.readTextFileSync(join(barrier, "go")));
       await sleepUntil(startAt);
       const start = performance.now();
       for (let phase = 0; phase < phases; phase++) {
