@@ -26,7 +26,12 @@ import {
   type Stats,
   type Transaction,
 } from "./lease.ts";
-import { LeaseLostError, PermanentError, RetryAfterError } from "./errors.ts";
+import {
+  DatabaseMovedError,
+  LeaseLostError,
+  PermanentError,
+  RetryAfterError,
+} from "./errors.ts";
 import { type CounterName, ProcessorTelemetry } from "./telemetry.ts";
 
 /**
@@ -633,7 +638,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       try {
         claimed = await this.#claim();
       } catch (error) {
-        if (this.#noteClosed()) break;
+        if (this.#noteClosed(error)) break;
         this.#report(error);
         await this.#wait(idleMs);
         idleMs = Math.min(idleMs * 2, this.#pollMaxMs);
@@ -733,7 +738,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       );
       return dueInMs === null ? fallbackMs : Math.max(1, dueInMs);
     } catch (error) {
-      if (!this.#noteClosed()) this.#report(error);
+      if (!this.#noteClosed(error)) this.#report(error);
       return fallbackMs;
     }
   }
@@ -848,7 +853,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         if (slot.state === "running") this.#finish(slot);
         this.#lose(slot, error);
       } else {
-        this.#noteClosed();
+        this.#noteClosed(error);
       }
       throw error;
     }
@@ -891,7 +896,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         );
       }
     } catch (error) {
-      if (!this.#noteClosed()) this.#report(error);
+      if (!this.#noteClosed(error)) this.#report(error);
     }
     // Freed at once, so a claim that runs next counts these slots.
     for (const { slot, resolve } of batch) {
@@ -916,7 +921,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       const event = await this.#outbox.explain(lease.eventId);
       return event?.state === "done" && event.fence === lease.fence;
     } catch (error) {
-      if (!this.#noteClosed()) this.#report(error);
+      if (!this.#noteClosed(error)) this.#report(error);
       return false;
     }
   }
@@ -983,7 +988,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         );
       }
     } catch (releaseError) {
-      if (!this.#noteClosed()) this.#report(releaseError);
+      if (!this.#noteClosed(releaseError)) this.#report(releaseError);
     }
   }
 
@@ -1034,7 +1039,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     try {
       leaseUntil = await this.#outbox.renew(slot.lease, this.#leaseMs);
     } catch (error) {
-      if (this.#noteClosed()) return;
+      if (this.#noteClosed(error)) return;
       this.#report(error);
       // The watchdog still guards the deadline; try again soon.
       if (slot.state === "running") {
@@ -1108,9 +1113,18 @@ export class Processor<P = unknown> implements AsyncDisposable {
    * Stops the processor when its outbox was closed (whatever `error` is, the
    * closed outbox is why), and returns whether it did.
    */
-  #noteClosed(): boolean {
-    if (!this.#outbox.closed) return false;
+  /**
+   * Whether the outbox can write no more, stopping the loop as for a
+   * closed one if so: closed (by the caller, so nothing is reported), or
+   * its database file renamed or deleted (`error` a
+   * {@linkcode DatabaseMovedError}, reported once: every claim, renewal and
+   * acknowledgement would fail the same way).
+   */
+  #noteClosed(error?: unknown): boolean {
+    const moved = error instanceof DatabaseMovedError;
+    if (!moved && !this.#outbox.closed) return false;
     if (!this.#closed) {
+      if (moved) this.#report(error);
       this.#closed = true;
       void this.stop();
     }

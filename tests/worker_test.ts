@@ -8,6 +8,9 @@ import {
   type SqlValue,
 } from "../mod.ts";
 import { SQL } from "../lease.ts";
+import { join } from "node:path";
+import { openSqliteWasm as openDenoFile } from "../deno/sqlite_wasm.ts";
+import { DatabaseMovedError } from "../errors.ts";
 import { openSqliteWasm } from "../drivers/sqlite_wasm.ts";
 import { type Handler, processEvents, type ProcessOptions } from "../worker.ts";
 import {
@@ -954,6 +957,37 @@ Deno.test("an idle processor whose outbox is closed stops claiming on its own an
   await processor.stop();
   assert.deepEqual(f.errors, []);
   assert.equal(processor.inFlight, 0);
+});
+
+Deno.test("a processor whose database file is renamed away reports DatabaseMovedError once and stops, as for a closed outbox", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "worker_moved_" });
+  try {
+    const path = join(dir, "outbox.db");
+    const driver = counting(await openDenoFile(path));
+    await using f = await fixture(driver);
+    const processor = processEvents(f.outbox, () => {}, f.options());
+    await f.time.advance(0, f.wall);
+    await Deno.rename(path, join(dir, "renamed.db"));
+    // An event committed at the new path: claiming it is a write, which the
+    // connection that opened the old path must refuse.
+    {
+      await using other = await Outbox.open(
+        await openDenoFile(join(dir, "renamed.db")),
+        { now: f.wall.now },
+      );
+      await other.enqueue({});
+    }
+    await f.time.advance(100, f.wall);
+    const before = driver.calls;
+    await f.time.advance(5_000, f.wall);
+    // Every claim would fail the same way: the loop stopped polling.
+    assert.equal(driver.calls, before);
+    assert.equal(f.errors.length, 1);
+    assert.ok(f.errors[0] instanceof DatabaseMovedError, String(f.errors[0]));
+    await processor.stop();
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });
 
 Deno.test("a running handler's outbox closing aborts its signal at the next renewal, stops the processor and releases nothing", async () => {
