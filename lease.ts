@@ -107,14 +107,15 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
   readonly nowExhausted?: string;
   /**
    * A claim as one statement, outside a transaction (autocommit is its
-   * transaction), for engines whose every round trip costs: the clock, the
-   * dead letters of lapsed last-attempt leases, the candidates' locks, the
-   * claim and its ledger entries, as the core's claim transaction does them.
-   * Parameters: now (null: the server's clock), queue, max,
-   * maxPayloadBytes, leaseMs, and one 32-character token per possible
-   * lease. Rows: `now`, `refused` (1 when a candidate is unclaimable, and
-   * then nothing was claimed) and each lease's event row as claimed, in
-   * claim order (one row of nulls but `now` when none).
+   * transaction), for engines where every round trip costs: the clock, the
+   * candidates' locks and the claim. Parameters: now (null: the server's
+   * clock), queue, max, maxPayloadBytes, leaseMs, and one 32-character
+   * token per possible lease. Rows: `now`, `refused` and each lease's event
+   * row as claimed, in claim order (one row of nulls but `now` when none).
+   * It refuses (`refused` 1, nothing changed) whatever needs ledger entries
+   * or dead letters first: a lapsed lease to take over, a lapsed
+   * last-attempt lease, an unclaimable candidate; the general path then
+   * claims.
    */
   readonly claimInOne?: string;
   /**
@@ -124,15 +125,15 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
   readonly payloadRefused?: readonly string[];
   /**
    * The fenced acknowledgement of one lease as one statement, outside a
-   * transaction: the dead letters, the acknowledgement or, for a stale
-   * lease, its ledger entries. Parameters: now (null: the server's clock),
-   * event id, token, fence. Rows: `now`, and `k` = 1 when stale.
+   * transaction. Parameters: now (null: the server's clock), event id,
+   * token, fence. Rows: `now`, and `acknowledged`: 1, or 0 with nothing
+   * changed when the lease is stale or a lapsed last-attempt lease is to
+   * become a dead letter first (the general path then acknowledges).
    */
   readonly acknowledgeInOne?: string;
   /**
-   * `acknowledgeInOne` for several leases of distinct events, given as a
-   * JSON array of [event id, fence, token]; rows: `now`, and `k` (from 1)
-   * of each stale lease.
+   * `acknowledgeInOne` for several leases, given as a JSON array of
+   * [event id, fence, token]: all of them, or none.
    */
   readonly acknowledgeAllInOne?: string;
   /**
@@ -1084,7 +1085,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       },
       true,
       true,
-      inOne && (async (now) => (await inOne(now))[0]!),
+      inOne && (async (now) => (await inOne(now))?.[0]),
     );
   }
 
@@ -2031,35 +2032,32 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   /**
-   * The acknowledgement as the dialect's one statement, when it has one
-   * and the leases name distinct events (a lease listed twice is stale the
-   * second time, after the first's entries: the general path's order).
+   * The acknowledgement as the dialect's one statement, when it has one:
+   * resolves to `true` per lease, or to `undefined` when a lease was stale
+   * (or listed twice), having changed nothing: the general path then writes
+   * the stale entries in order.
    */
   #acknowledgeInOne(
     op: string,
     leases: readonly CheckedLease[],
-  ): ((now: number | null) => Promise<boolean[]>) | undefined {
+  ): ((now: number | null) => Promise<boolean[] | undefined>) | undefined {
     const one = leases.length === 1;
     const sql = one
       ? this.#sql.acknowledgeInOne
       : this.#sql.acknowledgeAllInOne;
-    if (
-      sql === undefined ||
-      new Set(leases.map((lease) => lease.eventId)).size !== leases.length
-    ) {
-      return undefined;
-    }
+    if (sql === undefined) return undefined;
     return async (now) => {
-      const rows = await this.#driver.query(
+      const [row] = await this.#driver.query(
         sql,
         one ? [now, leases[0]!.eventId, leases[0]!.token, leases[0]!.fence] : [
           now,
           JSON.stringify(leases.map((l) => [l.eventId, l.fence, l.token])),
         ],
       );
-      this.#checkNow(op, rows[0]?.["now"]);
-      const stale = new Set(rows.map((row) => row["k"]));
-      return leases.map((_, i) => !stale.has(i + 1));
+      this.#checkNow(op, row?.["now"]);
+      return row?.["acknowledged"] === leases.length
+        ? leases.map(() => true)
+        : undefined;
     };
   }
 

@@ -166,80 +166,41 @@ const NOW = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 const ORDERED_BEFORE = `SELECT 1 FROM outbox_events AS p
         WHERE p.queue = e.queue AND p.ordering_key = e.ordering_key
           AND p.id < e.id AND p.state IN ('pending', 'leased')`;
-const LEDGER_COLUMNS = "event_id, fence, kind, at, token, lease_until, detail";
-const UNWRITTEN_ONCE = `ON CONFLICT (event_id, fence, kind)
-      WHERE kind IN ('claimed', 'acknowledged') DO NOTHING`;
 // The largest integer a JavaScript number holds exactly (2^53 - 1).
 const MAX_SAFE = "9007199254740991";
+// The clock of a one-statement call: $1, or the server's when $1 is null.
+const CLOCK = `n AS MATERIALIZED (SELECT coalesce($1::bigint, ${NOW}) AS now)`;
+// A lapsed last-attempt lease the core's transaction would first make a
+// dead letter: a one-statement call leaves that to the general path.
+const EXHAUSTED_DUE = `SELECT 1 FROM outbox_events
+    WHERE state = 'leased' AND attempt >= max_attempts
+      AND due_at <= (SELECT now FROM n)`;
 
 /**
- * The start of every one-statement call, as the start of the core's
- * transactions: `n` is the clock (`$1`, or the server's when `$1` is null),
- * and the lapsed last-attempt leases (`exhausted`, locked) become dead
- * letters. The statement's other parts never touch an exhausted row.
- */
-const SWEEP = `n AS MATERIALIZED (SELECT coalesce($1::bigint, ${NOW}) AS now),
-  exhausted AS MATERIALIZED (
-    SELECT e.id, e.fence, e.claimed_at, e.token, e.lease_until
-    FROM outbox_events AS e
-    WHERE e.state = 'leased' AND e.attempt >= e.max_attempts
-      AND e.due_at <= (SELECT now FROM n)
-    FOR UPDATE OF e SKIP LOCKED),
-  expired AS (UPDATE outbox_events AS e
-    SET state = 'dead', lease_until = NULL, token = NULL,
-      last_error = '${LEASE_EXPIRED}', updated_at = n.now, done_at = e.due_at
-    FROM n WHERE e.id IN (SELECT id FROM exhausted))`;
-
-/**
- * The ledger rows of the sweep, in the order the core writes them: each
- * exhausted lease's unwritten claim, then its expiry and death. Rows are
- * (phase, key, n, entry…); the statement's one INSERT sorts by the first
- * three, so its identities (the ledger's order) follow the core's.
- */
-const SWEEP_LEDGER = `SELECT 1 AS phase, x.id AS key, 1 AS n, x.id AS event_id,
-      x.fence, 'claimed' AS kind, x.claimed_at AS at, x.token,
-      x.lease_until, NULL::text AS detail
-    FROM exhausted AS x
-    UNION ALL
-    SELECT 2, x.id, k.n, x.id, x.fence, k.kind, n.now, NULL, NULL,
-      '${LEASE_EXPIRED}'
-    FROM exhausted AS x, n, (VALUES (1, 'expired'), (2, 'dead')) AS k (n, kind)`;
-
-/**
- * The fenced acknowledgement of the leases `leases` selects (k, id,
- * fence, token; ids distinct) in one statement: those still current
- * become done; each other one's event gets its unwritten entries and a
- * `stale_acknowledge` entry, in the order of `k`. Answers `now`, and `k`
- * of each lease not acknowledged (one row with `k` null when none).
+ * The fenced acknowledgement of the leases `leases` selects (id, fence,
+ * token) in one statement, all or none: when every lease is current and no
+ * lapsed last-attempt lease waits to become a dead letter, they become
+ * done; otherwise (a stale lease, or one listed twice) nothing changes.
+ * Answers `now` and `acknowledged`, the count. The `= ANY` repeats the
+ * join so the planner looks the rows up by id whatever it guesses of the
+ * JSON's length.
  */
 function acknowledgeInOne(leases: string): string {
-  return `WITH ${SWEEP},
+  return `WITH ${CLOCK},
   l AS MATERIALIZED (${leases}),
+  matched AS MATERIALIZED (SELECT e.id FROM outbox_events AS e
+    JOIN l ON e.id = l.id
+    WHERE e.id = ANY (ARRAY(SELECT id FROM l)) AND e.token = l.token
+      AND e.fence = l.fence AND e.state = 'leased'
+    FOR UPDATE OF e),
   acked AS (UPDATE outbox_events AS e
     SET state = 'done', updated_at = n.now, done_at = n.now
-    FROM l, n
-    WHERE e.id = l.id AND e.token = l.token AND e.fence = l.fence
-      AND e.state = 'leased' AND e.id NOT IN (SELECT id FROM exhausted)
-    RETURNING e.id),
-  missed AS MATERIALIZED (SELECT * FROM l
-    WHERE l.id NOT IN (SELECT id FROM acked)),
-  ledger AS (INSERT INTO outbox_attempts (${LEDGER_COLUMNS})
-    SELECT ${LEDGER_COLUMNS} FROM (
-      ${SWEEP_LEDGER}
-      UNION ALL
-      SELECT 3, m.k, u.n, u.event_id, u.fence, u.kind, u.at, u.token,
-        u.lease_until, u.detail
-      FROM missed AS m
-      JOIN outbox_unwritten_attempts AS u ON u.event_id = m.id
-      WHERE m.id NOT IN (SELECT id FROM exhausted)
-      UNION ALL
-      SELECT 3, m.k, 3, m.id, m.fence, 'stale_acknowledge', n.now, m.token,
-        NULL, NULL
-      FROM missed AS m JOIN outbox_events AS e ON e.id = m.id, n
-    ) AS entries
-    ORDER BY phase, key, n
-    ${UNWRITTEN_ONCE})
-  SELECT n.now, m.k FROM n LEFT JOIN missed AS m ON true ORDER BY m.k`;
+    FROM n
+    WHERE e.id IN (SELECT id FROM matched)
+      AND (SELECT count(DISTINCT id) FROM matched) = (SELECT count(*) FROM l)
+      AND NOT EXISTS (${EXHAUSTED_DUE})
+    RETURNING e.id)
+  SELECT n.now, (SELECT count(*) FROM acked)::integer AS acknowledged FROM n`;
 }
 
 /** The statements of the core on PostgreSQL. */
@@ -296,28 +257,29 @@ export const POSTGRES = {
     FOR UPDATE OF e SKIP LOCKED`,
   // $1 now or null (the server's clock), $2 queue, $3 max, $4 the largest
   // payload in bytes, $5 leaseMs, $6 one 32-character token per lease, in
-  // claim order. Refuses (claims nothing) when a candidate is unclaimable
-  // by size or past 2^53; the cast in the last WHERE makes the server
-  // refuse the whole statement (payloadRefused) when a claimed text
-  // payload is not JSON. A taken-over lease's unwritten claim and its
-  // expiry are written from the row as locked.
-  claimInOne: `WITH ${SWEEP},
+  // claim order. Refuses (claims nothing) when a candidate is a lapsed
+  // lease to take over, is unclaimable by size or is past 2^53, or when a
+  // lapsed last-attempt lease waits to become a dead letter: the ledger
+  // entries those need are the general path's. The cast in the last WHERE
+  // makes the server refuse the whole statement (payloadRefused) when a
+  // claimed text payload is not JSON.
+  claimInOne: `WITH ${CLOCK},
   candidates AS MATERIALIZED (
-    SELECT e.id, e.state, e.fence, e.claimed_at, e.token, e.lease_until,
-      e.due_at, ${PAYLOAD_BYTES} AS bytes
+    SELECT e.id, e.state, e.fence, e.due_at, ${PAYLOAD_BYTES} AS bytes
     FROM outbox_events AS e
     WHERE e.queue = $2 AND e.state IN ('pending', 'leased')
       AND e.due_at <= (SELECT now FROM n)
-      AND (e.state = 'pending' OR e.attempt < e.max_attempts)
-      AND (e.ordering_key IS NULL OR NOT EXISTS (${ORDERED_BEFORE}
-          AND p.id NOT IN (SELECT id FROM exhausted)))
+      AND (e.ordering_key IS NULL OR NOT EXISTS (${ORDERED_BEFORE}))
     ORDER BY e.due_at, e.id LIMIT $3
     FOR UPDATE OF e SKIP LOCKED),
   numbered AS MATERIALIZED (SELECT c.*,
       row_number() OVER (ORDER BY c.due_at, c.id) AS k
     FROM candidates AS c),
   refused AS MATERIALIZED (SELECT 1 FROM numbered
-    WHERE bytes > $4 OR id > ${MAX_SAFE} OR fence >= ${MAX_SAFE} LIMIT 1),
+    WHERE state = 'leased' OR bytes > $4 OR id > ${MAX_SAFE}
+      OR fence >= ${MAX_SAFE}
+    UNION ALL ${EXHAUSTED_DUE}
+    LIMIT 1),
   claimed AS (UPDATE outbox_events AS e
     SET ${claimSet("n.now + $5", "n.now")},
       token = substr($6, c.k::integer * 32 - 31, 32)
@@ -325,23 +287,7 @@ export const POSTGRES = {
     WHERE e.id = c.id AND NOT EXISTS (SELECT 1 FROM refused)
     RETURNING c.k, e.id, e.identity, e.fence, e.attempt, e.max_attempts,
       e.lease_until, e.token, e.payload, e.payload_bytes, e.ordering_key,
-      e.last_error),
-  ledger AS (INSERT INTO outbox_attempts (${LEDGER_COLUMNS})
-    SELECT ${LEDGER_COLUMNS} FROM (
-      ${SWEEP_LEDGER}
-      UNION ALL
-      SELECT 3, c.id, 1, c.id, c.fence, 'claimed', c.claimed_at, c.token,
-        c.lease_until, NULL
-      FROM numbered AS c
-      WHERE c.state = 'leased' AND NOT EXISTS (SELECT 1 FROM refused)
-      UNION ALL
-      SELECT 4, c.k, 1, c.id, c.fence, 'expired', n.now, NULL, NULL,
-        '${LEASE_EXPIRED}'
-      FROM numbered AS c, n
-      WHERE c.state = 'leased' AND NOT EXISTS (SELECT 1 FROM refused)
-    ) AS entries
-    ORDER BY phase, key, n
-    ${UNWRITTEN_ONCE})
+      e.last_error)
   SELECT n.now, (EXISTS (SELECT 1 FROM refused))::integer AS refused, c.*
   FROM n LEFT JOIN claimed AS c ON true
   WHERE c.payload IS NULL OR c.payload::json IS NOT NULL
@@ -355,7 +301,8 @@ export const POSTGRES = {
     WHERE e.id = c.key::bigint`,
   claimOne:
     `UPDATE outbox_events AS e SET ${CLAIM_SET}, token = $4 WHERE e.id = $3`,
-  ledger: `INSERT INTO outbox_attempts (${LEDGER_COLUMNS})
+  ledger:
+    `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
     VALUES ($1, $2, $3, $4, $5, $6, $7)`,
   writeUnwritten:
     `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
@@ -379,13 +326,13 @@ export const POSTGRES = {
     WHERE id = $2 AND token = $3 AND fence = $4 AND state = 'leased'`,
   // $1 now or null (the server's clock), $2 event id, $3 token, $4 fence.
   acknowledgeInOne: acknowledgeInOne(
-    "SELECT 1::bigint AS k, $2::bigint AS id, $4::bigint AS fence, $3::text AS token",
+    "SELECT $2::bigint AS id, $4::bigint AS fence, $3::text AS token",
   ),
-  // $1 now or null, $2 a JSON array of [event id, fence, token], ids distinct.
+  // $1 now or null, $2 a JSON array of [event id, fence, token].
   acknowledgeAllInOne: acknowledgeInOne(
-    `SELECT a.k, (a.v ->> 0)::bigint AS id, (a.v ->> 1)::bigint AS fence,
+    `SELECT (a.v ->> 0)::bigint AS id, (a.v ->> 1)::bigint AS fence,
       a.v ->> 2 AS token
-    FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS a (v, k)`,
+    FROM jsonb_array_elements($2::jsonb) AS a (v)`,
   ),
   acknowledgeAll: `UPDATE outbox_events AS e
     SET state = 'done', updated_at = $1, done_at = $1
