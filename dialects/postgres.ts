@@ -262,7 +262,8 @@ export const POSTGRES = {
   // lapsed last-attempt lease waits to become a dead letter: the ledger
   // entries those need are the general path's. The cast in the last WHERE
   // makes the server refuse the whole statement (payloadRefused) when a
-  // claimed text payload is not JSON.
+  // claimed text payload is not JSON. The `= ANY` repeats the join, so the
+  // rows are looked up by id rather than the table scanned.
   claimInOne: `WITH ${CLOCK},
   candidates AS MATERIALIZED (
     SELECT e.id, e.state, e.fence, e.due_at, ${PAYLOAD_BYTES} AS bytes
@@ -284,7 +285,8 @@ export const POSTGRES = {
     SET ${claimSet("n.now + $5", "n.now")},
       token = substr($6, c.k::integer * 32 - 31, 32)
     FROM numbered AS c, n
-    WHERE e.id = c.id AND NOT EXISTS (SELECT 1 FROM refused)
+    WHERE e.id = c.id AND e.id = ANY (ARRAY(SELECT id FROM numbered))
+      AND NOT EXISTS (SELECT 1 FROM refused)
     RETURNING c.k, e.id, e.identity, e.fence, e.attempt, e.max_attempts,
       e.lease_until, e.token, e.payload, e.payload_bytes, e.ordering_key,
       e.last_error)
