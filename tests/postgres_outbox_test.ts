@@ -65,12 +65,16 @@ class DroppingDriver implements Driver {
     }
     const sent = send();
     sent.catch(() => {});
+    const deadline = Date.now() + 10_000;
     while (
       (await this.admin.query(
         "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
         [pid],
       )).length === 0
     ) {
+      if (Date.now() > deadline) {
+        throw new Error(`the statement never waited for a lock: ${sql}`);
+      }
       await new Promise((resolve) => setTimeout(resolve, 10));
     }
     await terminate();
@@ -215,9 +219,9 @@ Deno.test("postgres: a connection dropped inside a claim fails it with Connectio
   );
   await using outbox = await Outbox.open(dropping);
   const { eventId } = await outbox.enqueue("x");
-  // The claim's statement writes the ledger: it waits for this lock.
+  // The claim's statement waits for this lock.
   await admin.run("BEGIN");
-  await admin.run("LOCK TABLE outbox_attempts IN EXCLUSIVE MODE");
+  await admin.run("LOCK TABLE outbox_events IN EXCLUSIVE MODE");
   await assert.rejects(outbox.claim(), ConnectionLostError);
   await admin.run("ROLLBACK");
   assert.equal(dropping.drops, 1);
