@@ -108,6 +108,37 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    */
   readonly nowExhausted?: string;
   /**
+   * A claim as one statement, outside a transaction (autocommit is its
+   * transaction), for engines where every round trip costs: the clock, the
+   * candidates' locks and the claim. Parameters: now (null: the server's
+   * clock), queue, max, maxPayloadBytes, leaseMs, and one 32-character
+   * token per possible lease. Rows: `now`, `refused` and each lease's event
+   * row as claimed, in claim order (one row of nulls but `now` when none).
+   * It refuses (`refused` 1, nothing changed) whatever needs ledger entries
+   * or dead letters first: a lapsed lease to take over, a lapsed
+   * last-attempt lease, an unclaimable candidate; the general path then
+   * claims.
+   */
+  readonly claimInOne?: string;
+  /**
+   * The errors' `code`s with which `claimInOne` refuses a text payload that
+   * is not JSON, having changed nothing.
+   */
+  readonly payloadRefused?: readonly string[];
+  /**
+   * The fenced acknowledgement of one lease as one statement, outside a
+   * transaction. Parameters: now (null: the server's clock), event id,
+   * token, fence. Rows: `now`, and `acknowledged`: 1, or 0 with nothing
+   * changed when the lease is stale or a lapsed last-attempt lease is to
+   * become a dead letter first (the general path then acknowledges).
+   */
+  readonly acknowledgeInOne?: string;
+  /**
+   * `acknowledgeInOne` for several leases, given as a JSON array of
+   * [event id, fence, token]: all of them, or none.
+   */
+  readonly acknowledgeAllInOne?: string;
+  /**
    * Takes the lock that lines up openers setting the schema up, held to
    * the end of the transaction (instead of SQLite's schema steps).
    */
@@ -1079,15 +1110,32 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       return await this.#write(
         op,
         (now) => this.#claim(queue, leaseMs, max, undefined, now),
+        true,
+        false,
+        this.#claimInOne(op, queue, leaseMs, max),
       );
     }
     const token = options.token === undefined
       ? undefined
       : checkToken(op, "token", options.token);
-    return await this.#write(op, async (now) => {
-      const [lease] = await this.#claim(queue, leaseMs, 1, token, now);
-      return lease ?? null;
-    });
+    // A supplied token is first looked up in the ledger: the general path.
+    const inOne = token === undefined
+      ? this.#claimInOne(op, queue, leaseMs, 1)
+      : undefined;
+    return await this.#write(
+      op,
+      async (now) => {
+        const [lease] = await this.#claim(queue, leaseMs, 1, token, now);
+        return lease ?? null;
+      },
+      true,
+      false,
+      inOne &&
+        (async (now) => {
+          const leases = await inOne(now);
+          return leases && (leases[0] ?? null);
+        }),
+    );
   }
 
   /**
@@ -1133,9 +1181,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         leases,
         (lease, i) => checkLease(op, `leases[${i}]`, lease),
       );
-      return await this.#write(op, (now) => this.#acknowledge(checked, now));
+      return await this.#write(
+        op,
+        (now) => this.#acknowledge(checked, now),
+        true,
+        false,
+        this.#acknowledgeInOne(op, checked),
+      );
     }
     const lease = checkLease(op, "lease", leases);
+    const inOne = this.#acknowledgeInOne(op, [lease]);
     return await this.#write(
       op,
       async (now, joined) => {
@@ -1147,6 +1202,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       },
       true,
       true,
+      inOne && (async (now) => (await inOne(now))?.[0]),
     );
   }
 
@@ -2237,6 +2293,88 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   /**
+   * The claim as the dialect's one statement, when it has one: resolves to
+   * the leases, or to `undefined` when the statement refused an
+   * unclaimable candidate, having changed nothing of it (the general path
+   * then makes it a dead letter).
+   */
+  #claimInOne(
+    op: string,
+    queue: string,
+    leaseMs: number,
+    max: number,
+  ): ((now: number | null) => Promise<Lease<P>[] | undefined>) | undefined {
+    const sql = this.#sql.claimInOne;
+    if (sql === undefined) return undefined;
+    return async (now) => {
+      // 128 random bits per token, minted for every lease the claim may take.
+      const tokens = hex(randomBytes(16 * max), 0, 16 * max);
+      let rows;
+      try {
+        rows = await this.#driver.query(sql, [
+          now,
+          queue,
+          max,
+          this.#maxPayloadBytes,
+          leaseMs,
+          tokens,
+        ]);
+      } catch (error) {
+        const code = (error as { code?: unknown } | null)?.code;
+        if (this.#sql.payloadRefused?.includes(code as string)) {
+          return undefined;
+        }
+        throw error;
+      }
+      this.#checkNow(op, rows[0]?.["now"]);
+      if (rows[0]?.["refused"] === 1) return undefined;
+      return rows.filter((row) => row["id"] !== null).map((row) => ({
+        eventId: integerOf(row, "id"),
+        identity: String(row["identity"]),
+        queue,
+        token: String(row["token"]),
+        fence: integerOf(row, "fence"),
+        attempt: integerOf(row, "attempt"),
+        maxAttempts: integerOf(row, "max_attempts"),
+        leaseUntil: integerOf(row, "lease_until"),
+        payload: decodePayload(row["payload_bytes"] ?? row["payload"]) as P,
+        orderingKey: nullableString(row["ordering_key"]),
+        lastError: nullableString(row["last_error"]),
+      }));
+    };
+  }
+
+  /**
+   * The acknowledgement as the dialect's one statement, when it has one:
+   * resolves to `true` per lease, or to `undefined` when a lease was stale
+   * (or listed twice), having changed nothing: the general path then writes
+   * the stale entries in order.
+   */
+  #acknowledgeInOne(
+    op: string,
+    leases: readonly CheckedLease[],
+  ): ((now: number | null) => Promise<boolean[] | undefined>) | undefined {
+    const one = leases.length === 1;
+    const sql = one
+      ? this.#sql.acknowledgeInOne
+      : this.#sql.acknowledgeAllInOne;
+    if (sql === undefined) return undefined;
+    return async (now) => {
+      const [row] = await this.#driver.query(
+        sql,
+        one ? [now, leases[0]!.eventId, leases[0]!.token, leases[0]!.fence] : [
+          now,
+          JSON.stringify(leases.map((l) => [l.eventId, l.fence, l.token])),
+        ],
+      );
+      this.#checkNow(op, row?.["now"]);
+      return row?.["acknowledged"] === leases.length
+        ? leases.map(() => true)
+        : undefined;
+    };
+  }
+
+  /**
    * Decodes a candidate's payload into `payloads`; returns why the event
    * cannot be handed out instead, when it cannot.
    */
@@ -2431,12 +2569,18 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * outside the mutex, until the application's transaction ends: a claim or
    * renewal committed or rolled back with the application's writes would
    * leave a worker holding a lease the database never kept.
+   *
+   * Outside a transaction, `inOne` (the dialect's one-statement form of
+   * the call, given the injected clock's `now` or null for the server's)
+   * runs instead of `fn` and its transaction, unless it resolves to
+   * `undefined`: it refused, having changed nothing `fn` must see undone.
    */
   async #write<T>(
     op: string,
     fn: (now: number, joined: boolean) => Promise<T>,
     expire = true,
     join = false,
+    inOne?: (now: number | null) => Promise<T | undefined>,
   ): Promise<T> {
     this.#checkOpen(op);
     this.#notNested(op);
@@ -2453,6 +2597,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       const outcome = await this.#mutex.run(async () => {
         if (this.#driver.inTransaction?.() === true) {
           return join ? { value: await this.#joined(op, fn, expire) } : null;
+        }
+        if (inOne !== undefined) {
+          const value = await inOne(
+            this.#now === "database" ? null : this.#checkNow(op, this.#now()),
+          );
+          if (value !== undefined) return { value };
         }
         const busyDeadline = performance.now() + this.#busyTimeoutMs;
         await this.#untilNotBusy(op, busyDeadline, this.#sql.begin);

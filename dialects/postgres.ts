@@ -152,14 +152,56 @@ INSERT INTO outbox_schema (version, applied_at)
 
 const EVENT_COLUMNS =
   "id, identity, queue, state, payload, payload_bytes, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
-const CLAIM_SET = `state = 'leased', fence = e.fence + 1,
-      attempt = e.attempt + 1, lease_until = $1, due_at = $1,
-      updated_at = $2, claimed_at = $2,
+const claimSet = (leaseUntil: string, now: string) =>
+  `state = 'leased', fence = e.fence + 1,
+      attempt = e.attempt + 1, lease_until = ${leaseUntil}, due_at = ${leaseUntil},
+      updated_at = ${now}, claimed_at = ${now},
       last_error = CASE e.state WHEN 'leased' THEN '${LEASE_EXPIRED}' ELSE e.last_error END`;
+const CLAIM_SET = claimSet("$1", "$2");
 const IDS = "SELECT value::bigint FROM jsonb_array_elements_text";
 const PAYLOAD_BYTES =
   "coalesce(octet_length(payload), octet_length(payload_bytes), 0)";
 const NOW = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+const ORDERED_BEFORE = `SELECT 1 FROM outbox_events AS p
+        WHERE p.queue = e.queue AND p.ordering_key = e.ordering_key
+          AND p.id < e.id AND p.state IN ('pending', 'leased')`;
+// The largest integer a JavaScript number holds exactly (2^53 - 1).
+const MAX_SAFE = "9007199254740991";
+// The clock of a one-statement call: $1, or the server's when $1 is null.
+const CLOCK = `n AS MATERIALIZED (SELECT coalesce($1::bigint, ${NOW}) AS now)`;
+// A lapsed last-attempt lease the core's transaction would first make a
+// dead letter: a one-statement call leaves that to the general path.
+const EXHAUSTED_DUE = `SELECT 1 FROM outbox_events
+    WHERE state = 'leased' AND attempt >= max_attempts
+      AND due_at <= (SELECT now FROM n)`;
+
+/**
+ * The fenced acknowledgement of the leases `leases` selects (id, fence,
+ * token) in one statement, all or none: when every lease is current and no
+ * lapsed last-attempt lease waits to become a dead letter, they become
+ * done; otherwise (a stale lease, or one listed twice) nothing changes.
+ * Answers `now` and `acknowledged`, the count. The `= ANY` repeats the
+ * join so the planner looks the rows up by id whatever it guesses of the
+ * JSON's length.
+ */
+function acknowledgeInOne(leases: string): string {
+  return `WITH ${CLOCK},
+  l AS MATERIALIZED (${leases}),
+  matched AS MATERIALIZED (SELECT e.id FROM outbox_events AS e
+    JOIN l ON e.id = l.id
+    WHERE e.id = ANY (ARRAY(SELECT id FROM l)) AND e.token = l.token
+      AND e.fence = l.fence AND e.state = 'leased'
+    FOR UPDATE OF e),
+  acked AS (UPDATE outbox_events AS e
+    SET state = 'done', updated_at = n.now, done_at = n.now
+    FROM n
+    WHERE e.id IN (SELECT id FROM matched)
+      AND (SELECT count(DISTINCT id) FROM matched) = (SELECT count(*) FROM l)
+      AND NOT EXISTS (${EXHAUSTED_DUE})
+    RETURNING e.id)
+  SELECT n.now, (SELECT count(*) FROM acked)::integer AS acknowledged FROM n`;
+}
 
 /** The statements of the core on PostgreSQL. */
 export const POSTGRES = {
@@ -228,12 +270,50 @@ export const POSTGRES = {
       ${PAYLOAD_BYTES} AS bytes, ordering_key, last_error
     FROM outbox_events AS e
     WHERE queue = $1 AND state IN ('pending', 'leased') AND due_at <= $2
-      AND (ordering_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM outbox_events AS p
-        WHERE p.queue = e.queue AND p.ordering_key = e.ordering_key
-          AND p.id < e.id AND p.state IN ('pending', 'leased')))
+      AND (ordering_key IS NULL OR NOT EXISTS (${ORDERED_BEFORE}))
     ORDER BY due_at, id LIMIT $3
     FOR UPDATE OF e SKIP LOCKED`,
+  // $1 now or null (the server's clock), $2 queue, $3 max, $4 the largest
+  // payload in bytes, $5 leaseMs, $6 one 32-character token per lease, in
+  // claim order. Refuses (claims nothing) when a candidate is a lapsed
+  // lease to take over, is unclaimable by size or is past 2^53, or when a
+  // lapsed last-attempt lease waits to become a dead letter: the ledger
+  // entries those need are the general path's. The cast in the last WHERE
+  // makes the server refuse the whole statement (payloadRefused) when a
+  // claimed text payload is not JSON. The `= ANY` repeats the join, so the
+  // rows are looked up by id rather than the table scanned.
+  claimInOne: `WITH ${CLOCK},
+  candidates AS MATERIALIZED (
+    SELECT e.id, e.state, e.fence, e.due_at, ${PAYLOAD_BYTES} AS bytes
+    FROM outbox_events AS e
+    WHERE e.queue = $2 AND e.state IN ('pending', 'leased')
+      AND e.due_at <= (SELECT now FROM n)
+      AND (e.ordering_key IS NULL OR NOT EXISTS (${ORDERED_BEFORE}))
+    ORDER BY e.due_at, e.id LIMIT $3
+    FOR UPDATE OF e SKIP LOCKED),
+  numbered AS MATERIALIZED (SELECT c.*,
+      row_number() OVER (ORDER BY c.due_at, c.id) AS k
+    FROM candidates AS c),
+  refused AS MATERIALIZED (SELECT 1 FROM numbered
+    WHERE state = 'leased' OR bytes > $4 OR id > ${MAX_SAFE}
+      OR fence >= ${MAX_SAFE}
+    UNION ALL ${EXHAUSTED_DUE}
+    LIMIT 1),
+  claimed AS (UPDATE outbox_events AS e
+    SET ${claimSet("n.now + $5", "n.now")},
+      token = substr($6, c.k::integer * 32 - 31, 32)
+    FROM numbered AS c, n
+    WHERE e.id = c.id AND e.id = ANY (ARRAY(SELECT id FROM numbered))
+      AND NOT EXISTS (SELECT 1 FROM refused)
+    RETURNING c.k, e.id, e.identity, e.fence, e.attempt, e.max_attempts,
+      e.lease_until, e.token, e.payload, e.payload_bytes, e.ordering_key,
+      e.last_error)
+  SELECT n.now, (EXISTS (SELECT 1 FROM refused))::integer AS refused, c.*
+  FROM n LEFT JOIN claimed AS c ON true
+  WHERE c.payload IS NULL OR c.payload::json IS NOT NULL
+  ORDER BY c.k`,
+  // The server's JSON parser refusing a payload, or its nesting too deep.
+  payloadRefused: ["22P02", "54001"],
   tokenUsed:
     "SELECT 1 FROM outbox_ledger WHERE event_id = $1 AND kind = 'claimed' AND token = $2",
   claim: `UPDATE outbox_events AS e SET ${CLAIM_SET}, token = c.value
@@ -264,6 +344,16 @@ export const POSTGRES = {
   acknowledge: `UPDATE outbox_events
     SET state = 'done', updated_at = $1, done_at = $1
     WHERE id = $2 AND token = $3 AND fence = $4 AND state = 'leased'`,
+  // $1 now or null (the server's clock), $2 event id, $3 token, $4 fence.
+  acknowledgeInOne: acknowledgeInOne(
+    "SELECT $2::bigint AS id, $4::bigint AS fence, $3::text AS token",
+  ),
+  // $1 now or null, $2 a JSON array of [event id, fence, token].
+  acknowledgeAllInOne: acknowledgeInOne(
+    `SELECT (a.v ->> 0)::bigint AS id, (a.v ->> 1)::bigint AS fence,
+      a.v ->> 2 AS token
+    FROM jsonb_array_elements($2::jsonb) AS a (v)`,
+  ),
   acknowledgeAll: `UPDATE outbox_events AS e
     SET state = 'done', updated_at = $1, done_at = $1
     FROM jsonb_each_text($2::jsonb) AS a

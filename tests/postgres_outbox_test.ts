@@ -40,7 +40,8 @@ async function ledgerKinds(db: Driver, eventId: number): Promise<string[]> {
 
 /**
  * A connection whose backend is terminated (pg_terminate_backend, from a
- * second connection) just before it sends the statement `when` picks.
+ * second connection) when it sends the statement `when` picks: just before
+ * it, or, `inFlight`, while the statement waits for a lock the test holds.
  */
 class DroppingDriver implements Driver {
   drops = 0;
@@ -48,26 +49,44 @@ class DroppingDriver implements Driver {
     readonly inner: PostgresDriver,
     readonly admin: PostgresDriver,
     readonly when: (sql: string) => boolean,
+    readonly inFlight = false,
   ) {}
 
-  async #maybeDrop(sql: string): Promise<void> {
-    if (!this.when(sql)) return;
+  async #send<T>(sql: string, send: () => Promise<T>): Promise<T> {
+    if (!this.when(sql)) return await send();
     this.drops++;
     const [row] = await this.inner.query("SELECT pg_backend_pid() AS pid");
-    await this.admin.query(
-      "SELECT pg_terminate_backend($1, 5000)",
-      [row?.["pid"] ?? null],
-    );
+    const pid = row?.["pid"] ?? null;
+    const terminate = () =>
+      this.admin.query("SELECT pg_terminate_backend($1, 5000)", [pid]);
+    if (!this.inFlight) {
+      await terminate();
+      return await send();
+    }
+    const sent = send();
+    sent.catch(() => {});
+    const deadline = Date.now() + 10_000;
+    while (
+      (await this.admin.query(
+        "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+        [pid],
+      )).length === 0
+    ) {
+      if (Date.now() > deadline) {
+        throw new Error(`the statement never waited for a lock: ${sql}`);
+      }
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+    await terminate();
+    return await sent;
   }
 
-  async query(sql: string, params?: readonly SqlValue[]): Promise<Row[]> {
-    await this.#maybeDrop(sql);
-    return await this.inner.query(sql, params);
+  query(sql: string, params?: readonly SqlValue[]): Promise<Row[]> {
+    return this.#send(sql, () => this.inner.query(sql, params));
   }
 
-  async run(sql: string, params?: readonly SqlValue[]): Promise<RunResult> {
-    await this.#maybeDrop(sql);
-    return await this.inner.run(sql, params);
+  run(sql: string, params?: readonly SqlValue[]): Promise<RunResult> {
+    return this.#send(sql, () => this.inner.run(sql, params));
   }
 
   exec(sql: string): Promise<void> {
@@ -195,11 +214,16 @@ Deno.test("postgres: a connection dropped inside a claim fails it with Connectio
   const dropping = new DroppingDriver(
     await raw(url, schema),
     admin,
-    (sql) => armed && sql === POSTGRES.claimOne,
+    (sql) => armed && sql === POSTGRES.claimInOne,
+    true,
   );
   await using outbox = await Outbox.open(dropping);
   const { eventId } = await outbox.enqueue("x");
+  // The claim's statement waits for this lock.
+  await admin.run("BEGIN");
+  await admin.run("LOCK TABLE outbox_events IN EXCLUSIVE MODE");
   await assert.rejects(outbox.claim(), ConnectionLostError);
+  await admin.run("ROLLBACK");
   assert.equal(dropping.drops, 1);
   const [row] = await admin.query(
     "SELECT state, fence, attempt, token FROM outbox_events WHERE id = $1",
@@ -226,13 +250,20 @@ Deno.test("postgres: a connection dropped inside an acknowledgement fails it wit
   const dropping = new DroppingDriver(
     await raw(url, schema),
     admin,
-    (sql) => armed && sql === POSTGRES.acknowledge,
+    (sql) => armed && sql === POSTGRES.acknowledgeInOne,
+    true,
   );
   await using outbox = await Outbox.open(dropping);
   const { eventId } = await outbox.enqueue("x");
   const lease = await outbox.claim();
   armed = true;
+  // The acknowledgement waits for this row lock.
+  await admin.run("BEGIN");
+  await admin.query("SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", [
+    eventId,
+  ]);
   await assert.rejects(outbox.acknowledge(lease!), ConnectionLostError);
+  await admin.run("ROLLBACK");
   armed = false;
   const [row] = await admin.query(
     "SELECT state, fence FROM outbox_events WHERE id = $1",
@@ -248,7 +279,7 @@ Deno.test("postgres: a connection dropped inside an acknowledgement fails it wit
   ]);
 });
 
-Deno.test("postgres: a connection dropped just before an acknowledgement's COMMIT rolls it back, and acknowledging again records one acknowledgement", async () => {
+Deno.test("postgres: a connection dropped just before the COMMIT of a transaction that acknowledges rolls it back, and acknowledging again records one acknowledgement", async () => {
   const { url, schema } = await fresh();
   await using admin = await raw(url, schema);
   let armed = false;
@@ -261,7 +292,10 @@ Deno.test("postgres: a connection dropped just before an acknowledgement's COMMI
   const { eventId } = await outbox.enqueue("x");
   const lease = await outbox.claim();
   armed = true;
-  await assert.rejects(outbox.acknowledge(lease!), ConnectionLostError);
+  await assert.rejects(
+    outbox.transaction((tx) => tx.acknowledge(lease!)),
+    ConnectionLostError,
+  );
   armed = false;
   // The drop came before COMMIT reached the server, so it rolled back.
   const [row] = await admin.query(
