@@ -104,6 +104,9 @@ export interface QueueCounts {
 /** The last error of a cancelled event: a dead letter, so it stays listed and can be redriven. */
 export const CANCELLED = "cancelled";
 
+/** The last error of an event whose lease lapsed before it was acknowledged. */
+export const LEASE_EXPIRED = "lease expired";
+
 /**
  * Rows {@linkcode Outbox.purge} deletes per transaction: short write locks
  * keep claims on other connections fast while a large backlog is purged.

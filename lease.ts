@@ -27,10 +27,10 @@ import {
 } from "./errors.ts";
 import { isIdentity, uuidv7 } from "./identity.ts";
 import {
-  ADMIN_SQL,
   CANCELLED,
   type EventInfo,
   eventInfo,
+  LEASE_EXPIRED,
   type ListOptions,
   PURGE_BATCH,
   type PurgeOptions,
@@ -39,14 +39,15 @@ import {
   type RedriveOptions,
 } from "./admin.ts";
 import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
+import { SQL, SQLITE, UPGRADES, VERSION_TABLE_SQL } from "./dialects/sqlite.ts";
 
 /** Milliseconds since the Unix epoch, from an injected clock. */
 export type Clock = () => number;
 
 /**
  * The statements every engine spells: the keys of a {@linkcode Dialect}.
- * {@linkcode SQL} (and, for the admin calls, `ADMIN_SQL` in admin.ts) holds
- * SQLite's text for each, with what its parameters mean.
+ * `SQL` in `dialects/sqlite.ts` (and, for the admin calls, `ADMIN_SQL` in
+ * admin.ts) holds SQLite's text for each, with what its parameters mean.
  */
 export type StatementName =
   | "begin"
@@ -94,8 +95,9 @@ export type StatementName =
 /**
  * How the core's statements are spelled on one engine: SQL text only, no
  * I/O. The core decides which statement runs and with what; a dialect says
- * how it is written. {@linkcode SQL} is SQLite's (its schema steps are
- * SQLite's own); PostgreSQL's is `POSTGRES` in `dialects/postgres.ts`, each
+ * how it is written. SQLite's is `SQLITE` in `dialects/sqlite.ts` (its
+ * schema steps are SQLite's own); PostgreSQL's is `POSTGRES` in
+ * `dialects/postgres.ts`, each
  * statement taking the same parameters in the same order.
  */
 export interface Dialect extends Readonly<Record<StatementName, string>> {
@@ -437,7 +439,6 @@ const TOKEN = /^[A-Za-z0-9._~-]{1,128}$/;
 const MAX_NAME_LENGTH = 1024;
 /** The longest error text an event keeps, in UTF-16 code units. */
 export const MAX_ERROR_LENGTH = 65_536;
-const LEASE_EXPIRED = "lease expired";
 const MAX_DATE_MS = 8_640_000_000_000_000;
 // SQLite queues no lock waiters: a waiter only wins if it polls in the gap
 // between another writer's transactions, so the poll interval stays short.
@@ -450,38 +451,6 @@ const HEX = Array.from(
 );
 const mutexes = new WeakMap<Driver, Mutex>();
 
-const EVENT_COLUMNS =
-  "id, identity, queue, state, payload, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
-// What a claim changes, shared by the batch and the lone claim; #claim builds
-// the lease from the candidate row plus exactly these changes.
-const CLAIM_SET = `state = 'leased', fence = fence + 1, attempt = attempt + 1,
-      lease_until = ?1, due_at = ?1, updated_at = ?2, claimed_at = ?2,
-      last_error = CASE state WHEN 'leased' THEN '${LEASE_EXPIRED}' ELSE last_error END`;
-// Version 3's views, as schema.sql creates them.
-const VIEWS_SQL: string = SCHEMA_SQL.slice(
-  SCHEMA_SQL.indexOf("CREATE VIEW"),
-  SCHEMA_SQL.indexOf("CREATE TABLE outbox_schema"),
-);
-// UUIDv7 identities stamped with each row's created_at: 74 random bits from
-// randomblob() (rand_a, rand_b and the variant's free bits), so they sort by
-// enqueue time as minted ones do. The subquery, correlated with the row,
-// draws new bits for each row.
-const FILL_IDENTITIES_SQL = `UPDATE outbox_events SET identity = (
-      SELECT substr(t, 1, 8) || '-' || substr(t, 9, 4) || '-7' || substr(r, 1, 3)
-        || '-' || substr('89ab89ab89ab89ab', instr('0123456789abcdef', substr(r, 4, 1)), 1)
-        || substr(r, 5, 3) || '-' || substr(r, 8, 12)
-      FROM (SELECT printf('%012x', created_at & 0xffffffffffff) AS t,
-        lower(hex(randomblob(10))) AS r))`;
-// Version 5's trigger, as schema.sql creates it.
-const IDENTITY_TRIGGER_SQL: string = SCHEMA_SQL.slice(
-  SCHEMA_SQL.indexOf("CREATE TRIGGER outbox_events_fill_identity"),
-  SCHEMA_SQL.indexOf("END;", SCHEMA_SQL.indexOf("CREATE TRIGGER")) + 4,
-);
-// The version table, which databases of older releases lack.
-const VERSION_TABLE_SQL = SCHEMA_SQL.slice(
-  SCHEMA_SQL.indexOf("CREATE TABLE outbox_schema"),
-  SCHEMA_SQL.indexOf("INSERT INTO outbox_schema"),
-);
 // Transaction control through tx.run would commit or roll back behind the
 // outbox's back (a handler's writes committed before its stale
 // acknowledgement threw).
@@ -493,228 +462,6 @@ const TRANSACTION_CONTROL = new Set([
   "SAVEPOINT",
   "RELEASE",
 ]);
-
-/**
- * The schema upgrades, keyed by the version each starts from: step `n`
- * brings a version `n` database to version `n + 1`, inside the transaction
- * that opens it, and `outbox_schema` records `n + 1`. A new schema version
- * adds its step here and its table shape to schema.sql. Exported for tests.
- *
- * @ignore
- */
-export const UPGRADES: ReadonlyMap<number, string> = new Map([
-  // lease.ts writes the ledger itself; left in place, version 1's triggers
-  // would write the entries of claims and acknowledgements again.
-  [
-    1,
-    `DROP TRIGGER IF EXISTS outbox_events_claimed;
-    DROP TRIGGER IF EXISTS outbox_events_acknowledged`,
-  ],
-  // Version 2 wrote every entry as a row, so none is left unwritten.
-  [2, `ALTER TABLE outbox_events ADD COLUMN claimed_at INTEGER; ${VIEWS_SQL}`],
-  // Existing events get UUIDv7 identities stamped with their created_at.
-  [
-    3,
-    `ALTER TABLE outbox_events ADD COLUMN identity TEXT;
-    ${FILL_IDENTITIES_SQL};
-    CREATE UNIQUE INDEX outbox_events_identity ON outbox_events (identity)`,
-  ],
-  // Rows other writers inserted without an identity get one now, and the
-  // trigger gives later ones theirs.
-  [4, `${FILL_IDENTITIES_SQL} WHERE identity IS NULL; ${IDENTITY_TRIGGER_SQL}`],
-]);
-
-/** The statements of the core, exported for the query-plan tests only. */
-export const SQL = {
-  begin: "BEGIN IMMEDIATE",
-  commit: "COMMIT",
-  rollback: "ROLLBACK",
-  savepoint: "SAVEPOINT acknowledge",
-  releaseSavepoint: "RELEASE acknowledge",
-  rollbackToSavepoint: "ROLLBACK TO acknowledge",
-  // Inside an application's transaction: the outbox's statements as one
-  // unit that a failure undoes without touching the application's writes.
-  joinSavepoint: "SAVEPOINT outbox",
-  releaseJoin: "RELEASE outbox",
-  rollbackJoin: "ROLLBACK TO outbox",
-  tables: `SELECT name FROM sqlite_schema
-    WHERE type = 'table' AND name IN ('outbox_events', 'outbox_schema')`,
-  schemaVersion: "SELECT max(version) AS version FROM outbox_schema",
-  recordVersion: `INSERT INTO outbox_schema (version, applied_at)
-    VALUES (?, CAST(unixepoch('subsec') * 1000 AS INTEGER))`,
-  // Releases before outbox_schema kept the version in user_version; the
-  // tables' shape tells it without trusting user_version: version 4 added
-  // identity, version 3 claimed_at, version 2 dropped version 1's ledger
-  // triggers.
-  legacyShape: `SELECT
-    (SELECT count(*) FROM pragma_table_info('outbox_events')
-      WHERE name = 'identity') AS identity,
-    (SELECT count(*) FROM pragma_table_info('outbox_events')
-      WHERE name = 'claimed_at') AS claimed_at,
-    (SELECT count(*) FROM sqlite_schema
-      WHERE type = 'trigger' AND name = 'outbox_events_claimed') AS triggers`,
-  userVersion: "PRAGMA user_version",
-  resetUserVersion: "PRAGMA user_version = 0",
-  // A conflict on the dedup key or the identity inserts nothing.
-  // ?10: the payload when it is bytes (?2 when JSON text): PostgreSQL keeps
-  // the two in columns of their own.
-  insert: `INSERT INTO outbox_events
-    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity)
-    VALUES (?1, 'pending', coalesce(?2, ?10), ?3, ?4, ?5, ?6, ?7, ?8, ?9)
-    ON CONFLICT DO NOTHING
-    RETURNING id`,
-  // The dedup key's event first: it is the one the caller's key names.
-  existing: `SELECT id, identity FROM outbox_events
-    WHERE (queue = ?1 AND dedup_key = ?2) OR identity = ?3
-    ORDER BY dedup_key IS NOT ?2 LIMIT 1`,
-  // A batch of enqueues in one statement, each row inserted or skipped as
-  // `insert` would be, in array order, so ids follow it and a later row
-  // meets the keys of earlier ones. ?1: now; ?2: a JSON array of [queue,
-  // payload JSON text or null, payload bytes as hex or null, dedup key,
-  // ordering key, due_at, max_attempts, identity]. (WHERE true: SQLite's
-  // upsert after INSERT … SELECT needs a WHERE clause to parse.)
-  insertAll: `INSERT INTO outbox_events
-    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity)
-    SELECT e.value ->> 0, 'pending',
-      coalesce(e.value ->> 1, unhex(e.value ->> 2)), e.value ->> 3,
-      e.value ->> 4, e.value ->> 5, e.value ->> 6, ?1, ?1, e.value ->> 7
-    FROM json_each(?2) AS e WHERE true ORDER BY e.key
-    ON CONFLICT DO NOTHING
-    RETURNING id, identity, queue, dedup_key`,
-  // `existing` for the skipped rows of a batch. ?1: a JSON array of [queue,
-  // dedup key, identity, bound]; a row with id at or past its bound (the
-  // first id the batch inserted after it) did not exist yet when that
-  // element's turn came. Answers n, the element's index, with id and
-  // identity.
-  existingAll: `SELECT d.key AS n, e.id, e.identity
-    FROM json_each(?1) AS d
-    JOIN outbox_events AS e ON e.id = (
-      SELECT id FROM outbox_events
-      WHERE ((queue = d.value ->> 0 AND dedup_key = d.value ->> 1)
-          OR identity = d.value ->> 2)
-        AND (d.value ->> 3 IS NULL OR id < d.value ->> 3)
-      ORDER BY dedup_key IS NOT d.value ->> 1 LIMIT 1)`,
-  // A lapsed lease on the last attempt is a dead letter from its deadline on
-  // (SQS moves a message to its dead-letter queue when its receive count runs
-  // out). Every transaction looks for them first, so once any call has seen
-  // such a lease lapse, no call sees it alive again, even if the clock steps
-  // back.
-  exhausted: `SELECT id, fence FROM outbox_events
-    WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= ?1`,
-  // ?2: a JSON array of event ids.
-  expire: `UPDATE outbox_events
-    SET state = 'dead', lease_until = NULL, token = NULL,
-      last_error = '${LEASE_EXPIRED}', updated_at = ?1, done_at = due_at
-    WHERE id IN (SELECT value FROM json_each(?2))`,
-  // Only the first unfinished event of an ordering key passes the NOT
-  // EXISTS, and claiming it leaves it unfinished, so a batch never holds two
-  // events of one key. `+?1` and `+?3`: SQLite recompiles a statement each
-  // time a parameter is bound anew when its plan compared that parameter
-  // with a constant (the LIMIT; the partial indexes' WHERE clauses), which
-  // cost every claim 18 µs on node:sqlite and 33 µs in WASM; the unary plus
-  // keeps the parameters out of the planner's sight.
-  // ?4: the claiming outbox's maxPayloadBytes. octet_length reads a
-  // payload's size from its record header, so a payload too large to read
-  // back is never loaded: its event becomes a dead letter instead.
-  candidates: `SELECT id, identity, state, fence, attempt, max_attempts,
-      CASE WHEN octet_length(payload) <= ?4 THEN payload END AS payload,
-      octet_length(payload) AS bytes, ordering_key, last_error
-    FROM outbox_events AS e
-    WHERE queue = +?1 AND state IN ('pending', 'leased') AND due_at <= ?2
-      AND (ordering_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM outbox_events AS p
-        WHERE p.queue = e.queue AND p.ordering_key = e.ordering_key
-          AND p.id < e.id AND p.state IN ('pending', 'leased')))
-    ORDER BY due_at, id LIMIT +?3`,
-  tokenUsed:
-    "SELECT 1 FROM outbox_ledger WHERE event_id = ? AND kind = 'claimed' AND token = ?",
-  // ?3: a JSON object from each candidate's id to its token: an object's
-  // values need no extraction, which cost 0.7 µs per event in WASM. No
-  // RETURNING: reading its rows back cost more than building the leases.
-  claim: `UPDATE outbox_events AS e SET ${CLAIM_SET}, token = c.value
-    FROM json_each(?3) AS c
-    WHERE e.id = CAST(c.key AS INTEGER)`,
-  // A lone claim without JSON, which would cost it twice the UPDATE itself.
-  claimOne: `UPDATE outbox_events SET ${CLAIM_SET}, token = ?4 WHERE id = ?3`,
-  ledger:
-    `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
-    VALUES (?, ?, ?, ?, ?, ?, ?)`,
-  // Writes the entries the event rows still hold (schema.sql's
-  // outbox_unwritten_attempts). ?1: a JSON array of event ids.
-  writeUnwritten:
-    `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
-    SELECT event_id, fence, kind, at, token, lease_until, detail
-    FROM outbox_unwritten_attempts
-    WHERE event_id IN (SELECT value FROM json_each(?1))
-    ORDER BY event_id, n`,
-  // ?2: a JSON array of [event id, fence, kind, token, lease_until, detail]
-  // entries, inserted in array order (explain() orders by seq, the id). Entries of
-  // events that do not exist (purged, never enqueued) are skipped, as the
-  // stale statement skips them.
-  ledgerAll:
-    `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
-    SELECT l.value ->> 0, l.value ->> 1, l.value ->> 2, ?1, l.value ->> 3,
-      l.value ->> 4, l.value ->> 5
-    FROM json_each(?2) AS l
-    WHERE EXISTS (SELECT 1 FROM outbox_events WHERE id = l.value ->> 0)
-    ORDER BY l.key`,
-  acknowledge: `UPDATE outbox_events
-    SET state = 'done', updated_at = ?1, done_at = ?1
-    WHERE id = ?2 AND token = ?3 AND fence = ?4 AND state = 'leased'`,
-  // ?2: a JSON object from event id to `${fence}:${token}` (a token has no
-  // colon): one comparison instead of two extractions, 0.8 µs per event in
-  // WASM.
-  acknowledgeAll: `UPDATE outbox_events AS e
-    SET state = 'done', updated_at = ?1, done_at = ?1
-    FROM json_each(?2) AS a
-    WHERE e.id = CAST(a.key AS INTEGER)
-      AND a.value = e.fence || ':' || e.token AND e.state = 'leased'`,
-  renew: `UPDATE outbox_events
-    SET lease_until = max(lease_until, ?1), due_at = max(lease_until, ?1), updated_at = ?2
-    WHERE id = ?3 AND token = ?4 AND fence = ?5 AND state = 'leased'
-      AND lease_until > ?2
-    RETURNING lease_until`,
-  // ?7: 1 makes it a dead letter whatever attempts are left.
-  release: `UPDATE outbox_events
-    SET state = CASE WHEN ?7 OR attempt >= max_attempts THEN 'dead' ELSE 'pending' END,
-      done_at = CASE WHEN ?7 OR attempt >= max_attempts THEN ?1 END,
-      token = NULL, lease_until = NULL, due_at = ?2, updated_at = ?1,
-      last_error = coalesce(?3, last_error)
-    WHERE id = ?4 AND token = ?5 AND fence = ?6 AND state = 'leased'
-    RETURNING state`,
-  stale: `INSERT INTO outbox_attempts (event_id, fence, kind, at, token)
-    SELECT id, ?2, ?3, ?4, ?5 FROM outbox_events WHERE id = ?1`,
-  deadLetters:
-    `SELECT id, identity, queue, payload, attempt, last_error, created_at, done_at
-    FROM outbox_events WHERE state = 'dead' AND queue = ? ORDER BY id LIMIT ?`,
-  // An event a claim cannot hand out (payload too large, or text that is
-  // not JSON): a dead letter with the reason, so the queue goes on.
-  unclaimable: `UPDATE outbox_events
-    SET state = 'dead', done_at = ?1, updated_at = ?1, lease_until = NULL,
-      token = NULL, last_error = ?2
-    WHERE id = ?3`,
-  // A write that changes nothing: fails with SQLITE_READONLY on a read-only
-  // connection, where BEGIN IMMEDIATE itself succeeds.
-  writable: "UPDATE outbox_events SET id = id WHERE 0",
-  tableCount: "SELECT count(*) AS n FROM sqlite_schema",
-  // Only takes effect before the first table exists (sqlite.org/pragma.html).
-  autoVacuum: "PRAGMA auto_vacuum = INCREMENTAL",
-  freelistCount: "PRAGMA freelist_count",
-  pageCount: "PRAGMA page_count",
-  pageSize: "PRAGMA page_size",
-  autoVacuumMode: "PRAGMA auto_vacuum",
-  incrementalVacuum: "PRAGMA incremental_vacuum",
-  stats: `SELECT state, count(*) AS n, min(created_at) AS oldest
-    FROM outbox_events WHERE queue = ? GROUP BY state`,
-  event: `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE id = ?`,
-  eventByIdentity:
-    `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE identity = ?`,
-  history: `SELECT kind, fence, at, token, lease_until, detail
-    FROM outbox_ledger WHERE event_id = ? ORDER BY seq`,
-} as const;
-
-/** SQLite's dialect: the core's statements and the admin calls'. */
-const SQLITE: Dialect = { ...SQL, ...ADMIN_SQL };
 
 /**
  * A transactional outbox with leases on one SQLite connection.
@@ -2221,7 +1968,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const random = randomBytes(
       token === undefined ? 16 * candidates.length : 0,
     );
-    // Each lease is its row as read plus what CLAIM_SET changes.
+    // Each lease is its row as read plus what the claim's UPDATE changes
+    // (CLAIM_SET in dialects/sqlite.ts).
     const leases = candidates.map((row, i): Lease<P> => {
       const eventId = integerOf(row, "id");
       const fence = integerOf(row, "fence");

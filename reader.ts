@@ -29,8 +29,8 @@ import {
   explanation,
   listParameters,
   MAX_DURATION_MS,
-  SQL,
 } from "./lease.ts";
+import { SQL } from "./dialects/sqlite.ts";
 import { SCHEMA_VERSION } from "./schema.ts";
 
 /** Options of {@linkcode OutboxReader.open}. */

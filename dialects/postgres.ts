@@ -24,13 +24,11 @@
  * @module
  */
 
-import { CANCELLED, PURGE_BATCH } from "../admin.ts";
+import { CANCELLED, LEASE_EXPIRED, PURGE_BATCH } from "../admin.ts";
 import type { Dialect } from "../lease.ts";
 
 /** The schema version this dialect creates, as SQLite's schema.sql does. */
 export const POSTGRES_SCHEMA_VERSION = 4;
-
-const LEASE_EXPIRED = "lease expired";
 
 /**
  * The schema, idempotent: run under the advisory lock of

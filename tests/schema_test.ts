@@ -1,7 +1,7 @@
 /** The schema as applied, and the core's query plans against it. */
 import assert from "node:assert/strict";
 import { Outbox, SCHEMA_SQL, SCHEMA_VERSION } from "../mod.ts";
-import { SQL, UPGRADES } from "../lease.ts";
+import { SQL, UPGRADES } from "../dialects/sqlite.ts";
 import {
   loadSqlite3,
   openSqliteWasm,

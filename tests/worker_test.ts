@@ -7,7 +7,7 @@ import {
   Outbox,
   type SqlValue,
 } from "../mod.ts";
-import { SQL } from "../lease.ts";
+import { SQL } from "../dialects/sqlite.ts";
 import { join } from "node:path";
 import { openSqliteWasm as openDenoFile } from "../deno/sqlite_wasm.ts";
 import { DatabaseMovedError } from "../errors.ts";
