@@ -19,6 +19,8 @@ const SKEWS_MS = [0, -180_000, 120_000, 300_000];
 interface WorkerProcess {
   readonly child: Deno.ChildProcess;
   readonly ready: Promise<void>;
+  /** Resolves when the worker next starts a handler, so holds a lease. */
+  nextHandler(): Promise<void>;
 }
 
 function spawnWorker(url: string, schema: string, skewMs: number) {
@@ -35,20 +37,30 @@ function spawnWorker(url: string, schema: string, skewMs: number) {
     stdout: "piped",
     stderr: "inherit",
   }).spawn();
-  const ready = (async () => {
-    const reader = child.stdout.pipeThrough(new TextDecoderStream())
-      .getReader();
+  const ready = Promise.withResolvers<void>();
+  let handler = Promise.withResolvers<void>();
+  // Read to the end, so the child never blocks on a full pipe.
+  (async () => {
     let text = "";
-    while (!text.includes("ready")) {
-      const { value, done } = await reader.read();
-      if (done) throw new Error("worker exited before it was ready");
-      text += value;
+    for await (
+      const chunk of child.stdout.pipeThrough(new TextDecoderStream())
+    ) {
+      text += chunk;
+      if (text.startsWith("ready\n")) ready.resolve();
+      const lines = text.split("\n");
+      text = lines.pop()!;
+      if (lines.some((line) => line.startsWith("H "))) {
+        handler.resolve();
+        handler = Promise.withResolvers<void>();
+      }
     }
-    reader.releaseLock();
-    // Drain the rest so the child never blocks on a full pipe.
-    child.stdout.pipeTo(new WritableStream()).catch(() => {});
+    ready.reject(new Error("worker exited before it was ready"));
   })();
-  return { child, ready } satisfies WorkerProcess;
+  return {
+    child,
+    ready: ready.promise,
+    nextHandler: () => handler.promise,
+  } satisfies WorkerProcess;
 }
 
 Deno.test("postgres: 4 worker processes with skewed clocks drain 5,000 events through a SIGKILL and a SIGSTOP past their leases: each done once or dead, fences increasing, no stale acknowledgement accepted", async () => {
@@ -90,9 +102,14 @@ Deno.test("postgres: 4 worker processes with skewed clocks drain 5,000 events th
         await new Promise((resolve) => setTimeout(resolve, 50));
       }
     };
+    // Each is stopped as it starts a handler (which takes 100 ms), so it
+    // holds a lease then: on a busy machine a worker slow to start could
+    // otherwise be killed holding none, and no lease would lapse.
     await waitFor(EVENTS * 0.2);
+    await killed.nextHandler();
     killed.child.kill("SIGKILL");
     await waitFor(EVENTS * 0.4);
+    await stopped.nextHandler();
     stopped.child.kill("SIGSTOP");
     await new Promise((resolve) => setTimeout(resolve, LEASE_MS * 2));
     stopped.child.kill("SIGCONT");
