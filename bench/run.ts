@@ -46,7 +46,7 @@ function progress(message: string): void {
 }
 
 /** Sizes of one run. */
-interface Sizes {
+export interface Sizes {
   durable: { warmup: number; blocks: number; units: number };
   memory: { warmup: number; blocks: number; units: number };
   batch: { max: number; warmup: number; blocks: number; units: number };
@@ -62,7 +62,7 @@ interface Sizes {
   };
 }
 
-const FULL: Sizes = {
+export const FULL: Sizes = {
   // Short blocks: the disk's fsync latency drifts within seconds, and the
   // shorter each block, the closer in time the two drivers' blocks run.
   durable: { warmup: 20, blocks: 40, units: 10 },
@@ -236,19 +236,46 @@ async function bench(sizes: Sizes, dir: string): Promise<BenchRow[]> {
     });
   }
 
-  const { processes, pairs, phaseMs, warmupMs, pending } = sizes.contend;
-  const target = file("contend", "wasm");
+  rows.push(await contentionRow(sizes.contend, file("contend", "wasm")));
+
+  const rss = (i: number) => costResults[i]!.peakRssBytes / 2 ** 20;
+  rows.push({
+    name: `peak RSS of the ${large} pending run`,
+    value: rss(2),
+    unit: "MiB",
+    anchor: `${small} pending run`,
+    anchorValue: rss(0),
+    ratio: rss(2) / rss(0),
+    goal: "report",
+    met: null,
+  });
+  return rows;
+}
+
+/**
+ * The contention row: `processes` processes sharing one WASM file against
+ * one alone (see bench/README.md).
+ *
+ * @param sizes How long and how often to measure.
+ * @param target The file, seeded here.
+ * @returns The row.
+ */
+export async function contentionRow(
+  sizes: Sizes["contend"],
+  target: Target,
+): Promise<BenchRow> {
+  const { processes, pairs, phaseMs, warmupMs, pending } = sizes;
   await runScenarioProcess({ kind: "seed", target, pending });
   progress(`1 process vs ${processes} contending on one WASM file`);
-  let results: ScenarioResult[];
   // One set of warm processes; phases of one process and of all of them
   // alternate every `phaseMs` (solo, all, solo, ..., solo), so the disk's
   // drifting fsync latency falls on both alike, and each phase of all is
-  // compared with the mean of the solo phases either side of it.
-  // Every process signals once its database is open and runs cycles until
-  // `go`, written `warmupMs` after the last one is ready: starting four Deno
+  // compared with the mean of the solo phases either side of it. Every
+  // process signals once its database is open and runs cycles until `go`,
+  // written `warmupMs` after the last one is ready: starting four Deno
   // processes on two busy cores takes seconds, so a start time fixed in
   // advance could pass before some had begun.
+  let results: ScenarioResult[];
   const barrier = await Deno.makeTempDir({ prefix: "contend-" });
   try {
     const running = runAll(
@@ -288,7 +315,7 @@ async function bench(sizes: Sizes, dir: string): Promise<BenchRow[]> {
   const ratio = median(
     all.map((value, pair) => value / ((solo[pair]! + solo[pair + 1]!) / 2)),
   );
-  rows.push({
+  return {
     name:
       `${processes} processes contending, total claim+ack cycles/s, WASM file`,
     value: many,
@@ -298,20 +325,7 @@ async function bench(sizes: Sizes, dir: string): Promise<BenchRow[]> {
     ratio,
     goal: ">= 0.7",
     met: ratio >= 0.7,
-  });
-
-  const rss = (i: number) => costResults[i]!.peakRssBytes / 2 ** 20;
-  rows.push({
-    name: `peak RSS of the ${large} pending run`,
-    value: rss(2),
-    unit: "MiB",
-    anchor: `${small} pending run`,
-    anchorValue: rss(0),
-    ratio: rss(2) / rss(0),
-    goal: "report",
-    met: null,
-  });
-  return rows;
+  };
 }
 
 if (import.meta.main) {
