@@ -32,6 +32,7 @@ import { parseArgs } from "node:util";
 import { BusyError, type Outbox, type Row } from "./mod.ts";
 import {
   type Engine,
+  lazy,
   openDatabase,
   postgresEngine,
   sqliteEngine,
@@ -123,7 +124,9 @@ const recipientPath = `${dbPath}.recipient.db`;
 
 const databaseUrl = postgres ? Deno.env.get("DATABASE_URL") : undefined;
 const server = postgres && databaseUrl === undefined
-  ? await (await import("./scripts/postgres_server.ts")).startPostgres()
+  ? await (await lazy<typeof import("./scripts/postgres_server.ts")>(
+    "../scripts/postgres_server.ts",
+  )).startPostgres()
   : undefined;
 const engine: Engine = postgres
   ? await postgresEngine(

@@ -153,9 +153,9 @@ export async function postgresEngine(
   schema: string,
   keep = true,
 ): Promise<Engine> {
-  const { connectPostgres, openPostgres } = await import(
-    "../drivers/postgres.ts"
-  );
+  const { connectPostgres, openPostgres } = await lazy<
+    typeof import("../drivers/postgres.ts")
+  >("../drivers/postgres.ts");
   const seedSchema = `${schema}_seed`;
   const application = (name: string) => `leased-outbox-demo-${name}`;
   const gates = new Map<string, Gate>();
@@ -317,6 +317,15 @@ function startGate(url: URL): Gate {
       }
     },
   };
+}
+
+/**
+ * Imports `specifier` (relative to this module) when called. A literal
+ * `import()` would not do: Deno fetches the npm packages of every literal
+ * import up front, `pg` and the server's binaries for a SQLite run too.
+ */
+export function lazy<T>(specifier: string): Promise<T> {
+  return import(new URL(specifier, import.meta.url).href);
 }
 
 /** The engine a child process was pointed at with {@linkcode Engine.args}. */
