@@ -13,23 +13,29 @@
  * 3. A summary; the exit code is 1 when any event was lost, acknowledged
  *    twice, or had its effect applied other than exactly once.
  *
- * Usage: `deno run -A demo.ts [PATH] [--events 2000] [--poison 5]
- * [--lease-ms 2000] [--latency-ms 5] [--json]`. PATH is a database file that
- * must not exist yet, nor PATH.recipient.db beside it, the recipient's
- * database (default: both in a new temporary directory, removed when the
- * demo exits).
+ * Usage: `deno run -A demo.ts [PATH | --postgres] [--events 2000]
+ * [--poison 5] [--lease-ms 2000] [--latency-ms 5] [--json]`. PATH is a
+ * database file that must not exist yet, nor PATH.recipient.db beside it,
+ * the recipient's database (default: both in a new temporary directory,
+ * removed when the demo exits).
+ *
+ * `--postgres` runs the outbox on PostgreSQL: at `DATABASE_URL` when set, in
+ * a new schema (and one for the seed scenario) dropped at exit; otherwise on
+ * a server the demo starts and stops, as the tests do
+ * (`scripts/postgres_server.ts`). The recipient keeps its SQLite file.
  *
  * @module
  */
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
-import { BusyError, Outbox, type Row } from "./mod.ts";
+import { BusyError, type Outbox, type Row } from "./mod.ts";
 import {
-  DRIVER_NAME,
+  type Engine,
+  lazy,
   openDatabase,
-  openOutbox,
-  ORDERS_SQL,
+  postgresEngine,
+  sqliteEngine,
 } from "./demo/db.ts";
 import { startReceiver } from "./demo/receiver.ts";
 
@@ -37,7 +43,7 @@ const root = dirname(fileURLToPath(import.meta.url));
 // node:util's parser refuses unknown flags and missing values, so a typo
 // never silently runs the default demo.
 const usage =
-  "usage: deno task demo [PATH] [--events N] [--poison N] [--lease-ms N] [--latency-ms N] [--json]";
+  "usage: deno task demo [PATH | --postgres] [--events N] [--poison N] [--lease-ms N] [--latency-ms N] [--json]";
 let parsed;
 try {
   parsed = parseArgs({
@@ -50,9 +56,15 @@ try {
       "lease-ms": { type: "string" },
       "latency-ms": { type: "string" },
       json: { type: "boolean" },
+      postgres: { type: "boolean" },
     },
   });
   if (parsed.positionals.length > 1) throw new TypeError("one PATH at most");
+  if (parsed.values.postgres && parsed.positionals.length > 0) {
+    throw new TypeError(
+      "PATH names a SQLite file: with --postgres, set DATABASE_URL instead",
+    );
+  }
 } catch (error) {
   console.error(`${(error as Error).message}\n${usage}`);
   Deno.exit(2);
@@ -75,6 +87,7 @@ const leaseMs = Math.max(100, integer("lease-ms", 2_000));
 const latencyMs = integer("latency-ms", 5);
 const json = parsed.values.json === true;
 const path = parsed.positionals[0];
+const postgres = parsed.values.postgres === true;
 
 for (
   const file of path === undefined ? [] : [path, `${path}.recipient.db`]
@@ -108,22 +121,42 @@ Deno.addSignalListener("SIGINT", () => Deno.exit(130));
 Deno.addSignalListener("SIGTERM", () => Deno.exit(143));
 const dbPath = path ?? join(tempDir!, "outbox.db");
 const recipientPath = `${dbPath}.recipient.db`;
-const seedPath = join(dirname(dbPath), "seed.db");
 
-console.log(`leased-outbox demo · ${DRIVER_NAME}`);
+const databaseUrl = postgres ? Deno.env.get("DATABASE_URL") : undefined;
+const server = postgres && databaseUrl === undefined
+  ? await (await lazy<typeof import("./scripts/postgres_server.ts")>(
+    "../scripts/postgres_server.ts",
+  )).startPostgres()
+  : undefined;
+const engine: Engine = postgres
+  ? await postgresEngine(
+    databaseUrl ?? server!.url,
+    `leased_outbox_demo_${crypto.randomUUID().slice(0, 8)}`,
+    false,
+  )
+  : sqliteEngine(dbPath);
+
+console.log(`leased-outbox demo · ${engine.name}`);
+if (server !== undefined) {
+  console.log(
+    `server started for the demo on 127.0.0.1:${server.port} (stopped at exit)`,
+  );
+}
 console.log(
-  `database ${dbPath}${tempDir === undefined ? "" : " (removed at exit)"}`,
+  `database ${engine.where}${
+    postgres
+      ? " (dropped at exit)"
+      : tempDir === undefined
+      ? ""
+      : " (removed at exit)"
+  }`,
 );
 console.log(`recipient database ${recipientPath}\n`);
 
 // 1. The seed scenario, on two connections to one file.
 {
   let clockMs = 0;
-  const open = async () =>
-    Outbox.open(await openDatabase(seedPath), {
-      now: () => clockMs,
-      leaseMs: 10,
-    });
+  const open = () => engine.openSeedOutbox(() => clockMs);
   await using first = await open();
   await using second = await open();
   await first.transaction((tx) =>
@@ -141,7 +174,9 @@ console.log(`recipient database ${recipientPath}\n`);
   const staleAck = await first.acknowledge(leaseA!);
   const currentAck = await second.acknowledge(leaseB!);
   const afterAck = await claim(first, 120, "claimC");
-  console.log(`Seed scenario on ${seedPath} (two connections, lease 10 ms):`);
+  console.log(
+    `Seed scenario on ${engine.seedWhere} (two connections, lease 10 ms):`,
+  );
   const rows: [string, unknown][] = [
     ["first claim       claim(first, 100, claimA)", leaseA?.eventId ?? null],
     ["active lease      claim(second, 109, claimB)", active?.eventId ?? null],
@@ -158,14 +193,11 @@ console.log(`recipient database ${recipientPath}\n`);
 
 // 2. The run: a producer, three workers, a recipient, a crash and a pause.
 const receiver = await startReceiver(recipientPath, latencyMs);
-const setup = await openOutbox(dbPath, { busyTimeoutMs: 1_000 });
+const setup = await engine.openOutbox({ busyTimeoutMs: 1_000 });
 await setup.transaction(async (tx) => {
-  await tx.run(ORDERS_SQL);
-  await tx.run(
-    "CREATE TABLE IF NOT EXISTS demo_probe (id INTEGER PRIMARY KEY, at INTEGER) STRICT",
-  );
+  for (const sql of engine.setupSql) await tx.run(sql);
 });
-const monitor = await openDatabase(dbPath);
+const monitor = await engine.openMonitor();
 
 console.log(
   `Run: 1 producer writes ${events} orders (${poison} poison), 3 workers deliver to ${receiver.url} (an inbox)`,
@@ -174,15 +206,18 @@ console.log(
   `     lease ${leaseMs} ms, 4 handlers per worker, recipient latency ${latencyMs} ms\n`,
 );
 
-function spawn(script: string, extra: string[]): Deno.ChildProcess {
+function spawn(
+  script: string,
+  name: string,
+  extra: string[],
+): Deno.ChildProcess {
   const child = new Deno.Command(Deno.execPath(), {
     args: [
       "run",
       "-A",
       "--quiet",
       join(root, script),
-      "--db",
-      dbPath,
+      ...engine.argsFor(name),
       ...extra,
     ],
     cwd: root,
@@ -198,18 +233,20 @@ function spawn(script: string, extra: string[]): Deno.ChildProcess {
 const startedAt = performance.now();
 const elapsedS = () => (performance.now() - startedAt) / 1_000;
 const names = ["w1", "w2", "w3"];
-const workers = names.map((name) =>
-  spawn("demo/worker.ts", [
-    "--url",
-    receiver.url,
-    "--name",
-    name,
-    "--lease-ms",
-    String(leaseMs),
-  ])
+const workers = await Promise.all(
+  names.map((name) =>
+    spawn("demo/worker.ts", name, [
+      "--url",
+      receiver.url,
+      "--name",
+      name,
+      "--lease-ms",
+      String(leaseMs),
+    ])
+  ),
 );
 const workerOutputs = workers.map((child) => child.output());
-const producer = spawn("demo/producer.ts", [
+const producer = spawn("demo/producer.ts", "producer", [
   "--events",
   String(events),
   "--poison",
@@ -232,31 +269,30 @@ let paused = false;
 
 /**
  * Pauses w2 between its deliveries and their acknowledgements, the moment
- * fencing exists for (a GC pause, a frozen VM): the demo holds the write lock
- * for 100 ms, so w2's finished handlers queue for it, and stops w2 then. The
- * pause lasts at least 2.5 leases and until every event leased at that
- * moment was finished or claimed again by someone else (lapsed leases queue
- * behind older pending events), so w2's late acknowledgements meet newer
- * fences.
+ * fencing exists for (a GC pause, a frozen VM): the demo holds w2's
+ * statements for 100 ms (on SQLite by taking the write lock, on PostgreSQL
+ * in a relay between w2 and the server), so w2's finished handlers queue
+ * their acknowledgements, and stops w2 then, at a moment it has no
+ * transaction open (else it resumes w2 and tries again). The pause lasts at
+ * least 2.5 leases and until every event leased at that moment was finished
+ * or claimed again by someone else (lapsed leases queue behind older
+ * pending events), so w2's late acknowledgements meet newer fences.
  */
 async function pauseWorker(child: Deno.ChildProcess): Promise<void> {
   let retries = 0;
+  let hold;
   for (;;) {
-    try {
-      await setup.transaction(async (tx) => {
-        await delay(100);
-        child.kill("SIGSTOP");
-        // Committing a write needs every other connection's shared lock
-        // gone: it proves w2 was not stopped inside a transaction of its own.
-        await tx.run("INSERT INTO demo_probe (at) VALUES (?)", [Date.now()]);
-      });
-      break;
-    } catch (error) {
-      if (!(error instanceof BusyError) || retries >= 20) throw error;
-      child.kill("SIGCONT");
-      retries++;
-      await delay(20);
+    hold = await engine.hold("w2", setup, monitor);
+    await delay(100);
+    child.kill("SIGSTOP");
+    if (await hold.stopped()) break;
+    if (retries >= 20) {
+      throw new Error("w2 had a transaction open at each of 21 stops");
     }
+    hold.resume();
+    child.kill("SIGCONT");
+    retries++;
+    await delay(20);
   }
   paused = true;
   const pausedAt = elapsedS();
@@ -280,6 +316,7 @@ async function pauseWorker(child: Deno.ChildProcess): Promise<void> {
     );
     if (waiting.length === 0) break;
   }
+  hold.resume();
   child.kill("SIGCONT");
   paused = false;
   fate.set(
@@ -288,7 +325,7 @@ async function pauseWorker(child: Deno.ChildProcess): Promise<void> {
       (elapsedS() - pausedAt).toFixed(1)
     } s, then SIGCONT${
       retries > 0
-        ? ` (stopped ${retries + 1} times: it held the write lock)`
+        ? ` (stopped ${retries + 1} times: it had a transaction open)`
         : ""
     }`,
   );
@@ -381,7 +418,7 @@ const ordersWithoutEvent = await one(
   "SELECT count(*) FROM orders AS o WHERE NOT EXISTS (SELECT 1 FROM outbox_events AS e WHERE e.dedup_key = 'order-' || o.id)",
 );
 const rows = await read(
-  `SELECT e.id, e.identity, e.state, json_extract(e.payload, '$.poison') AS poison, e.attempt,
+  `SELECT e.id, e.identity, e.state, ${engine.poisonSql} AS poison, e.attempt,
      (SELECT count(*) FROM outbox_ledger AS a WHERE a.event_id = e.id AND a.kind = 'acknowledged') AS acks
    FROM outbox_events AS e`,
 );
@@ -441,13 +478,13 @@ const deliveries = [...receiver.fences.values()].reduce(
   (sum, fences) => sum + fences.length,
   0,
 );
-const integrity = String(
-  (await read("PRAGMA integrity_check"))[0]?.["integrity_check"],
-);
+const integrity = await engine.integrity(monitor);
 const deadLetters = await setup.deadLetters({ limit: 10_000 });
 await monitor.close();
 await setup.close();
 await receiver[Symbol.asyncDispose]();
+await engine.close();
+await server?.stop();
 
 const ok = !timedOut && lost === 0 && effectsLost === 0 &&
   appliedTwice === 0 && acknowledgedTwice === 0 && unexpectedDead === 0 &&

@@ -12,7 +12,7 @@
 import { PgBoss } from "pg-boss";
 import { openPostgres } from "../drivers/postgres.ts";
 import type { Outbox } from "../mod.ts";
-import { startPostgres } from "../tests/postgres_server.ts";
+import { startPostgres } from "../scripts/postgres_server.ts";
 import { alternate, type Alternated } from "./blocks.ts";
 import { type BenchRow, markdown } from "./table.ts";
 

@@ -3,22 +3,22 @@
  * with {@linkcode processEvents}, until SIGTERM; then stops gracefully and
  * prints its counters as one JSON line.
  *
- * Usage: `deno run -A demo/worker.ts --db PATH --url URL --name w1
- * --lease-ms 1000 --concurrency 4`
+ * Usage: `deno run -A demo/worker.ts --db PATH|URL [--schema S] --url URL
+ * --name w1 --lease-ms 1000 --concurrency 4`
  *
  * @module
  */
 import { deliveryHeaders } from "../mod.ts";
 import { processEvents } from "../worker.ts";
-import { flag, intFlag, openOutbox, type OrderPlaced } from "./db.ts";
+import { engineFromArgs, flag, intFlag, type OrderPlaced } from "./db.ts";
 
 const args = Deno.args;
-const db = flag(args, "db")!;
+const engine = await engineFromArgs(args);
 const url = flag(args, "url")!;
 const name = flag(args, "name") ?? "worker";
 const leaseMs = intFlag(args, "lease-ms", 1_000);
 
-const outbox = await openOutbox(db, { busyTimeoutMs: 60_000 });
+const outbox = await engine.openOutbox({ busyTimeoutMs: 60_000 }, name);
 const processor = processEvents(outbox, async (lease, context) => {
   const order = lease.payload as OrderPlaced;
   // Checked right before the side effect: after a pause, timers run late.

@@ -94,7 +94,7 @@ try {
   }).spawn().status);
   const left = [];
   for await (const entry of Deno.readDir(tmp)) {
-    // tests/postgres_server.ts keeps the server's binaries and initdb
+    // scripts/postgres_server.ts keeps the server's binaries and initdb
     // template here on purpose, shared by every test file; it is removed
     // with TMPDIR below.
     if (!entry.name.startsWith("leased-outbox-postgres-")) {

@@ -2,6 +2,8 @@ import assert from "node:assert/strict";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { connectPostgres } from "../drivers/postgres.ts";
+import { sharedPostgres } from "../scripts/postgres_server.ts";
 import { tempDir } from "./helpers.ts";
 
 const root = dirname(dirname(fileURLToPath(import.meta.url)));
@@ -38,6 +40,7 @@ Deno.test("the demo applies every event's effect once at its inbox recipient thr
   assert.deepEqual(seed, ["41", "null", "41", "false", "true", "null"]);
 
   const summary = JSON.parse(output.trim().split("\n").at(-1)!);
+  assert.deepEqual(Object.keys(summary), SUMMARY_KEYS);
   assert.equal(summary.ok, true);
   assert.equal(summary.events, 60);
   assert.equal(summary.orders, 60);
@@ -134,6 +137,97 @@ Deno.test("the demo applies every event's effect once at its inbox recipient thr
     identities,
   );
 });
+
+Deno.test("the demo on PostgreSQL at DATABASE_URL: the same phases and summary keys, every effect applied once, its schemas dropped at exit", async () => {
+  const server = await sharedPostgres();
+  const url = await server.createDatabase();
+  await using tmp = await tempDir();
+  const { code, stdout, stderr } = await demo([
+    "--postgres",
+    "--events",
+    "40",
+    "--poison",
+    "2",
+    "--lease-ms",
+    "1000",
+    "--json",
+  ], { DATABASE_URL: url, TMPDIR: tmp.path }).output();
+  const output = new TextDecoder().decode(stdout);
+  assert.equal(code, 0, output + new TextDecoder().decode(stderr));
+  assert.match(output, /^leased-outbox demo · PostgreSQL \d+/m);
+  const seed = [...output.matchAll(/→ (\S+)$/gm)].map((match) => match[1]);
+  assert.deepEqual(seed, ["41", "null", "41", "false", "true", "null"]);
+
+  const summary = JSON.parse(output.trim().split("\n").at(-1)!);
+  assert.deepEqual(Object.keys(summary), SUMMARY_KEYS);
+  assert.equal(summary.ok, true);
+  assert.equal(summary.events, 40);
+  assert.equal(summary.orders, 40);
+  assert.equal(summary.delivered, 38);
+  assert.equal(summary.appliedOnce, 38);
+  assert.equal(summary.appliedTwice, 0);
+  assert.equal(summary.effectsLost, 0);
+  assert.equal(summary.accepted, 38);
+  assert.equal(summary.inboxRecords, 38);
+  assert.equal(summary.deadLetters, 2);
+  assert.equal(summary.poisonDead, 2);
+  assert.equal(summary.unexpectedDead, 0);
+  assert.equal(summary.lost, 0);
+  assert.equal(summary.acknowledgedTwice, 0);
+  assert.equal(summary.integrity, "ok");
+  assert.equal(summary.recipientIntegrity, "ok");
+  assert.equal(summary.deliveries, summary.delivered + summary.redeliveries);
+  assert.equal(summary.workers.w1, null);
+  assert.match(output, /^ {2}w1 .* SIGKILL at [\d.]+ s$/m);
+  assert.match(
+    output,
+    /^ {2}w2 .* SIGSTOP at [\d.]+ s for [\d.]+ s, then SIGCONT/m,
+  );
+  assert.match(output, /^ {2}lost \/ acknowledged twice +0 \/ 0$/m);
+
+  // Nothing left behind: not its schemas, not its files.
+  const db = await connectPostgres(url, { listen: false });
+  try {
+    assert.deepEqual(
+      await db.query(
+        "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'leased_outbox_demo%'",
+      ),
+      [],
+    );
+  } finally {
+    await db.close();
+  }
+  assert.deepEqual(await entries(tmp.path), []);
+});
+
+/** The keys of the demo's `--json` summary, on either engine. */
+const SUMMARY_KEYS = [
+  "events",
+  "orders",
+  "delivered",
+  "deliveries",
+  "accepted",
+  "duplicates",
+  "stale",
+  "appliedOnce",
+  "appliedTwice",
+  "effectsLost",
+  "inboxRecords",
+  "recipientIntegrity",
+  "redeliveries",
+  "redeliveryFences",
+  "expiredLeases",
+  "staleAcknowledgements",
+  "deadLetters",
+  "poisonDead",
+  "unexpectedDead",
+  "lost",
+  "acknowledgedTwice",
+  "integrity",
+  "elapsedS",
+  "workers",
+  "ok",
+];
 
 Deno.test("the demo run without a database path removes its temporary directory", async () => {
   await using tmp = await tempDir();

@@ -7,7 +7,7 @@ import type { Driver } from "../driver.ts";
 import { connectPostgres } from "../drivers/postgres.ts";
 import { openNodeSqlite } from "../drivers/node_sqlite.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
-import { sharedPostgres } from "./postgres_server.ts";
+import { sharedPostgres } from "../scripts/postgres_server.ts";
 
 /** Two or more connections to one fresh database. */
 export interface Connections {

@@ -14,7 +14,7 @@ import {
   PostgresError,
   StatementTimeoutError,
 } from "../errors.ts";
-import { sharedPostgres, startPostgres } from "./postgres_server.ts";
+import { sharedPostgres, startPostgres } from "../scripts/postgres_server.ts";
 
 /** A driver on a fresh schema of the shared server. */
 async function connect(

@@ -12,7 +12,7 @@ import {
   ordersHandler,
   setUpOrders,
 } from "../examples/edge/orders.ts";
-import { sharedPostgres } from "./postgres_server.ts";
+import { sharedPostgres } from "../scripts/postgres_server.ts";
 
 async function shop(): Promise<
   {

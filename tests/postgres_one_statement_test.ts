@@ -10,7 +10,7 @@ import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
 import { POSTGRES } from "../dialects/postgres.ts";
 import { connectPostgres, type PostgresDriver } from "../drivers/postgres.ts";
 import { type Dialect, type Lease, Outbox } from "../mod.ts";
-import { sharedPostgres } from "./postgres_server.ts";
+import { sharedPostgres } from "../scripts/postgres_server.ts";
 
 /** A connection that records every statement it sends. */
 class CountingDriver implements Driver {

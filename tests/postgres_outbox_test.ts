@@ -19,7 +19,7 @@ import {
   StatementTimeoutError,
 } from "../errors.ts";
 import { type Dialect, Outbox, processEvents } from "../mod.ts";
-import { sharedPostgres, startPostgres } from "./postgres_server.ts";
+import { sharedPostgres, startPostgres } from "../scripts/postgres_server.ts";
 
 async function fresh(): Promise<{ url: string; schema: string }> {
   const server = await sharedPostgres();

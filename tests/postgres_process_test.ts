@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { connectPostgres } from "../drivers/postgres.ts";
 import { openPostgres } from "../drivers/postgres.ts";
-import { sharedPostgres } from "./postgres_server.ts";
+import { sharedPostgres } from "../scripts/postgres_server.ts";
 
 const EVENTS = 5_000;
 const POISON = 20;

