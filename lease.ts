@@ -753,6 +753,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   ): Promise<EnqueueResult[]> {
     const op = "enqueue batch";
     const prepared = this.#prepareBatch(op, events);
+    this.#closeGroup();
     const results = await this.#write(
       op,
       (now) => this.#enqueueAll(prepared, now),
@@ -1577,6 +1578,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         );
       }
     };
+    this.#closeGroup();
     const result = await this.#write("run transaction", async (now) => {
       const tx: Transaction = {
         ...transactionStatements(driver, inside),
@@ -1747,6 +1749,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       identity: String(row?.["identity"]),
       deduplicated: true,
     };
+  }
+
+  /**
+   * Ends the open group of enqueues, so that a later `enqueue()` cannot join
+   * a transaction queued before a call that may enqueue too
+   * (`enqueueBatch`, `transaction`): ids, dedup winners and per-key order
+   * follow the order of the calls.
+   */
+  #closeGroup(): void {
+    this.#group = undefined;
   }
 
   /**

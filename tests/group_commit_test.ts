@@ -168,6 +168,22 @@ for (const driver of DRIVERS) {
     await closing;
   });
 
+  test("an enqueue() called after enqueueBatch() or transaction() does not join a group queued before them: ids, dedup winners and per-key order follow the calls", async ({ open, raw }) => {
+    const [a] = await open();
+    const [first, batch, inTx, later, last] = await Promise.all([
+      a!.enqueue("first"),
+      a!.enqueueBatch([{ payload: "batch", dedupKey: "k" }]),
+      a!.transaction((tx) => tx.enqueue("tx", { orderingKey: "o" })),
+      a!.enqueue("later", { dedupKey: "k" }),
+      a!.enqueue("last", { orderingKey: "o" }),
+    ]);
+    assert.equal(batch[0]!.deduplicated, false);
+    assert.deepEqual(later, { ...batch[0], deduplicated: true });
+    const ids = [first, batch[0], inTx, last].map((r) => r!.eventId);
+    assert.deepEqual(ids, ids.toSorted((x, y) => x - y));
+    assert.deepEqual(await payloads(raw), ["first", "batch", "tx", "last"]);
+  });
+
   test("enqueueBatch() inserts in one statement what enqueue() would, and joins the caller's transaction", async ({ open, raw, sent }) => {
     const [a] = await open();
     const before = sent();
