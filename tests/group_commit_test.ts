@@ -184,6 +184,38 @@ for (const driver of DRIVERS) {
     assert.deepEqual(await payloads(raw), ["first", "batch", "tx", "last"]);
   });
 
+  test("enqueueBatch() carries byte payloads of any length exactly, and refuses a batch past 128 MiB of payload before any SQL", async ({ open, sent }) => {
+    const [a] = await open();
+    const sizes = [0, 1, 63, 64, 65, 4096, 100_000];
+    const payloads = sizes.map((n) =>
+      Uint8Array.from({ length: n }, (_, i) => (i * 37 + n) & 255)
+    );
+    const results = await a!.enqueueBatch(
+      payloads.map((payload) => ({ payload })),
+    );
+    const leases = await a!.claim({ max: sizes.length });
+    assert.deepEqual(
+      leases.map((l) => l.eventId),
+      results.map((r) => r.eventId),
+    );
+    assert.deepEqual(leases.map((l) => l.payload), payloads);
+    // Bytes travel as hex, two characters each: 70 MB of them is 140.
+    const megabyte = new Uint8Array(1_000_000);
+    const before = sent();
+    await assert.rejects(
+      a!.enqueueBatch(
+        Array.from({ length: 70 }, () => ({ payload: megabyte })),
+      ),
+      (error) =>
+        error instanceof RangeError &&
+        /'events' must hold at most 134217728 bytes of payload/.test(
+          error.message,
+        ),
+    );
+    assert.equal(sent(), before);
+    assert.equal((await a!.stats()).pending, 0);
+  });
+
   test("enqueueBatch() inserts in one statement what enqueue() would, and joins the caller's transaction", async ({ open, raw, sent }) => {
     const [a] = await open();
     const before = sent();
