@@ -700,13 +700,17 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     this.#checkOpen(op);
     this.#notNested(op);
     const bytes = payloadSize(event);
+    // Only a call made inside the application's transaction joins it: one
+    // made before that transaction began waits for it to end, or a rollback
+    // would take back an event whose call had resolved.
+    const join = this.#driver.inTransaction?.() === true;
     return await new Promise((resolve, reject) => {
       let group = this.#group;
       if (
         group === undefined || group.calls.length >= MAX_GROUP ||
-        group.bytes + bytes > MAX_GROUP_BYTES
+        group.bytes + bytes > MAX_GROUP_BYTES || group.join !== join
       ) {
-        group = this.#group = { calls: [], bytes: 0 };
+        group = this.#group = { calls: [], bytes: 0, join };
         this.#commitGroup(group);
       }
       group.calls.push({ event, resolve, reject });
@@ -754,11 +758,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const op = "enqueue batch";
     const prepared = this.#prepareBatch(op, events);
     this.#closeGroup();
+    // Joins the application's transaction only when called inside it (see
+    // enqueue).
+    const join = this.#driver.inTransaction?.() === true;
     const results = await this.#write(
       op,
       (now) => this.#enqueueAll(prepared, now),
       true,
-      true,
+      join,
     );
     if (results.length > 0) this.#enqueued();
     return results;
@@ -939,6 +946,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     }
     const lease = checkLease(op, "lease", leases);
     const inOne = this.#acknowledgeInOne(op, [lease]);
+    // Joins the application's transaction only when called inside it (see
+    // enqueue).
+    const join = this.#driver.inTransaction?.() === true;
     return await this.#write(
       op,
       async (now, joined) => {
@@ -949,7 +959,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         return false;
       },
       true,
-      true,
+      join,
       inOne && (async (now) => (await inOne(now))?.[0]),
     );
   }
@@ -1780,7 +1790,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           return this.#enqueueGroup(group.calls, now);
         },
         true,
-        true,
+        group.join,
       );
     } catch (error) {
       close();
@@ -2578,6 +2588,8 @@ interface EnqueueCall {
 interface EnqueueGroup {
   readonly calls: EnqueueCall[];
   bytes: number;
+  /** Whether its calls were made inside the application's transaction. */
+  readonly join: boolean;
 }
 
 /** How one call of a shared transaction ended. */

@@ -124,6 +124,38 @@ for (const driver of SQLITE_DRIVERS) {
     assert.equal(await a!.claim(), null);
   });
 
+  test("an enqueue() or acknowledge() called before the application's BEGIN waits for its transaction instead of joining it, so its ROLLBACK cannot take back a call that resolved", async ({ open, raw }) => {
+    const [a] = await open();
+    await a!.enqueue("to acknowledge");
+    const lease = await a!.claim();
+    // The calls start while the outbox's mutex is busy, then the
+    // application begins: they must not run inside its transaction.
+    const busy = a!.enqueue("first");
+    const enqueued = a!.enqueue("before BEGIN");
+    const batch = a!.enqueueBatch([{ payload: "batch before BEGIN" }]);
+    const acknowledged = a!.acknowledge(lease!);
+    await raw.run("BEGIN");
+    await raw.exec("CREATE TABLE scratch (x INTEGER)");
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    await raw.run("ROLLBACK");
+    await busy;
+    const { eventId } = await settlesWithin(enqueued, 5_000);
+    const [fromBatch] = await settlesWithin(batch, 5_000);
+    assert.equal(await settlesWithin(acknowledged, 5_000), true);
+    const rows = await raw.query(
+      "SELECT id, state FROM outbox_events WHERE id IN (?, ?, ?) ORDER BY id",
+      [lease!.eventId, eventId, fromBatch!.eventId],
+    );
+    assert.deepEqual(
+      rows,
+      [
+        { id: lease!.eventId, state: "done" },
+        { id: eventId, state: "pending" },
+        { id: fromBatch!.eventId, state: "pending" },
+      ].toSorted((x, y) => x.id - y.id),
+    );
+  });
+
   test("acknowledge() of a stale lease inside the application's transaction throws LeaseLostError and writes nothing, so the application rolls back", async ({ clock, open, raw }) => {
     const [a, b] = await open();
     await raw.exec("CREATE TABLE effects (id INTEGER PRIMARY KEY)");
