@@ -344,6 +344,8 @@ interface Inode {
   readonly key: string;
   connections: number;
   readonly idle: { readonly fd: number; readonly writable: boolean }[];
+  /** The open connections' locks, so one can end another's turn. */
+  readonly locks: Set<LockSet>;
 }
 
 const inodes = new Map<string, Inode>();
@@ -424,6 +426,8 @@ class LockSet {
   readonly #release: (fd: number) => void;
   /** Whether a journal that may be hot is on disk. */
   readonly #hotJournal: () => boolean;
+  /** Every connection's locks on this file in this process, this one's too. */
+  readonly #neighbours: ReadonlySet<LockSet>;
   /** Whether the descriptors may take write locks (not a read-only open). */
   readonly #writable: boolean;
 
@@ -433,12 +437,14 @@ class LockSet {
     writable: boolean,
     release: (fd: number) => void,
     hotJournal: () => boolean,
+    neighbours: ReadonlySet<LockSet>,
   ) {
     this.#libc = libc;
     [this.#fd, this.#waitFd] = fds;
     this.#writable = writable;
     this.#release = release;
     this.#hotJournal = hotJournal;
+    this.#neighbours = neighbours;
   }
 
   get level(): number {
@@ -516,6 +522,22 @@ class LockSet {
     this.#libc.setLock(this.#waitFd, F_UNLCK, start, length);
   }
 
+  /**
+   * Ends a turn another connection of this process is keeping RESERVED
+   * for: turns spare processes handovers, and must never hold back a
+   * connection of the same process (an application's own transaction on
+   * the handle it shares with the outbox, with no busy timeout, would fail).
+   */
+  #endNeighbourTurn(): boolean {
+    for (const other of this.#neighbours) {
+      if (other !== this && other.#reserved === "retained") {
+        other.#endTurn();
+        return true;
+      }
+    }
+    return false;
+  }
+
   /** Lets RESERVED go after a transaction, retained or held: the turn ends. */
   #endTurn(): void {
     if (this.#reserved !== "retained" && this.#reserved !== "held") return;
@@ -574,7 +596,11 @@ class LockSet {
       if (this.#reserved === "retained" || this.#reserved === "granted") {
         if (this.#reserved === "granted") this.#turn = 0;
         clearTimeout(this.#grantTimer);
-      } else if (!libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)) {
+      } else if (
+        !libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1) &&
+        !(this.#endNeighbourTurn() &&
+          libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1))
+      ) {
         return this.#refuse(WAIT_RESERVED);
       } else {
         this.#turn = 0;
@@ -713,17 +739,25 @@ class DatabaseFile implements OpenFile {
     const key = inodeKey(this.#id);
     let inode = inodes.get(key);
     if (inode === undefined) {
-      inode = { key, connections: 0, idle: [] };
+      inode = { key, connections: 0, idle: [], locks: new Set() };
       inodes.set(key, inode);
     }
     inode.connections++;
     this.#inode = inode;
-    this.#locks = new LockSet(libc, fds, writable, (released) => {
-      releaseDescriptor(libc, inode, released, writable);
-      if (inode.connections === 0 && inode.idle.length === 0) {
-        inodes.delete(key);
-      }
-    }, () => journalMayBeHot(`${path}-journal`));
+    this.#locks = new LockSet(
+      libc,
+      fds,
+      writable,
+      (released) => {
+        releaseDescriptor(libc, inode, released, writable);
+        if (inode.connections === 0 && inode.idle.length === 0) {
+          inodes.delete(key);
+        }
+      },
+      () => journalMayBeHot(`${path}-journal`),
+      inode.locks,
+    );
+    inode.locks.add(this.#locks);
   }
 
   lockLevel(): number {
@@ -799,6 +833,7 @@ class DatabaseFile implements OpenFile {
   close(): void {
     const waitFdFree = this.#locks.close();
     const inode = this.#inode;
+    inode.locks.delete(this.#locks);
     inode.connections--;
     if (inode.connections === 0) {
       for (const { fd } of inode.idle.splice(0)) this.#libc.close(fd);
