@@ -267,15 +267,6 @@ const READERS_SPIN_MS = 2;
 // before it is given back. The retry follows the wait's end at once (see
 // LockSet.wait), so this only bounds a caller that never retries.
 const GRANT_KEPT_MS = 100;
-// How many write transactions in a row a connection may run before it lets
-// RESERVED go to whoever waits: a turn. Handing RESERVED over costs the next
-// writer a wake-up on a pool thread, its event loop and a page cache
-// emptied by the last writer's commit; a process committing back to back
-// (a claim, then its acknowledgement) pays that once per turn instead of
-// once per transaction. 16 transactions are about 16 ms of durable work.
-const TURN = 16;
-// How long after waiting for a lock a connection takes turns.
-const CONTENDED_MS = 1_000;
 
 // os_unix.c's lock bytes: one page-sized range past 1 GiB that SQLite never
 // reads or writes, so native SQLite and this VFS lock the same bytes.
@@ -344,8 +335,6 @@ interface Inode {
   readonly key: string;
   connections: number;
   readonly idle: { readonly fd: number; readonly writable: boolean }[];
-  /** The open connections' locks, so one can end another's turn. */
-  readonly locks: Set<LockSet>;
 }
 
 const inodes = new Map<string, Inode>();
@@ -395,20 +384,8 @@ function releaseDescriptor(
  */
 class LockSet {
   #level = NONE;
-  /**
-   * RESERVED on the second description: taken, granted to a wait, or
-   * retained after a commit for this connection's next write in its turn.
-   */
-  #reserved: "none" | "held" | "granted" | "retained" = "none";
-  /** Write transactions of this connection's turn so far. */
-  #turn = 0;
-  /**
-   * Until when (performance.now()) turns are taken: a while after this
-   * connection last waited for a lock. A file nobody else writes keeps
-   * handing RESERVED back at once, so another connection may write the
-   * moment a transaction ends.
-   */
-  #contendedUntil = 0;
+  /** RESERVED on the second description: taken, or granted to a wait. */
+  #reserved: "none" | "held" | "granted" = "none";
   #grantTimer: ReturnType<typeof setTimeout> | undefined;
   /** What to wait for after the last refused lock; undefined: a pause. */
   #refusal: number | undefined;
@@ -426,8 +403,6 @@ class LockSet {
   readonly #release: (fd: number) => void;
   /** Whether a journal that may be hot is on disk. */
   readonly #hotJournal: () => boolean;
-  /** Every connection's locks on this file in this process, this one's too. */
-  readonly #neighbours: ReadonlySet<LockSet>;
   /** Whether the descriptors may take write locks (not a read-only open). */
   readonly #writable: boolean;
 
@@ -437,14 +412,12 @@ class LockSet {
     writable: boolean,
     release: (fd: number) => void,
     hotJournal: () => boolean,
-    neighbours: ReadonlySet<LockSet>,
   ) {
     this.#libc = libc;
     [this.#fd, this.#waitFd] = fds;
     this.#writable = writable;
     this.#release = release;
     this.#hotJournal = hotJournal;
-    this.#neighbours = neighbours;
   }
 
   get level(): number {
@@ -463,7 +436,6 @@ class LockSet {
    * back when it returns.
    */
   async wait(timeoutMs: number): Promise<void> {
-    this.#contendedUntil = performance.now() + CONTENDED_MS;
     const kind = this.#refusal;
     if (kind === undefined || this.#closed) return await pause(timeoutMs);
     if (kind === WAIT_RESERVED && this.#reserved === "granted") return;
@@ -522,31 +494,6 @@ class LockSet {
     this.#libc.setLock(this.#waitFd, F_UNLCK, start, length);
   }
 
-  /**
-   * Ends a turn another connection of this process is keeping RESERVED
-   * for: turns spare processes handovers, and must never hold back a
-   * connection of the same process (an application's own transaction on
-   * the handle it shares with the outbox, with no busy timeout, would fail).
-   */
-  #endNeighbourTurn(): boolean {
-    for (const other of this.#neighbours) {
-      if (other !== this && other.#reserved === "retained") {
-        other.#endTurn();
-        return true;
-      }
-    }
-    return false;
-  }
-
-  /** Lets RESERVED go after a transaction, retained or held: the turn ends. */
-  #endTurn(): void {
-    if (this.#reserved !== "retained" && this.#reserved !== "held") return;
-    clearTimeout(this.#grantTimer);
-    this.#turn = 0;
-    this.#reserved = "none";
-    this.#libc.setLock(this.#waitFd, F_UNLCK, RESERVED_BYTE, 1);
-  }
-
   #dropGrant(): void {
     if (this.#reserved !== "granted") return;
     clearTimeout(this.#grantTimer);
@@ -593,17 +540,10 @@ class LockSet {
       return OK;
     }
     if (target === RESERVED) {
-      if (this.#reserved === "retained" || this.#reserved === "granted") {
-        if (this.#reserved === "granted") this.#turn = 0;
+      if (this.#reserved === "granted") {
         clearTimeout(this.#grantTimer);
-      } else if (
-        !libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1) &&
-        !(this.#endNeighbourTurn() &&
-          libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1))
-      ) {
+      } else if (!libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)) {
         return this.#refuse(WAIT_RESERVED);
-      } else {
-        this.#turn = 0;
       }
       this.#reserved = "held";
       this.#level = RESERVED;
@@ -660,17 +600,8 @@ class LockSet {
       libc.setLock(this.#fd, F_UNLCK, 0, 0);
     }
     if (this.#reserved === "held") {
-      if (++this.#turn < TURN && performance.now() < this.#contendedUntil) {
-        // Kept until this process yields to its event loop (a timer of 0
-        // runs after the promise jobs of the call that committed and of
-        // any write that follows at once), never across real waiting.
-        this.#reserved = "retained";
-        const timer = setTimeout(() => this.#endTurn(), 0);
-        Deno.unrefTimer(timer as unknown as number);
-        this.#grantTimer = timer;
-      } else {
-        this.#endTurn();
-      }
+      libc.setLock(this.#waitFd, F_UNLCK, RESERVED_BYTE, 1);
+      this.#reserved = "none";
     } else {
       this.#dropGrant();
     }
@@ -739,25 +670,17 @@ class DatabaseFile implements OpenFile {
     const key = inodeKey(this.#id);
     let inode = inodes.get(key);
     if (inode === undefined) {
-      inode = { key, connections: 0, idle: [], locks: new Set() };
+      inode = { key, connections: 0, idle: [] };
       inodes.set(key, inode);
     }
     inode.connections++;
     this.#inode = inode;
-    this.#locks = new LockSet(
-      libc,
-      fds,
-      writable,
-      (released) => {
-        releaseDescriptor(libc, inode, released, writable);
-        if (inode.connections === 0 && inode.idle.length === 0) {
-          inodes.delete(key);
-        }
-      },
-      () => journalMayBeHot(`${path}-journal`),
-      inode.locks,
-    );
-    inode.locks.add(this.#locks);
+    this.#locks = new LockSet(libc, fds, writable, (released) => {
+      releaseDescriptor(libc, inode, released, writable);
+      if (inode.connections === 0 && inode.idle.length === 0) {
+        inodes.delete(key);
+      }
+    }, () => journalMayBeHot(`${path}-journal`));
   }
 
   lockLevel(): number {
@@ -833,7 +756,6 @@ class DatabaseFile implements OpenFile {
   close(): void {
     const waitFdFree = this.#locks.close();
     const inode = this.#inode;
-    inode.locks.delete(this.#locks);
     inode.connections--;
     if (inode.connections === 0) {
       for (const { fd } of inode.idle.splice(0)) this.#libc.close(fd);

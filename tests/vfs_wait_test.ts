@@ -325,27 +325,3 @@ Deno.test("a read-only connection refused by a committing writer waits with read
     }]);
   });
 });
-
-Deno.test("a writer that waited takes turns (RESERVED kept after its commit until its process yields), and a turn never holds back another connection of the same process", async () => {
-  await withConnections(3, async ([a, b, c], path) => {
-    await c!.exec("BEGIN IMMEDIATE");
-    const waited = beginWaiting(a!);
-    await sleep(20);
-    await c!.exec("COMMIT");
-    await waited;
-    await a!.exec("INSERT INTO t VALUES (1); COMMIT");
-    // Under contention a keeps RESERVED for its own next write...
-    assert.ok(
-      locksOn(path).includes("WRITE 1073741825 1073741825"),
-      locksOn(path).join(", "),
-    );
-    // ...but b, in the same process, writes at once, with no busy retry.
-    await b!.exec("BEGIN IMMEDIATE; INSERT INTO t VALUES (2); COMMIT");
-    // The turn ends when the process yields to its event loop.
-    await sleep(0);
-    await sleep(0);
-    assert.deepEqual(locksOn(path), []);
-    const [row] = await c!.query("SELECT count(*) AS n FROM t");
-    assert.equal(row?.["n"], 2);
-  });
-});
