@@ -40,7 +40,7 @@
 import { parseArgs } from "node:util";
 import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
-import { BusyError, SqliteError } from "./errors.ts";
+import { BusyError, READONLY_ROLLBACK, SqliteError } from "./errors.ts";
 import { type Explanation, Outbox } from "./lease.ts";
 import type { EventInfo, QueueCounts } from "./admin.ts";
 import { OutboxReader } from "./reader.ts";
@@ -578,7 +578,10 @@ async function openOutbox(context: Context): Promise<Outbox> {
   // database that has none. A crashed writer's hot journal stops a
   // read-only connection; a read-write one rolls it back on its first read.
   await openReader(context).catch(async (error) => {
-    if (!(error.cause instanceof SqliteError && error.cause.code === 776)) {
+    if (
+      !(error.cause instanceof SqliteError &&
+        error.cause.code === READONLY_ROLLBACK)
+    ) {
       throw error;
     }
     const driver = await open(context, url);

@@ -103,7 +103,12 @@ export class DatabaseMovedError extends SqliteError {
 }
 
 const READONLY_DBMOVED = 1032;
-const READONLY_ROLLBACK = 776;
+/**
+ * `SQLITE_READONLY_ROLLBACK`: a read-only connection met a hot journal.
+ *
+ * @ignore
+ */
+export const READONLY_ROLLBACK = 776;
 
 /**
  * A constraint failed (`SQLITE_CONSTRAINT`, result code 19), e.g. a `UNIQUE`

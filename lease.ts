@@ -703,7 +703,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     // Only a call made inside the application's transaction joins it: one
     // made before that transaction began waits for it to end, or a rollback
     // would take back an event whose call had resolved.
-    const join = this.#driver.inTransaction?.() === true;
+    const join = this.#inApplicationTransaction();
     return await new Promise((resolve, reject) => {
       let group = this.#group;
       if (
@@ -760,7 +760,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     this.#closeGroup();
     // Joins the application's transaction only when called inside it (see
     // enqueue).
-    const join = this.#driver.inTransaction?.() === true;
+    const join = this.#inApplicationTransaction();
     const results = await this.#write(
       op,
       (now) => this.#enqueueAll(prepared, now),
@@ -948,7 +948,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const inOne = this.#acknowledgeInOne(op, [lease]);
     // Joins the application's transaction only when called inside it (see
     // enqueue).
-    const join = this.#driver.inTransaction?.() === true;
+    const join = this.#inApplicationTransaction();
     return await this.#write(
       op,
       async (now, joined) => {
@@ -2369,12 +2369,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       // queued call just waits for; after a retry it is the application's.
       if (
         !join && (retried ||
-          !this.#mutex.held && this.#driver.inTransaction?.() === true)
+          !this.#mutex.held && this.#inApplicationTransaction())
       ) {
         await this.#untilApplicationCommits(op, deadline, retried);
       }
       const outcome = await this.#mutex.run(async () => {
-        if (this.#driver.inTransaction?.() === true) {
+        if (this.#inApplicationTransaction()) {
           return join ? { value: await this.#joined(op, fn, expire) } : null;
         }
         if (inOne !== undefined) {
@@ -2438,7 +2438,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   ): Promise<void> {
     for (
       let backoffMs = 1;
-      pause || this.#driver.inTransaction?.() === true;
+      pause || this.#inApplicationTransaction();
       backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS), pause = false
     ) {
       const remainingMs = deadline - performance.now();
@@ -2453,6 +2453,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   #checkOpen(op: string): void {
     if (this.#closed) throw new Error(`Cannot ${op} as the outbox is closed`);
+  }
+
+  /** Whether the application has a transaction open on the connection. */
+  #inApplicationTransaction(): boolean {
+    return this.#driver.inTransaction?.() === true;
   }
 
   /**
