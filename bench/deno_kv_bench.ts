@@ -62,10 +62,7 @@ export type KvScenario =
   );
 
 /** What a {@linkcode KvScenario} process reports. */
-export interface KvResult extends Alternated {
-  /** How the outbox side did its work, for the row's name. */
-  readonly method: string;
-}
+export type KvResult = Alternated;
 
 /** Enqueues `payloads` on Deno KV in as few atomic operations as it allows. */
 async function kvEnqueueMany(
@@ -226,18 +223,12 @@ export async function runKvScenario(scenario: KvScenario): Promise<KvResult> {
     { leaseMs: 3_600_000, busyTimeoutMs: 60_000 },
   );
   using kv = kvSide(scenario.kvPath, scenario);
-  const measured = await alternate(
+  return await alternate(
     outboxSide(outbox, scenario),
     kv,
     scenario.warmup,
     scenario.blocks,
   );
-  const method = scenario.work === "batchEnqueue"
-    ? "enqueueBatch"
-    : scenario.work === "concurrentEnqueue"
-    ? "enqueue"
-    : "processEvents";
-  return { ...measured, method };
 }
 
 /** Sizes of one run, per row. */
@@ -344,7 +335,7 @@ export async function denoKvRows(
       loop,
     ),
     row(
-      `batch enqueue events/s, ${max} per call (${batch.method}), WASM file (truncate, full)`,
+      `batch enqueue events/s, ${max} per call (enqueueBatch), WASM file (truncate, full)`,
       `${ANCHOR}, atomic() of ${max} enqueues (at most ${KV_MAX_MUTATIONS} per atomic)`,
       0.5,
       batch,
