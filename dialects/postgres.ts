@@ -6,9 +6,14 @@
  *
  * What differs from SQLite, and why:
  * - Transactions are `READ COMMITTED`, so claimers run side by side: the
- *   candidates of a claim and the lapsed last-attempt leases are locked with
- *   `FOR UPDATE SKIP LOCKED`, so two claimers never wait for or take the same
- *   event, and a row locked by an acknowledgement in flight is skipped.
+ *   candidates of a claim are locked with `FOR UPDATE SKIP LOCKED`, so two
+ *   claimers never wait for or take the same event, and a row locked by a
+ *   call in flight (an acknowledgement, a release) is left to the next claim.
+ * - The lapsed last-attempt leases a transaction first makes dead letters
+ *   are locked in id order and waited for, not skipped: a call reading
+ *   after that step (stats, dead letters, purge, explain) must see such a
+ *   lease dead, as a serial order would, even while another transaction is
+ *   making it so. In id order, two of these steps never deadlock.
  * - Every lease transition is still one conditional `UPDATE` whose `WHERE`
  *   carries the fence (id, token, fence, state, deadline): when it waits for
  *   a row lock, PostgreSQL re-checks that `WHERE` against the row as the
@@ -225,7 +230,7 @@ export const POSTGRES = {
     FROM (SELECT ${NOW} AS now) AS n
     LEFT JOIN LATERAL (SELECT id, fence FROM outbox_events
       WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= n.now
-      FOR UPDATE SKIP LOCKED) AS e ON true`,
+      ORDER BY id FOR UPDATE) AS e ON true`,
   insert: `INSERT INTO outbox_events
     (queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at,
       max_attempts, created_at, updated_at, identity)
@@ -255,7 +260,7 @@ export const POSTGRES = {
       ORDER BY dedup_key IS DISTINCT FROM d.value ->> 1 LIMIT 1) AS e ON true`,
   exhausted: `SELECT id, fence FROM outbox_events
     WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= $1
-    FOR UPDATE SKIP LOCKED`,
+    ORDER BY id FOR UPDATE`,
   expire: `UPDATE outbox_events
     SET state = 'dead', lease_until = NULL, token = NULL,
       last_error = '${LEASE_EXPIRED}', updated_at = $1, done_at = due_at

@@ -155,11 +155,12 @@ export class ReferenceOutbox {
       max: number;
       token: string | null;
     },
+    skip: ReadonlySet<number> = new Set(),
   ): ModelLease[] {
     return this.#atomic(now, () => {
       const leases: ModelLease[] = [];
       while (leases.length < options.max) {
-        const event = this.#next(now, options.queue);
+        const event = this.#next(now, options.queue, skip);
         if (event === undefined) break;
         let token = options.token;
         if (token === null) token = `minted:${++this.#minted}`;
@@ -431,8 +432,16 @@ export class ReferenceOutbox {
       : undefined;
   }
 
-  /** The first claimable event by (due time, id), a lease's due time being its deadline. */
-  #next(now: number, queue: string): ModelEvent | undefined {
+  /**
+   * The first claimable event by (due time, id), a lease's due time being
+   * its deadline, leaving out the events in `skip` (which still hold back
+   * later events of their ordering key).
+   */
+  #next(
+    now: number,
+    queue: string,
+    skip: ReadonlySet<number>,
+  ): ModelEvent | undefined {
     const due = (e: ModelEvent) =>
       e.state === "leased" ? e.leaseUntil : e.dueAt;
     const unfinished = (e: ModelEvent) =>
@@ -441,7 +450,7 @@ export class ReferenceOutbox {
     return events
       .filter((e) =>
         e.queue === queue && unfinished(e) && due(e) <= now &&
-        e.attempt < e.maxAttempts &&
+        e.attempt < e.maxAttempts && !skip.has(e.id) &&
         !(e.orderingKey !== null && events.some((p) =>
           p.queue === queue && p.orderingKey === e.orderingKey &&
           p.id < e.id && unfinished(p)
@@ -908,7 +917,7 @@ export async function runModelTest(
             maxAttempts: setup.maxAttempts ?? 5,
           });
         }
-        const run = new Run(clock, workers);
+        const run = new Run(clock, workers, postgres);
         for (const [i, command] of commands.entries()) {
           try {
             if (command.op === "advance") {
@@ -1011,6 +1020,10 @@ interface Plan {
   model(model: ReferenceOutbox): unknown;
   real(): Promise<unknown>;
   check(real: unknown, expected: unknown, books: Books): void;
+  /** A claim's model leaving out the events in `skip`. */
+  skipping?(model: ReferenceOutbox, skip: ReadonlySet<number>): unknown;
+  /** The (model) events whose rows the call locks while it runs. */
+  locks?: readonly number[];
 }
 
 type Outcome = { ok: true; value: unknown } | { ok: false; error: unknown };
@@ -1032,6 +1045,8 @@ class Run {
   constructor(
     readonly clock: ManualClock,
     readonly workers: readonly Worker[],
+    /** Claims skip rows other transactions hold (PostgreSQL's SKIP LOCKED). */
+    readonly skipLocked: boolean,
   ) {
     this.#books = {
       realIds: new Map(),
@@ -1067,7 +1082,9 @@ class Run {
 
   /**
    * Two calls started at once (they contend for the write lock): their
-   * results must be those of one of the two serial orders.
+   * results must be those of one of the two serial orders. On PostgreSQL a
+   * claim may also leave out an event the other call holds locked, as
+   * `FOR UPDATE SKIP LOCKED` does: fewer events, never a different one.
    *
    * @returns How many calls ran (a call with no lease to act on is
    * dropped) and whether they ran at once.
@@ -1091,6 +1108,22 @@ class Run {
       [planA, realA, planB, realB],
       [planB, realB, planA, realA],
     ];
+    // A claim that skips the rows the other call locks, run first: the
+    // other call's row lock was held when the claim looked, so SKIP LOCKED
+    // left the event to the next claim; it is never skipped afterwards.
+    if (this.skipLocked) {
+      for (const [claim, claimReal, other, otherReal] of [...orders]) {
+        const skipping = claim.skipping;
+        if (skipping === undefined || other.locks === undefined) continue;
+        const skip = new Set(other.locks);
+        orders.push([
+          { ...claim, model: (m) => skipping(m, skip) },
+          claimReal,
+          other,
+          otherReal,
+        ]);
+      }
+    }
     const mismatches: string[] = [];
     for (const [first, firstReal, second, secondReal] of orders) {
       const model = this.#model.clone();
@@ -1210,15 +1243,17 @@ class Run {
           check: enqueued,
         };
       }
-      case "claim":
+      case "claim": {
+        const skipping = (m: ReferenceOutbox, skip?: ReadonlySet<number>) =>
+          m.claim(now, {
+            queue: command.queue ?? QUEUES[0],
+            leaseMs: command.leaseMs ?? worker.leaseMs,
+            max: 1,
+            token: command.token ?? null,
+          }, skip);
         return {
-          model: (m) =>
-            m.claim(now, {
-              queue: command.queue ?? QUEUES[0],
-              leaseMs: command.leaseMs ?? worker.leaseMs,
-              max: 1,
-              token: command.token ?? null,
-            }),
+          model: (m) => skipping(m),
+          skipping,
           real: () =>
             outbox.claim(present({
               queue: command.queue,
@@ -1233,15 +1268,18 @@ class Run {
               books,
             ),
         };
-      case "claimBatch":
+      }
+      case "claimBatch": {
+        const skipping = (m: ReferenceOutbox, skip?: ReadonlySet<number>) =>
+          m.claim(now, {
+            queue: command.queue ?? QUEUES[0],
+            leaseMs: command.leaseMs ?? worker.leaseMs,
+            max: command.max,
+            token: null,
+          }, skip);
         return {
-          model: (m) =>
-            m.claim(now, {
-              queue: command.queue ?? QUEUES[0],
-              leaseMs: command.leaseMs ?? worker.leaseMs,
-              max: command.max,
-              token: null,
-            }),
+          model: (m) => skipping(m),
+          skipping,
           real: () =>
             outbox.claim(present({
               max: command.max,
@@ -1256,9 +1294,11 @@ class Run {
               books,
             ),
         };
+      }
       case "acknowledge": {
         const lease = pick(command.lease);
         return lease && {
+          locks: [lease.model.eventId],
           model: (m) => m.acknowledge(now, [lease.model])[0],
           real: () => outbox.acknowledge(lease.real),
           check: equal,
@@ -1268,6 +1308,7 @@ class Run {
         if (held.length === 0) return undefined;
         const chosen = command.leases.map((i) => pick(i)!);
         return {
+          locks: chosen.map((h) => h.model.eventId),
           model: (m) => m.acknowledge(now, chosen.map((h) => h.model)),
           real: () => outbox.acknowledge(chosen.map((h) => h.real)),
           check: equal,
@@ -1276,6 +1317,7 @@ class Run {
       case "renew": {
         const lease = pick(command.lease);
         return lease && {
+          locks: [lease.model.eventId],
           model: (m) =>
             m.renew(now, lease.model, command.leaseMs ?? worker.leaseMs),
           real: () => outbox.renew(lease.real, command.leaseMs),
@@ -1285,6 +1327,7 @@ class Run {
       case "release": {
         const lease = pick(command.lease);
         return lease && {
+          locks: [lease.model.eventId],
           model: (m) =>
             m.release(now, lease.model, {
               delayMs: command.delayMs ?? 0,
@@ -1302,6 +1345,7 @@ class Run {
         const lease = pick(command.lease);
         const options = present({ dedupKey: command.dedupKey });
         return lease && {
+          locks: [lease.model.eventId],
           model: (m) =>
             m.enqueueAndAcknowledge(
               now,

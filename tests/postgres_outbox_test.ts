@@ -20,6 +20,7 @@ import {
 } from "../errors.ts";
 import { type Dialect, Outbox, processEvents } from "../mod.ts";
 import { sharedPostgres, startPostgres } from "../scripts/postgres_server.ts";
+import { ManualClock } from "./helpers.ts";
 
 async function fresh(): Promise<{ url: string; schema: string }> {
   const server = await sharedPostgres();
@@ -473,4 +474,36 @@ Deno.test("postgres: on the server's clock, a lapsed last-attempt lease is a dea
     "dead",
     "stale_acknowledge",
   ]);
+});
+
+Deno.test("postgres: a call that reads while another transaction makes a lapsed last-attempt lease dead waits for it, and reads it dead", async () => {
+  const { url, schema } = await fresh();
+  const clock = new ManualClock(1_000_000);
+  const options = { now: clock.now, maxAttempts: 1 };
+  await using reader = await Outbox.open(await raw(url, schema), options);
+  await using other = await raw(url, schema);
+  await using admin = await raw(url, schema);
+  const { eventId } = await reader.enqueue("x");
+  await reader.claim({ leaseMs: 1_000 });
+  clock.advance(2_000);
+  // Another outbox's transaction at its first step: it locks the lapsed
+  // lease and makes it a dead letter, and holds the row until COMMIT.
+  await other.run("BEGIN");
+  const exhausted = await other.query(POSTGRES.exhausted, [clock.ms]);
+  assert.deepEqual(exhausted.map((row) => Number(row["id"])), [eventId]);
+  await other.run(POSTGRES.expire, [clock.ms, JSON.stringify([eventId])]);
+  const stats = reader.stats();
+  let settled = false;
+  void stats.finally(() => settled = true);
+  // Until stats waits for the row lock, or (the defect) returns without.
+  while (!settled) {
+    const [row] = await admin.query(
+      "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+    );
+    if (row?.["n"] === 1) break;
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+  await other.run("COMMIT");
+  const { leased, dead } = await stats;
+  assert.deepEqual({ leased, dead }, { leased: 0, dead: 1 });
 });
