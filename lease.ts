@@ -110,6 +110,15 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    */
   readonly nowExhausted?: string;
   /**
+   * Locks event rows (parameter: their ids as a JSON array), in id order,
+   * for engines whose transactions run side by side: a transaction writes
+   * an event's unwritten ledger entries only while it holds the event's
+   * row, so two never wait for each other's entries on the ledger's unique
+   * index while holding the rows each other needs (a deadlock). SQLite's
+   * one writer needs none.
+   */
+  readonly lockEvents?: string;
+  /**
    * A claim as one statement, outside a transaction (autocommit is its
    * transaction), for engines where every round trip costs: the clock, the
    * candidates' locks and the claim. Parameters: now (null: the server's
@@ -986,7 +995,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const ms = checkInteger(op, "leaseMs", leaseMs, 1, MAX_DURATION_MS) ??
       this.#leaseMs;
     return await this.#write(op, async (now) => {
-      await this.#writeUnwritten([checked.eventId]);
+      await this.#writeUnwritten([checked.eventId], false);
       const [row] = await this.#driver.query(this.#sql.renew, [
         now + ms,
         now,
@@ -1041,7 +1050,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       false,
     );
     return await this.#write(op, async (now) => {
-      await this.#writeUnwritten([checked.eventId]);
+      await this.#writeUnwritten([checked.eventId], false);
       const [row] = await this.#driver.query(this.#sql.release, [
         now,
         now + delayMs,
@@ -2198,7 +2207,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       lease.fence,
     ]);
     if (changes === 0) {
-      await this.#writeUnwritten([lease.eventId]);
+      await this.#writeUnwritten([lease.eventId], false);
       await this.#stale(lease, "stale_acknowledge", now);
       return false;
     }
@@ -2282,12 +2291,20 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   /**
    * Writes the entries that events' rows still hold, before an entry that
-   * must follow them or a change to what they are read from.
+   * must follow them or a change to what they are read from. `locked`
+   * tells whether this transaction holds the rows already (claims' and
+   * expiry's candidates); if not, the dialect's `lockEvents` takes them
+   * first.
    */
-  async #writeUnwritten(eventIds: readonly number[]): Promise<void> {
-    await this.#driver.run(this.#sql.writeUnwritten, [
-      JSON.stringify(eventIds),
-    ]);
+  async #writeUnwritten(
+    eventIds: readonly number[],
+    locked = true,
+  ): Promise<void> {
+    const ids = JSON.stringify(eventIds);
+    if (!locked && this.#sql.lockEvents) {
+      await this.#driver.query(this.#sql.lockEvents, [ids]);
+    }
+    await this.#driver.run(this.#sql.writeUnwritten, [ids]);
   }
 
   /** Writes ledger entries at `at`, in order, in one statement. */

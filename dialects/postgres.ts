@@ -20,8 +20,10 @@
  *   other transaction left it, so a stale call changes nothing.
  * - The ledger entries an event row holds are written with
  *   `ON CONFLICT DO NOTHING` on a unique index of claims and
- *   acknowledgements per fence: two transactions writing one event's entries
- *   at once (a renewal and a stale call) write them once.
+ *   acknowledgements per fence, and only while the transaction holds the
+ *   event's row (`lockEvents`): two transactions writing one event's
+ *   entries write them once, one after the other, and never wait for each
+ *   other's entries while holding the row the other needs.
  * - JSON parameters are `jsonb`, read with `jsonb_each_text` and
  *   `jsonb_array_elements`.
  * - A payload is text (JSON, kept as written) or `bytea`, in two columns.
@@ -327,6 +329,8 @@ export const POSTGRES = {
   ledger:
     `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
     VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+  lockEvents: `SELECT id FROM outbox_events
+    WHERE id IN (${IDS}($1::jsonb)) ORDER BY id FOR UPDATE`,
   writeUnwritten:
     `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
     SELECT event_id, fence, kind, at, token, lease_until, detail

@@ -40,6 +40,23 @@ async function ledgerKinds(db: Driver, eventId: number): Promise<string[]> {
 }
 
 /**
+ * Resolves once a backend of the database waits for a lock, or once
+ * `gaveUp()` (polled every 5 ms) says the awaited call ended without.
+ */
+async function untilWaiting(
+  admin: Driver,
+  gaveUp: () => boolean,
+): Promise<void> {
+  while (!gaveUp()) {
+    const [row] = await admin.query(
+      "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+    );
+    if (row?.["n"] === 1) return;
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+}
+
+/**
  * A connection whose backend is terminated (pg_terminate_backend, from a
  * second connection) when it sends the statement `when` picks: just before
  * it, or, `inFlight`, while the statement waits for a lock the test holds.
@@ -496,14 +513,46 @@ Deno.test("postgres: a call that reads while another transaction makes a lapsed 
   let settled = false;
   void stats.finally(() => settled = true);
   // Until stats waits for the row lock, or (the defect) returns without.
-  while (!settled) {
-    const [row] = await admin.query(
-      "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
-    );
-    if (row?.["n"] === 1) break;
-    await new Promise((resolve) => setTimeout(resolve, 5));
-  }
+  await untilWaiting(admin, () => settled);
   await other.run("COMMIT");
   const { leased, dead } = await stats;
   assert.deepEqual({ leased, dead }, { leased: 0, dead: 1 });
+});
+
+Deno.test("postgres: a release waits for the row before writing the ledger entries it holds, so it never deadlocks with a claim taking the lapsed lease over", async () => {
+  const { url, schema } = await fresh();
+  const clock = new ManualClock(1_000_000);
+  await using outbox = await Outbox.open(await raw(url, schema), {
+    now: clock.now,
+  });
+  await using claimer = await raw(url, schema);
+  await using admin = await raw(url, schema);
+  const { eventId } = await outbox.enqueue("x");
+  const lease = await outbox.claim({ leaseMs: 1_000 });
+  clock.advance(2_000);
+  // A claim taking the lapsed lease over, between its candidates' lock and
+  // its writing the entries the row holds, while the release starts.
+  await claimer.run("BEGIN");
+  await claimer.query(
+    "SELECT id FROM outbox_events WHERE id = $1 FOR UPDATE",
+    [eventId],
+  );
+  const release = outbox.release(lease!);
+  let settled = false;
+  void release.finally(() => settled = true).catch(() => {});
+  await untilWaiting(admin, () => settled);
+  // The claim's entries: before the fix, the release had written the same
+  // entry and waited for the row, so this waited for the release (deadlock).
+  await claimer.run(POSTGRES.writeUnwritten, [JSON.stringify([eventId])]);
+  await claimer.run(
+    "UPDATE outbox_events SET fence = fence + 1, token = 'taken' WHERE id = $1",
+    [eventId],
+  );
+  await claimer.run("COMMIT");
+  assert.equal(await release, false);
+  assert.deepEqual(await ledgerKinds(admin, eventId), [
+    "claimed:1",
+    "claimed:2",
+    "stale_release:1",
+  ]);
 });
