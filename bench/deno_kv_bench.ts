@@ -61,9 +61,6 @@ export type KvScenario =
     }
   );
 
-/** What a {@linkcode KvScenario} process reports. */
-export type KvResult = Alternated;
-
 /** Enqueues `payloads` on Deno KV in as few atomic operations as it allows. */
 async function kvEnqueueMany(
   kv: Deno.Kv,
@@ -214,7 +211,9 @@ function kvSide(kvPath: string, scenario: KvScenario): Side & Disposable {
  * @param scenario What to measure.
  * @returns Both rates, their ratio and how the outbox side worked.
  */
-export async function runKvScenario(scenario: KvScenario): Promise<KvResult> {
+export async function runKvScenario(
+  scenario: KvScenario,
+): Promise<Alternated> {
   await using outbox = await Outbox.open(
     await openSqliteWasm(scenario.path, {
       journalMode: "truncate",
@@ -282,7 +281,7 @@ export async function denoKvRows(
 ): Promise<BenchRow[]> {
   const sizes = smoke ? SMOKE : FULL;
   const run = (scenario: KvScenario) =>
-    runJsonProcess<KvResult>(SCRIPT, scenario, ["--unstable-kv"]);
+    runJsonProcess<Alternated>(SCRIPT, scenario, ["--unstable-kv"]);
   const files = (name: string) => ({
     path: join(dir, `${name}-outbox.db`),
     kvPath: join(dir, `${name}-kv.db`),
@@ -291,7 +290,7 @@ export async function denoKvRows(
     name: string,
     anchor: string,
     goal: number,
-    m: KvResult,
+    m: Alternated,
   ): BenchRow => ({
     name,
     value: m.value,

@@ -1229,6 +1229,19 @@ class Run {
     const { outbox } = worker;
     const now = this.clock.ms;
     const held = this.#books.held[worker.index]!;
+    // A claim's model, also with the events a concurrent call holds left out.
+    const claiming = (
+      command: { queue?: string; leaseMs?: number },
+      max: number,
+      token: string | null,
+    ) =>
+    (m: ReferenceOutbox, skip?: ReadonlySet<number>) =>
+      m.claim(now, {
+        queue: command.queue ?? QUEUES[0],
+        leaseMs: command.leaseMs ?? worker.leaseMs,
+        max,
+        token,
+      }, skip);
     const pick = (index: number): Held | undefined =>
       held.length === 0
         ? undefined
@@ -1244,13 +1257,7 @@ class Run {
         };
       }
       case "claim": {
-        const skipping = (m: ReferenceOutbox, skip?: ReadonlySet<number>) =>
-          m.claim(now, {
-            queue: command.queue ?? QUEUES[0],
-            leaseMs: command.leaseMs ?? worker.leaseMs,
-            max: 1,
-            token: command.token ?? null,
-          }, skip);
+        const skipping = claiming(command, 1, command.token ?? null);
         return {
           model: (m) => skipping(m),
           skipping,
@@ -1270,13 +1277,7 @@ class Run {
         };
       }
       case "claimBatch": {
-        const skipping = (m: ReferenceOutbox, skip?: ReadonlySet<number>) =>
-          m.claim(now, {
-            queue: command.queue ?? QUEUES[0],
-            leaseMs: command.leaseMs ?? worker.leaseMs,
-            max: command.max,
-            token: null,
-          }, skip);
+        const skipping = claiming(command, command.max, null);
         return {
           model: (m) => skipping(m),
           skipping,

@@ -40,14 +40,16 @@ async function ledgerKinds(db: Driver, eventId: number): Promise<string[]> {
 }
 
 /**
- * Resolves once a backend of the database waits for a lock, or once
- * `gaveUp()` (polled every 5 ms) says the awaited call ended without.
+ * Resolves once a backend of the database waits for a lock (polled every
+ * 5 ms), or once `call` settles without having waited.
  */
 async function untilWaiting(
   admin: Driver,
-  gaveUp: () => boolean,
+  call: Promise<unknown>,
 ): Promise<void> {
-  while (!gaveUp()) {
+  let settled = false;
+  call.then(() => settled = true, () => settled = true);
+  while (!settled) {
     const [row] = await admin.query(
       "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
     );
@@ -510,10 +512,8 @@ Deno.test("postgres: a call that reads while another transaction makes a lapsed 
   assert.deepEqual(exhausted.map((row) => Number(row["id"])), [eventId]);
   await other.run(POSTGRES.expire, [clock.ms, JSON.stringify([eventId])]);
   const stats = reader.stats();
-  let settled = false;
-  void stats.finally(() => settled = true);
   // Until stats waits for the row lock, or (the defect) returns without.
-  await untilWaiting(admin, () => settled);
+  await untilWaiting(admin, stats);
   await other.run("COMMIT");
   const { leased, dead } = await stats;
   assert.deepEqual({ leased, dead }, { leased: 0, dead: 1 });
@@ -538,9 +538,7 @@ Deno.test("postgres: a release waits for the row before writing the ledger entri
     [eventId],
   );
   const release = outbox.release(lease!);
-  let settled = false;
-  void release.finally(() => settled = true).catch(() => {});
-  await untilWaiting(admin, () => settled);
+  await untilWaiting(admin, release);
   // The claim's entries: before the fix, the release had written the same
   // entry and waited for the row, so this waited for the release (deadlock).
   await claimer.run(POSTGRES.writeUnwritten, [JSON.stringify([eventId])]);
