@@ -1535,9 +1535,14 @@ function leases(
   }
 }
 
-/** The database's id of a model event; an id never handed out for unknown ones. */
+/**
+ * The database's id of a model event; for an unknown one, an id no run
+ * reaches. Ids are not dense (an enqueue skipped for its dedup key may
+ * still use one up), so one just past the last id seen could be the id a
+ * concurrent enqueue gets.
+ */
 function realId(books: Books, modelId: number): number {
-  return books.realIds.get(modelId) ?? books.lastRealId + modelId;
+  return books.realIds.get(modelId) ?? Number.MAX_SAFE_INTEGER - modelId;
 }
 
 /**
