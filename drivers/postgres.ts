@@ -3,9 +3,12 @@
  * (node-postgres), which runs on Deno, Node and edge runtimes with TCP
  * sockets.
  *
- * Statements go unnamed through the extended protocol unless `prepare` is
- * on, so the driver works behind a transaction pooler (PgBouncer,
- * Supavisor) where named prepared statements do not survive. Integers come
+ * The outbox's own statements are named prepared statements, parsed and
+ * planned once per connection, unless `prepare` is off: then they go unnamed
+ * through the extended protocol, so the driver works behind a transaction
+ * pooler (PgBouncer, Supavisor) where named prepared statements do not
+ * survive. The app's statements (`tx.query`) always go unnamed, so a
+ * connection never holds more prepared statements than the dialect has. Integers come
  * back as numbers within ±2^53 and as `bigint` beyond, `bytea` as
  * `Uint8Array`.
  *
@@ -56,10 +59,11 @@ export interface PostgresDriverOptions {
    */
   readonly schema?: string;
   /**
-   * Named prepared statements, parsed once per connection. Leave off behind
-   * a transaction pooler.
+   * Named prepared statements, parsed and planned once per connection (a
+   * claim and its acknowledgement then skip planning their CTEs on every
+   * call). Turn off behind a transaction pooler.
    *
-   * @default {false}
+   * @default {true}
    */
   readonly prepare?: boolean;
   /** `application_name`, shown in `pg_stat_activity`. @default {"leased-outbox"} */
@@ -103,6 +107,10 @@ const DRIVER_OPTIONS: readonly (keyof PostgresDriverOptions)[] = [
 const INT8 = 20;
 const BYTEA = 17;
 const SCHEMA = /^[a-z_][a-z0-9_]{0,62}$/;
+/** The statements worth a name: the dialect's, a bounded set. */
+const PREPARED: ReadonlySet<string> = new Set(
+  Object.values(POSTGRES).filter((v): v is string => typeof v === "string"),
+);
 // Errors that node-postgres raises itself when the socket is gone.
 const LOST = [
   "Connection terminated",
@@ -351,7 +359,9 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     };
     if (extended) {
       config.queryMode = "extended";
-      if (this.#options.prepare) config.name = this.#name(sql);
+      if ((this.#options.prepare ?? true) && PREPARED.has(sql)) {
+        config.name = this.#name(sql);
+      }
     }
     try {
       return await client.query(config);

@@ -31,7 +31,8 @@ function outbox(): Promise<Outbox<OrderPlaced>> {
   opened ??= (async () => {
     const outbox = await openPostgres<OrderPlaced>(
       Deno.env.get("DATABASE_URL")!,
-      { listen: false, statementTimeoutMs: 10_000 },
+      // Supavisor's transaction mode: no LISTEN, no named statements.
+      { listen: false, prepare: false, statementTimeoutMs: 10_000 },
     );
     await setUpOrders(outbox);
     return outbox;
