@@ -16,6 +16,14 @@ const HEX = Array.from(
 
 let lastMs = -1;
 let counter = 0;
+// Random bytes drawn 10 per identity from a pool filled 4,000 at a time:
+// one getRandomValues call per identity cost a batch enqueue of 256 events
+// a fifth of its time.
+const pool = new Uint8Array(4000);
+let drawn = pool.length;
+// The text of lastMs's 48 bits, "xxxxxxxx-xxxx-", reused within a millisecond.
+let prefixMs = -1;
+let prefix = "";
 
 /**
  * Whether `value` is canonical UUID text: 36 characters, lowercase hex in
@@ -62,32 +70,31 @@ export function isIdentity(value: unknown): value is string {
  * ```
  */
 export function uuidv7(unixMs: number = Date.now()): string {
-  const random = new Uint8Array(10);
-  crypto.getRandomValues(random);
+  if (drawn === pool.length) {
+    crypto.getRandomValues(pool);
+    drawn = 0;
+  }
+  const r = drawn;
+  drawn += 10;
   const ms = Math.floor(unixMs) % TIMESTAMP_RANGE;
   if (ms > lastMs) {
     lastMs = ms;
     // The seed leaves the counter's top bit clear, room for 2,048 more.
-    counter = ((random[0]! & 0x07) << 8) | random[1]!;
+    counter = ((pool[r]! & 0x07) << 8) | pool[r + 1]!;
   } else if (++counter > 0xfff) {
     lastMs = (lastMs + 1) % TIMESTAMP_RANGE;
-    counter = ((random[0]! & 0x07) << 8) | random[1]!;
+    counter = ((pool[r]! & 0x07) << 8) | pool[r + 1]!;
   }
-  const bytes = new Uint8Array(16);
-  let t = lastMs;
-  for (let i = 5; i >= 0; i--) {
-    bytes[i] = t % 256;
-    t = Math.floor(t / 256);
+  if (prefixMs !== lastMs) {
+    prefixMs = lastMs;
+    const high = Math.floor(lastMs / 2 ** 16);
+    prefix = `${high.toString(16).padStart(8, "0")}-${
+      (lastMs % 2 ** 16).toString(16).padStart(4, "0")
+    }-`;
   }
-  bytes[6] = 0x70 | (counter >> 8);
-  bytes[7] = counter & 0xff;
-  bytes[8] = 0x80 | (random[2]! & 0x3f);
-  bytes.set(random.subarray(3, 10), 9);
-  let text = "";
-  for (let i = 0; i < 16; i++) {
-    if (i === 4 || i === 6 || i === 8 || i === 10) text += "-";
-    text += HEX[bytes[i]!];
-  }
+  let text = prefix + "7" + HEX[counter >> 8]![1] + HEX[counter & 0xff] +
+    "-" + HEX[0x80 | (pool[r + 2]! & 0x3f)] + HEX[pool[r + 3]!] + "-";
+  for (let i = r + 4; i < r + 10; i++) text += HEX[pool[i]!];
   return text;
 }
 

@@ -59,6 +59,7 @@ export type StatementName =
   | "insert"
   | "existing"
   | "insertAll"
+  | "insertAlike"
   | "existingAll"
   | "exhausted"
   | "expire"
@@ -1900,8 +1901,23 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   ): Promise<EnqueueResult[]> {
     if (events.length === 0) return [];
     const identities = events.map((event) => event.identity ?? uuidv7(now));
-    const inserted = new Map(
-      (await this.#driver.query(this.#sql.insertAll, [
+    const [first] = events as [PreparedEnqueue];
+    const alike = events.every((event) =>
+      typeof event.payload === "string" && event.queue === first.queue &&
+      event.dedupKey === null && event.orderingKey === null &&
+      event.delayMs === first.delayMs && event.maxAttempts === first.maxAttempts
+    );
+    const rows = alike
+      ? await this.#driver.query(this.#sql.insertAlike, [
+        now,
+        JSON.stringify(
+          events.map((event, i) => [event.payload, identities[i]]),
+        ),
+        first.queue,
+        now + first.delayMs,
+        first.maxAttempts,
+      ])
+      : await this.#driver.query(this.#sql.insertAll, [
         now,
         JSON.stringify(events.map((event, i) => {
           const { payload } = event;
@@ -1917,8 +1933,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
             identities[i],
           ];
         })),
-      ])).map((row) => [String(row["identity"]), row]),
-    );
+      ]);
+    const inserted = new Map(rows.map((row) => [String(row["identity"]), row]));
     // A row is the first element's with its identity, queue and dedup key:
     // an earlier element with all three the same would have been inserted
     // instead, or skipped for a conflict the later one meets too.

@@ -253,6 +253,15 @@ export const POSTGRES = {
     ORDER BY e.n
     ON CONFLICT DO NOTHING
     RETURNING id, identity, queue, dedup_key`,
+  insertAlike: `INSERT INTO outbox_events
+    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts,
+      created_at, updated_at, identity)
+    SELECT $3, 'pending', e.value ->> 0, NULL, NULL, $4::bigint,
+      $5::integer, $1::bigint, $1::bigint, e.value ->> 1
+    FROM json_array_elements($2::json) WITH ORDINALITY AS e (value, n)
+    ORDER BY e.n
+    ON CONFLICT DO NOTHING
+    RETURNING id, identity, queue, dedup_key`,
   existingAll: `SELECT d.n - 1 AS n, e.id, e.identity
     FROM json_array_elements($1::json) WITH ORDINALITY AS d (value, n)
     JOIN LATERAL (SELECT id, identity FROM outbox_events

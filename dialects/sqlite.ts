@@ -129,6 +129,18 @@ export const SQL = {
     FROM json_each(?2) AS e WHERE true ORDER BY e.key
     ON CONFLICT DO NOTHING
     RETURNING id, identity, queue, dedup_key`,
+  // `insertAll` for a batch whose events differ only in payload (JSON text)
+  // and identity, the common case: two values to read per element rather
+  // than eight, which halves the statement's cost in WASM. ?1: now; ?2: a
+  // JSON array of [payload JSON text, identity]; ?3: queue; ?4: due_at;
+  // ?5: max_attempts.
+  insertAlike: `INSERT INTO outbox_events
+    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity)
+    SELECT ?3, 'pending', e.value ->> 0, NULL, NULL, ?4, ?5, ?1, ?1,
+      e.value ->> 1
+    FROM json_each(?2) AS e WHERE true ORDER BY e.key
+    ON CONFLICT DO NOTHING
+    RETURNING id, identity, queue, dedup_key`,
   // `existing` for the skipped rows of a batch. ?1: a JSON array of [queue,
   // dedup key, identity, bound]; a row with id at or past its bound (the
   // first id the batch inserted after it) did not exist yet when that
