@@ -26,20 +26,22 @@ import {
 } from "./driver.ts";
 import { BusyError } from "./errors.ts";
 import {
-  checkIdentity,
-  checkInteger,
-  checkOptions,
   type Clock,
-  describe,
   driverMutex,
   insideTransactionBody,
   type Lease,
   MAX_DURATION_MS,
-  missing,
   type Mutex,
   runTransactionBody,
   transactionStatements,
 } from "./lease.ts";
+import {
+  checkIdentity,
+  checkInteger,
+  checkOptions,
+  describe,
+  missing,
+} from "./validate.ts";
 
 /**
  * The request header that carries an event's identity: `Idempotency-Key`,

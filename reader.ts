@@ -21,15 +21,13 @@ import type { Driver } from "./driver.ts";
 import { integerOf, untilNotBusy } from "./driver.ts";
 import { BusyError } from "./errors.ts";
 import {
-  checkIdentity,
-  checkInteger,
-  checkOptions,
   decodePayload,
   type Explanation,
   explanation,
   listParameters,
   MAX_DURATION_MS,
 } from "./lease.ts";
+import { checkIdentity, checkInteger, checkOptions } from "./validate.ts";
 import { SQL } from "./dialects/sqlite.ts";
 import { SCHEMA_VERSION } from "./schema.ts";
 

@@ -13,19 +13,21 @@
  */
 import {
   type BatchClaimOptions,
-  checkInteger,
-  checkName,
-  checkOptions,
   type Clock,
   type Explanation,
   type Lease,
   MAX_BATCH,
   MAX_DURATION_MS,
-  MAX_ERROR_LENGTH,
   type ReleaseOptions,
   type Stats,
   type Transaction,
 } from "./lease.ts";
+import {
+  checkInteger,
+  checkName,
+  checkOptions,
+  MAX_ERROR_LENGTH,
+} from "./validate.ts";
 import {
   DatabaseMovedError,
   LeaseLostError,

@@ -48,7 +48,8 @@ import type {
   ReleaseOptions,
   Stats,
 } from "../lease.ts";
-import { checkOptions, OUTBOX_OPTIONS } from "../lease.ts";
+import { OUTBOX_OPTIONS } from "../lease.ts";
+import { checkOptions } from "../validate.ts";
 import type {
   EventInfo,
   ListOptions,

@@ -29,7 +29,7 @@ import {
 } from "./file_vfs.ts";
 import { openBusyTimeoutMs, untilNotBusy } from "../driver.ts";
 import { SqliteError, sqliteError } from "../errors.ts";
-import { checkOptions } from "../lease.ts";
+import { checkOptions } from "../validate.ts";
 
 export {
   installDenoFileVfs,

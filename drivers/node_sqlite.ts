@@ -27,7 +27,7 @@ import {
   untilNotBusy,
 } from "../driver.ts";
 import { SqliteError, sqliteError } from "../errors.ts";
-import { checkBoolean, checkOptions } from "../lease.ts";
+import { checkBoolean, checkOptions } from "../validate.ts";
 
 /** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
 export type JournalMode =

@@ -17,7 +17,7 @@ import {
   type SqlValue,
 } from "../driver.ts";
 import { sqliteError } from "../errors.ts";
-import { checkBoolean, checkOptions } from "../lease.ts";
+import { checkBoolean, checkOptions } from "../validate.ts";
 
 let sqlite3: Promise<Sqlite3Static> | undefined;
 
