@@ -57,6 +57,8 @@ export function isIdentity(value: unknown): value is string {
  * @param unixMs The time to stamp, in epoch milliseconds.
  * @default {Date.now()}
  * @returns Lowercase UUID text.
+ * @throws {TypeError} When `unixMs` is not a number.
+ * @throws {RangeError} When `unixMs` is not finite or is below 0.
  *
  * @example Usage
  * ```ts
@@ -70,6 +72,14 @@ export function isIdentity(value: unknown): value is string {
  * ```
  */
 export function uuidv7(unixMs: number = Date.now()): string {
+  // NaN fails both comparisons; before 1970 there is no 48-bit stamp.
+  if (typeof unixMs !== "number" || !(unixMs >= 0 && unixMs < Infinity)) {
+    throw new (typeof unixMs === "number" ? RangeError : TypeError)(
+      `Cannot mint a UUIDv7 as 'unixMs' must be a finite number of milliseconds of at least 0: current value is ${
+        String(unixMs)
+      }`,
+    );
+  }
   if (drawn === pool.length) {
     crypto.getRandomValues(pool);
     drawn = 0;

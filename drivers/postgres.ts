@@ -24,6 +24,7 @@ import pgModule from "pg";
 import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
 import { POSTGRES } from "../dialects/postgres.ts";
 import { type Dialect, Outbox, type OutboxOptions } from "../lease.ts";
+import { checkBoolean } from "../validate.ts";
 import {
   BusyError,
   ConnectionLostError,
@@ -107,10 +108,19 @@ const DRIVER_OPTIONS: readonly (keyof PostgresDriverOptions)[] = [
 const INT8 = 20;
 const BYTEA = 17;
 const SCHEMA = /^[a-z_][a-z0-9_]{0,62}$/;
-/** The statements worth a name: the dialect's, a bounded set. */
+/**
+ * The statements worth a name: the dialect's, a bounded set, less
+ * transaction control, which has nothing to plan (and so a transaction
+ * still commits after the application's `DEALLOCATE ALL`).
+ */
 const PREPARED: ReadonlySet<string> = new Set(
-  Object.values(POSTGRES).filter((v): v is string => typeof v === "string"),
+  Object.values(POSTGRES).filter((v): v is string =>
+    typeof v === "string" &&
+    !/^(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE)\b/.test(v)
+  ),
 );
+/** The application's statements that drop the connection's named ones. */
+const DROPS_PREPARED = /^\s*(DEALLOCATE|DISCARD)\b/i;
 // Errors that node-postgres raises itself when the socket is gone.
 const LOST = [
   "Connection terminated",
@@ -181,6 +191,8 @@ export class PostgresDriver implements Driver, AsyncDisposable {
   readonly #options: PostgresDriverOptions;
   readonly #listeners = new Map<string, Set<NotificationListener>>();
   readonly #names = new Map<string, string>();
+  /** Bumped when the server forgot or must re-plan the named statements. */
+  #generation = 1;
   #client: PgClient | undefined;
   #connecting: Promise<PgClient> | undefined;
   /**
@@ -353,18 +365,28 @@ export class PostgresDriver implements Driver, AsyncDisposable {
       );
     }
     const client = await this.#session();
-    const config: PgQueryConfig = {
+    const named = extended && (this.#options.prepare ?? true) &&
+      PREPARED.has(sql);
+    const inTransaction = this.inTransaction();
+    const config = (): PgQueryConfig => ({
       text: sql,
       values: params.map(toParam),
-    };
-    if (extended) {
-      config.queryMode = "extended";
-      if ((this.#options.prepare ?? true) && PREPARED.has(sql)) {
-        config.name = this.#name(sql);
-      }
-    }
+      ...(extended ? { queryMode: "extended" } : {}),
+      ...(named ? { name: this.#name(sql) } : {}),
+    });
     try {
-      return await client.query(config);
+      try {
+        const result = await client.query(config());
+        if (!named && DROPS_PREPARED.test(sql)) this.#forgetNames();
+        return result;
+      } catch (error) {
+        if (!named || !this.#forgetNames(error)) throw error;
+        // The statement did not run; outside a transaction it can run again
+        // at once, under a new name. Inside one, the server has failed the
+        // transaction: the caller rolls back, and its next call re-parses.
+        if (inTransaction) throw error;
+        return await client.query(config());
+      }
     } catch (error) {
       const mapped = mapError(error);
       if (mapped instanceof ConnectionLostError) this.#lost(client);
@@ -384,9 +406,32 @@ export class PostgresDriver implements Driver, AsyncDisposable {
   #name(sql: string): string {
     let name = this.#names.get(sql);
     if (name === undefined) {
-      this.#names.set(sql, name = `leased_outbox_${this.#names.size + 1}`);
+      name = `leased_outbox_${this.#generation}_${this.#names.size + 1}`;
+      this.#names.set(sql, name);
     }
     return name;
+  }
+
+  /**
+   * Whether `error` (none: the application ran `DEALLOCATE` or `DISCARD`)
+   * says the connection's named statements cannot be used as they are:
+   * gone from the server (26000: dropped by SQL that node-postgres does
+   * not see, or a pooler that changed the server connection), or planned
+   * for a table whose columns changed since (0A000, "cached plan must not
+   * change result type"). Then the statements get new names, so each is
+   * parsed and planned again at its next use.
+   */
+  #forgetNames(error?: unknown): boolean {
+    const code = (error as { code?: unknown } | undefined)?.code;
+    if (
+      error !== undefined && code !== "26000" &&
+      !(code === "0A000" && /cached plan/.test(String(error)))
+    ) {
+      return false;
+    }
+    this.#names.clear();
+    this.#generation++;
+    return true;
   }
 
   /** Forgets a broken client, remembering whether a transaction died with it. */
@@ -586,6 +631,8 @@ function checkDriverOptions(url: string, options: PostgresDriverOptions): void {
       );
     }
   }
+  checkBoolean("connect", "prepare", options.prepare, true);
+  checkBoolean("connect", "listen", options.listen, true);
   if (options.schema !== undefined && !SCHEMA.test(options.schema)) {
     throw new TypeError(
       `Cannot connect as 'schema' must be a lowercase identifier of at most 63 characters: current value is ${

@@ -35,6 +35,23 @@ Deno.test("uuidv7() draws 74 random bits: identities minted in one millisecond d
   assert.equal(tails.size, 1_000);
 });
 
+Deno.test("uuidv7() refuses a time before 1970, NaN or Infinity, naming the field, and mints well-formed text after", () => {
+  for (const bad of [-5, -0.5, NaN, Infinity, "1" as unknown as number]) {
+    assert.throws(
+      () => uuidv7(bad),
+      (error) =>
+        error instanceof (typeof bad === "number" ? RangeError : TypeError) &&
+        error.message.includes("'unixMs' must be a finite number"),
+      String(bad),
+    );
+  }
+  assert.match(uuidv7(0), V7);
+  // Across refills of the pool of random bytes (400 identities each).
+  const minted = Array.from({ length: 1_201 }, () => uuidv7(4_000_000_000_000));
+  for (const identity of minted) assert.match(identity, V7);
+  assert.equal(new Set(minted).size, minted.length);
+});
+
 Deno.test("isIdentity() takes canonical lowercase UUID text of any version and nothing else", () => {
   assert.equal(isIdentity("3f2b8c1e-9a4d-4e6f-b1c2-d3e4f5a6b7c8"), true);
   assert.equal(isIdentity(crypto.randomUUID()), true);

@@ -5,6 +5,7 @@
 import assert from "node:assert/strict";
 import {
   connectPostgres,
+  openPostgres,
   type PostgresDriver,
   type PostgresDriverOptions,
 } from "../drivers/postgres.ts";
@@ -220,6 +221,15 @@ Deno.test("postgres driver: bad options are refused with TypeError naming the fi
       "Cannot connect as 'statementTimeout' is not an option: the options are connectTimeoutMs, statementTimeoutMs, lockTimeoutMs, schema, prepare, applicationName, listen",
     ),
   );
+  // A flag read from the environment is text, and "false" is truthy.
+  for (const field of ["prepare", "listen"]) {
+    await assert.rejects(
+      connectPostgres("postgres://x", { [field]: "false" }),
+      new TypeError(
+        `Cannot connect as '${field}' must be a boolean: current value is "false"`,
+      ),
+    );
+  }
 });
 
 Deno.test("postgres driver: NOTIFY reaches a listener between transactions", async () => {
@@ -252,6 +262,56 @@ Deno.test("postgres driver: the outbox's statements are prepared by name, the ap
   await using off = await connect({ prepare: false });
   await off.query(POSTGRES.now);
   assert.deepEqual(await prepared(off), []);
+});
+
+Deno.test("postgres driver: after the application drops the named statements, they are parsed again: at once outside a transaction, at the next one inside", async () => {
+  await using db = await connect();
+  const now = async () => (await db.query(POSTGRES.now))[0]?.["now"];
+  assert.equal(typeof await now(), "number");
+  // Seen in the SQL: the names are forgotten before the next use.
+  await db.run("DEALLOCATE ALL");
+  assert.equal(typeof await now(), "number");
+  // Unseen (inside a DO block): the server answers 26000, and the
+  // statement runs again under a new name.
+  const hidden = "DO $$ BEGIN EXECUTE 'DEALLOCATE ALL'; END $$";
+  await db.run(hidden);
+  assert.equal(typeof await now(), "number");
+  // Inside a transaction the server has failed it: the call fails once,
+  // and the next transaction parses again.
+  await db.run(hidden);
+  await db.run("BEGIN");
+  await assert.rejects(
+    now(),
+    (error) => error instanceof PostgresError && error.code === "26000",
+  );
+  await db.run("ROLLBACK");
+  await db.run("BEGIN");
+  assert.equal(typeof await now(), "number");
+  await db.run("COMMIT");
+});
+
+Deno.test("postgres driver: an outbox goes on after the application's DEALLOCATE ALL in its transaction and after a returned column's type changes", async () => {
+  const server = await sharedPostgres();
+  const schema = await server.createSchema();
+  await using outbox = await openPostgres(server.url, {
+    schema,
+    listen: false,
+  });
+  await using admin = await connect();
+  await outbox.enqueue({ n: 1 });
+  await outbox.transaction((tx) => tx.query("DEALLOCATE ALL"));
+  await outbox.enqueue({ n: 2 });
+  const first = await outbox.claim();
+  assert.deepEqual(first?.payload, { n: 1 });
+  assert.equal(await outbox.acknowledge(first!), true);
+  // Planned claims and acknowledgements return last_error's type.
+  await admin.exec(
+    `ALTER TABLE ${schema}.outbox_events ALTER COLUMN last_error TYPE varchar(1000)`,
+  );
+  const second = await outbox.claim();
+  assert.deepEqual(second?.payload, { n: 2 });
+  assert.equal(await outbox.acknowledge(second!), true);
+  assert.equal((await outbox.stats()).done, 2);
 });
 
 Deno.test("postgres driver: inTransaction() follows BEGIN, a failed statement and ROLLBACK", async () => {
