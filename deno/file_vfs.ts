@@ -267,20 +267,6 @@ const READERS_SPIN_MS = 2;
 // before it is given back. The retry follows the wait's end at once (see
 // LockSet.wait), so this only bounds a caller that never retries.
 const GRANT_KEPT_MS = 100;
-// Turns: while other connections of this VFS wait for RESERVED, a writer
-// keeps it after its commit for its own next transaction, up to
-// TURN_TRANSACTIONS transactions or TURN_MS, so the lock changes process
-// once a turn rather than once a transaction (each change of process costs
-// the next writer a wake-up, cold caches and an emptied page cache: about
-// 0.5 ms of handover and 0.7 ms more per transaction, see bench/README.md).
-// Two: a worker's claim and its acknowledgement. Longer turns made four
-// contending processes faster still, but a paced producer waited behind
-// them (the interop soak's producer committed half as many events). A turn
-// not taken up before the event loop's next timers (a writer with no next
-// transaction ready) is given back then.
-const TURN_TRANSACTIONS = 2;
-const TURN_MS = 10;
-const TURN_IDLE_MS = 0;
 
 // os_unix.c's lock bytes: one page-sized range past 1 GiB that SQLite never
 // reads or writes, so native SQLite and this VFS lock the same bytes.
@@ -288,12 +274,6 @@ const PENDING_BYTE = 0x40000000;
 const RESERVED_BYTE = PENDING_BYTE + 1;
 const SHARED_FIRST = PENDING_BYTE + 2;
 const SHARED_SIZE = 510;
-// The byte a connection of this VFS holds a read lock on while it waits in
-// the kernel for RESERVED: a writer that finds it locked by another knows a
-// writer of this VFS is waiting, and takes turns. Past the SHARED range, in
-// the same page SQLite never reads or writes at page sizes of 1 KiB and up;
-// native SQLite never locks it, so natives never cause turns.
-const QUEUE_BYTE = SHARED_FIRST + SHARED_SIZE;
 
 // What a refused connection waits for, as WAITS indexes it.
 const WAIT_PENDING = 0;
@@ -404,15 +384,9 @@ function releaseDescriptor(
  */
 class LockSet {
   #level = NONE;
-  /**
-   * RESERVED on the second description: taken, granted to a wait, or kept
-   * after a commit for this connection's next transaction (a turn).
-   */
-  #reserved: "none" | "held" | "granted" | "turn" = "none";
+  /** RESERVED on the second description: taken, or granted to a wait. */
+  #reserved: "none" | "held" | "granted" = "none";
   #grantTimer: ReturnType<typeof setTimeout> | undefined;
-  /** Transactions of the current turn, and when it began (ms). */
-  #turnTransactions = 0;
-  #turnStart = 0;
   /** What to wait for after the last refused lock; undefined: a pause. */
   #refusal: number | undefined;
   /** Kernel waits in flight, by WAIT_*: a wait cannot be cancelled. */
@@ -484,16 +458,8 @@ class LockSet {
 
   #startWait(kind: number): Promise<void> {
     const [type, start, length] = WAITS[kind]!;
-    const queued = kind === WAIT_RESERVED &&
-      this.#libc.setLock(this.#waitFd, F_RDLCK, QUEUE_BYTE, 1);
-    const dequeue = () => {
-      if (queued && !this.#closed) {
-        this.#libc.setLock(this.#waitFd, F_UNLCK, QUEUE_BYTE, 1);
-      }
-    };
     const call = this.#libc.waitLock(this.#waitFd, type, start, length).then(
       (held) => {
-        dequeue();
         this.#calls.delete(kind);
         if (held) this.#granted(kind);
         if (this.#closed && this.#calls.size === 0) {
@@ -501,7 +467,6 @@ class LockSet {
         }
       },
       () => {
-        dequeue();
         this.#calls.delete(kind);
       },
     );
@@ -529,36 +494,8 @@ class LockSet {
     this.#libc.setLock(this.#waitFd, F_UNLCK, start, length);
   }
 
-  /**
-   * Whether to keep RESERVED after this transaction for the next one: only
-   * while another writer of this VFS waits for it (so a lone writer leaves
-   * it free between transactions, for native writers, which poll), only
-   * for the rest of the turn, and only when the transaction left no hot
-   * journal (a commit that failed part-way): RESERVED held tells every other
-   * connection the journal is live, and it must be rolled back instead.
-   */
-  #takesTurn(): boolean {
-    const now = performance.now();
-    if (this.#turnTransactions === 0) this.#turnStart = now;
-    this.#turnTransactions++;
-    if (
-      this.#turnTransactions < TURN_TRANSACTIONS &&
-      now - this.#turnStart < TURN_MS &&
-      this.#libc.conflicts(this.#waitFd, F_WRLCK, QUEUE_BYTE, 1) &&
-      !this.#hotJournal()
-    ) {
-      return true;
-    }
-    this.#turnTransactions = 0;
-    return false;
-  }
-
-  /** Gives back RESERVED granted to a wait, or with `turn`, a kept turn. */
-  #dropGrant(turn = false): void {
-    if (this.#reserved !== "granted" && !(turn && this.#reserved === "turn")) {
-      return;
-    }
-    this.#turnTransactions = 0;
+  #dropGrant(): void {
+    if (this.#reserved !== "granted") return;
     clearTimeout(this.#grantTimer);
     this.#reserved = "none";
     this.#libc.setLock(this.#waitFd, F_UNLCK, RESERVED_BYTE, 1);
@@ -603,7 +540,7 @@ class LockSet {
       return OK;
     }
     if (target === RESERVED) {
-      if (this.#reserved === "granted" || this.#reserved === "turn") {
+      if (this.#reserved === "granted") {
         clearTimeout(this.#grantTimer);
       } else if (!libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)) {
         return this.#refuse(WAIT_RESERVED);
@@ -663,15 +600,8 @@ class LockSet {
       libc.setLock(this.#fd, F_UNLCK, 0, 0);
     }
     if (this.#reserved === "held") {
-      if (this.#takesTurn()) {
-        this.#reserved = "turn";
-        const timer = setTimeout(() => this.#dropGrant(true), TURN_IDLE_MS);
-        Deno.unrefTimer(timer as unknown as number);
-        this.#grantTimer = timer;
-      } else {
-        libc.setLock(this.#waitFd, F_UNLCK, RESERVED_BYTE, 1);
-        this.#reserved = "none";
-      }
+      libc.setLock(this.#waitFd, F_UNLCK, RESERVED_BYTE, 1);
+      this.#reserved = "none";
     } else {
       this.#dropGrant();
     }

@@ -11,14 +11,9 @@ import { join } from "node:path";
 import { BusyError } from "../errors.ts";
 import { openSqliteWasm, type SqliteWasmDriver } from "../deno/sqlite_wasm.ts";
 import { blockedOn, locksOn } from "./fixtures/vfs_locks.ts";
-import { F_RDLCK, loadLibc } from "../deno/libc.ts";
 
 // The SHARED range's read lock as locksOn lists it.
 const SHARED_READ = "READ 1073741826 1073742335";
-// RESERVED's write lock as locksOn lists it.
-const RESERVED_WRITE = "WRITE 1073741825 1073741825";
-// The byte a connection of the VFS holds while it waits for RESERVED.
-const QUEUE_BYTE = 0x40000200;
 
 async function withConnections(
   count: number,
@@ -328,84 +323,5 @@ Deno.test("a read-only connection refused by a committing writer waits with read
     assert.deepEqual(await reader.query("SELECT count(*) AS n FROM t"), [{
       n: 0,
     }]);
-  });
-});
-
-Deno.test("turns: while another connection waits for RESERVED, a writer keeps it for its next transaction only, then the kernel hands it over", async () => {
-  await withConnections(2, async ([greedy, waiter], path) => {
-    await greedy!.exec("BEGIN IMMEDIATE");
-    const waiting = beginWaiting(waiter!);
-    waiting.catch(() => {});
-    assert.ok(await until(() => blockedOn(path), 10_000), "waiter blocked");
-    // No await here reaches the event loop: each BEGIN after a COMMIT
-    // succeeds only on a turn kept at that COMMIT.
-    let kept = 0;
-    for (;;) {
-      await greedy!.exec("INSERT INTO t VALUES (1)");
-      await greedy!.exec("COMMIT");
-      try {
-        await greedy!.exec("BEGIN IMMEDIATE");
-      } catch (error) {
-        assert.ok(error instanceof BusyError);
-        break;
-      }
-      kept++;
-    }
-    // A turn of two transactions: kept at the first COMMIT, not the second.
-    assert.equal(kept, 1);
-    await waiting;
-    await waiter!.exec("COMMIT");
-  });
-});
-
-Deno.test("turns: a lone writer keeps no turn, so RESERVED is free between its transactions for native writers, which poll", async () => {
-  await withConnections(1, async ([writer], path) => {
-    for (let i = 0; i < 3; i++) {
-      await writer!.exec("BEGIN IMMEDIATE");
-      await writer!.exec("INSERT INTO t VALUES (1)");
-      assert.ok(locksOn(path).includes(RESERVED_WRITE));
-      await writer!.exec("COMMIT");
-      assert.deepEqual(locksOn(path), []);
-    }
-  });
-});
-
-Deno.test("turns: a commit that fails part-way keeps no turn, so a reader finds its journal hot and reads the last commit", async () => {
-  await withConnections(2, async ([writer, reader], path) => {
-    await writer!.exec("INSERT INTO t VALUES (1)");
-    // A waiting connection as the writer sees one: the queue byte held.
-    const libc = loadLibc(path);
-    const fd = libc.open(path, {
-      write: false,
-      create: false,
-      createNew: false,
-    });
-    try {
-      assert.ok(libc.setLock(fd, F_RDLCK, QUEUE_BYTE, 1));
-      await writer!.exec("BEGIN IMMEDIATE");
-      await writer!.exec("INSERT INTO t VALUES (2)");
-      // The journal's truncate is the commit point: failing it leaves the
-      // new pages in the file and the journal hot.
-      const prototype = Deno.FsFile.prototype;
-      const truncate = prototype.truncateSync;
-      prototype.truncateSync = () => {
-        throw new Error("injected: truncate failed");
-      };
-      try {
-        await assert.rejects(writer!.exec("COMMIT"));
-      } finally {
-        prototype.truncateSync = truncate;
-      }
-      // No await here reaches the event loop, so no timer has let go of a
-      // turn: RESERVED must already be free for the reader to see the hot
-      // journal (held, it would say the journal is live, and the reader
-      // would read the failed commit's pages).
-      assert.ok(!locksOn(path).includes(RESERVED_WRITE));
-      assert.deepEqual(await reader!.query("SELECT x FROM t ORDER BY x"), [{
-        x: 1,
-      }]);
-    } finally {
-      libc.close(fd);
-    }
   });
 });
