@@ -483,7 +483,16 @@ class LockSet {
       // Kept for the retry only when no crashed writer left a hot journal:
       // RESERVED held tells every other connection that the journal is live
       // (xCheckReservedLock), and this connection has not yet recovered it.
-      if (this.#waiters[WAIT_RESERVED]! > 0 && !this.#hotJournal()) {
+      // And only when the description still holds it: the kernel granted it
+      // when the wait returned, but if this connection took RESERVED itself
+      // and let it go before this callback ran (it can, without reaching
+      // the event loop), the grant went with it and another writer may hold
+      // RESERVED now. Setting it again answers both ways: a no-op when held,
+      // refused when another writer holds it.
+      if (
+        this.#waiters[WAIT_RESERVED]! > 0 && !this.#hotJournal() &&
+        this.#libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
+      ) {
         this.#reserved = "granted";
         const timer = setTimeout(() => this.#dropGrant(), GRANT_KEPT_MS);
         Deno.unrefTimer(timer as unknown as number);

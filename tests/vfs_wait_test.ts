@@ -325,3 +325,49 @@ Deno.test("a read-only connection refused by a committing writer waits with read
     }]);
   });
 });
+
+Deno.test("a kernel grant the connection let go before its callback ran is not kept: another writer holding RESERVED keeps it alone", async () => {
+  await withConnections(3, async ([holder, stale, other], path) => {
+    const spin = (ms: number) => {
+      const until = performance.now() + ms;
+      while (performance.now() < until);
+    };
+    await holder!.exec("BEGIN IMMEDIATE");
+    await assert.rejects(stale!.exec("BEGIN IMMEDIATE"), BusyError);
+    // Times out: the kernel wait stays in flight.
+    await stale!.busyWait!(50);
+    assert.ok(blockedOn(path), "the stale wait is still in the kernel");
+    // From here until the stale connection's next busyWait nothing reaches
+    // the event loop, so no wait's callback runs.
+    await holder!.exec("COMMIT");
+    spin(50); // the kernel grants the stale wait (its pool thread returns)
+    await stale!.exec("BEGIN IMMEDIATE");
+    await stale!.exec("INSERT INTO t VALUES (1)");
+    await assert.rejects(other!.exec("BEGIN IMMEDIATE"), BusyError);
+    const otherWaits = other!.busyWait!(10_000);
+    const started = performance.now();
+    while (!blockedOn(path)) {
+      assert.ok(performance.now() - started < 10_000, "other blocked");
+      spin(1);
+    }
+    // Letting RESERVED go lets the grant go with it: the kernel hands
+    // RESERVED to the other writer's wait.
+    await stale!.exec("COMMIT");
+    spin(50);
+    await assert.rejects(stale!.exec("BEGIN IMMEDIATE"), BusyError);
+    // The stale wait's callback runs now. It must not take the lock the
+    // other writer holds for a grant of its own.
+    await stale!.busyWait!(200);
+    await otherWaits;
+    await other!.exec("BEGIN IMMEDIATE");
+    await assert.rejects(stale!.exec("BEGIN IMMEDIATE"), BusyError);
+    await other!.exec("INSERT INTO t VALUES (2)");
+    await other!.exec("COMMIT");
+    await beginWaiting(stale!);
+    await stale!.exec("COMMIT");
+    assert.deepEqual(await stale!.query("SELECT x FROM t ORDER BY x"), [
+      { x: 1 },
+      { x: 2 },
+    ]);
+  });
+});
