@@ -7,10 +7,9 @@
  * planned once per connection, unless `prepare` is off: then they go unnamed
  * through the extended protocol, so the driver works behind a transaction
  * pooler (PgBouncer, Supavisor) where named prepared statements do not
- * survive. The app's statements (`tx.query`) always go unnamed, so a
- * connection never holds more prepared statements than the dialect has. Integers come
- * back as numbers within ±2^53 and as `bigint` beyond, `bytea` as
- * `Uint8Array`.
+ * survive. The app's statements (`tx.query`) always go unnamed, so the
+ * named ones are the dialect's few dozen. Integers come back as numbers
+ * within ±2^53 and as `bigint` beyond, `bytea` as `Uint8Array`.
  *
  * A lost connection is never resumed inside a transaction: the statement in
  * flight and the rest of the transaction fail with
