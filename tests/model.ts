@@ -1242,6 +1242,21 @@ class Run {
         max,
         token,
       }, skip);
+    // The rows a claim locks while it runs: its candidates, also when it
+    // then refuses them (a supplied token used before), since FOR UPDATE
+    // SKIP LOCKED holds them until its transaction ends (seed -2140077608).
+    const candidates = (queue: string | undefined, max: number): number[] => {
+      try {
+        return this.#model.clone().claim(now, {
+          queue: queue ?? QUEUES[0],
+          leaseMs: worker.leaseMs,
+          max,
+          token: null,
+        }).map((lease) => lease.eventId);
+      } catch {
+        return [];
+      }
+    };
     const pick = (index: number): Held | undefined =>
       held.length === 0
         ? undefined
@@ -1261,6 +1276,7 @@ class Run {
         return {
           model: (m) => skipping(m),
           skipping,
+          locks: candidates(command.queue, 1),
           real: () =>
             outbox.claim(present({
               queue: command.queue,
@@ -1281,6 +1297,7 @@ class Run {
         return {
           model: (m) => skipping(m),
           skipping,
+          locks: candidates(command.queue, command.max),
           real: () =>
             outbox.claim(present({
               max: command.max,

@@ -44,3 +44,14 @@ Deno.test("model-based, a found counterexample: explain of an event that was nev
   });
   assert.ok(report.runs > 0, JSON.stringify(report));
 });
+
+Deno.test("model-based, a found counterexample: on PostgreSQL a claim refused for a used token still holds its candidate's row, and a claim at once beside it skips that event", async () => {
+  const postgres = DRIVERS.find((driver) => driver.engine === "postgres")!;
+  const report = await runModelTest(() => postgres.open(3), {
+    numRuns: 1,
+    seed: -2140077608,
+    path:
+      "19:0:0:0:0:0:0:4:0:1:7:18:16:16:18:16:16:16:20:16:17:17:17:19:19:16:17:18:16:19:18:16:27:19:12:18:67:23:21:20:29:19:30:36:27:27:26:27:33:21:26:52:46:25:6:30:23:39:24:37:31:23:31:31:30:34:34:23:25:28:28",
+  });
+  assert.ok(report.runs > 0, JSON.stringify(report));
+});
