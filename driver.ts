@@ -170,6 +170,23 @@ export async function untilNotBusy<T>(
 }
 
 /**
+ * The first keywords of the statements that begin, end or roll back a
+ * transaction. Through `tx.run` they would commit or roll back behind the
+ * outbox's back (a handler's writes committed before its stale
+ * acknowledgement threw).
+ *
+ * @ignore
+ */
+export const TRANSACTION_CONTROL: ReadonlySet<string> = new Set([
+  "BEGIN",
+  "COMMIT",
+  "END",
+  "ROLLBACK",
+  "SAVEPOINT",
+  "RELEASE",
+]);
+
+/**
  * The first word of `sql` after SQLite's whitespace, semicolons and
  * comments (`""` when none), as SQLite's tokenizer would read it: how the
  * core recognises a transaction-control statement before it runs.

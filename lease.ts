@@ -17,6 +17,7 @@ import {
   type Row,
   type RunResult,
   type SqlValue,
+  TRANSACTION_CONTROL,
 } from "./driver.ts";
 import {
   BusyError,
@@ -471,18 +472,6 @@ const HEX = Array.from(
 const HEX_DIGITS = encoder.encode("0123456789abcdef");
 const ascii = new TextDecoder("latin1");
 const mutexes = new WeakMap<Driver, Mutex>();
-
-// Transaction control through tx.run would commit or roll back behind the
-// outbox's back (a handler's writes committed before its stale
-// acknowledgement threw).
-const TRANSACTION_CONTROL = new Set([
-  "BEGIN",
-  "COMMIT",
-  "END",
-  "ROLLBACK",
-  "SAVEPOINT",
-  "RELEASE",
-]);
 
 /**
  * A transactional outbox with leases on one SQLite connection.

@@ -20,7 +20,14 @@
  * @module
  */
 import pgModule from "pg";
-import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
+import {
+  type Driver,
+  firstKeyword,
+  type Row,
+  type RunResult,
+  type SqlValue,
+  TRANSACTION_CONTROL,
+} from "../driver.ts";
 import { POSTGRES } from "../dialects/postgres.ts";
 import { type Dialect, Outbox, type OutboxOptions } from "../lease.ts";
 import { checkBoolean } from "../validate.ts";
@@ -115,11 +122,11 @@ const SCHEMA = /^[a-z_][a-z0-9_]{0,62}$/;
 const PREPARED: ReadonlySet<string> = new Set(
   Object.values(POSTGRES).filter((v): v is string =>
     typeof v === "string" &&
-    !/^(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE)\b/.test(v)
+    !TRANSACTION_CONTROL.has(firstKeyword(v).toUpperCase())
   ),
 );
-/** The application's statements that drop the connection's named ones. */
-const DROPS_PREPARED = /^\s*(DEALLOCATE|DISCARD)\b/i;
+/** The first keywords of statements that drop a connection's named ones. */
+const DROPS_PREPARED: ReadonlySet<string> = new Set(["DEALLOCATE", "DISCARD"]);
 // Errors that node-postgres raises itself when the socket is gone.
 const LOST = [
   "Connection terminated",
@@ -376,10 +383,13 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     try {
       try {
         const result = await client.query(config());
-        if (!named && DROPS_PREPARED.test(sql)) this.#forgetNames();
+        if (!named && DROPS_PREPARED.has(firstKeyword(sql).toUpperCase())) {
+          this.#forgetNames();
+        }
         return result;
       } catch (error) {
-        if (!named || !this.#forgetNames(error)) throw error;
+        if (!named || !namesUnusable(error)) throw error;
+        this.#forgetNames();
         // The statement did not run; outside a transaction it can run again
         // at once, under a new name. Inside one, the server has failed the
         // transaction: the caller rolls back, and its next call re-parses.
@@ -412,25 +422,12 @@ export class PostgresDriver implements Driver, AsyncDisposable {
   }
 
   /**
-   * Whether `error` (none: the application ran `DEALLOCATE` or `DISCARD`)
-   * says the connection's named statements cannot be used as they are:
-   * gone from the server (26000: dropped by SQL that node-postgres does
-   * not see, or a pooler that changed the server connection), or planned
-   * for a table whose columns changed since (0A000, "cached plan must not
-   * change result type"). Then the statements get new names, so each is
-   * parsed and planned again at its next use.
+   * Gives the named statements new names, so each is parsed and planned
+   * again at its next use (see {@linkcode namesUnusable}).
    */
-  #forgetNames(error?: unknown): boolean {
-    const code = (error as { code?: unknown } | undefined)?.code;
-    if (
-      error !== undefined && code !== "26000" &&
-      !(code === "0A000" && /cached plan/.test(String(error)))
-    ) {
-      return false;
-    }
+  #forgetNames(): void {
     this.#names.clear();
     this.#generation++;
-    return true;
   }
 
   /** Forgets a broken client, remembering whether a transaction died with it. */
@@ -587,6 +584,19 @@ export async function openPostgres<P = unknown>(
 }
 
 /** Validates a URL and driver options before anything connects. */
+/**
+ * Whether `error` says the connection's named statements cannot be used as
+ * they are: gone from the server (26000: dropped by SQL node-postgres does
+ * not see, or a pooler that changed the server connection), or planned for
+ * a table whose columns changed since (0A000, "cached plan must not change
+ * result type").
+ */
+function namesUnusable(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  return code === "26000" ||
+    (code === "0A000" && /cached plan/.test(String(error)));
+}
+
 function checkDriverOptions(url: string, options: PostgresDriverOptions): void {
   if (typeof url !== "string" || !/^postgres(ql)?:\/\//.test(url)) {
     throw new TypeError(
