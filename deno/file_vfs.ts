@@ -285,8 +285,13 @@ const WAITS: readonly (readonly [number, number, number])[] = [
   [F_RDLCK, PENDING_BYTE, 1],
   // A writer holds the SHARED range exclusively while it writes the file.
   [F_RDLCK, SHARED_FIRST, SHARED_SIZE],
-  // A writer holds RESERVED for its whole transaction.
-  [F_WRLCK, RESERVED_BYTE, 1],
+  // A writer holds RESERVED for its whole transaction. The wait asks for
+  // PENDING too, so that a grant shuts out new readers until its callback
+  // has checked for a hot journal: a writer that crashed mid-commit lets
+  // both go at once, and RESERVED alone, held by the grant, would tell a
+  // reader checking for a hot journal (xCheckReservedLock) that the crashed
+  // writer's journal is live, and let it read the pages it left in the file.
+  [F_WRLCK, PENDING_BYTE, 2],
 ];
 
 // SQLITE_FCNTL_HAS_MOVED (sqlite3.h).
@@ -335,12 +340,24 @@ interface Inode {
   readonly key: string;
   connections: number;
   readonly idle: { readonly fd: number; readonly writable: boolean }[];
+  /** Connections whose kernel wait for RESERVED is in flight. */
+  readonly waitingForReserved: Set<LockSet>;
 }
 
 const inodes = new Map<string, Inode>();
 
 function inodeKey(id: FileId): string {
   return `${id.dev}:${id.ino}`;
+}
+
+/**
+ * Whether this process has done with the file: no connection, no idle
+ * descriptor, and no closed connection's wait for RESERVED still in flight
+ * (a reader settles its grant; see LockSet.settleGrant).
+ */
+function unused(inode: Inode): boolean {
+  return inode.connections === 0 && inode.idle.length === 0 &&
+    inode.waitingForReserved.size === 0;
 }
 
 /** Takes an idle descriptor of the file at `path`, when there is one. */
@@ -380,7 +397,9 @@ function releaseDescriptor(
  * Holding RESERVED on the second description is what makes a wait fair: when
  * the writer ahead lets RESERVED go, the kernel grants it to the waiting
  * description, and the connection keeps it for its retry instead of racing
- * the writer's next transaction for it.
+ * the writer's next transaction for it. The grant comes with PENDING, held
+ * until the connection has seen that no crashed writer left a hot journal,
+ * since native SQLite takes a journal beside a RESERVED lock for a live one.
  */
 class LockSet {
   #level = NONE;
@@ -405,6 +424,8 @@ class LockSet {
   readonly #hotJournal: () => boolean;
   /** Whether the descriptors may take write locks (not a read-only open). */
   readonly #writable: boolean;
+  /** This process's connections to the file waiting for RESERVED. */
+  readonly #waitingForReserved: Set<LockSet>;
 
   constructor(
     libc: Libc,
@@ -412,12 +433,14 @@ class LockSet {
     writable: boolean,
     release: (fd: number) => void,
     hotJournal: () => boolean,
+    waitingForReserved: Set<LockSet>,
   ) {
     this.#libc = libc;
     [this.#fd, this.#waitFd] = fds;
     this.#writable = writable;
     this.#release = release;
     this.#hotJournal = hotJournal;
+    this.#waitingForReserved = waitingForReserved;
   }
 
   get level(): number {
@@ -458,9 +481,11 @@ class LockSet {
 
   #startWait(kind: number): Promise<void> {
     const [type, start, length] = WAITS[kind]!;
+    if (kind === WAIT_RESERVED) this.#waitingForReserved.add(this);
     const call = this.#libc.waitLock(this.#waitFd, type, start, length).then(
       (held) => {
         this.#calls.delete(kind);
+        if (kind === WAIT_RESERVED) this.#waitingForReserved.delete(this);
         if (held) this.#granted(kind);
         if (this.#closed && this.#calls.size === 0) {
           this.#release(this.#waitFd);
@@ -468,39 +493,59 @@ class LockSet {
       },
       () => {
         this.#calls.delete(kind);
+        if (kind === WAIT_RESERVED) this.#waitingForReserved.delete(this);
       },
     );
     this.#calls.set(kind, call);
     return call;
   }
 
-  /** A kernel wait returned holding its lock on the second description. */
+  /**
+   * A kernel wait returned holding its lock on the second description.
+   * While a wait for RESERVED is in flight the connection takes RESERVED
+   * only through it (see lock), so its grant never merges into a RESERVED
+   * the connection took itself.
+   */
   #granted(kind: number): void {
     const [, start, length] = WAITS[kind]!;
-    if (kind === WAIT_RESERVED && !this.#closed) {
-      // Taken meanwhile without waiting: the grant merged into it.
-      if (this.#reserved !== "none") return;
-      // Kept for the retry only when no crashed writer left a hot journal:
-      // RESERVED held tells every other connection that the journal is live
-      // (xCheckReservedLock), and this connection has not yet recovered it.
-      // And only when the description still holds it: the kernel granted it
-      // when the wait returned, but if this connection took RESERVED itself
-      // and let it go before this callback ran (it can, without reaching
-      // the event loop), the grant went with it and another writer may hold
-      // RESERVED now. Setting it again answers both ways: a no-op when held,
-      // refused when another writer holds it.
-      if (
-        this.#waiters[WAIT_RESERVED]! > 0 && !this.#hotJournal() &&
-        this.#libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
-      ) {
-        this.#reserved = "granted";
-        const timer = setTimeout(() => this.#dropGrant(), GRANT_KEPT_MS);
-        Deno.unrefTimer(timer as unknown as number);
-        this.#grantTimer = timer;
-        return;
-      }
+    // RESERVED is kept for the retry only when no crashed writer left a hot
+    // journal: held, it tells every other connection that the journal is
+    // live (xCheckReservedLock), and this connection has not yet recovered
+    // it. And only when the description still holds it: setting it again is
+    // a no-op then, and refused if the grant went (a closed connection's).
+    if (
+      kind === WAIT_RESERVED && !this.#closed &&
+      this.#waiters[WAIT_RESERVED]! > 0 && !this.#hotJournal() &&
+      this.#libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
+    ) {
+      this.#libc.setLock(this.#waitFd, F_UNLCK, PENDING_BYTE, 1);
+      this.#reserved = "granted";
+      const timer = setTimeout(() => this.#dropGrant(), GRANT_KEPT_MS);
+      Deno.unrefTimer(timer as unknown as number);
+      this.#grantTimer = timer;
+      return;
     }
     this.#libc.setLock(this.#waitFd, F_UNLCK, start, length);
+  }
+
+  /**
+   * Lets PENDING go from this connection's kernel grant of RESERVED when no
+   * hot journal is on disk, as the grant's callback does first; for a
+   * connection of this process that the grant refused before the callback
+   * ran (a reader right after a commit, say). The callback still decides
+   * whether RESERVED is kept.
+   */
+  settleGrant(): void {
+    const libc = this.#libc;
+    // Taken only if no other description holds PENDING or RESERVED: then
+    // the wait has been granted, or is being (and would again hold PENDING
+    // until its callback).
+    if (
+      libc.setLock(this.#waitFd, F_WRLCK, PENDING_BYTE, 2) &&
+      !this.#hotJournal()
+    ) {
+      libc.setLock(this.#waitFd, F_UNLCK, PENDING_BYTE, 1);
+    }
   }
 
   #dropGrant(): void {
@@ -511,12 +556,17 @@ class LockSet {
   }
 
   lock(target: number): number {
+    this.#refusal = undefined;
     if (this.#level >= target) return OK;
     const libc = this.#libc;
     if (target === SHARED) {
       // As unixLock: a read lock on PENDING first, so no reader slips in
-      // while a writer holds PENDING to wait for readers to leave.
-      if (!libc.setLock(this.#fd, F_RDLCK, PENDING_BYTE, 1)) {
+      // while a writer holds PENDING to wait for readers to leave. A grant
+      // to a wait of this process may hold it, until its callback runs.
+      if (
+        !libc.setLock(this.#fd, F_RDLCK, PENDING_BYTE, 1) &&
+        (this.#waitingForReserved.size === 0 || !this.#settleGrants())
+      ) {
         // A writer committing holds RESERVED too, until its commit ends: a
         // wait for RESERVED ends then, and leaves PENDING alone (a read lock
         // granted on it would hold up the next commit until this process
@@ -551,7 +601,12 @@ class LockSet {
     if (target === RESERVED) {
       if (this.#reserved === "granted") {
         clearTimeout(this.#grantTimer);
-      } else if (!libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)) {
+      } else if (
+        // A wait for it in flight takes it first (see #granted), and would
+        // otherwise hold PENDING over this connection's own commit.
+        this.#calls.has(WAIT_RESERVED) ||
+        !libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
+      ) {
         return this.#refuse(WAIT_RESERVED);
       }
       this.#reserved = "held";
@@ -583,8 +638,19 @@ class LockSet {
     }
   }
 
+  /**
+   * Refuses a lock, to be waited for as `wait` says; but while a kernel wait
+   * is in flight, by waiting for it: two waits on the second description
+   * could overlap (PENDING), and one's callback let go of the other's lock.
+   */
+  /** Settles this process's grants (see settleGrant); then tries again. */
+  #settleGrants(): boolean {
+    for (const waiting of this.#waitingForReserved) waiting.settleGrant();
+    return this.#libc.setLock(this.#fd, F_RDLCK, PENDING_BYTE, 1);
+  }
+
   #refuse(wait: number | undefined): number {
-    this.#refusal = wait;
+    this.#refusal = this.#calls.keys().next().value ?? wait;
     return BUSY;
   }
 
@@ -679,17 +745,22 @@ class DatabaseFile implements OpenFile {
     const key = inodeKey(this.#id);
     let inode = inodes.get(key);
     if (inode === undefined) {
-      inode = { key, connections: 0, idle: [] };
+      inode = { key, connections: 0, idle: [], waitingForReserved: new Set() };
       inodes.set(key, inode);
     }
     inode.connections++;
     this.#inode = inode;
-    this.#locks = new LockSet(libc, fds, writable, (released) => {
-      releaseDescriptor(libc, inode, released, writable);
-      if (inode.connections === 0 && inode.idle.length === 0) {
-        inodes.delete(key);
-      }
-    }, () => journalMayBeHot(`${path}-journal`));
+    this.#locks = new LockSet(
+      libc,
+      fds,
+      writable,
+      (released) => {
+        releaseDescriptor(libc, inode, released, writable);
+        if (unused(inode)) inodes.delete(key);
+      },
+      () => journalMayBeHot(`${path}-journal`),
+      inode.waitingForReserved,
+    );
   }
 
   lockLevel(): number {
@@ -773,9 +844,7 @@ class DatabaseFile implements OpenFile {
     if (waitFdFree) {
       releaseDescriptor(this.#libc, inode, this.#locks.waitFd, this.#writable);
     }
-    if (inode.connections === 0 && inode.idle.length === 0 && waitFdFree) {
-      inodes.delete(inode.key);
-    }
+    if (unused(inode) && waitFdFree) inodes.delete(inode.key);
   }
 }
 

@@ -216,10 +216,13 @@ export async function openSqliteWasm(
       // Before the first write, so only a new file takes it: the build's
       // 8192 journals and syncs twice the bytes per changed row of native
       // SQLite's 4096, the disk's block and the VFS's sector size.
-      await driver.exec(`PRAGMA page_size=${PAGE_SIZE}`);
+      // Both read the file's header, so a writer committing refuses them.
       await untilNotBusy(
         busyTimeoutMs,
-        () => applyJournalMode(driver, journalMode),
+        async () => {
+          await driver.exec(`PRAGMA page_size=${PAGE_SIZE}`);
+          await applyJournalMode(driver, journalMode);
+        },
         (ms) => driver.busyWait!(ms),
       );
       await driver.exec(`PRAGMA synchronous=${synchronous}`);

@@ -10,6 +10,12 @@ import { join } from "node:path";
 import { BusyError, Outbox, type Row } from "../mod.ts";
 import { type JournalMode, openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { Child } from "./fixtures/vfs_child.ts";
+import {
+  beginWaiting,
+  blockedOn,
+  locksOn,
+  until,
+} from "./fixtures/vfs_locks.ts";
 
 // `deno task test:stress` runs 25 per mode (100 in all).
 const TRIALS = Number(Deno.env.get("VFS_CRASH_TRIALS") ?? 3);
@@ -23,11 +29,14 @@ interface Snapshot {
 
 const JOURNAL_MAGIC = [0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7];
 
-/** Whether a rollback journal that SQLite would treat as hot is on disk. */
-async function hotJournal(path: string): Promise<boolean> {
+/**
+ * Whether a rollback journal that SQLite would treat as hot is on disk;
+ * synchronous, so asking it holds the event loop.
+ */
+function hotJournal(path: string): boolean {
   let bytes: Uint8Array;
   try {
-    bytes = await Deno.readFile(`${path}-journal`);
+    bytes = Deno.readFileSync(`${path}-journal`);
   } catch (error) {
     if (error instanceof Deno.errors.NotFound) return false;
     throw error;
@@ -110,7 +119,7 @@ for (const journalMode of MODES) {
         const status = await worker.status();
         await output;
         assert.equal(status.signal, "SIGKILL", await worker.stderr());
-        if (journalMode !== "wal" && await hotJournal(path)) hot++;
+        if (journalMode !== "wal" && hotJournal(path)) hot++;
 
         // Two processes open the crashed file at once.
         await using verifier = new Child("verify", path, journalMode);
@@ -120,7 +129,7 @@ for (const journalMode of MODES) {
         ]);
         assert.deepEqual(there, here, "both processes see the same database");
         assert.equal(here.integrity, "ok");
-        if (journalMode !== "wal") assert.equal(await hotJournal(path), false);
+        if (journalMode !== "wal") assert.equal(hotJournal(path), false);
 
         const events = new Map(here.events.map((row) => [Number(row.id), row]));
         for (const id of enqueued) {
@@ -180,7 +189,7 @@ for (const journalMode of ["truncate", "delete", "persist"] as const) {
       );
       writer.kill();
       assert.equal((await writer.status()).signal, "SIGKILL");
-      assert.equal(await hotJournal(path), true);
+      assert.equal(hotJournal(path), true);
 
       const check = async (db: Awaited<ReturnType<typeof openSqliteWasm>>) => {
         for (;;) {
@@ -205,7 +214,7 @@ for (const journalMode of ["truncate", "delete", "persist"] as const) {
       const expected = [{ integrity_check: "ok" }, { n: 300, untouched: 300 }];
       assert.deepEqual(fromA, expected);
       assert.deepEqual(fromB, expected);
-      assert.equal(await hotJournal(path), false);
+      assert.equal(hotJournal(path), false);
       assert.deepEqual(
         await Deno.readFile(path),
         committed,
@@ -215,6 +224,23 @@ for (const journalMode of ["truncate", "delete", "persist"] as const) {
       await Deno.remove(dir, { recursive: true });
     }
   });
+}
+
+/** Whether a lock as locksOn lists it is a write lock on RESERVED. */
+function holdsReserved(lock: string): boolean {
+  const [type, first, last] = lock.split(" ");
+  return type === "WRITE" && Number(first) <= 0x40000001 &&
+    Number(last) >= 0x40000001;
+}
+
+/** Whether process `pid` has not exited yet (a zombie has, and holds no lock). */
+function alive(pid: number): boolean {
+  try {
+    const stat = Deno.readTextFileSync(`/proc/${pid}/stat`);
+    return stat.slice(stat.lastIndexOf(")") + 2)[0] !== "Z";
+  } catch {
+    return false;
+  }
 }
 
 /** A 300-row table of zeroblobs, and the file's committed bytes. */
@@ -283,7 +309,7 @@ for (const journalMode of ["truncate", "delete", "persist"] as const) {
         await lines.cancel();
         await native.stderr.cancel();
       }
-      assert.equal(await hotJournal(path), true);
+      assert.equal(hotJournal(path), true);
       assert.deepEqual(
         await reader.query(
           "SELECT count(*) AS n, count(*) FILTER (WHERE v = zeroblob(1000)) AS untouched FROM t",
@@ -293,8 +319,94 @@ for (const journalMode of ["truncate", "delete", "persist"] as const) {
       assert.deepEqual(await reader.query("PRAGMA integrity_check"), [{
         integrity_check: "ok",
       }]);
-      assert.equal(await hotJournal(path), false);
+      assert.equal(hotJournal(path), false);
       assert.deepEqual(await Deno.readFile(path), committed);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  });
+
+  Deno.test(`crash (${journalMode}): native sqlite3 killed after spilling pages, with a WASM writer waiting in the kernel, is never read as live: a reader is shut out until the waiter has rolled it back`, async () => {
+    const dir = await Deno.makeTempDir({
+      prefix: `vfs_waiter_${journalMode}_`,
+    });
+    const path = join(dir, "spill.db");
+    try {
+      const committed = await seedSpillTable(path, journalMode);
+      await using waiter = await openSqliteWasm(path, { journalMode });
+      const native = new Deno.Command("sqlite3", {
+        args: [path],
+        stdin: "piped",
+        stdout: "piped",
+        stderr: "piped",
+      }).spawn();
+      const lines = native.stdout.pipeThrough(new TextDecoderStream())
+        .getReader();
+      const writer = native.stdin.getWriter();
+      let begun: Promise<void> | undefined;
+      try {
+        await writer.write(
+          new TextEncoder().encode(
+            `PRAGMA journal_mode=${journalMode}; PRAGMA cache_size=2; BEGIN; UPDATE t SET v = randomblob(1000);\n.print spilled\n`,
+          ),
+        );
+        let printed = "";
+        while (!printed.includes("spilled")) {
+          const { value, done } = await lines.read();
+          assert.equal(done, false, "sqlite3 ended early");
+          printed += value;
+        }
+        begun = beginWaiting(waiter);
+        // Awaited below; when an assertion fails first, the connection's
+        // close rejects it, which is no further failure.
+        begun.catch(() => {});
+        assert.ok(await until(() => blockedOn(path), 5_000), "no kernel wait");
+        // From here until the reader has run, this process's event loop is
+        // held: the kernel grants the waiter its lock when the writer dies,
+        // and the grant's callback cannot run in between.
+        native.kill("SIGKILL");
+        const deadline = performance.now() + 5_000;
+        while (alive(native.pid) || !locksOn(path).some(holdsReserved)) {
+          assert.ok(performance.now() < deadline, "the kernel granted nothing");
+        }
+        assert.equal(hotJournal(path), true);
+        const read = new Deno.Command("sqlite3", {
+          args: [
+            path,
+            "SELECT count(*) FILTER (WHERE v = zeroblob(1000)) FROM t",
+          ],
+          stdout: "piped",
+          stderr: "piped",
+        }).outputSync();
+        const decode = (bytes: Uint8Array) => new TextDecoder().decode(bytes);
+        assert.match(
+          decode(read.stderr),
+          /database is locked/,
+          `a reader went past the hot journal and read ${decode(read.stdout)}`,
+        );
+        assert.equal((await native.status).signal, "SIGKILL");
+      } finally {
+        await writer.close().catch(() => {});
+        await lines.cancel();
+        await native.stderr.cancel();
+      }
+      await begun;
+      assert.deepEqual(
+        await waiter.query(
+          "SELECT count(*) AS n, count(*) FILTER (WHERE v = zeroblob(1000)) AS untouched FROM t",
+        ),
+        [{ n: 300, untouched: 300 }],
+      );
+      await waiter.exec("COMMIT");
+      assert.equal(hotJournal(path), false);
+      assert.deepEqual(await Deno.readFile(path), committed);
+      assert.equal(
+        await nativeSqlite(
+          path,
+          "SELECT count(*) FILTER (WHERE v = zeroblob(1000)) FROM t; PRAGMA integrity_check",
+        ),
+        "300\nok",
+      );
     } finally {
       await Deno.remove(dir, { recursive: true });
     }
@@ -320,7 +432,7 @@ for (const journalMode of ["truncate", "delete", "persist"] as const) {
       );
       writer.kill();
       assert.equal((await writer.status()).signal, "SIGKILL");
-      assert.equal(await hotJournal(path), true);
+      assert.equal(hotJournal(path), true);
       assert.equal(
         await nativeSqlite(
           path,
@@ -328,7 +440,7 @@ for (const journalMode of ["truncate", "delete", "persist"] as const) {
         ),
         "300|300\nok",
       );
-      assert.equal(await hotJournal(path), false);
+      assert.equal(hotJournal(path), false);
       assert.deepEqual(await Deno.readFile(path), committed);
     } finally {
       await Deno.remove(dir, { recursive: true });

@@ -10,7 +10,12 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { BusyError } from "../errors.ts";
 import { openSqliteWasm, type SqliteWasmDriver } from "../deno/sqlite_wasm.ts";
-import { blockedOn, locksOn } from "./fixtures/vfs_locks.ts";
+import {
+  beginWaiting,
+  blockedOn,
+  locksOn,
+  until,
+} from "./fixtures/vfs_locks.ts";
 
 // The SHARED range's read lock as locksOn lists it.
 const SHARED_READ = "READ 1073741826 1073742335";
@@ -31,18 +36,6 @@ async function withConnections(
   } finally {
     for (const driver of drivers) await driver.close();
     await Deno.remove(dir, { recursive: true });
-  }
-}
-
-/** Begins a write transaction, waiting as the lease core does. */
-async function beginWaiting(driver: SqliteWasmDriver): Promise<void> {
-  for (;;) {
-    try {
-      return await driver.exec("BEGIN IMMEDIATE");
-    } catch (error) {
-      if (!(error instanceof BusyError)) throw error;
-      await driver.busyWait!(10_000);
-    }
   }
 }
 
@@ -80,15 +73,6 @@ function descriptorsOn(path: string): number {
     }
   }
   return count;
-}
-
-async function until(condition: () => boolean, ms: number): Promise<boolean> {
-  const deadline = performance.now() + ms;
-  while (!condition()) {
-    if (performance.now() > deadline) return false;
-    await sleep(10);
-  }
-  return true;
 }
 
 Deno.test("a refused writer's busyWait lasts while the lock is held and ends when it is let go", async () => {
@@ -326,46 +310,47 @@ Deno.test("a read-only connection refused by a committing writer waits with read
   });
 });
 
-Deno.test("a kernel grant the connection let go before its callback ran is not kept: another writer holding RESERVED keeps it alone", async () => {
-  await withConnections(3, async ([holder, stale, other], path) => {
+Deno.test("while its wait for RESERVED is in flight a connection takes RESERVED only through it; the grant's PENDING shuts out readers until its callback, or a reader of the same process, has seen no hot journal", async () => {
+  await withConnections(3, async ([holder, waiter, other], path) => {
     const spin = (ms: number) => {
-      const until = performance.now() + ms;
-      while (performance.now() < until);
+      const end = performance.now() + ms;
+      while (performance.now() < end);
     };
+    // Reads the schema, which it opened before.
+    assert.deepEqual(await other!.query("SELECT count(*) AS n FROM t"), [
+      { n: 0 },
+    ]);
     await holder!.exec("BEGIN IMMEDIATE");
-    await assert.rejects(stale!.exec("BEGIN IMMEDIATE"), BusyError);
+    await assert.rejects(waiter!.exec("BEGIN IMMEDIATE"), BusyError);
     // Times out: the kernel wait stays in flight.
-    await stale!.busyWait!(50);
-    assert.ok(blockedOn(path), "the stale wait is still in the kernel");
-    // From here until the stale connection's next busyWait nothing reaches
-    // the event loop, so no wait's callback runs.
+    await waiter!.busyWait!(50);
+    assert.ok(blockedOn(path), "the wait is still in the kernel");
+    // From here until the waiter's next busyWait nothing reaches the event
+    // loop, so the wait's callback does not run.
     await holder!.exec("COMMIT");
-    spin(50); // the kernel grants the stale wait (its pool thread returns)
-    await stale!.exec("BEGIN IMMEDIATE");
-    await stale!.exec("INSERT INTO t VALUES (1)");
-    await assert.rejects(other!.exec("BEGIN IMMEDIATE"), BusyError);
-    const otherWaits = other!.busyWait!(10_000);
-    const started = performance.now();
-    while (!blockedOn(path)) {
-      assert.ok(performance.now() - started < 10_000, "other blocked");
-      spin(1);
-    }
-    // Letting RESERVED go lets the grant go with it: the kernel hands
-    // RESERVED to the other writer's wait.
-    await stale!.exec("COMMIT");
-    spin(50);
-    await assert.rejects(stale!.exec("BEGIN IMMEDIATE"), BusyError);
-    // The stale wait's callback runs now. It must not take the lock the
-    // other writer holds for a grant of its own.
-    await stale!.busyWait!(200);
-    await otherWaits;
-    await other!.exec("BEGIN IMMEDIATE");
-    await assert.rejects(stale!.exec("BEGIN IMMEDIATE"), BusyError);
-    await other!.exec("INSERT INTO t VALUES (2)");
-    await other!.exec("COMMIT");
-    await beginWaiting(stale!);
-    await stale!.exec("COMMIT");
-    assert.deepEqual(await stale!.query("SELECT x FROM t ORDER BY x"), [
+    spin(50); // the kernel grants the wait (its pool thread returns)
+    assert.deepEqual(locksOn(path), ["WRITE 1073741824 1073741825"]);
+    // A reader in this process settles the grant: with no hot journal on
+    // disk, PENDING goes, and the reader reads.
+    assert.deepEqual(await other!.query("SELECT count(*) AS n FROM t"), [
+      { n: 0 },
+    ]);
+    assert.deepEqual(locksOn(path), ["WRITE 1073741825 1073741825"]);
+    // The waiter's own retry is refused rather than take RESERVED beside
+    // the grant, and so is another writer.
+    await assert.rejects(waiter!.exec("BEGIN IMMEDIATE"), BusyError);
+    await assert.rejects(holder!.exec("BEGIN IMMEDIATE"), BusyError);
+    // The callback runs: RESERVED is kept for the retry.
+    await waiter!.busyWait!(200);
+    assert.deepEqual(locksOn(path), ["WRITE 1073741825 1073741825"]);
+    await waiter!.exec("BEGIN IMMEDIATE");
+    await assert.rejects(holder!.exec("BEGIN IMMEDIATE"), BusyError);
+    await waiter!.exec("INSERT INTO t VALUES (1)");
+    await waiter!.exec("COMMIT");
+    await beginWaiting(holder!);
+    await holder!.exec("INSERT INTO t VALUES (2)");
+    await holder!.exec("COMMIT");
+    assert.deepEqual(await other!.query("SELECT x FROM t ORDER BY x"), [
       { x: 1 },
       { x: 2 },
     ]);
