@@ -20,7 +20,9 @@
  * inode, so hard links and renames share them; paths are canonicalised
  * (symlinks resolved) so that two names of one file also share the journal.
  * A connection refused a lock waits in the kernel (`F_OFD_SETLKW`) on a
- * second open file description (see `LockSet`).
+ * second open file description, for a read lock or for the writers' turn
+ * (a byte native SQLite never locks), never for SQLite's own write locks,
+ * which are only taken as os_unix.c takes them (see `LockSet`).
  *
  * What this does not do: lock reliably on network filesystems, run off Linux
  * (no open file description locks: opening fails), or provide shared memory
@@ -263,9 +265,9 @@ const RUN_BYTES = 128 * 1024;
 // then EXCLUSIVE) before it reports SQLITE_BUSY: readers hold SHARED for
 // one statement and, once PENDING is held, no new one gets in.
 const READERS_SPIN_MS = 2;
-// How long RESERVED, granted to a waiting connection, is kept for its retry
-// before it is given back. The retry follows the wait's end at once (see
-// LockSet.wait), so this only bounds a caller that never retries.
+// How long the writer's turn, granted to a waiting connection, is kept for
+// its retry before it is given back. The retry follows the wait's end at
+// once (see LockSet.wait), so this only bounds a caller that never retries.
 const GRANT_KEPT_MS = 100;
 
 // os_unix.c's lock bytes: one page-sized range past 1 GiB that SQLite never
@@ -274,24 +276,26 @@ const PENDING_BYTE = 0x40000000;
 const RESERVED_BYTE = PENDING_BYTE + 1;
 const SHARED_FIRST = PENDING_BYTE + 2;
 const SHARED_SIZE = 510;
+// The writer's turn among this VFS's connections: a write lock on the byte
+// after the SHARED range, held with RESERVED. Native SQLite never locks it,
+// so the kernel can hand it to a waiting connection without telling anyone
+// that RESERVED is held (see LockSet). In the same page SQLite never reads
+// or writes at page sizes of 1 KiB and up; at 512 a lock is still only a
+// lock, and SQLite's I/O ignores it.
+const TURN_BYTE = SHARED_FIRST + SHARED_SIZE;
 
 // What a refused connection waits for, as WAITS indexes it.
 const WAIT_PENDING = 0;
 const WAIT_SHARED = 1;
-const WAIT_RESERVED = 2;
+const WAIT_TURN = 2;
 /** Per wait: the lock the waiter asks the kernel for (type, start, length). */
 const WAITS: readonly (readonly [number, number, number])[] = [
   // A writer holds PENDING while it commits (or recovers a hot journal).
   [F_RDLCK, PENDING_BYTE, 1],
   // A writer holds the SHARED range exclusively while it writes the file.
   [F_RDLCK, SHARED_FIRST, SHARED_SIZE],
-  // A writer holds RESERVED for its whole transaction. The wait asks for
-  // PENDING too, so that a grant shuts out new readers until its callback
-  // has checked for a hot journal: a writer that crashed mid-commit lets
-  // both go at once, and RESERVED alone, held by the grant, would tell a
-  // reader checking for a hot journal (xCheckReservedLock) that the crashed
-  // writer's journal is live, and let it read the pages it left in the file.
-  [F_WRLCK, PENDING_BYTE, 2],
+  // A writer of this VFS holds the turn for its whole transaction.
+  [F_WRLCK, TURN_BYTE, 1],
 ];
 
 // SQLITE_FCNTL_HAS_MOVED (sqlite3.h).
@@ -340,24 +344,12 @@ interface Inode {
   readonly key: string;
   connections: number;
   readonly idle: { readonly fd: number; readonly writable: boolean }[];
-  /** Connections whose kernel wait for RESERVED is in flight. */
-  readonly waitingForReserved: Set<LockSet>;
 }
 
 const inodes = new Map<string, Inode>();
 
 function inodeKey(id: FileId): string {
   return `${id.dev}:${id.ino}`;
-}
-
-/**
- * Whether this process has done with the file: no connection, no idle
- * descriptor, and no closed connection's wait for RESERVED still in flight
- * (a reader settles its grant; see LockSet.settleGrant).
- */
-function unused(inode: Inode): boolean {
-  return inode.connections === 0 && inode.idle.length === 0 &&
-    inode.waitingForReserved.size === 0;
 }
 
 /** Takes an idle descriptor of the file at `path`, when there is one. */
@@ -390,21 +382,29 @@ function releaseDescriptor(
  * SQLite's lock levels as os_unix.c takes them, one connection's view, over
  * two open file descriptions of the database file, each the owner of its
  * locks: the main one holds PENDING and the SHARED range (and does the
- * I/O), the second holds RESERVED and waits in the kernel for a lock that
- * refused the connection. Native SQLite's classic POSIX locks on the same
- * bytes conflict with them, and so do other connections' in this process.
+ * I/O), the second holds RESERVED and the turn (TURN_BYTE) and waits in the
+ * kernel for a lock that refused the connection. Native SQLite's classic
+ * POSIX locks on the same bytes conflict with them, and so do other
+ * connections' in this process.
  *
- * Holding RESERVED on the second description is what makes a wait fair: when
- * the writer ahead lets RESERVED go, the kernel grants it to the waiting
- * description, and the connection keeps it for its retry instead of racing
- * the writer's next transaction for it. The grant comes with PENDING, held
- * until the connection has seen that no crashed writer left a hot journal,
- * since native SQLite takes a journal beside a RESERVED lock for a live one.
+ * SQLite's own locks are taken only as os_unix.c takes them, never handed
+ * out by a kernel wait: RESERVED held tells a reader checking for a hot
+ * journal (xCheckReservedLock) that the journal is live, so a connection
+ * that had not itself looked for one first (under SHARED) would let readers
+ * read a crashed writer's pages. A kernel wait only ever gets a read lock on
+ * PENDING or the SHARED range (what a reader holds), or the turn.
+ *
+ * The turn is what makes a wait fair among this VFS's connections: a writer
+ * takes it with RESERVED, and when it lets both go the kernel grants the
+ * turn to the waiting description; the connection keeps it for its retry,
+ * and the writer's next transaction, refused the turn, waits in its place.
+ * A native writer takes no turn, so a connection refused RESERVED by one
+ * polls, as native connections do.
  */
 class LockSet {
   #level = NONE;
-  /** RESERVED on the second description: taken, or granted to a wait. */
-  #reserved: "none" | "held" | "granted" = "none";
+  /** The turn: held with RESERVED, or granted to a wait for the retry. */
+  #turn: "none" | "held" | "granted" = "none";
   #grantTimer: ReturnType<typeof setTimeout> | undefined;
   /** What to wait for after the last refused lock; undefined: a pause. */
   #refusal: number | undefined;
@@ -420,27 +420,19 @@ class LockSet {
   readonly #waitFd: number;
   /** Gives the second descriptor back once no wait uses it. */
   readonly #release: (fd: number) => void;
-  /** Whether a journal that may be hot is on disk. */
-  readonly #hotJournal: () => boolean;
   /** Whether the descriptors may take write locks (not a read-only open). */
   readonly #writable: boolean;
-  /** This process's connections to the file waiting for RESERVED. */
-  readonly #waitingForReserved: Set<LockSet>;
 
   constructor(
     libc: Libc,
     fds: readonly [number, number],
     writable: boolean,
     release: (fd: number) => void,
-    hotJournal: () => boolean,
-    waitingForReserved: Set<LockSet>,
   ) {
     this.#libc = libc;
     [this.#fd, this.#waitFd] = fds;
     this.#writable = writable;
     this.#release = release;
-    this.#hotJournal = hotJournal;
-    this.#waitingForReserved = waitingForReserved;
   }
 
   get level(): number {
@@ -454,14 +446,14 @@ class LockSet {
   /**
    * Waits until the lock that refused this connection last is free (the
    * kernel grants it to the second description, which lets go of it at
-   * once, or keeps RESERVED for the retry), or `timeoutMs` at most. A wait
+   * once, or keeps the turn for the retry), or `timeoutMs` at most. A wait
    * that timed out stays in flight; whatever it is granted later is given
    * back when it returns.
    */
   async wait(timeoutMs: number): Promise<void> {
     const kind = this.#refusal;
     if (kind === undefined || this.#closed) return await pause(timeoutMs);
-    if (kind === WAIT_RESERVED && this.#reserved === "granted") return;
+    if (kind === WAIT_TURN && this.#turn === "granted") return;
     const call = this.#calls.get(kind) ?? this.#startWait(kind);
     this.#waiters[kind]!++;
     let timer: ReturnType<typeof setTimeout> | undefined;
@@ -481,11 +473,9 @@ class LockSet {
 
   #startWait(kind: number): Promise<void> {
     const [type, start, length] = WAITS[kind]!;
-    if (kind === WAIT_RESERVED) this.#waitingForReserved.add(this);
     const call = this.#libc.waitLock(this.#waitFd, type, start, length).then(
       (held) => {
         this.#calls.delete(kind);
-        if (kind === WAIT_RESERVED) this.#waitingForReserved.delete(this);
         if (held) this.#granted(kind);
         if (this.#closed && this.#calls.size === 0) {
           this.#release(this.#waitFd);
@@ -493,33 +483,25 @@ class LockSet {
       },
       () => {
         this.#calls.delete(kind);
-        if (kind === WAIT_RESERVED) this.#waitingForReserved.delete(this);
+        if (this.#closed && this.#calls.size === 0) {
+          this.#release(this.#waitFd);
+        }
       },
     );
     this.#calls.set(kind, call);
     return call;
   }
 
-  /**
-   * A kernel wait returned holding its lock on the second description.
-   * While a wait for RESERVED is in flight the connection takes RESERVED
-   * only through it (see lock), so its grant never merges into a RESERVED
-   * the connection took itself.
-   */
+  /** A kernel wait returned holding its lock on the second description. */
   #granted(kind: number): void {
     const [, start, length] = WAITS[kind]!;
-    // RESERVED is kept for the retry only when no crashed writer left a hot
-    // journal: held, it tells every other connection that the journal is
-    // live (xCheckReservedLock), and this connection has not yet recovered
-    // it. And only when the description still holds it: setting it again is
-    // a no-op then, and refused if the grant went (a closed connection's).
+    // Kept for the retry while a caller waits for it. The connection takes
+    // the turn itself only while no wait for it is in flight (see lock), so
+    // the grant never merges into a turn the connection holds.
     if (
-      kind === WAIT_RESERVED && !this.#closed &&
-      this.#waiters[WAIT_RESERVED]! > 0 && !this.#hotJournal() &&
-      this.#libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
+      kind === WAIT_TURN && !this.#closed && this.#waiters[WAIT_TURN]! > 0
     ) {
-      this.#libc.setLock(this.#waitFd, F_UNLCK, PENDING_BYTE, 1);
-      this.#reserved = "granted";
+      this.#turn = "granted";
       const timer = setTimeout(() => this.#dropGrant(), GRANT_KEPT_MS);
       Deno.unrefTimer(timer as unknown as number);
       this.#grantTimer = timer;
@@ -528,31 +510,11 @@ class LockSet {
     this.#libc.setLock(this.#waitFd, F_UNLCK, start, length);
   }
 
-  /**
-   * Lets PENDING go from this connection's kernel grant of RESERVED when no
-   * hot journal is on disk, as the grant's callback does first; for a
-   * connection of this process that the grant refused before the callback
-   * ran (a reader right after a commit, say). The callback still decides
-   * whether RESERVED is kept.
-   */
-  settleGrant(): void {
-    const libc = this.#libc;
-    // Taken only if no other description holds PENDING or RESERVED: then
-    // the wait has been granted, or is being (and would again hold PENDING
-    // until its callback).
-    if (
-      libc.setLock(this.#waitFd, F_WRLCK, PENDING_BYTE, 2) &&
-      !this.#hotJournal()
-    ) {
-      libc.setLock(this.#waitFd, F_UNLCK, PENDING_BYTE, 1);
-    }
-  }
-
   #dropGrant(): void {
-    if (this.#reserved !== "granted") return;
+    if (this.#turn !== "granted") return;
     clearTimeout(this.#grantTimer);
-    this.#reserved = "none";
-    this.#libc.setLock(this.#waitFd, F_UNLCK, RESERVED_BYTE, 1);
+    this.#turn = "none";
+    this.#libc.setLock(this.#waitFd, F_UNLCK, TURN_BYTE, 1);
   }
 
   lock(target: number): number {
@@ -561,24 +523,14 @@ class LockSet {
     const libc = this.#libc;
     if (target === SHARED) {
       // As unixLock: a read lock on PENDING first, so no reader slips in
-      // while a writer holds PENDING to wait for readers to leave. A grant
-      // to a wait of this process may hold it, until its callback runs.
-      if (
-        !libc.setLock(this.#fd, F_RDLCK, PENDING_BYTE, 1) &&
-        (this.#waitingForReserved.size === 0 || !this.#settleGrants())
-      ) {
-        // A writer committing holds RESERVED too, until its commit ends: a
-        // wait for RESERVED ends then, and leaves PENDING alone (a read lock
-        // granted on it would hold up the next commit until this process
-        // got round to letting it go; the same goes for the SHARED range
-        // below). Only a connection recovering a hot journal holds PENDING
-        // or the SHARED range exclusively without RESERVED.
-        return this.#refuse(
-          this.#writable &&
-            libc.conflicts(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
-            ? WAIT_RESERVED
-            : WAIT_PENDING,
-        );
+      // while a writer holds PENDING to wait for readers to leave.
+      if (!libc.setLock(this.#fd, F_RDLCK, PENDING_BYTE, 1)) {
+        // A writer of this VFS committing holds the turn too, until its
+        // transaction ends: a wait for the turn ends then, and leaves
+        // PENDING alone (a read lock granted on it would hold up the next
+        // commit until this process got round to letting it go; the same
+        // goes for the SHARED range below).
+        return this.#refuse(this.#turnWait(WAIT_PENDING));
       }
       const shared = libc.setLock(
         this.#fd,
@@ -587,29 +539,28 @@ class LockSet {
         SHARED_SIZE,
       );
       libc.setLock(this.#fd, F_UNLCK, PENDING_BYTE, 1);
-      if (!shared) {
-        return this.#refuse(
-          this.#writable &&
-            libc.conflicts(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
-            ? WAIT_RESERVED
-            : WAIT_SHARED,
-        );
-      }
+      if (!shared) return this.#refuse(this.#turnWait(WAIT_SHARED));
       this.#level = SHARED;
       return OK;
     }
     if (target === RESERVED) {
-      if (this.#reserved === "granted") {
+      if (this.#turn === "granted") {
         clearTimeout(this.#grantTimer);
       } else if (
-        // A wait for it in flight takes it first (see #granted), and would
-        // otherwise hold PENDING over this connection's own commit.
-        this.#calls.has(WAIT_RESERVED) ||
-        !libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
+        // A wait for the turn in flight takes it first (see #granted).
+        this.#calls.has(WAIT_TURN) ||
+        !libc.setLock(this.#waitFd, F_WRLCK, TURN_BYTE, 1)
       ) {
-        return this.#refuse(WAIT_RESERVED);
+        return this.#refuse(WAIT_TURN);
       }
-      this.#reserved = "held";
+      this.#turn = "held";
+      if (!libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)) {
+        // A native writer holds it (writers of this VFS hold the turn):
+        // give the turn to the next writer of this VFS, and poll.
+        this.#turn = "none";
+        libc.setLock(this.#waitFd, F_UNLCK, TURN_BYTE, 1);
+        return this.#refuse(undefined);
+      }
       this.#level = RESERVED;
       return OK;
     }
@@ -639,18 +590,18 @@ class LockSet {
   }
 
   /**
-   * Refuses a lock, to be waited for as `wait` says; but while a kernel wait
-   * is in flight, by waiting for it: two waits on the second description
-   * could overlap (PENDING), and one's callback let go of the other's lock.
+   * What a connection refused SHARED waits for: the turn, when a writer of
+   * this VFS holds it; else `otherwise`.
    */
-  /** Settles this process's grants (see settleGrant); then tries again. */
-  #settleGrants(): boolean {
-    for (const waiting of this.#waitingForReserved) waiting.settleGrant();
-    return this.#libc.setLock(this.#fd, F_RDLCK, PENDING_BYTE, 1);
+  #turnWait(otherwise: number): number {
+    return this.#writable &&
+        this.#libc.conflicts(this.#waitFd, F_WRLCK, TURN_BYTE, 1)
+      ? WAIT_TURN
+      : otherwise;
   }
 
   #refuse(wait: number | undefined): number {
-    this.#refusal = this.#calls.keys().next().value ?? wait;
+    this.#refusal = wait;
     return BUSY;
   }
 
@@ -674,9 +625,17 @@ class LockSet {
     } else {
       libc.setLock(this.#fd, F_UNLCK, 0, 0);
     }
-    if (this.#reserved === "held") {
-      libc.setLock(this.#waitFd, F_UNLCK, RESERVED_BYTE, 1);
-      this.#reserved = "none";
+    if (this.#turn === "held") {
+      // RESERVED and the turn, and nothing else the second description
+      // holds between them (a wait's read lock on the SHARED range is
+      // given back in its callback; gone sooner, no one minds).
+      libc.setLock(
+        this.#waitFd,
+        F_UNLCK,
+        RESERVED_BYTE,
+        TURN_BYTE - RESERVED_BYTE + 1,
+      );
+      this.#turn = "none";
     } else {
       this.#dropGrant();
     }
@@ -687,11 +646,9 @@ class LockSet {
   /**
    * Whether some connection or process holds RESERVED or more, as
    * unixCheckReservedLock asks: this connection's own level, else the
-   * kernel whether any other owner holds a lock on RESERVED. Asked on the
-   * second description, so a RESERVED granted to this connection's wait is
-   * not taken for someone else's (it excludes everyone else from RESERVED).
-   * After a crash the kernel has dropped the dead writer's lock, so its
-   * hot journal is seen.
+   * kernel whether any other owner holds a lock on RESERVED (the second
+   * description holds this connection's). After a crash the kernel has
+   * dropped the dead writer's lock, so its hot journal is seen.
    */
   checkReserved(): boolean {
     if (this.#level > SHARED) return true;
@@ -706,7 +663,7 @@ class LockSet {
     this.#closed = true;
     this.#closing.resolve();
     clearTimeout(this.#grantTimer);
-    this.#reserved = "none";
+    this.#turn = "none";
     this.#level = NONE;
     this.#libc.setLock(this.#fd, F_UNLCK, 0, 0);
     this.#libc.setLock(this.#waitFd, F_UNLCK, 0, 0);
@@ -745,22 +702,17 @@ class DatabaseFile implements OpenFile {
     const key = inodeKey(this.#id);
     let inode = inodes.get(key);
     if (inode === undefined) {
-      inode = { key, connections: 0, idle: [], waitingForReserved: new Set() };
+      inode = { key, connections: 0, idle: [] };
       inodes.set(key, inode);
     }
     inode.connections++;
     this.#inode = inode;
-    this.#locks = new LockSet(
-      libc,
-      fds,
-      writable,
-      (released) => {
-        releaseDescriptor(libc, inode, released, writable);
-        if (unused(inode)) inodes.delete(key);
-      },
-      () => journalMayBeHot(`${path}-journal`),
-      inode.waitingForReserved,
-    );
+    this.#locks = new LockSet(libc, fds, writable, (released) => {
+      releaseDescriptor(libc, inode, released, writable);
+      if (inode.connections === 0 && inode.idle.length === 0) {
+        inodes.delete(key);
+      }
+    });
   }
 
   lockLevel(): number {
@@ -844,7 +796,9 @@ class DatabaseFile implements OpenFile {
     if (waitFdFree) {
       releaseDescriptor(this.#libc, inode, this.#locks.waitFd, this.#writable);
     }
-    if (unused(inode) && waitFdFree) inodes.delete(inode.key);
+    if (inode.connections === 0 && inode.idle.length === 0 && waitFdFree) {
+      inodes.delete(inode.key);
+    }
   }
 }
 
@@ -889,29 +843,6 @@ function openDatabaseDescriptors(
     throw error;
   }
   return [opened as unknown as [number, number], writable];
-}
-
-// The first bytes of a rollback journal's header while it is live (pager.c's
-// aJournalMagic); a committed journal is empty, gone or zeroed.
-const JOURNAL_MAGIC = [0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7];
-
-/** Whether the rollback journal at `path` has a live header. */
-function journalMayBeHot(path: string): boolean {
-  let file: Deno.FsFile;
-  try {
-    file = Deno.openSync(path, { read: true });
-  } catch {
-    return false;
-  }
-  try {
-    const header = new Uint8Array(JOURNAL_MAGIC.length);
-    return file.readSync(header) === header.length &&
-      JOURNAL_MAGIC.every((byte, i) => header[i] === byte);
-  } catch {
-    return true;
-  } finally {
-    file.close();
-  }
 }
 
 /**

@@ -8,6 +8,7 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
+import { DatabaseSync } from "node:sqlite";
 import { BusyError } from "../errors.ts";
 import { openSqliteWasm, type SqliteWasmDriver } from "../deno/sqlite_wasm.ts";
 import {
@@ -17,8 +18,11 @@ import {
   until,
 } from "./fixtures/vfs_locks.ts";
 
-// The SHARED range's read lock as locksOn lists it.
+// Locks as locksOn lists them: the SHARED range's read lock, RESERVED's
+// write lock, and the writers' turn (the byte after the SHARED range).
 const SHARED_READ = "READ 1073741826 1073742335";
+const RESERVED_WRITE = "WRITE 1073741825 1073741825";
+const TURN = "WRITE 1073742336 1073742336";
 
 async function withConnections(
   count: number,
@@ -95,7 +99,7 @@ Deno.test("a refused writer's busyWait lasts while the lock is held and ends whe
   });
 });
 
-Deno.test("the kernel hands RESERVED to a waiting writer even while the holder never yields its event loop", async () => {
+Deno.test("the kernel hands the turn to a waiting writer even while the holder never yields its event loop", async () => {
   await withConnections(2, async ([greedy, waiter], path) => {
     await greedy!.exec("BEGIN IMMEDIATE");
     const waiting = beginWaiting(waiter!);
@@ -310,49 +314,88 @@ Deno.test("a read-only connection refused by a committing writer waits with read
   });
 });
 
-Deno.test("while its wait for RESERVED is in flight a connection takes RESERVED only through it; the grant's PENDING shuts out readers until its callback, or a reader of the same process, has seen no hot journal", async () => {
+Deno.test("a wait is granted the writers' turn, never a lock native SQLite reads: readers of any kind read at once, writers wait their turn, and the connection takes the turn only through its wait in flight", async () => {
   await withConnections(3, async ([holder, waiter, other], path) => {
-    const spin = (ms: number) => {
-      const end = performance.now() + ms;
-      while (performance.now() < end);
-    };
-    // Reads the schema, which it opened before.
-    assert.deepEqual(await other!.query("SELECT count(*) AS n FROM t"), [
-      { n: 0 },
-    ]);
-    await holder!.exec("BEGIN IMMEDIATE");
-    await assert.rejects(waiter!.exec("BEGIN IMMEDIATE"), BusyError);
-    // Times out: the kernel wait stays in flight.
-    await waiter!.busyWait!(50);
-    assert.ok(blockedOn(path), "the wait is still in the kernel");
-    // From here until the waiter's next busyWait nothing reaches the event
-    // loop, so the wait's callback does not run.
-    await holder!.exec("COMMIT");
-    spin(50); // the kernel grants the wait (its pool thread returns)
-    assert.deepEqual(locksOn(path), ["WRITE 1073741824 1073741825"]);
-    // A reader in this process settles the grant: with no hot journal on
-    // disk, PENDING goes, and the reader reads.
-    assert.deepEqual(await other!.query("SELECT count(*) AS n FROM t"), [
-      { n: 0 },
-    ]);
-    assert.deepEqual(locksOn(path), ["WRITE 1073741825 1073741825"]);
-    // The waiter's own retry is refused rather than take RESERVED beside
-    // the grant, and so is another writer.
-    await assert.rejects(waiter!.exec("BEGIN IMMEDIATE"), BusyError);
-    await assert.rejects(holder!.exec("BEGIN IMMEDIATE"), BusyError);
-    // The callback runs: RESERVED is kept for the retry.
-    await waiter!.busyWait!(200);
-    assert.deepEqual(locksOn(path), ["WRITE 1073741825 1073741825"]);
-    await waiter!.exec("BEGIN IMMEDIATE");
-    await assert.rejects(holder!.exec("BEGIN IMMEDIATE"), BusyError);
-    await waiter!.exec("INSERT INTO t VALUES (1)");
-    await waiter!.exec("COMMIT");
-    await beginWaiting(holder!);
-    await holder!.exec("INSERT INTO t VALUES (2)");
-    await holder!.exec("COMMIT");
-    assert.deepEqual(await other!.query("SELECT x FROM t ORDER BY x"), [
-      { x: 1 },
-      { x: 2 },
-    ]);
+    const native = new DatabaseSync(path);
+    native.exec("PRAGMA busy_timeout = 5000");
+    try {
+      const spin = (ms: number) => {
+        const end = performance.now() + ms;
+        while (performance.now() < end);
+      };
+      // Reads the schema, which it opened before.
+      assert.deepEqual(await other!.query("SELECT count(*) AS n FROM t"), [
+        { n: 0 },
+      ]);
+      await holder!.exec("BEGIN IMMEDIATE");
+      await assert.rejects(waiter!.exec("BEGIN IMMEDIATE"), BusyError);
+      // Times out: the kernel wait stays in flight.
+      await waiter!.busyWait!(50);
+      assert.ok(blockedOn(path), "the wait is still in the kernel");
+      // From here until the waiter's next busyWait nothing reaches the
+      // event loop, so the wait's callback does not run.
+      await holder!.exec("COMMIT");
+      spin(50); // the kernel grants the wait (its pool thread returns)
+      assert.deepEqual(locksOn(path), [TURN]);
+      // Readers, node:sqlite's on this thread too, read at once.
+      const started = performance.now();
+      assert.deepEqual({
+        ...native.prepare("SELECT count(*) AS n FROM t").get(),
+      }, {
+        n: 0,
+      });
+      assert.ok(performance.now() - started < 100, "node:sqlite waited");
+      assert.deepEqual(await other!.query("SELECT count(*) AS n FROM t"), [
+        { n: 0 },
+      ]);
+      // Writers of this VFS wait their turn, and so does the waiter itself
+      // until its wait's callback has run.
+      await assert.rejects(holder!.exec("BEGIN IMMEDIATE"), BusyError);
+      await assert.rejects(waiter!.exec("BEGIN IMMEDIATE"), BusyError);
+      // The callback runs: the turn is kept for the retry.
+      await waiter!.busyWait!(200);
+      assert.deepEqual(locksOn(path), [TURN]);
+      await waiter!.exec("BEGIN IMMEDIATE");
+      assert.deepEqual(locksOn(path), [SHARED_READ, RESERVED_WRITE, TURN]);
+      await assert.rejects(holder!.exec("BEGIN IMMEDIATE"), BusyError);
+      await waiter!.exec("INSERT INTO t VALUES (1)");
+      await waiter!.exec("COMMIT");
+      assert.deepEqual(locksOn(path), []);
+      await beginWaiting(holder!);
+      await holder!.exec("INSERT INTO t VALUES (2)");
+      await holder!.exec("COMMIT");
+      assert.deepEqual(await other!.query("SELECT x FROM t ORDER BY x"), [
+        { x: 1 },
+        { x: 2 },
+      ]);
+    } finally {
+      native.close();
+    }
+  });
+});
+
+Deno.test("a writer of this VFS refused RESERVED by a native writer polls, and gets it when the native commits", async () => {
+  await withConnections(1, async ([writer], path) => {
+    const native = new DatabaseSync(path);
+    try {
+      native.exec("BEGIN IMMEDIATE");
+      await assert.rejects(writer!.exec("BEGIN IMMEDIATE"), BusyError);
+      // Refused RESERVED, it gave the turn back (the native writer's are
+      // the only locks): it polls, as native writers do.
+      assert.deepEqual(locksOn(path), [SHARED_READ, RESERVED_WRITE]);
+      const begun = beginWaiting(writer!);
+      await sleep(30);
+      native.exec("COMMIT");
+      await begun;
+      await writer!.exec("INSERT INTO t VALUES (1)");
+      await writer!.exec("COMMIT");
+      assert.deepEqual({
+        ...native.prepare("SELECT count(*) AS n FROM t").get(),
+      }, {
+        n: 1,
+      });
+    } finally {
+      native.close();
+    }
   });
 });
