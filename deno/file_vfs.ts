@@ -284,20 +284,6 @@ const SHARED_SIZE = 510;
 // lock, and SQLite's I/O ignores it.
 const TURN_BYTE = SHARED_FIRST + SHARED_SIZE;
 
-// What a refused connection waits for, as WAITS indexes it.
-const WAIT_PENDING = 0;
-const WAIT_SHARED = 1;
-const WAIT_TURN = 2;
-/** Per wait: the lock the waiter asks the kernel for (type, start, length). */
-const WAITS: readonly (readonly [number, number, number])[] = [
-  // A writer holds PENDING while it commits (or recovers a hot journal).
-  [F_RDLCK, PENDING_BYTE, 1],
-  // A writer holds the SHARED range exclusively while it writes the file.
-  [F_RDLCK, SHARED_FIRST, SHARED_SIZE],
-  // A writer of this VFS holds the turn for its whole transaction.
-  [F_WRLCK, TURN_BYTE, 1],
-];
-
 // SQLITE_FCNTL_HAS_MOVED (sqlite3.h).
 const FCNTL_HAS_MOVED = 20;
 
@@ -338,12 +324,16 @@ interface OpenFile {
  * SQLite in the process (node:sqlite) holds those: so, like os_unix.c's
  * unused-descriptor list, a closed connection's descriptors stay open (and
  * are reused by the next connection) until the process's last connection
- * to the file closes.
+ * to the file closes; one whose kernel wait was still in flight then stays
+ * open until the next last close, or the process's exit, rather than close
+ * whenever the kernel happens to answer the wait.
  */
 interface Inode {
   readonly key: string;
   connections: number;
   readonly idle: { readonly fd: number; readonly writable: boolean }[];
+  /** Closed connections whose kernel wait is still in flight. */
+  lateWaits: number;
 }
 
 const inodes = new Map<string, Inode>();
@@ -406,12 +396,12 @@ class LockSet {
   /** The turn: held with RESERVED, or granted to a wait for the retry. */
   #turn: "none" | "held" | "granted" = "none";
   #grantTimer: ReturnType<typeof setTimeout> | undefined;
-  /** What to wait for after the last refused lock; undefined: a pause. */
-  #refusal: number | undefined;
-  /** Kernel waits in flight, by WAIT_*: a wait cannot be cancelled. */
-  readonly #calls = new Map<number, Promise<void>>();
-  /** Callers of wait() still waiting, by WAIT_*. */
-  readonly #waiters = [0, 0, 0];
+  /** Whether the last refused lock was the turn (else a pause follows). */
+  #refusedTurn = false;
+  /** The kernel wait for the turn in flight: it cannot be cancelled. */
+  #call: Promise<void> | undefined;
+  /** Callers of wait() still waiting. */
+  #waiters = 0;
   #closed = false;
   /** Resolved on close: a closed connection has nothing left to wait for. */
   readonly #closing = Promise.withResolvers<void>();
@@ -444,22 +434,21 @@ class LockSet {
   }
 
   /**
-   * Waits until the lock that refused this connection last is free (the
-   * kernel grants it to the second description, which lets go of it at
-   * once, or keeps the turn for the retry), or `timeoutMs` at most. A wait
-   * that timed out stays in flight; whatever it is granted later is given
-   * back when it returns.
+   * Waits until the turn that refused this connection last is let go (the
+   * kernel grants it to the second description, which keeps it for the
+   * retry), or `timeoutMs` at most; refused anything else, it pauses, as
+   * native SQLite's busy handler does. A wait that timed out stays in
+   * flight; the turn it is granted later is given back when it returns.
    */
   async wait(timeoutMs: number): Promise<void> {
-    const kind = this.#refusal;
-    if (kind === undefined || this.#closed) return await pause(timeoutMs);
-    if (kind === WAIT_TURN && this.#turn === "granted") return;
-    const call = this.#calls.get(kind) ?? this.#startWait(kind);
-    this.#waiters[kind]!++;
+    if (!this.#refusedTurn || this.#closed) return await pause(timeoutMs);
+    if (this.#turn === "granted") return;
+    this.#call ??= this.#startWait();
+    this.#waiters++;
     let timer: ReturnType<typeof setTimeout> | undefined;
     try {
       await Promise.race([
-        call,
+        this.#call,
         this.#closing.promise,
         new Promise<void>((resolve) => {
           timer = setTimeout(resolve, timeoutMs);
@@ -467,47 +456,40 @@ class LockSet {
       ]);
     } finally {
       clearTimeout(timer);
-      this.#waiters[kind]!--;
+      this.#waiters--;
     }
   }
 
-  #startWait(kind: number): Promise<void> {
-    const [type, start, length] = WAITS[kind]!;
-    const call = this.#libc.waitLock(this.#waitFd, type, start, length).then(
-      (held) => {
-        this.#calls.delete(kind);
-        if (held) this.#granted(kind);
-        if (this.#closed && this.#calls.size === 0) {
-          this.#release(this.#waitFd);
-        }
-      },
-      () => {
-        this.#calls.delete(kind);
-        if (this.#closed && this.#calls.size === 0) {
-          this.#release(this.#waitFd);
-        }
-      },
+  #startWait(): Promise<void> {
+    const returned = (held: boolean) => {
+      this.#call = undefined;
+      if (held) this.#granted();
+      // A closed connection's descriptor is parked, never closed here: a
+      // close at the moment the kernel grants would drop the classic POSIX
+      // locks node:sqlite holds in this process (see Inode).
+      if (this.#closed) this.#release(this.#waitFd);
+    };
+    return this.#libc.waitLock(this.#waitFd, F_WRLCK, TURN_BYTE, 1).then(
+      returned,
+      () => returned(false),
     );
-    this.#calls.set(kind, call);
-    return call;
   }
 
-  /** A kernel wait returned holding its lock on the second description. */
-  #granted(kind: number): void {
-    const [, start, length] = WAITS[kind]!;
-    // Kept for the retry while a caller waits for it. The connection takes
-    // the turn itself only while no wait for it is in flight (see lock), so
-    // the grant never merges into a turn the connection holds.
-    if (
-      kind === WAIT_TURN && !this.#closed && this.#waiters[WAIT_TURN]! > 0
-    ) {
+  /**
+   * The kernel granted the turn to the second description. It is kept for
+   * the retry while a caller waits for it. The connection takes the turn
+   * itself only while no wait for it is in flight (see lock), so the grant
+   * never merges into a turn the connection holds.
+   */
+  #granted(): void {
+    if (!this.#closed && this.#waiters > 0) {
       this.#turn = "granted";
       const timer = setTimeout(() => this.#dropGrant(), GRANT_KEPT_MS);
       Deno.unrefTimer(timer as unknown as number);
       this.#grantTimer = timer;
       return;
     }
-    this.#libc.setLock(this.#waitFd, F_UNLCK, start, length);
+    this.#libc.setLock(this.#waitFd, F_UNLCK, TURN_BYTE, 1);
   }
 
   #dropGrant(): void {
@@ -518,7 +500,7 @@ class LockSet {
   }
 
   lock(target: number): number {
-    this.#refusal = undefined;
+    this.#refusedTurn = false;
     if (this.#level >= target) return OK;
     const libc = this.#libc;
     if (target === SHARED) {
@@ -526,11 +508,12 @@ class LockSet {
       // while a writer holds PENDING to wait for readers to leave.
       if (!libc.setLock(this.#fd, F_RDLCK, PENDING_BYTE, 1)) {
         // A writer of this VFS committing holds the turn too, until its
-        // transaction ends: a wait for the turn ends then, and leaves
-        // PENDING alone (a read lock granted on it would hold up the next
-        // commit until this process got round to letting it go; the same
-        // goes for the SHARED range below).
-        return this.#refuse(this.#turnWait(WAIT_PENDING));
+        // transaction ends: a writer waits for the turn. Anyone else polls:
+        // a read lock on PENDING granted by the kernel would hold up the
+        // next commit until this process's event loop let it go (the same
+        // goes for the SHARED range below), a node:sqlite commit on the
+        // same thread for its whole busy timeout.
+        return this.#refuse(this.#turnHolderCommits());
       }
       const shared = libc.setLock(
         this.#fd,
@@ -539,7 +522,7 @@ class LockSet {
         SHARED_SIZE,
       );
       libc.setLock(this.#fd, F_UNLCK, PENDING_BYTE, 1);
-      if (!shared) return this.#refuse(this.#turnWait(WAIT_SHARED));
+      if (!shared) return this.#refuse(this.#turnHolderCommits());
       this.#level = SHARED;
       return OK;
     }
@@ -548,10 +531,10 @@ class LockSet {
         clearTimeout(this.#grantTimer);
       } else if (
         // A wait for the turn in flight takes it first (see #granted).
-        this.#calls.has(WAIT_TURN) ||
+        this.#call !== undefined ||
         !libc.setLock(this.#waitFd, F_WRLCK, TURN_BYTE, 1)
       ) {
-        return this.#refuse(WAIT_TURN);
+        return this.#refuse(true);
       }
       this.#turn = "held";
       if (!libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)) {
@@ -559,7 +542,7 @@ class LockSet {
         // give the turn to the next writer of this VFS, and poll.
         this.#turn = "none";
         libc.setLock(this.#waitFd, F_UNLCK, TURN_BYTE, 1);
-        return this.#refuse(undefined);
+        return this.#refuse(false);
       }
       this.#level = RESERVED;
       return OK;
@@ -585,23 +568,19 @@ class LockSet {
         this.#level = EXCLUSIVE;
         return OK;
       }
-      if (performance.now() >= until) return this.#refuse(undefined);
+      if (performance.now() >= until) return this.#refuse(false);
     }
   }
 
-  /**
-   * What a connection refused SHARED waits for: the turn, when a writer of
-   * this VFS holds it; else `otherwise`.
-   */
-  #turnWait(otherwise: number): number {
+  /** Whether a writer refused SHARED is to wait for the turn. */
+  #turnHolderCommits(): boolean {
     return this.#writable &&
-        this.#libc.conflicts(this.#waitFd, F_WRLCK, TURN_BYTE, 1)
-      ? WAIT_TURN
-      : otherwise;
+      this.#libc.conflicts(this.#waitFd, F_WRLCK, TURN_BYTE, 1);
   }
 
-  #refuse(wait: number | undefined): number {
-    this.#refusal = wait;
+  /** Refuses a lock; `turn`: the caller waits for the turn, else pauses. */
+  #refuse(turn: boolean): number {
+    this.#refusedTurn = turn;
     return BUSY;
   }
 
@@ -667,7 +646,7 @@ class LockSet {
     this.#level = NONE;
     this.#libc.setLock(this.#fd, F_UNLCK, 0, 0);
     this.#libc.setLock(this.#waitFd, F_UNLCK, 0, 0);
-    return this.#calls.size === 0;
+    return this.#call === undefined;
   }
 }
 
@@ -702,16 +681,16 @@ class DatabaseFile implements OpenFile {
     const key = inodeKey(this.#id);
     let inode = inodes.get(key);
     if (inode === undefined) {
-      inode = { key, connections: 0, idle: [] };
+      inode = { key, connections: 0, idle: [], lateWaits: 0 };
       inodes.set(key, inode);
     }
     inode.connections++;
     this.#inode = inode;
+    // A wait that returns after its connection closed parks the descriptor
+    // for the next connection, or the next last close, to take.
     this.#locks = new LockSet(libc, fds, writable, (released) => {
-      releaseDescriptor(libc, inode, released, writable);
-      if (inode.connections === 0 && inode.idle.length === 0) {
-        inodes.delete(key);
-      }
+      inode.lateWaits--;
+      inode.idle.push({ fd: released, writable });
     });
   }
 
@@ -795,8 +774,13 @@ class DatabaseFile implements OpenFile {
     releaseDescriptor(this.#libc, inode, this.#fd, this.#writable);
     if (waitFdFree) {
       releaseDescriptor(this.#libc, inode, this.#locks.waitFd, this.#writable);
+    } else {
+      inode.lateWaits++;
     }
-    if (inode.connections === 0 && inode.idle.length === 0 && waitFdFree) {
+    if (
+      inode.connections === 0 && inode.idle.length === 0 &&
+      inode.lateWaits === 0
+    ) {
       inodes.delete(inode.key);
     }
   }
