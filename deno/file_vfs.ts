@@ -47,6 +47,7 @@ import {
   LibcError,
   loadLibc,
 } from "./libc.ts";
+import { TurnWatchdog } from "./turn_watchdog.ts";
 
 /** Options for {@linkcode installDenoFileVfs}. */
 export interface DenoFileVfsOptions {
@@ -269,6 +270,17 @@ const READERS_SPIN_MS = 2;
 // its retry before it is given back. The retry follows the wait's end at
 // once (see LockSet.wait), so this only bounds a caller that never retries.
 const GRANT_KEPT_MS = 100;
+// Kept turns: while another writer of this VFS waits for the turn, a writer
+// keeps RESERVED and the turn after its commit for its own next transaction,
+// two transactions a turn (a worker's claim and its acknowledgement), so the
+// lock changes process once a turn rather than once a transaction (each
+// change costs the next writer a wake-up, cold caches and an emptied page
+// cache; see bench/README.md). A kept turn not taken up by the event loop's
+// next timers is given back then, and one not taken up within TURN_MS is
+// given back by the watchdog thread (deno/turn_watchdog.ts), also while the
+// event loop is blocked (a handler's synchronous work after a claim).
+const TURN_TRANSACTIONS = 2;
+const TURN_MS = 10;
 
 // os_unix.c's lock bytes: one page-sized range past 1 GiB that SQLite never
 // reads or writes, so native SQLite and this VFS lock the same bytes.
@@ -283,6 +295,9 @@ const SHARED_SIZE = 510;
 // or writes at page sizes of 1 KiB and up; at 512 a lock is still only a
 // lock, and SQLite's I/O ignores it.
 const TURN_BYTE = SHARED_FIRST + SHARED_SIZE;
+// A read lock on the next byte, held by a connection while its wait for the
+// turn is in flight: a writer that finds it locked keeps its turn.
+const QUEUE_BYTE = TURN_BYTE + 1;
 
 // SQLITE_FCNTL_HAS_MOVED (sqlite3.h).
 const FCNTL_HAS_MOVED = 20;
@@ -290,6 +305,9 @@ const FCNTL_HAS_MOVED = 20;
 // The pause when readers are in a writer's way, or the lock that refused is
 // unknown (not this VFS's database, or an error outside the lock calls).
 const PAUSE_MS = 1;
+
+/** The process's turn watchdog, started by the first turn kept. */
+let watchdog: TurnWatchdog | undefined;
 
 const ioMethodsPointer = new WeakMap<Sqlite3Static, WasmPointer>();
 const encoder = new TextEncoder();
@@ -393,8 +411,15 @@ function releaseDescriptor(
  */
 class LockSet {
   #level = NONE;
-  /** The turn: held with RESERVED, or granted to a wait for the retry. */
-  #turn: "none" | "held" | "granted" = "none";
+  /**
+   * The turn: held with RESERVED, granted to a wait for the retry, or kept
+   * with RESERVED after a commit for the next transaction.
+   */
+  #turn: "none" | "held" | "granted" | "kept" = "none";
+  /** Transactions in the current turn. */
+  #turnTransactions = 0;
+  /** The watchdog's slot for this connection's kept turns. */
+  #slot: number | undefined;
   #grantTimer: ReturnType<typeof setTimeout> | undefined;
   /** Whether the last refused lock was the turn (else a pause follows). */
   #refusedTurn = false;
@@ -410,6 +435,8 @@ class LockSet {
   readonly #waitFd: number;
   /** Gives the second descriptor back once no wait uses it. */
   readonly #release: (fd: number) => void;
+  /** Whether a journal that may be hot is on disk. */
+  readonly #hotJournal: () => boolean;
   /** Whether the descriptors may take write locks (not a read-only open). */
   readonly #writable: boolean;
 
@@ -418,11 +445,13 @@ class LockSet {
     fds: readonly [number, number],
     writable: boolean,
     release: (fd: number) => void,
+    hotJournal: () => boolean,
   ) {
     this.#libc = libc;
     [this.#fd, this.#waitFd] = fds;
     this.#writable = writable;
     this.#release = release;
+    this.#hotJournal = hotJournal;
   }
 
   get level(): number {
@@ -461,8 +490,12 @@ class LockSet {
   }
 
   #startWait(): Promise<void> {
+    const queued = this.#libc.setLock(this.#waitFd, F_RDLCK, QUEUE_BYTE, 1);
     const returned = (held: boolean) => {
       this.#call = undefined;
+      if (queued && !this.#closed) {
+        this.#libc.setLock(this.#waitFd, F_UNLCK, QUEUE_BYTE, 1);
+      }
       if (held) this.#granted();
       // A closed connection's descriptor is parked, never closed here: a
       // close at the moment the kernel grants would drop the classic POSIX
@@ -490,6 +523,52 @@ class LockSet {
       return;
     }
     this.#libc.setLock(this.#waitFd, F_UNLCK, TURN_BYTE, 1);
+  }
+
+  /**
+   * Whether to keep RESERVED and the turn after this transaction for the
+   * next one, and if so hands them to the watchdog: only while another
+   * writer of this VFS waits for the turn (so a lone writer leaves RESERVED
+   * free between transactions, for native writers, which poll), only for
+   * the rest of the turn, and only when the transaction left no hot journal
+   * (a commit that failed part-way): RESERVED held tells every other
+   * connection the journal is live, and it must be rolled back instead.
+   */
+  #keepsTurn(): boolean {
+    if (++this.#turnTransactions >= TURN_TRANSACTIONS) return false;
+    if (!this.#libc.conflicts(this.#waitFd, F_WRLCK, QUEUE_BYTE, 1)) {
+      return false;
+    }
+    watchdog ??= new TurnWatchdog(
+      RESERVED_BYTE,
+      TURN_BYTE - RESERVED_BYTE + 1,
+    );
+    this.#slot ??= watchdog.slot();
+    return this.#slot !== undefined && !this.#hotJournal() &&
+      watchdog.keep(this.#slot, this.#waitFd, Date.now() + TURN_MS);
+  }
+
+  /** Ends a kept turn not taken up: the locks go, unless already gone. */
+  #endKeptTurn(): void {
+    if (this.#turn !== "kept") return;
+    if (watchdog!.end(this.#slot!)) this.#releaseTurn();
+    this.#turn = "none";
+    this.#turnTransactions = 0;
+  }
+
+  /**
+   * Lets RESERVED and the turn go, and nothing else the second description
+   * holds between them (no wait's lock: only the turn is waited for).
+   */
+  #releaseTurn(): void {
+    this.#libc.setLock(
+      this.#waitFd,
+      F_UNLCK,
+      RESERVED_BYTE,
+      TURN_BYTE - RESERVED_BYTE + 1,
+    );
+    this.#turn = "none";
+    this.#turnTransactions = 0;
   }
 
   #dropGrant(): void {
@@ -527,6 +606,17 @@ class LockSet {
       return OK;
     }
     if (target === RESERVED) {
+      if (this.#turn === "kept") {
+        clearTimeout(this.#grantTimer);
+        if (watchdog!.end(this.#slot!)) {
+          this.#turn = "held";
+          this.#level = RESERVED;
+          return OK;
+        }
+        // The watchdog gave it back: take it as anyone does.
+        this.#turn = "none";
+        this.#turnTransactions = 0;
+      }
       if (this.#turn === "granted") {
         clearTimeout(this.#grantTimer);
       } else if (
@@ -605,16 +695,14 @@ class LockSet {
       libc.setLock(this.#fd, F_UNLCK, 0, 0);
     }
     if (this.#turn === "held") {
-      // RESERVED and the turn, and nothing else the second description
-      // holds between them (a wait's read lock on the SHARED range is
-      // given back in its callback; gone sooner, no one minds).
-      libc.setLock(
-        this.#waitFd,
-        F_UNLCK,
-        RESERVED_BYTE,
-        TURN_BYTE - RESERVED_BYTE + 1,
-      );
-      this.#turn = "none";
+      if (this.#keepsTurn()) {
+        this.#turn = "kept";
+        const timer = setTimeout(() => this.#endKeptTurn(), 0);
+        Deno.unrefTimer(timer as unknown as number);
+        this.#grantTimer = timer;
+      } else {
+        this.#releaseTurn();
+      }
     } else {
       this.#dropGrant();
     }
@@ -642,6 +730,8 @@ class LockSet {
     this.#closed = true;
     this.#closing.resolve();
     clearTimeout(this.#grantTimer);
+    if (this.#turn === "kept") watchdog!.end(this.#slot!);
+    if (this.#slot !== undefined) watchdog!.freeSlot(this.#slot);
     this.#turn = "none";
     this.#level = NONE;
     this.#libc.setLock(this.#fd, F_UNLCK, 0, 0);
@@ -691,7 +781,7 @@ class DatabaseFile implements OpenFile {
     this.#locks = new LockSet(libc, fds, writable, (released) => {
       inode.lateWaits--;
       inode.idle.push({ fd: released, writable });
-    });
+    }, () => journalMayBeHot(`${path}-journal`));
   }
 
   lockLevel(): number {
@@ -827,6 +917,29 @@ function openDatabaseDescriptors(
     throw error;
   }
   return [opened as unknown as [number, number], writable];
+}
+
+// The first bytes of a rollback journal's header while it is live (pager.c's
+// aJournalMagic); a committed journal is empty, gone or zeroed.
+const JOURNAL_MAGIC = [0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7];
+
+/** Whether the rollback journal at `path` has a live header. */
+function journalMayBeHot(path: string): boolean {
+  let file: Deno.FsFile;
+  try {
+    file = Deno.openSync(path, { read: true });
+  } catch {
+    return false;
+  }
+  try {
+    const header = new Uint8Array(JOURNAL_MAGIC.length);
+    return file.readSync(header) === header.length &&
+      JOURNAL_MAGIC.every((byte, i) => header[i] === byte);
+  } catch {
+    return true;
+  } finally {
+    file.close();
+  }
 }
 
 /**

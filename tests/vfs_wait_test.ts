@@ -23,6 +23,8 @@ import {
 const SHARED_READ = "READ 1073741826 1073742335";
 const RESERVED_WRITE = "WRITE 1073741825 1073741825";
 const TURN = "WRITE 1073742336 1073742336";
+// A waiter's read lock on the byte after the turn while its wait is in flight.
+const QUEUED = "READ 1073742337 1073742337";
 
 async function withConnections(
   count: number,
@@ -342,7 +344,7 @@ Deno.test("a wait is granted the writers' turn, never a lock native SQLite reads
       // event loop, so the wait's callback does not run.
       await holder!.exec("COMMIT");
       spin(50); // the kernel grants the wait (its pool thread returns)
-      assert.deepEqual(locksOn(path), [TURN]);
+      assert.deepEqual(locksOn(path), [QUEUED, TURN]);
       // Readers, node:sqlite's on this thread too, read at once.
       const started = performance.now();
       assert.deepEqual({
@@ -405,3 +407,74 @@ Deno.test("a writer of this VFS refused RESERVED by a native writer polls, and g
     }
   });
 });
+
+Deno.test("while another writer of this VFS waits for the turn, a writer keeps RESERVED and the turn after its commit for its next transaction, two a turn; alone it keeps none", async () => {
+  await withConnections(2, async ([holder, waiter], path) => {
+    await startWatchdog(holder!, waiter!, path);
+    await holder!.exec("BEGIN IMMEDIATE");
+    await holder!.exec("COMMIT");
+    assert.deepEqual(locksOn(path), [], "alone, it keeps no turn");
+    await holder!.exec("BEGIN IMMEDIATE");
+    const waiting = beginWaiting(waiter!);
+    waiting.catch(() => {});
+    assert.ok(await until(() => blockedOn(path), 10_000), "waiter blocked");
+    await holder!.exec("INSERT INTO t VALUES (1)");
+    await holder!.exec("COMMIT");
+    assert.deepEqual(locksOn(path), [QUEUED, RESERVED_WRITE, TURN]);
+    await holder!.exec("BEGIN IMMEDIATE");
+    await holder!.exec("INSERT INTO t VALUES (2)");
+    await holder!.exec("COMMIT");
+    await waiting;
+    await waiter!.exec("INSERT INTO t VALUES (3)");
+    await waiter!.exec("COMMIT");
+    assert.deepEqual(await holder!.query("SELECT x FROM t ORDER BY x"), [
+      { x: 1 },
+      { x: 2 },
+      { x: 3 },
+    ]);
+  });
+});
+
+Deno.test("a kept turn is given back by the watchdog thread within milliseconds while the event loop is blocked, and the waiter gets in", async () => {
+  await withConnections(2, async ([holder, waiter], path) => {
+    await startWatchdog(holder!, waiter!, path);
+    await holder!.exec("BEGIN IMMEDIATE");
+    const waiting = beginWaiting(waiter!);
+    waiting.catch(() => {});
+    assert.ok(await until(() => blockedOn(path), 10_000), "waiter blocked");
+    await holder!.exec("COMMIT");
+    assert.deepEqual(locksOn(path), [QUEUED, RESERVED_WRITE, TURN]);
+    // A handler's synchronous work after its claim: no timer of this thread
+    // runs, yet the turn goes, and the kernel grants it to the waiter.
+    const started = performance.now();
+    let handedOver = Infinity;
+    while (performance.now() - started < 300) {
+      if (handedOver === Infinity && !locksOn(path).includes(RESERVED_WRITE)) {
+        handedOver = performance.now() - started;
+      }
+    }
+    assert.ok(handedOver < 100, `RESERVED kept for ${handedOver} ms`);
+    assert.deepEqual(locksOn(path), [QUEUED, TURN]);
+    await waiting;
+    await assert.rejects(holder!.exec("BEGIN IMMEDIATE"), BusyError);
+    await waiter!.exec("COMMIT");
+  });
+});
+
+/**
+ * Starts the process's turn watchdog: the first turn kept starts it and,
+ * until it runs, keeps none.
+ */
+async function startWatchdog(
+  holder: SqliteWasmDriver,
+  waiter: SqliteWasmDriver,
+  path: string,
+): Promise<void> {
+  await holder.exec("BEGIN IMMEDIATE");
+  const waiting = beginWaiting(waiter);
+  assert.ok(await until(() => blockedOn(path), 10_000), "blocked");
+  await holder.exec("COMMIT");
+  await waiting;
+  await waiter.exec("COMMIT");
+  await sleep(200);
+}
