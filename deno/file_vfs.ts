@@ -270,6 +270,11 @@ const READERS_SPIN_MS = 2;
 // its retry before it is given back. The retry follows the wait's end at
 // once (see LockSet.wait), so this only bounds a caller that never retries.
 const GRANT_KEPT_MS = 100;
+// A writer refused the turn this long by a wait in flight, while RESERVED is
+// free, takes RESERVED without the turn: the turn's holder is then a grant
+// its process has not taken up (its event loop blocked, or a wait its
+// caller gave up on), and RESERVED, not the turn, is what excludes writers.
+const STALE_TURN_MS = 2 * GRANT_KEPT_MS;
 // Kept turns: while another writer of this VFS waits for the turn, a writer
 // keeps RESERVED and the turn after its commit for its own next transaction,
 // two transactions a turn (a worker's claim and its acknowledgement), so the
@@ -415,7 +420,7 @@ class LockSet {
    * The turn: held with RESERVED, granted to a wait for the retry, or kept
    * with RESERVED after a commit for the next transaction.
    */
-  #turn: "none" | "held" | "granted" | "kept" = "none";
+  #turn: "none" | "held" | "granted" | "kept" | "bypassed" = "none";
   /** Transactions in the current turn. */
   #turnTransactions = 0;
   /** The watchdog's slot for this connection's kept turns. */
@@ -425,6 +430,8 @@ class LockSet {
   #refusedTurn = false;
   /** The kernel wait for the turn in flight: it cannot be cancelled. */
   #call: Promise<void> | undefined;
+  /** When it began (performance.now() ms). */
+  #callStarted = 0;
   /** Callers of wait() still waiting. */
   #waiters = 0;
   #closed = false;
@@ -476,11 +483,13 @@ class LockSet {
     this.#waiters++;
     let timer: ReturnType<typeof setTimeout> | undefined;
     try {
+      // At most STALE_TURN_MS at a time, so that the retry can take
+      // RESERVED past a stale turn (see lock).
       await Promise.race([
         this.#call,
         this.#closing.promise,
         new Promise<void>((resolve) => {
-          timer = setTimeout(resolve, timeoutMs);
+          timer = setTimeout(resolve, Math.min(timeoutMs, STALE_TURN_MS));
         }),
       ]);
     } finally {
@@ -490,6 +499,7 @@ class LockSet {
   }
 
   #startWait(): Promise<void> {
+    this.#callStarted = performance.now();
     const queued = this.#libc.setLock(this.#waitFd, F_RDLCK, QUEUE_BYTE, 1);
     const returned = (held: boolean) => {
       this.#call = undefined;
@@ -512,10 +522,11 @@ class LockSet {
    * The kernel granted the turn to the second description. It is kept for
    * the retry while a caller waits for it. The connection takes the turn
    * itself only while no wait for it is in flight (see lock), so the grant
-   * never merges into a turn the connection holds.
+   * never merges into a turn the connection holds; it may hold RESERVED
+   * without the turn meanwhile ("bypassed"), and then needs no grant.
    */
   #granted(): void {
-    if (!this.#closed && this.#waiters > 0) {
+    if (!this.#closed && this.#waiters > 0 && this.#turn === "none") {
       this.#turn = "granted";
       const timer = setTimeout(() => this.#dropGrant(), GRANT_KEPT_MS);
       Deno.unrefTimer(timer as unknown as number);
@@ -624,6 +635,15 @@ class LockSet {
         this.#call !== undefined ||
         !libc.setLock(this.#waitFd, F_WRLCK, TURN_BYTE, 1)
       ) {
+        if (
+          this.#call !== undefined &&
+          performance.now() - this.#callStarted >= STALE_TURN_MS &&
+          libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
+        ) {
+          this.#turn = "bypassed";
+          this.#level = RESERVED;
+          return OK;
+        }
         return this.#refuse(true);
       }
       this.#turn = "held";
@@ -694,7 +714,10 @@ class LockSet {
     } else {
       libc.setLock(this.#fd, F_UNLCK, 0, 0);
     }
-    if (this.#turn === "held") {
+    if (this.#turn === "bypassed") {
+      libc.setLock(this.#waitFd, F_UNLCK, RESERVED_BYTE, 1);
+      this.#turn = "none";
+    } else if (this.#turn === "held") {
       if (this.#keepsTurn()) {
         this.#turn = "kept";
         const timer = setTimeout(() => this.#endKeptTurn(), 0);

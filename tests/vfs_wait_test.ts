@@ -478,3 +478,61 @@ async function startWatchdog(
   await waiter.exec("COMMIT");
   await sleep(200);
 }
+
+Deno.test("a turn granted to a process whose event loop is blocked (a wait its caller gave up on) holds writers of this VFS off for a bounded time: past it they take RESERVED, which is what excludes writers, without the turn", async () => {
+  await withConnections(1, async ([writer], path) => {
+    const script = childScript(
+      path,
+      `await db.query("SELECT count(*) FROM t");
+      console.log("open");
+      await Deno.stdin.read(new Uint8Array(8));
+      try { await db.exec("BEGIN IMMEDIATE"); } catch { await db.busyWait(20); }
+      console.log("stale");
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5_000);`,
+    );
+    const child = new Deno.Command(Deno.execPath(), {
+      args: ["eval", script],
+      stdin: "piped",
+      stdout: "piped",
+      stderr: "null",
+    }).spawn();
+    const lines = child.stdout.pipeThrough(new TextDecoderStream())
+      .getReader();
+    let printed = "";
+    const expect = async (word: string) => {
+      while (!printed.includes(word)) {
+        const { value, done } = await lines.read();
+        assert.equal(done, false, `the child ended before ${word}`);
+        printed += value;
+      }
+    };
+    try {
+      await expect("open");
+      await writer!.exec("BEGIN IMMEDIATE");
+      await child.stdin.getWriter().write(new TextEncoder().encode("go\n"));
+      await expect("stale");
+      assert.ok(blockedOn(path), "the child's wait is in the kernel");
+      await writer!.exec("COMMIT");
+      assert.ok(
+        await until(() => locksOn(path).includes(TURN), 5_000),
+        "the kernel granted the child's wait the turn",
+      );
+      const started = performance.now();
+      await beginWaiting(writer!);
+      const ms = performance.now() - started;
+      assert.ok(ms < 2_000, `held off ${ms} ms`);
+      // The child, still blocked, holds the turn; the writer RESERVED.
+      const locks = locksOn(path);
+      assert.ok(
+        locks.includes(TURN) && locks.includes(RESERVED_WRITE),
+        String(locks),
+      );
+      await writer!.exec("INSERT INTO t VALUES (1)");
+      await writer!.exec("COMMIT");
+    } finally {
+      child.kill("SIGKILL");
+      await child.status;
+      await lines.cancel();
+    }
+  });
+});
