@@ -47,7 +47,7 @@ import {
   LibcError,
   loadLibc,
 } from "./libc.ts";
-import { TurnWatchdog } from "./turn_watchdog.ts";
+import { monotonicMs, TurnWatchdog } from "./turn_watchdog.ts";
 
 /** Options for {@linkcode installDenoFileVfs}. */
 export interface DenoFileVfsOptions {
@@ -276,16 +276,22 @@ const GRANT_KEPT_MS = 100;
 // caller gave up on), and RESERVED, not the turn, is what excludes writers.
 const STALE_TURN_MS = 2 * GRANT_KEPT_MS;
 // Kept turns: while another writer of this VFS waits for the turn, a writer
-// keeps RESERVED and the turn after its commit for its own next transaction,
-// two transactions a turn (a worker's claim and its acknowledgement), so the
-// lock changes process once a turn rather than once a transaction (each
-// change costs the next writer a wake-up, cold caches and an emptied page
-// cache; see bench/README.md). A kept turn not taken up by the event loop's
-// next timers is given back then, and one not taken up within TURN_MS is
-// given back by the watchdog thread (deno/turn_watchdog.ts), also while the
-// event loop is blocked (a handler's synchronous work after a claim).
+// keeps the turn (not RESERVED: SQLite's own locks are let go between
+// transactions, also for a process stopped there) after its commit for its
+// own next transaction, two transactions a turn (a worker's claim and its
+// acknowledgement), so the lock changes process once a turn rather than
+// once a transaction (each change costs the next writer a wake-up, cold
+// caches and an emptied page cache; see bench/README.md). A kept turn not
+// taken up by the event loop's next timers is given back then, and one not
+// taken up within TURN_MS is given back by the watchdog thread
+// (deno/turn_watchdog.ts), also while the event loop is blocked (a
+// handler's synchronous work after a claim).
 const TURN_TRANSACTIONS = 2;
 const TURN_MS = 10;
+// Kernel waits in flight in this process at most: each holds a thread of
+// Deno's blocking pool until the kernel answers, and a full pool would
+// also hold up the async file operations of the writer they wait for.
+const MAX_KERNEL_WAITS = 8;
 
 // os_unix.c's lock bytes: one page-sized range past 1 GiB that SQLite never
 // reads or writes, so native SQLite and this VFS lock the same bytes.
@@ -312,7 +318,22 @@ const FCNTL_HAS_MOVED = 20;
 const PAUSE_MS = 1;
 
 /** The process's turn watchdog, started by the first turn kept. */
-let watchdog: TurnWatchdog | undefined;
+let watchdog: TurnWatchdog | null | undefined;
+/** Kernel waits in flight in this process (see MAX_KERNEL_WAITS). */
+let kernelWaits = 0;
+
+/** The watchdog, started on first use; undefined when it cannot start. */
+function turnWatchdog(): TurnWatchdog | undefined {
+  if (watchdog === undefined) {
+    try {
+      watchdog = new TurnWatchdog(TURN_BYTE, 1);
+    } catch {
+      // No thread for it: no turn is kept, which only costs speed.
+      watchdog = null;
+    }
+  }
+  return watchdog ?? undefined;
+}
 
 const ioMethodsPointer = new WeakMap<Sqlite3Static, WasmPointer>();
 const encoder = new TextEncoder();
@@ -442,8 +463,6 @@ class LockSet {
   readonly #waitFd: number;
   /** Gives the second descriptor back once no wait uses it. */
   readonly #release: (fd: number) => void;
-  /** Whether a journal that may be hot is on disk. */
-  readonly #hotJournal: () => boolean;
   /** Whether the descriptors may take write locks (not a read-only open). */
   readonly #writable: boolean;
 
@@ -452,13 +471,11 @@ class LockSet {
     fds: readonly [number, number],
     writable: boolean,
     release: (fd: number) => void,
-    hotJournal: () => boolean,
   ) {
     this.#libc = libc;
     [this.#fd, this.#waitFd] = fds;
     this.#writable = writable;
     this.#release = release;
-    this.#hotJournal = hotJournal;
   }
 
   get level(): number {
@@ -477,10 +494,18 @@ class LockSet {
    * flight; the turn it is granted later is given back when it returns.
    */
   async wait(timeoutMs: number): Promise<void> {
-    if (!this.#refusedTurn || this.#closed) return await pause(timeoutMs);
+    if (
+      !this.#refusedTurn || this.#closed ||
+      this.#call === undefined && kernelWaits >= MAX_KERNEL_WAITS
+    ) {
+      return await pause(timeoutMs);
+    }
     if (this.#turn === "granted") return;
     this.#call ??= this.#startWait();
-    this.#waiters++;
+    // Queued while someone waits: writers keep their turns for waiters.
+    if (this.#waiters++ === 0) {
+      this.#libc.setLock(this.#waitFd, F_RDLCK, QUEUE_BYTE, 1);
+    }
     let timer: ReturnType<typeof setTimeout> | undefined;
     try {
       // At most STALE_TURN_MS at a time, so that the retry can take
@@ -494,18 +519,18 @@ class LockSet {
       ]);
     } finally {
       clearTimeout(timer);
-      this.#waiters--;
+      if (--this.#waiters === 0 && !this.#closed) {
+        this.#libc.setLock(this.#waitFd, F_UNLCK, QUEUE_BYTE, 1);
+      }
     }
   }
 
   #startWait(): Promise<void> {
     this.#callStarted = performance.now();
-    const queued = this.#libc.setLock(this.#waitFd, F_RDLCK, QUEUE_BYTE, 1);
+    kernelWaits++;
     const returned = (held: boolean) => {
       this.#call = undefined;
-      if (queued && !this.#closed) {
-        this.#libc.setLock(this.#waitFd, F_UNLCK, QUEUE_BYTE, 1);
-      }
+      kernelWaits--;
       if (held) this.#granted();
       // A closed connection's descriptor is parked, never closed here: a
       // close at the moment the kernel grants would drop the classic POSIX
@@ -537,29 +562,26 @@ class LockSet {
   }
 
   /**
-   * Whether to keep RESERVED and the turn after this transaction for the
-   * next one, and if so hands them to the watchdog: only while another
-   * writer of this VFS waits for the turn (so a lone writer leaves RESERVED
-   * free between transactions, for native writers, which poll), only for
-   * the rest of the turn, and only when the transaction left no hot journal
-   * (a commit that failed part-way): RESERVED held tells every other
-   * connection the journal is live, and it must be rolled back instead.
+   * Whether to keep the turn after this transaction for the next one, and
+   * if so hands it to the watchdog: only while another writer of this VFS
+   * waits for it (a read lock on QUEUE_BYTE), and only for the rest of the
+   * turn. RESERVED goes in any case: native writers, which poll, find it
+   * free between transactions, and a reader deciding whether a journal is
+   * hot sees what it would without this VFS.
    */
   #keepsTurn(): boolean {
     if (++this.#turnTransactions >= TURN_TRANSACTIONS) return false;
     if (!this.#libc.conflicts(this.#waitFd, F_WRLCK, QUEUE_BYTE, 1)) {
       return false;
     }
-    watchdog ??= new TurnWatchdog(
-      RESERVED_BYTE,
-      TURN_BYTE - RESERVED_BYTE + 1,
-    );
-    this.#slot ??= watchdog.slot();
-    return this.#slot !== undefined && !this.#hotJournal() &&
-      watchdog.keep(this.#slot, this.#waitFd, Date.now() + TURN_MS);
+    const dog = turnWatchdog();
+    if (dog === undefined) return false;
+    this.#slot ??= dog.slot();
+    return this.#slot !== undefined &&
+      dog.keep(this.#slot, this.#waitFd, monotonicMs() + TURN_MS);
   }
 
-  /** Ends a kept turn not taken up: the locks go, unless already gone. */
+  /** Ends a kept turn not taken up: it goes, unless already gone. */
   #endKeptTurn(): void {
     if (this.#turn !== "kept") return;
     if (watchdog!.end(this.#slot!)) this.#releaseTurn();
@@ -603,7 +625,7 @@ class LockSet {
         // next commit until this process's event loop let it go (the same
         // goes for the SHARED range below), a node:sqlite commit on the
         // same thread for its whole busy timeout.
-        return this.#refuse(this.#turnHolderCommits());
+        return this.#refuse(false);
       }
       const shared = libc.setLock(
         this.#fd,
@@ -612,28 +634,26 @@ class LockSet {
         SHARED_SIZE,
       );
       libc.setLock(this.#fd, F_UNLCK, PENDING_BYTE, 1);
-      if (!shared) return this.#refuse(this.#turnHolderCommits());
+      if (!shared) return this.#refuse(false);
       this.#level = SHARED;
       return OK;
     }
     if (target === RESERVED) {
+      // The turn first: kept from this connection's last transaction,
+      // granted to its wait, or taken now.
+      let turn = this.#turn === "granted";
       if (this.#turn === "kept") {
-        clearTimeout(this.#grantTimer);
-        if (watchdog!.end(this.#slot!)) {
-          this.#turn = "held";
-          this.#level = RESERVED;
-          return OK;
-        }
-        // The watchdog gave it back: take it as anyone does.
-        this.#turn = "none";
-        this.#turnTransactions = 0;
+        turn = watchdog!.end(this.#slot!);
+        if (!turn) this.#turnTransactions = 0;
       }
-      if (this.#turn === "granted") {
-        clearTimeout(this.#grantTimer);
-      } else if (
-        // A wait for the turn in flight takes it first (see #granted).
-        this.#call !== undefined ||
-        !libc.setLock(this.#waitFd, F_WRLCK, TURN_BYTE, 1)
+      clearTimeout(this.#grantTimer);
+      this.#turn = "none";
+      if (
+        !turn && (
+          // A wait for the turn in flight takes it first (see #granted).
+          this.#call !== undefined ||
+          !libc.setLock(this.#waitFd, F_WRLCK, TURN_BYTE, 1)
+        )
       ) {
         if (
           this.#call !== undefined &&
@@ -648,10 +668,10 @@ class LockSet {
       }
       this.#turn = "held";
       if (!libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)) {
-        // A native writer holds it (writers of this VFS hold the turn):
-        // give the turn to the next writer of this VFS, and poll.
-        this.#turn = "none";
-        libc.setLock(this.#waitFd, F_UNLCK, TURN_BYTE, 1);
+        // A native writer holds it (writers of this VFS hold the turn), or
+        // one that went past a stale turn: give the turn to the next writer
+        // of this VFS, and poll.
+        this.#releaseTurn();
         return this.#refuse(false);
       }
       this.#level = RESERVED;
@@ -680,12 +700,6 @@ class LockSet {
       }
       if (performance.now() >= until) return this.#refuse(false);
     }
-  }
-
-  /** Whether a writer refused SHARED is to wait for the turn. */
-  #turnHolderCommits(): boolean {
-    return this.#writable &&
-      this.#libc.conflicts(this.#waitFd, F_WRLCK, TURN_BYTE, 1);
   }
 
   /** Refuses a lock; `turn`: the caller waits for the turn, else pauses. */
@@ -719,6 +733,7 @@ class LockSet {
       this.#turn = "none";
     } else if (this.#turn === "held") {
       if (this.#keepsTurn()) {
+        libc.setLock(this.#waitFd, F_UNLCK, RESERVED_BYTE, 1);
         this.#turn = "kept";
         const timer = setTimeout(() => this.#endKeptTurn(), 0);
         Deno.unrefTimer(timer as unknown as number);
@@ -804,7 +819,7 @@ class DatabaseFile implements OpenFile {
     this.#locks = new LockSet(libc, fds, writable, (released) => {
       inode.lateWaits--;
       inode.idle.push({ fd: released, writable });
-    }, () => journalMayBeHot(`${path}-journal`));
+    });
   }
 
   lockLevel(): number {
@@ -940,29 +955,6 @@ function openDatabaseDescriptors(
     throw error;
   }
   return [opened as unknown as [number, number], writable];
-}
-
-// The first bytes of a rollback journal's header while it is live (pager.c's
-// aJournalMagic); a committed journal is empty, gone or zeroed.
-const JOURNAL_MAGIC = [0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7];
-
-/** Whether the rollback journal at `path` has a live header. */
-function journalMayBeHot(path: string): boolean {
-  let file: Deno.FsFile;
-  try {
-    file = Deno.openSync(path, { read: true });
-  } catch {
-    return false;
-  }
-  try {
-    const header = new Uint8Array(JOURNAL_MAGIC.length);
-    return file.readSync(header) === header.length &&
-      JOURNAL_MAGIC.every((byte, i) => header[i] === byte);
-  } catch {
-    return true;
-  } finally {
-    file.close();
-  }
 }
 
 /**

@@ -1,8 +1,8 @@
 /**
  * The watchdog that ends a kept turn of the Deno file VFS (see `LockSet` in
  * `deno/file_vfs.ts`) on time even while the event loop is blocked: a
- * worker thread that, past a turn's deadline, lets go of RESERVED and the
- * turn on the connection's second open file description. Open file
+ * worker thread that, past a turn's deadline, lets go of the turn on the
+ * connection's second open file description. Open file
  * description locks belong to the description, not to a thread, so any
  * thread may let them go.
  *
@@ -25,10 +25,19 @@ export const RELEASING = 2;
 
 const SLOTS = 256;
 
+/**
+ * Milliseconds on a clock both threads read alike and that never steps
+ * back (Date.now() can): each thread's time origin plus its monotonic time
+ * (alike unless the wall clock stepped between the two threads' starts).
+ */
+export function monotonicMs(): number {
+  return performance.timeOrigin + performance.now();
+}
+
 // The worker, as a data: URL, so it loads wherever this module was loaded
 // from. It sleeps on the generation counter until the nearest deadline or a
 // change, and ends every turn past its deadline with one fcntl
-// (F_OFD_SETLK, F_UNLCK) over RESERVED and the turn.
+// (F_OFD_SETLK, F_UNLCK) over the turn.
 const WORKER_SOURCE = `
 import { parentPort, workerData } from "node:worker_threads";
 const { buffer, slots, start, length } = workerData;
@@ -47,7 +56,7 @@ view.setBigInt64(16, BigInt(length), true);
 parentPort.postMessage("ready");
 for (;;) {
   const seen = Atomics.load(generation, 0);
-  const now = Date.now();
+  const now = performance.timeOrigin + performance.now();
   let next = Infinity;
   for (let i = 0; i < slots; i++) {
     if (Atomics.load(states, i) !== ${KEPT}) continue;
@@ -107,7 +116,7 @@ export class TurnWatchdog {
   }
 
   /**
-   * Hands a turn to the watchdog, to end by `deadline` (Date.now() ms)
+   * Hands a turn to the watchdog, to end by `deadline` (see monotonicMs)
    * unless the connection ends it first; false when the watchdog is not
    * running, and then nothing changed.
    */
