@@ -453,6 +453,9 @@ class LockSet {
   #call: Promise<void> | undefined;
   /** When it began (performance.now() ms). */
   #callStarted = 0;
+  /** When this connection's current run of turn refusals began, and the last. */
+  #refusedSince = 0;
+  #lastRefused = -Infinity;
   /** Callers of wait() still waiting. */
   #waiters = 0;
   #closed = false;
@@ -655,11 +658,20 @@ class LockSet {
           !libc.setLock(this.#waitFd, F_WRLCK, TURN_BYTE, 1)
         )
       ) {
+        const now = performance.now();
+        // Refused the turn continuously (retries at most STALE_TURN_MS
+        // apart) since #refusedSince, whether or not a kernel wait is in
+        // flight: a connection that polls (MAX_KERNEL_WAITS) has none.
+        if (now - this.#lastRefused > STALE_TURN_MS) this.#refusedSince = now;
+        this.#lastRefused = now;
+        const since = this.#call !== undefined
+          ? this.#callStarted
+          : this.#refusedSince;
         if (
-          this.#call !== undefined &&
-          performance.now() - this.#callStarted >= STALE_TURN_MS &&
+          now - since >= STALE_TURN_MS &&
           libc.setLock(this.#waitFd, F_WRLCK, RESERVED_BYTE, 1)
         ) {
+          this.#lastRefused = -Infinity;
           this.#turn = "bypassed";
           this.#level = RESERVED;
           return OK;

@@ -506,42 +506,7 @@ async function startWatchdog(
 
 Deno.test("a turn granted to a process whose event loop is blocked (a wait its caller gave up on) holds writers of this VFS off for a bounded time: past it they take RESERVED, which is what excludes writers, without the turn", async () => {
   await withConnections(1, async ([writer], path) => {
-    const script = childScript(
-      path,
-      `await db.query("SELECT count(*) FROM t");
-      console.log("open");
-      await Deno.stdin.read(new Uint8Array(8));
-      try { await db.exec("BEGIN IMMEDIATE"); } catch { await db.busyWait(20); }
-      console.log("stale");
-      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5_000);`,
-    );
-    const child = new Deno.Command(Deno.execPath(), {
-      args: ["eval", script],
-      stdin: "piped",
-      stdout: "piped",
-      stderr: "null",
-    }).spawn();
-    const lines = child.stdout.pipeThrough(new TextDecoderStream())
-      .getReader();
-    let printed = "";
-    const expect = async (word: string) => {
-      while (!printed.includes(word)) {
-        const { value, done } = await lines.read();
-        assert.equal(done, false, `the child ended before ${word}`);
-        printed += value;
-      }
-    };
-    try {
-      await expect("open");
-      await writer!.exec("BEGIN IMMEDIATE");
-      await child.stdin.getWriter().write(new TextEncoder().encode("go\n"));
-      await expect("stale");
-      assert.ok(blockedOn(path), "the child's wait is in the kernel");
-      await writer!.exec("COMMIT");
-      assert.ok(
-        await until(() => locksOn(path).includes(TURN), 5_000),
-        "the kernel granted the child's wait the turn",
-      );
+    await withStaleTurn(path, writer!, async () => {
       const started = performance.now();
       await beginWaiting(writer!);
       const ms = performance.now() - started;
@@ -554,13 +519,82 @@ Deno.test("a turn granted to a process whose event loop is blocked (a wait its c
       );
       await writer!.exec("INSERT INTO t VALUES (1)");
       await writer!.exec("COMMIT");
-    } finally {
-      child.kill("SIGKILL");
-      await child.status;
-      await lines.cancel();
-    }
+    });
   });
 });
+
+Deno.test("a writer that polls, the process's kernel waits all in flight, also goes past a stale turn", async () => {
+  await withConnections(10, async ([writer, last, ...others], path) => {
+    await withStaleTurn(path, writer!, async () => {
+      // Eight writers of this process are refused the stale turn and give
+      // up (a claim with a short timeout): eight kernel waits in flight.
+      for (const other of others) {
+        await assert.rejects(other.exec("BEGIN IMMEDIATE"), BusyError);
+        await other.busyWait!(10);
+      }
+      assert.ok(!locksOn(path).includes(RESERVED_WRITE), "RESERVED is free");
+      const started = performance.now();
+      await beginWaiting(last!);
+      const ms = performance.now() - started;
+      assert.ok(ms < 2_000, `held off ${ms} ms`);
+      await last!.exec("COMMIT");
+    });
+  });
+});
+
+/**
+ * Runs `fn` while a child process holds a stale turn: its wait, which its
+ * caller gave up on, is granted the turn when `holder` commits, and its
+ * event loop is blocked for 5 s.
+ */
+async function withStaleTurn(
+  path: string,
+  holder: SqliteWasmDriver,
+  fn: () => Promise<void>,
+): Promise<void> {
+  const script = childScript(
+    path,
+    `await db.query("SELECT count(*) FROM t");
+    console.log("open");
+    await Deno.stdin.read(new Uint8Array(8));
+    try { await db.exec("BEGIN IMMEDIATE"); } catch { await db.busyWait(20); }
+    console.log("stale");
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5_000);`,
+  );
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["eval", script],
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "null",
+  }).spawn();
+  const lines = child.stdout.pipeThrough(new TextDecoderStream())
+    .getReader();
+  let printed = "";
+  const expect = async (word: string) => {
+    while (!printed.includes(word)) {
+      const { value, done } = await lines.read();
+      assert.equal(done, false, `the child ended before ${word}`);
+      printed += value;
+    }
+  };
+  try {
+    await expect("open");
+    await holder.exec("BEGIN IMMEDIATE");
+    await child.stdin.getWriter().write(new TextEncoder().encode("go\n"));
+    await expect("stale");
+    assert.ok(blockedOn(path), "the child's wait is in the kernel");
+    await holder.exec("COMMIT");
+    assert.ok(
+      await until(() => locksOn(path).includes(TURN), 5_000),
+      "the kernel granted the child's wait the turn",
+    );
+    await fn();
+  } finally {
+    child.kill("SIGKILL");
+    await child.status;
+    await lines.cancel();
+  }
+}
 
 Deno.test("a process stopped between its transactions while it keeps its turn holds no native writer back: the turn is this VFS's, RESERVED is let go", async () => {
   await withConnections(1, async (_, path) => {
