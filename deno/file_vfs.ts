@@ -278,15 +278,17 @@ const STALE_TURN_MS = 2 * GRANT_KEPT_MS;
 // Kept turns: while another writer of this VFS waits for the turn, a writer
 // keeps the turn (not RESERVED: SQLite's own locks are let go between
 // transactions, also for a process stopped there) after its commit for its
-// own next transaction, two transactions a turn (a worker's claim and its
-// acknowledgement), so the lock changes process once a turn rather than
+// own next transaction, four transactions a turn (a worker's two claims and
+// acknowledgements), so the lock changes process once a turn rather than
 // once a transaction (each change costs the next writer a wake-up, cold
-// caches and an emptied page cache; see bench/README.md). A kept turn not
+// caches and an emptied page cache; see bench/README.md: two a turn left
+// four busy processes at 0.69× of one, four at 0.82×, and cost a paced
+// producer among them a tenth of its commits). A kept turn not
 // taken up by the event loop's next timers is given back then, and one not
 // taken up within TURN_MS is given back by the watchdog thread
 // (deno/turn_watchdog.ts), also while the event loop is blocked (a
 // handler's synchronous work after a claim).
-const TURN_TRANSACTIONS = 2;
+const TURN_TRANSACTIONS = 4;
 const TURN_MS = 10;
 // Kernel waits in flight in this process at most: each holds a thread of
 // Deno's blocking pool until the kernel answers, and a full pool would

@@ -431,7 +431,7 @@ Deno.test("a writer of this VFS refused RESERVED by a native writer polls, and g
   });
 });
 
-Deno.test("while another writer of this VFS waits for the turn, a writer keeps the turn (not RESERVED) after its commit for its next transaction, two a turn; alone it keeps none", async () => {
+Deno.test("while another writer of this VFS waits for the turn, a writer keeps the turn (not RESERVED) after its commit for its next transaction, four a turn; alone it keeps none", async () => {
   await withConnections(2, async ([holder, waiter], path) => {
     await startWatchdog(holder!, waiter!, path);
     await holder!.exec("BEGIN IMMEDIATE");
@@ -441,21 +441,27 @@ Deno.test("while another writer of this VFS waits for the turn, a writer keeps t
     const waiting = beginWaiting(waiter!);
     waiting.catch(() => {});
     assert.ok(await until(() => blockedOn(path), 10_000), "waiter blocked");
-    await holder!.exec("INSERT INTO t VALUES (1)");
+    for (let x = 1; x <= 3; x++) {
+      await holder!.exec(`INSERT INTO t VALUES (${x})`);
+      await holder!.exec("COMMIT");
+      // The turn is kept; RESERVED, SQLite's own, is not.
+      assert.deepEqual(locksOn(path), [QUEUED, TURN]);
+      assert.ok(blockedOn(path), "the waiter still waits");
+      await holder!.exec("BEGIN IMMEDIATE");
+    }
+    await holder!.exec("INSERT INTO t VALUES (4)");
     await holder!.exec("COMMIT");
-    // The turn is kept; RESERVED, SQLite's own, is not.
-    assert.deepEqual(locksOn(path), [QUEUED, TURN]);
-    assert.ok(blockedOn(path), "the waiter still waits");
-    await holder!.exec("BEGIN IMMEDIATE");
-    await holder!.exec("INSERT INTO t VALUES (2)");
-    await holder!.exec("COMMIT");
+    // The turn's fourth transaction: the turn goes to the waiter at once.
+    await assert.rejects(holder!.exec("BEGIN IMMEDIATE"), BusyError);
     await waiting;
-    await waiter!.exec("INSERT INTO t VALUES (3)");
+    await waiter!.exec("INSERT INTO t VALUES (5)");
     await waiter!.exec("COMMIT");
     assert.deepEqual(await holder!.query("SELECT x FROM t ORDER BY x"), [
       { x: 1 },
       { x: 2 },
       { x: 3 },
+      { x: 4 },
+      { x: 5 },
     ]);
   });
 });
