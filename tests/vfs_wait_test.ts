@@ -451,7 +451,13 @@ Deno.test("while another writer of this VFS waits for the turn, a writer keeps t
     }
     await holder!.exec("INSERT INTO t VALUES (4)");
     await holder!.exec("COMMIT");
-    // The turn's fourth transaction: the turn goes to the waiter at once.
+    // The turn's fourth transaction: the turn goes to the waiter (the kernel
+    // grants it once the waiter's pool thread runs), and the holder is then
+    // refused it.
+    assert.ok(
+      await until(() => locksOn(path).includes(TURN), 5_000),
+      "granted to the waiter",
+    );
     await assert.rejects(holder!.exec("BEGIN IMMEDIATE"), BusyError);
     await waiting;
     await waiter!.exec("INSERT INTO t VALUES (5)");
