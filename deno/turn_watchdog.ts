@@ -17,11 +17,11 @@
 import { Worker } from "node:worker_threads";
 
 /** No turn kept: the connection holds its locks, or none. */
-export const FREE = 0;
+const FREE = 0;
 /** Kept: the watchdog lets the locks go at the deadline. */
-export const KEPT = 1;
+const KEPT = 1;
 /** The watchdog is letting the locks go. */
-export const RELEASING = 2;
+const RELEASING = 2;
 
 const SLOTS = 256;
 
