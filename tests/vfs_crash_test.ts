@@ -240,6 +240,49 @@ function alive(pid: number): boolean {
   }
 }
 
+/**
+ * A native `sqlite3` inside an UPDATE of every row of the spill table whose
+ * uncommitted pages it has already written into the file (cache_size=2), so
+ * it holds EXCLUSIVE beside a live journal; disposing lets its pipes go.
+ */
+async function spillingSqlite3(
+  path: string,
+  journalMode: JournalMode,
+): Promise<{ process: Deno.ChildProcess } & AsyncDisposable> {
+  const process = new Deno.Command("sqlite3", {
+    args: [path],
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const lines = process.stdout.pipeThrough(new TextDecoderStream())
+    .getReader();
+  const writer = process.stdin.getWriter();
+  const dispose = async () => {
+    await writer.close().catch(() => {});
+    await lines.cancel();
+    await process.stderr.cancel();
+  };
+  try {
+    await writer.write(
+      new TextEncoder().encode(
+        `PRAGMA journal_mode=${journalMode}; PRAGMA cache_size=2; BEGIN; UPDATE t SET v = randomblob(1000);\n.print spilled\n`,
+      ),
+    );
+    let printed = "";
+    while (!printed.includes("spilled")) {
+      const { value, done } = await lines.read();
+      assert.equal(done, false, "sqlite3 ended early");
+      printed += value;
+    }
+  } catch (error) {
+    process.kill("SIGKILL");
+    await dispose();
+    throw error;
+  }
+  return { process, [Symbol.asyncDispose]: dispose };
+}
+
 /** A 300-row table of zeroblobs, and the file's committed bytes. */
 async function seedSpillTable(
   path: string,
@@ -274,37 +317,15 @@ for (const journalMode of ["truncate", "delete", "persist"] as const) {
     try {
       const committed = await seedSpillTable(path, journalMode);
       await using reader = await openSqliteWasm(path, { journalMode });
-      const native = new Deno.Command("sqlite3", {
-        args: [path],
-        stdin: "piped",
-        stdout: "piped",
-        stderr: "piped",
-      }).spawn();
-      const lines = native.stdout.pipeThrough(new TextDecoderStream())
-        .getReader();
-      const writer = native.stdin.getWriter();
-      try {
-        await writer.write(
-          new TextEncoder().encode(
-            `PRAGMA journal_mode=${journalMode}; PRAGMA cache_size=2; BEGIN; UPDATE t SET v = randomblob(1000);\n.print spilled\n`,
-          ),
-        );
-        let printed = "";
-        while (!printed.includes("spilled")) {
-          const { value, done } = await lines.read();
-          assert.equal(done, false, "sqlite3 ended early");
-          printed += value;
-        }
+      {
+        await using spilled = await spillingSqlite3(path, journalMode);
+        const native = spilled.process;
         assert.notDeepEqual(await Deno.readFile(path), committed);
         // The native writer holds EXCLUSIVE: the WASM reader is shut out
         // rather than reading its uncommitted pages or its live journal.
         await assert.rejects(reader.query("SELECT count(*) FROM t"), BusyError);
         native.kill("SIGKILL");
         assert.equal((await native.status).signal, "SIGKILL");
-      } finally {
-        await writer.close().catch(() => {});
-        await lines.cancel();
-        await native.stderr.cancel();
       }
       assert.equal(hotJournal(path), true);
       assert.deepEqual(
@@ -331,28 +352,10 @@ for (const journalMode of ["truncate", "delete", "persist"] as const) {
     try {
       const committed = await seedSpillTable(path, journalMode);
       await using waiter = await openSqliteWasm(path, { journalMode });
-      const native = new Deno.Command("sqlite3", {
-        args: [path],
-        stdin: "piped",
-        stdout: "piped",
-        stderr: "piped",
-      }).spawn();
-      const lines = native.stdout.pipeThrough(new TextDecoderStream())
-        .getReader();
-      const writer = native.stdin.getWriter();
       let begun: Promise<void> | undefined;
-      try {
-        await writer.write(
-          new TextEncoder().encode(
-            `PRAGMA journal_mode=${journalMode}; PRAGMA cache_size=2; BEGIN; UPDATE t SET v = randomblob(1000);\n.print spilled\n`,
-          ),
-        );
-        let printed = "";
-        while (!printed.includes("spilled")) {
-          const { value, done } = await lines.read();
-          assert.equal(done, false, "sqlite3 ended early");
-          printed += value;
-        }
+      {
+        await using spilled = await spillingSqlite3(path, journalMode);
+        const native = spilled.process;
         begun = beginWaiting(waiter);
         // Awaited below; when an assertion fails first, the connection's
         // close rejects it, which is no further failure.
@@ -390,10 +393,6 @@ for (const journalMode of ["truncate", "delete", "persist"] as const) {
           `a reader went past the hot journal and read ${out}${err}`,
         );
         assert.equal((await native.status).signal, "SIGKILL");
-      } finally {
-        await writer.close().catch(() => {});
-        await lines.cancel();
-        await native.stderr.cancel();
       }
       await begun;
       assert.deepEqual(
