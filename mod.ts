@@ -33,6 +33,7 @@
  * @module
  */
 export {
+  type AcknowledgedAndClaimed,
   type BatchClaimOptions,
   type BatchEvent,
   type ClaimOptions,

@@ -194,6 +194,27 @@ async function bench(sizes: Sizes, dir: string): Promise<BenchRow[]> {
     met: rate(batch, 0) >= 50_000,
   });
 
+  progress(
+    `batches of acknowledgeAndClaim(previous, { max: ${sizes.batch.max} })`,
+  );
+  const folded = await runScenarioProcess({
+    kind: "pair",
+    targets: [file("folded", "wasm"), file("folded", "node")],
+    fold: true,
+    ...sizes.batch,
+  });
+  rows.push({
+    name:
+      `durable batch acknowledgeAndClaim({ max: ${sizes.batch.max} }) events/s, WASM file`,
+    value: rate(folded, 0),
+    unit: "events/s",
+    anchor: "node:sqlite file, the same calls",
+    anchorValue: rate(folded, 1),
+    ratio: folded.medianRatio!,
+    goal: "report",
+    met: null,
+  });
+
   const { small, medium, large, claims } = sizes.claimCost;
   // synchronous=off so the fsync per commit does not hide what the query
   // itself costs as the table grows.

@@ -9,7 +9,7 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import type { Driver } from "../driver.ts";
-import { Outbox } from "../mod.ts";
+import { type Lease, Outbox } from "../mod.ts";
 import { openNodeSqlite } from "../drivers/node_sqlite.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { median } from "./table.ts";
@@ -44,6 +44,11 @@ export type Scenario =
     readonly kind: "pair";
     readonly targets: readonly Target[];
     readonly max?: number;
+    /**
+     * With `max`: each unit acknowledges the previous unit's leases and
+     * claims the next batch in one `acknowledgeAndClaim` transaction.
+     */
+    readonly fold?: boolean;
     readonly warmup: number;
     readonly blocks: number;
     readonly units: number;
@@ -188,6 +193,27 @@ async function batch(outbox: Outbox, max: number): Promise<number> {
 }
 
 /**
+ * A unit of batches folded into one transaction each: acknowledges the
+ * leases `held` has of `outbox` (claiming the first batch alone) and claims
+ * the next. Counts the events acknowledged, which equal those claimed.
+ */
+async function folded(
+  held: Map<Outbox, Lease[]>,
+  outbox: Outbox,
+  max: number,
+): Promise<number> {
+  const previous = held.get(outbox) ?? await outbox.claim({ max });
+  const { acknowledged, leases } = await outbox.acknowledgeAndClaim(
+    previous,
+    { max },
+  );
+  if (leases.length < max) throw new Error("Queue ran dry");
+  if (!acknowledged.every(Boolean)) throw new Error("Lost a lease");
+  held.set(outbox, leases);
+  return previous.length;
+}
+
+/**
  * Runs one scenario in this process.
  *
  * @param scenario What to measure.
@@ -208,16 +234,20 @@ export async function runScenario(
       break;
     }
     case "pair": {
-      const { max, warmup, blocks, units } = scenario;
+      const { max, warmup, blocks, units, fold } = scenario;
+      const held = new Map<Outbox, Lease[]>();
       const unit = max === undefined
         ? cycle
+        : fold
+        ? (outbox: Outbox) => folded(held, outbox, max)
         : (outbox: Outbox) => batch(outbox, max);
       const outboxes = await Promise.all(scenario.targets.map(open));
       try {
         for (const outbox of outboxes) {
+          // A folded run claims one batch ahead of what it acknowledges.
           await fill(
             outbox,
-            (max ?? 1) * (warmup + blocks * units),
+            (max ?? 1) * (warmup + blocks * units + (fold ? 2 : 0)),
             "pending",
             past,
           );
