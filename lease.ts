@@ -879,7 +879,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       }
       return await this.#write(
         op,
-        (now) => this.#claim(queue, leaseMs, max, undefined, now),
+        (now) => this.#claim(op, queue, leaseMs, max, undefined, now),
         true,
         false,
         this.#claimInOne(op, queue, leaseMs, max),
@@ -895,7 +895,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return await this.#write(
       op,
       async (now) => {
-        const [lease] = await this.#claim(queue, leaseMs, 1, token, now);
+        const [lease] = await this.#claim(op, queue, leaseMs, 1, token, now);
         return lease ?? null;
       },
       true,
@@ -992,7 +992,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * it to end.
    *
    * @param leases Leases from {@linkcode Outbox.claim}, possibly none.
-   * @param options See {@linkcode BatchClaimOptions}; `max` defaults to 1.
+   * @param options See {@linkcode BatchClaimOptions}.
    * @returns Per lease given, whether it was acknowledged, and the new leases.
    * @throws {TypeError | RangeError} When a lease or an option is invalid
    * (before any SQL).
@@ -1036,7 +1036,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const max = checkInteger(op, "max", options.max, 1, MAX_BATCH) ?? 1;
     return await this.#write(op, async (now) => ({
       acknowledged: await this.#acknowledge(checked, now),
-      leases: await this.#claim(queue, leaseMs, max, undefined, now),
+      leases: await this.#claim(op, queue, leaseMs, max, undefined, now),
     }));
   }
 
@@ -2067,35 +2067,38 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   async #claim(
+    op: string,
     queue: string,
     leaseMs: number,
     max: number,
     token: string | undefined,
     now: number,
   ): Promise<Lease<P>[]> {
-    const candidates: Row[] = [];
-    const payloads: unknown[] = [];
-    // Unclaimable rows are dead letters once seen, so each round finds new
-    // candidates, and the batch fills as if they had never been there.
-    for (let wanted = max; wanted > 0;) {
+    let candidates: Row[] = [];
+    let payloads: unknown[] = [];
+    // An unclaimable row is a dead letter once seen, but the claimable rows
+    // read beside it are still pending and would be read again: each round
+    // reads the whole batch afresh, until a round finds no unclaimable row,
+    // so the batch fills as if those had never been there.
+    for (let unclaimable = true; unclaimable;) {
+      unclaimable = false;
+      candidates = [];
+      payloads = [];
       const rows = await this.#driver.query(this.#sql.candidates, [
         queue,
         now,
-        wanted,
+        max,
         this.#maxPayloadBytes,
       ]);
-      let unclaimable = 0;
       for (const row of rows) {
         const reason = this.#unclaimable(row, payloads);
         if (reason === undefined) {
           candidates.push(row);
           continue;
         }
-        unclaimable++;
+        unclaimable = true;
         await this.#deadLetter(row, reason, now);
       }
-      if (unclaimable === 0) break;
-      wanted -= rows.length - unclaimable;
     }
     if (candidates.length === 0) return [];
     const leaseUntil = now + leaseMs;
@@ -2138,7 +2141,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         ]);
         if (used.length > 0) {
           throw new RangeError(
-            `Cannot claim as 'token' was used on event ${eventId} before: reuse would let a stale worker act`,
+            `Cannot ${op} as 'token' was used on event ${eventId} before: reuse would let a stale worker act`,
           );
         }
       }
@@ -2171,7 +2174,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     // by the next caller: two live holders.
     if (changes !== leases.length) {
       throw new Error(
-        `Cannot claim as the claim changed ${changes} event rows for ${leases.length} leases: the transaction was rolled back`,
+        `Cannot ${op} as the claim changed ${changes} event rows for ${leases.length} leases: the transaction was rolled back`,
       );
     }
     return leases;

@@ -79,6 +79,20 @@ for (const driver of DRIVERS) {
     assert.deepEqual(next.leases.map((l) => l.payload), ["k2"]);
   });
 
+  test("acknowledgeAndClaim makes an unclaimable event among the next candidates a dead letter and commits the acknowledgements", async ({ open }) => {
+    const [big] = await open();
+    await big!.enqueueBatch(
+      ["a", "b", "c", "x".repeat(200), "d"].map((payload) => ({ payload })),
+    );
+    const [small] = await open({ maxPayloadBytes: 64 });
+    const held = await small!.claim({ max: 2 });
+    const next = await small!.acknowledgeAndClaim(held, { max: 3 });
+    assert.deepEqual(next.acknowledged, [true, true]);
+    assert.deepEqual(next.leases.map((l) => l.payload), ["c", "d"]);
+    const stats = await small!.stats();
+    assert.deepEqual([stats.done, stats.leased, stats.dead], [2, 2, 1]);
+  });
+
   test("acknowledgeAndClaim with bad input throws naming the field before any SQL, and nothing changes", async ({ open, sent }) => {
     const [a] = await open();
     await a!.enqueueBatch([0, 1].map((payload) => ({ payload })));

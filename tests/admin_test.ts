@@ -298,6 +298,28 @@ for (const driver of DRIVERS) {
       "unclaimable: its payload of 3002 bytes exceeds this outbox's maxPayloadBytes of 1024",
     );
   });
+
+  test("defects 6 and 7 in a batch: unclaimable events among a batch claim's candidates become dead letters, and the batch takes each other event once", async ({ open, raw }) => {
+    const [big] = await open({ maxPayloadBytes: 4_096 });
+    for (const payload of ["a", "x".repeat(3_000), "b", "c", "d"]) {
+      await big!.enqueue(payload);
+    }
+    await raw.run("UPDATE outbox_events SET payload = 'not json' WHERE id = 3");
+    const [small] = await open({ maxPayloadBytes: 1_024 });
+    // The first read finds a, the oversized event, the non-JSON one: the
+    // batch must not read a again beside c and d.
+    const leases = await small!.claim({ max: 3 });
+    assert.deepEqual(leases.map((l) => [l.eventId, l.payload]), [
+      [1, "a"],
+      [4, "c"],
+      [5, "d"],
+    ]);
+    assert.deepEqual(
+      (await small!.list({ state: "dead" })).map((letter) => letter.id),
+      [2, 3],
+    );
+    assert.deepEqual(await small!.acknowledge(leases), [true, true, true]);
+  });
 }
 
 Deno.test("defect 6: maxPayloadBytes is capped at what a claim was measured to read back (256 MiB)", async () => {
