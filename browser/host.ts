@@ -123,16 +123,19 @@ export function serveOutbox(scope: WorkerScope, openOutbox: OutboxFactory) {
     args: readonly unknown[],
     result: unknown,
   ): Promise<void> {
-    if (method === "claim") {
-      const leases = (Array.isArray(result) ? result : [result]).filter((
-        lease,
-      ) => lease !== null);
-      if (hidden) await handBack(outbox, leases);
-      else for (const lease of leases) own.set(leaseKey(lease), lease);
-    } else if (method === "acknowledge" || method === "release") {
+    if (["acknowledge", "release", "acknowledgeAndClaim"].includes(method)) {
       const leases = Array.isArray(args[0]) ? args[0] : [args[0]];
       for (const lease of leases) own.delete(leaseKey(lease));
     }
+    const claimed = method === "claim"
+      ? (Array.isArray(result) ? result : [result]).filter((lease) =>
+        lease !== null
+      )
+      : method === "acknowledgeAndClaim"
+      ? (result as { leases: unknown[] }).leases
+      : [];
+    if (hidden) await handBack(outbox, claimed);
+    else for (const lease of claimed) own.set(leaseKey(lease), lease);
   }
 
   async function handle(message: CallMessage): Promise<unknown> {

@@ -37,6 +37,7 @@
  * @module
  */
 import type {
+  AcknowledgedAndClaimed,
   BatchClaimOptions,
   ClaimOptions,
   DeadLetter,
@@ -293,6 +294,30 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
     for (const each of Array.isArray(lease) ? lease : [lease]) {
       this.#held.delete(leaseKey(each as Lease<unknown>));
     }
+    return result;
+  }
+
+  /**
+   * Acknowledges leases and claims up to `options.max` more in one
+   * transaction; see `Outbox.acknowledgeAndClaim`. The new leases are
+   * remembered as a claim's are, and the acknowledged ones forgotten.
+   *
+   * @param leases The leases to acknowledge, possibly none.
+   * @param options `max`, lease length, queue.
+   * @returns Per lease whether it was acknowledged, and the new leases.
+   * @throws {TypeError | RangeError} When an argument is invalid.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async acknowledgeAndClaim(
+    leases: readonly Lease<unknown>[],
+    options: BatchClaimOptions,
+  ): Promise<AcknowledgedAndClaimed<P>> {
+    const result = await this.invoke("acknowledgeAndClaim", [
+      leases,
+      options,
+    ]) as AcknowledgedAndClaimed<P>;
+    for (const lease of leases) this.#held.delete(leaseKey(lease));
+    for (const lease of result.leases) this.#held.set(leaseKey(lease), lease);
     return result;
   }
 

@@ -381,6 +381,65 @@ Deno.test(
 Deno.test(
   {
     name:
+      "a follower tab's acknowledgeAndClaim acknowledges and claims in one call, holds the new leases and hands them back on pagehide",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const leader = await blankPage(session);
+    await leader.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openSharedOutbox("fold");
+      await outbox.enqueue("a");
+      await outbox.enqueue("b");
+      Object.assign(globalThis, { outbox });
+    }, PATHS);
+    const follower = await blankPage(session);
+    const folded = await follower.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openSharedOutbox("fold");
+      const first = await outbox.claim({ max: 1, leaseMs: 600_000 });
+      const next = await outbox.acknowledgeAndClaim(first, {
+        max: 1,
+        leaseMs: 600_000,
+      });
+      return {
+        leader: outbox.isLeader,
+        acknowledged: next.acknowledged,
+        claimed: next.leases.map((l: { eventId: number }) => l.eventId),
+        held: outbox.heldLeases().map((l: { eventId: number }) => l.eventId),
+      };
+    }, PATHS);
+    assert.deepEqual(folded, {
+      leader: false,
+      acknowledged: [true],
+      claimed: [2],
+      held: [2],
+    });
+
+    await follower.close();
+    const reclaimed = await leader.evaluate(async () => {
+      const { outbox } = globalThis as unknown as {
+        outbox: {
+          claim(): Promise<{ eventId: number; attempt: number } | null>;
+          stats(): Promise<{ done: number }>;
+        };
+      };
+      for (;;) {
+        const lease = await outbox.claim();
+        if (lease !== null) {
+          return [lease.eventId, lease.attempt, (await outbox.stats()).done];
+        }
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    });
+    assert.deepEqual(reclaimed, [2, 2, 1]);
+  },
+);
+
+Deno.test(
+  {
+    name:
       "calls forwarded from a follower tab return the leader's results and typed errors, and wake the leader",
     ...browserTest,
   },
