@@ -32,6 +32,13 @@ export interface Target {
   readonly pageSize?: number;
 }
 
+/** One table of a `claimCost` scenario. */
+export interface ClaimCostTable {
+  readonly target: Target;
+  readonly pending: number;
+  readonly done: number;
+}
+
 /** What one process measures. */
 export type Scenario =
   | {
@@ -55,13 +62,15 @@ export type Scenario =
   }
   | {
     /**
-     * Per-claim time with `pending` events queued behind `done` finished
-     * ones; times `claims` claims (each acknowledged, untimed).
+     * Per-claim time on each of `tables`, which has `pending` events queued
+     * behind `done` finished ones, all in this process: `blocks` rounds,
+     * each timing `claims` claims (each acknowledged, untimed) on every
+     * table in turn, starting with a different one each round, so drifting
+     * machine load falls on all alike.
      */
     readonly kind: "claimCost";
-    readonly target: Target;
-    readonly pending: number;
-    readonly done: number;
+    readonly tables: readonly ClaimCostTable[];
+    readonly blocks: number;
     readonly claims: number;
   }
   | {
@@ -103,6 +112,11 @@ export interface ScenarioResult {
   readonly measurements: readonly Measurement[];
   /** Median over blocks of the first target's time over the second's (`pair`). */
   readonly medianRatio?: number;
+  /**
+   * Per table (`claimCost`), the median over rounds of its median claim
+   * time over the first table's in the same round.
+   */
+  readonly medianRatios?: readonly number[];
   /** Peak resident set size of the process (`VmHWM`), in bytes. */
   readonly peakRssBytes: number;
   /** Time spent building databases and warming up, in milliseconds. */
@@ -227,6 +241,7 @@ export async function runScenario(
   const past = Date.now() - 1_000;
   const measurements: Measurement[] = [];
   let medianRatio: number | undefined;
+  let medianRatios: number[] | undefined;
   switch (scenario.kind) {
     case "seed": {
       await using outbox = await open(scenario.target);
@@ -283,32 +298,59 @@ export async function runScenario(
       break;
     }
     case "claimCost": {
-      await using outbox = await open(scenario.target);
-      await fill(outbox, scenario.done, "done", past - 1_000);
-      // Topped up so that at least `pending` remain queued while timing.
-      const warmup = 50;
-      await fill(
-        outbox,
-        scenario.pending + warmup + scenario.claims,
-        "pending",
-        past,
+      const { tables, blocks, claims } = scenario;
+      const outboxes = await Promise.all(
+        tables.map(({ target }) => open(target)),
       );
-      // Warm the page cache and the JIT, as a long-running worker would be.
-      for (let i = 0; i < warmup; i++) await cycle(outbox);
-      const claimTimes: number[] = [];
-      for (let i = 0; i < scenario.claims; i++) {
-        const start = performance.now();
-        const lease = await outbox.claim();
-        claimTimes.push(performance.now() - start);
-        if (lease === null) throw new Error("Queue ran dry");
-        await outbox.acknowledge(lease);
+      try {
+        // Topped up so that at least `pending` remain queued while timing.
+        const warmup = 50;
+        for (const [i, { pending, done }] of tables.entries()) {
+          const outbox = outboxes[i]!;
+          await fill(outbox, done, "done", past - 1_000);
+          await fill(
+            outbox,
+            pending + warmup + blocks * claims,
+            "pending",
+            past,
+          );
+          // Warm the page cache and the JIT, as a long-running worker would be.
+          for (let w = 0; w < warmup; w++) await cycle(outbox);
+        }
+        const times = tables.map((): number[] => []);
+        const ratios = tables.map((): number[] => []);
+        for (let b = 0; b < blocks; b++) {
+          const medians: number[] = [];
+          for (let k = 0; k < tables.length; k++) {
+            const i = (b + k) % tables.length;
+            const blockTimes: number[] = [];
+            for (let c = 0; c < claims; c++) {
+              const start = performance.now();
+              const lease = await outboxes[i]!.claim();
+              blockTimes.push(performance.now() - start);
+              if (lease === null) throw new Error("Queue ran dry");
+              await outboxes[i]!.acknowledge(lease);
+            }
+            times[i]!.push(...blockTimes);
+            medians[i] = median(blockTimes);
+          }
+          for (const [i, ms] of medians.entries()) {
+            ratios[i]!.push(ms / medians[0]!);
+          }
+        }
+        for (const claimTimes of times) {
+          const elapsedMs = claimTimes.reduce((a, b) => a + b, 0);
+          timedMs += elapsedMs;
+          measurements.push({
+            operations: claimTimes.length,
+            elapsedMs,
+            medianMs: median(claimTimes),
+          });
+        }
+        medianRatios = ratios.map(median);
+      } finally {
+        for (const outbox of outboxes) await outbox.close();
       }
-      timedMs = claimTimes.reduce((a, b) => a + b, 0);
-      measurements.push({
-        operations: claimTimes.length,
-        elapsedMs: timedMs,
-        medianMs: median(claimTimes),
-      });
       break;
     }
     case "contend": {
@@ -341,6 +383,7 @@ export async function runScenario(
   return {
     measurements,
     ...(medianRatio === undefined ? {} : { medianRatio }),
+    ...(medianRatios === undefined ? {} : { medianRatios }),
     peakRssBytes: peakRssBytes(),
     setupMs: performance.now() - setupStart - timedMs,
   };
