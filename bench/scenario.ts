@@ -52,10 +52,11 @@ export type Scenario =
     readonly targets: readonly Target[];
     readonly max?: number;
     /**
-     * With `max`: each unit acknowledges the previous unit's leases and
-     * claims the next batch in one `acknowledgeAndClaim` transaction.
+     * With `max`, per target: whether each unit acknowledges the previous
+     * unit's leases and claims the next batch in one `acknowledgeAndClaim`
+     * transaction rather than a claim and an acknowledge.
      */
-    readonly fold?: boolean;
+    readonly fold?: readonly boolean[];
     readonly warmup: number;
     readonly blocks: number;
     readonly units: number;
@@ -251,22 +252,25 @@ export async function runScenario(
     case "pair": {
       const { max, warmup, blocks, units, fold } = scenario;
       const held = new Map<Outbox, Lease[]>();
-      const unit = max === undefined
-        ? cycle
-        : fold
-        ? (outbox: Outbox) => folded(held, outbox, max)
-        : (outbox: Outbox) => batch(outbox, max);
+      const unitFns = scenario.targets.map((_, i) =>
+        max === undefined
+          ? cycle
+          : fold?.[i]
+          ? (outbox: Outbox) => folded(held, outbox, max)
+          : (outbox: Outbox) => batch(outbox, max)
+      );
+      const unit = (i: number, outbox: Outbox) => unitFns[i]!(outbox);
       const outboxes = await Promise.all(scenario.targets.map(open));
       try {
-        for (const outbox of outboxes) {
+        for (const [i, outbox] of outboxes.entries()) {
           // A folded run claims one batch ahead of what it acknowledges.
           await fill(
             outbox,
-            (max ?? 1) * (warmup + blocks * units + (fold ? 2 : 0)),
+            (max ?? 1) * (warmup + blocks * units + (fold?.[i] ? 2 : 0)),
             "pending",
             past,
           );
-          for (let i = 0; i < warmup; i++) await unit(outbox);
+          for (let w = 0; w < warmup; w++) await unit(i, outbox);
         }
         const times = outboxes.map((): number[] => []);
         const operations = outboxes.map(() => 0);
@@ -275,7 +279,7 @@ export async function runScenario(
             const i = (b + k) % outboxes.length;
             const start = performance.now();
             for (let u = 0; u < units; u++) {
-              operations[i]! += await unit(outboxes[i]!);
+              operations[i]! += await unit(i, outboxes[i]!);
             }
             times[i]!.push(performance.now() - start);
           }
