@@ -153,6 +153,27 @@ export const ADMIN_SQL = {
 } as const;
 
 /**
+ * A stored payload read back for listing: decoded by `decode`, or the
+ * stored text itself when that is not JSON (written by another program, or
+ * an event a claim made a dead letter for it), so one row never fails a
+ * listing.
+ *
+ * @param row A row with `payload` and `payload_bytes`.
+ * @param decode Decodes a stored payload.
+ * @returns The payload.
+ */
+export function storedPayload(
+  row: Row,
+  decode: (value: SqlValue | undefined) => unknown,
+): unknown {
+  try {
+    return decode(row["payload_bytes"] ?? row["payload"]);
+  } catch {
+    return row["payload"];
+  }
+}
+
+/**
  * Builds an {@linkcode EventInfo} from a row of `ADMIN_SQL.list`.
  *
  * @param row The row.
@@ -164,12 +185,7 @@ export function eventInfo<P>(
   decode: (value: SqlValue | undefined) => unknown,
 ): EventInfo<P> {
   const state = String(row["state"]) as EventState;
-  let payload: unknown;
-  try {
-    payload = decode(row["payload_bytes"] ?? row["payload"]);
-  } catch {
-    payload = row["payload"];
-  }
+  const payload = storedPayload(row, decode);
   return {
     id: integerOf(row, "id"),
     identity: String(row["identity"]),

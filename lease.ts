@@ -51,6 +51,7 @@ import {
   type QueueCounts,
   queueCounts,
   type RedriveOptions,
+  storedPayload,
 } from "./admin.ts";
 import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
 import { SQL, SQLITE, UPGRADES, VERSION_TABLE_SQL } from "./dialects/sqlite.ts";
@@ -362,7 +363,11 @@ export interface DeadLetter<P = unknown> {
   readonly identity: string;
   /** The queue the event is in. */
   readonly queue: string;
-  /** The payload as enqueued. */
+  /**
+   * The payload as enqueued; the stored text itself when it is not JSON
+   * (a claim makes such an event a dead letter), so the list never fails on
+   * one row.
+   */
   readonly payload: P;
   /** Attempts made. */
   readonly attempts: number;
@@ -1033,7 +1038,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     );
     checkOptions(op, options, BATCH_CLAIM_OPTIONS);
     const { queue, leaseMs } = this.#claimTarget(op, options);
-    const max = checkInteger(op, "max", options.max, 1, MAX_BATCH) ?? 1;
+    const max = checkInteger(op, "max", options.max, 1, MAX_BATCH);
+    if (max === undefined) {
+      throw new TypeError(
+        `Cannot ${op} as 'max' must be a positive integer: current value is undefined`,
+      );
+    }
     return await this.#write(op, async (now) => ({
       acknowledged: await this.#acknowledge(checked, now),
       leases: await this.#claim(op, queue, leaseMs, max, undefined, now),
@@ -1196,7 +1206,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         eventId: integerOf(row, "id"),
         identity: String(row["identity"]),
         queue: String(row["queue"]),
-        payload: decodePayload(row["payload_bytes"] ?? row["payload"]) as P,
+        payload: storedPayload(row, decodePayload) as P,
         attempts: integerOf(row, "attempt"),
         lastError: nullableString(row["last_error"]),
         createdAt: integerOf(row, "created_at"),

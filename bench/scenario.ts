@@ -111,7 +111,10 @@ export interface Measurement {
 export interface ScenarioResult {
   /** One measurement per target (`pair`), or one. */
   readonly measurements: readonly Measurement[];
-  /** Median over blocks of the first target's time over the second's (`pair`). */
+  /**
+   * Median over blocks of the first target's rate over the second's
+   * (`pair`): the second's block time over the first's.
+   */
   readonly medianRatio?: number;
   /**
    * Per table (`claimCost`), the median over rounds of its median claim

@@ -119,6 +119,12 @@ for (const driver of DRIVERS) {
         /'max'/,
       ],
       [
+        () =>
+          a!.acknowledgeAndClaim([lease!], {} as unknown as { max: number }),
+        TypeError,
+        /'max'/,
+      ],
+      [
         () => a!.acknowledgeAndClaim([lease!], { max: 1, queue: "" }),
         TypeError,
         /'queue'/,

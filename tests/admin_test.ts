@@ -282,6 +282,11 @@ for (const driver of DRIVERS) {
       (await a!.explain(1))!.history.map((e) => e.kind),
       ["dead"],
     );
+    // The dead letters list it too, with the stored text, rather than fail.
+    assert.deepEqual(
+      (await a!.deadLetters()).map((d) => [d.eventId, d.payload]),
+      [[1, "not json"]],
+    );
   });
 
   test("defect 6: an event whose payload exceeds the claiming outbox's maxPayloadBytes becomes a dead letter, never blocking the queue", async ({ open }) => {
