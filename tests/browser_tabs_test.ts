@@ -319,6 +319,62 @@ Deno.test(
   },
 );
 
+/**
+ * A tab that opens the shared outbox `name` first, so it leads, enqueues
+ * `payloads` and keeps the outbox as its page's `outbox`.
+ */
+async function leaderTab(
+  session: Session,
+  name: string,
+  payloads: readonly string[],
+): Promise<Page> {
+  const leader = await blankPage(session);
+  await leader.evaluate(async ({ paths, name, payloads }) => {
+    const m = await import(paths.bundle);
+    const outbox = await m.openSharedOutbox(name);
+    for (const payload of payloads) await outbox.enqueue(payload);
+    Object.assign(globalThis, { outbox });
+  }, { paths: PATHS, name, payloads });
+  return leader;
+}
+
+/**
+ * Claims on a `leaderTab` until an event can be claimed again (a closed
+ * tab's lease handed back): its lease, its ledger and the count of done
+ * events.
+ */
+async function reclaim(leader: Page): Promise<{
+  lease: [number, number];
+  history: [string, string | null][];
+  done: number;
+}> {
+  return await leader.evaluate(async () => {
+    const { outbox } = globalThis as unknown as {
+      outbox: {
+        claim(): Promise<{ eventId: number; attempt: number } | null>;
+        explain(id: number): Promise<
+          { history: { kind: string; detail: string | null }[] }
+        >;
+        stats(): Promise<{ done: number }>;
+      };
+    };
+    for (;;) {
+      const lease = await outbox.claim();
+      if (lease !== null) {
+        const { history } = await outbox.explain(lease.eventId);
+        return {
+          lease: [lease.eventId, lease.attempt] as [number, number],
+          history: history.map(({ kind, detail }) =>
+            [kind, detail] as [string, string | null]
+          ),
+          done: (await outbox.stats()).done,
+        };
+      }
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  });
+}
+
 Deno.test(
   {
     name:
@@ -327,13 +383,7 @@ Deno.test(
   },
   async () => {
     await using session = await openSession();
-    const leader = await blankPage(session);
-    await leader.evaluate(async (paths) => {
-      const m = await import(paths.bundle);
-      const outbox = await m.openSharedOutbox("handback");
-      await outbox.enqueue("job");
-      Object.assign(globalThis, { outbox });
-    }, PATHS);
+    const leader = await leaderTab(session, "handback", ["job"]);
     const follower = await blankPage(session);
     const claimed = await follower.evaluate(async (paths) => {
       const m = await import(paths.bundle);
@@ -345,27 +395,7 @@ Deno.test(
 
     const closedAt = Date.now();
     await follower.close();
-    const reclaimed = await leader.evaluate(async () => {
-      const { outbox } = globalThis as unknown as {
-        outbox: {
-          claim(): Promise<{ eventId: number; attempt: number } | null>;
-          explain(id: number): Promise<
-            { history: { kind: string; detail: string | null }[] }
-          >;
-        };
-      };
-      for (;;) {
-        const lease = await outbox.claim();
-        if (lease !== null) {
-          const { history } = await outbox.explain(lease.eventId);
-          return {
-            lease: [lease.eventId, lease.attempt],
-            history: history.map(({ kind, detail }) => [kind, detail]),
-          };
-        }
-        await new Promise((r) => setTimeout(r, 20));
-      }
-    });
+    const reclaimed = await reclaim(leader);
     const elapsedMs = Date.now() - closedAt;
     assert.deepEqual(reclaimed.lease, [1, 2]);
     assert.deepEqual(reclaimed.history.map(([kind]) => kind), [
@@ -386,14 +416,7 @@ Deno.test(
   },
   async () => {
     await using session = await openSession();
-    const leader = await blankPage(session);
-    await leader.evaluate(async (paths) => {
-      const m = await import(paths.bundle);
-      const outbox = await m.openSharedOutbox("fold");
-      await outbox.enqueue("a");
-      await outbox.enqueue("b");
-      Object.assign(globalThis, { outbox });
-    }, PATHS);
+    const leader = await leaderTab(session, "fold", ["a", "b"]);
     const follower = await blankPage(session);
     const folded = await follower.evaluate(async (paths) => {
       const m = await import(paths.bundle);
@@ -418,22 +441,14 @@ Deno.test(
     });
 
     await follower.close();
-    const reclaimed = await leader.evaluate(async () => {
-      const { outbox } = globalThis as unknown as {
-        outbox: {
-          claim(): Promise<{ eventId: number; attempt: number } | null>;
-          stats(): Promise<{ done: number }>;
-        };
-      };
-      for (;;) {
-        const lease = await outbox.claim();
-        if (lease !== null) {
-          return [lease.eventId, lease.attempt, (await outbox.stats()).done];
-        }
-        await new Promise((r) => setTimeout(r, 20));
-      }
-    });
-    assert.deepEqual(reclaimed, [2, 2, 1]);
+    const reclaimed = await reclaim(leader);
+    assert.deepEqual(reclaimed.lease, [2, 2]);
+    assert.deepEqual(reclaimed.history.map(([kind]) => kind), [
+      "claimed",
+      "released",
+      "claimed",
+    ]);
+    assert.equal(reclaimed.done, 1);
   },
 );
 
