@@ -1038,12 +1038,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     );
     checkOptions(op, options, BATCH_CLAIM_OPTIONS);
     const { queue, leaseMs } = this.#claimTarget(op, options);
-    const max = checkInteger(op, "max", options.max, 1, MAX_BATCH);
-    if (max === undefined) {
-      throw new TypeError(
-        `Cannot ${op} as 'max' must be a positive integer: current value is undefined`,
-      );
-    }
+    const max = checkInteger(op, "max", options.max, 1, MAX_BATCH) ??
+      missing(op, "max");
     return await this.#write(op, async (now) => ({
       acknowledged: await this.#acknowledge(checked, now),
       leases: await this.#claim(op, queue, leaseMs, max, undefined, now),

@@ -255,14 +255,14 @@ export async function runScenario(
     case "pair": {
       const { max, warmup, blocks, units, fold } = scenario;
       const held = new Map<Outbox, Lease[]>();
-      const unitFns = scenario.targets.map((_, i) =>
+      // Each target's unit of work.
+      const unitOf = scenario.targets.map((_, i) =>
         max === undefined
           ? cycle
           : fold?.[i]
           ? (outbox: Outbox) => folded(held, outbox, max)
           : (outbox: Outbox) => batch(outbox, max)
       );
-      const unit = (i: number, outbox: Outbox) => unitFns[i]!(outbox);
       const outboxes = await Promise.all(scenario.targets.map(open));
       try {
         for (const [i, outbox] of outboxes.entries()) {
@@ -273,7 +273,7 @@ export async function runScenario(
             "pending",
             past,
           );
-          for (let w = 0; w < warmup; w++) await unit(i, outbox);
+          for (let w = 0; w < warmup; w++) await unitOf[i]!(outbox);
         }
         const times = outboxes.map((): number[] => []);
         const operations = outboxes.map(() => 0);
@@ -282,7 +282,7 @@ export async function runScenario(
             const i = (b + k) % outboxes.length;
             const start = performance.now();
             for (let u = 0; u < units; u++) {
-              operations[i]! += await unit(i, outboxes[i]!);
+              operations[i]! += await unitOf[i]!(outboxes[i]!);
             }
             times[i]!.push(performance.now() - start);
           }

@@ -45,14 +45,27 @@ async function withConnections(
   }
 }
 
-/** A `deno eval` script that opens the database at `path` as `db`, then runs `body`. */
-function childScript(path: string, body: string): string {
+/**
+ * Spawns `deno eval` of a script that opens the database at `path` as `db`,
+ * then runs `body`; its standard streams are discarded unless `stdio` says.
+ */
+function spawnChild(
+  path: string,
+  body: string,
+  stdio: Pick<Deno.CommandOptions, "stdin" | "stdout" | "stderr"> = {},
+): Deno.ChildProcess {
   const module = new URL("../deno/sqlite_wasm.ts", import.meta.url).href;
-  return `
+  const script = `
     const { openSqliteWasm } = await import(${JSON.stringify(module)});
     const db = await openSqliteWasm(${JSON.stringify(path)});
     ${body}
   `;
+  return new Deno.Command(Deno.execPath(), {
+    args: ["eval", script],
+    stdout: "null",
+    stderr: "null",
+    ...stdio,
+  }).spawn();
 }
 
 function sleep(ms: number): Promise<void> {
@@ -163,18 +176,14 @@ Deno.test("a wait that timed out gives back the lock it is granted later", async
 Deno.test("a process waiting for a lock that is never let go still exits when its work ends", async () => {
   await withConnections(1, async ([holder], path) => {
     await holder!.exec("BEGIN IMMEDIATE");
-    const script = childScript(
+    const child = spawnChild(
       path,
       `for (let i = 0; i < 3; i++) {
         try { await db.exec("BEGIN IMMEDIATE"); } catch { await db.busyWait(300); }
       }
       console.log("gave up");`,
+      { stdout: "piped", stderr: "piped" },
     );
-    const child = new Deno.Command(Deno.execPath(), {
-      args: ["eval", script],
-      stdout: "piped",
-      stderr: "piped",
-    }).spawn();
     const stderr = new Response(child.stderr).text();
     let stdout = "";
     const decoder = new TextDecoder();
@@ -282,18 +291,13 @@ Deno.test("a reader refused by a committing writer polls, waits for no turn, and
 Deno.test("a process stopped while it waits for a lock holds no writer back", async () => {
   await withConnections(1, async ([writer], path) => {
     await writer!.exec("BEGIN IMMEDIATE");
-    const script = childScript(
+    const waiter = spawnChild(
       path,
       `for (;;) {
         try { await db.exec("BEGIN IMMEDIATE"); await db.exec("COMMIT"); }
         catch { await db.busyWait(10_000); }
       }`,
     );
-    const waiter = new Deno.Command(Deno.execPath(), {
-      args: ["eval", script],
-      stdout: "null",
-      stderr: "null",
-    }).spawn();
     try {
       assert.ok(await until(() => blockedOn(path), 20_000), "waiter blocked");
       // Stopped while waiting, not inside one of its retries (then it would
@@ -564,7 +568,7 @@ async function withStaleTurn(
   holder: SqliteWasmDriver,
   fn: () => Promise<void>,
 ): Promise<void> {
-  const script = childScript(
+  const child = spawnChild(
     path,
     `await db.query("SELECT count(*) FROM t");
     console.log("open");
@@ -572,13 +576,8 @@ async function withStaleTurn(
     try { await db.exec("BEGIN IMMEDIATE"); } catch { await db.busyWait(20); }
     console.log("stale");
     Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5_000);`,
+    { stdin: "piped", stdout: "piped" },
   );
-  const child = new Deno.Command(Deno.execPath(), {
-    args: ["eval", script],
-    stdin: "piped",
-    stdout: "piped",
-    stderr: "null",
-  }).spawn();
   const lines = child.stdout.pipeThrough(new TextDecoderStream())
     .getReader();
   let printed = "";
@@ -611,7 +610,7 @@ async function withStaleTurn(
 Deno.test("a process stopped between its transactions while it keeps its turn holds no native writer back: the turn is this VFS's, RESERVED is let go", async () => {
   await withConnections(1, async (_, path) => {
     const fixtures = new URL("./fixtures/vfs_locks.ts", import.meta.url).href;
-    const script = childScript(
+    const child = spawnChild(
       path,
       `const { beginWaiting, blockedOn, until } = await import(${
         JSON.stringify(fixtures)
@@ -630,11 +629,6 @@ Deno.test("a process stopped between its transactions while it keeps its turn ho
         await new Promise((resolve) => setTimeout(resolve, 200));
       }`,
     );
-    const child = new Deno.Command(Deno.execPath(), {
-      args: ["eval", script],
-      stdout: "null",
-      stderr: "null",
-    }).spawn();
     try {
       assert.ok(await until(() => stopped(child.pid), 30_000), "stopped");
       assert.ok(locksOn(path).includes(TURN), "it keeps its turn");
