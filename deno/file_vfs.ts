@@ -118,7 +118,8 @@ export function installDenoFileVfs(
   busyWaits.set(sqlite3, busyWait);
   const ioStruct = new capi.sqlite3_io_methods();
   // The typings name it `iVersion`; the struct binder's member is `$iVersion`.
-  (ioStruct as unknown as { $iVersion: number }).$iVersion = 1;
+  // Version 2 adds the xShm methods: WAL shared across connections.
+  (ioStruct as unknown as { $iVersion: number }).$iVersion = 2;
   const vfsStruct = new capi.sqlite3_vfs();
   vfsStruct.$iVersion = 2;
   // The typings put structInfo on instances; the binder puts it on the class.
@@ -244,6 +245,9 @@ const IOERR_CHECKRESERVEDLOCK = IOERR | (14 << 8);
 const IOERR_LOCK = IOERR | (15 << 8);
 const IOERR_CLOSE = IOERR | (16 << 8);
 const IOERR_DELETE_NOENT = IOERR | (23 << 8);
+const IOERR_SHMOPEN = IOERR | (18 << 8);
+const IOERR_SHMLOCK = IOERR | (20 << 8);
+const IOERR_SHMMAP = IOERR | (21 << 8);
 
 // xOpen flags (sqlite3.h SQLITE_OPEN_*).
 const OPEN_READONLY = 0x1;
@@ -259,6 +263,15 @@ const OPEN_WAL = 0x80000;
 const ACCESS_EXISTS = 0;
 const ACCESS_READWRITE = 1;
 const IOCAP_POWERSAFE_OVERWRITE = 0x1000;
+
+// xShmLock's flags, and where os_unix puts the WAL locks and the dead-man
+// switch in the -shm file ((22 + SQLITE_SHM_NLOCK) * 4, then 8 locks).
+const SHM_UNLOCK = 1;
+const SHM_SHARED = 4;
+const SHM_BASE = 120;
+const SHM_DMS = SHM_BASE + 8;
+const PAGE = 4096;
+const ZERO_BYTE = new Uint8Array(1);
 // The longest run of contiguous writes combined into one write; larger
 // than a journal record or WAL frame at SQLite's largest page (64 KiB).
 const RUN_BYTES = 128 * 1024;
@@ -380,6 +393,8 @@ interface Inode {
   readonly idle: { readonly fd: number; readonly writable: boolean }[];
   /** Closed connections whose kernel wait is still in flight. */
   lateWaits: number;
+  /** Descriptors of `<db>-shm` closed connections let go, unlocked. */
+  readonly idleShm: number[];
 }
 
 const inodes = new Map<string, Inode>();
@@ -807,6 +822,7 @@ class DatabaseFile implements OpenFile {
   // The error of buffered writes that never reached the file, though each
   // xWrite of them returned OK (see `run` in createVfs).
   #lostWrite: unknown = undefined;
+  #shm: SharedMemory | undefined;
 
   constructor(
     libc: Libc,
@@ -823,7 +839,13 @@ class DatabaseFile implements OpenFile {
     const key = inodeKey(this.#id);
     let inode = inodes.get(key);
     if (inode === undefined) {
-      inode = { key, connections: 0, idle: [], lateWaits: 0 };
+      inode = {
+        key,
+        connections: 0,
+        idle: [],
+        lateWaits: 0,
+        idleShm: [],
+      };
       inodes.set(key, inode);
     }
     inode.connections++;
@@ -906,12 +928,31 @@ class DatabaseFile implements OpenFile {
     return this.#locks.checkReserved();
   }
 
+  /**
+   * The connection's WAL index, opened (and its dead-man switch taken) on
+   * SQLite's first use, and again after SQLite let it go.
+   */
+  sharedMemory(wasm: Sqlite3Static["wasm"]): SharedMemory {
+    this.#shm ??= new SharedMemory(this.#libc, wasm, this.path, this.#inode);
+    return this.#shm;
+  }
+
+  /** Unmaps the WAL index and lets its locks go (xShmUnmap). */
+  closeSharedMemory(deleteFile: boolean): void {
+    const shm = this.#shm;
+    this.#shm = undefined;
+    shm?.close(deleteFile);
+  }
+
   close(): void {
+    // SQLite unmaps before it closes; this is for a close it never reached.
+    this.closeSharedMemory(false);
     const waitFdFree = this.#locks.close();
     const inode = this.#inode;
     inode.connections--;
     if (inode.connections === 0) {
       for (const { fd } of inode.idle.splice(0)) this.#libc.close(fd);
+      for (const fd of inode.idleShm.splice(0)) this.#libc.close(fd);
     }
     releaseDescriptor(this.#libc, inode, this.#fd, this.#writable);
     if (waitFdFree) {
@@ -926,6 +967,214 @@ class DatabaseFile implements OpenFile {
       inodes.delete(inode.key);
     }
   }
+}
+
+/**
+ * A connection's view of SQLite's WAL index, kept as os_unix.c keeps it so
+ * that native SQLite shares it: the `<db>-shm` file in the regions SQLite
+ * asks for by number, mapped into memory; SQLite's WAL locks on bytes 120
+ * to 127 of that file; and the dead-man switch, a read lock on byte 128
+ * that every user holds, so the first user after all have gone (no one
+ * holds it) starts the file over.
+ *
+ * SQLite reads and writes the index through pointers into WASM memory, so
+ * each region is mapped into the WASM memory itself (`mmap` with MAP_FIXED
+ * over page-aligned heap pages): every process sees each write at once, as
+ * native SQLite's do. That holds while the memory never moves, which V8
+ * ensures on 64-bit hosts (it reserves the whole 32-bit address space and
+ * grows in place); every lock and barrier checks it all the same. The index
+ * also relies on xShmBarrier to order its writes: a call out of WASM keeps
+ * the compiler from moving loads and stores across it, and x86-64 keeps
+ * stores in order, so this is x86-64 only.
+ *
+ * Each connection has a descriptor of its own, so its locks are open file
+ * description locks of its own: connections of this process exclude each
+ * other as other processes' do, without os_unix's in-process bookkeeping.
+ */
+class SharedMemory {
+  readonly #libc: Libc;
+  readonly #wasm: Sqlite3Static["wasm"];
+  readonly #path: string;
+  readonly #inode: Inode;
+  readonly #fd: number;
+  readonly #base: bigint;
+  /** The mapped regions: the heap allocation, and where the mapping starts. */
+  readonly #regions: { readonly allocation: number; readonly at: number }[] =
+    [];
+  #regionSize = 0;
+
+  constructor(
+    libc: Libc,
+    wasm: Sqlite3Static["wasm"],
+    database: string,
+    inode: Inode,
+  ) {
+    if (Deno.build.arch !== "x86_64") {
+      throw new VfsError(
+        `Cannot use WAL on ${database}: the Deno file VFS shares the WAL index between processes only on x86-64, whose stores stay in order (this is ${Deno.build.arch}); use journalMode "truncate"`,
+        IOERR_SHMOPEN,
+      );
+    }
+    this.#libc = libc;
+    this.#wasm = wasm;
+    this.#path = `${database}-shm`;
+    this.#inode = inode;
+    this.#base = memoryBase(wasm);
+    this.#fd = this.#open();
+    try {
+      this.#takeDeadManSwitch();
+    } catch (error) {
+      this.#release(false);
+      throw error;
+    }
+  }
+
+  /**
+   * An idle descriptor of the file the path names now, else a new one (an
+   * idle one of a file deleted since would cut this connection off from
+   * everyone else's index).
+   */
+  #open(): number {
+    const libc = this.#libc;
+    const now = libc.pathId(this.#path);
+    const idle = this.#inode.idleShm;
+    const at = now === undefined ? -1 : idle.findIndex((fd) => {
+      const id = libc.fileId(fd);
+      return id.dev === now.dev && id.ino === now.ino;
+    });
+    if (at >= 0) return idle.splice(at, 1)[0]!;
+    return libc.open(this.#path, {
+      write: true,
+      create: true,
+      createNew: false,
+    });
+  }
+
+  /**
+   * As unixLockSharedMemory: a read lock on the dead-man switch when others
+   * hold one; when no one holds any, this is the first user since all let
+   * go, and what the file holds may be a crashed writer's, so it is cut
+   * (under a write lock on the switch) before SQLite rebuilds it from the
+   * WAL. Someone else cutting it now refuses the connection (BUSY).
+   */
+  #takeDeadManSwitch(): void {
+    const libc = this.#libc;
+    const holder = libc.conflictingLock(this.#fd, F_WRLCK, SHM_DMS, 1);
+    const busy = () =>
+      new VfsError(`${this.#path} is being reset by another user`, BUSY);
+    if (holder === F_WRLCK) throw busy();
+    if (holder === F_UNLCK) {
+      if (!libc.setLock(this.#fd, F_WRLCK, SHM_DMS, 1)) throw busy();
+      libc.truncate(this.#fd, 3);
+    }
+    if (!libc.setLock(this.#fd, F_RDLCK, SHM_DMS, 1)) throw busy();
+  }
+
+  /**
+   * The WASM address of region `region` of `size` bytes, mapping it and
+   * those before it; with `extend`, growing the file to hold it, else 0
+   * when the file does not (as xShmMap is specified).
+   */
+  map(region: number, size: number, extend: boolean): number {
+    this.#checkBase();
+    if (this.#regionSize !== 0 && size !== this.#regionSize) {
+      throw new VfsError(
+        `WAL index regions of ${size} bytes after ${this.#regionSize}`,
+        IOERR_SHMMAP,
+      );
+    }
+    this.#regionSize = size;
+    if (region < this.#regions.length) return this.#regions[region]!.at;
+    const libc = this.#libc;
+    const needed = (region + 1) * size;
+    const fileSize = libc.size(this.#fd);
+    if (fileSize < needed) {
+      if (!extend) return 0;
+      // As os_unix: a byte at the end of every new page makes the file
+      // system allocate it now, so a full disk fails here rather than
+      // raise SIGBUS when SQLite writes through the mapping.
+      for (
+        let page = Math.floor(fileSize / PAGE);
+        page < needed / PAGE;
+        page++
+      ) {
+        libc.write(this.#fd, ZERO_BYTE, page * PAGE + PAGE - 1);
+      }
+    }
+    while (this.#regions.length <= region) {
+      const allocation = Number(this.#wasm.alloc(size + PAGE));
+      const at = Math.ceil(allocation / PAGE) * PAGE;
+      try {
+        libc.mapShared(
+          this.#base + BigInt(at),
+          size,
+          this.#fd,
+          this.#regions.length * size,
+        );
+      } catch (error) {
+        this.#wasm.dealloc(allocation);
+        throw error;
+      }
+      this.#regions.push({ allocation, at });
+    }
+    return this.#regions[region]!.at;
+  }
+
+  /** Takes or lets go SQLite's WAL locks `offset` to `offset + n - 1`. */
+  lock(offset: number, n: number, flags: number): number {
+    this.#checkBase();
+    const start = SHM_BASE + offset;
+    if ((flags & SHM_UNLOCK) !== 0) {
+      this.#libc.setLock(this.#fd, F_UNLCK, start, n);
+      return OK;
+    }
+    const type = (flags & SHM_SHARED) !== 0 ? F_RDLCK : F_WRLCK;
+    return this.#libc.setLock(this.#fd, type, start, n) ? OK : BUSY;
+  }
+
+  /** xShmBarrier: the call itself orders memory (see the class). */
+  barrier(): void {
+    this.#checkBase();
+  }
+
+  /** Unmaps every region and lets the locks go; deletes the file if asked. */
+  close(deleteFile: boolean): void {
+    for (const { allocation, at } of this.#regions.splice(0)) {
+      // The heap's own memory goes back before the allocator reuses it.
+      this.#libc.mapPrivate(this.#base + BigInt(at), this.#regionSize);
+      this.#wasm.dealloc(allocation);
+    }
+    this.#release(deleteFile);
+  }
+
+  #release(deleteFile: boolean): void {
+    this.#libc.setLock(this.#fd, F_UNLCK, 0, 0);
+    if (deleteFile) {
+      // SQLite asks only with the database locked EXCLUSIVE: no one else
+      // has the file open to lose locks by this close.
+      removeIfPresent(this.#path);
+      this.#libc.close(this.#fd);
+    } else {
+      // Parked, not closed (see Inode).
+      this.#inode.idleShm.push(this.#fd);
+    }
+  }
+
+  #checkBase(): void {
+    if (memoryBase(this.#wasm) !== this.#base) {
+      throw new VfsError(
+        `The WASM memory moved, and with it ${this.#path}'s mapping`,
+        IOERR_SHMMAP,
+      );
+    }
+  }
+}
+
+/** The host address of WASM address 0. */
+function memoryBase(wasm: Sqlite3Static["wasm"]): bigint {
+  return Deno.UnsafePointer.value(
+    Deno.UnsafePointer.of(wasm.heap8u().buffer as ArrayBuffer),
+  );
 }
 
 /**
@@ -1276,6 +1525,13 @@ function createVfs(sqlite3: Sqlite3Static) {
     }
     return file;
   };
+  const databaseOf = (pFile: WasmPointer): DatabaseFile => {
+    const file = fileOf(pFile);
+    if (!(file instanceof DatabaseFile)) {
+      throw new VfsError(`${file.path} has no WAL index`, IOERR);
+    }
+    return file;
+  };
   // Heap views detach when memory grows, so take a fresh one on every call.
   const heap = (pointer: WasmPointer, length: number): Uint8Array =>
     wasm.heap8u().subarray(Number(pointer), Number(pointer) + length);
@@ -1490,6 +1746,60 @@ function createVfs(sqlite3: Sqlite3Static) {
         return OK;
       } catch (error) {
         return fail(error, IOERR_FSTAT);
+      }
+    },
+    xShmMap(
+      pFile: WasmPointer,
+      region: number,
+      size: number,
+      extend: number,
+      pp: WasmPointer,
+    ): number {
+      const flushRc = flushed();
+      if (flushRc !== OK) return flushRc;
+      try {
+        const shm = databaseOf(pFile).sharedMemory(wasm);
+        wasm.pokePtr(pp, shm.map(region, size, extend !== 0));
+        return OK;
+      } catch (error) {
+        wasm.pokePtr(pp, 0);
+        return fail(error, IOERR_SHMMAP);
+      }
+    },
+    xShmLock(
+      pFile: WasmPointer,
+      offset: number,
+      n: number,
+      flags: number,
+    ): number {
+      // Another process reads the WAL once the index says it may: the
+      // frames written so far go to the file before any WAL lock changes.
+      const flushRc = flushed();
+      if (flushRc !== OK) return flushRc;
+      try {
+        return databaseOf(pFile).sharedMemory(wasm).lock(offset, n, flags);
+      } catch (error) {
+        return fail(error, IOERR_SHMLOCK);
+      }
+    },
+    xShmBarrier(pFile: WasmPointer): void {
+      // Nothing to report through: a failed flush fails the file's next
+      // call (loseWrite), a moved memory the next lock.
+      try {
+        flush();
+        databaseOf(pFile).sharedMemory(wasm).barrier();
+      } catch (error) {
+        fail(error, IOERR_SHMMAP);
+      }
+    },
+    xShmUnmap(pFile: WasmPointer, deleteFile: number): number {
+      const flushRc = flushed();
+      if (flushRc !== OK) return flushRc;
+      try {
+        databaseOf(pFile).closeSharedMemory(deleteFile !== 0);
+        return OK;
+      } catch (error) {
+        return fail(error, IOERR_SHMMAP);
       }
     },
     xSectorSize(): number {

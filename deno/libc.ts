@@ -6,7 +6,8 @@
  *
  * Deno exposes neither a file's descriptor nor byte-range locks, so the
  * database file is opened here; journals keep Deno's file API, since nothing
- * locks them.
+ * locks them. The WAL index (`<db>-shm`) is opened here too, locked, and
+ * mapped with `mmap` into WASM memory.
  *
  * @module
  */
@@ -32,6 +33,10 @@ const symbols = {
     result: "i32",
     nonblocking: true,
   },
+  mmap: {
+    parameters: ["pointer", "usize", "i32", "i32", "i32", "i64"],
+    result: "pointer",
+  },
   __errno_location: { parameters: [], result: "pointer" },
   strerror: { parameters: ["i32"], result: "pointer" },
 } as const;
@@ -48,6 +53,13 @@ export const F_RDLCK = 0;
 export const F_WRLCK = 1;
 /** No lock: unlocks the range. */
 export const F_UNLCK = 2;
+
+// mmap's protection and flags (Linux).
+const PROT_READ_WRITE = 0x3;
+const MAP_SHARED = 0x01;
+const MAP_PRIVATE = 0x02;
+const MAP_FIXED = 0x10;
+const MAP_ANONYMOUS = 0x20;
 
 const O_RDONLY = 0;
 const O_RDWR = 2;
@@ -246,11 +258,65 @@ export class Libc {
    * lock on `length` bytes from `start` (F_OFD_GETLK).
    */
   conflicts(fd: number, type: number, start: number, length: number): boolean {
+    return this.conflictingLock(fd, type, start, length) !== F_UNLCK;
+  }
+
+  /**
+   * The type of a lock another owner holds that would conflict with a
+   * `type` lock on `length` bytes from `start` (`F_RDLCK` or `F_WRLCK`), or
+   * `F_UNLCK` when none would (F_OFD_GETLK).
+   */
+  conflictingLock(
+    fd: number,
+    type: number,
+    start: number,
+    length: number,
+  ): number {
     this.#fillFlock(type, start, length);
     if (this.#c.fcntl(fd, F_OFD_GETLK, this.#flock) !== 0) {
       throw this.#lockError(this.#errno());
     }
-    return this.#flockView.getInt16(0, true) !== F_UNLCK;
+    return this.#flockView.getInt16(0, true);
+  }
+
+  /**
+   * Maps `length` bytes of `fd` from `offset` at `address`, shared and
+   * writable, in place of what was mapped there (MAP_FIXED): every
+   * process that maps the file sees each write at once.
+   */
+  mapShared(address: bigint, length: number, fd: number, offset: number): void {
+    this.#map(address, length, MAP_SHARED, fd, offset, "mmap of the file");
+  }
+
+  /** Puts zeroed private memory at `address` in place of a file's mapping. */
+  mapPrivate(address: bigint, length: number): void {
+    this.#map(
+      address,
+      length,
+      MAP_PRIVATE | MAP_ANONYMOUS,
+      -1,
+      0,
+      "mmap of private memory",
+    );
+  }
+
+  #map(
+    address: bigint,
+    length: number,
+    flags: number,
+    fd: number,
+    offset: number,
+    what: string,
+  ): void {
+    const mapped = this.#c.mmap(
+      Deno.UnsafePointer.create(address),
+      BigInt(length),
+      PROT_READ_WRITE,
+      flags | MAP_FIXED,
+      fd,
+      BigInt(offset),
+    );
+    if (Deno.UnsafePointer.value(mapped) !== address) throw this.#fail(what);
   }
 
   /**

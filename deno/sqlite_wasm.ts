@@ -63,9 +63,11 @@ export function loadSqlite3(): Promise<Sqlite3Static> {
  * - `"truncate"`: the journal file stays and is truncated at commit (default).
  * - `"delete"`: the journal file is deleted at commit.
  * - `"persist"`: the journal file stays and its header is zeroed at commit.
- * - `"wal"`: write-ahead log with `locking_mode=EXCLUSIVE`: one connection
- *   holds the database for its whole life, others get `BusyError`. The VFS
- *   has no shared memory, so WAL is never available across connections.
+ * - `"wal"`: write-ahead log (https://sqlite.org/wal.html), shared by
+ *   connections in this and other processes, native SQLite's too: the VFS
+ *   maps the `-shm` index into WASM memory and locks it as os_unix does.
+ *   One sync per commit rather than the rollback journal's four. x86-64
+ *   only; elsewhere opening a file fails with `TypeError`.
  */
 export type JournalMode = "truncate" | "delete" | "persist" | "wal";
 
@@ -213,6 +215,11 @@ export async function openSqliteWasm(
   try {
     const [main] = await driver.query("PRAGMA database_list");
     if (main?.file !== "") {
+      if (journalMode === "wal" && Deno.build.arch !== "x86_64") {
+        throw new TypeError(
+          `Cannot open database as 'journalMode' "wal" needs x86-64 here: the VFS shares the WAL index through memory whose writes only x86-64 keeps in order (this is ${Deno.build.arch}); use "truncate"`,
+        );
+      }
       // Before the first write, so only a new file takes it: the build's
       // 8192 journals and syncs twice the bytes per changed row of native
       // SQLite's 4096, the disk's block and the VFS's sector size.
@@ -221,7 +228,7 @@ export async function openSqliteWasm(
         busyTimeoutMs,
         async () => {
           await driver.exec(`PRAGMA page_size=${PAGE_SIZE}`);
-          await applyJournalMode(driver, journalMode);
+          await expectJournalMode(driver, journalMode);
         },
         (ms) => driver.busyWait!(ms),
       );
@@ -236,40 +243,6 @@ export async function openSqliteWasm(
 
 const SQLITE_CANTOPEN = 14;
 const PAGE_SIZE = 4096;
-
-async function applyJournalMode(
-  driver: SqliteWasmDriver,
-  journalMode: JournalMode,
-): Promise<void> {
-  if (journalMode === "wal") {
-    // Without shared memory SQLite allows WAL only under an exclusive lock,
-    // and the lock must be asked for before the first read of the file.
-    await driver.exec("PRAGMA locking_mode=EXCLUSIVE");
-    await expectJournalMode(driver, "wal");
-    return;
-  }
-  try {
-    await expectJournalMode(driver, journalMode);
-  } catch (error) {
-    // A file left in WAL mode cannot be read without shared memory unless
-    // the connection holds it exclusively: take it, leave WAL, give it back.
-    if (
-      !(error instanceof SqliteError && error.primaryCode === SQLITE_CANTOPEN)
-    ) {
-      throw error;
-    }
-    await driver.exec("PRAGMA locking_mode=EXCLUSIVE");
-    try {
-      await expectJournalMode(driver, journalMode);
-    } finally {
-      // Also when busy: the retry must not find the connection exclusive
-      // (it would leave WAL without ever giving the lock back).
-      await driver.exec("PRAGMA locking_mode=NORMAL");
-    }
-    // The exclusive lock is released at the end of the next read.
-    await driver.query("SELECT count(*) FROM sqlite_schema");
-  }
-}
 
 async function expectJournalMode(
   driver: SqliteWasmDriver,

@@ -95,6 +95,19 @@ export const DRIVERS: readonly DriverCase[] = [
     },
   },
   {
+    name: "wasm file (wal)",
+    engine: "sqlite",
+    file: true,
+    async open(count) {
+      const { path, cleanup } = await tempDatabase();
+      return connect(
+        () => openSqliteWasm(path, { journalMode: "wal" }),
+        cleanup,
+        count,
+      );
+    },
+  },
+  {
     name: "node:sqlite file",
     engine: "sqlite",
     file: true,

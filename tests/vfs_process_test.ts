@@ -1,11 +1,14 @@
 /**
  * Several Deno processes on one database file through the Deno file VFS:
- * case C07, its drain variant with invariant-checking readers, and symlinks.
+ * case C07, its drain variant with invariant-checking readers, and symlinks,
+ * each in a rollback journal mode ("truncate") and in WAL. Every connection
+ * of a test opens with the same mode: one asking for "truncate" would switch
+ * a WAL file back.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { Outbox } from "../mod.ts";
-import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { type JournalMode, openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { Child } from "./fixtures/vfs_child.ts";
 
 interface Claimed {
@@ -16,14 +19,16 @@ interface Claimed {
 }
 
 async function withDatabase(
+  journalMode: JournalMode,
   fn: (path: string, outbox: Outbox) => Promise<void>,
 ): Promise<void> {
   const dir = await Deno.makeTempDir({ prefix: "vfs_process_" });
   try {
     const path = join(dir, "outbox.db");
-    await using outbox = await Outbox.open(await openSqliteWasm(path), {
-      busyTimeoutMs: 10_000,
-    });
+    await using outbox = await Outbox.open(
+      await openSqliteWasm(path, { journalMode }),
+      { busyTimeoutMs: 10_000 },
+    );
     await fn(path, outbox);
   } finally {
     await Deno.remove(dir, { recursive: true });
@@ -34,39 +39,44 @@ async function withDatabase(
 // keeps the suite short on a slow-fsync disk.
 const TRIALS = Number(Deno.env.get("VFS_C07_TRIALS") ?? 100);
 
-Deno.test(`C07: two processes claiming one event at once: exactly one wins, ${TRIALS} trials`, async () => {
-  await withDatabase(async (path, outbox) => {
-    // The case's bound: with busyTimeoutMs 1000 no BusyError reaches a caller.
-    await using a = new Child("serve", path, "truncate", 1_000);
-    await using b = new Child("serve", path, "truncate", 1_000);
-    const winners = { a: 0, b: 0 };
-    for (let trial = 0; trial < TRIALS; trial++) {
-      const { eventId } = await outbox.enqueue({ trial });
-      await Promise.all([a.send("claim"), b.send("claim")]);
-      const [fromA, fromB] = await Promise.all([
-        a.json<Claimed | null>(),
-        b.json<Claimed | null>(),
-      ]);
-      const won = [fromA, fromB].filter((lease) => lease !== null);
-      assert.equal(
-        won.length,
-        1,
-        `trial ${trial}: ${JSON.stringify([fromA, fromB])}`,
-      );
-      assert.equal(won[0]!.eventId, eventId);
-      assert.equal(won[0]!.attempt, 1);
-      if (fromA !== null) winners.a++;
-      else winners.b++;
-    }
-    // Both processes really raced (neither was always too late).
-    assert.ok(winners.a > 0 && winners.b > 0, JSON.stringify(winners));
-    await Promise.all([a.send("exit"), b.send("exit")]);
-    assert.equal((await a.status()).code, 0, await a.stderr());
-    assert.equal((await b.status()).code, 0, await b.stderr());
+const MODES: readonly JournalMode[] = ["truncate", "wal"];
+
+for (const mode of MODES) {
+  Deno.test(`C07 (${mode}): two processes claiming one event at once: exactly one wins, ${TRIALS} trials`, async () => {
+    await withDatabase(mode, async (path, outbox) => {
+      // The case's bound: with busyTimeoutMs 1000 no BusyError reaches a caller.
+      await using a = new Child("serve", path, mode, 1_000);
+      await using b = new Child("serve", path, mode, 1_000);
+      const winners = { a: 0, b: 0 };
+      for (let trial = 0; trial < TRIALS; trial++) {
+        const { eventId } = await outbox.enqueue({ trial });
+        await Promise.all([a.send("claim"), b.send("claim")]);
+        const [fromA, fromB] = await Promise.all([
+          a.json<Claimed | null>(),
+          b.json<Claimed | null>(),
+        ]);
+        const won = [fromA, fromB].filter((lease) => lease !== null);
+        assert.equal(
+          won.length,
+          1,
+          `trial ${trial}: ${JSON.stringify([fromA, fromB])}`,
+        );
+        assert.equal(won[0]!.eventId, eventId);
+        assert.equal(won[0]!.attempt, 1);
+        if (fromA !== null) winners.a++;
+        else winners.b++;
+      }
+      // Both processes really raced (neither was always too late).
+      assert.ok(winners.a > 0 && winners.b > 0, JSON.stringify(winners));
+      await Promise.all([a.send("exit"), b.send("exit")]);
+      assert.equal((await a.status()).code, 0, await a.stderr());
+      assert.equal((await b.status()).code, 0, await b.stderr());
+    });
   });
-});
+}
 
 async function drain(
+  journalMode: JournalMode,
   path: string,
   outbox: Outbox,
   names: readonly string[],
@@ -75,12 +85,15 @@ async function drain(
   await outbox.transaction(async (tx) => {
     for (let i = 0; i < events; i++) await tx.enqueue({ i });
   });
-  const readers = [new Child("reader", path), new Child("reader", path)];
+  const readers = [
+    new Child("reader", path, journalMode),
+    new Child("reader", path, journalMode),
+  ];
   // The case asks for no BusyError with busyTimeoutMs >= 1000; 10 s keeps
   // that true on a machine so loaded that six processes starting at once
   // hold the lock for over a second between them.
   const workers = names.map((name) =>
-    new Child("serve", name, "truncate", 10_000)
+    new Child("serve", name, journalMode, 10_000)
   );
   try {
     // Every worker has opened its outbox (it answers a probe) before any
@@ -123,8 +136,11 @@ async function drain(
       assert.deepEqual(violations, []);
       assert.ok(count > 0);
     }
-    const db = await openSqliteWasm(path);
+    const db = await openSqliteWasm(path, { journalMode });
     try {
+      assert.deepEqual(await db.query("PRAGMA journal_mode"), [{
+        journal_mode: journalMode,
+      }]);
       assert.deepEqual(await db.query("PRAGMA integrity_check"), [{
         integrity_check: "ok",
       }]);
@@ -144,27 +160,39 @@ async function drain(
   }
 }
 
-Deno.test("C07 variant: 4 processes drain 200 events while 2 readers check invariants: each acknowledged once, tokens unique, integrity ok", async () => {
-  await withDatabase(async (path, outbox) => {
-    await drain(path, outbox, [path, path, path, path], 200);
+for (const mode of MODES) {
+  Deno.test(`C07 variant (${mode}): 4 processes drain 200 events while 2 readers check invariants: each acknowledged once, tokens unique, integrity ok`, async () => {
+    await withDatabase(mode, async (path, outbox) => {
+      await drain(mode, path, outbox, [path, path, path, path], 200);
+    });
   });
-});
 
-Deno.test("a symlink and the real path opened from two processes exclude each other", async () => {
-  await withDatabase(async (path, outbox) => {
-    const link = join(path, "..", "link.db");
-    await Deno.symlink(path, link);
-    await using child = new Child("serve", link);
-    const holder = await openSqliteWasm(path);
-    try {
-      assert.equal(await (child.send("probe"), child.json()), "free");
-      await holder.exec("BEGIN IMMEDIATE");
-      assert.equal(await (child.send("probe"), child.json()), "busy");
-      await holder.exec("COMMIT");
-      assert.equal(await (child.send("probe"), child.json()), "free");
-    } finally {
-      await holder.close();
-    }
-    await drain(path, outbox, [link, path, link, path], 50);
+  Deno.test(`a symlink and the real path opened from two processes exclude each other (${mode})`, async () => {
+    await withDatabase(mode, async (path, outbox) => {
+      const link = join(path, "..", "link.db");
+      await Deno.symlink(path, link);
+      await using child = new Child("serve", link, mode);
+      const holder = await openSqliteWasm(path, { journalMode: mode });
+      try {
+        assert.equal(await (child.send("probe"), child.json()), "free");
+        await holder.exec("BEGIN IMMEDIATE");
+        assert.equal(await (child.send("probe"), child.json()), "busy");
+        await holder.exec("COMMIT");
+        assert.equal(await (child.send("probe"), child.json()), "free");
+      } finally {
+        await holder.close();
+      }
+      await drain(mode, path, outbox, [link, path, link, path], 50);
+      if (mode === "wal") {
+        // Both names shared one WAL and one index: none named after the link.
+        const names = [...Deno.readDirSync(join(path, ".."))].map((entry) =>
+          entry.name
+        ).sort();
+        assert.ok(
+          !names.some((name) => /^link\.db-/.test(name)),
+          names.join(", "),
+        );
+      }
+    });
   });
-});
+}
