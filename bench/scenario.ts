@@ -22,10 +22,7 @@ export interface Target {
   readonly driver: DriverName;
   /** A file path, or `":memory:"`. */
   readonly path: string;
-  /**
-   * `"wal"` on the WASM driver is its single-connection WAL mode, so
-   * node:sqlite then takes `locking_mode=EXCLUSIVE` too.
-   */
+  /** Both drivers share WAL across connections (the `-shm` index). */
   readonly journalMode: "truncate" | "delete" | "persist" | "wal";
   readonly synchronous: "off" | "normal" | "full";
   /** `PRAGMA page_size` for a new database; each build's default when absent. */
@@ -134,11 +131,6 @@ async function open(target: Target): Promise<Outbox> {
     : await openNodeSqlite(path, { journalMode, synchronous });
   if (target.pageSize !== undefined) {
     await driver.exec(`PRAGMA page_size = ${target.pageSize}`);
-  }
-  if (
-    target.driver === "node" && journalMode === "wal" && path !== ":memory:"
-  ) {
-    await driver.exec("PRAGMA locking_mode = EXCLUSIVE");
   }
   // Leases far longer than any run, so no lease lapses while timing; a busy
   // timeout far longer than any wait, so contention shows as time, not errors.

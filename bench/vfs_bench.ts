@@ -48,11 +48,10 @@ try {
     const [wasm, node] = result.measurements.map((m) =>
       Math.round(m.operations / (m.elapsedMs / 1000))
     );
-    const mode = journalMode === "wal"
-      ? "wal (locking_mode=EXCLUSIVE)"
-      : journalMode;
     console.log(
-      `| ${mode} | ${wasm} | ${node} | ${result.medianRatio!.toFixed(2)}× |`,
+      `| ${journalMode} | ${wasm} | ${node} | ${
+        result.medianRatio!.toFixed(2)
+      }× |`,
     );
   }
 } finally {

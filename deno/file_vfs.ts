@@ -24,10 +24,12 @@
  * (a byte native SQLite never locks), never for SQLite's own write locks,
  * which are only taken as os_unix.c takes them (see `LockSet`).
  *
+ * WAL's shared memory is the `<db>-shm` file mapped into the WASM memory,
+ * with os_unix.c's locks on it (see `SharedMemory`), so WAL is shared across
+ * connections and processes, native SQLite's included.
+ *
  * What this does not do: lock reliably on network filesystems, run off Linux
- * (no open file description locks: opening fails), or provide shared memory
- * (so WAL works only with `PRAGMA locking_mode=EXCLUSIVE`, one connection at
- * a time).
+ * (no open file description locks: opening fails), or share WAL off x86-64.
  *
  * @module
  */
