@@ -250,13 +250,13 @@ async function bench(sizes: Sizes, dir: string): Promise<BenchRow[]> {
   );
   const folded = await runScenarioProcess({
     kind: "pair",
-    targets: [file("folded", "wasm"), file("unfolded", "wasm")],
+    targets: [wal("folded", "wasm"), wal("unfolded", "wasm")],
     fold: [true, false],
     ...sizes.batch,
   });
   rows.push({
     name:
-      `durable batch acknowledgeAndClaim({ max: ${sizes.batch.max} }) events/s, WASM file`,
+      `durable batch acknowledgeAndClaim({ max: ${sizes.batch.max} }) events/s, WASM file (wal, full)`,
     value: rate(folded, 0),
     unit: "events/s",
     anchor: "claim + acknowledge of the same batches, same process",

@@ -935,7 +935,18 @@ class DatabaseFile implements OpenFile {
    * SQLite's first use, and again after SQLite let it go.
    */
   sharedMemory(wasm: Sqlite3Static["wasm"]): SharedMemory {
-    this.#shm ??= new SharedMemory(this.#libc, wasm, this.path, this.#inode);
+    try {
+      this.#shm ??= new SharedMemory(this.#libc, wasm, this.path, this.#inode);
+    } catch (error) {
+      if (error instanceof VfsError) throw error;
+      throw new VfsError(
+        `Cannot open the WAL index ${this.path}-shm: ${
+          error instanceof Error ? error.message : String(error)
+        }`,
+        IOERR_SHMOPEN,
+        { cause: error },
+      );
+    }
     return this.#shm;
   }
 
@@ -984,7 +995,7 @@ class DatabaseFile implements OpenFile {
  * over page-aligned heap pages): every process sees each write at once, as
  * native SQLite's do. That holds while the memory never moves, which V8
  * ensures on 64-bit hosts (it reserves the whole 32-bit address space and
- * grows in place); every lock and barrier checks it all the same. The index
+ * grows in place); every map and lock checks it all the same. The index
  * also relies on xShmBarrier to order its writes: a call out of WASM keeps
  * the compiler from moving loads and stores across it, and x86-64 keeps
  * stores in order, so this is x86-64 only.
@@ -1032,20 +1043,25 @@ class SharedMemory {
   }
 
   /**
-   * An idle descriptor of the file the path names now, else a new one (an
-   * idle one of a file deleted since would cut this connection off from
-   * everyone else's index).
+   * An idle descriptor of the file the path names now, else a new one. Idle
+   * ones of a file deleted since (by its last user, in any process) are
+   * closed: one would cut this connection off from everyone else's index,
+   * and closing it drops no lock on the file in use.
    */
   #open(): number {
     const libc = this.#libc;
     const now = libc.pathId(this.#path);
     const idle = this.#inode.idleShm;
-    const at = now === undefined ? -1 : idle.findIndex((fd) => {
+    let reused: number | undefined;
+    for (const fd of idle.splice(0)) {
       const id = libc.fileId(fd);
-      return id.dev === now.dev && id.ino === now.ino;
-    });
-    if (at >= 0) return idle.splice(at, 1)[0]!;
-    return libc.open(this.#path, {
+      const current = now !== undefined && id.dev === now.dev &&
+        id.ino === now.ino;
+      if (!current) libc.close(fd);
+      else if (reused === undefined) reused = fd;
+      else idle.push(fd);
+    }
+    return reused ?? libc.open(this.#path, {
       write: true,
       create: true,
       createNew: false,
@@ -1132,11 +1148,6 @@ class SharedMemory {
     }
     const type = (flags & SHM_SHARED) !== 0 ? F_RDLCK : F_WRLCK;
     return this.#libc.setLock(this.#fd, type, start, n) ? OK : BUSY;
-  }
-
-  /** xShmBarrier: the call itself orders memory (see the class). */
-  barrier(): void {
-    this.#checkBase();
   }
 
   /** Unmaps every region and lets the locks go; deletes the file if asked. */
@@ -1736,9 +1747,13 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xFileControl(pFile: WasmPointer, op: number, pArg: WasmPointer): number {
-      if (op !== FCNTL_HAS_MOVED) return NOTFOUND;
+      // Every op, SQLITE_FCNTL_CKPT_DONE above all: a checkpoint calls it
+      // after its last page write and then tells other processes, through
+      // the WAL index alone, that they may read those pages from the
+      // database file, so they must be there.
       const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
+      if (op !== FCNTL_HAS_MOVED) return NOTFOUND;
       try {
         const file = fileOf(pFile);
         wasm.poke32(
@@ -1784,14 +1799,17 @@ function createVfs(sqlite3: Sqlite3Static) {
         return fail(error, IOERR_SHMLOCK);
       }
     },
-    xShmBarrier(pFile: WasmPointer): void {
-      // Nothing to report through: a failed flush fails the file's next
-      // call (loseWrite), a moved memory the next lock.
+    xShmBarrier(): void {
+      // The call itself orders memory (see SharedMemory). The frames SQLite
+      // wrote go to the file before the index says they are there; a failed
+      // write fails the file's next call (loseWrite), there being nothing to
+      // report it through here. Kept short: a reader that finds the index
+      // header half written (SQLite writes it in two copies with this
+      // barrier between) goes to recover it under the writers' lock.
       try {
         flush();
-        databaseOf(pFile).sharedMemory(wasm).barrier();
       } catch (error) {
-        fail(error, IOERR_SHMMAP);
+        fail(error, IOERR_WRITE);
       }
     },
     xShmUnmap(pFile: WasmPointer, deleteFile: number): number {

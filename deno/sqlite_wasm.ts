@@ -202,15 +202,7 @@ export async function openSqliteWasm(
       busyWait,
     );
   } catch (error) {
-    // SQLite says only "unable to open database file"; the VFS knows why.
-    const reason = takeDenoFileVfsError(sqlite3);
-    if (
-      error instanceof SqliteError && error.primaryCode === SQLITE_CANTOPEN &&
-      reason !== undefined
-    ) {
-      throw sqliteError(`${error.message}: ${reason}`, error.code, error);
-    }
-    throw error;
+    throw withVfsReason(sqlite3, error);
   }
   try {
     const [main] = await driver.query("PRAGMA database_list");
@@ -236,11 +228,31 @@ export async function openSqliteWasm(
     }
   } catch (error) {
     await driver.close();
-    throw error;
+    // The first read of a WAL file opens its index, which can fail too.
+    throw withVfsReason(sqlite3, error);
   }
   return driver;
 }
 
+/**
+ * SQLite says only "unable to open database file" or "disk I/O error" when
+ * the VFS cannot open a file (the database, or a WAL file's `-shm`); the
+ * VFS knows why.
+ */
+function withVfsReason(sqlite3: Sqlite3Static, error: unknown): unknown {
+  const reason = takeDenoFileVfsError(sqlite3);
+  if (
+    error instanceof SqliteError &&
+    (error.primaryCode === SQLITE_CANTOPEN ||
+      error.primaryCode === SQLITE_IOERR) &&
+    reason !== undefined
+  ) {
+    return sqliteError(`${error.message}: ${reason}`, error.code, error);
+  }
+  return error;
+}
+
+const SQLITE_IOERR = 10;
 const SQLITE_CANTOPEN = 14;
 const PAGE_SIZE = 4096;
 

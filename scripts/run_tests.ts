@@ -8,6 +8,8 @@
  *   never a browser downloaded from elsewhere). When Chromium is still
  *   missing, the browser tests are ignored and a banner at the end says what
  *   did not run and how to run it; with `CI` set, that run fails.
+ * - strace: one test holds a process's writes back with it; installed the
+ *   same way when missing (Debian's `strace`). Without it that test fails.
  * - Temporary files: the tests run with `TMPDIR` set to a fresh directory,
  *   and the run fails if anything is left in it afterwards.
  *
@@ -20,6 +22,7 @@ import {
 } from "../tests/fixtures/browser/chromium.ts";
 
 const INSTALL_TIMEOUT_MS = 10 * 60_000;
+const STRACE = "/usr/bin/strace";
 
 function say(message: string): void {
   console.error(`test: ${message}`);
@@ -42,41 +45,43 @@ async function aptGet(args: string[], deadline: number): Promise<boolean> {
   }
 }
 
-/** Installs Debian's chromium when that is possible here; says why not. */
-async function installChromium(): Promise<void> {
-  if (Deno.env.get("CHROMIUM_PATH") !== undefined) {
-    say(`no Chromium at CHROMIUM_PATH=${CHROMIUM_PATH}; not installing one`);
-    return;
-  }
+/**
+ * Installs Debian's package `name` when that is possible here (as root, with
+ * apt-get); says why not. `missing` says what is missing.
+ */
+async function installPackage(name: string, missing: string): Promise<void> {
   if (Deno.uid() !== 0) {
-    say("no Chromium, and not root: not installing it with apt-get");
+    say(`no ${missing}, and not root: not installing it with apt-get`);
     return;
   }
   if (!isExecutable("/usr/bin/apt-get")) {
-    say("no Chromium, and no apt-get to install it with");
+    say(`no ${missing}, and no apt-get to install it with`);
     return;
   }
   say(
-    `no Chromium at ${CHROMIUM_PATH}: installing Debian's chromium with apt-get (at most ${
+    `no ${missing}: installing Debian's ${name} with apt-get (at most ${
       INSTALL_TIMEOUT_MS / 60_000
     } minutes)`,
   );
   const deadline = Date.now() + INSTALL_TIMEOUT_MS;
-  const install = [
-    "install",
-    "-y",
-    "-q",
-    "--no-install-recommends",
-    "chromium",
-  ];
+  const install = ["install", "-y", "-q", "--no-install-recommends", name];
   // A fresh image has no package lists yet: update only when needed.
   const installed = await aptGet(install, deadline) ||
     (await aptGet(["update", "-q"], deadline) &&
       await aptGet(install, deadline));
-  if (!installed) say("apt-get could not install chromium");
+  if (!installed) say(`apt-get could not install ${name}`);
 }
 
-if (!isExecutable(CHROMIUM_PATH)) await installChromium();
+if (!isExecutable(CHROMIUM_PATH)) {
+  if (Deno.env.get("CHROMIUM_PATH") !== undefined) {
+    say(`no Chromium at CHROMIUM_PATH=${CHROMIUM_PATH}; not installing one`);
+  } else {
+    await installPackage("chromium", `Chromium at ${CHROMIUM_PATH}`);
+  }
+}
+// tests/vfs_wal_test.ts holds one process's writes back with strace's
+// fault injection.
+if (!isExecutable(STRACE)) await installPackage("strace", STRACE);
 const chromium = isExecutable(CHROMIUM_PATH);
 
 const tmp = await Deno.makeTempDir({ prefix: "leased-outbox-test-" });

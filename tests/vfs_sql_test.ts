@@ -1,6 +1,6 @@
 /**
  * The Deno file VFS seen through SQL on one process: the lock matrix, the
- * journal modes, WAL shared with native SQLite, symlinks, and files shared with native SQLite.
+ * journal modes, symlinks, and files shared with native SQLite.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
@@ -9,7 +9,6 @@ import { BusyError, SqliteError } from "../errors.ts";
 import { locksOn } from "./fixtures/vfs_locks.ts";
 import {
   type DenoSqliteWasmOptions,
-  loadSqlite3,
   openSqliteWasm,
   type SqliteWasmDriver,
 } from "../deno/sqlite_wasm.ts";
@@ -193,146 +192,6 @@ Deno.test("opening waits while a writer holds the database exclusively, then suc
     assert.deepEqual(await late.query("PRAGMA journal_mode"), [{
       journal_mode: "truncate",
     }]);
-  });
-});
-
-function sqlite3Cli(path: string, sql: string) {
-  const output = new Deno.Command("sqlite3", {
-    args: [path, sql],
-    stdout: "piped",
-    stderr: "piped",
-  }).outputSync();
-  const decoder = new TextDecoder();
-  return {
-    code: output.code,
-    stdout: decoder.decode(output.stdout).trim(),
-    stderr: decoder.decode(output.stderr).trim(),
-  };
-}
-
-Deno.test("WAL is shared by connections: a reader keeps its snapshot while a writer commits, one writer at a time, and the last close checkpoints and removes -wal and -shm", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "wal.db");
-    {
-      await using a = await open(path, { journalMode: "wal" });
-      await using b = await open(path, { journalMode: "wal" });
-      assert.deepEqual(await b.query("PRAGMA journal_mode"), [{
-        journal_mode: "wal",
-      }]);
-      await a.exec("CREATE TABLE t(x INTEGER) STRICT");
-      for (let i = 0; i < 50; i++) {
-        await (i % 2 ? a : b).run("INSERT INTO t VALUES (?)", [i]);
-      }
-      await b.exec("BEGIN");
-      assert.deepEqual(await b.query("SELECT sum(x) AS s FROM t"), [{
-        s: 1225,
-      }]);
-      // A rollback journal would refuse this commit until b's read ends.
-      await a.run("INSERT INTO t VALUES (?)", [100]);
-      assert.deepEqual(await b.query("SELECT sum(x) AS s FROM t"), [{
-        s: 1225,
-      }]);
-      await b.exec("COMMIT");
-      assert.deepEqual(await b.query("SELECT sum(x) AS s FROM t"), [{
-        s: 1325,
-      }]);
-      await a.exec("BEGIN IMMEDIATE");
-      await assert.rejects(b.exec("BEGIN IMMEDIATE"), BusyError);
-      await a.exec("COMMIT");
-      await b.exec("BEGIN IMMEDIATE; COMMIT");
-      assert.equal(Deno.statSync(`${path}-shm`).size, 32768);
-      assert.ok(Deno.statSync(`${path}-wal`).size > 0);
-    }
-    assert.deepEqual([...Deno.readDirSync(dir)].map((e) => e.name), [
-      "wal.db",
-    ]);
-    assert.equal(sqlite3Cli(path, "SELECT sum(x) FROM t").stdout, "1325");
-  });
-});
-
-Deno.test("WAL with native SQLite: node:sqlite here and sqlite3 in another process read and write one WAL file with WASM connections, and a WASM close keeps node:sqlite's WAL lock", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "mixed_wal.db");
-    await using wasm = await open(path, { journalMode: "wal" });
-    await wasm.exec("CREATE TABLE t(x INTEGER) STRICT");
-    const native = new DatabaseSync(path);
-    try {
-      for (let i = 0; i < 20; i++) {
-        await wasm.run("INSERT INTO t VALUES (?)", [i]);
-        native.prepare("INSERT INTO t VALUES (?)").run(100 + i);
-        const cli = sqlite3Cli(path, `INSERT INTO t VALUES (${200 + i})`);
-        assert.equal(cli.code, 0, cli.stderr);
-      }
-      const expected = 190 + 20 * 100 + 190 + 20 * 200 + 190;
-      assert.deepEqual(await wasm.query("SELECT sum(x) AS s FROM t"), [{
-        s: expected,
-      }]);
-      assert.deepEqual(
-        { ...native.prepare("SELECT sum(x) AS s FROM t").get() },
-        { s: expected },
-      );
-      // node:sqlite holds WAL's write lock, a POSIX lock on -shm; closing a
-      // WASM connection must not close a -shm descriptor (that would drop it).
-      native.exec("BEGIN IMMEDIATE; INSERT INTO t VALUES (1000)");
-      const passerby = await open(path, { journalMode: "wal" });
-      assert.deepEqual(await passerby.query("SELECT count(*) AS n FROM t"), [{
-        n: 60,
-      }]);
-      await passerby.close();
-      const locked = sqlite3Cli(path, "BEGIN IMMEDIATE; COMMIT;");
-      assert.notEqual(locked.code, 0);
-      assert.match(locked.stderr, /database is locked/);
-      native.exec("COMMIT");
-    } finally {
-      native.close();
-    }
-    assert.deepEqual(await wasm.query("SELECT count(*) AS n FROM t"), [{
-      n: 61,
-    }]);
-    assert.deepEqual(await wasm.query("PRAGMA integrity_check"), [{
-      integrity_check: "ok",
-    }]);
-  });
-});
-
-Deno.test("the WAL index stays shared after WASM memory grows", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "grow.db");
-    await using db = await open(path, { journalMode: "wal" });
-    await db.exec("CREATE TABLE t(x INTEGER) STRICT; INSERT INTO t VALUES (1)");
-    const sqlite3 = await loadSqlite3();
-    const before = sqlite3.wasm.heap8u().length;
-    const block = sqlite3.wasm.alloc(before);
-    try {
-      assert.ok(sqlite3.wasm.heap8u().length > before, "memory grew");
-      assert.equal(sqlite3Cli(path, "INSERT INTO t VALUES (2)").code, 0);
-      assert.deepEqual(await db.query("SELECT sum(x) AS s FROM t"), [{
-        s: 3,
-      }]);
-      await db.run("INSERT INTO t VALUES (?)", [4]);
-      assert.equal(sqlite3Cli(path, "SELECT sum(x) FROM t").stdout, "7");
-    } finally {
-      sqlite3.wasm.dealloc(block);
-    }
-  });
-});
-
-Deno.test("a WAL file in use refuses to leave WAL (BusyError), and alone it leaves WAL and keeps its rows", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "leave.db");
-    {
-      await using wal = await open(path, { journalMode: "wal" });
-      await wal.exec("CREATE TABLE t(x); INSERT INTO t VALUES (1), (2)");
-      await assert.rejects(open(path, { busyTimeoutMs: 50 }), BusyError);
-    }
-    await using db = await open(path);
-    assert.deepEqual(await db.query("PRAGMA journal_mode"), [{
-      journal_mode: "truncate",
-    }]);
-    assert.deepEqual(await db.query("SELECT count(*) AS n FROM t"), [{
-      n: 2,
-    }]);
-    assert.throws(() => Deno.statSync(`${path}-wal`), Deno.errors.NotFound);
   });
 });
 
