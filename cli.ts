@@ -8,8 +8,9 @@
  * never create or upgrade the schema, and wait on a writer's lock for
  * `--busy-timeout`. The others open it read-write through
  * {@linkcode Outbox} after the same check. A file in WAL mode (as
- * `openNodeSqlite` leaves it by default) opens through `node:sqlite`, since
- * the WASM VFS has no shared-memory wal-index to read it with.
+ * `openNodeSqlite` leaves it by default) opens through `node:sqlite`, which
+ * shares its WAL index with the WASM VFS's connections and, unlike them,
+ * reads it read-only too and on any CPU.
  *
  * Exit codes: 0 done, 1 a runtime error (no such file, not an outbox, lock
  * held too long), 2 a usage error (with the usage on stderr).
