@@ -274,6 +274,7 @@ const SHM_BASE = 120;
 const SHM_DMS = SHM_BASE + 8;
 const PAGE = 4096;
 const ZERO_BYTE = new Uint8Array(1);
+const WAL_FRAME_HEADER = 24;
 // The longest run of contiguous writes combined into one write; larger
 // than a journal record or WAL frame at SQLite's largest page (64 KiB).
 const RUN_BYTES = 128 * 1024;
@@ -950,6 +951,11 @@ class DatabaseFile implements OpenFile {
     return this.#shm;
   }
 
+  /** Whether SQLite has the WAL index open (the file is in WAL mode). */
+  get sharesMemory(): boolean {
+    return this.#shm !== undefined;
+  }
+
   /** Unmaps the WAL index and lets its locks go (xShmUnmap). */
   closeSharedMemory(deleteFile: boolean): void {
     const shm = this.#shm;
@@ -1266,13 +1272,18 @@ class DiskFile implements OpenFile {
   // xWrite of them returned OK (see `run` in createVfs).
   #lostWrite: unknown = undefined;
 
+  /** Whether this is a WAL file (SQLITE_OPEN_WAL). */
+  readonly wal: boolean;
+
   constructor(
     path: string,
     file: Deno.FsFile,
     deleteOnClose: boolean,
     syncDirectory: boolean,
+    wal: boolean,
   ) {
     this.path = path;
+    this.wal = wal;
     this.#file = file;
     this.#deleteOnClose = deleteOnClose;
     this.#syncDirectory = syncDirectory;
@@ -1562,14 +1573,37 @@ function createVfs(sqlite3: Sqlite3Static) {
     length: 0,
     bytes: new Uint8Array(RUN_BYTES),
   };
-  const flush = (): void => {
+  // Writes the run out; a failure is the caller's to report.
+  const writeRun = (): void => {
     const file = run.file;
     if (file === undefined) return;
     run.file = undefined;
+    file.write(run.bytes.subarray(0, run.length), run.offset);
+  };
+  // SQLite writes a WAL frame as its 24-byte header, then its page, and
+  // tells other processes of a commit through the WAL index alone, with no
+  // call to the VFS that could still fail it: so a commit frame's page is
+  // written out by its own xWrite, which fails the commit if it fails. Then
+  // every committed frame is in the file before the index can say so, and
+  // no write is left for xShmBarrier, between whose two copies of the index
+  // header readers wait. (A header's bytes 4 to 7, the database size after
+  // the commit, are non-zero only in a commit frame.)
+  let commitFrame = false;
+  const endWalWrite = (from: Uint8Array): void => {
+    if (from.length === WAL_FRAME_HEADER) {
+      commitFrame = new DataView(from.buffer, from.byteOffset + 4, 4)
+        .getUint32(0) !== 0;
+    } else if (commitFrame) {
+      commitFrame = false;
+      writeRun();
+    }
+  };
+  const flush = (): void => {
+    const file = run.file;
     try {
-      file.write(run.bytes.subarray(0, run.length), run.offset);
+      writeRun();
     } catch (error) {
-      file.loseWrite(error);
+      file!.loseWrite(error);
       throw error;
     }
   };
@@ -1668,17 +1702,20 @@ function createVfs(sqlite3: Sqlite3Static) {
         ) {
           run.bytes.set(from, run.length);
           run.length += amount;
+          if (file instanceof DiskFile && file.wal) endWalWrite(from);
           return OK;
         }
         flush();
         if (
-          (file instanceof DiskFile || file instanceof DatabaseFile) &&
+          (file instanceof DiskFile ||
+            file instanceof DatabaseFile && !file.sharesMemory) &&
           amount <= RUN_BYTES
         ) {
           run.bytes.set(from, 0);
           run.file = file;
           run.offset = at;
           run.length = amount;
+          if (file instanceof DiskFile && file.wal) endWalWrite(from);
         } else {
           file.write(from, at);
         }
@@ -1800,17 +1837,8 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xShmBarrier(): void {
-      // The call itself orders memory (see SharedMemory). The frames SQLite
-      // wrote go to the file before the index says they are there; a failed
-      // write fails the file's next call (loseWrite), there being nothing to
-      // report it through here. Kept short: a reader that finds the index
-      // header half written (SQLite writes it in two copies with this
-      // barrier between) goes to recover it under the writers' lock.
-      try {
-        flush();
-      } catch (error) {
-        fail(error, IOERR_WRITE);
-      }
+      // The call itself orders memory (see SharedMemory), and no I/O: a
+      // commit's frames were written by its commit frame's xWrite.
     },
     xShmUnmap(pFile: WasmPointer, deleteFile: number): number {
       const flushRc = flushed();
@@ -1886,6 +1914,7 @@ function createVfs(sqlite3: Sqlite3Static) {
               handle,
               (flags & OPEN_DELETEONCLOSE) !== 0,
               created,
+              (flags & OPEN_WAL) !== 0,
             );
           }
         }

@@ -172,83 +172,120 @@ Deno.test("a WAL file in use refuses to leave WAL (BusyError), and alone it leav
   });
 });
 
-const fixture = fileURLToPath(
-  new URL("./fixtures/vfs_worker.ts", import.meta.url),
+const walChild = fileURLToPath(
+  new URL("./fixtures/wal_child.ts", import.meta.url),
 );
 const config = fileURLToPath(new URL("../deno.json", import.meta.url));
 
-Deno.test("a partial checkpoint writes its pages to the database file before it tells other processes to read them there (its pwrite held 1 s by strace)", async () => {
+/**
+ * tests/fixtures/wal_child.ts under strace, which injects `fault` (strace's
+ * `inject=` syntax) into every `syscall` the child makes on `file` alone.
+ * Its stdout as lines: `ready` first, then JSON.
+ */
+function straced(
+  syscall: "write" | "pwrite64",
+  fault: string,
+  file: string,
+  args: [mode: "checkpoint" | "commit", path: string, synchronous: string],
+) {
   assert.ok(
     Deno.statSync("/usr/bin/strace").isFile,
     "this test needs strace (Debian's strace package; `deno task test` installs it as root)",
   );
+  const child = new Deno.Command("strace", {
+    args: [
+      "-f",
+      "-qq",
+      "-o",
+      "/dev/null",
+      "-e",
+      `trace=${syscall}`,
+      "-e",
+      `inject=${syscall}:${fault}`,
+      "-P",
+      file,
+      Deno.execPath(),
+      "run",
+      "-A",
+      "--config",
+      config,
+      walChild,
+      ...args,
+    ],
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const reader = child.stdout.pipeThrough(new TextDecoderStream())
+    .getReader();
+  let buffer = "";
+  let ended = false;
+  const status = child.status.finally(() => ended = true);
+  return {
+    get ended() {
+      return ended;
+    },
+    /** The next line, or undefined at the end. */
+    async line(): Promise<string | undefined> {
+      for (;;) {
+        const newline = buffer.indexOf("\n");
+        if (newline >= 0) {
+          const line = buffer.slice(0, newline);
+          buffer = buffer.slice(newline + 1);
+          return line;
+        }
+        const { value, done } = await reader.read();
+        if (done) return undefined;
+        buffer += value;
+      }
+    },
+    /** Waits for the exit; returns the JSON lines after `ready`. */
+    async results(): Promise<Record<string, unknown>[]> {
+      const lines = [];
+      for (let line; (line = await this.line()) !== undefined;) {
+        lines.push(JSON.parse(line));
+      }
+      const errors = await new Response(child.stderr).text();
+      assert.equal((await status).code, 0, errors);
+      return lines;
+    },
+  };
+}
+
+/**
+ * A WAL file where a reader's snapshot (after A2, before B2) lets a
+ * checkpoint copy a's page but not b's: the checkpoint is partial, the WAL
+ * stays, and readers decide by the index whether a's page is in the file
+ * yet. Returns the reader that pins it.
+ */
+function partialCheckpointSetup(path: string): DatabaseSync {
+  const setup = sqlite3Cli(
+    path,
+    "PRAGMA journal_mode=wal; CREATE TABLE a(x); CREATE TABLE b(x); INSERT INTO a VALUES ('A1'); INSERT INTO b VALUES ('B1'); PRAGMA wal_checkpoint(TRUNCATE);",
+  );
+  assert.equal(setup.code, 0, setup.stderr);
+  const pin = new DatabaseSync(path);
+  // Read first, so its -shm keeps the WAL from the CLI's checkpoint on close.
+  pin.prepare("SELECT x FROM a").get();
+  assert.equal(sqlite3Cli(path, "UPDATE a SET x = 'A2'").code, 0);
+  pin.exec("BEGIN");
+  pin.prepare("SELECT x FROM b").get();
+  assert.equal(sqlite3Cli(path, "UPDATE b SET x = 'B2'").code, 0);
+  return pin;
+}
+
+Deno.test("a partial checkpoint writes its pages to the database file before it tells other processes to read them there (its pwrite held 1 s by strace)", async () => {
   await withDir(async (dir) => {
     const path = join(dir, "ckpt.db");
-    const setup = sqlite3Cli(
-      path,
-      "PRAGMA journal_mode=wal; CREATE TABLE a(x); CREATE TABLE b(x); INSERT INTO a VALUES ('A1'); INSERT INTO b VALUES ('B1'); PRAGMA wal_checkpoint(TRUNCATE);",
-    );
-    assert.equal(setup.code, 0, setup.stderr);
-    // A reader whose snapshot (after A2, before B2) lets a checkpoint copy
-    // a's page but not b's: the checkpoint is partial, the WAL stays, and
-    // readers decide by the index whether a's page is in the file yet.
-    const pin = new DatabaseSync(path);
+    const pin = partialCheckpointSetup(path);
     try {
-      // Read first, so its -shm keeps the WAL from the CLI's checkpoint on
-      // close.
-      pin.prepare("SELECT x FROM a").get();
-      assert.equal(
-        sqlite3Cli(path, "UPDATE a SET x = 'A2'").code,
-        0,
-      );
-      pin.exec("BEGIN");
-      pin.prepare("SELECT x FROM b").get();
-      assert.equal(sqlite3Cli(path, "UPDATE b SET x = 'B2'").code, 0);
-      const child = new Deno.Command("strace", {
-        args: [
-          "-f",
-          "-qq",
-          "-o",
-          "/dev/null",
-          "-e",
-          "trace=pwrite64",
-          "-e",
-          "inject=pwrite64:delay_enter=1000000",
-          // Only writes to the database file: not Deno's own at start.
-          "-P",
-          path,
-          Deno.execPath(),
-          "run",
-          "-A",
-          "--config",
-          config,
-          fixture,
-          "checkpoint",
-          path,
-          "wal",
-        ],
-        stdout: "piped",
-        stderr: "piped",
-      }).spawn();
-      const lines = child.stdout.pipeThrough(new TextDecoderStream())
-        .getReader();
-      let output = "";
-      while (!output.includes("ready\n")) {
-        const { value, done } = await lines.read();
-        if (done) break;
-        output += value;
-      }
-      const finished = (async () => {
-        for (;;) {
-          const { value, done } = await lines.read();
-          if (done) return;
-          output += value;
-        }
-      })();
-      let ended = false;
-      const status = child.status.finally(() => ended = true);
+      const child = straced("pwrite64", "delay_enter=1000000", path, [
+        "checkpoint",
+        path,
+        "full",
+      ]);
+      assert.equal(await child.line(), "ready");
       const seen: string[] = [];
-      while (!ended) {
+      while (!child.ended) {
         const reader = new DatabaseSync(path);
         try {
           seen.push(String(reader.prepare("SELECT x FROM a").get()?.x));
@@ -257,12 +294,10 @@ Deno.test("a partial checkpoint writes its pages to the database file before it 
         }
         await new Promise((resolve) => setTimeout(resolve, 20));
       }
-      await finished;
-      const errors = await new Response(child.stderr).text();
-      assert.equal((await status).code, 0, errors);
-      const [result] = JSON.parse(output.slice(output.indexOf("ready\n") + 6));
+      const [checkpoint] = await child.results();
+      const [result] = checkpoint!.rows as Record<string, number>[];
       assert.ok(
-        result.checkpointed > 0 && result.checkpointed < result.log,
+        result!.checkpointed! > 0 && result!.checkpointed! < result!.log!,
         `a partial checkpoint: ${JSON.stringify(result)}`,
       );
       assert.ok(seen.length >= 20, `read while it ran: ${seen.length}`);
@@ -272,6 +307,112 @@ Deno.test("a partial checkpoint writes its pages to the database file before it 
       pin.close();
     }
     assert.equal(sqlite3Cli(path, "SELECT x FROM a").stdout, "A2");
+  });
+});
+
+Deno.test("a partial checkpoint whose database write fails stops there: no commit is lost (EIO injected by strace)", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "ckpt_eio.db");
+    const pin = partialCheckpointSetup(path);
+    try {
+      const child = straced("pwrite64", "error=EIO", path, [
+        "checkpoint",
+        path,
+        "full",
+      ]);
+      assert.equal(await child.line(), "ready");
+      const [checkpoint, after] = await child.results();
+      assert.match(String(checkpoint!.error), /disk I\/O error/);
+      assert.deepEqual(after!.reads, [{ x: "A2" }]);
+      assert.deepEqual({ ...pin.prepare("SELECT x FROM a").get() }, {
+        x: "A2",
+      });
+      pin.exec("COMMIT");
+    } finally {
+      pin.close();
+    }
+    const after = sqlite3Cli(
+      path,
+      "PRAGMA wal_checkpoint(TRUNCATE); SELECT x FROM a; SELECT x FROM b; PRAGMA integrity_check;",
+    );
+    assert.deepEqual(after.stdout.split("\n").slice(1), ["A2", "B2", "ok"]);
+  });
+});
+
+for (const synchronous of ["off", "normal"]) {
+  Deno.test(`synchronous ${synchronous}: a commit whose WAL write fails fails, and every process goes on reading the last commit (ENOSPC injected by strace)`, async () => {
+    await withDir(async (dir) => {
+      const path = join(dir, `commit_${synchronous}.db`);
+      const setup = sqlite3Cli(
+        path,
+        "PRAGMA journal_mode=wal; CREATE TABLE a(x); INSERT INTO a VALUES ('A0'); PRAGMA wal_checkpoint(TRUNCATE);",
+      );
+      assert.equal(setup.code, 0, setup.stderr);
+      const pin = new DatabaseSync(path);
+      try {
+        pin.prepare("SELECT x FROM a").get();
+        assert.equal(sqlite3Cli(path, "UPDATE a SET x = 'OLD-1'").code, 0);
+        assert.equal(sqlite3Cli(path, "UPDATE a SET x = 'A2'").code, 0);
+        if (synchronous === "off") {
+          // All backfilled: the next commit starts the WAL over from its
+          // first frame, over OLD-1's.
+          assert.equal(sqlite3Cli(path, "PRAGMA wal_checkpoint").code, 0);
+        }
+        const child = straced("write", "error=ENOSPC", `${path}-wal`, [
+          "commit",
+          path,
+          synchronous,
+        ]);
+        assert.equal(await child.line(), "ready");
+        const [commit, after] = await child.results();
+        assert.match(String(commit!.error), /database or disk is full/);
+        assert.deepEqual(after!.reads, [{ x: "A2" }]);
+        assert.deepEqual({ ...pin.prepare("SELECT x FROM a").get() }, {
+          x: "A2",
+        });
+      } finally {
+        pin.close();
+      }
+      const last = sqlite3Cli(path, "SELECT x FROM a; PRAGMA integrity_check");
+      assert.deepEqual(last.stdout.split("\n"), ["A2", "ok"]);
+    });
+  });
+}
+
+Deno.test("readers never wait for a writer whose WAL write is slow (synchronous normal, the write held 3 s by strace)", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "slow.db");
+    const setup = sqlite3Cli(
+      path,
+      "PRAGMA journal_mode=wal; CREATE TABLE a(x); INSERT INTO a VALUES ('A1'); PRAGMA wal_checkpoint(TRUNCATE);",
+    );
+    assert.equal(setup.code, 0, setup.stderr);
+    await using reader = await open(path, { journalMode: "wal" });
+    await reader.query("SELECT x FROM a");
+    assert.equal(sqlite3Cli(path, "UPDATE a SET x = 'A2'").code, 0);
+    const child = straced("write", "delay_enter=3000000", `${path}-wal`, [
+      "commit",
+      path,
+      "normal",
+    ]);
+    assert.equal(await child.line(), "ready");
+    let slowest = 0;
+    const seen = new Set<string>();
+    let reads = 0;
+    while (!child.ended) {
+      const started = performance.now();
+      const [row] = await reader.query("SELECT x FROM a");
+      slowest = Math.max(slowest, performance.now() - started);
+      seen.add(String(row?.x));
+      reads++;
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    const [commit, after] = await child.results();
+    assert.deepEqual(commit, { rows: [] });
+    assert.deepEqual(after!.reads, [{ x: "A3" }]);
+    assert.ok(reads >= 10, `reads while it ran: ${reads}`);
+    assert.ok(slowest < 1_500, `the slowest read took ${slowest} ms`);
+    assert.ok(seen.has("A2"), [...seen].join());
   });
 });
 
