@@ -1588,13 +1588,21 @@ function createVfs(sqlite3: Sqlite3Static) {
   // no write is left for xShmBarrier, between whose two copies of the index
   // header readers wait. (A header's bytes 4 to 7, the database size after
   // the commit, are non-zero only in a commit frame.)
+  // Once the commit frame is written, SQLite may still rewrite the headers
+  // of this transaction's frames (new checksums, when a frame was written
+  // over), the commit frame's last, and then publishes the commit, again
+  // with no call in between: those go out at once, until SQLite next takes
+  // or lets go a WAL lock (the end of the transaction).
   let commitFrame = false;
+  let committed = false;
   const endWalWrite = (from: Uint8Array): void => {
     if (from.length === WAL_FRAME_HEADER) {
       commitFrame = new DataView(from.buffer, from.byteOffset + 4, 4)
         .getUint32(0) !== 0;
+      if (committed) writeRun();
     } else if (commitFrame) {
       commitFrame = false;
+      committed = true;
       writeRun();
     }
   };
@@ -1603,7 +1611,10 @@ function createVfs(sqlite3: Sqlite3Static) {
     try {
       writeRun();
     } catch (error) {
-      file!.loseWrite(error);
+      // Not a WAL's: SQLite reads no frame past the index's last commit,
+      // and every commit's frames are written by its own xWrite, so frames
+      // that never reached the file are of a transaction that failed.
+      if (!(file instanceof DiskFile && file.wal)) file!.loseWrite(error);
       throw error;
     }
   };
@@ -1828,6 +1839,7 @@ function createVfs(sqlite3: Sqlite3Static) {
     ): number {
       // Another process reads the WAL once the index says it may: the
       // frames written so far go to the file before any WAL lock changes.
+      committed = false;
       const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {

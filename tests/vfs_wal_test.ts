@@ -179,14 +179,16 @@ const config = fileURLToPath(new URL("../deno.json", import.meta.url));
 
 /**
  * tests/fixtures/wal_child.ts under strace, which injects `fault` (strace's
- * `inject=` syntax) into every `syscall` the child makes on `file` alone.
- * Its stdout as lines: `ready` first, then JSON.
+ * `inject=` syntax, or none when empty) into every `syscall` the child makes
+ * on `file` alone, and lists those calls in `traceTo`. Its stdout as lines:
+ * `ready` first, then JSON.
  */
 function straced(
   syscall: "write" | "pwrite64",
   fault: string,
   file: string,
-  args: [mode: "checkpoint" | "commit", path: string, synchronous: string],
+  args: [path: string, synchronous: string, ...statements: string[]],
+  traceTo = "/dev/null",
 ) {
   assert.ok(
     Deno.statSync("/usr/bin/strace").isFile,
@@ -197,11 +199,10 @@ function straced(
       "-f",
       "-qq",
       "-o",
-      "/dev/null",
+      traceTo,
       "-e",
       `trace=${syscall}`,
-      "-e",
-      `inject=${syscall}:${fault}`,
+      ...(fault === "" ? [] : ["-e", `inject=${syscall}:${fault}`]),
       "-P",
       file,
       Deno.execPath(),
@@ -279,9 +280,9 @@ Deno.test("a partial checkpoint writes its pages to the database file before it 
     const pin = partialCheckpointSetup(path);
     try {
       const child = straced("pwrite64", "delay_enter=1000000", path, [
-        "checkpoint",
         path,
         "full",
+        "q:PRAGMA wal_checkpoint(PASSIVE)",
       ]);
       assert.equal(await child.line(), "ready");
       const seen: string[] = [];
@@ -316,14 +317,15 @@ Deno.test("a partial checkpoint whose database write fails stops there: no commi
     const pin = partialCheckpointSetup(path);
     try {
       const child = straced("pwrite64", "error=EIO", path, [
-        "checkpoint",
         path,
         "full",
+        "q:PRAGMA wal_checkpoint(PASSIVE)",
+        "q:SELECT x FROM a",
       ]);
       assert.equal(await child.line(), "ready");
       const [checkpoint, after] = await child.results();
       assert.match(String(checkpoint!.error), /disk I\/O error/);
-      assert.deepEqual(after!.reads, [{ x: "A2" }]);
+      assert.deepEqual(after!.rows, [{ x: "A2" }]);
       assert.deepEqual({ ...pin.prepare("SELECT x FROM a").get() }, {
         x: "A2",
       });
@@ -359,14 +361,15 @@ for (const synchronous of ["off", "normal"]) {
           assert.equal(sqlite3Cli(path, "PRAGMA wal_checkpoint").code, 0);
         }
         const child = straced("write", "error=ENOSPC", `${path}-wal`, [
-          "commit",
           path,
           synchronous,
+          "e:UPDATE a SET x = 'A3'",
+          "q:SELECT x FROM a",
         ]);
         assert.equal(await child.line(), "ready");
         const [commit, after] = await child.results();
         assert.match(String(commit!.error), /database or disk is full/);
-        assert.deepEqual(after!.reads, [{ x: "A2" }]);
+        assert.deepEqual(after!.rows, [{ x: "A2" }]);
         assert.deepEqual({ ...pin.prepare("SELECT x FROM a").get() }, {
           x: "A2",
         });
@@ -378,6 +381,103 @@ for (const synchronous of ["off", "normal"]) {
     });
   });
 }
+
+/**
+ * 40 rows of 3,000 bytes in a checkpointed WAL file, and a transaction that
+ * spills a page (a cache of 2 pages) and then changes it again, so that at
+ * its commit SQLite rewrites the checksums in the headers of the frames
+ * after it, the commit frame's last.
+ */
+function rewrittenChecksumsSetup(
+  path: string,
+): [string, string, ...string[]] {
+  const setup = sqlite3Cli(
+    path,
+    "PRAGMA journal_mode=wal; CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB); WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 40) INSERT INTO t SELECT i, randomblob(3000) FROM c; PRAGMA wal_checkpoint(TRUNCATE);",
+  );
+  assert.equal(setup.code, 0, setup.stderr);
+  return [
+    path,
+    "normal",
+    "e:PRAGMA cache_size=2",
+    "e:BEGIN; UPDATE t SET b = randomblob(3000) WHERE id <= 20; UPDATE t SET b = randomblob(3000) WHERE id = 1; UPDATE t SET b = zeroblob(3001) WHERE id = 40; COMMIT",
+    "q:SELECT length(b) AS n FROM t WHERE id = 40",
+  ];
+}
+
+Deno.test("synchronous normal: a commit whose checksums SQLite rewrites fails if the last rewrite's write fails, and nothing of it is seen or lost (EIO injected by strace on that write)", async () => {
+  await withDir(async (dir) => {
+    // The same run twice on fresh files: the first counts the writes to
+    // -wal, the second fails the last of them.
+    const trace = join(dir, "trace");
+    const counted = join(dir, "counted.db");
+    const count = straced(
+      "write",
+      "",
+      `${counted}-wal`,
+      rewrittenChecksumsSetup(counted),
+      trace,
+    );
+    assert.equal(await count.line(), "ready");
+    const [, committed] = await count.results();
+    assert.deepEqual(committed, { rows: [] });
+    const writes = Deno.readTextFileSync(trace).split("\n")
+      .filter((line) => line.includes("write(")).length;
+    assert.ok(writes > 2, `writes to -wal: ${writes}`);
+
+    const path = join(dir, "failed.db");
+    const child = straced(
+      "write",
+      `error=EIO:when=${writes}`,
+      `${path}-wal`,
+      rewrittenChecksumsSetup(path),
+    );
+    assert.equal(await child.line(), "ready");
+    const [, commit, after] = await child.results();
+    // Failed, and the connection reads on (a WAL's failed write does not
+    // leave the connection failing until reopened).
+    assert.match(String(commit!.error), /disk I\/O error/);
+    assert.deepEqual(after, { rows: [{ n: 3000 }] });
+    const last = sqlite3Cli(
+      path,
+      "SELECT length(b) FROM t WHERE id = 40; PRAGMA integrity_check",
+    );
+    assert.deepEqual(last.stdout.split("\n"), ["3000", "ok"]);
+  });
+});
+
+Deno.test("after a WAL write fails with ENOSPC in a spilling transaction, that transaction fails whole and the connection reads and writes on", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "spill.db");
+    const setup = sqlite3Cli(
+      path,
+      "PRAGMA page_size=65536; PRAGMA journal_mode=wal; CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB); WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 40) INSERT INTO t SELECT i, randomblob(3000) FROM c; PRAGMA wal_checkpoint(TRUNCATE);",
+    );
+    assert.equal(setup.code, 0, setup.stderr);
+    // The first write to -wal is its header (synced on its own after the
+    // WAL starts over); the second, the insert's first spilled frames.
+    const child = straced("write", "error=ENOSPC:when=2", `${path}-wal`, [
+      path,
+      "normal",
+      "e:PRAGMA cache_size=3",
+      "e:WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 300) INSERT INTO t SELECT 100 + i, randomblob(3000) FROM c",
+      "q:SELECT count(*) AS n FROM t",
+      "e:UPDATE t SET b = zeroblob(11) WHERE id = 2",
+      "q:SELECT length(b) AS n FROM t WHERE id = 2",
+    ]);
+    assert.equal(await child.line(), "ready");
+    const [, insert, count, update, length] = await child.results();
+    assert.match(String(insert!.error), /database or disk is full/);
+    assert.deepEqual(count, { rows: [{ n: 40 }] });
+    assert.deepEqual(update, { rows: [] });
+    assert.deepEqual(length, { rows: [{ n: 11 }] });
+    const last = sqlite3Cli(
+      path,
+      "SELECT count(*) FROM t; PRAGMA integrity_check",
+    );
+    assert.deepEqual(last.stdout.split("\n"), ["40", "ok"]);
+  });
+});
 
 Deno.test("readers never wait for a writer whose WAL write is slow (synchronous normal, the write held 3 s by strace)", async () => {
   await withDir(async (dir) => {
@@ -391,9 +491,10 @@ Deno.test("readers never wait for a writer whose WAL write is slow (synchronous 
     await reader.query("SELECT x FROM a");
     assert.equal(sqlite3Cli(path, "UPDATE a SET x = 'A2'").code, 0);
     const child = straced("write", "delay_enter=3000000", `${path}-wal`, [
-      "commit",
       path,
       "normal",
+      "e:UPDATE a SET x = 'A3'",
+      "q:SELECT x FROM a",
     ]);
     assert.equal(await child.line(), "ready");
     let slowest = 0;
@@ -409,7 +510,7 @@ Deno.test("readers never wait for a writer whose WAL write is slow (synchronous 
     }
     const [commit, after] = await child.results();
     assert.deepEqual(commit, { rows: [] });
-    assert.deepEqual(after!.reads, [{ x: "A3" }]);
+    assert.deepEqual(after!.rows, [{ x: "A3" }]);
     assert.ok(reads >= 10, `reads while it ran: ${reads}`);
     assert.ok(slowest < 1_500, `the slowest read took ${slowest} ms`);
     assert.ok(seen.has("A2"), [...seen].join());
