@@ -274,7 +274,6 @@ const SHM_BASE = 120;
 const SHM_DMS = SHM_BASE + 8;
 const PAGE = 4096;
 const ZERO_BYTE = new Uint8Array(1);
-const WAL_FRAME_HEADER = 24;
 // The longest run of contiguous writes combined into one write; larger
 // than a journal record or WAL frame at SQLite's largest page (64 KiB).
 const RUN_BYTES = 128 * 1024;
@@ -1561,60 +1560,33 @@ function createVfs(sqlite3: Sqlite3Static) {
     wasm.heap8u().subarray(Number(pointer), Number(pointer) + length);
 
   // SQLite writes a journal record as three pieces (page number, page,
-  // checksum) and a WAL frame as two, each at the offset where the last one
-  // ended. A run of such writes to one file goes to the kernel as one
-  // writeSync; every other call that touches files writes the run out first.
-  // So the kernel sees the same writes in the same order, only fewer and
-  // larger, and a crash can only cut the sequence at a point where the
-  // unbuffered VFS could also have been cut.
+  // checksum), each at the offset where the last one ended. A run of such
+  // writes to one file goes to the kernel as one writeSync; every other call
+  // that touches files writes the run out first. So the kernel sees the same
+  // writes in the same order, only fewer and larger, and a crash can only cut
+  // the sequence at a point where the unbuffered VFS could also have been cut.
+  //
+  // Not in WAL mode: there SQLite tells other processes that frames or pages
+  // are on disk through the WAL index alone, with no call to the VFS in
+  // between that could write them out (a commit, a checksum rewrite, a
+  // checkpoint's progress), and a write that failed later would be reported
+  // to the wrong call or to none (another connection's, an unlock's), after
+  // the transaction went on as if it had worked. So the WAL file, and the
+  // database while the index is open, are written by each xWrite itself.
   const run = {
     file: undefined as DiskFile | DatabaseFile | undefined,
     offset: 0,
     length: 0,
     bytes: new Uint8Array(RUN_BYTES),
   };
-  // Writes the run out; a failure is the caller's to report.
-  const writeRun = (): void => {
+  const flush = (): void => {
     const file = run.file;
     if (file === undefined) return;
     run.file = undefined;
-    file.write(run.bytes.subarray(0, run.length), run.offset);
-  };
-  // SQLite writes a WAL frame as its 24-byte header, then its page, and
-  // tells other processes of a commit through the WAL index alone, with no
-  // call to the VFS that could still fail it: so a commit frame's page is
-  // written out by its own xWrite, which fails the commit if it fails. Then
-  // every committed frame is in the file before the index can say so, and
-  // no write is left for xShmBarrier, between whose two copies of the index
-  // header readers wait. (A header's bytes 4 to 7, the database size after
-  // the commit, are non-zero only in a commit frame.)
-  // Once the commit frame is written, SQLite may still rewrite the headers
-  // of this transaction's frames (new checksums, when a frame was written
-  // over), the commit frame's last, and then publishes the commit, again
-  // with no call in between: those go out at once, until SQLite next takes
-  // or lets go a WAL lock (the end of the transaction).
-  let commitFrame = false;
-  let committed = false;
-  const endWalWrite = (from: Uint8Array): void => {
-    if (from.length === WAL_FRAME_HEADER) {
-      commitFrame = new DataView(from.buffer, from.byteOffset + 4, 4)
-        .getUint32(0) !== 0;
-      if (committed) writeRun();
-    } else if (commitFrame) {
-      commitFrame = false;
-      committed = true;
-      writeRun();
-    }
-  };
-  const flush = (): void => {
-    const file = run.file;
     try {
-      writeRun();
+      file.write(run.bytes.subarray(0, run.length), run.offset);
     } catch (error) {
-      // Not a WAL's: SQLite reads no frame past the index's last commit,
-      // and every commit's frames are written by its own xWrite, so frames
-      // that never reached the file are of a transaction that failed.
-      if (!(file instanceof DiskFile && file.wal)) file!.loseWrite(error);
+      file.loseWrite(error);
       throw error;
     }
   };
@@ -1713,12 +1685,11 @@ function createVfs(sqlite3: Sqlite3Static) {
         ) {
           run.bytes.set(from, run.length);
           run.length += amount;
-          if (file instanceof DiskFile && file.wal) endWalWrite(from);
           return OK;
         }
         flush();
         if (
-          (file instanceof DiskFile ||
+          (file instanceof DiskFile && !file.wal ||
             file instanceof DatabaseFile && !file.sharesMemory) &&
           amount <= RUN_BYTES
         ) {
@@ -1726,7 +1697,6 @@ function createVfs(sqlite3: Sqlite3Static) {
           run.file = file;
           run.offset = at;
           run.length = amount;
-          if (file instanceof DiskFile && file.wal) endWalWrite(from);
         } else {
           file.write(from, at);
         }
@@ -1795,13 +1765,9 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xFileControl(pFile: WasmPointer, op: number, pArg: WasmPointer): number {
-      // Every op, SQLITE_FCNTL_CKPT_DONE above all: a checkpoint calls it
-      // after its last page write and then tells other processes, through
-      // the WAL index alone, that they may read those pages from the
-      // database file, so they must be there.
+      if (op !== FCNTL_HAS_MOVED) return NOTFOUND;
       const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
-      if (op !== FCNTL_HAS_MOVED) return NOTFOUND;
       try {
         const file = fileOf(pFile);
         wasm.poke32(
@@ -1837,9 +1803,6 @@ function createVfs(sqlite3: Sqlite3Static) {
       n: number,
       flags: number,
     ): number {
-      // Another process reads the WAL once the index says it may: the
-      // frames written so far go to the file before any WAL lock changes.
-      committed = false;
       const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
@@ -1849,8 +1812,8 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xShmBarrier(): void {
-      // The call itself orders memory (see SharedMemory), and no I/O: a
-      // commit's frames were written by its commit frame's xWrite.
+      // The call itself orders memory (see SharedMemory); no I/O waits here,
+      // between whose two copies of the index header readers wait.
     },
     xShmUnmap(pFile: WasmPointer, deleteFile: number): number {
       const flushRc = flushed();

@@ -180,8 +180,8 @@ const config = fileURLToPath(new URL("../deno.json", import.meta.url));
 /**
  * tests/fixtures/wal_child.ts under strace, which injects `fault` (strace's
  * `inject=` syntax, or none when empty) into every `syscall` the child makes
- * on `file` alone, and lists those calls in `traceTo`. Its stdout as lines:
- * `ready` first, then JSON.
+ * on `file` alone, and lists those calls in `traceTo` (with the opening of
+ * `mark`, when given). Its stdout as lines: `ready` first, then JSON.
  */
 function straced(
   syscall: "write" | "pwrite64",
@@ -189,6 +189,7 @@ function straced(
   file: string,
   args: [path: string, synchronous: string, ...statements: string[]],
   traceTo = "/dev/null",
+  mark?: string,
 ) {
   assert.ok(
     Deno.statSync("/usr/bin/strace").isFile,
@@ -201,10 +202,11 @@ function straced(
       "-o",
       traceTo,
       "-e",
-      `trace=${syscall}`,
+      mark === undefined ? `trace=${syscall}` : `trace=${syscall},openat`,
       ...(fault === "" ? [] : ["-e", `inject=${syscall}:${fault}`]),
       "-P",
       file,
+      ...(mark === undefined ? [] : ["-P", mark]),
       Deno.execPath(),
       "run",
       "-A",
@@ -476,6 +478,80 @@ Deno.test("after a WAL write fails with ENOSPC in a spilling transaction, that t
       "SELECT count(*) FROM t; PRAGMA integrity_check",
     );
     assert.deepEqual(last.stdout.split("\n"), ["40", "ok"]);
+  });
+});
+
+Deno.test("a spilled frame whose write fails fails its own transaction, not another connection's call, and no commit has a hole (ENOSPC injected by strace on the write after the spill)", async () => {
+  await withDir(async (dir) => {
+    const setup = (path: string) => {
+      const made = sqlite3Cli(
+        path,
+        "PRAGMA journal_mode=wal; CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB); CREATE TABLE u(id INTEGER PRIMARY KEY, b BLOB); INSERT INTO u VALUES (1, 'x'), (2, 'y'); PRAGMA wal_checkpoint(TRUNCATE);",
+      );
+      assert.equal(made.code, 0, made.stderr);
+    };
+    // A transaction that spills (a cache of 2 pages), then another
+    // connection of the process reads, then the commit.
+    const statements = [
+      "e:PRAGMA cache_size=2",
+      "Q:SELECT count(*) AS n FROM u",
+      "e:BEGIN",
+      "e:WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 200) INSERT INTO t SELECT i, randomblob(1000) FROM c",
+    ];
+    // A first run counts the writes to -wal until the insert returned (a
+    // mark); the second fails the next one.
+    const trace = join(dir, "trace");
+    const mark = join(dir, "mark");
+    const counted = join(dir, "counted.db");
+    setup(counted);
+    const count = straced(
+      "write",
+      "",
+      `${counted}-wal`,
+      [
+        counted,
+        "full",
+        ...statements,
+        `m:${mark}`,
+      ],
+      trace,
+      mark,
+    );
+    assert.equal(await count.line(), "ready");
+    await count.results();
+    const lines = Deno.readTextFileSync(trace).split("\n");
+    const writes = lines.slice(0, lines.findIndex((l) => l.includes(mark)))
+      .filter((line) => line.includes("write(")).length;
+    assert.ok(writes > 0, `writes to -wal: ${writes}`);
+
+    const path = join(dir, "spilled.db");
+    setup(path);
+    const child = straced(
+      "write",
+      `error=ENOSPC:when=${writes + 1}`,
+      `${path}-wal`,
+      [
+        path,
+        "full",
+        ...statements,
+        "Q:SELECT count(*) AS n FROM u",
+        "e:COMMIT",
+        "q:SELECT count(*) AS n FROM t",
+      ],
+    );
+    assert.equal(await child.line(), "ready");
+    const results = await child.results();
+    const [other, commit, rows] = results.slice(4);
+    // The other connection's read has nothing to do with the failed write.
+    assert.deepEqual(other, { rows: [{ n: 2 }] }, JSON.stringify(results));
+    // All or nothing: committed with its 200 rows, or failed with none.
+    const n = commit!.error === undefined ? 200 : 0;
+    assert.deepEqual(rows, { rows: [{ n }] }, JSON.stringify(results));
+    const last = sqlite3Cli(
+      path,
+      "SELECT count(*) FROM t; PRAGMA integrity_check",
+    );
+    assert.deepEqual(last.stdout.split("\n"), [String(n), "ok"]);
   });
 });
 
