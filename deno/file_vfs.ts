@@ -1029,7 +1029,7 @@ class SharedMemory {
   ) {
     if (Deno.build.arch !== "x86_64") {
       throw new VfsError(
-        `Cannot use WAL on ${database}: the Deno file VFS shares the WAL index between processes only on x86-64, whose stores stay in order (this is ${Deno.build.arch}); use journalMode "truncate"`,
+        `Cannot use WAL on ${database}: the Deno file VFS shares the WAL index only on x86-64, whose stores stay in order (this is ${Deno.build.arch}); a file already in WAL mode opens here through node:sqlite (openNodeSqlite), or after it is switched to a rollback journal mode`,
         IOERR_SHMOPEN,
       );
     }

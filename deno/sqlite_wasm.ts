@@ -67,7 +67,8 @@ export function loadSqlite3(): Promise<Sqlite3Static> {
  *   connections in this and other processes, native SQLite's too: the VFS
  *   maps the `-shm` index into WASM memory and locks it as os_unix does.
  *   One sync per commit rather than the rollback journal's four. x86-64
- *   only; elsewhere opening a file fails with `TypeError`.
+ *   only: elsewhere asking for it fails with `TypeError`, and a file already
+ *   in WAL mode fails to open (`SqliteError`) whatever mode is asked for.
  */
 export type JournalMode = "truncate" | "delete" | "persist" | "wal";
 
@@ -116,9 +117,11 @@ const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
  * `journalMode` and `synchronous` to file databases. A new file gets
  * `page_size` 4096, native SQLite's default (the build's own is 8192);
  * `PRAGMA page_size` before the first write still chooses another. `":memory:"` and
- * `"file:/name?vfs=memdb"` stay in memory. A database left in WAL mode by an
- * earlier `journalMode: "wal"` connection is switched to the requested
- * rollback mode (which needs the database to itself for a moment).
+ * `"file:/name?vfs=memdb"` stay in memory. A database in WAL mode is
+ * switched to the requested rollback mode, which needs it to itself for a
+ * moment: while other connections use it, opening throws
+ * {@linkcode BusyError} after `busyTimeoutMs` (x86-64 only, see
+ * {@linkcode JournalMode}).
  *
  * @param path A file path, a `file:` URL or URI, or `":memory:"`.
  * @param options See {@linkcode DenoSqliteWasmOptions}.
