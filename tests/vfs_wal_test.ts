@@ -9,29 +9,11 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { DatabaseSync } from "node:sqlite";
 import { BusyError, SqliteError } from "../errors.ts";
-import {
-  type DenoSqliteWasmOptions,
-  loadSqlite3,
-  openSqliteWasm,
-  type SqliteWasmDriver,
-} from "../deno/sqlite_wasm.ts";
+import { loadSqlite3, openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { lines } from "./fixtures/vfs_child.ts";
+import { tempDir } from "./helpers.ts";
 
-async function withDir(fn: (dir: string) => Promise<void>): Promise<void> {
-  const dir = await Deno.makeTempDir({ prefix: "vfs_wal_" });
-  try {
-    await fn(dir);
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
-}
-
-function open(
-  path: string,
-  options?: DenoSqliteWasmOptions,
-): Promise<SqliteWasmDriver> {
-  return openSqliteWasm(path, options);
-}
-
+/** Runs `sql` on `path` in the `sqlite3` CLI, in another process. */
 function sqlite3Cli(path: string, sql: string) {
   const output = new Deno.Command("sqlite3", {
     args: [path, sql],
@@ -46,130 +28,139 @@ function sqlite3Cli(path: string, sql: string) {
   };
 }
 
+/** As {@linkcode sqlite3Cli}, which must succeed; returns its output. */
+function sqlite3Ok(path: string, sql: string): string {
+  const { code, stdout, stderr } = sqlite3Cli(path, sql);
+  assert.equal(code, 0, stderr);
+  return stdout;
+}
+
 Deno.test("WAL is shared by connections: a reader keeps its snapshot while a writer commits, one writer at a time, and the last close checkpoints and removes -wal and -shm", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "wal.db");
-    {
-      await using a = await open(path, { journalMode: "wal" });
-      await using b = await open(path, { journalMode: "wal" });
-      assert.deepEqual(await b.query("PRAGMA journal_mode"), [{
-        journal_mode: "wal",
-      }]);
-      await a.exec("CREATE TABLE t(x INTEGER) STRICT");
-      for (let i = 0; i < 50; i++) {
-        await (i % 2 ? a : b).run("INSERT INTO t VALUES (?)", [i]);
-      }
-      await b.exec("BEGIN");
-      assert.deepEqual(await b.query("SELECT sum(x) AS s FROM t"), [{
-        s: 1225,
-      }]);
-      // A rollback journal would refuse this commit until b's read ends.
-      await a.run("INSERT INTO t VALUES (?)", [100]);
-      assert.deepEqual(await b.query("SELECT sum(x) AS s FROM t"), [{
-        s: 1225,
-      }]);
-      await b.exec("COMMIT");
-      assert.deepEqual(await b.query("SELECT sum(x) AS s FROM t"), [{
-        s: 1325,
-      }]);
-      await a.exec("BEGIN IMMEDIATE");
-      await assert.rejects(b.exec("BEGIN IMMEDIATE"), BusyError);
-      await a.exec("COMMIT");
-      await b.exec("BEGIN IMMEDIATE; COMMIT");
-      assert.equal(Deno.statSync(`${path}-shm`).size, 32768);
-      assert.ok(Deno.statSync(`${path}-wal`).size > 0);
+  await using tmp = await tempDir("vfs_wal_");
+  const dir = tmp.path;
+  const path = join(dir, "wal.db");
+  {
+    await using a = await openSqliteWasm(path, { journalMode: "wal" });
+    await using b = await openSqliteWasm(path, { journalMode: "wal" });
+    assert.deepEqual(await b.query("PRAGMA journal_mode"), [{
+      journal_mode: "wal",
+    }]);
+    await a.exec("CREATE TABLE t(x INTEGER) STRICT");
+    for (let i = 0; i < 50; i++) {
+      await (i % 2 ? a : b).run("INSERT INTO t VALUES (?)", [i]);
     }
-    assert.deepEqual([...Deno.readDirSync(dir)].map((e) => e.name), [
-      "wal.db",
-    ]);
-    assert.equal(sqlite3Cli(path, "SELECT sum(x) FROM t").stdout, "1325");
-  });
+    await b.exec("BEGIN");
+    assert.deepEqual(await b.query("SELECT sum(x) AS s FROM t"), [{
+      s: 1225,
+    }]);
+    // A rollback journal would refuse this commit until b's read ends.
+    await a.run("INSERT INTO t VALUES (?)", [100]);
+    assert.deepEqual(await b.query("SELECT sum(x) AS s FROM t"), [{
+      s: 1225,
+    }]);
+    await b.exec("COMMIT");
+    assert.deepEqual(await b.query("SELECT sum(x) AS s FROM t"), [{
+      s: 1325,
+    }]);
+    await a.exec("BEGIN IMMEDIATE");
+    await assert.rejects(b.exec("BEGIN IMMEDIATE"), BusyError);
+    await a.exec("COMMIT");
+    await b.exec("BEGIN IMMEDIATE; COMMIT");
+    assert.equal(Deno.statSync(`${path}-shm`).size, 32768);
+    assert.ok(Deno.statSync(`${path}-wal`).size > 0);
+  }
+  assert.deepEqual([...Deno.readDirSync(dir)].map((e) => e.name), [
+    "wal.db",
+  ]);
+  assert.equal(sqlite3Ok(path, "SELECT sum(x) FROM t"), "1325");
 });
 
 Deno.test("WAL with native SQLite: node:sqlite here and sqlite3 in another process read and write one WAL file with WASM connections, and a WASM close keeps node:sqlite's WAL lock", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "mixed_wal.db");
-    await using wasm = await open(path, { journalMode: "wal" });
-    await wasm.exec("CREATE TABLE t(x INTEGER) STRICT");
-    const native = new DatabaseSync(path);
-    try {
-      for (let i = 0; i < 20; i++) {
-        await wasm.run("INSERT INTO t VALUES (?)", [i]);
-        native.prepare("INSERT INTO t VALUES (?)").run(100 + i);
-        const cli = sqlite3Cli(path, `INSERT INTO t VALUES (${200 + i})`);
-        assert.equal(cli.code, 0, cli.stderr);
-      }
-      const expected = 190 + 20 * 100 + 190 + 20 * 200 + 190;
-      assert.deepEqual(await wasm.query("SELECT sum(x) AS s FROM t"), [{
-        s: expected,
-      }]);
-      assert.deepEqual(
-        { ...native.prepare("SELECT sum(x) AS s FROM t").get() },
-        { s: expected },
-      );
-      // node:sqlite holds WAL's write lock, a POSIX lock on -shm; closing a
-      // WASM connection must not close a -shm descriptor (that would drop it).
-      native.exec("BEGIN IMMEDIATE; INSERT INTO t VALUES (1000)");
-      const passerby = await open(path, { journalMode: "wal" });
-      assert.deepEqual(await passerby.query("SELECT count(*) AS n FROM t"), [{
-        n: 60,
-      }]);
-      await passerby.close();
-      const locked = sqlite3Cli(path, "BEGIN IMMEDIATE; COMMIT;");
-      assert.notEqual(locked.code, 0);
-      assert.match(locked.stderr, /database is locked/);
-      native.exec("COMMIT");
-    } finally {
-      native.close();
+  await using tmp = await tempDir("vfs_wal_");
+  const dir = tmp.path;
+  const path = join(dir, "mixed_wal.db");
+  await using wasm = await openSqliteWasm(path, { journalMode: "wal" });
+  await wasm.exec("CREATE TABLE t(x INTEGER) STRICT");
+  const native = new DatabaseSync(path);
+  try {
+    for (let i = 0; i < 20; i++) {
+      await wasm.run("INSERT INTO t VALUES (?)", [i]);
+      native.prepare("INSERT INTO t VALUES (?)").run(100 + i);
+      sqlite3Ok(path, `INSERT INTO t VALUES (${200 + i})`);
     }
-    assert.deepEqual(await wasm.query("SELECT count(*) AS n FROM t"), [{
-      n: 61,
+    const expected = 190 + 20 * 100 + 190 + 20 * 200 + 190;
+    assert.deepEqual(await wasm.query("SELECT sum(x) AS s FROM t"), [{
+      s: expected,
     }]);
-    assert.deepEqual(await wasm.query("PRAGMA integrity_check"), [{
-      integrity_check: "ok",
+    assert.deepEqual(
+      { ...native.prepare("SELECT sum(x) AS s FROM t").get() },
+      { s: expected },
+    );
+    // node:sqlite holds WAL's write lock, a POSIX lock on -shm; closing a
+    // WASM connection must not close a -shm descriptor (that would drop it).
+    native.exec("BEGIN IMMEDIATE; INSERT INTO t VALUES (1000)");
+    const passerby = await openSqliteWasm(path, { journalMode: "wal" });
+    assert.deepEqual(await passerby.query("SELECT count(*) AS n FROM t"), [{
+      n: 60,
     }]);
-  });
+    await passerby.close();
+    const locked = sqlite3Cli(path, "BEGIN IMMEDIATE; COMMIT;");
+    assert.notEqual(locked.code, 0);
+    assert.match(locked.stderr, /database is locked/);
+    native.exec("COMMIT");
+  } finally {
+    native.close();
+  }
+  assert.deepEqual(await wasm.query("SELECT count(*) AS n FROM t"), [{
+    n: 61,
+  }]);
+  assert.deepEqual(await wasm.query("PRAGMA integrity_check"), [{
+    integrity_check: "ok",
+  }]);
 });
 
 Deno.test("the WAL index stays shared after WASM memory grows", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "grow.db");
-    await using db = await open(path, { journalMode: "wal" });
-    await db.exec("CREATE TABLE t(x INTEGER) STRICT; INSERT INTO t VALUES (1)");
-    const sqlite3 = await loadSqlite3();
-    const before = sqlite3.wasm.heap8u().length;
-    const block = sqlite3.wasm.alloc(before);
-    try {
-      assert.ok(sqlite3.wasm.heap8u().length > before, "memory grew");
-      assert.equal(sqlite3Cli(path, "INSERT INTO t VALUES (2)").code, 0);
-      assert.deepEqual(await db.query("SELECT sum(x) AS s FROM t"), [{
-        s: 3,
-      }]);
-      await db.run("INSERT INTO t VALUES (?)", [4]);
-      assert.equal(sqlite3Cli(path, "SELECT sum(x) FROM t").stdout, "7");
-    } finally {
-      sqlite3.wasm.dealloc(block);
-    }
-  });
+  await using tmp = await tempDir("vfs_wal_");
+  const dir = tmp.path;
+  const path = join(dir, "grow.db");
+  await using db = await openSqliteWasm(path, { journalMode: "wal" });
+  await db.exec("CREATE TABLE t(x INTEGER) STRICT; INSERT INTO t VALUES (1)");
+  const sqlite3 = await loadSqlite3();
+  const before = sqlite3.wasm.heap8u().length;
+  const block = sqlite3.wasm.alloc(before);
+  try {
+    assert.ok(sqlite3.wasm.heap8u().length > before, "memory grew");
+    sqlite3Ok(path, "INSERT INTO t VALUES (2)");
+    assert.deepEqual(await db.query("SELECT sum(x) AS s FROM t"), [{
+      s: 3,
+    }]);
+    await db.run("INSERT INTO t VALUES (?)", [4]);
+    assert.equal(sqlite3Ok(path, "SELECT sum(x) FROM t"), "7");
+  } finally {
+    sqlite3.wasm.dealloc(block);
+  }
 });
 
 Deno.test("a WAL file in use refuses to leave WAL (BusyError), and alone it leaves WAL and keeps its rows", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "leave.db");
-    {
-      await using wal = await open(path, { journalMode: "wal" });
-      await wal.exec("CREATE TABLE t(x); INSERT INTO t VALUES (1), (2)");
-      await assert.rejects(open(path, { busyTimeoutMs: 50 }), BusyError);
-    }
-    await using db = await open(path);
-    assert.deepEqual(await db.query("PRAGMA journal_mode"), [{
-      journal_mode: "truncate",
-    }]);
-    assert.deepEqual(await db.query("SELECT count(*) AS n FROM t"), [{
-      n: 2,
-    }]);
-    assert.throws(() => Deno.statSync(`${path}-wal`), Deno.errors.NotFound);
-  });
+  await using tmp = await tempDir("vfs_wal_");
+  const dir = tmp.path;
+  const path = join(dir, "leave.db");
+  {
+    await using wal = await openSqliteWasm(path, { journalMode: "wal" });
+    await wal.exec("CREATE TABLE t(x); INSERT INTO t VALUES (1), (2)");
+    await assert.rejects(
+      openSqliteWasm(path, { busyTimeoutMs: 50 }),
+      BusyError,
+    );
+  }
+  await using db = await openSqliteWasm(path);
+  assert.deepEqual(await db.query("PRAGMA journal_mode"), [{
+    journal_mode: "truncate",
+  }]);
+  assert.deepEqual(await db.query("SELECT count(*) AS n FROM t"), [{
+    n: 2,
+  }]);
+  assert.throws(() => Deno.statSync(`${path}-wal`), Deno.errors.NotFound);
 });
 
 const walChild = fileURLToPath(
@@ -181,9 +172,9 @@ const config = fileURLToPath(new URL("../deno.json", import.meta.url));
  * tests/fixtures/wal_child.ts under strace, which injects `fault` (strace's
  * `inject=` syntax, or none when empty) into every `syscall` the child makes
  * on `file` alone, and lists those calls in `traceTo` (with the opening of
- * `mark`, when given). Its stdout as lines: `ready` first, then JSON.
+ * `mark`, when given). Resolves once the child printed `ready`.
  */
-function straced(
+async function straced(
   syscall: "write" | "pwrite64",
   fault: string,
   file: string,
@@ -218,40 +209,55 @@ function straced(
     stdout: "piped",
     stderr: "piped",
   }).spawn();
-  const reader = child.stdout.pipeThrough(new TextDecoderStream())
-    .getReader();
-  let buffer = "";
+  const output = lines(child.stdout)[Symbol.asyncIterator]();
   let ended = false;
   const status = child.status.finally(() => ended = true);
+  assert.equal((await output.next()).value, "ready");
   return {
     get ended() {
       return ended;
     },
-    /** The next line, or undefined at the end. */
-    async line(): Promise<string | undefined> {
-      for (;;) {
-        const newline = buffer.indexOf("\n");
-        if (newline >= 0) {
-          const line = buffer.slice(0, newline);
-          buffer = buffer.slice(newline + 1);
-          return line;
-        }
-        const { value, done } = await reader.read();
-        if (done) return undefined;
-        buffer += value;
-      }
-    },
     /** Waits for the exit; returns the JSON lines after `ready`. */
     async results(): Promise<Record<string, unknown>[]> {
-      const lines = [];
-      for (let line; (line = await this.line()) !== undefined;) {
-        lines.push(JSON.parse(line));
+      const results = [];
+      for (let line; !(line = await output.next()).done;) {
+        results.push(JSON.parse(line.value));
       }
       const errors = await new Response(child.stderr).text();
       assert.equal((await status).code, 0, errors);
-      return lines;
+      return results;
     },
   };
+}
+
+/**
+ * Runs the child once without a fault and counts its writes to `-wal`: all
+ * of them, or with `untilMark`, those before a mark after the statements.
+ * Returns the count and the child's results.
+ */
+async function walWrites(
+  dir: string,
+  args: [path: string, synchronous: string, ...statements: string[]],
+  untilMark = false,
+) {
+  const trace = join(dir, "trace");
+  const mark = join(dir, "mark");
+  const child = await straced(
+    "write",
+    "",
+    `${args[0]}-wal`,
+    untilMark ? [...args, `m:${mark}`] : args,
+    trace,
+    untilMark ? mark : undefined,
+  );
+  const results = await child.results();
+  const traced = Deno.readTextFileSync(trace).split("\n");
+  const end = untilMark
+    ? traced.findIndex((line) => line.includes(mark))
+    : traced.length;
+  const writes = traced.slice(0, end)
+    .filter((line) => line.includes("write(")).length;
+  return { writes, results };
 }
 
 /**
@@ -261,126 +267,125 @@ function straced(
  * yet. Returns the reader that pins it.
  */
 function partialCheckpointSetup(path: string): DatabaseSync {
-  const setup = sqlite3Cli(
+  sqlite3Ok(
     path,
     "PRAGMA journal_mode=wal; CREATE TABLE a(x); CREATE TABLE b(x); INSERT INTO a VALUES ('A1'); INSERT INTO b VALUES ('B1'); PRAGMA wal_checkpoint(TRUNCATE);",
   );
-  assert.equal(setup.code, 0, setup.stderr);
   const pin = new DatabaseSync(path);
   // Read first, so its -shm keeps the WAL from the CLI's checkpoint on close.
   pin.prepare("SELECT x FROM a").get();
-  assert.equal(sqlite3Cli(path, "UPDATE a SET x = 'A2'").code, 0);
+  sqlite3Ok(path, "UPDATE a SET x = 'A2'");
   pin.exec("BEGIN");
   pin.prepare("SELECT x FROM b").get();
-  assert.equal(sqlite3Cli(path, "UPDATE b SET x = 'B2'").code, 0);
+  sqlite3Ok(path, "UPDATE b SET x = 'B2'");
   return pin;
 }
 
 Deno.test("a partial checkpoint writes its pages to the database file before it tells other processes to read them there (its pwrite held 1 s by strace)", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "ckpt.db");
-    const pin = partialCheckpointSetup(path);
-    try {
-      const child = straced("pwrite64", "delay_enter=1000000", path, [
-        path,
-        "full",
-        "q:PRAGMA wal_checkpoint(PASSIVE)",
-      ]);
-      assert.equal(await child.line(), "ready");
-      const seen: string[] = [];
-      while (!child.ended) {
-        const reader = new DatabaseSync(path);
-        try {
-          seen.push(String(reader.prepare("SELECT x FROM a").get()?.x));
-        } finally {
-          reader.close();
-        }
-        await new Promise((resolve) => setTimeout(resolve, 20));
+  await using tmp = await tempDir("vfs_wal_");
+  const dir = tmp.path;
+  const path = join(dir, "ckpt.db");
+  const pin = partialCheckpointSetup(path);
+  try {
+    const child = await straced("pwrite64", "delay_enter=1000000", path, [
+      path,
+      "full",
+      "q:PRAGMA wal_checkpoint(PASSIVE)",
+    ]);
+    const seen: string[] = [];
+    while (!child.ended) {
+      const reader = new DatabaseSync(path);
+      try {
+        seen.push(String(reader.prepare("SELECT x FROM a").get()?.x));
+      } finally {
+        reader.close();
       }
-      const [checkpoint] = await child.results();
-      const [result] = checkpoint!.rows as Record<string, number>[];
-      assert.ok(
-        result!.checkpointed! > 0 && result!.checkpointed! < result!.log!,
-        `a partial checkpoint: ${JSON.stringify(result)}`,
-      );
-      assert.ok(seen.length >= 20, `read while it ran: ${seen.length}`);
-      assert.deepEqual([...new Set(seen)], ["A2"]);
-      pin.exec("COMMIT");
-    } finally {
-      pin.close();
+      await new Promise((resolve) => setTimeout(resolve, 20));
     }
-    assert.equal(sqlite3Cli(path, "SELECT x FROM a").stdout, "A2");
-  });
+    const [checkpoint] = await child.results();
+    const [result] = checkpoint!.rows as Record<string, number>[];
+    assert.ok(
+      result!.checkpointed! > 0 && result!.checkpointed! < result!.log!,
+      `a partial checkpoint: ${JSON.stringify(result)}`,
+    );
+    assert.ok(seen.length >= 20, `read while it ran: ${seen.length}`);
+    assert.deepEqual([...new Set(seen)], ["A2"]);
+    pin.exec("COMMIT");
+  } finally {
+    pin.close();
+  }
+  assert.equal(sqlite3Ok(path, "SELECT x FROM a"), "A2");
 });
 
 Deno.test("a partial checkpoint whose database write fails stops there: no commit is lost (EIO injected by strace)", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "ckpt_eio.db");
-    const pin = partialCheckpointSetup(path);
-    try {
-      const child = straced("pwrite64", "error=EIO", path, [
-        path,
-        "full",
-        "q:PRAGMA wal_checkpoint(PASSIVE)",
-        "q:SELECT x FROM a",
-      ]);
-      assert.equal(await child.line(), "ready");
-      const [checkpoint, after] = await child.results();
-      assert.match(String(checkpoint!.error), /disk I\/O error/);
-      assert.deepEqual(after!.rows, [{ x: "A2" }]);
-      assert.deepEqual({ ...pin.prepare("SELECT x FROM a").get() }, {
-        x: "A2",
-      });
-      pin.exec("COMMIT");
-    } finally {
-      pin.close();
-    }
-    const after = sqlite3Cli(
+  await using tmp = await tempDir("vfs_wal_");
+  const dir = tmp.path;
+  const path = join(dir, "ckpt_eio.db");
+  const pin = partialCheckpointSetup(path);
+  try {
+    const child = await straced("pwrite64", "error=EIO", path, [
+      path,
+      "full",
+      "q:PRAGMA wal_checkpoint(PASSIVE)",
+      "q:SELECT x FROM a",
+    ]);
+    const [checkpoint, after] = await child.results();
+    assert.match(String(checkpoint!.error), /disk I\/O error/);
+    assert.deepEqual(after!.rows, [{ x: "A2" }]);
+    assert.deepEqual({ ...pin.prepare("SELECT x FROM a").get() }, {
+      x: "A2",
+    });
+    pin.exec("COMMIT");
+  } finally {
+    pin.close();
+  }
+  assert.deepEqual(
+    sqlite3Ok(
       path,
       "PRAGMA wal_checkpoint(TRUNCATE); SELECT x FROM a; SELECT x FROM b; PRAGMA integrity_check;",
-    );
-    assert.deepEqual(after.stdout.split("\n").slice(1), ["A2", "B2", "ok"]);
-  });
+    ).split("\n").slice(1),
+    ["A2", "B2", "ok"],
+  );
 });
 
 for (const synchronous of ["off", "normal"]) {
   Deno.test(`synchronous ${synchronous}: a commit whose WAL write fails fails, and every process goes on reading the last commit (ENOSPC injected by strace)`, async () => {
-    await withDir(async (dir) => {
-      const path = join(dir, `commit_${synchronous}.db`);
-      const setup = sqlite3Cli(
-        path,
-        "PRAGMA journal_mode=wal; CREATE TABLE a(x); INSERT INTO a VALUES ('A0'); PRAGMA wal_checkpoint(TRUNCATE);",
-      );
-      assert.equal(setup.code, 0, setup.stderr);
-      const pin = new DatabaseSync(path);
-      try {
-        pin.prepare("SELECT x FROM a").get();
-        assert.equal(sqlite3Cli(path, "UPDATE a SET x = 'OLD-1'").code, 0);
-        assert.equal(sqlite3Cli(path, "UPDATE a SET x = 'A2'").code, 0);
-        if (synchronous === "off") {
-          // All backfilled: the next commit starts the WAL over from its
-          // first frame, over OLD-1's.
-          assert.equal(sqlite3Cli(path, "PRAGMA wal_checkpoint").code, 0);
-        }
-        const child = straced("write", "error=ENOSPC", `${path}-wal`, [
-          path,
-          synchronous,
-          "e:UPDATE a SET x = 'A3'",
-          "q:SELECT x FROM a",
-        ]);
-        assert.equal(await child.line(), "ready");
-        const [commit, after] = await child.results();
-        assert.match(String(commit!.error), /database or disk is full/);
-        assert.deepEqual(after!.rows, [{ x: "A2" }]);
-        assert.deepEqual({ ...pin.prepare("SELECT x FROM a").get() }, {
-          x: "A2",
-        });
-      } finally {
-        pin.close();
+    await using tmp = await tempDir("vfs_wal_");
+    const dir = tmp.path;
+    const path = join(dir, `commit_${synchronous}.db`);
+    sqlite3Ok(
+      path,
+      "PRAGMA journal_mode=wal; CREATE TABLE a(x); INSERT INTO a VALUES ('A0'); PRAGMA wal_checkpoint(TRUNCATE);",
+    );
+    const pin = new DatabaseSync(path);
+    try {
+      pin.prepare("SELECT x FROM a").get();
+      sqlite3Ok(path, "UPDATE a SET x = 'OLD-1'");
+      sqlite3Ok(path, "UPDATE a SET x = 'A2'");
+      if (synchronous === "off") {
+        // All backfilled: the next commit starts the WAL over from its
+        // first frame, over OLD-1's.
+        sqlite3Ok(path, "PRAGMA wal_checkpoint");
       }
-      const last = sqlite3Cli(path, "SELECT x FROM a; PRAGMA integrity_check");
-      assert.deepEqual(last.stdout.split("\n"), ["A2", "ok"]);
-    });
+      const child = await straced("write", "error=ENOSPC", `${path}-wal`, [
+        path,
+        synchronous,
+        "e:UPDATE a SET x = 'A3'",
+        "q:SELECT x FROM a",
+      ]);
+      const [commit, after] = await child.results();
+      assert.match(String(commit!.error), /database or disk is full/);
+      assert.deepEqual(after!.rows, [{ x: "A2" }]);
+      assert.deepEqual({ ...pin.prepare("SELECT x FROM a").get() }, {
+        x: "A2",
+      });
+    } finally {
+      pin.close();
+    }
+    assert.deepEqual(
+      sqlite3Ok(path, "SELECT x FROM a; PRAGMA integrity_check").split("\n"),
+      ["A2", "ok"],
+    );
   });
 }
 
@@ -393,11 +398,10 @@ for (const synchronous of ["off", "normal"]) {
 function rewrittenChecksumsSetup(
   path: string,
 ): [string, string, ...string[]] {
-  const setup = sqlite3Cli(
+  sqlite3Ok(
     path,
     "PRAGMA journal_mode=wal; CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB); WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 40) INSERT INTO t SELECT i, randomblob(3000) FROM c; PRAGMA wal_checkpoint(TRUNCATE);",
   );
-  assert.equal(setup.code, 0, setup.stderr);
   return [
     path,
     "normal",
@@ -408,189 +412,165 @@ function rewrittenChecksumsSetup(
 }
 
 Deno.test("synchronous normal: a commit whose checksums SQLite rewrites fails if the last rewrite's write fails, and nothing of it is seen or lost (EIO injected by strace on that write)", async () => {
-  await withDir(async (dir) => {
-    // The same run twice on fresh files: the first counts the writes to
-    // -wal, the second fails the last of them.
-    const trace = join(dir, "trace");
-    const counted = join(dir, "counted.db");
-    const count = straced(
-      "write",
-      "",
-      `${counted}-wal`,
-      rewrittenChecksumsSetup(counted),
-      trace,
-    );
-    assert.equal(await count.line(), "ready");
-    const [, committed] = await count.results();
-    assert.deepEqual(committed, { rows: [] });
-    const writes = Deno.readTextFileSync(trace).split("\n")
-      .filter((line) => line.includes("write(")).length;
-    assert.ok(writes > 2, `writes to -wal: ${writes}`);
+  await using tmp = await tempDir("vfs_wal_");
+  const dir = tmp.path;
+  // The same run twice on fresh files: the first counts the writes to
+  // -wal, the second fails the last of them.
+  const counted = join(dir, "counted.db");
+  const { writes, results: [, committed] } = await walWrites(
+    dir,
+    rewrittenChecksumsSetup(counted),
+  );
+  assert.deepEqual(committed, { rows: [] });
+  assert.ok(writes > 2, `writes to -wal: ${writes}`);
 
-    const path = join(dir, "failed.db");
-    const child = straced(
-      "write",
-      `error=EIO:when=${writes}`,
-      `${path}-wal`,
-      rewrittenChecksumsSetup(path),
-    );
-    assert.equal(await child.line(), "ready");
-    const [, commit, after] = await child.results();
-    // Failed, and the connection reads on (a WAL's failed write does not
-    // leave the connection failing until reopened).
-    assert.match(String(commit!.error), /disk I\/O error/);
-    assert.deepEqual(after, { rows: [{ n: 3000 }] });
-    const last = sqlite3Cli(
+  const path = join(dir, "failed.db");
+  const child = await straced(
+    "write",
+    `error=EIO:when=${writes}`,
+    `${path}-wal`,
+    rewrittenChecksumsSetup(path),
+  );
+  const [, commit, after] = await child.results();
+  // Failed, and the connection reads on (a WAL's failed write does not
+  // leave the connection failing until reopened).
+  assert.match(String(commit!.error), /disk I\/O error/);
+  assert.deepEqual(after, { rows: [{ n: 3000 }] });
+  assert.deepEqual(
+    sqlite3Ok(
       path,
       "SELECT length(b) FROM t WHERE id = 40; PRAGMA integrity_check",
-    );
-    assert.deepEqual(last.stdout.split("\n"), ["3000", "ok"]);
-  });
+    ).split("\n"),
+    ["3000", "ok"],
+  );
 });
 
 Deno.test("after a WAL write fails with ENOSPC in a spilling transaction, that transaction fails whole and the connection reads and writes on", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "spill.db");
-    const setup = sqlite3Cli(
-      path,
-      "PRAGMA page_size=65536; PRAGMA journal_mode=wal; CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB); WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 40) INSERT INTO t SELECT i, randomblob(3000) FROM c; PRAGMA wal_checkpoint(TRUNCATE);",
-    );
-    assert.equal(setup.code, 0, setup.stderr);
-    // The first write to -wal is its header (synced on its own after the
-    // WAL starts over); the second, the insert's first spilled frames.
-    const child = straced("write", "error=ENOSPC:when=2", `${path}-wal`, [
-      path,
-      "normal",
-      "e:PRAGMA cache_size=3",
-      "e:WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 300) INSERT INTO t SELECT 100 + i, randomblob(3000) FROM c",
-      "q:SELECT count(*) AS n FROM t",
-      "e:UPDATE t SET b = zeroblob(11) WHERE id = 2",
-      "q:SELECT length(b) AS n FROM t WHERE id = 2",
-    ]);
-    assert.equal(await child.line(), "ready");
-    const [, insert, count, update, length] = await child.results();
-    assert.match(String(insert!.error), /database or disk is full/);
-    assert.deepEqual(count, { rows: [{ n: 40 }] });
-    assert.deepEqual(update, { rows: [] });
-    assert.deepEqual(length, { rows: [{ n: 11 }] });
-    const last = sqlite3Cli(
+  await using tmp = await tempDir("vfs_wal_");
+  const dir = tmp.path;
+  const path = join(dir, "spill.db");
+  sqlite3Ok(
+    path,
+    "PRAGMA page_size=65536; PRAGMA journal_mode=wal; CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB); WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 40) INSERT INTO t SELECT i, randomblob(3000) FROM c; PRAGMA wal_checkpoint(TRUNCATE);",
+  );
+  // The first write to -wal is its header (synced on its own after the
+  // WAL starts over); the second, the insert's first spilled frames.
+  const child = await straced("write", "error=ENOSPC:when=2", `${path}-wal`, [
+    path,
+    "normal",
+    "e:PRAGMA cache_size=3",
+    "e:WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 300) INSERT INTO t SELECT 100 + i, randomblob(3000) FROM c",
+    "q:SELECT count(*) AS n FROM t",
+    "e:UPDATE t SET b = zeroblob(11) WHERE id = 2",
+    "q:SELECT length(b) AS n FROM t WHERE id = 2",
+  ]);
+  const [, insert, count, update, length] = await child.results();
+  assert.match(String(insert!.error), /database or disk is full/);
+  assert.deepEqual(count, { rows: [{ n: 40 }] });
+  assert.deepEqual(update, { rows: [] });
+  assert.deepEqual(length, { rows: [{ n: 11 }] });
+  assert.deepEqual(
+    sqlite3Ok(
       path,
       "SELECT count(*) FROM t; PRAGMA integrity_check",
-    );
-    assert.deepEqual(last.stdout.split("\n"), ["40", "ok"]);
-  });
+    ).split("\n"),
+    ["40", "ok"],
+  );
 });
 
 Deno.test("a spilled frame whose write fails fails its own transaction, not another connection's call, and no commit has a hole (ENOSPC injected by strace on the write after the spill)", async () => {
-  await withDir(async (dir) => {
-    const setup = (path: string) => {
-      const made = sqlite3Cli(
-        path,
-        "PRAGMA journal_mode=wal; CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB); CREATE TABLE u(id INTEGER PRIMARY KEY, b BLOB); INSERT INTO u VALUES (1, 'x'), (2, 'y'); PRAGMA wal_checkpoint(TRUNCATE);",
-      );
-      assert.equal(made.code, 0, made.stderr);
-    };
-    // A transaction that spills (a cache of 2 pages), then another
-    // connection of the process reads, then the commit.
-    const statements = [
-      "e:PRAGMA cache_size=2",
-      "Q:SELECT count(*) AS n FROM u",
-      "e:BEGIN",
-      "e:WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 200) INSERT INTO t SELECT i, randomblob(1000) FROM c",
-    ];
-    // A first run counts the writes to -wal until the insert returned (a
-    // mark); the second fails the next one.
-    const trace = join(dir, "trace");
-    const mark = join(dir, "mark");
-    const counted = join(dir, "counted.db");
-    setup(counted);
-    const count = straced(
-      "write",
-      "",
-      `${counted}-wal`,
-      [
-        counted,
-        "full",
-        ...statements,
-        `m:${mark}`,
-      ],
-      trace,
-      mark,
+  await using tmp = await tempDir("vfs_wal_");
+  const dir = tmp.path;
+  const setup = (path: string) => {
+    sqlite3Ok(
+      path,
+      "PRAGMA journal_mode=wal; CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB); CREATE TABLE u(id INTEGER PRIMARY KEY, b BLOB); INSERT INTO u VALUES (1, 'x'), (2, 'y'); PRAGMA wal_checkpoint(TRUNCATE);",
     );
-    assert.equal(await count.line(), "ready");
-    await count.results();
-    const lines = Deno.readTextFileSync(trace).split("\n");
-    const writes = lines.slice(0, lines.findIndex((l) => l.includes(mark)))
-      .filter((line) => line.includes("write(")).length;
-    assert.ok(writes > 0, `writes to -wal: ${writes}`);
+  };
+  // A transaction that spills (a cache of 2 pages), then another
+  // connection of the process reads, then the commit.
+  const statements = [
+    "e:PRAGMA cache_size=2",
+    "Q:SELECT count(*) AS n FROM u",
+    "e:BEGIN",
+    "e:WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 200) INSERT INTO t SELECT i, randomblob(1000) FROM c",
+  ];
+  // A first run counts the writes to -wal until the insert returned (a
+  // mark); the second fails the next one.
+  const counted = join(dir, "counted.db");
+  setup(counted);
+  const { writes } = await walWrites(
+    dir,
+    [counted, "full", ...statements],
+    true,
+  );
+  assert.ok(writes > 0, `writes to -wal: ${writes}`);
 
-    const path = join(dir, "spilled.db");
-    setup(path);
-    const child = straced(
-      "write",
-      `error=ENOSPC:when=${writes + 1}`,
-      `${path}-wal`,
-      [
-        path,
-        "full",
-        ...statements,
-        "Q:SELECT count(*) AS n FROM u",
-        "e:COMMIT",
-        "q:SELECT count(*) AS n FROM t",
-      ],
-    );
-    assert.equal(await child.line(), "ready");
-    const results = await child.results();
-    const [other, commit, rows] = results.slice(4);
-    // The other connection's read has nothing to do with the failed write.
-    assert.deepEqual(other, { rows: [{ n: 2 }] }, JSON.stringify(results));
-    // All or nothing: committed with its 200 rows, or failed with none.
-    const n = commit!.error === undefined ? 200 : 0;
-    assert.deepEqual(rows, { rows: [{ n }] }, JSON.stringify(results));
-    const last = sqlite3Cli(
+  const path = join(dir, "spilled.db");
+  setup(path);
+  const child = await straced(
+    "write",
+    `error=ENOSPC:when=${writes + 1}`,
+    `${path}-wal`,
+    [
+      path,
+      "full",
+      ...statements,
+      "Q:SELECT count(*) AS n FROM u",
+      "e:COMMIT",
+      "q:SELECT count(*) AS n FROM t",
+    ],
+  );
+  const results = await child.results();
+  const [other, commit, rows] = results.slice(4);
+  // The other connection's read has nothing to do with the failed write.
+  assert.deepEqual(other, { rows: [{ n: 2 }] }, JSON.stringify(results));
+  // All or nothing: committed with its 200 rows, or failed with none.
+  const n = commit!.error === undefined ? 200 : 0;
+  assert.deepEqual(rows, { rows: [{ n }] }, JSON.stringify(results));
+  assert.deepEqual(
+    sqlite3Ok(
       path,
       "SELECT count(*) FROM t; PRAGMA integrity_check",
-    );
-    assert.deepEqual(last.stdout.split("\n"), [String(n), "ok"]);
-  });
+    ).split("\n"),
+    [String(n), "ok"],
+  );
 });
 
 Deno.test("readers never wait for a writer whose WAL write is slow (synchronous normal, the write held 3 s by strace)", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "slow.db");
-    const setup = sqlite3Cli(
-      path,
-      "PRAGMA journal_mode=wal; CREATE TABLE a(x); INSERT INTO a VALUES ('A1'); PRAGMA wal_checkpoint(TRUNCATE);",
-    );
-    assert.equal(setup.code, 0, setup.stderr);
-    await using reader = await open(path, { journalMode: "wal" });
-    await reader.query("SELECT x FROM a");
-    assert.equal(sqlite3Cli(path, "UPDATE a SET x = 'A2'").code, 0);
-    const child = straced("write", "delay_enter=3000000", `${path}-wal`, [
-      path,
-      "normal",
-      "e:UPDATE a SET x = 'A3'",
-      "q:SELECT x FROM a",
-    ]);
-    assert.equal(await child.line(), "ready");
-    let slowest = 0;
-    const seen = new Set<string>();
-    let reads = 0;
-    while (!child.ended) {
-      const started = performance.now();
-      const [row] = await reader.query("SELECT x FROM a");
-      slowest = Math.max(slowest, performance.now() - started);
-      seen.add(String(row?.x));
-      reads++;
-      await new Promise((resolve) => setTimeout(resolve, 5));
-    }
-    const [commit, after] = await child.results();
-    assert.deepEqual(commit, { rows: [] });
-    assert.deepEqual(after!.rows, [{ x: "A3" }]);
-    assert.ok(reads >= 10, `reads while it ran: ${reads}`);
-    assert.ok(slowest < 1_500, `the slowest read took ${slowest} ms`);
-    assert.ok(seen.has("A2"), [...seen].join());
-  });
+  await using tmp = await tempDir("vfs_wal_");
+  const dir = tmp.path;
+  const path = join(dir, "slow.db");
+  sqlite3Ok(
+    path,
+    "PRAGMA journal_mode=wal; CREATE TABLE a(x); INSERT INTO a VALUES ('A1'); PRAGMA wal_checkpoint(TRUNCATE);",
+  );
+  await using reader = await openSqliteWasm(path, { journalMode: "wal" });
+  await reader.query("SELECT x FROM a");
+  sqlite3Ok(path, "UPDATE a SET x = 'A2'");
+  const child = await straced("write", "delay_enter=3000000", `${path}-wal`, [
+    path,
+    "normal",
+    "e:UPDATE a SET x = 'A3'",
+    "q:SELECT x FROM a",
+  ]);
+  let slowest = 0;
+  const seen = new Set<string>();
+  let reads = 0;
+  while (!child.ended) {
+    const started = performance.now();
+    const [row] = await reader.query("SELECT x FROM a");
+    slowest = Math.max(slowest, performance.now() - started);
+    seen.add(String(row?.x));
+    reads++;
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+  const [commit, after] = await child.results();
+  assert.deepEqual(commit, { rows: [] });
+  assert.deepEqual(after!.rows, [{ x: "A3" }]);
+  assert.ok(reads >= 10, `reads while it ran: ${reads}`);
+  assert.ok(slowest < 1_500, `the slowest read took ${slowest} ms`);
+  assert.ok(seen.has("A2"), [...seen].join());
 });
 
 function deletedShmDescriptors(): number {
@@ -607,64 +587,63 @@ function deletedShmDescriptors(): number {
 }
 
 Deno.test("an -shm deleted by its last user in another process is closed here at the next WAL open, not kept while the process has the file open", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "churn.db");
-    // A connection in a rollback mode keeps the file open here, so closed
-    // WAL connections park their -shm descriptors.
-    const keeper = await open(path);
-    await keeper.exec("CREATE TABLE t(x)");
-    try {
-      for (let cycle = 0; cycle < 4; cycle++) {
-        const wal = await open(path, { journalMode: "wal" });
-        await wal.exec("INSERT INTO t VALUES (1)");
-        // sqlite3 opens the WAL file too, and is its last user: closing,
-        // it checkpoints and deletes -wal and -shm.
-        const cli = new Deno.Command("sqlite3", {
-          args: [path],
-          stdin: "piped",
-          stdout: "piped",
-        }).spawn();
-        const writer = cli.stdin.getWriter();
-        await writer.write(
-          new TextEncoder().encode("SELECT count(*) FROM t;\n"),
-        );
-        const reader = cli.stdout.pipeThrough(new TextDecoderStream())
-          .getReader();
-        assert.equal((await reader.read()).value?.trim(), String(cycle + 1));
-        await wal.close();
-        await writer.close();
-        await reader.cancel();
-        assert.equal((await cli.status).code, 0);
-        assert.throws(() => Deno.statSync(`${path}-shm`), Deno.errors.NotFound);
-        assert.equal(deletedShmDescriptors(), 1, `cycle ${cycle}`);
-      }
-    } finally {
-      await keeper.close();
+  await using tmp = await tempDir("vfs_wal_");
+  const dir = tmp.path;
+  const path = join(dir, "churn.db");
+  // A connection in a rollback mode keeps the file open here, so closed
+  // WAL connections park their -shm descriptors.
+  const keeper = await openSqliteWasm(path);
+  await keeper.exec("CREATE TABLE t(x)");
+  try {
+    for (let cycle = 0; cycle < 4; cycle++) {
+      const wal = await openSqliteWasm(path, { journalMode: "wal" });
+      await wal.exec("INSERT INTO t VALUES (1)");
+      // sqlite3 opens the WAL file too, and is its last user: closing,
+      // it checkpoints and deletes -wal and -shm.
+      const cli = new Deno.Command("sqlite3", {
+        args: [path],
+        stdin: "piped",
+        stdout: "piped",
+      }).spawn();
+      const writer = cli.stdin.getWriter();
+      await writer.write(
+        new TextEncoder().encode("SELECT count(*) FROM t;\n"),
+      );
+      const reader = cli.stdout.pipeThrough(new TextDecoderStream())
+        .getReader();
+      assert.equal((await reader.read()).value?.trim(), String(cycle + 1));
+      await wal.close();
+      await writer.close();
+      await reader.cancel();
+      assert.equal((await cli.status).code, 0);
+      assert.throws(() => Deno.statSync(`${path}-shm`), Deno.errors.NotFound);
+      assert.equal(deletedShmDescriptors(), 1, `cycle ${cycle}`);
     }
-    assert.equal(deletedShmDescriptors(), 0);
-  });
+  } finally {
+    await keeper.close();
+  }
+  assert.equal(deletedShmDescriptors(), 0);
 });
 
 Deno.test("a WAL file whose -shm cannot be opened fails to open with the reason, not only 'disk I/O error'", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "blocked.db");
-    const setup = sqlite3Cli(
-      path,
-      "PRAGMA journal_mode=wal; CREATE TABLE t(x); INSERT INTO t VALUES (1)",
-    );
-    assert.equal(setup.code, 0, setup.stderr);
-    await Deno.mkdir(`${path}-shm`);
-    await assert.rejects(
-      open(path, { journalMode: "wal" }),
-      (error: unknown) => {
-        assert.ok(error instanceof SqliteError);
-        assert.equal(error.code, 4618); // SQLITE_IOERR_SHMOPEN
-        assert.equal(
-          error.message,
-          `disk I/O error: Cannot open the WAL index ${path}-shm: Is a directory (os error 21): open '${path}-shm'`,
-        );
-        return true;
-      },
-    );
-  });
+  await using tmp = await tempDir("vfs_wal_");
+  const dir = tmp.path;
+  const path = join(dir, "blocked.db");
+  sqlite3Ok(
+    path,
+    "PRAGMA journal_mode=wal; CREATE TABLE t(x); INSERT INTO t VALUES (1)",
+  );
+  await Deno.mkdir(`${path}-shm`);
+  await assert.rejects(
+    openSqliteWasm(path, { journalMode: "wal" }),
+    (error: unknown) => {
+      assert.ok(error instanceof SqliteError);
+      assert.equal(error.code, 4618); // SQLITE_IOERR_SHMOPEN
+      assert.equal(
+        error.message,
+        `disk I/O error: Cannot open the WAL index ${path}-shm: Is a directory (os error 21): open '${path}-shm'`,
+      );
+      return true;
+    },
+  );
 });
