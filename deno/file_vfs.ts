@@ -277,6 +277,8 @@ const ZERO_BYTE = new Uint8Array(1);
 // The longest run of contiguous writes combined into one write; larger
 // than a journal record or WAL frame at SQLite's largest page (64 KiB).
 const RUN_BYTES = 128 * 1024;
+/** The bytes of a WAL frame's header (wal.c's WAL_FRAME_HDRSIZE). */
+const WAL_FRAME_HEADER = 24;
 // How long a writer keeps trying to get readers out of its way (PENDING,
 // then EXCLUSIVE) before it reports SQLITE_BUSY: readers hold SHARED for
 // one statement and, once PENDING is held, no new one gets in.
@@ -1572,7 +1574,12 @@ function createVfs(sqlite3: Sqlite3Static) {
   // checkpoint's progress), and a write that failed later would be reported
   // to the wrong call or to none (another connection's, an unlock's), after
   // the transaction went on as if it had worked. So the WAL file, and the
-  // database while the index is open, are written by each xWrite itself.
+  // database while the index is open, are written by each xWrite itself,
+  // with one exception: a frame's 24-byte header, written where the last
+  // call (a write) ended, waits for its page, which wal.c writes next with
+  // no other call between (walWriteOneFrame), and goes with it in one write
+  // whose error that page's xWrite reports. The headers SQLite rewrites at
+  // a commit follow a read of their frame, so they are written at once.
   const run = {
     file: undefined as DiskFile | DatabaseFile | undefined,
     offset: 0,
@@ -1590,8 +1597,11 @@ function createVfs(sqlite3: Sqlite3Static) {
       throw error;
     }
   };
+  // Where the last call ended when it was an xWrite, else undefined.
+  let wrote: { file: OpenFile; end: number } | undefined;
   // For the first line of every method that touches files.
   const flushed = (): number => {
+    wrote = undefined;
     try {
       flush();
       return OK;
@@ -1675,6 +1685,8 @@ function createVfs(sqlite3: Sqlite3Static) {
       amount: number,
       offset: bigint,
     ): number {
+      const last = wrote;
+      wrote = undefined;
       try {
         const file = fileOf(pFile);
         const at = Number(offset);
@@ -1685,21 +1697,33 @@ function createVfs(sqlite3: Sqlite3Static) {
         ) {
           run.bytes.set(from, run.length);
           run.length += amount;
-          return OK;
-        }
-        flush();
-        if (
-          (file instanceof DiskFile && !file.wal ||
-            file instanceof DatabaseFile && !file.sharesMemory) &&
-          amount <= RUN_BYTES
-        ) {
-          run.bytes.set(from, 0);
-          run.file = file;
-          run.offset = at;
-          run.length = amount;
+          if (file instanceof DiskFile && file.wal) {
+            // A WAL frame's header and page: written together, by the call
+            // of the page, whose failure fails the frame as the header's
+            // would have.
+            run.file = undefined;
+            file.write(run.bytes.subarray(0, run.length), run.offset);
+          }
         } else {
-          file.write(from, at);
+          flush();
+          if (
+            file instanceof DiskFile &&
+              (file.wal
+                ? amount === WAL_FRAME_HEADER && last?.file === file &&
+                  last.end === at
+                : amount <= RUN_BYTES) ||
+            file instanceof DatabaseFile && !file.sharesMemory &&
+              amount <= RUN_BYTES
+          ) {
+            run.bytes.set(from, 0);
+            run.file = file;
+            run.offset = at;
+            run.length = amount;
+          } else {
+            file.write(from, at);
+          }
         }
+        wrote = { file, end: at + amount };
         return OK;
       } catch (error) {
         return fail(error, IOERR_WRITE);
@@ -1813,7 +1837,11 @@ function createVfs(sqlite3: Sqlite3Static) {
     },
     xShmBarrier(): void {
       // The call itself orders memory (see SharedMemory); no I/O waits here,
-      // between whose two copies of the index header readers wait.
+      // between whose two copies of the index header readers wait. Nothing
+      // is held here (a held frame header is always followed by its page);
+      // were anything, it would reach the file before what the barrier
+      // orders, and a failure would fail the file's next call.
+      flushed();
     },
     xShmUnmap(pFile: WasmPointer, deleteFile: number): number {
       const flushRc = flushed();

@@ -445,6 +445,44 @@ Deno.test("synchronous normal: a commit whose checksums SQLite rewrites fails if
   );
 });
 
+Deno.test("each WAL frame reaches the file in one write, its header with its page; a checksum rewrite writes the header alone", async () => {
+  await using tmp = await tempDir("vfs_wal_");
+  const dir = tmp.path;
+  const sizes = async (args: [string, string, ...string[]]) => {
+    const trace = join(dir, "trace");
+    const child = await straced("write", "", `${args[0]}-wal`, args, trace);
+    for (const result of await child.results()) {
+      assert.equal(result.error, undefined);
+    }
+    return Deno.readTextFileSync(trace).split("\n")
+      .filter((line) => line.includes("write("))
+      .map((line) => Number(/= (\d+)$/.exec(line)![1]));
+  };
+  const path = join(dir, "frames.db");
+  sqlite3Ok(
+    path,
+    "PRAGMA journal_mode=wal; CREATE TABLE t(id INTEGER PRIMARY KEY, b BLOB); PRAGMA wal_checkpoint(TRUNCATE);",
+  );
+  const [header, ...frames] = await sizes([
+    path,
+    "full",
+    "e:WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 50) INSERT INTO t SELECT i, randomblob(3000) FROM c",
+  ]);
+  assert.equal(header, 32);
+  // The first frame follows the header's sync, not a write: it is written
+  // in two pieces, as SQLite asks.
+  assert.deepEqual(frames.slice(0, 2), [24, 4096]);
+  assert.ok(frames.length >= 50, `frames: ${frames.length}`);
+  assert.deepEqual(new Set(frames.slice(2)), new Set([24 + 4096]));
+
+  // The headers SQLite rewrites after a commit frame (the last 20 writes
+  // here) follow a read of their frame, not a write: each is written at
+  // once, alone.
+  const rewritten = await sizes(rewrittenChecksumsSetup(join(dir, "re.db")));
+  assert.deepEqual(new Set(rewritten.slice(-20)), new Set([24]));
+  assert.equal(sqlite3Ok(join(dir, "re.db"), "PRAGMA integrity_check"), "ok");
+});
+
 Deno.test("after a WAL write fails with ENOSPC in a spilling transaction, that transaction fails whole and the connection reads and writes on", async () => {
   await using tmp = await tempDir("vfs_wal_");
   const dir = tmp.path;
