@@ -27,8 +27,8 @@ import {
   installDenoFileVfs,
   takeDenoFileVfsError,
 } from "./file_vfs.ts";
-import { openBusyTimeoutMs, untilNotBusy } from "../driver.ts";
-import { SqliteError, sqliteError } from "../errors.ts";
+import { openBusyTimeoutMs, type Row, untilNotBusy } from "../driver.ts";
+import { BusyError, SqliteError, sqliteError } from "../errors.ts";
 import { checkOptions } from "../validate.ts";
 
 export {
@@ -60,7 +60,8 @@ export function loadSqlite3(): Promise<Sqlite3Static> {
 /**
  * How the database keeps its rollback journal (https://sqlite.org/pragma.html#pragma_journal_mode).
  *
- * - `"truncate"`: the journal file stays and is truncated at commit (default).
+ * - `"truncate"`: the journal file stays and is truncated at commit (the
+ *   default, but for a file already in WAL mode).
  * - `"delete"`: the journal file is deleted at commit.
  * - `"persist"`: the journal file stays and its header is zeroed at commit.
  * - `"wal"`: write-ahead log (https://sqlite.org/wal.html), shared by
@@ -78,9 +79,11 @@ export type Synchronous = "off" | "normal" | "full" | "extra";
 /** Options for {@linkcode openSqliteWasm} on Deno. */
 export interface DenoSqliteWasmOptions extends SqliteWasmOptions {
   /**
-   * The journal mode of file databases (ignored for in-memory ones).
+   * The journal mode of file databases (ignored for in-memory ones). Unset,
+   * a file already in WAL mode stays in it, as its other users expect
+   * (`openNodeSqlite` defaults to WAL), and any other gets `"truncate"`.
    *
-   * @default {"truncate"}
+   * @default {"truncate", or "wal" for a file in WAL mode}
    */
   readonly journalMode?: JournalMode;
   /**
@@ -117,10 +120,10 @@ const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
  * `journalMode` and `synchronous` to file databases. A new file gets
  * `page_size` 4096, native SQLite's default (the build's own is 8192);
  * `PRAGMA page_size` before the first write still chooses another. `":memory:"` and
- * `"file:/name?vfs=memdb"` stay in memory. A database in WAL mode is
- * switched to the requested rollback mode, which needs it to itself for a
- * moment: while other connections use it, opening throws
- * {@linkcode BusyError} after `busyTimeoutMs` (x86-64 only, see
+ * `"file:/name?vfs=memdb"` stay in memory. A database in WAL mode stays in
+ * it unless `journalMode` asks for a rollback mode; switching needs the
+ * file to itself for a moment, so while other connections use it, opening
+ * throws {@linkcode BusyError} after `busyTimeoutMs` (x86-64 only, see
  * {@linkcode JournalMode}).
  *
  * @param path A file path, a `file:` URL or URI, or `":memory:"`.
@@ -128,7 +131,8 @@ const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
  * @returns A driver for the connection.
  * @throws {TypeError} When `path` or an option has the wrong type or value.
  * @throws {BusyError} When the database stays locked past `busyTimeoutMs`,
- *   e.g. `journalMode` is `"wal"` and another connection has it open.
+ *   e.g. `journalMode` switches a file in or out of WAL mode that another
+ *   connection has open.
  * @throws {SqliteError} When SQLite cannot open the file (`SQLITE_CANTOPEN`,
  *   e.g. without `--allow-ffi`, or while a process of the earlier
  *   flock-sidecar release holds the file); later, writes to a file renamed
@@ -162,9 +166,9 @@ export async function openSqliteWasm(
     "synchronous",
     "busyTimeoutMs",
   ]);
-  const journalMode = options.journalMode ?? "truncate";
+  const journalMode = options.journalMode;
   const synchronous = options.synchronous ?? "full";
-  if (!journalModes.includes(journalMode)) {
+  if (journalMode !== undefined && !journalModes.includes(journalMode)) {
     throw new TypeError(
       `Cannot open database as 'journalMode' must be one of ${
         journalModes.join(", ")
@@ -223,7 +227,7 @@ export async function openSqliteWasm(
         busyTimeoutMs,
         async () => {
           await driver.exec(`PRAGMA page_size=${PAGE_SIZE}`);
-          await expectJournalMode(driver, journalMode);
+          await expectJournalMode(driver, name, journalMode);
         },
         (ms) => driver.busyWait!(ms),
       );
@@ -259,11 +263,33 @@ const SQLITE_IOERR = 10;
 const SQLITE_CANTOPEN = 14;
 const PAGE_SIZE = 4096;
 
+/**
+ * Applies `requested`, or unset, keeps a file's WAL mode and gives any
+ * other file "truncate". A BusyError says so when leaving WAL waits for
+ * the file's other users.
+ */
 async function expectJournalMode(
   driver: SqliteWasmDriver,
-  journalMode: JournalMode,
+  name: string,
+  requested: JournalMode | undefined,
 ): Promise<void> {
-  const [row] = await driver.query(`PRAGMA journal_mode=${journalMode}`);
+  // Reads the file's header: "wal" for a file in WAL mode.
+  const [current] = await driver.query("PRAGMA journal_mode");
+  const inWal = current?.journal_mode === "wal";
+  const journalMode = requested ?? (inWal ? "wal" : "truncate");
+  let row: Row | undefined;
+  try {
+    [row] = await driver.query(`PRAGMA journal_mode=${journalMode}`);
+  } catch (error) {
+    if (error instanceof BusyError && inWal && journalMode !== "wal") {
+      throw new BusyError(
+        `Cannot open ${name} with journalMode "${journalMode}": the file is in WAL mode, and leaving WAL needs it alone, but another connection has it open (openNodeSqlite defaults to WAL); leave journalMode unset, or "wal", to share it`,
+        error.code,
+        { cause: error },
+      );
+    }
+    throw error;
+  }
   const actual = row?.journal_mode;
   if (actual !== journalMode) {
     throw new SqliteError(

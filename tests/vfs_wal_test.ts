@@ -10,6 +10,8 @@ import { fileURLToPath } from "node:url";
 import { DatabaseSync } from "node:sqlite";
 import { BusyError, SqliteError } from "../errors.ts";
 import { loadSqlite3, openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { openNodeSqlite } from "../drivers/node_sqlite.ts";
+import { Outbox } from "../mod.ts";
 import { lines } from "./fixtures/vfs_child.ts";
 import { tempDir } from "./helpers.ts";
 
@@ -141,26 +143,66 @@ Deno.test("the WAL index stays shared after WASM memory grows", async () => {
   }
 });
 
-Deno.test("a WAL file in use refuses to leave WAL (BusyError), and alone it leaves WAL and keeps its rows", async () => {
+Deno.test("a file in WAL mode stays in it when journalMode is unset; asked to leave WAL while in use, opening throws BusyError saying why; alone, it leaves WAL and keeps its rows", async () => {
   await using tmp = await tempDir("vfs_wal_");
   const dir = tmp.path;
   const path = join(dir, "leave.db");
   {
     await using wal = await openSqliteWasm(path, { journalMode: "wal" });
     await wal.exec("CREATE TABLE t(x); INSERT INTO t VALUES (1), (2)");
+    await using joined = await openSqliteWasm(path, { busyTimeoutMs: 50 });
+    assert.deepEqual(await joined.query("PRAGMA journal_mode"), [{
+      journal_mode: "wal",
+    }]);
+    await joined.run("INSERT INTO t VALUES (3)");
     await assert.rejects(
-      openSqliteWasm(path, { busyTimeoutMs: 50 }),
-      BusyError,
+      openSqliteWasm(path, { journalMode: "truncate", busyTimeoutMs: 50 }),
+      (error: unknown) =>
+        error instanceof BusyError &&
+        /journalMode "truncate": the file is in WAL mode, and leaving WAL needs it alone/
+          .test(error.message),
     );
   }
-  await using db = await openSqliteWasm(path);
+  {
+    await using again = await openSqliteWasm(path);
+    assert.deepEqual(await again.query("PRAGMA journal_mode"), [{
+      journal_mode: "wal",
+    }]);
+  }
+  await using db = await openSqliteWasm(path, { journalMode: "truncate" });
   assert.deepEqual(await db.query("PRAGMA journal_mode"), [{
     journal_mode: "truncate",
   }]);
   assert.deepEqual(await db.query("SELECT count(*) AS n FROM t"), [{
-    n: 2,
+    n: 3,
   }]);
   assert.throws(() => Deno.statSync(`${path}-wal`), Deno.errors.NotFound);
+});
+
+Deno.test("with default options, an outbox on the WASM driver and one on node:sqlite (whose default is WAL) share a file, in either order", async () => {
+  await using tmp = await tempDir("vfs_wal_");
+  for (const first of ["node", "wasm"] as const) {
+    const path = join(tmp.path, `${first}_first.db`);
+    const open = (driver: "node" | "wasm") =>
+      driver === "node" ? openNodeSqlite(path) : openSqliteWasm(path);
+    await using a = await Outbox.open(await open(first));
+    await a.enqueue({ from: first });
+    await using b = await Outbox.open(
+      await open(first === "node" ? "wasm" : "node"),
+    );
+    await b.enqueue({ from: "second" });
+    const lease = await b.claim();
+    assert.deepEqual(lease?.payload, { from: first });
+    await b.acknowledge(lease!);
+    assert.deepEqual((await a.claim())?.payload, { from: "second" });
+    assert.deepEqual(await a.stats(), {
+      pending: 0,
+      leased: 1,
+      done: 1,
+      dead: 0,
+      oldestPendingAgeMs: 0,
+    });
+  }
 });
 
 const walChild = fileURLToPath(
