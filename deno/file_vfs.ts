@@ -1015,6 +1015,7 @@ class SharedMemory {
   readonly #libc: Libc;
   readonly #wasm: Sqlite3Static["wasm"];
   readonly #path: string;
+  readonly #database: string;
   readonly #inode: Inode;
   readonly #fd: number;
   readonly #base: bigint;
@@ -1038,6 +1039,7 @@ class SharedMemory {
     this.#libc = libc;
     this.#wasm = wasm;
     this.#path = `${database}-shm`;
+    this.#database = database;
     this.#inode = inode;
     this.#base = memoryBase(wasm);
     this.#fd = this.#open();
@@ -1068,11 +1070,20 @@ class SharedMemory {
       else if (reused === undefined) reused = fd;
       else idle.push(fd);
     }
-    return reused ?? libc.open(this.#path, {
+    if (reused !== undefined) return reused;
+    const fd = libc.open(this.#path, {
       write: true,
       create: true,
       createNew: false,
     });
+    try {
+      // Empty: just created (os_unix's test too).
+      if (libc.size(fd) === 0) takeDatabaseMode(this.#path, this.#database);
+    } catch (error) {
+      libc.close(fd);
+      throw error;
+    }
+    return fd;
   }
 
   /**
@@ -1486,6 +1497,35 @@ function requirePermission(path: string, write: boolean): void {
       throw new Deno.errors.NotCapable(
         `Requires ${name} access to "${path}", run again with the --allow-${name} flag`,
       );
+    }
+  }
+}
+
+/**
+ * Gives a journal, WAL file or WAL index this process created the database
+ * file's permission bits (whatever the umask) and, where the process may
+ * (as root), its owner and group, as os_unix.c does: whoever may write the
+ * database may then write these too, as SQLite needs (a group-shared file
+ * stays shared).
+ */
+function takeDatabaseMode(path: string, database: string): void {
+  const db = Deno.statSync(database);
+  const file = Deno.statSync(path);
+  if (
+    db.mode !== null && file.mode !== null &&
+    (file.mode & 0o777) !== (db.mode & 0o777)
+  ) {
+    Deno.chmodSync(path, db.mode & 0o777);
+  }
+  if (
+    db.uid !== null && db.gid !== null &&
+    (file.uid !== db.uid || file.gid !== db.gid)
+  ) {
+    try {
+      Deno.chownSync(path, db.uid, db.gid);
+    } catch (error) {
+      // Only root may give a file away; os_unix does not try otherwise.
+      if (!(error instanceof Deno.errors.PermissionDenied)) throw error;
     }
   }
 }
@@ -1904,6 +1944,19 @@ function createVfs(sqlite3: Sqlite3Static) {
             let created = false;
             if (create && isJournal && (flags & OPEN_EXCLUSIVE) === 0) {
               [handle, created] = openJournal(name);
+              const suffix = (flags & OPEN_WAL) !== 0
+                ? "-wal"
+                : (flags & OPEN_MAIN_JOURNAL) !== 0
+                ? "-journal"
+                : undefined;
+              if (created && suffix !== undefined && name.endsWith(suffix)) {
+                try {
+                  takeDatabaseMode(name, name.slice(0, -suffix.length));
+                } catch (error) {
+                  handle.close();
+                  throw error;
+                }
+              }
             } else {
               handle = Deno.openSync(name, {
                 read: true,

@@ -205,6 +205,39 @@ Deno.test("with default options, an outbox on the WASM driver and one on node:sq
   }
 });
 
+for (const asRoot of [false, true]) {
+  Deno.test({
+    name: asRoot
+      ? "as root, a journal, a WAL file and a WAL index take the database file's owner and group, as os_unix does"
+      : "a journal, a WAL file and a WAL index take the database file's permission bits, not the umask's",
+    ignore: asRoot && Deno.uid() !== 0,
+    async fn() {
+      await using tmp = await tempDir("vfs_wal_");
+      const path = join(tmp.path, "shared.db");
+      (await openSqliteWasm(path)).close();
+      Deno.chmodSync(path, 0o660);
+      if (asRoot) Deno.chownSync(path, 4321, 4322);
+      const taken = (file: string) => {
+        const info = Deno.statSync(file);
+        return asRoot
+          ? { uid: info.uid, gid: info.gid }
+          : { mode: info.mode! & 0o777 };
+      };
+      const expected = asRoot ? { uid: 4321, gid: 4322 } : { mode: 0o660 };
+      {
+        await using db = await openSqliteWasm(path);
+        await db.exec("CREATE TABLE t(x); INSERT INTO t VALUES (1)");
+        // Truncate mode keeps the journal, empty, between transactions.
+        assert.deepEqual(taken(`${path}-journal`), expected);
+      }
+      await using wal = await openSqliteWasm(path, { journalMode: "wal" });
+      await wal.run("INSERT INTO t VALUES (2)");
+      assert.deepEqual(taken(`${path}-wal`), expected);
+      assert.deepEqual(taken(`${path}-shm`), expected);
+    },
+  });
+}
+
 const walChild = fileURLToPath(
   new URL("./fixtures/wal_child.ts", import.meta.url),
 );
