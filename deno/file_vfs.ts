@@ -1071,14 +1071,18 @@ class SharedMemory {
       else idle.push(fd);
     }
     if (reused !== undefined) return reused;
+    // Never through a link, as os_unix: one planted by a user who may
+    // write the directory would have this process write (and give away)
+    // another file.
     const fd = libc.open(this.#path, {
       write: true,
       create: true,
       createNew: false,
+      noFollow: true,
     });
     try {
       // Empty: just created (os_unix's test too).
-      if (libc.size(fd) === 0) takeDatabaseMode(this.#path, this.#database);
+      if (libc.size(fd) === 0) takeDatabaseMode(libc, fd, this.#database);
     } catch (error) {
       libc.close(fd);
       throw error;
@@ -1502,31 +1506,63 @@ function requirePermission(path: string, write: boolean): void {
 }
 
 /**
- * Gives a journal, WAL file or WAL index this process created the database
- * file's permission bits (whatever the umask) and, where the process may
- * (as root), its owner and group, as os_unix.c does: whoever may write the
- * database may then write these too, as SQLite needs (a group-shared file
- * stays shared).
+ * Gives a journal, WAL file or WAL index this process created (open as
+ * `fd`) the database file's permission bits, whatever the umask, and as
+ * root its owner and group, as os_unix.c does: whoever may write the
+ * database may then write these too (a group-shared file stays shared).
+ * Through the descriptor, never the path, which a user who may write the
+ * directory could point at another file meanwhile. As in os_unix, a
+ * failure is not the database's (e.g. a chown to an owner that a user
+ * namespace does not map), so nothing here throws.
  */
-function takeDatabaseMode(path: string, database: string): void {
-  const db = Deno.statSync(database);
-  const file = Deno.statSync(path);
-  if (
-    db.mode !== null && file.mode !== null &&
-    (file.mode & 0o777) !== (db.mode & 0o777)
-  ) {
-    Deno.chmodSync(path, db.mode & 0o777);
+function takeDatabaseMode(libc: Libc, fd: number, database: string): void {
+  let db: Deno.FileInfo;
+  try {
+    db = Deno.statSync(database);
+  } catch {
+    return;
   }
-  if (
-    db.uid !== null && db.gid !== null &&
-    (file.uid !== db.uid || file.gid !== db.gid)
-  ) {
-    try {
-      Deno.chownSync(path, db.uid, db.gid);
-    } catch (error) {
-      // Only root may give a file away; os_unix does not try otherwise.
-      if (!(error instanceof Deno.errors.PermissionDenied)) throw error;
+  if (db.mode !== null) libc.chmod(fd, db.mode & 0o777);
+  if (db.uid !== null && db.gid !== null && libc.isRoot()) {
+    libc.chown(fd, db.uid, db.gid);
+  }
+}
+
+/**
+ * {@linkcode takeDatabaseMode} for a journal or WAL file this process just
+ * created through Deno, which gives no descriptor: one of libc's, opened
+ * without following a link, counts only if it is that same file.
+ */
+function takeDatabaseModeOf(
+  handle: Deno.FsFile,
+  path: string,
+  database: string,
+): void {
+  const libc = loadLibc(path);
+  let fd: number;
+  try {
+    fd = libc.open(path, {
+      write: false,
+      create: false,
+      createNew: false,
+      noFollow: true,
+    });
+  } catch {
+    return;
+  }
+  try {
+    const created = handle.statSync();
+    const opened = libc.fileId(fd);
+    if (
+      BigInt(created.dev) === opened.dev &&
+      created.ino !== null && BigInt(created.ino) === opened.ino
+    ) {
+      takeDatabaseMode(libc, fd, database);
     }
+  } catch {
+    // Not the database's failure either (see takeDatabaseMode).
+  } finally {
+    libc.close(fd);
   }
 }
 
@@ -1877,10 +1913,10 @@ function createVfs(sqlite3: Sqlite3Static) {
     },
     xShmBarrier(): void {
       // The call itself orders memory (see SharedMemory); no I/O waits here,
-      // between whose two copies of the index header readers wait. Nothing
-      // is held here (a held frame header is always followed by its page);
-      // were anything, it would reach the file before what the barrier
-      // orders, and a failure would fail the file's next call.
+      // between whose two copies of the index header readers wait. A held
+      // WAL frame header never reaches here (its page comes first), but
+      // another connection's rollback-journal run can: written out first,
+      // as by every call.
       flushed();
     },
     xShmUnmap(pFile: WasmPointer, deleteFile: number): number {
@@ -1950,12 +1986,7 @@ function createVfs(sqlite3: Sqlite3Static) {
                 ? "-journal"
                 : undefined;
               if (created && suffix !== undefined && name.endsWith(suffix)) {
-                try {
-                  takeDatabaseMode(name, name.slice(0, -suffix.length));
-                } catch (error) {
-                  handle.close();
-                  throw error;
-                }
+                takeDatabaseModeOf(handle, name, name.slice(0, -suffix.length));
               }
             } else {
               handle = Deno.openSync(name, {

@@ -24,6 +24,9 @@ const symbols = {
   stat: { parameters: ["buffer", "buffer"], result: "i32" },
   access: { parameters: ["buffer", "i32"], result: "i32" },
   fcntl: { parameters: ["i32", "i32", "buffer"], result: "i32" },
+  fchmod: { parameters: ["i32", "u32"], result: "i32" },
+  fchown: { parameters: ["i32", "u32", "u32"], result: "i32" },
+  geteuid: { parameters: [], result: "u32" },
   // The same fcntl on a thread of Deno's blocking pool: F_OFD_SETLKW
   // sleeps in the kernel until the lock is granted, and the event loop
   // goes on meanwhile.
@@ -66,6 +69,8 @@ const O_RDWR = 2;
 const O_CREAT = 0o100;
 const O_EXCL = 0o200;
 const O_CLOEXEC = 0o2000000;
+// The one open flag whose value differs between Linux's x86-64 and aarch64.
+const O_NOFOLLOW = Deno.build.arch === "aarch64" ? 0o100000 : 0o400000;
 const SEEK_END = 2;
 const R_OK = 4;
 const W_OK = 2;
@@ -107,6 +112,8 @@ export interface OpenMode {
   readonly write: boolean;
   readonly create: boolean;
   readonly createNew: boolean;
+  /** Fail (ELOOP) rather than follow a symbolic link at the path's end. */
+  readonly noFollow?: boolean;
 }
 
 /** A file's identity: device and inode numbers. */
@@ -146,7 +153,8 @@ export class Libc {
   /** Opens `path` close-on-exec and returns its descriptor. */
   open(path: string, mode: OpenMode): number {
     const flags = (mode.write ? O_RDWR : O_RDONLY) | O_CLOEXEC |
-      (mode.create ? O_CREAT : 0) | (mode.createNew ? O_EXCL : 0);
+      (mode.create ? O_CREAT : 0) | (mode.createNew ? O_EXCL : 0) |
+      (mode.noFollow ? O_NOFOLLOW : 0);
     const fd = this.#c.open(encoder.encode(`${path}\0`), flags, 0o644);
     if (fd < 0) throw this.#fail(`open '${path}'`);
     return fd;
@@ -213,6 +221,21 @@ export class Libc {
     const size = Number(this.#c.lseek64(fd, 0n, SEEK_END));
     if (size < 0) throw this.#fail("lseek");
     return size;
+  }
+
+  /** Sets the permission bits of an open file; whether that worked. */
+  chmod(fd: number, mode: number): boolean {
+    return this.#c.fchmod(fd, mode) === 0;
+  }
+
+  /** Sets the owner and group of an open file; whether that worked. */
+  chown(fd: number, uid: number, gid: number): boolean {
+    return this.#c.fchown(fd, uid, gid) === 0;
+  }
+
+  /** Whether the process runs as root (its effective user id is 0). */
+  isRoot(): boolean {
+    return this.#c.geteuid() === 0;
   }
 
   /** The device and inode of an open descriptor. */

@@ -238,6 +238,23 @@ for (const asRoot of [false, true]) {
   });
 }
 
+Deno.test("a WAL index path that is a symbolic link is not followed (as os_unix): the open fails and the link's target is never created", async () => {
+  await using tmp = await tempDir("vfs_wal_");
+  const dir = tmp.path;
+  const path = join(dir, "linked.db");
+  sqlite3Ok(path, "PRAGMA journal_mode=wal; CREATE TABLE t(x)");
+  Deno.mkdirSync(join(dir, "elsewhere"));
+  const target = join(dir, "elsewhere", "authorized_keys");
+  Deno.symlinkSync(target, `${path}-shm`);
+  await assert.rejects(
+    openSqliteWasm(path, { journalMode: "wal" }),
+    SqliteError,
+  );
+  assert.throws(() => Deno.lstatSync(target), Deno.errors.NotFound);
+  // Native SQLite refuses it too.
+  assert.notEqual(sqlite3Cli(path, "SELECT count(*) FROM t").code, 0);
+});
+
 const walChild = fileURLToPath(
   new URL("./fixtures/wal_child.ts", import.meta.url),
 );
@@ -245,12 +262,13 @@ const config = fileURLToPath(new URL("../deno.json", import.meta.url));
 
 /**
  * tests/fixtures/wal_child.ts under strace, which injects `fault` (strace's
- * `inject=` syntax, or none when empty) into every `syscall` the child makes
+ * `inject=` syntax, or none when empty) into every `syscall` (one, or a
+ * comma-separated list) the child makes
  * on `file` alone, and lists those calls in `traceTo` (with the opening of
  * `mark`, when given). Resolves once the child printed `ready`.
  */
 async function straced(
-  syscall: "write" | "pwrite64",
+  syscall: string,
   fault: string,
   file: string,
   args: [path: string, synchronous: string, ...statements: string[]],
@@ -760,3 +778,67 @@ Deno.test("a WAL file whose -shm cannot be opened fails to open with the reason,
     },
   );
 });
+
+Deno.test("a journal swapped for a link to another file just after the VFS created it leaves that file's mode alone: the database's mode is given through the descriptor (strace holds the create 1 s)", async () => {
+  await using tmp = await tempDir("vfs_wal_");
+  const dir = tmp.path;
+  const path = join(dir, "swap.db");
+  sqlite3Ok(path, "CREATE TABLE t(x)");
+  Deno.chmodSync(path, 0o600);
+  const victim = join(dir, "victim");
+  Deno.writeTextFileSync(victim, "keep");
+  Deno.chmodSync(victim, 0o644);
+  const journal = `${path}-journal`;
+  const child = await straced("openat", "delay_exit=1000000", journal, [
+    path,
+    "full",
+    "e:PRAGMA journal_mode=delete",
+    "e:INSERT INTO t VALUES (1)",
+    "q:SELECT count(*) AS n FROM t",
+  ]);
+  // The journal exists from the moment the kernel created it, while the
+  // child still waits in that openat.
+  const exists = () => {
+    try {
+      Deno.lstatSync(journal);
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  while (!exists()) await new Promise((resolve) => setTimeout(resolve, 5));
+  Deno.renameSync(journal, join(dir, "moved-journal"));
+  Deno.symlinkSync(victim, journal);
+  const [mode, insert, count] = await child.results();
+  assert.deepEqual([mode, insert, count], [
+    { rows: [] },
+    { rows: [] },
+    { rows: [{ n: 1 }] },
+  ]);
+  assert.equal(Deno.statSync(victim).mode! & 0o777, 0o644);
+  assert.equal(Deno.readTextFileSync(victim), "keep");
+});
+
+for (const file of ["-journal", "-shm"]) {
+  Deno.test(`a ${file} whose chmod and chown fail opens all the same, as with os_unix (EPERM injected by strace)`, async () => {
+    await using tmp = await tempDir("vfs_wal_");
+    const path = join(tmp.path, "denied.db");
+    sqlite3Ok(path, "CREATE TABLE t(x)");
+    Deno.chmodSync(path, 0o600);
+    const child = await straced(
+      "chmod,fchmod,fchmodat,chown,fchown,fchownat,lchown",
+      "error=EPERM",
+      `${path}${file}`,
+      [
+        path,
+        "full",
+        ...file === "-journal" ? ["e:PRAGMA journal_mode=delete"] : [],
+        "e:INSERT INTO t VALUES (1)",
+        "q:SELECT count(*) AS n FROM t",
+      ],
+    );
+    const results = await child.results();
+    assert.deepEqual(results.at(-1), { rows: [{ n: 1 }] });
+    assert.ok(results.every((result) => result.error === undefined));
+  });
+}
