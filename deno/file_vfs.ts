@@ -1566,6 +1566,17 @@ function takeDatabaseModeOf(
   }
 }
 
+/** The database a journal, WAL or WAL index path belongs to. */
+function databaseOfPath(path: string): string {
+  const suffix = /-(?:journal|wal|shm)$/.exec(path);
+  return suffix === null ? path : path.slice(0, suffix.index);
+}
+
+/** The database an open file belongs to. */
+function databaseOfFile(file: OpenFile): string {
+  return file instanceof DatabaseFile ? file.path : databaseOfPath(file.path);
+}
+
 function removeIfPresent(path: string): void {
   try {
     Deno.removeSync(path);
@@ -1675,13 +1686,27 @@ function createVfs(sqlite3: Sqlite3Static) {
   };
   // Where the last call ended when it was an xWrite, else undefined.
   let wrote: { file: OpenFile; end: number } | undefined;
-  // For the first line of every method that touches files.
-  const flushed = (): number => {
+  // For the first line of every method that touches files, with the file
+  // (or path) the call is about. A held run whose write fails fails this
+  // call when it is about the same database (any of its files, on any
+  // connection); a call about another database goes on, since the run's
+  // file fails its own next call (loseWrite), on its own connection.
+  const flushed = (about?: OpenFile | string): number => {
     wrote = undefined;
+    const held = run.file;
     try {
       flush();
       return OK;
     } catch (error) {
+      if (
+        held !== undefined && about !== undefined &&
+        databaseOfFile(held) !==
+          (typeof about === "string"
+            ? databaseOfPath(about)
+            : databaseOfFile(about))
+      ) {
+        return OK;
+      }
       return fail(error, IOERR_WRITE);
     }
   };
@@ -1723,7 +1748,7 @@ function createVfs(sqlite3: Sqlite3Static) {
 
   const io = {
     xClose(pFile: WasmPointer): number {
-      const flushRc = flushed();
+      const flushRc = flushed(files.get(Number(pFile)));
       if (flushRc !== OK) return flushRc;
       const file = files.get(Number(pFile));
       files.delete(Number(pFile));
@@ -1740,7 +1765,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       amount: number,
       offset: bigint,
     ): number {
-      const flushRc = flushed();
+      const flushRc = flushed(files.get(Number(pFile)));
       if (flushRc !== OK) return flushRc;
       try {
         const into = heap(pDest, amount);
@@ -1781,7 +1806,8 @@ function createVfs(sqlite3: Sqlite3Static) {
             file.write(run.bytes.subarray(0, run.length), run.offset);
           }
         } else {
-          flush();
+          const flushRc = flushed(file);
+          if (flushRc !== OK) return flushRc;
           if (
             file instanceof DiskFile &&
               (file.wal
@@ -1806,7 +1832,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xTruncate(pFile: WasmPointer, size: bigint): number {
-      const flushRc = flushed();
+      const flushRc = flushed(files.get(Number(pFile)));
       if (flushRc !== OK) return flushRc;
       try {
         fileOf(pFile).truncate(Number(size));
@@ -1816,7 +1842,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xSync(pFile: WasmPointer): number {
-      const flushRc = flushed();
+      const flushRc = flushed(files.get(Number(pFile)));
       if (flushRc !== OK) return flushRc;
       try {
         fileOf(pFile).sync();
@@ -1826,7 +1852,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xFileSize(pFile: WasmPointer, pSize: WasmPointer): number {
-      const flushRc = flushed();
+      const flushRc = flushed(files.get(Number(pFile)));
       if (flushRc !== OK) return flushRc;
       try {
         wasm.poke64(pSize, BigInt(fileOf(pFile).size()));
@@ -1836,7 +1862,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xLock(pFile: WasmPointer, level: number): number {
-      const flushRc = flushed();
+      const flushRc = flushed(files.get(Number(pFile)));
       if (flushRc !== OK) return flushRc;
       try {
         return fileOf(pFile).lock(level);
@@ -1845,7 +1871,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xUnlock(pFile: WasmPointer, level: number): number {
-      const flushRc = flushed();
+      const flushRc = flushed(files.get(Number(pFile)));
       if (flushRc !== OK) return flushRc;
       try {
         return fileOf(pFile).unlock(level);
@@ -1854,7 +1880,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xCheckReservedLock(pFile: WasmPointer, pOut: WasmPointer): number {
-      const flushRc = flushed();
+      const flushRc = flushed(files.get(Number(pFile)));
       if (flushRc !== OK) return flushRc;
       try {
         wasm.poke32(pOut, fileOf(pFile).checkReserved() ? 1 : 0);
@@ -1866,7 +1892,7 @@ function createVfs(sqlite3: Sqlite3Static) {
     },
     xFileControl(pFile: WasmPointer, op: number, pArg: WasmPointer): number {
       if (op !== FCNTL_HAS_MOVED) return NOTFOUND;
-      const flushRc = flushed();
+      const flushRc = flushed(files.get(Number(pFile)));
       if (flushRc !== OK) return flushRc;
       try {
         const file = fileOf(pFile);
@@ -1886,7 +1912,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       extend: number,
       pp: WasmPointer,
     ): number {
-      const flushRc = flushed();
+      const flushRc = flushed(files.get(Number(pFile)));
       if (flushRc !== OK) return flushRc;
       try {
         const shm = databaseOf(pFile).sharedMemory(wasm);
@@ -1903,7 +1929,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       n: number,
       flags: number,
     ): number {
-      const flushRc = flushed();
+      const flushRc = flushed(files.get(Number(pFile)));
       if (flushRc !== OK) return flushRc;
       try {
         return databaseOf(pFile).sharedMemory(wasm).lock(offset, n, flags);
@@ -1920,7 +1946,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       flushed();
     },
     xShmUnmap(pFile: WasmPointer, deleteFile: number): number {
-      const flushRc = flushed();
+      const flushRc = flushed(files.get(Number(pFile)));
       if (flushRc !== OK) return flushRc;
       try {
         databaseOf(pFile).closeSharedMemory(deleteFile !== 0);
@@ -1946,10 +1972,10 @@ function createVfs(sqlite3: Sqlite3Static) {
       flags: number,
       pOutFlags: WasmPointer,
     ): number {
-      const flushRc = flushed();
+      const name = zName ? wasm.cstrToJs(zName) : null;
+      const flushRc = flushed(name ?? undefined);
       if (flushRc !== OK) return flushRc;
       try {
-        const name = zName ? wasm.cstrToJs(zName) : null;
         let outFlags = flags;
         let file: OpenFile;
         if (name === null || name === "") {
@@ -2014,9 +2040,9 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xDelete(_pVfs: WasmPointer, zName: WasmPointer, syncDir: number): number {
-      const flushRc = flushed();
-      if (flushRc !== OK) return flushRc;
       const path = wasm.cstrToJs(zName) ?? "";
+      const flushRc = flushed(path);
+      if (flushRc !== OK) return flushRc;
       seen.set(path, false);
       try {
         Deno.removeSync(path);
@@ -2042,10 +2068,10 @@ function createVfs(sqlite3: Sqlite3Static) {
       flags: number,
       pOut: WasmPointer,
     ): number {
-      const flushRc = flushed();
+      const path = wasm.cstrToJs(zName) ?? "";
+      const flushRc = flushed(path);
       if (flushRc !== OK) return flushRc;
       try {
-        const path = wasm.cstrToJs(zName) ?? "";
         let result = false;
         if (flags === ACCESS_EXISTS) {
           // As os_unix: an empty regular file (a TRUNCATE-mode journal

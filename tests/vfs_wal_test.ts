@@ -842,3 +842,44 @@ for (const file of ["-journal", "-shm"]) {
     assert.ok(results.every((result) => result.error === undefined));
   });
 }
+
+Deno.test("a held journal write that fails fails its own connection's commit, not a call on another database (ENOSPC injected by strace on the journal)", async () => {
+  await using tmp = await tempDir("vfs_wal_");
+  const a = join(tmp.path, "a.db");
+  const b = join(tmp.path, "b.db");
+  for (const path of [a, b]) {
+    sqlite3Ok(path, "CREATE TABLE t(v INTEGER); INSERT INTO t VALUES (1)");
+  }
+  // The child's first connection is b's (WAL); a's, opened second, is in
+  // the rollback journal mode that holds journal writes.
+  const child = await straced("write", "error=ENOSPC", `${a}-journal`, [
+    b,
+    "full",
+    `O:${a}`,
+    "o:BEGIN",
+    // Its journal record is held when the statement returns.
+    "o:UPDATE t SET v = v + 1 RETURNING v",
+    "q:SELECT count(*) AS n FROM t",
+    "e:INSERT INTO t VALUES (2)",
+    "o:COMMIT",
+    "o:SELECT v FROM t",
+  ]);
+  const [open, begin, update, count, insert, commit, after] = await child
+    .results();
+  assert.deepEqual([open, begin, update], [
+    { rows: [] },
+    { rows: [] },
+    { rows: [{ v: 2 }] },
+  ]);
+  assert.deepEqual([count, insert], [{ rows: [{ n: 1 }] }, { rows: [] }]);
+  assert.match(String(commit!.error), /database or disk is full/);
+  assert.deepEqual(after, { rows: [{ v: 1 }] });
+  assert.equal(
+    sqlite3Ok(a, "SELECT v FROM t; PRAGMA integrity_check"),
+    "1\nok",
+  );
+  assert.equal(
+    sqlite3Ok(b, "SELECT count(*) FROM t; PRAGMA integrity_check"),
+    "2\nok",
+  );
+});
