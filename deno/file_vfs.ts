@@ -1,7 +1,7 @@
 /**
  * A SQLite VFS that gives the official SQLite WASM build real files under
- * Deno: the database through its own descriptors (libc via `Deno.dlopen`),
- * journals through Deno's synchronous file API.
+ * Deno: the database, its journals, WAL and WAL index through descriptors of
+ * its own (libc via `Deno.dlopen`).
  *
  * The package's node build (which Deno loads) only has a transient in-memory
  * filesystem; {@linkcode installDenoFileVfs} registers this VFS so that file
@@ -274,9 +274,8 @@ const SHM_BASE = 120;
 const SHM_DMS = SHM_BASE + 8;
 const PAGE = 4096;
 const ZERO_BYTE = new Uint8Array(1);
-// The longest run of contiguous writes combined into one write; larger
-// than a journal record or WAL frame at SQLite's largest page (64 KiB).
-const RUN_BYTES = 128 * 1024;
+/** SQLite's largest page size. */
+const MAX_PAGE_SIZE = 65536;
 /** The bytes of a WAL frame's header (wal.c's WAL_FRAME_HDRSIZE). */
 const WAL_FRAME_HEADER = 24;
 // How long a writer keeps trying to get readers out of its way (PENDING,
@@ -823,9 +822,6 @@ class DatabaseFile implements OpenFile {
   readonly #id: FileId;
   readonly #inode: Inode;
   readonly #writable: boolean;
-  // The error of buffered writes that never reached the file, though each
-  // xWrite of them returned OK (see `run` in createVfs).
-  #lostWrite: unknown = undefined;
   #shm: SharedMemory | undefined;
 
   constructor(
@@ -870,18 +866,6 @@ class DatabaseFile implements OpenFile {
     return this.#locks.wait(timeoutMs);
   }
 
-  /** As {@linkcode DiskFile.loseWrite}; a database fails once. */
-  loseWrite(error: unknown): void {
-    this.#lostWrite = error;
-  }
-
-  #checkLostWrite(): void {
-    if (this.#lostWrite === undefined) return;
-    const error = this.#lostWrite;
-    this.#lostWrite = undefined;
-    throw error;
-  }
-
   /**
    * Whether the path no longer names this file (renamed, deleted or
    * replaced), as os_unix.c's fileHasMoved: SQLite then fails writes with
@@ -894,29 +878,24 @@ class DatabaseFile implements OpenFile {
   }
 
   read(into: Uint8Array, offset: number): number {
-    this.#checkLostWrite();
     return this.#libc.read(this.#fd, into, offset);
   }
 
   write(from: Uint8Array, offset: number): void {
-    this.#checkLostWrite();
     this.#libc.write(this.#fd, from, offset);
   }
 
   truncate(size: number): void {
-    this.#checkLostWrite();
     this.#libc.truncate(this.#fd, size);
   }
 
   sync(): void {
-    this.#checkLostWrite();
     // fdatasync also flushes the file size, which is all SQLite needs; on
     // Linux os_unix uses it for every sync flag.
     this.#libc.sync(this.#fd);
   }
 
   size(): number {
-    this.#checkLostWrite();
     return this.#libc.size(this.#fd);
   }
 
@@ -1082,7 +1061,9 @@ class SharedMemory {
     });
     try {
       // Empty: just created (os_unix's test too).
-      if (libc.size(fd) === 0) takeDatabaseMode(libc, fd, this.#database);
+      if (libc.size(fd) === 0) {
+        takeDatabaseMode(libc, fd, statIfPresent(this.#database));
+      }
     } catch (error) {
       libc.close(fd);
       throw error;
@@ -1275,32 +1256,37 @@ function refuseSidecarLocks(path: string): void {
   }
 }
 
-/** A journal or WAL file on disk, through Deno's file API (nothing locks it). */
+/**
+ * A journal, WAL or other file on disk beside the database (nothing locks
+ * it), through libc: opened never through a symbolic link and created with
+ * the database's permission bits, as os_unix.c does.
+ */
 class DiskFile implements OpenFile {
   readonly path: string;
-  readonly #file: Deno.FsFile;
+  readonly #libc: Libc;
+  readonly #fd: number;
   readonly #deleteOnClose: boolean;
   #syncDirectory: boolean;
-  // Where the OS file offset is, so sequential I/O skips the seek; -1 =
-  // unknown. A file just opened (never with O_APPEND) is at 0.
-  #position = 0;
-  // The error of buffered writes that never reached the file, though each
-  // xWrite of them returned OK (see `run` in createVfs).
-  #lostWrite: unknown = undefined;
 
   /** Whether this is a WAL file (SQLITE_OPEN_WAL). */
   readonly wal: boolean;
+  /** Whether this is a rollback journal (SQLITE_OPEN_MAIN_JOURNAL). */
+  readonly journal: boolean;
 
   constructor(
+    libc: Libc,
     path: string,
-    file: Deno.FsFile,
+    fd: number,
     deleteOnClose: boolean,
     syncDirectory: boolean,
     wal: boolean,
+    journal: boolean,
   ) {
     this.path = path;
     this.wal = wal;
-    this.#file = file;
+    this.journal = journal;
+    this.#libc = libc;
+    this.#fd = fd;
     this.#deleteOnClose = deleteOnClose;
     this.#syncDirectory = syncDirectory;
   }
@@ -1309,66 +1295,22 @@ class DiskFile implements OpenFile {
     return NONE;
   }
 
-  /**
-   * Records that buffered writes never reached the file. Its next read,
-   * write, truncate, sync or size fails with `error`, so SQLite hears of the
-   * loss before it relies on those bytes. A journal or WAL stays failed until
-   * closed: a rollback that read it back without the lost records would keep
-   * their pages' changes in the cache. (A main database fails once, as if
-   * the write itself had failed; its rollback rewrites the pages from the
-   * journal.)
-   */
-  loseWrite(error: unknown): void {
-    this.#lostWrite = error;
-  }
-
-  #checkLostWrite(): void {
-    if (this.#lostWrite !== undefined) throw this.#lostWrite;
-  }
-
   read(into: Uint8Array, offset: number): number {
-    this.#checkLostWrite();
-    this.#seek(offset);
-    let done = 0;
-    try {
-      while (done < into.length) {
-        const n = this.#file.readSync(into.subarray(done));
-        if (n === null || n === 0) break;
-        done += n;
-      }
-    } catch (error) {
-      this.#position = -1;
-      throw error;
-    }
-    this.#position = offset + done;
-    return done;
+    return this.#libc.read(this.#fd, into, offset);
   }
 
   write(from: Uint8Array, offset: number): void {
-    this.#checkLostWrite();
-    this.#seek(offset);
-    let done = 0;
-    try {
-      while (done < from.length) {
-        done += this.#file.writeSync(from.subarray(done));
-      }
-    } catch (error) {
-      this.#position = -1;
-      throw error;
-    }
-    this.#position = offset + done;
+    this.#libc.write(this.#fd, from, offset);
   }
 
   truncate(size: number): void {
-    this.#checkLostWrite();
-    this.#file.truncateSync(size);
+    this.#libc.truncate(this.#fd, size);
   }
 
   sync(): void {
-    this.#checkLostWrite();
     // fdatasync also flushes the file size, which is all SQLite needs; on
     // Linux os_unix uses it for every sync flag.
-    this.#file.syncDataSync();
+    this.#libc.sync(this.#fd);
     if (this.#syncDirectory) {
       // A journal created by this open survives power loss only once its
       // directory entry is on disk (os_unix's UNIXFILE_DIRSYNC).
@@ -1378,12 +1320,7 @@ class DiskFile implements OpenFile {
   }
 
   size(): number {
-    this.#checkLostWrite();
-    // Seeking to the end reports the size for a fraction of fstat's cost
-    // (no FileInfo object), and leaves the offset where it says.
-    this.#position = -1;
-    this.#position = this.#file.seekSync(0, Deno.SeekMode.End);
-    return this.#position;
+    return this.#libc.size(this.#fd);
   }
 
   lock(): number {
@@ -1400,17 +1337,10 @@ class DiskFile implements OpenFile {
 
   close(): void {
     try {
-      this.#file.close();
+      this.#libc.close(this.#fd);
     } finally {
       if (this.#deleteOnClose) removeIfPresent(this.path);
     }
-  }
-
-  #seek(offset: number): void {
-    if (this.#position === offset) return;
-    this.#position = -1;
-    this.#file.seekSync(offset, Deno.SeekMode.Start);
-    this.#position = offset;
   }
 }
 
@@ -1507,74 +1437,32 @@ function requirePermission(path: string, write: boolean): void {
 
 /**
  * Gives a journal, WAL file or WAL index this process created (open as
- * `fd`) the database file's permission bits, whatever the umask, and as
- * root its owner and group, as os_unix.c does: whoever may write the
- * database may then write these too (a group-shared file stays shared).
- * Through the descriptor, never the path, which a user who may write the
- * directory could point at another file meanwhile. As in os_unix, a
- * failure is not the database's (e.g. a chown to an owner that a user
- * namespace does not map), so nothing here throws.
+ * `fd`) the permission bits of the database file (its `stat`, if it could
+ * be read), whatever the umask, and as root its owner and group, as
+ * os_unix.c does: whoever may write the database may then write these too
+ * (a group-shared file stays shared). Through the descriptor, never the
+ * path. As in os_unix, a failure is not the database's (e.g. a chown to an
+ * owner that a user namespace does not map), so nothing here throws.
  */
-function takeDatabaseMode(libc: Libc, fd: number, database: string): void {
-  let db: Deno.FileInfo;
-  try {
-    db = Deno.statSync(database);
-  } catch {
-    return;
-  }
+function takeDatabaseMode(
+  libc: Libc,
+  fd: number,
+  db: Deno.FileInfo | undefined,
+): void {
+  if (db === undefined) return;
   if (db.mode !== null) libc.chmod(fd, db.mode & 0o777);
   if (db.uid !== null && db.gid !== null && libc.isRoot()) {
     libc.chown(fd, db.uid, db.gid);
   }
 }
 
-/**
- * {@linkcode takeDatabaseMode} for a journal or WAL file this process just
- * created through Deno, which gives no descriptor: one of libc's, opened
- * without following a link, counts only if it is that same file.
- */
-function takeDatabaseModeOf(
-  handle: Deno.FsFile,
-  path: string,
-  database: string,
-): void {
-  const libc = loadLibc(path);
-  let fd: number;
+/** `path`'s `stat`, or undefined when it cannot be read. */
+function statIfPresent(path: string): Deno.FileInfo | undefined {
   try {
-    fd = libc.open(path, {
-      write: false,
-      create: false,
-      createNew: false,
-      noFollow: true,
-    });
+    return Deno.statSync(path);
   } catch {
-    return;
+    return undefined;
   }
-  try {
-    const created = handle.statSync();
-    const opened = libc.fileId(fd);
-    if (
-      BigInt(created.dev) === opened.dev &&
-      created.ino !== null && BigInt(created.ino) === opened.ino
-    ) {
-      takeDatabaseMode(libc, fd, database);
-    }
-  } catch {
-    // Not the database's failure either (see takeDatabaseMode).
-  } finally {
-    libc.close(fd);
-  }
-}
-
-/** The database a journal, WAL or WAL index path belongs to. */
-function databaseOfPath(path: string): string {
-  const suffix = /-(?:journal|wal|shm)$/.exec(path);
-  return suffix === null ? path : path.slice(0, suffix.index);
-}
-
-/** The database an open file belongs to. */
-function databaseOfFile(file: OpenFile): string {
-  return file instanceof DatabaseFile ? file.path : databaseOfPath(file.path);
 }
 
 function removeIfPresent(path: string): void {
@@ -1648,65 +1536,46 @@ function createVfs(sqlite3: Sqlite3Static) {
   const heap = (pointer: WasmPointer, length: number): Uint8Array =>
     wasm.heap8u().subarray(Number(pointer), Number(pointer) + length);
 
-  // SQLite writes a journal record as three pieces (page number, page,
-  // checksum), each at the offset where the last one ended. A run of such
-  // writes to one file goes to the kernel as one writeSync; every other call
-  // that touches files writes the run out first. So the kernel sees the same
-  // writes in the same order, only fewer and larger, and a crash can only cut
-  // the sequence at a point where the unbuffered VFS could also have been cut.
+  // Each xWrite writes its bytes before it returns, so a failure fails the
+  // call that made it, within the SQLite call (the step) that needs it, and
+  // nothing is left for a later call to write: an earlier design held runs
+  // of contiguous writes in JS, and their later failures reached another
+  // connection's call, or a call whose error SQLite ignores (an unlock, a
+  // close), after the transaction had gone on (or, in WAL mode, after the
+  // index had told other processes the bytes were there).
   //
-  // Not in WAL mode: there SQLite tells other processes that frames or pages
-  // are on disk through the WAL index alone, with no call to the VFS in
-  // between that could write them out (a commit, a checksum rewrite, a
-  // checkpoint's progress), and a write that failed later would be reported
-  // to the wrong call or to none (another connection's, an unlock's), after
-  // the transaction went on as if it had worked. So the WAL file, and the
-  // database while the index is open, are written by each xWrite itself,
-  // with one exception: a frame's 24-byte header, written where the last
-  // call (a write) ended, waits for its page, which wal.c writes next with
-  // no other call between (walWriteOneFrame), and goes with it in one write
-  // whose error that page's xWrite reports. The headers SQLite rewrites at
-  // a commit follow a read of their frame, so they are written at once.
-  const run = {
-    file: undefined as DiskFile | DatabaseFile | undefined,
-    offset: 0,
-    length: 0,
-    bytes: new Uint8Array(RUN_BYTES),
-  };
-  const flush = (): void => {
-    const file = run.file;
-    if (file === undefined) return;
-    run.file = undefined;
-    try {
-      file.write(run.bytes.subarray(0, run.length), run.offset);
-    } catch (error) {
-      file.loseWrite(error);
-      throw error;
-    }
-  };
+  // Two exceptions, each a fixed sequence of writes that SQLite makes from
+  // one function with no other call between, so the last write of it
+  // writes them all, and its error fails the whole as the first's would:
+  // - a WAL frame: a 24-byte header, then its page (wal.c's
+  //   walWriteOneFrame);
+  // - a rollback journal record: the 4-byte page number, the page, the
+  //   4-byte checksum (pager.c's pagerAddPageToRollbackJournal).
+  // A sequence starts only at a piece written where the last call (a write
+  // to that file) ended: so not at the WAL headers SQLite rewrites at a
+  // commit, which follow a read of their frame. Should a sequence ever
+  // break off, the next call writes what is held first, in the same step.
+  let held: { file: DiskFile; offset: number; length: number } | undefined;
+  const pieces = new Uint8Array(WAL_FRAME_HEADER + MAX_PAGE_SIZE + 4);
   // Where the last call ended when it was an xWrite, else undefined.
   let wrote: { file: OpenFile; end: number } | undefined;
-  // For the first line of every method that touches files, with the file
-  // (or path) the call is about. A held run whose write fails fails this
-  // call when it is about the same database (any of its files, on any
-  // connection); a call about another database goes on, since the run's
-  // file fails its own next call (loseWrite), on its own connection.
-  const flushed = (about?: OpenFile | string): number => {
+  // Writes out what is held, if anything.
+  const writeHeld = (): void => {
+    const sequence = held;
+    if (sequence === undefined) return;
+    held = undefined;
+    sequence.file.write(
+      pieces.subarray(0, sequence.length),
+      sequence.offset,
+    );
+  };
+  // For the first line of every method that touches files.
+  const flushed = (): number => {
     wrote = undefined;
-    const held = run.file;
     try {
-      flush();
+      writeHeld();
       return OK;
     } catch (error) {
-      if (
-        held !== undefined && about !== undefined &&
-        databaseOfFile(held) !==
-          (typeof about === "string"
-            ? databaseOfPath(about)
-            : databaseOfFile(about))
-      ) {
-        return OK;
-      }
       return fail(error, IOERR_WRITE);
     }
   };
@@ -1715,29 +1584,52 @@ function createVfs(sqlite3: Sqlite3Static) {
   // this call created it, which decides the directory fsync: in one system
   // call when the file is where it was last time (there in TRUNCATE and
   // PERSIST mode, deleted in DELETE mode), in two when that guess is wrong.
-  const openJournal = (path: string): [Deno.FsFile, boolean] => {
+  // A new one gets the database's permission bits from the start (no
+  // moment at the umask's, when another user could open it).
+  const openJournal = (
+    libc: Libc,
+    path: string,
+    database: string | undefined,
+  ): [number, boolean] => {
     for (let attempt = 0;; attempt++) {
       if (seen.get(path) !== false) {
         try {
-          const file = Deno.openSync(path, { read: true, write: true });
+          const fd = libc.open(path, {
+            write: true,
+            create: false,
+            createNew: false,
+            noFollow: true,
+          });
           seen.set(path, true);
-          return [file, false];
+          return [fd, false];
         } catch (error) {
-          if (!(error instanceof Deno.errors.NotFound) || attempt > 2) {
+          if (
+            !(error instanceof LibcError && error.code === "ENOENT") ||
+            attempt > 2
+          ) {
             throw error;
           }
         }
       }
+      const db = database === undefined ? undefined : statIfPresent(database);
       try {
-        const file = Deno.openSync(path, {
-          read: true,
+        const fd = libc.open(path, {
           write: true,
+          create: true,
           createNew: true,
+          noFollow: true,
+          permissions: db?.mode === null || db === undefined
+            ? undefined
+            : db.mode & 0o777,
         });
         seen.set(path, true);
-        return [file, true];
+        takeDatabaseMode(libc, fd, db);
+        return [fd, true];
       } catch (error) {
-        if (!(error instanceof Deno.errors.AlreadyExists) || attempt > 2) {
+        if (
+          !(error instanceof LibcError && error.code === "EEXIST") ||
+          attempt > 2
+        ) {
           throw error;
         }
       }
@@ -1748,7 +1640,7 @@ function createVfs(sqlite3: Sqlite3Static) {
 
   const io = {
     xClose(pFile: WasmPointer): number {
-      const flushRc = flushed(files.get(Number(pFile)));
+      const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       const file = files.get(Number(pFile));
       files.delete(Number(pFile));
@@ -1765,7 +1657,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       amount: number,
       offset: bigint,
     ): number {
-      const flushRc = flushed(files.get(Number(pFile)));
+      const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
         const into = heap(pDest, amount);
@@ -1792,35 +1684,29 @@ function createVfs(sqlite3: Sqlite3Static) {
         const file = fileOf(pFile);
         const at = Number(offset);
         const from = heap(pSource, amount);
+        const sequence = held;
         if (
-          run.file === file && at === run.offset + run.length &&
-          run.length + amount <= RUN_BYTES
+          sequence !== undefined && sequence.file === file &&
+          at === sequence.offset + sequence.length &&
+          sequence.length + amount <= pieces.length &&
+          (sequence.file.wal || sequence.length === 4
+            ? amount >= 512 // the page
+            : amount === 4) // the checksum
         ) {
-          run.bytes.set(from, run.length);
-          run.length += amount;
-          if (file instanceof DiskFile && file.wal) {
-            // A WAL frame's header and page: written together, by the call
-            // of the page, whose failure fails the frame as the header's
-            // would have.
-            run.file = undefined;
-            file.write(run.bytes.subarray(0, run.length), run.offset);
-          }
+          pieces.set(from, sequence.length);
+          sequence.length += amount;
+          if (sequence.file.wal || amount === 4) writeHeld();
         } else {
-          const flushRc = flushed(file);
-          if (flushRc !== OK) return flushRc;
+          writeHeld();
           if (
-            file instanceof DiskFile &&
-              (file.wal
-                ? amount === WAL_FRAME_HEADER && last?.file === file &&
-                  last.end === at
-                : amount <= RUN_BYTES) ||
-            file instanceof DatabaseFile && !file.sharesMemory &&
-              amount <= RUN_BYTES
+            file instanceof DiskFile && last?.file === file &&
+            last.end === at &&
+            (file.wal
+              ? amount === WAL_FRAME_HEADER
+              : file.journal && amount === 4)
           ) {
-            run.bytes.set(from, 0);
-            run.file = file;
-            run.offset = at;
-            run.length = amount;
+            pieces.set(from, 0);
+            held = { file, offset: at, length: amount };
           } else {
             file.write(from, at);
           }
@@ -1832,7 +1718,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xTruncate(pFile: WasmPointer, size: bigint): number {
-      const flushRc = flushed(files.get(Number(pFile)));
+      const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
         fileOf(pFile).truncate(Number(size));
@@ -1842,7 +1728,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xSync(pFile: WasmPointer): number {
-      const flushRc = flushed(files.get(Number(pFile)));
+      const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
         fileOf(pFile).sync();
@@ -1852,7 +1738,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xFileSize(pFile: WasmPointer, pSize: WasmPointer): number {
-      const flushRc = flushed(files.get(Number(pFile)));
+      const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
         wasm.poke64(pSize, BigInt(fileOf(pFile).size()));
@@ -1862,7 +1748,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xLock(pFile: WasmPointer, level: number): number {
-      const flushRc = flushed(files.get(Number(pFile)));
+      const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
         return fileOf(pFile).lock(level);
@@ -1871,7 +1757,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xUnlock(pFile: WasmPointer, level: number): number {
-      const flushRc = flushed(files.get(Number(pFile)));
+      const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
         return fileOf(pFile).unlock(level);
@@ -1880,7 +1766,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xCheckReservedLock(pFile: WasmPointer, pOut: WasmPointer): number {
-      const flushRc = flushed(files.get(Number(pFile)));
+      const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
         wasm.poke32(pOut, fileOf(pFile).checkReserved() ? 1 : 0);
@@ -1892,7 +1778,7 @@ function createVfs(sqlite3: Sqlite3Static) {
     },
     xFileControl(pFile: WasmPointer, op: number, pArg: WasmPointer): number {
       if (op !== FCNTL_HAS_MOVED) return NOTFOUND;
-      const flushRc = flushed(files.get(Number(pFile)));
+      const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
         const file = fileOf(pFile);
@@ -1912,7 +1798,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       extend: number,
       pp: WasmPointer,
     ): number {
-      const flushRc = flushed(files.get(Number(pFile)));
+      const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
         const shm = databaseOf(pFile).sharedMemory(wasm);
@@ -1929,7 +1815,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       n: number,
       flags: number,
     ): number {
-      const flushRc = flushed(files.get(Number(pFile)));
+      const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
         return databaseOf(pFile).sharedMemory(wasm).lock(offset, n, flags);
@@ -1939,14 +1825,13 @@ function createVfs(sqlite3: Sqlite3Static) {
     },
     xShmBarrier(): void {
       // The call itself orders memory (see SharedMemory); no I/O waits here,
-      // between whose two copies of the index header readers wait. A held
-      // WAL frame header never reaches here (its page comes first), but
-      // another connection's rollback-journal run can: written out first,
-      // as by every call.
+      // between whose two copies of the index header readers wait. Nothing
+      // held reaches here (a sequence ends with its last write); were
+      // anything held, it would still reach the file before what this orders.
       flushed();
     },
     xShmUnmap(pFile: WasmPointer, deleteFile: number): number {
-      const flushRc = flushed(files.get(Number(pFile)));
+      const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
         databaseOf(pFile).closeSharedMemory(deleteFile !== 0);
@@ -1972,10 +1857,10 @@ function createVfs(sqlite3: Sqlite3Static) {
       flags: number,
       pOutFlags: WasmPointer,
     ): number {
-      const name = zName ? wasm.cstrToJs(zName) : null;
-      const flushRc = flushed(name ?? undefined);
+      const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
+        const name = zName ? wasm.cstrToJs(zName) : null;
         let outFlags = flags;
         let file: OpenFile;
         if (name === null || name === "") {
@@ -2002,32 +1887,39 @@ function createVfs(sqlite3: Sqlite3Static) {
             }
             file = new DatabaseFile(libc, name, fds, opened);
           } else {
-            let handle: Deno.FsFile;
+            const libc = loadLibc(name);
+            let fd: number;
             let created = false;
             if (create && isJournal && (flags & OPEN_EXCLUSIVE) === 0) {
-              [handle, created] = openJournal(name);
+              // A WAL file or rollback journal takes its database's mode.
               const suffix = (flags & OPEN_WAL) !== 0
                 ? "-wal"
                 : (flags & OPEN_MAIN_JOURNAL) !== 0
                 ? "-journal"
                 : undefined;
-              if (created && suffix !== undefined && name.endsWith(suffix)) {
-                takeDatabaseModeOf(handle, name, name.slice(0, -suffix.length));
-              }
+              [fd, created] = openJournal(
+                libc,
+                name,
+                suffix !== undefined && name.endsWith(suffix)
+                  ? name.slice(0, -suffix.length)
+                  : undefined,
+              );
             } else {
-              handle = Deno.openSync(name, {
-                read: true,
+              fd = libc.open(name, {
                 write: writable,
                 create,
                 createNew: create && (flags & OPEN_EXCLUSIVE) !== 0,
+                noFollow: true,
               });
             }
             file = new DiskFile(
+              libc,
               name,
-              handle,
+              fd,
               (flags & OPEN_DELETEONCLOSE) !== 0,
               created,
               (flags & OPEN_WAL) !== 0,
+              (flags & OPEN_MAIN_JOURNAL) !== 0,
             );
           }
         }
@@ -2040,9 +1932,9 @@ function createVfs(sqlite3: Sqlite3Static) {
       }
     },
     xDelete(_pVfs: WasmPointer, zName: WasmPointer, syncDir: number): number {
-      const path = wasm.cstrToJs(zName) ?? "";
-      const flushRc = flushed(path);
+      const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
+      const path = wasm.cstrToJs(zName) ?? "";
       seen.set(path, false);
       try {
         Deno.removeSync(path);
@@ -2068,10 +1960,10 @@ function createVfs(sqlite3: Sqlite3Static) {
       flags: number,
       pOut: WasmPointer,
     ): number {
-      const path = wasm.cstrToJs(zName) ?? "";
-      const flushRc = flushed(path);
+      const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
+        const path = wasm.cstrToJs(zName) ?? "";
         let result = false;
         if (flags === ACCESS_EXISTS) {
           // As os_unix: an empty regular file (a TRUNCATE-mode journal

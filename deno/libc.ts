@@ -5,8 +5,8 @@
  * `F_OFD_GETLK`) that native SQLite's POSIX locks conflict with.
  *
  * Deno exposes neither a file's descriptor nor byte-range locks, so the
- * database file is opened here; journals keep Deno's file API, since nothing
- * locks them. The WAL index (`<db>-shm`) is opened here too, locked, and
+ * database file is opened here, and so are its journals and WAL files (never
+ * through a symbolic link, and created with the database's mode). The WAL index (`<db>-shm`) is opened here too, locked, and
  * mapped with `mmap` into WASM memory.
  *
  * @module
@@ -69,7 +69,8 @@ const O_RDWR = 2;
 const O_CREAT = 0o100;
 const O_EXCL = 0o200;
 const O_CLOEXEC = 0o2000000;
-// The one open flag whose value differs between Linux's x86-64 and aarch64.
+// Unlike O_RDWR, O_CREAT, O_EXCL and O_CLOEXEC, Linux gives this one
+// other values on aarch64 than on x86-64.
 const O_NOFOLLOW = Deno.build.arch === "aarch64" ? 0o100000 : 0o400000;
 const SEEK_END = 2;
 const R_OK = 4;
@@ -114,6 +115,8 @@ export interface OpenMode {
   readonly createNew: boolean;
   /** Fail (ELOOP) rather than follow a symbolic link at the path's end. */
   readonly noFollow?: boolean;
+  /** The permission bits of a file this creates, before the umask (0o644). */
+  readonly permissions?: number | undefined;
 }
 
 /** A file's identity: device and inode numbers. */
@@ -155,7 +158,11 @@ export class Libc {
     const flags = (mode.write ? O_RDWR : O_RDONLY) | O_CLOEXEC |
       (mode.create ? O_CREAT : 0) | (mode.createNew ? O_EXCL : 0) |
       (mode.noFollow ? O_NOFOLLOW : 0);
-    const fd = this.#c.open(encoder.encode(`${path}\0`), flags, 0o644);
+    const fd = this.#c.open(
+      encoder.encode(`${path}\0`),
+      flags,
+      mode.permissions ?? 0o644,
+    );
     if (fd < 0) throw this.#fail(`open '${path}'`);
     return fd;
   }

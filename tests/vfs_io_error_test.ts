@@ -10,32 +10,30 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { type Lease, Outbox, SqliteError } from "../mod.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { Libc } from "../deno/libc.ts";
 import { ManualClock } from "./helpers.ts";
 
-type FileMethod = "writeSync" | "syncDataSync" | "truncateSync";
-const METHODS: readonly FileMethod[] = [
-  "writeSync",
-  "syncDataSync",
-  "truncateSync",
-];
+type FileMethod = "write" | "sync" | "truncate";
+const METHODS: readonly FileMethod[] = ["write", "sync", "truncate"];
 const SQLITE_IOERR = 10;
 
 /**
- * Runs `fn` with the n-th call of `method` on any file failing as a full
- * disk would, and tells whether that call came.
+ * Runs `fn` with the n-th call of `method` on any file (the VFS does all
+ * its I/O through libc) failing as a full disk would, and tells whether
+ * that call came.
  */
 async function failingNth(
   method: FileMethod,
   n: number,
   fn: () => Promise<unknown>,
 ): Promise<{ reached: boolean; error: unknown }> {
-  const prototype = Deno.FsFile.prototype as unknown as Record<
+  const prototype = Libc.prototype as unknown as Record<
     FileMethod,
     (...args: unknown[]) => unknown
   >;
   const original = prototype[method];
   let calls = 0;
-  prototype[method] = function (this: Deno.FsFile, ...args: unknown[]) {
+  prototype[method] = function (this: Libc, ...args: unknown[]) {
     if (++calls === n) throw new Error(`injected: no space left (${method})`);
     return original.apply(this, args);
   };

@@ -336,7 +336,7 @@ async function walWrites(
   const trace = join(dir, "trace");
   const mark = join(dir, "mark");
   const child = await straced(
-    "write",
+    "pwrite64",
     "",
     `${args[0]}-wal`,
     untilMark ? [...args, `m:${mark}`] : args,
@@ -349,7 +349,7 @@ async function walWrites(
     ? traced.findIndex((line) => line.includes(mark))
     : traced.length;
   const writes = traced.slice(0, end)
-    .filter((line) => line.includes("write(")).length;
+    .filter((line) => line.includes("pwrite64(")).length;
   return { writes, results };
 }
 
@@ -460,7 +460,7 @@ for (const synchronous of ["off", "normal"]) {
         // first frame, over OLD-1's.
         sqlite3Ok(path, "PRAGMA wal_checkpoint");
       }
-      const child = await straced("write", "error=ENOSPC", `${path}-wal`, [
+      const child = await straced("pwrite64", "error=ENOSPC", `${path}-wal`, [
         path,
         synchronous,
         "e:UPDATE a SET x = 'A3'",
@@ -519,7 +519,7 @@ Deno.test("synchronous normal: a commit whose checksums SQLite rewrites fails if
 
   const path = join(dir, "failed.db");
   const child = await straced(
-    "write",
+    "pwrite64",
     `error=EIO:when=${writes}`,
     `${path}-wal`,
     rewrittenChecksumsSetup(path),
@@ -543,12 +543,12 @@ Deno.test("each WAL frame reaches the file in one write, its header with its pag
   const dir = tmp.path;
   const sizes = async (args: [string, string, ...string[]]) => {
     const trace = join(dir, "trace");
-    const child = await straced("write", "", `${args[0]}-wal`, args, trace);
+    const child = await straced("pwrite64", "", `${args[0]}-wal`, args, trace);
     for (const result of await child.results()) {
       assert.equal(result.error, undefined);
     }
     return Deno.readTextFileSync(trace).split("\n")
-      .filter((line) => line.includes("write("))
+      .filter((line) => line.includes("pwrite64("))
       .map((line) => Number(/= (\d+)$/.exec(line)![1]));
   };
   const path = join(dir, "frames.db");
@@ -586,15 +586,20 @@ Deno.test("after a WAL write fails with ENOSPC in a spilling transaction, that t
   );
   // The first write to -wal is its header (synced on its own after the
   // WAL starts over); the second, the insert's first spilled frames.
-  const child = await straced("write", "error=ENOSPC:when=2", `${path}-wal`, [
-    path,
-    "normal",
-    "e:PRAGMA cache_size=3",
-    "e:WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 300) INSERT INTO t SELECT 100 + i, randomblob(3000) FROM c",
-    "q:SELECT count(*) AS n FROM t",
-    "e:UPDATE t SET b = zeroblob(11) WHERE id = 2",
-    "q:SELECT length(b) AS n FROM t WHERE id = 2",
-  ]);
+  const child = await straced(
+    "pwrite64",
+    "error=ENOSPC:when=2",
+    `${path}-wal`,
+    [
+      path,
+      "normal",
+      "e:PRAGMA cache_size=3",
+      "e:WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 300) INSERT INTO t SELECT 100 + i, randomblob(3000) FROM c",
+      "q:SELECT count(*) AS n FROM t",
+      "e:UPDATE t SET b = zeroblob(11) WHERE id = 2",
+      "q:SELECT length(b) AS n FROM t WHERE id = 2",
+    ],
+  );
   const [, insert, count, update, length] = await child.results();
   assert.match(String(insert!.error), /database or disk is full/);
   assert.deepEqual(count, { rows: [{ n: 40 }] });
@@ -640,7 +645,7 @@ Deno.test("a spilled frame whose write fails fails its own transaction, not anot
   const path = join(dir, "spilled.db");
   setup(path);
   const child = await straced(
-    "write",
+    "pwrite64",
     `error=ENOSPC:when=${writes + 1}`,
     `${path}-wal`,
     [
@@ -679,12 +684,17 @@ Deno.test("readers never wait for a writer whose WAL write is slow (synchronous 
   await using reader = await openSqliteWasm(path, { journalMode: "wal" });
   await reader.query("SELECT x FROM a");
   sqlite3Ok(path, "UPDATE a SET x = 'A2'");
-  const child = await straced("write", "delay_enter=3000000", `${path}-wal`, [
-    path,
-    "normal",
-    "e:UPDATE a SET x = 'A3'",
-    "q:SELECT x FROM a",
-  ]);
+  const child = await straced(
+    "pwrite64",
+    "delay_enter=3000000",
+    `${path}-wal`,
+    [
+      path,
+      "normal",
+      "e:UPDATE a SET x = 'A3'",
+      "q:SELECT x FROM a",
+    ],
+  );
   let slowest = 0;
   const seen = new Set<string>();
   let reads = 0;
@@ -843,21 +853,20 @@ for (const file of ["-journal", "-shm"]) {
   });
 }
 
-Deno.test("a held journal write that fails fails its own connection's commit, not a call on another database (ENOSPC injected by strace on the journal)", async () => {
+Deno.test("a journal write that fails fails the statement that made it, at once, and never a call on another database (ENOSPC injected by strace on the journal)", async () => {
   await using tmp = await tempDir("vfs_wal_");
   const a = join(tmp.path, "a.db");
   const b = join(tmp.path, "b.db");
   for (const path of [a, b]) {
     sqlite3Ok(path, "CREATE TABLE t(v INTEGER); INSERT INTO t VALUES (1)");
   }
-  // The child's first connection is b's (WAL); a's, opened second, is in
-  // the rollback journal mode that holds journal writes.
-  const child = await straced("write", "error=ENOSPC", `${a}-journal`, [
+  // The child's first connection is b's (WAL); a's, opened second, keeps
+  // a rollback journal.
+  const child = await straced("pwrite64", "error=ENOSPC", `${a}-journal`, [
     b,
     "full",
     `O:${a}`,
     "o:BEGIN",
-    // Its journal record is held when the statement returns.
     "o:UPDATE t SET v = v + 1 RETURNING v",
     "q:SELECT count(*) AS n FROM t",
     "e:INSERT INTO t VALUES (2)",
@@ -866,13 +875,13 @@ Deno.test("a held journal write that fails fails its own connection's commit, no
   ]);
   const [open, begin, update, count, insert, commit, after] = await child
     .results();
-  assert.deepEqual([open, begin, update], [
-    { rows: [] },
-    { rows: [] },
-    { rows: [{ v: 2 }] },
+  assert.deepEqual([open, begin], [{ rows: [] }, { rows: [] }]);
+  // SQLite rolled the transaction back on the full disk.
+  assert.deepEqual([update, commit], [
+    { error: "database or disk is full" },
+    { error: "cannot commit - no transaction is active" },
   ]);
   assert.deepEqual([count, insert], [{ rows: [{ n: 1 }] }, { rows: [] }]);
-  assert.match(String(commit!.error), /database or disk is full/);
   assert.deepEqual(after, { rows: [{ v: 1 }] });
   assert.equal(
     sqlite3Ok(a, "SELECT v FROM t; PRAGMA integrity_check"),
@@ -882,4 +891,69 @@ Deno.test("a held journal write that fails fails its own connection's commit, no
     sqlite3Ok(b, "SELECT count(*) FROM t; PRAGMA integrity_check"),
     "2\nok",
   );
+});
+
+Deno.test("synchronous off, journal_mode delete: a commit whose database writes fail fails, and nothing committed is lost (ENOSPC injected by strace on the database)", async () => {
+  await using tmp = await tempDir("vfs_wal_");
+  const a = join(tmp.path, "a.db");
+  sqlite3Ok(a, "CREATE TABLE t(v INTEGER); INSERT INTO t VALUES (1)");
+  const child = await straced("pwrite64", "error=ENOSPC", a, [
+    join(tmp.path, "b.db"),
+    "off",
+    `O:${a}`,
+    "o:PRAGMA journal_mode=delete",
+    "o:INSERT INTO t VALUES (2), (3), (4)",
+    "o:SELECT count(*) AS n FROM t",
+  ]);
+  const [, mode, insert, count] = await child.results();
+  assert.deepEqual(mode, { rows: [{ journal_mode: "delete" }] });
+  assert.deepEqual(insert, { error: "database or disk is full" });
+  // The journal stayed, hot: rolling it back writes the database too.
+  assert.deepEqual(count, { error: "database or disk is full" });
+  assert.equal(
+    sqlite3Ok(a, "SELECT count(*) FROM t; PRAGMA integrity_check"),
+    "1\nok",
+  );
+});
+
+for (const file of ["-journal", "-wal"]) {
+  Deno.test(`a ${file} path that is a symbolic link is not followed (as os_unix): writing fails and the link's target stays empty`, async () => {
+    await using tmp = await tempDir("vfs_wal_");
+    const path = join(tmp.path, "linked.db");
+    sqlite3Ok(path, "CREATE TABLE t(x TEXT)");
+    const loot = join(tmp.path, "loot");
+    Deno.writeTextFileSync(loot, "");
+    Deno.symlinkSync(loot, `${path}${file}`);
+    await assert.rejects(
+      (async () => {
+        await using db = await openSqliteWasm(path, {
+          journalMode: file === "-wal" ? "wal" : "truncate",
+        });
+        await db.run("INSERT INTO t VALUES (?)", ["secret"]);
+      })(),
+      SqliteError,
+    );
+    assert.equal(Deno.readTextFileSync(loot), "");
+    // Native SQLite refuses it too.
+    assert.notEqual(sqlite3Cli(path, "INSERT INTO t VALUES ('x')").code, 0);
+  });
+}
+
+Deno.test("a journal is created with the database file's permission bits, never first with the umask's (strace lists the create)", async () => {
+  await using tmp = await tempDir("vfs_wal_");
+  const path = join(tmp.path, "private.db");
+  sqlite3Ok(path, "CREATE TABLE t(v INTEGER)");
+  Deno.chmodSync(path, 0o600);
+  const trace = join(tmp.path, "trace");
+  const child = await straced("openat", "", `${path}-journal`, [
+    join(tmp.path, "other.db"),
+    "full",
+    `O:${path}`,
+    "o:INSERT INTO t VALUES (1)",
+  ], trace);
+  assert.deepEqual((await child.results()).at(-1), { rows: [] });
+  const creates = Deno.readTextFileSync(trace).split("\n")
+    .filter((line) => line.includes("O_CREAT"));
+  assert.equal(creates.length, 1, creates.join("\n"));
+  assert.match(creates[0]!, /O_EXCL\|O_NOFOLLOW.*, 0600\) = \d+$/);
 });
