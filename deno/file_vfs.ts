@@ -1053,17 +1053,18 @@ class SharedMemory {
     // Never through a link, as os_unix: one planted by a user who may
     // write the directory would have this process write (and give away)
     // another file.
+    requirePermission(this.#path, true);
+    const db = statIfPresent(this.#database);
     const fd = libc.open(this.#path, {
       write: true,
       create: true,
       createNew: false,
       noFollow: true,
+      permissions: db?.mode == null ? undefined : db.mode & 0o777,
     });
     try {
       // Empty: just created (os_unix's test too).
-      if (libc.size(fd) === 0) {
-        takeDatabaseMode(libc, fd, statIfPresent(this.#database));
-      }
+      if (libc.size(fd) === 0) takeDatabaseMode(libc, fd, db);
     } catch (error) {
       libc.close(fd);
       throw error;
@@ -1618,9 +1619,7 @@ function createVfs(sqlite3: Sqlite3Static) {
           create: true,
           createNew: true,
           noFollow: true,
-          permissions: db?.mode === null || db === undefined
-            ? undefined
-            : db.mode & 0o777,
+          permissions: db?.mode == null ? undefined : db.mode & 0o777,
         });
         seen.set(path, true);
         takeDatabaseMode(libc, fd, db);
@@ -1888,6 +1887,8 @@ function createVfs(sqlite3: Sqlite3Static) {
             file = new DatabaseFile(libc, name, fds, opened);
           } else {
             const libc = loadLibc(name);
+            // libc's open asks Deno for nothing: ask as for the database.
+            requirePermission(name, writable);
             let fd: number;
             let created = false;
             if (create && isJournal && (flags & OPEN_EXCLUSIVE) === 0) {
@@ -1905,12 +1906,16 @@ function createVfs(sqlite3: Sqlite3Static) {
                   : undefined,
               );
             } else {
+              const createNew = create && (flags & OPEN_EXCLUSIVE) !== 0;
               fd = libc.open(name, {
                 write: writable,
                 create,
-                createNew: create && (flags & OPEN_EXCLUSIVE) !== 0,
+                createNew,
                 noFollow: true,
               });
+              // A super-journal, created here (O_EXCL), must reach the
+              // directory before the journals that name it are relied on.
+              created = createNew && isJournal;
             }
             file = new DiskFile(
               libc,

@@ -957,3 +957,122 @@ Deno.test("a journal is created with the database file's permission bits, never 
   assert.equal(creates.length, 1, creates.join("\n"));
   assert.match(creates[0]!, /O_EXCL\|O_NOFOLLOW.*, 0600\) = \d+$/);
 });
+
+Deno.test("a -wal and a -shm are created with the database file's permission bits too (strace lists the creates)", async () => {
+  await using tmp = await tempDir("vfs_wal_");
+  const path = join(tmp.path, "private.db");
+  sqlite3Ok(path, "PRAGMA journal_mode=wal; CREATE TABLE t(v INTEGER)");
+  Deno.chmodSync(path, 0o600);
+  for (const file of ["-wal", "-shm"]) {
+    const trace = join(tmp.path, `trace${file}`);
+    const child = await straced("openat", "", `${path}${file}`, [
+      path,
+      "full",
+      "e:INSERT INTO t VALUES (1)",
+    ], trace);
+    assert.deepEqual((await child.results()).at(-1), { rows: [] });
+    const creates = Deno.readTextFileSync(trace).split("\n")
+      .filter((line) => line.includes("O_CREAT"));
+    assert.ok(creates.length > 0, file);
+    for (const line of creates) assert.match(line, /, 0600\) = \d+$/);
+  }
+});
+
+Deno.test("a super-journal's directory entry is synced before the commit relies on it, as os_unix does (strace lists the syncs)", async () => {
+  await using tmp = await tempDir("vfs_wal_");
+  const a = join(tmp.path, "a.db");
+  const c = join(tmp.path, "c.db");
+  sqlite3Ok(a, "CREATE TABLE t(v INTEGER)");
+  sqlite3Ok(c, "CREATE TABLE u(v INTEGER)");
+  const trace = join(tmp.path, "trace");
+  const commit = [
+    "o:BEGIN",
+    "o:INSERT INTO t VALUES (1)",
+    "o:INSERT INTO c.u VALUES (1)",
+    "o:COMMIT",
+  ];
+  const { code } = await new Deno.Command("strace", {
+    args: [
+      "-f",
+      "-qq",
+      "-o",
+      trace,
+      "-e",
+      "trace=openat,fsync,unlink",
+      Deno.execPath(),
+      "run",
+      "-A",
+      "--config",
+      config,
+      walChild,
+      join(tmp.path, "other.db"),
+      "full",
+      `O:${a}`,
+      `o:ATTACH '${c}' AS c`,
+      "o:PRAGMA c.journal_mode=truncate",
+      // The first commit creates both journals; the second finds them.
+      ...commit,
+      ...commit,
+    ],
+    stdout: "null",
+  }).output();
+  assert.equal(code, 0);
+  const lines = Deno.readTextFileSync(trace).split("\n");
+  const created = lines.findLastIndex((line) =>
+    line.includes("-mj") && line.includes("O_CREAT")
+  );
+  const removed = lines.findLastIndex((line) =>
+    line.includes("unlink(") && line.includes("-mj")
+  );
+  assert.ok(0 <= created && created < removed);
+  assert.ok(
+    lines.slice(created, removed).some((line) => line.includes("fsync(")),
+    lines.slice(created, removed + 1).join("\n"),
+  );
+  assert.equal(sqlite3Ok(c, "SELECT count(*) FROM u"), "2");
+});
+
+for (const journalMode of ["truncate", "delete"]) {
+  Deno.test(`journalMode ${journalMode}: with write permission for the database file alone, a write fails before anything is written, and no journal is left (Deno's permissions hold for journals too)`, async () => {
+    await using tmp = await tempDir("vfs_wal_");
+    const path = join(tmp.path, "a.db");
+    sqlite3Ok(path, "CREATE TABLE t(x INTEGER)");
+    const script = join(tmp.path, "child.ts");
+    Deno.writeTextFileSync(
+      script,
+      `import { openSqliteWasm } from ${
+        JSON.stringify(new URL("../deno/sqlite_wasm.ts", import.meta.url).href)
+      };
+await using db = await openSqliteWasm(Deno.args[0], { journalMode: Deno.args[1] });
+let insert = "ok";
+try { await db.run("INSERT INTO t VALUES (1)"); } catch (error) { insert = error.message; }
+console.log(JSON.stringify({ insert, rows: await db.query("SELECT count(*) AS n FROM t") }));
+`,
+    );
+    const output = await new Deno.Command(Deno.execPath(), {
+      args: [
+        "run",
+        "--no-prompt",
+        "--allow-ffi",
+        "--allow-read",
+        `--allow-write=${path}`,
+        "--config",
+        config,
+        script,
+        path,
+        journalMode,
+      ],
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const decoder = new TextDecoder();
+    assert.equal(output.code, 0, decoder.decode(output.stderr));
+    const { insert, rows } = JSON.parse(decoder.decode(output.stdout));
+    assert.equal(insert, "unable to open database file");
+    assert.deepEqual(rows, [{ n: 0 }]);
+    assert.deepEqual(
+      [...Deno.readDirSync(tmp.path)].map((entry) => entry.name).sort(),
+      ["a.db", "child.ts"],
+    );
+  });
+}
