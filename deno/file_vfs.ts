@@ -1060,7 +1060,7 @@ class SharedMemory {
       create: true,
       createNew: false,
       noFollow: true,
-      permissions: db?.mode == null ? undefined : db.mode & 0o777,
+      permissions: permissionBits(db),
     });
     try {
       // Empty: just created (os_unix's test too).
@@ -1450,11 +1450,16 @@ function takeDatabaseMode(
   fd: number,
   db: Deno.FileInfo | undefined,
 ): void {
-  if (db === undefined) return;
-  if (db.mode !== null) libc.chmod(fd, db.mode & 0o777);
-  if (db.uid !== null && db.gid !== null && libc.isRoot()) {
+  const permissions = permissionBits(db);
+  if (permissions !== undefined) libc.chmod(fd, permissions);
+  if (db?.uid != null && db.gid != null && libc.isRoot()) {
     libc.chown(fd, db.uid, db.gid);
   }
+}
+
+/** A file's permission bits, from its `stat`, if known. */
+function permissionBits(file: Deno.FileInfo | undefined): number | undefined {
+  return file?.mode == null ? undefined : file.mode & 0o777;
 }
 
 /** `path`'s `stat`, or undefined when it cannot be read. */
@@ -1619,7 +1624,7 @@ function createVfs(sqlite3: Sqlite3Static) {
           create: true,
           createNew: true,
           noFollow: true,
-          permissions: db?.mode == null ? undefined : db.mode & 0o777,
+          permissions: permissionBits(db),
         });
         seen.set(path, true);
         takeDatabaseMode(libc, fd, db);

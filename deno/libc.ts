@@ -6,8 +6,9 @@
  *
  * Deno exposes neither a file's descriptor nor byte-range locks, so the
  * database file is opened here, and so are its journals and WAL files (never
- * through a symbolic link, and created with the database's mode). The WAL index (`<db>-shm`) is opened here too, locked, and
- * mapped with `mmap` into WASM memory.
+ * through a symbolic link, and created with the database's mode). The WAL
+ * index (`<db>-shm`) is opened here too, locked, and mapped with `mmap` into
+ * WASM memory.
  *
  * @module
  */

@@ -324,9 +324,9 @@ async function straced(
 }
 
 /**
- * Runs the child once without a fault and counts its writes to `-wal`: all
+ * Runs the child once without a fault and lists its writes to `-wal`: all
  * of them, or with `untilMark`, those before a mark after the statements.
- * Returns the count and the child's results.
+ * Returns their count, their sizes and the child's results.
  */
 async function walWrites(
   dir: string,
@@ -348,9 +348,10 @@ async function walWrites(
   const end = untilMark
     ? traced.findIndex((line) => line.includes(mark))
     : traced.length;
-  const writes = traced.slice(0, end)
-    .filter((line) => line.includes("pwrite64(")).length;
-  return { writes, results };
+  const sizes = traced.slice(0, end)
+    .filter((line) => line.includes("pwrite64("))
+    .map((line) => Number(/= (\d+)$/.exec(line)![1]));
+  return { writes: sizes.length, sizes, results };
 }
 
 /**
@@ -542,14 +543,9 @@ Deno.test("each WAL frame reaches the file in one write, its header with its pag
   await using tmp = await tempDir("vfs_wal_");
   const dir = tmp.path;
   const sizes = async (args: [string, string, ...string[]]) => {
-    const trace = join(dir, "trace");
-    const child = await straced("pwrite64", "", `${args[0]}-wal`, args, trace);
-    for (const result of await child.results()) {
-      assert.equal(result.error, undefined);
-    }
-    return Deno.readTextFileSync(trace).split("\n")
-      .filter((line) => line.includes("pwrite64("))
-      .map((line) => Number(/= (\d+)$/.exec(line)![1]));
+    const { sizes, results } = await walWrites(dir, args);
+    for (const result of results) assert.equal(result.error, undefined);
+    return sizes;
   };
   const path = join(dir, "frames.db");
   sqlite3Ok(
