@@ -456,6 +456,60 @@ Deno.test("R12: four outboxes opening one new schema at once all open, and the s
   }
 });
 
+Deno.test("postgres: opening a version 4 schema (identities as text) upgrades it to uuid identities, and what was enqueued keeps its identity and is claimed, acknowledged and deduplicated as before", async () => {
+  const { url, schema } = await fresh();
+  const identities: string[] = [];
+  {
+    await using outbox = await openPostgres(url, { schema });
+    for (const payload of ["a", "b"]) {
+      identities.push((await outbox.enqueue(payload)).identity);
+    }
+    const upstream = "0190b2c4-7d3e-4a11-8f00-5c0ffee0cafe";
+    assert.equal(
+      (await outbox.enqueue("c", { identity: upstream })).identity,
+      upstream,
+    );
+    identities.push(upstream);
+  }
+  // Version 4 as it was: the same tables with identity as text.
+  await using db = await raw(url, schema);
+  await db.exec(`ALTER TABLE outbox_events ALTER COLUMN identity TYPE text;
+    DELETE FROM outbox_schema;
+    INSERT INTO outbox_schema (version, applied_at) VALUES (4, 0)`);
+  const type = async () =>
+    (await db.query(
+      "SELECT format_type(atttypid, atttypmod) AS type FROM pg_attribute WHERE attrelid = 'outbox_events'::regclass AND attname = 'identity'",
+    ))[0]?.["type"];
+  assert.equal(await type(), "text");
+
+  await using outbox = await openPostgres(url, { schema });
+  assert.equal(await type(), "uuid");
+  assert.deepEqual(
+    await db.query("SELECT version FROM outbox_schema ORDER BY version"),
+    [{ version: 4 }, { version: POSTGRES_SCHEMA_VERSION }],
+  );
+  assert.equal(POSTGRES_SCHEMA_VERSION, 5);
+  // The same text comes back, by claim and by lookup, and an enqueue with
+  // an identity that exists is deduplicated to its event.
+  const leases = await outbox.claim({ max: 3 });
+  assert.deepEqual(leases.map((lease) => lease.identity), identities);
+  assert.equal(
+    (await outbox.explain(identities[2]!))?.identity,
+    identities[2],
+  );
+  const again = await outbox.enqueue("c again", { identity: identities[2]! });
+  assert.equal(again.deduplicated, true);
+  assert.equal(again.eventId, leases[2]!.eventId);
+  const batch = await outbox.enqueueBatch([
+    { payload: "d" },
+    { payload: "a again", identity: identities[0]! },
+  ]);
+  assert.deepEqual(batch.map((result) => result.deduplicated), [false, true]);
+  assert.equal(batch[1]!.eventId, leases[0]!.eventId);
+  assert.deepEqual(await outbox.acknowledge(leases), [true, true, true]);
+  assert.equal((await outbox.stats()).done, 3);
+});
+
 Deno.test("postgres: an acknowledgement waiting for a row lock past busyTimeoutMs fails with BusyError and changes nothing", async () => {
   const { url, schema } = await fresh();
   await using outbox = await openPostgres(url, { schema, busyTimeoutMs: 100 });
