@@ -67,8 +67,8 @@ CREATE TABLE IF NOT EXISTS outbox_events (
 
 -- Version 5 keeps identities as uuid (16 bytes), not text (37): every
 -- claim and acknowledgement adds an entry to this index (no update here is
--- HOT), which cost a batch of 256 claimed and acknowledged about 1.4 ms of
--- 15 as text (bench/README.md). The text a caller reads back is the same.
+-- HOT), which cost a batch of 256 claimed and acknowledged 0.4 to 0.8 ms
+-- of 14 as text (bench/README.md). The text a caller reads back is the same.
 DO $$
 BEGIN
   IF (SELECT atttypid FROM pg_attribute
