@@ -167,9 +167,10 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
   readonly acknowledgeAllInOne?: string;
   /**
    * Takes the lock that lines up openers setting the schema up, held to
-   * the end of the transaction (instead of SQLite's schema steps).
+   * the end of the transaction (instead of SQLite's schema steps): run in
+   * order, so they may also set what the wait and the set-up run under.
    */
-  readonly lock?: string;
+  readonly lock?: readonly string[];
   /** Creates what is missing of the schema, run under `lock`. */
   readonly setup?: string;
   /** Answers `present`: whether the schema's version table exists. */
@@ -643,14 +644,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       // Set-up takes locks that stop running workers for a moment: only
       // an opener that finds the schema missing or older takes them.
       if (await version() !== sql.version) {
-        await driver.run(sql.lock!);
+        for (const statement of sql.lock!) await driver.run(statement);
         if (await version() < sql.version!) await driver.exec(sql.setup!);
       }
       const found = await version();
       if (found !== sql.version) {
-        throw new Error(
-          `Cannot open outbox as the database has outbox schema version ${found}, not ${sql.version}`,
-        );
+        throw new SchemaVersionError(found, sql.version!);
       }
     }, false);
     if (driver.watchEnqueues !== undefined) {

@@ -276,7 +276,7 @@ const SCRIPT = new URL(import.meta.url).pathname;
 const ANCHOR = "Deno KV file (WAL, fsync per commit)";
 
 /**
- * Measures the three Deno KV rows, each in its own process.
+ * Measures the four Deno KV rows, each in its own process.
  *
  * @param smoke Toy sizes, to keep the script working.
  * @param dir A directory for the database files.

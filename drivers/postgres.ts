@@ -477,19 +477,27 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     });
     try {
       await client.connect();
-      if (this.#createSchema && options.schema !== undefined) {
+      if (
+        this.#createSchema && options.schema !== undefined &&
+        (await client.query({
+            text: "SELECT 1 FROM pg_namespace WHERE nspname = $1",
+            values: [options.schema],
+          })).rows.length === 0
+      ) {
         // CREATE SCHEMA IF NOT EXISTS fails in one of two sessions running
         // it at once; the outbox set-up's advisory lock lines them up. The
         // simple protocol runs both in one implicit transaction, which
-        // holds the lock. The name is a checked identifier.
+        // holds the lock. The name is a checked identifier. Only for a
+        // missing schema: an upgrade holds that lock as long as it takes,
+        // and a connection waits for it in the outbox's set-up alone.
         await client.query({
           text:
             `SELECT pg_advisory_xact_lock(hashtext('leased_outbox:${options.schema}'));
             CREATE SCHEMA IF NOT EXISTS ${quoteIdentifier(options.schema)}`,
           values: [],
         });
-        this.#createSchema = false;
       }
+      this.#createSchema = false;
       for (const channel of this.#listeners.keys()) {
         await client.query({
           text: `LISTEN ${quoteIdentifier(channel)}`,

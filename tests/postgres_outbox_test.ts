@@ -16,6 +16,7 @@ import {
 import {
   BusyError,
   ConnectionLostError,
+  SchemaVersionError,
   StatementTimeoutError,
 } from "../errors.ts";
 import { type Dialect, Outbox, processEvents } from "../mod.ts";
@@ -456,11 +457,38 @@ Deno.test("R12: four outboxes opening one new schema at once all open, and the s
   }
 });
 
-Deno.test("postgres: opening a version 4 schema (identities as text) upgrades it to uuid identities, and what was enqueued keeps its identity and is claimed, acknowledged and deduplicated as before", async () => {
+/**
+ * Turns a fresh schema's outbox_events back into version 4's (identity as
+ * text, the only difference from version 5) and records version 4.
+ */
+async function asVersion4(db: Driver): Promise<void> {
+  await db.exec(`ALTER TABLE outbox_events ALTER COLUMN identity TYPE text;
+    DELETE FROM outbox_schema;
+    INSERT INTO outbox_schema (version, applied_at) VALUES (4, 0)`);
+}
+
+async function identityType(db: Driver): Promise<unknown> {
+  const [row] = await db.query(
+    "SELECT format_type(atttypid, atttypmod) AS type FROM pg_attribute WHERE attrelid = 'outbox_events'::regclass AND attname = 'identity'",
+  );
+  return row?.["type"];
+}
+
+Deno.test("postgres: opening a version 4 schema (identities as text) upgrades it to uuid identities; every event and ledger entry reads as before, and events are claimed, acknowledged and deduplicated by identity as before", async () => {
   const { url, schema } = await fresh();
   const identities: string[] = [];
   {
     await using outbox = await openPostgres(url, { schema });
+    // An event in every state but pending, with the ledger entries they
+    // leave: done, a dead letter, and a lease that outlives the test.
+    await outbox.enqueueBatch([
+      { payload: new Uint8Array([1, 2]), dedupKey: "k", orderingKey: "o" },
+      { payload: "dead", maxAttempts: 1 },
+      { payload: "leased" },
+    ]);
+    const [done, dead] = await outbox.claim({ max: 3, leaseMs: 3_600_000 });
+    await outbox.acknowledge(done!);
+    assert.equal(await outbox.release(dead!, { error: "boom" }), true);
     for (const payload of ["a", "b"]) {
       identities.push((await outbox.enqueue(payload)).identity);
     }
@@ -471,32 +499,34 @@ Deno.test("postgres: opening a version 4 schema (identities as text) upgrades it
     );
     identities.push(upstream);
   }
-  // Version 4 as it was: the same tables with identity as text.
   await using db = await raw(url, schema);
-  await db.exec(`ALTER TABLE outbox_events ALTER COLUMN identity TYPE text;
-    DELETE FROM outbox_schema;
-    INSERT INTO outbox_schema (version, applied_at) VALUES (4, 0)`);
-  const type = async () =>
-    (await db.query(
-      "SELECT format_type(atttypid, atttypmod) AS type FROM pg_attribute WHERE attrelid = 'outbox_events'::regclass AND attname = 'identity'",
-    ))[0]?.["type"];
-  assert.equal(await type(), "text");
+  const snapshot = async () => ({
+    events: await db.query(
+      "SELECT id, identity::text AS identity, queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at, claimed_at FROM outbox_events ORDER BY id",
+    ),
+    ledger: await db.query("SELECT * FROM outbox_ledger ORDER BY seq"),
+  });
+  const before = await snapshot();
+  assert.deepEqual(
+    before.events.map((event) => event["state"]),
+    ["done", "dead", "leased", "pending", "pending", "pending"],
+  );
+  await asVersion4(db);
+  assert.equal(await identityType(db), "text");
 
   await using outbox = await openPostgres(url, { schema });
-  assert.equal(await type(), "uuid");
+  assert.equal(await identityType(db), "uuid");
   assert.deepEqual(
     await db.query("SELECT version FROM outbox_schema ORDER BY version"),
     [{ version: 4 }, { version: POSTGRES_SCHEMA_VERSION }],
   );
   assert.equal(POSTGRES_SCHEMA_VERSION, 5);
+  assert.deepEqual(await snapshot(), before);
   // The same text comes back, by claim and by lookup, and an enqueue with
   // an identity that exists is deduplicated to its event.
   const leases = await outbox.claim({ max: 3 });
   assert.deepEqual(leases.map((lease) => lease.identity), identities);
-  assert.equal(
-    (await outbox.explain(identities[2]!))?.identity,
-    identities[2],
-  );
+  assert.equal((await outbox.explain(identities[2]!))?.identity, identities[2]);
   const again = await outbox.enqueue("c again", { identity: identities[2]! });
   assert.equal(again.deduplicated, true);
   assert.equal(again.eventId, leases[2]!.eventId);
@@ -507,7 +537,85 @@ Deno.test("postgres: opening a version 4 schema (identities as text) upgrades it
   assert.deepEqual(batch.map((result) => result.deduplicated), [false, true]);
   assert.equal(batch[1]!.eventId, leases[0]!.eventId);
   assert.deepEqual(await outbox.acknowledge(leases), [true, true, true]);
-  assert.equal((await outbox.stats()).done, 3);
+  assert.equal((await outbox.stats()).done, 4);
+});
+
+Deno.test("postgres: openers wait for another opener's schema upgrade however long it takes, past busyTimeoutMs and statementTimeoutMs, then open", async () => {
+  const { url, schema } = await fresh();
+  await (await openPostgres(url, { schema })).close();
+  await using db = await raw(url, schema);
+  await asVersion4(db);
+  // An upgrade in progress elsewhere: the set-up lock, held for 600 ms.
+  await using holder = await raw(url, schema);
+  await holder.run("BEGIN");
+  await holder.query(
+    "SELECT pg_advisory_xact_lock(hashtext('leased_outbox:' || current_schema()))",
+  );
+  const openers = [0, 1].map(() =>
+    openPostgres(url, { schema, busyTimeoutMs: 100, statementTimeoutMs: 100 })
+  );
+  const settled = openers.map((opener) =>
+    opener.then(() => "opened", (error) => String(error))
+  );
+  const early = await Promise.race([
+    ...settled,
+    new Promise((resolve) => setTimeout(() => resolve("waiting"), 600)),
+  ]);
+  assert.equal(early, "waiting");
+  await holder.run("COMMIT");
+  assert.deepEqual(await Promise.all(settled), ["opened", "opened"]);
+  assert.equal(await identityType(db), "uuid");
+  for (const opener of openers) {
+    const outbox = await opener;
+    await outbox.enqueue("x");
+    await outbox.close();
+  }
+});
+
+Deno.test("postgres: an upgrade whose table lock an older release's transaction holds fails with BusyError after busyTimeoutMs and changes nothing", async () => {
+  const { url, schema } = await fresh();
+  await (await openPostgres(url, { schema })).close();
+  await using db = await raw(url, schema);
+  await asVersion4(db);
+  await using holder = await raw(url, schema);
+  await holder.run("BEGIN");
+  await holder.query("SELECT count(*) FROM outbox_events");
+  const started = performance.now();
+  await assert.rejects(
+    openPostgres(url, { schema, busyTimeoutMs: 200 }),
+    BusyError,
+  );
+  const waited = performance.now() - started;
+  assert.ok(waited >= 200 && waited < 5_000, `waited ${waited} ms`);
+  await holder.run("COMMIT");
+  assert.equal(await identityType(db), "text");
+  assert.deepEqual(
+    await db.query("SELECT version FROM outbox_schema ORDER BY version"),
+    [{ version: 4 }],
+  );
+});
+
+Deno.test("postgres: a schema of a newer version than this release's is refused at open with SchemaVersionError, and nothing changes", async () => {
+  const { url, schema } = await fresh();
+  await (await openPostgres(url, { schema })).close();
+  await using db = await raw(url, schema);
+  await db.run(
+    "INSERT INTO outbox_schema (version, applied_at) VALUES ($1, 0)",
+    [POSTGRES_SCHEMA_VERSION + 1],
+  );
+  const error = await openPostgres(url, { schema }).then(
+    () => assert.fail("opened"),
+    (error) => error,
+  );
+  assert.ok(error instanceof SchemaVersionError, String(error));
+  assert.equal(error.version, POSTGRES_SCHEMA_VERSION + 1);
+  assert.equal(error.supported, POSTGRES_SCHEMA_VERSION);
+  assert.deepEqual(
+    await db.query("SELECT version FROM outbox_schema ORDER BY version"),
+    [{ version: POSTGRES_SCHEMA_VERSION }, {
+      version: POSTGRES_SCHEMA_VERSION + 1,
+    }],
+  );
 });
 
 Deno.test("postgres: an acknowledgement waiting for a row lock past busyTimeoutMs fails with BusyError and changes nothing", async () => {
