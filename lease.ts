@@ -167,10 +167,11 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
   readonly acknowledgeAllInOne?: string;
   /**
    * Takes the lock that lines up openers setting the schema up, held to
-   * the end of the transaction (instead of SQLite's schema steps): run in
-   * order, so they may also set what the wait and the set-up run under.
+   * the end of the transaction (instead of SQLite's schema steps): one
+   * statement, or several run in order, which may also set what the wait
+   * and the set-up run under.
    */
-  readonly lock?: readonly string[];
+  readonly lock?: string | readonly string[];
   /** Creates what is missing of the schema, run under `lock`. */
   readonly setup?: string;
   /** Answers `present`: whether the schema's version table exists. */
@@ -642,9 +643,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         return Number(row?.["version"] ?? 0);
       };
       // Set-up takes locks that stop running workers for a moment: only
-      // an opener that finds the schema missing or older takes them.
-      if (await version() !== sql.version) {
-        for (const statement of sql.lock!) await driver.run(statement);
+      // an opener that finds the schema missing or older takes them (one
+      // that finds it newer refuses it at once, waiting for nothing).
+      const before = await version();
+      if (before > sql.version!) {
+        throw new SchemaVersionError(before, sql.version!);
+      }
+      if (before !== sql.version) {
+        for (const statement of [sql.lock!].flat()) {
+          await driver.run(statement);
+        }
         if (await version() < sql.version!) await driver.exec(sql.setup!);
       }
       const found = await version();

@@ -237,17 +237,23 @@ export const POSTGRES = {
   // One outbox opening at a time per schema creates or upgrades it. The
   // others wait for it however long an upgrade takes (rewriting a big
   // table, version 5), not busyTimeoutMs (the lock_timeout) nor
-  // statementTimeoutMs; the set-up then runs without a statement timeout,
-  // and its own lock waits (on tables an older release's process holds)
-  // under the lock_timeout it had, kept in a placeholder setting. One
-  // statement per message: a statement timeout set within a message of
-  // several still timed the wait.
+  // statementTimeoutMs. The set-up then runs without a statement timeout,
+  // so a rewrite is not cut off, but its waits for table locks (which an
+  // older release's process, a dump or a report may hold) stay bounded: by
+  // the lock_timeout it had, or when that is 0 (none), by the statement
+  // timeout it had, both kept in placeholder settings. One statement per
+  // message: a statement timeout set within a message of several still
+  // timed the wait.
   lock: [
-    "SELECT set_config('leased_outbox.lock_timeout', current_setting('lock_timeout'), true)",
+    `SELECT set_config('leased_outbox.lock_timeout', current_setting('lock_timeout'), true),
+      set_config('leased_outbox.statement_timeout', current_setting('statement_timeout'), true)`,
     "SET LOCAL statement_timeout = 0",
     "SET LOCAL lock_timeout = 0",
     "SELECT pg_advisory_xact_lock(hashtext('leased_outbox:' || current_schema()))",
-    "SELECT set_config('lock_timeout', current_setting('leased_outbox.lock_timeout'), true)",
+    `SELECT set_config('lock_timeout',
+      CASE current_setting('leased_outbox.lock_timeout') WHEN '0'
+        THEN current_setting('leased_outbox.statement_timeout')
+        ELSE current_setting('leased_outbox.lock_timeout') END, true)`,
   ],
   setup: POSTGRES_SCHEMA,
   schemaPresent: "SELECT to_regclass('outbox_schema') IS NOT NULL AS present",

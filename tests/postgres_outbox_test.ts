@@ -540,12 +540,31 @@ Deno.test("postgres: opening a version 4 schema (identities as text) upgrades it
   assert.equal((await outbox.stats()).done, 4);
 });
 
+/** Resolves once `count` backends of the database wait on `event`, polled. */
+async function untilWaitingOn(
+  db: Driver,
+  event: string,
+  count: number,
+): Promise<void> {
+  const deadline = performance.now() + 20_000;
+  for (;;) {
+    const [row] = await db.query(
+      "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event = $1 AND datname = current_database()",
+      [event],
+    );
+    if (row?.["n"] === count) return;
+    assert.ok(performance.now() < deadline, `${count} waiting on ${event}`);
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+}
+
 Deno.test("postgres: openers wait for another opener's schema upgrade however long it takes, past busyTimeoutMs and statementTimeoutMs, then open", async () => {
   const { url, schema } = await fresh();
   await (await openPostgres(url, { schema })).close();
   await using db = await raw(url, schema);
   await asVersion4(db);
-  // An upgrade in progress elsewhere: the set-up lock, held for 600 ms.
+  // An upgrade in progress elsewhere: the set-up lock, held until both
+  // openers wait for it and then 300 ms past both timeouts.
   await using holder = await raw(url, schema);
   await holder.run("BEGIN");
   await holder.query(
@@ -554,16 +573,17 @@ Deno.test("postgres: openers wait for another opener's schema upgrade however lo
   const openers = [0, 1].map(() =>
     openPostgres(url, { schema, busyTimeoutMs: 100, statementTimeoutMs: 100 })
   );
-  const settled = openers.map((opener) =>
-    opener.then(() => "opened", (error) => String(error))
+  let settled = 0;
+  const outcomes = openers.map((opener) =>
+    opener.then(() => "opened", (error) => String(error)).finally(() =>
+      settled++
+    )
   );
-  const early = await Promise.race([
-    ...settled,
-    new Promise((resolve) => setTimeout(() => resolve("waiting"), 600)),
-  ]);
-  assert.equal(early, "waiting");
+  await untilWaitingOn(db, "advisory", 2);
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  assert.equal(settled, 0);
   await holder.run("COMMIT");
-  assert.deepEqual(await Promise.all(settled), ["opened", "opened"]);
+  assert.deepEqual(await Promise.all(outcomes), ["opened", "opened"]);
   assert.equal(await identityType(db), "uuid");
   for (const opener of openers) {
     const outbox = await opener;
@@ -572,28 +592,45 @@ Deno.test("postgres: openers wait for another opener's schema upgrade however lo
   }
 });
 
-Deno.test("postgres: an upgrade whose table lock an older release's transaction holds fails with BusyError after busyTimeoutMs and changes nothing", async () => {
-  const { url, schema } = await fresh();
-  await (await openPostgres(url, { schema })).close();
-  await using db = await raw(url, schema);
-  await asVersion4(db);
-  await using holder = await raw(url, schema);
-  await holder.run("BEGIN");
-  await holder.query("SELECT count(*) FROM outbox_events");
-  const started = performance.now();
-  await assert.rejects(
-    openPostgres(url, { schema, busyTimeoutMs: 200 }),
-    BusyError,
-  );
-  const waited = performance.now() - started;
-  assert.ok(waited >= 200 && waited < 5_000, `waited ${waited} ms`);
-  await holder.run("COMMIT");
-  assert.equal(await identityType(db), "text");
-  assert.deepEqual(
-    await db.query("SELECT version FROM outbox_schema ORDER BY version"),
-    [{ version: 4 }],
-  );
-});
+for (
+  const [name, options] of [
+    ["busyTimeoutMs", { busyTimeoutMs: 200 }],
+    [
+      "statementTimeoutMs when lockTimeoutMs is 0",
+      { lockTimeoutMs: 0, statementTimeoutMs: 200 },
+    ],
+  ] as const
+) {
+  Deno.test(`postgres: an upgrade whose table lock another transaction holds (an older release's, a dump's) fails with BusyError after ${name} and changes nothing`, async () => {
+    const { url, schema } = await fresh();
+    await (await openPostgres(url, { schema })).close();
+    await using db = await raw(url, schema);
+    await asVersion4(db);
+    await using holder = await raw(url, schema);
+    await holder.run("BEGIN");
+    await holder.query("SELECT count(*) FROM outbox_events");
+    // Were the upgrade's wait unbounded, the holder lets go after 10 s and
+    // the open succeeds: the test fails rather than hangs.
+    const release = setTimeout(() => holder.run("COMMIT"), 10_000);
+    const started = performance.now();
+    try {
+      await assert.rejects(
+        openPostgres(url, { schema, ...options }),
+        BusyError,
+      );
+    } finally {
+      clearTimeout(release);
+    }
+    const waited = performance.now() - started;
+    assert.ok(waited >= 200 && waited < 5_000, `waited ${waited} ms`);
+    await holder.run("COMMIT");
+    assert.equal(await identityType(db), "text");
+    assert.deepEqual(
+      await db.query("SELECT version FROM outbox_schema ORDER BY version"),
+      [{ version: 4 }],
+    );
+  });
+}
 
 Deno.test("postgres: a schema of a newer version than this release's is refused at open with SchemaVersionError, and nothing changes", async () => {
   const { url, schema } = await fresh();
@@ -603,10 +640,23 @@ Deno.test("postgres: a schema of a newer version than this release's is refused 
     "INSERT INTO outbox_schema (version, applied_at) VALUES ($1, 0)",
     [POSTGRES_SCHEMA_VERSION + 1],
   );
-  const error = await openPostgres(url, { schema }).then(
-    () => assert.fail("opened"),
-    (error) => error,
+  // Refused at once, also while another opener holds the set-up lock.
+  await using holder = await raw(url, schema);
+  await holder.run("BEGIN");
+  await holder.query(
+    "SELECT pg_advisory_xact_lock(hashtext('leased_outbox:' || current_schema()))",
   );
+  // Were the opener to wait, the holder lets go after 10 s: too late.
+  const release = setTimeout(() => holder.run("COMMIT"), 10_000);
+  const started = performance.now();
+  const error = await openPostgres(url, { schema, busyTimeoutMs: 60_000 })
+    .then(
+      () => assert.fail("opened"),
+      (error) => error,
+    );
+  clearTimeout(release);
+  assert.ok(performance.now() - started < 5_000);
+  await holder.run("COMMIT");
   assert.ok(error instanceof SchemaVersionError, String(error));
   assert.equal(error.version, POSTGRES_SCHEMA_VERSION + 1);
   assert.equal(error.supported, POSTGRES_SCHEMA_VERSION);
