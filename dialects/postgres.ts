@@ -224,7 +224,10 @@ function acknowledgeInOne(leases: string): string {
 
 /** The statements of the core on PostgreSQL. */
 export const POSTGRES = {
-  begin: "BEGIN",
+  // Whatever the database's default_transaction_isolation: at REPEATABLE
+  // READ an opener's snapshot predates its wait for the set-up lock, and it
+  // ran the upgrade a second time; claims there fail to serialize.
+  begin: "BEGIN ISOLATION LEVEL READ COMMITTED",
   commit: "COMMIT",
   rollback: "ROLLBACK",
   savepoint: "SAVEPOINT acknowledge",
@@ -237,18 +240,19 @@ export const POSTGRES = {
   // One outbox opening at a time per schema creates or upgrades it. The
   // others wait for it however long an upgrade takes (rewriting a big
   // table, version 5), not busyTimeoutMs (the lock_timeout) nor
-  // statementTimeoutMs. The set-up then runs without a statement timeout,
-  // so a rewrite is not cut off, but its waits for table locks (which an
-  // older release's process, a dump or a report may hold) stay bounded: by
-  // the lock_timeout it had, or when that is 0 (none), by the statement
-  // timeout it had, both kept in placeholder settings. One statement per
-  // message: a statement timeout set within a message of several still
-  // timed the wait.
+  // statementTimeoutMs nor a transaction_timeout (PostgreSQL 17 and later;
+  // current_setting(…, true) is NULL before). The set-up then runs without
+  // them, so a rewrite is not cut off, but its waits for table locks (which
+  // an older release's process, a dump or a report may hold) stay bounded:
+  // by the lock_timeout it had, or when that is 0 (none), by the statement
+  // timeout it had, both kept in placeholder settings.
   lock: [
     `SELECT set_config('leased_outbox.lock_timeout', current_setting('lock_timeout'), true),
       set_config('leased_outbox.statement_timeout', current_setting('statement_timeout'), true)`,
     "SET LOCAL statement_timeout = 0",
     "SET LOCAL lock_timeout = 0",
+    `SELECT set_config('transaction_timeout', '0', true)
+      WHERE current_setting('transaction_timeout', true) IS NOT NULL`,
     "SELECT pg_advisory_xact_lock(hashtext('leased_outbox:' || current_schema()))",
     `SELECT set_config('lock_timeout',
       CASE current_setting('leased_outbox.lock_timeout') WHEN '0'

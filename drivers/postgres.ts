@@ -673,12 +673,14 @@ function mapError(error: unknown, connecting = false): Error {
     return error instanceof Error ? error : new Error(message);
   }
   // Class 08 connection exceptions; 57P01–57P03 admin, crash or startup
-  // shutdown; 53300 too many connections.
+  // shutdown; 53300 too many connections; the server ending the session
+  // for idle_in_transaction_session_timeout (25P03), transaction_timeout
+  // (25P04) or idle_session_timeout (57P05).
   // 08P01, a protocol violation (a bind of the wrong parameter count),
   // leaves the connection working.
   if (
     (sqlstate.startsWith("08") && sqlstate !== "08P01") ||
-    /^57P0[123]$/.test(sqlstate)
+    /^57P0[1235]$|^25P0[34]$/.test(sqlstate)
   ) {
     return new ConnectionLostError(message, sqlstate, { cause: error });
   }

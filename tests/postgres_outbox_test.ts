@@ -632,6 +632,176 @@ for (
   });
 }
 
+/**
+ * A fresh database whose sessions default to `settings` (ALTER DATABASE …
+ * SET), with an outbox schema in it turned back into version 4.
+ */
+async function version4In(
+  settings: Record<string, string>,
+): Promise<{ url: string; schema: string; db: PostgresDriver }> {
+  const server = await sharedPostgres();
+  const url = await server.createDatabase();
+  const schema = "outbox_v4";
+  await (await openPostgres(url, { schema })).close();
+  const db = await raw(url, schema);
+  for (const [name, value] of Object.entries(settings)) {
+    await db.exec(
+      `ALTER DATABASE ${
+        new URL(url).pathname.slice(1)
+      } SET ${name} = '${value}'`,
+    );
+  }
+  await asVersion4(db);
+  return { url, schema, db };
+}
+
+/**
+ * Takes the set-up lock, as an opener upgrading the schema holds it;
+ * `letGo` lets it go once `openers` wait for it, and `ms` more.
+ */
+async function takeSetUpLock(
+  url: string,
+  schema: string,
+): Promise<
+  { letGo(db: Driver, openers: number, ms: number): Promise<void> }
+> {
+  const holder = await raw(url, schema);
+  // The holder itself outlives the database's transaction_timeout.
+  await holder.query(
+    "SELECT set_config('transaction_timeout', '0', false) WHERE current_setting('transaction_timeout', true) IS NOT NULL",
+  );
+  await holder.run("BEGIN");
+  await holder.query(
+    "SELECT pg_advisory_xact_lock(hashtext('leased_outbox:' || current_schema()))",
+  );
+  return {
+    async letGo(db, openers, ms) {
+      // Lets go after 10 s at the latest, so a test fails rather than hangs.
+      const deadline = setTimeout(() => holder.run("COMMIT"), 10_000);
+      try {
+        await untilWaitingOn(db, "advisory", openers);
+        await new Promise((resolve) => setTimeout(resolve, ms));
+      } finally {
+        clearTimeout(deadline);
+        await holder.run("COMMIT").catch(() => {});
+        await holder.close();
+      }
+    },
+  };
+}
+
+Deno.test("postgres: with the database's default isolation at REPEATABLE READ, two openers queued behind another's upgrade both open (each transaction is READ COMMITTED), and the outbox works", async () => {
+  const { url, schema, db } = await version4In({
+    default_transaction_isolation: "repeatable read",
+  });
+  await using _db = db;
+  const lock = await takeSetUpLock(url, schema);
+  const openers = [0, 1].map(() => openPostgres(url, { schema }));
+  const outcomes = openers.map((opener) =>
+    opener.then(() => "opened", (error) => String(error))
+  );
+  await lock.letGo(db, 2, 50);
+  assert.deepEqual(await Promise.all(outcomes), ["opened", "opened"]);
+  assert.equal(await identityType(db), "uuid");
+  const [a, b] = await Promise.all(openers);
+  try {
+    await a!.transaction(async (tx) => {
+      await tx.enqueue("x");
+      await tx.enqueue("y");
+    });
+    const leases = await b!.claim({ max: 2 });
+    assert.deepEqual(leases.map((lease) => lease.payload), ["x", "y"]);
+    assert.deepEqual(await a!.acknowledge(leases), [true, true]);
+    assert.equal((await b!.stats()).done, 2);
+  } finally {
+    await a!.close();
+    await b!.close();
+  }
+});
+
+Deno.test("postgres: an opener waits for another's upgrade past the database's transaction_timeout (PostgreSQL 17 and later), and the set-up runs without it", async () => {
+  const server = await sharedPostgres();
+  if (server.version < 17) {
+    // No transaction_timeout before 17: the set-up's lock statements must
+    // leave it alone rather than fail.
+    const { url, schema } = await fresh();
+    await using outbox = await openPostgres(url, { schema });
+    assert.equal((await outbox.stats()).pending, 0);
+    return;
+  }
+  const { url, schema, db } = await version4In({
+    transaction_timeout: "500ms",
+  });
+  await using _db = db;
+  const lock = await takeSetUpLock(url, schema);
+  const opener = openPostgres(url, { schema });
+  const outcome = opener.then(() => "opened", (error) => String(error));
+  await lock.letGo(db, 1, 1_000);
+  assert.equal(await outcome, "opened");
+  assert.equal(await identityType(db), "uuid");
+  await (await opener).close();
+});
+
+Deno.test("postgres: a session the server ends for its transaction_timeout (PostgreSQL 17 and later) fails the call with ConnectionLostError, and the outbox goes on", async () => {
+  const server = await sharedPostgres();
+  const url = await server.createDatabase();
+  const schema = "outbox_tt";
+  await using outbox = await openPostgres(url, { schema });
+  await using holder = await raw(url, schema);
+  const { eventId } = await outbox.enqueue("x");
+  const lease = await outbox.claim();
+  if (server.version >= 17) {
+    await holder.exec(
+      `ALTER DATABASE ${
+        new URL(url).pathname.slice(1)
+      } SET transaction_timeout = '300ms'`,
+    );
+  }
+  // A new session takes the database's settings: end the outbox's own.
+  await holder.query(
+    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()",
+  );
+  await outbox.stats().catch(() => {});
+  await holder.run("BEGIN");
+  await holder.query("SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", [
+    eventId,
+  ]);
+  const failed = await outbox.acknowledge(lease!).then(
+    () => "acknowledged",
+    (error) => error,
+  );
+  await holder.run("ROLLBACK");
+  if (server.version >= 17) {
+    assert.ok(failed instanceof ConnectionLostError, String(failed));
+    assert.equal(failed.code, "25P04");
+  } else {
+    assert.ok(failed instanceof BusyError, String(failed));
+  }
+  assert.equal(await outbox.acknowledge(lease!), true);
+});
+
+Deno.test("postgres: an upgrade that waits for a reader's table lock longer than statementTimeoutMs but within lockTimeoutMs completes", async () => {
+  const { url, schema } = await fresh();
+  await (await openPostgres(url, { schema })).close();
+  await using db = await raw(url, schema);
+  await asVersion4(db);
+  await using holder = await raw(url, schema);
+  await holder.run("BEGIN");
+  await holder.query("SELECT count(*) FROM outbox_events");
+  const opener = openPostgres(url, {
+    schema,
+    lockTimeoutMs: 3_000,
+    statementTimeoutMs: 200,
+  });
+  const outcome = opener.then(() => "opened", (error) => String(error));
+  await untilWaitingOn(db, "relation", 1);
+  await new Promise((resolve) => setTimeout(resolve, 400));
+  await holder.run("COMMIT");
+  assert.equal(await outcome, "opened");
+  assert.equal(await identityType(db), "uuid");
+  await (await opener).close();
+});
+
 Deno.test("postgres: a schema of a newer version than this release's is refused at open with SchemaVersionError, and nothing changes", async () => {
   const { url, schema } = await fresh();
   await (await openPostgres(url, { schema })).close();
