@@ -53,7 +53,8 @@ export interface PostgresDriverOptions {
   /**
    * The server's `lock_timeout` for this connection, in milliseconds; `0`
    * for none. A lock wait past it fails with {@linkcode BusyError}.
-   * `openPostgres` sets it to the outbox's `busyTimeoutMs` unless given.
+   * `openPostgres` sets it to the outbox's `busyTimeoutMs` unless given
+   * (1 ms for a `busyTimeoutMs` of 0, which waits for no lock).
    *
    * @default {0}
    */
@@ -571,13 +572,15 @@ export async function openPostgres<P = unknown>(
     } else outboxOptions[name] = value;
   }
   // A lock wait past busyTimeoutMs is a BusyError on PostgreSQL too; an
-  // invalid busyTimeoutMs is left for Outbox.open to refuse by name.
+  // invalid busyTimeoutMs is left for Outbox.open to refuse by name. A
+  // busyTimeoutMs of 0 waits for no lock, as on SQLite, where the server's
+  // lock_timeout of 0 would wait for ever: the shortest it takes is 1 ms.
   const busyTimeoutMs = options.busyTimeoutMs ?? 5_000;
   if (
     driverOptions["lockTimeoutMs"] === undefined &&
     Number.isSafeInteger(busyTimeoutMs) && busyTimeoutMs >= 0
   ) {
-    driverOptions["lockTimeoutMs"] = busyTimeoutMs;
+    driverOptions["lockTimeoutMs"] = Math.max(busyTimeoutMs, 1);
   }
   checkDriverOptions(url, driverOptions);
   // Connects at the outbox's first statement, once it has checked its own

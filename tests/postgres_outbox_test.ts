@@ -854,6 +854,31 @@ Deno.test("postgres: an acknowledgement waiting for a row lock past busyTimeoutM
   assert.equal(await outbox.acknowledge(lease!), true);
 });
 
+Deno.test("postgres: at busyTimeoutMs 0 an acknowledgement waiting for a row lock fails with BusyError at once, as on SQLite, and changes nothing", async () => {
+  const { url, schema } = await fresh();
+  await using outbox = await openPostgres(url, { schema, busyTimeoutMs: 0 });
+  await using holder = await raw(url, schema);
+  const { eventId } = await outbox.enqueue("x");
+  const lease = await outbox.claim();
+  await holder.run("BEGIN");
+  await holder.query("SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", [
+    eventId,
+  ]);
+  // Were the wait unbounded, the holder lets go after 5 s and the
+  // acknowledgement succeeds: the test fails rather than hangs.
+  const release = setTimeout(() => holder.run("ROLLBACK"), 5_000);
+  const started = performance.now();
+  try {
+    await assert.rejects(outbox.acknowledge(lease!), BusyError);
+  } finally {
+    clearTimeout(release);
+  }
+  assert.ok(performance.now() - started < 4_000);
+  await holder.run("ROLLBACK");
+  assert.deepEqual(await ledgerKinds(holder, eventId), ["claimed:1"]);
+  assert.equal(await outbox.acknowledge(lease!), true);
+});
+
 Deno.test("postgres: on the server's clock, a lapsed last-attempt lease is a dead letter at the next call", async () => {
   const { url, schema } = await fresh();
   await using outbox = await openPostgres(url, { schema, maxAttempts: 1 });
