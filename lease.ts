@@ -645,17 +645,20 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       // Set-up takes locks that stop running workers for a moment: only
       // an opener that finds the schema missing or older takes them (one
       // that finds it newer refuses it at once, waiting for nothing).
-      const before = await version();
-      if (before > sql.version!) {
-        throw new SchemaVersionError(before, sql.version!);
+      let found = await version();
+      if (found > sql.version!) {
+        throw new SchemaVersionError(found, sql.version!);
       }
-      if (before !== sql.version) {
+      if (found < sql.version!) {
         for (const statement of [sql.lock!].flat()) {
           await driver.run(statement);
         }
-        if (await version() < sql.version!) await driver.exec(sql.setup!);
+        found = await version();
+        if (found < sql.version!) {
+          await driver.exec(sql.setup!);
+          found = await version();
+        }
       }
-      const found = await version();
       if (found !== sql.version) {
         throw new SchemaVersionError(found, sql.version!);
       }

@@ -540,6 +540,8 @@ Deno.test("postgres: opening a version 4 schema (identities as text) upgrades it
   assert.equal((await outbox.stats()).done, 4);
 });
 
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
 /** Resolves once `count` backends of the database wait on `event`, polled. */
 async function untilWaitingOn(
   db: Driver,
@@ -554,22 +556,86 @@ async function untilWaitingOn(
     );
     if (row?.["n"] === count) return;
     assert.ok(performance.now() < deadline, `${count} waiting on ${event}`);
-    await new Promise((resolve) => setTimeout(resolve, 10));
+    await sleep(10);
   }
 }
 
-Deno.test("postgres: openers wait for another opener's schema upgrade however long it takes, past busyTimeoutMs and statementTimeoutMs, then open", async () => {
-  const { url, schema } = await fresh();
+/** A new database of its own, for tests that change its settings. */
+async function freshDatabase(): Promise<{ url: string; schema: string }> {
+  const server = await sharedPostgres();
+  return { url: await server.createDatabase(), schema: "outbox" };
+}
+
+/** Makes `value` the default of setting `name` for the database's new sessions. */
+async function setDatabaseDefault(
+  db: Driver,
+  url: string,
+  name: string,
+  value: string,
+): Promise<void> {
+  await db.exec(
+    `ALTER DATABASE ${new URL(url).pathname.slice(1)} SET ${name} = '${value}'`,
+  );
+}
+
+/**
+ * An outbox schema turned back into version 4: in a fresh schema, or, with
+ * `settings`, in a fresh database whose sessions default to them.
+ */
+async function version4(
+  settings?: Record<string, string>,
+): Promise<{ url: string; schema: string; db: PostgresDriver }> {
+  const { url, schema } = settings === undefined
+    ? await fresh()
+    : await freshDatabase();
   await (await openPostgres(url, { schema })).close();
-  await using db = await raw(url, schema);
+  const db = await raw(url, schema);
+  for (const [name, value] of Object.entries(settings ?? {})) {
+    await setDatabaseDefault(db, url, name, value);
+  }
   await asVersion4(db);
+  return { url, schema, db };
+}
+
+/** The set-up lock, as an opener creating or upgrading the schema holds it. */
+const SET_UP_LOCK =
+  "SELECT pg_advisory_xact_lock(hashtext('leased_outbox:' || current_schema()))";
+
+/**
+ * Runs `sql` in a transaction of its own connection and holds what it
+ * locks until `release()`, or 10 s at the latest, so a test that waits for
+ * the release fails rather than hangs.
+ */
+async function holdInTransaction(
+  url: string,
+  schema: string,
+  sql: string,
+): Promise<{ release(): Promise<void> }> {
+  const holder = await raw(url, schema);
+  // The holder outlives the database's transaction_timeout.
+  await holder.query(
+    "SELECT set_config('transaction_timeout', '0', false) WHERE current_setting('transaction_timeout', true) IS NOT NULL",
+  );
+  await holder.run("BEGIN");
+  await holder.query(sql);
+  let released: Promise<void> | undefined;
+  const end = () =>
+    released ??= holder.run("COMMIT").then(() => holder.close());
+  const deadline = setTimeout(end, 10_000);
+  return {
+    release() {
+      clearTimeout(deadline);
+      return end();
+    },
+  };
+}
+
+Deno.test("postgres: openers wait for another opener's schema upgrade however long it takes, past busyTimeoutMs and statementTimeoutMs, then open", async () => {
+  const { url, schema, db } = await version4();
+  await using _db = db;
   // An upgrade in progress elsewhere: the set-up lock, held until both
   // openers wait for it and then 300 ms past both timeouts.
-  await using holder = await raw(url, schema);
-  await holder.run("BEGIN");
-  await holder.query(
-    "SELECT pg_advisory_xact_lock(hashtext('leased_outbox:' || current_schema()))",
-  );
+  const lock = await holdInTransaction(url, schema, SET_UP_LOCK);
   const openers = [0, 1].map(() =>
     openPostgres(url, { schema, busyTimeoutMs: 100, statementTimeoutMs: 100 })
   );
@@ -580,9 +646,9 @@ Deno.test("postgres: openers wait for another opener's schema upgrade however lo
     )
   );
   await untilWaitingOn(db, "advisory", 2);
-  await new Promise((resolve) => setTimeout(resolve, 300));
+  await sleep(300);
   assert.equal(settled, 0);
-  await holder.run("COMMIT");
+  await lock.release();
   assert.deepEqual(await Promise.all(outcomes), ["opened", "opened"]);
   assert.equal(await identityType(db), "uuid");
   for (const opener of openers) {
@@ -602,16 +668,15 @@ for (
   ] as const
 ) {
   Deno.test(`postgres: an upgrade whose table lock another transaction holds (an older release's, a dump's) fails with BusyError after ${name} and changes nothing`, async () => {
-    const { url, schema } = await fresh();
-    await (await openPostgres(url, { schema })).close();
-    await using db = await raw(url, schema);
-    await asVersion4(db);
-    await using holder = await raw(url, schema);
-    await holder.run("BEGIN");
-    await holder.query("SELECT count(*) FROM outbox_events");
-    // Were the upgrade's wait unbounded, the holder lets go after 10 s and
+    const { url, schema, db } = await version4();
+    await using _db = db;
+    // Were the upgrade's wait unbounded, the reader lets go after 10 s and
     // the open succeeds: the test fails rather than hangs.
-    const release = setTimeout(() => holder.run("COMMIT"), 10_000);
+    const reader = await holdInTransaction(
+      url,
+      schema,
+      "SELECT count(*) FROM outbox_events",
+    );
     const started = performance.now();
     try {
       await assert.rejects(
@@ -619,11 +684,10 @@ for (
         BusyError,
       );
     } finally {
-      clearTimeout(release);
+      await reader.release();
     }
     const waited = performance.now() - started;
     assert.ok(waited >= 200 && waited < 5_000, `waited ${waited} ms`);
-    await holder.run("COMMIT");
     assert.equal(await identityType(db), "text");
     assert.deepEqual(
       await db.query("SELECT version FROM outbox_schema ORDER BY version"),
@@ -632,75 +696,19 @@ for (
   });
 }
 
-/**
- * A fresh database whose sessions default to `settings` (ALTER DATABASE …
- * SET), with an outbox schema in it turned back into version 4.
- */
-async function version4In(
-  settings: Record<string, string>,
-): Promise<{ url: string; schema: string; db: PostgresDriver }> {
-  const server = await sharedPostgres();
-  const url = await server.createDatabase();
-  const schema = "outbox_v4";
-  await (await openPostgres(url, { schema })).close();
-  const db = await raw(url, schema);
-  for (const [name, value] of Object.entries(settings)) {
-    await db.exec(
-      `ALTER DATABASE ${
-        new URL(url).pathname.slice(1)
-      } SET ${name} = '${value}'`,
-    );
-  }
-  await asVersion4(db);
-  return { url, schema, db };
-}
-
-/**
- * Takes the set-up lock, as an opener upgrading the schema holds it;
- * `letGo` lets it go once `openers` wait for it, and `ms` more.
- */
-async function takeSetUpLock(
-  url: string,
-  schema: string,
-): Promise<
-  { letGo(db: Driver, openers: number, ms: number): Promise<void> }
-> {
-  const holder = await raw(url, schema);
-  // The holder itself outlives the database's transaction_timeout.
-  await holder.query(
-    "SELECT set_config('transaction_timeout', '0', false) WHERE current_setting('transaction_timeout', true) IS NOT NULL",
-  );
-  await holder.run("BEGIN");
-  await holder.query(
-    "SELECT pg_advisory_xact_lock(hashtext('leased_outbox:' || current_schema()))",
-  );
-  return {
-    async letGo(db, openers, ms) {
-      // Lets go after 10 s at the latest, so a test fails rather than hangs.
-      const deadline = setTimeout(() => holder.run("COMMIT"), 10_000);
-      try {
-        await untilWaitingOn(db, "advisory", openers);
-        await new Promise((resolve) => setTimeout(resolve, ms));
-      } finally {
-        clearTimeout(deadline);
-        await holder.run("COMMIT").catch(() => {});
-        await holder.close();
-      }
-    },
-  };
-}
-
 Deno.test("postgres: with the database's default isolation at REPEATABLE READ, two openers queued behind another's upgrade both open (each transaction is READ COMMITTED), and the outbox works", async () => {
-  const { url, schema, db } = await version4In({
+  const { url, schema, db } = await version4({
     default_transaction_isolation: "repeatable read",
   });
   await using _db = db;
-  const lock = await takeSetUpLock(url, schema);
+  const lock = await holdInTransaction(url, schema, SET_UP_LOCK);
   const openers = [0, 1].map(() => openPostgres(url, { schema }));
   const outcomes = openers.map((opener) =>
     opener.then(() => "opened", (error) => String(error))
   );
-  await lock.letGo(db, 2, 50);
+  await untilWaitingOn(db, "advisory", 2);
+  await sleep(50);
+  await lock.release();
   assert.deepEqual(await Promise.all(outcomes), ["opened", "opened"]);
   assert.equal(await identityType(db), "uuid");
   const [a, b] = await Promise.all(openers);
@@ -729,14 +737,14 @@ Deno.test("postgres: an opener waits for another's upgrade past the database's t
     assert.equal((await outbox.stats()).pending, 0);
     return;
   }
-  const { url, schema, db } = await version4In({
-    transaction_timeout: "500ms",
-  });
+  const { url, schema, db } = await version4({ transaction_timeout: "500ms" });
   await using _db = db;
-  const lock = await takeSetUpLock(url, schema);
+  const lock = await holdInTransaction(url, schema, SET_UP_LOCK);
   const opener = openPostgres(url, { schema });
   const outcome = opener.then(() => "opened", (error) => String(error));
-  await lock.letGo(db, 1, 1_000);
+  await untilWaitingOn(db, "advisory", 1);
+  await sleep(1_000);
+  await lock.release();
   assert.equal(await outcome, "opened");
   assert.equal(await identityType(db), "uuid");
   await (await opener).close();
@@ -744,18 +752,13 @@ Deno.test("postgres: an opener waits for another's upgrade past the database's t
 
 Deno.test("postgres: a session the server ends for its transaction_timeout (PostgreSQL 17 and later) fails the call with ConnectionLostError, and the outbox goes on", async () => {
   const server = await sharedPostgres();
-  const url = await server.createDatabase();
-  const schema = "outbox_tt";
+  const { url, schema } = await freshDatabase();
   await using outbox = await openPostgres(url, { schema });
   await using holder = await raw(url, schema);
   const { eventId } = await outbox.enqueue("x");
   const lease = await outbox.claim();
   if (server.version >= 17) {
-    await holder.exec(
-      `ALTER DATABASE ${
-        new URL(url).pathname.slice(1)
-      } SET transaction_timeout = '300ms'`,
-    );
+    await setDatabaseDefault(holder, url, "transaction_timeout", "300ms");
   }
   // A new session takes the database's settings: end the outbox's own.
   await holder.query(
@@ -781,13 +784,13 @@ Deno.test("postgres: a session the server ends for its transaction_timeout (Post
 });
 
 Deno.test("postgres: an upgrade that waits for a reader's table lock longer than statementTimeoutMs but within lockTimeoutMs completes", async () => {
-  const { url, schema } = await fresh();
-  await (await openPostgres(url, { schema })).close();
-  await using db = await raw(url, schema);
-  await asVersion4(db);
-  await using holder = await raw(url, schema);
-  await holder.run("BEGIN");
-  await holder.query("SELECT count(*) FROM outbox_events");
+  const { url, schema, db } = await version4();
+  await using _db = db;
+  const reader = await holdInTransaction(
+    url,
+    schema,
+    "SELECT count(*) FROM outbox_events",
+  );
   const opener = openPostgres(url, {
     schema,
     lockTimeoutMs: 3_000,
@@ -795,8 +798,8 @@ Deno.test("postgres: an upgrade that waits for a reader's table lock longer than
   });
   const outcome = opener.then(() => "opened", (error) => String(error));
   await untilWaitingOn(db, "relation", 1);
-  await new Promise((resolve) => setTimeout(resolve, 400));
-  await holder.run("COMMIT");
+  await sleep(400);
+  await reader.release();
   assert.equal(await outcome, "opened");
   assert.equal(await identityType(db), "uuid");
   await (await opener).close();
@@ -810,23 +813,17 @@ Deno.test("postgres: a schema of a newer version than this release's is refused 
     "INSERT INTO outbox_schema (version, applied_at) VALUES ($1, 0)",
     [POSTGRES_SCHEMA_VERSION + 1],
   );
-  // Refused at once, also while another opener holds the set-up lock.
-  await using holder = await raw(url, schema);
-  await holder.run("BEGIN");
-  await holder.query(
-    "SELECT pg_advisory_xact_lock(hashtext('leased_outbox:' || current_schema()))",
-  );
-  // Were the opener to wait, the holder lets go after 10 s: too late.
-  const release = setTimeout(() => holder.run("COMMIT"), 10_000);
+  // Refused at once, also while another opener holds the set-up lock
+  // (which it lets go after 10 s: too late).
+  const lock = await holdInTransaction(url, schema, SET_UP_LOCK);
   const started = performance.now();
   const error = await openPostgres(url, { schema, busyTimeoutMs: 60_000 })
     .then(
       () => assert.fail("opened"),
       (error) => error,
     );
-  clearTimeout(release);
   assert.ok(performance.now() - started < 5_000);
-  await holder.run("COMMIT");
+  await lock.release();
   assert.ok(error instanceof SchemaVersionError, String(error));
   assert.equal(error.version, POSTGRES_SCHEMA_VERSION + 1);
   assert.equal(error.supported, POSTGRES_SCHEMA_VERSION);

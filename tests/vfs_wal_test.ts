@@ -259,6 +259,15 @@ const walChild = fileURLToPath(
   new URL("./fixtures/wal_child.ts", import.meta.url),
 );
 const config = fileURLToPath(new URL("../deno.json", import.meta.url));
+/** The command line that runs tests/fixtures/wal_child.ts, before its arguments. */
+const walChildCommand = [
+  Deno.execPath(),
+  "run",
+  "-A",
+  "--config",
+  config,
+  walChild,
+];
 
 /**
  * tests/fixtures/wal_child.ts under strace, which injects `fault` (strace's
@@ -291,12 +300,7 @@ async function straced(
       "-P",
       file,
       ...(mark === undefined ? [] : ["-P", mark]),
-      Deno.execPath(),
-      "run",
-      "-A",
-      "--config",
-      config,
-      walChild,
+      ...walChildCommand,
       ...args,
     ],
     stdout: "piped",
@@ -995,12 +999,7 @@ Deno.test("a super-journal's directory entry is synced before the commit relies 
       trace,
       "-e",
       "trace=openat,fsync,unlink",
-      Deno.execPath(),
-      "run",
-      "-A",
-      "--config",
-      config,
-      walChild,
+      ...walChildCommand,
       join(tmp.path, "other.db"),
       "full",
       `O:${a}`,
