@@ -33,10 +33,6 @@
  *
  * @module
  */
-// SQLite asks about absent files (`-wal`, the journal in DELETE mode) on
-// every transaction; node:fs's existsSync answers without building an
-// exception, about ten times faster than a failing Deno.statSync.
-import { existsSync } from "node:fs";
 import { basename, dirname, join, resolve } from "node:path";
 import type { loadSqlite3 } from "../drivers/sqlite_wasm.ts";
 import type { Sqlite3Static, WasmPointer } from "@sqlite.org/sqlite-wasm";
@@ -1242,10 +1238,10 @@ function openDatabaseDescriptors(
  * locked through `<db>-*.lock` sidecar files, which this release's locks do
  * not see. Such a process holds a sidecar lock while in a transaction.
  */
-function refuseSidecarLocks(path: string): void {
+function refuseSidecarLocks(libc: Libc, path: string): void {
   for (const kind of ["pending", "reserved", "shared", "waiting"]) {
     const sidecar = `${path}-${kind}.lock`;
-    if (!existsSync(sidecar)) continue;
+    if (libc.stat(sidecar) === undefined) continue;
     using file = Deno.openSync(sidecar, { read: true });
     if (!file.tryLockSync(true)) {
       throw new VfsError(
@@ -1428,12 +1424,18 @@ function syncDirectory(path: string): void {
  */
 function requirePermission(path: string, write: boolean): void {
   for (const name of write ? ["read", "write"] as const : ["read"] as const) {
-    if (Deno.permissions.querySync({ name, path }).state !== "granted") {
+    if (!permitted(path, name === "write")) {
       throw new Deno.errors.NotCapable(
         `Requires ${name} access to "${path}", run again with the --allow-${name} flag`,
       );
     }
   }
+}
+
+/** Whether Deno's permissions allow reading (`write`: writing) `path`. */
+function permitted(path: string, write: boolean): boolean {
+  return Deno.permissions.querySync({ name: write ? "write" : "read", path })
+    .state === "granted";
 }
 
 /**
@@ -1512,6 +1514,14 @@ function createVfs(sqlite3: Sqlite3Static) {
   // looked: SQLite probes the same few paths on every transaction, and
   // guessing right saves a system call (a wrong guess costs one more).
   const seen = new Map<string, boolean>();
+  // The journal and WAL paths Deno's permissions allowed (read and write)
+  // when a writable connection to their database opened, counted by
+  // connection. In rollback mode SQLite opens the journal at every write
+  // transaction (and deletes it, in DELETE mode), and asking Deno again
+  // each time cost more than the open: the journal's permission lasts as
+  // long as the connection, as the database's own does.
+  const sidecarGrants = new Map<string, number>();
+  const grantsOf = new Map<DatabaseFile, string[]>();
   let lastError: { message: string; code: number } | undefined;
 
   // Exceptions must never cross into WASM: every method reports a result
@@ -1557,10 +1567,14 @@ function createVfs(sqlite3: Sqlite3Static) {
   //   walWriteOneFrame);
   // - a rollback journal record: the 4-byte page number, the page, the
   //   4-byte checksum (pager.c's pagerAddPageToRollbackJournal).
-  // A sequence starts only at a piece written where the last call (a write
-  // to that file) ended: so not at the WAL headers SQLite rewrites at a
-  // commit, which follow a read of their frame. Should a sequence ever
-  // break off, the next call writes what is held first, in the same step.
+  // A WAL sequence starts only at a header written where the last call (a
+  // write to that file) ended: so not at the headers SQLite rewrites at a
+  // commit, which follow a read of their frame. Every 4-byte write to a
+  // rollback journal is followed by another write from the same function
+  // (a record's page; in a super-journal pointer, the name, then the
+  // checksum and the magic), so any starts one: the first record after a
+  // lock change too. Should a sequence ever break off, the next call
+  // writes what is held first, in the same step.
   let held: { file: DiskFile; offset: number; length: number } | undefined;
   const pieces = new Uint8Array(WAL_FRAME_HEADER + MAX_PAGE_SIZE + 4);
   // Where the last call ended when it was an xWrite, else undefined.
@@ -1648,6 +1662,14 @@ function createVfs(sqlite3: Sqlite3Static) {
       if (flushRc !== OK) return flushRc;
       const file = files.get(Number(pFile));
       files.delete(Number(pFile));
+      if (file instanceof DatabaseFile) {
+        for (const path of grantsOf.get(file) ?? []) {
+          const count = sidecarGrants.get(path)! - 1;
+          if (count === 0) sidecarGrants.delete(path);
+          else sidecarGrants.set(path, count);
+        }
+        grantsOf.delete(file);
+      }
       try {
         file?.close();
         return OK;
@@ -1703,10 +1725,10 @@ function createVfs(sqlite3: Sqlite3Static) {
         } else {
           writeHeld();
           if (
-            file instanceof DiskFile && last?.file === file &&
-            last.end === at &&
+            file instanceof DiskFile &&
             (file.wal
-              ? amount === WAL_FRAME_HEADER
+              ? amount === WAL_FRAME_HEADER && last?.file === file &&
+                last.end === at
               : file.journal && amount === 4)
           ) {
             pieces.set(from, 0);
@@ -1877,7 +1899,7 @@ function createVfs(sqlite3: Sqlite3Static) {
           if ((flags & OPEN_MAIN_DB) !== 0) {
             const libc = loadLibc(name);
             requirePermission(name, writable);
-            refuseSidecarLocks(name);
+            refuseSidecarLocks(libc, name);
             const [fds, opened] = openDatabaseDescriptors(
               libc,
               name,
@@ -1889,11 +1911,21 @@ function createVfs(sqlite3: Sqlite3Static) {
               outFlags = (flags & ~(OPEN_READWRITE | OPEN_CREATE)) |
                 OPEN_READONLY;
             }
-            file = new DatabaseFile(libc, name, fds, opened);
+            const database = new DatabaseFile(libc, name, fds, opened);
+            if (writable && opened) {
+              const granted = [`${name}-journal`, `${name}-wal`].filter(
+                (path) => permitted(path, false) && permitted(path, true),
+              );
+              for (const path of granted) {
+                sidecarGrants.set(path, (sidecarGrants.get(path) ?? 0) + 1);
+              }
+              grantsOf.set(database, granted);
+            }
+            file = database;
           } else {
             const libc = loadLibc(name);
             // libc's open asks Deno for nothing: ask as for the database.
-            requirePermission(name, writable);
+            if (!sidecarGrants.has(name)) requirePermission(name, writable);
             let fd: number;
             let created = false;
             if (create && isJournal && (flags & OPEN_EXCLUSIVE) === 0) {
@@ -1947,12 +1979,14 @@ function createVfs(sqlite3: Sqlite3Static) {
       const path = wasm.cstrToJs(zName) ?? "";
       seen.set(path, false);
       try {
-        Deno.removeSync(path);
-      } catch (error) {
-        if (error instanceof Deno.errors.NotFound) {
-          fail(error, IOERR_DELETE_NOENT);
-          return IOERR_DELETE_NOENT;
+        if (!sidecarGrants.has(path)) requirePermission(path, true);
+        if (!loadLibc(path).unlink(path)) {
+          return fail(
+            new VfsError(`${path} is not there to delete`, IOERR_DELETE_NOENT),
+            IOERR_DELETE_NOENT,
+          );
         }
+      } catch (error) {
         return fail(error, IOERR_DELETE);
       }
       if (syncDir) {
@@ -1978,20 +2012,12 @@ function createVfs(sqlite3: Sqlite3Static) {
         if (flags === ACCESS_EXISTS) {
           // As os_unix: an empty regular file (a TRUNCATE-mode journal
           // between transactions) counts as absent, so it is not probed
-          // as a possible hot journal on every read.
-          // A file that was there last time is statted at once (one call);
-          // one that was absent is probed first, as a failing stat costs
-          // an exception.
-          if (seen.get(path) !== false || existsSync(path)) {
-            try {
-              const info = Deno.statSync(path);
-              result = !info.isFile || info.size > 0;
-              seen.set(path, true);
-            } catch (error) {
-              if (!(error instanceof Deno.errors.NotFound)) throw error;
-              seen.set(path, false);
-            }
-          }
+          // as a possible hot journal on every read. One stat(2) through
+          // libc: Deno.statSync cost three times as much, a failing one an
+          // exception besides.
+          const info = loadLibc(path).stat(path);
+          result = info !== undefined && (!info.regular || info.size > 0);
+          seen.set(path, info !== undefined);
         } else {
           // access(2), as os_unix: opening the path to find out, then
           // closing it, would drop this process's native SQLite locks on it.

@@ -24,6 +24,7 @@ const symbols = {
   fstat: { parameters: ["i32", "buffer"], result: "i32" },
   stat: { parameters: ["buffer", "buffer"], result: "i32" },
   access: { parameters: ["buffer", "i32"], result: "i32" },
+  unlink: { parameters: ["buffer"], result: "i32" },
   fcntl: { parameters: ["i32", "i32", "buffer"], result: "i32" },
   fchmod: { parameters: ["i32", "u32"], result: "i32" },
   fchown: { parameters: ["i32", "u32", "u32"], result: "i32" },
@@ -74,13 +75,21 @@ const O_CLOEXEC = 0o2000000;
 // other values on aarch64 than on x86-64.
 const O_NOFOLLOW = Deno.build.arch === "aarch64" ? 0o100000 : 0o400000;
 const SEEK_END = 2;
+// Where struct stat keeps st_mode: the two ABIs order st_nlink and st_mode
+// differently; st_size is at 48 in both.
+const ST_MODE = Deno.build.arch === "aarch64" ? 16 : 24;
+const ST_SIZE = 48;
+const S_IFMT = 0o170000;
+const S_IFREG = 0o100000;
 const R_OK = 4;
 const W_OK = 2;
 
 // errno values (Linux) the VFS tells apart.
+const ENOENT = 2;
 const EINTR = 4;
 const EAGAIN = 11;
 const EACCES = 13;
+const ENOTDIR = 20;
 const EINVAL = 22;
 
 const errnoNames: Record<number, string> = {
@@ -118,6 +127,14 @@ export interface OpenMode {
   readonly noFollow?: boolean;
   /** The permission bits of a file this creates, before the umask (0o644). */
   readonly permissions?: number | undefined;
+}
+
+/** What `stat(2)` tells of a path, as far as the VFS asks. */
+export interface PathInfo {
+  /** Whether it is a regular file (not a directory, device, ...). */
+  readonly regular: boolean;
+  /** Its size, in bytes. */
+  readonly size: number;
 }
 
 /** A file's identity: device and inode numbers. */
@@ -260,6 +277,39 @@ export class Libc {
       encoder.encode(`${path}\0`),
       write ? R_OK | W_OK : R_OK,
     ) === 0;
+  }
+
+  /**
+   * What `path` names now (following links, as os_unix's xAccess does), or
+   * `undefined` when it names nothing (ENOENT, ENOTDIR): one system call,
+   * and no exception for an absent file, which SQLite asks about on every
+   * transaction.
+   *
+   * @throws {LibcError} When `stat` fails otherwise (e.g. EACCES).
+   */
+  stat(path: string): PathInfo | undefined {
+    if (this.#c.stat(encoder.encode(`${path}\0`), this.#stat) !== 0) {
+      const errno = this.#errno();
+      if (errno === ENOENT || errno === ENOTDIR) return undefined;
+      throw this.#fail(`stat '${path}'`, errno);
+    }
+    const view = new DataView(this.#stat.buffer);
+    return {
+      regular: (view.getUint32(ST_MODE, true) & S_IFMT) === S_IFREG,
+      size: Number(view.getBigInt64(ST_SIZE, true)),
+    };
+  }
+
+  /**
+   * Removes `path` (unlink(2)); `false` when it names nothing (ENOENT).
+   *
+   * @throws {LibcError} When unlink fails otherwise.
+   */
+  unlink(path: string): boolean {
+    if (this.#c.unlink(encoder.encode(`${path}\0`)) === 0) return true;
+    const errno = this.#errno();
+    if (errno === ENOENT) return false;
+    throw this.#fail(`unlink '${path}'`, errno);
   }
 
   /** The device and inode `path` names now; `undefined` when it names none. */

@@ -893,6 +893,69 @@ Deno.test("a journal write that fails fails the statement that made it, at once,
   );
 });
 
+Deno.test("each rollback-journal record reaches the journal in one write (page number, page, checksum), page 1's at the commit too", async () => {
+  await using tmp = await tempDir("vfs_wal_");
+  const a = join(tmp.path, "a.db");
+  sqlite3Ok(
+    a,
+    "CREATE TABLE t(v INTEGER); INSERT INTO t SELECT value FROM generate_series(1, 2000)",
+  );
+  const trace = join(tmp.path, "trace");
+  const child = await straced("pwrite64", "", `${a}-journal`, [
+    join(tmp.path, "b.db"),
+    "full",
+    `O:${a}`,
+    "o:UPDATE t SET v = v + 1",
+  ], trace);
+  assert.deepEqual((await child.results()).slice(1), [{ rows: [] }]);
+  const sizes = Deno.readTextFileSync(trace).split("\n")
+    .filter((line) => line.includes("pwrite64("))
+    .map((line) => Number(/= (\d+)$/.exec(line)![1]));
+  // The header, a record for each page the UPDATE changed and for page 1
+  // (the change counter, journalled after the EXCLUSIVE lock), then the
+  // header's record count.
+  const records = sizes.filter((size) => size === 4096 + 8).length;
+  assert.ok(records > 2, sizes.join(" "));
+  assert.deepEqual(sizes, [512, ...Array(records).fill(4096 + 8), 12]);
+  assert.equal(
+    sqlite3Ok(a, "SELECT sum(v) FROM t; PRAGMA integrity_check"),
+    `${2000 * 2001 / 2 + 2000}\nok`,
+  );
+});
+
+Deno.test("a rollback-journal record written at the commit (page 1's) whose write fails fails the COMMIT, and nothing is lost (ENOSPC injected by strace on that write)", async () => {
+  await using tmp = await tempDir("vfs_wal_");
+  const a = join(tmp.path, "a.db");
+  sqlite3Ok(a, "CREATE TABLE t(v INTEGER); INSERT INTO t VALUES (1)");
+  // The journal's writes: its header, t's page, then page 1's record at
+  // the commit.
+  const child = await straced(
+    "pwrite64",
+    "error=ENOSPC:when=3",
+    `${a}-journal`,
+    [
+      join(tmp.path, "b.db"),
+      "full",
+      `O:${a}`,
+      "o:BEGIN",
+      "o:UPDATE t SET v = 2",
+      "o:COMMIT",
+      "o:SELECT v FROM t",
+      "o:UPDATE t SET v = 3",
+    ],
+  );
+  const [, begin, update, commit, read, again] = await child.results();
+  assert.deepEqual([begin, update], [{ rows: [] }, { rows: [] }]);
+  assert.deepEqual(commit, { error: "database or disk is full" });
+  // SQLite rolled the transaction back on the full disk; the connection
+  // goes on, and its next write commits.
+  assert.deepEqual([read, again], [{ rows: [{ v: 1 }] }, { rows: [] }]);
+  assert.equal(
+    sqlite3Ok(a, "SELECT v FROM t; PRAGMA integrity_check"),
+    "3\nok",
+  );
+});
+
 Deno.test("synchronous off, journal_mode delete: a commit whose database writes fail fails, and nothing committed is lost (ENOSPC injected by strace on the database)", async () => {
   await using tmp = await tempDir("vfs_wal_");
   const a = join(tmp.path, "a.db");
@@ -1026,6 +1089,56 @@ Deno.test("a super-journal's directory entry is synced before the commit relies 
   );
   assert.equal(sqlite3Ok(c, "SELECT count(*) FROM u"), "2");
 });
+
+for (const journalMode of ["truncate", "delete", "wal"]) {
+  Deno.test(`journalMode ${journalMode}: a connection's journal keeps the permission it had when the connection opened, as the database file does; a connection opened after write permission is revoked cannot write`, async () => {
+    await using tmp = await tempDir("vfs_wal_");
+    const path = join(tmp.path, "a.db");
+    sqlite3Ok(path, "CREATE TABLE t(x INTEGER)");
+    const script = join(tmp.path, "child.ts");
+    Deno.writeTextFileSync(
+      script,
+      `import { openSqliteWasm } from ${
+        JSON.stringify(new URL("../deno/sqlite_wasm.ts", import.meta.url).href)
+      };
+const [path, journalMode] = Deno.args;
+await using a = await openSqliteWasm(path, { journalMode });
+await a.run("INSERT INTO t VALUES (1)");
+Deno.permissions.revokeSync({ name: "write" });
+let kept = "ok";
+try { await a.run("INSERT INTO t VALUES (2)"); } catch (error) { kept = error.message; }
+let later = "ok";
+try {
+  await using b = await openSqliteWasm(path, { journalMode });
+  await b.run("INSERT INTO t VALUES (3)");
+} catch (error) { later = error.message; }
+console.log(JSON.stringify({ kept, later, rows: await a.query("SELECT x FROM t ORDER BY x") }));
+`,
+    );
+    const output = await new Deno.Command(Deno.execPath(), {
+      args: [
+        "run",
+        "--no-prompt",
+        "-A",
+        "--config",
+        config,
+        script,
+        path,
+        journalMode,
+      ],
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const decoder = new TextDecoder();
+    assert.equal(output.code, 0, decoder.decode(output.stderr));
+    const { kept, later, rows } = JSON.parse(decoder.decode(output.stdout));
+    assert.deepEqual([kept, rows], ["ok", [{ x: 1 }, { x: 2 }]]);
+    assert.match(
+      later,
+      /^unable to open database file: Requires write access to ".*a\.db"/,
+    );
+  });
+}
 
 for (const journalMode of ["truncate", "delete"]) {
   Deno.test(`journalMode ${journalMode}: with write permission for the database file alone, a write fails before anything is written, and no journal is left (Deno's permissions hold for journals too)`, async () => {
