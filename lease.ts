@@ -148,10 +148,14 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    */
   readonly claimInOne?: string;
   /**
-   * The errors' `code`s with which `claimInOne` refuses a text payload that
-   * is not JSON, having changed nothing.
+   * The errors' `code`s with which a one-statement call (`claimInOne`,
+   * `acknowledgeInOne`, `acknowledgeAllInOne`) refuses, having changed
+   * nothing, and the general path runs instead: a text payload that is not
+   * JSON; a serialization failure or deadlock, which a statement outside a
+   * transaction meets when the session's default isolation is above read
+   * committed, where the general path's transactions are not.
    */
-  readonly payloadRefused?: readonly string[];
+  readonly refusedInOne?: readonly string[];
   /**
    * The fenced acknowledgement of one lease as one statement, outside a
    * transaction. Parameters: now (null: the server's clock), event id,
@@ -2213,23 +2217,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return async (now) => {
       // 128 random bits per token, minted for every lease the claim may take.
       const tokens = hex(randomBytes(16 * max), 0, 16 * max);
-      let rows;
-      try {
-        rows = await this.#driver.query(sql, [
-          now,
-          queue,
-          max,
-          this.#maxPayloadBytes,
-          leaseMs,
-          tokens,
-        ]);
-      } catch (error) {
-        const code = (error as { code?: unknown } | null)?.code;
-        if (this.#sql.payloadRefused?.includes(code as string)) {
-          return undefined;
-        }
-        throw error;
-      }
+      const rows = await this.#driver.query(sql, [
+        now,
+        queue,
+        max,
+        this.#maxPayloadBytes,
+        leaseMs,
+        tokens,
+      ]);
       this.#checkNow(op, rows[0]?.["now"]);
       if (rows[0]?.["refused"] === 1) return undefined;
       return rows.filter((row) => row["id"] !== null).map((row) => ({
@@ -2511,9 +2506,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           return join ? { value: await this.#joined(op, fn, expire) } : null;
         }
         if (inOne !== undefined) {
-          const value = await inOne(
-            this.#now === "database" ? null : this.#checkNow(op, this.#now()),
-          );
+          const now = this.#now === "database"
+            ? null
+            : this.#checkNow(op, this.#now());
+          let value: T | undefined;
+          try {
+            value = await inOne(now);
+          } catch (error) {
+            const code = (error as { code?: unknown } | null)?.code;
+            if (!this.#sql.refusedInOne?.includes(code as string)) throw error;
+          }
           if (value !== undefined) return { value };
         }
         const busyDeadline = performance.now() + this.#busyTimeoutMs;

@@ -329,7 +329,7 @@ export const POSTGRES = {
   // lease to take over, is unclaimable by size or is past 2^53, or when a
   // lapsed last-attempt lease waits to become a dead letter: the ledger
   // entries those need are the general path's. The cast in the last WHERE
-  // makes the server refuse the whole statement (payloadRefused) when a
+  // makes the server refuse the whole statement (refusedInOne) when a
   // claimed text payload is not JSON. The `= ANY` repeats the join, so the
   // rows are looked up by id rather than the table scanned. The tokens are
   // cut from $6 decoded to bytes once: substr on text counts characters
@@ -366,8 +366,11 @@ export const POSTGRES = {
   FROM n LEFT JOIN claimed AS c ON true
   WHERE c.payload IS NULL OR c.payload::json IS NOT NULL
   ORDER BY c.k`,
-  // The server's JSON parser refusing a payload, or its nesting too deep.
-  payloadRefused: ["22P02", "54001"],
+  // The server's JSON parser refusing a payload, or its nesting too deep;
+  // a serialization failure or deadlock (at a default isolation of
+  // repeatable read or serializable, a concurrent update of a row the
+  // statement locks fails it).
+  refusedInOne: ["22P02", "54001", "40001", "40P01"],
   tokenUsed:
     "SELECT 1 FROM outbox_ledger WHERE event_id = $1 AND kind = 'claimed' AND token = $2",
   claim: `UPDATE outbox_events AS e SET ${CLAIM_SET}, token = c.value

@@ -727,6 +727,34 @@ Deno.test("postgres: with the database's default isolation at REPEATABLE READ, t
   }
 });
 
+for (const level of ["repeatable read", "serializable"]) {
+  Deno.test(`postgres: with the database's default isolation at ${level}, an acknowledgement that waited for a row another transaction updated succeeds (the one-statement form's serialization failure falls back to a READ COMMITTED transaction), and so does a batch's`, async () => {
+    const { url, schema } = await freshDatabase();
+    await using db = await raw(url, schema);
+    await setDatabaseDefault(db, url, "default_transaction_isolation", level);
+    await using outbox = await openPostgres(url, { schema });
+    await outbox.enqueueBatch([{ payload: "a" }, { payload: "b" }, {
+      payload: "c",
+    }]);
+    const [one, ...two] = await outbox.claim({ max: 3 });
+    for (const leases of [[one!], two]) {
+      // Another transaction updates the rows (not their tokens) and holds
+      // them while the acknowledgement waits, then commits.
+      const holder = await holdInTransaction(
+        url,
+        schema,
+        `UPDATE outbox_events SET updated_at = updated_at
+        WHERE id IN (${leases.map((lease) => lease.eventId).join(", ")})`,
+      );
+      const acknowledged = outbox.acknowledge(leases);
+      await untilWaitingOn(db, "transactionid", 1);
+      await holder.release();
+      assert.deepEqual(await acknowledged, leases.map(() => true));
+    }
+    assert.equal((await outbox.stats()).done, 3);
+  });
+}
+
 Deno.test("postgres: an opener waits for another's upgrade past the database's transaction_timeout (PostgreSQL 17 and later), and the set-up runs without it", async () => {
   const server = await sharedPostgres();
   if (server.version < 17) {
