@@ -1514,14 +1514,26 @@ function createVfs(sqlite3: Sqlite3Static) {
   // looked: SQLite probes the same few paths on every transaction, and
   // guessing right saves a system call (a wrong guess costs one more).
   const seen = new Map<string, boolean>();
-  // The journal and WAL paths Deno's permissions allowed (read and write)
-  // when a writable connection to their database opened, counted by
-  // connection. In rollback mode SQLite opens the journal at every write
+  // Each database path's open connections, and how many of them Deno's
+  // permissions let read and write its journal and WAL file when they
+  // opened. In rollback mode SQLite opens the journal at every write
   // transaction (and deletes it, in DELETE mode), and asking Deno again
-  // each time cost more than the open: the journal's permission lasts as
-  // long as the connection, as the database's own does.
-  const sidecarGrants = new Map<string, number>();
-  const grantsOf = new Map<DatabaseFile, string[]>();
+  // each time cost more than the open: while every open connection to the
+  // database had that permission, the journal's opens and deletes do not
+  // ask again, and the permission lasts as long as they do, as the
+  // database's own does. A connection opened without it (after a
+  // revocation, or read-only) has every journal open ask.
+  const connections = new Map<string, { open: number; granted: number }>();
+  const granted = new Set<DatabaseFile>();
+  // Whether the journal or WAL file `path` of a database may be opened (or
+  // deleted) without asking Deno's permissions (see `connections`).
+  const sidecarGranted = (path: string): boolean => {
+    const suffix = /-(journal|wal)$/.exec(path)?.[0];
+    const entry = suffix === undefined
+      ? undefined
+      : connections.get(path.slice(0, -suffix.length));
+    return entry !== undefined && entry.granted === entry.open;
+  };
   let lastError: { message: string; code: number } | undefined;
 
   // Exceptions must never cross into WASM: every method reports a result
@@ -1663,12 +1675,10 @@ function createVfs(sqlite3: Sqlite3Static) {
       const file = files.get(Number(pFile));
       files.delete(Number(pFile));
       if (file instanceof DatabaseFile) {
-        for (const path of grantsOf.get(file) ?? []) {
-          const count = sidecarGrants.get(path)! - 1;
-          if (count === 0) sidecarGrants.delete(path);
-          else sidecarGrants.set(path, count);
-        }
-        grantsOf.delete(file);
+        const entry = connections.get(file.path)!;
+        entry.open--;
+        if (granted.delete(file)) entry.granted--;
+        if (entry.open === 0) connections.delete(file.path);
       }
       try {
         file?.close();
@@ -1912,20 +1922,23 @@ function createVfs(sqlite3: Sqlite3Static) {
                 OPEN_READONLY;
             }
             const database = new DatabaseFile(libc, name, fds, opened);
-            if (writable && opened) {
-              const granted = [`${name}-journal`, `${name}-wal`].filter(
-                (path) => permitted(path, false) && permitted(path, true),
-              );
-              for (const path of granted) {
-                sidecarGrants.set(path, (sidecarGrants.get(path) ?? 0) + 1);
-              }
-              grantsOf.set(database, granted);
+            const entry = connections.get(name) ?? { open: 0, granted: 0 };
+            connections.set(name, entry);
+            entry.open++;
+            if (
+              opened &&
+              [`${name}-journal`, `${name}-wal`].every((path) =>
+                permitted(path, false) && permitted(path, true)
+              )
+            ) {
+              granted.add(database);
+              entry.granted++;
             }
             file = database;
           } else {
             const libc = loadLibc(name);
             // libc's open asks Deno for nothing: ask as for the database.
-            if (!sidecarGrants.has(name)) requirePermission(name, writable);
+            if (!sidecarGranted(name)) requirePermission(name, writable);
             let fd: number;
             let created = false;
             if (create && isJournal && (flags & OPEN_EXCLUSIVE) === 0) {
@@ -1979,7 +1992,7 @@ function createVfs(sqlite3: Sqlite3Static) {
       const path = wasm.cstrToJs(zName) ?? "";
       seen.set(path, false);
       try {
-        if (!sidecarGrants.has(path)) requirePermission(path, true);
+        if (!sidecarGranted(path)) requirePermission(path, true);
         if (!loadLibc(path).unlink(path)) {
           return fail(
             new VfsError(`${path} is not there to delete`, IOERR_DELETE_NOENT),

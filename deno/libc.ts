@@ -90,6 +90,7 @@ const EINTR = 4;
 const EAGAIN = 11;
 const EACCES = 13;
 const ENOTDIR = 20;
+const ENAMETOOLONG = 36;
 const EINVAL = 22;
 
 const errnoNames: Record<number, string> = {
@@ -281,16 +282,20 @@ export class Libc {
 
   /**
    * What `path` names now (following links, as os_unix's xAccess does), or
-   * `undefined` when it names nothing (ENOENT, ENOTDIR): one system call,
-   * and no exception for an absent file, which SQLite asks about on every
-   * transaction.
+   * `undefined` when it names nothing and cannot (ENOENT, ENOTDIR,
+   * ENAMETOOLONG: a sidecar name longer than the file system allows): one
+   * system call, and no exception for an absent file, which SQLite asks
+   * about on every transaction.
    *
-   * @throws {LibcError} When `stat` fails otherwise (e.g. EACCES).
+   * @throws {LibcError} When `stat` fails otherwise (e.g. EACCES, ELOOP):
+   *   the file may be there.
    */
   stat(path: string): PathInfo | undefined {
     if (this.#c.stat(encoder.encode(`${path}\0`), this.#stat) !== 0) {
       const errno = this.#errno();
-      if (errno === ENOENT || errno === ENOTDIR) return undefined;
+      if (errno === ENOENT || errno === ENOTDIR || errno === ENAMETOOLONG) {
+        return undefined;
+      }
       throw this.#fail(`stat '${path}'`, errno);
     }
     const view = new DataView(this.#stat.buffer);

@@ -1140,6 +1140,83 @@ console.log(JSON.stringify({ kept, later, rows: await a.query("SELECT x FROM t O
   });
 }
 
+Deno.test("a connection opened after the journal's write permission was revoked cannot write, though a connection opened before it is still open (the journal's permission is the connection's, not the path's)", async () => {
+  await using tmp = await tempDir("vfs_wal_");
+  const path = join(tmp.path, "a.db");
+  sqlite3Ok(path, "CREATE TABLE t(x INTEGER)");
+  const script = join(tmp.path, "child.ts");
+  Deno.writeTextFileSync(
+    script,
+    `import { openSqliteWasm } from ${
+      JSON.stringify(new URL("../deno/sqlite_wasm.ts", import.meta.url).href)
+    };
+const [path] = Deno.args;
+const write = async (db, x) => {
+  try { await db.run("INSERT INTO t VALUES (?)", [x]); return "ok"; } catch (error) { return error.message; }
+};
+const a = await openSqliteWasm(path, { journalMode: "delete" });
+Deno.permissions.revokeSync({ name: "write", path: path + "-journal" });
+const b = await openSqliteWasm(path, { journalMode: "delete" });
+const whileBoth = await write(b, 1);
+await a.close();
+const alone = await write(b, 2);
+await b.close();
+console.log(JSON.stringify({ whileBoth, alone }));
+console.error(JSON.stringify({ whileBoth, alone }));
+`,
+  );
+  const output = await new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "--no-prompt",
+      "--allow-read",
+      "--allow-ffi",
+      `--allow-write=${path},${path}-journal`,
+      "--config",
+      config,
+      script,
+      path,
+    ],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const decoder = new TextDecoder();
+  assert.equal(output.code, 0, decoder.decode(output.stderr));
+  // The journal's open is refused (Deno's permission for it), whether or
+  // not the connection opened before the revocation is still open.
+  assert.deepEqual(JSON.parse(decoder.decode(output.stdout)), {
+    whileBoth: "unable to open database file",
+    alone: "unable to open database file",
+  });
+  assert.equal(sqlite3Ok(path, "SELECT count(*) FROM t"), "0");
+});
+
+for (const length of [245, 250]) {
+  Deno.test(`a database whose file name is ${length} bytes long opens and reads, its sidecar names being longer than the file system allows (ENAMETOOLONG is absent, as in os_unix)${length === 245 ? ", and writes" : ""}`, async () => {
+    await using tmp = await tempDir("vfs_wal_");
+    const path = join(tmp.path, `${"a".repeat(length - 3)}.db`);
+    // Made under a short name: at 250 the journal's name is too long for
+    // the CLI too.
+    const short = join(tmp.path, "short.db");
+    sqlite3Ok(short, "CREATE TABLE t(x INTEGER); INSERT INTO t VALUES (1)");
+    Deno.renameSync(short, path);
+    await using db = await openSqliteWasm(path, { journalMode: "truncate" });
+    assert.deepEqual(await db.query("SELECT x FROM t"), [{ x: 1 }]);
+    if (length === 245) {
+      await db.run("INSERT INTO t VALUES (2)");
+      assert.equal(sqlite3Ok(path, "SELECT count(*) FROM t"), "2");
+    } else {
+      // Its journal's name is too long to create: writing fails, and
+      // nothing is written.
+      await assert.rejects(
+        () => db.run("INSERT INTO t VALUES (2)"),
+        /unable to open database file/,
+      );
+      assert.equal(sqlite3Ok(path, "SELECT count(*) FROM t"), "1");
+    }
+  });
+}
+
 for (const journalMode of ["truncate", "delete"]) {
   Deno.test(`journalMode ${journalMode}: with write permission for the database file alone, a write fails before anything is written, and no journal is left (Deno's permissions hold for journals too)`, async () => {
     await using tmp = await tempDir("vfs_wal_");
