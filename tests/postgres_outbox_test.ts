@@ -752,6 +752,13 @@ for (const level of ["repeatable read", "serializable"]) {
       assert.deepEqual(await acknowledged, leases.map(() => true));
     }
     assert.equal((await outbox.stats()).done, 3);
+    // Each acknowledged once: the failed statement wrote nothing.
+    for (const lease of [one!, ...two]) {
+      assert.deepEqual(await ledgerKinds(db, lease.eventId), [
+        "claimed:1",
+        "acknowledged:1",
+      ]);
+    }
   });
 }
 
