@@ -1090,18 +1090,44 @@ Deno.test("a super-journal's directory entry is synced before the commit relies 
   assert.equal(sqlite3Ok(c, "SELECT count(*) FROM u"), "2");
 });
 
+/**
+ * Runs `body` in a child process, after an import of `openSqliteWasm`, as
+ * `<dir>/child.ts` with Deno's `flags` (its permissions) and `args`, and
+ * returns the JSON it prints.
+ */
+async function permissionChild(
+  dir: string,
+  body: string,
+  flags: readonly string[],
+  args: readonly string[],
+) {
+  const script = join(dir, "child.ts");
+  Deno.writeTextFileSync(
+    script,
+    `import { openSqliteWasm } from ${
+      JSON.stringify(new URL("../deno/sqlite_wasm.ts", import.meta.url).href)
+    };
+${body}
+`,
+  );
+  const output = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "--no-prompt", ...flags, "--config", config, script, ...args],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const decoder = new TextDecoder();
+  assert.equal(output.code, 0, decoder.decode(output.stderr));
+  return JSON.parse(decoder.decode(output.stdout));
+}
+
 for (const journalMode of ["truncate", "delete", "wal"]) {
   Deno.test(`journalMode ${journalMode}: a connection's journal keeps the permission it had when the connection opened, as the database file does; a connection opened after write permission is revoked cannot write`, async () => {
     await using tmp = await tempDir("vfs_wal_");
     const path = join(tmp.path, "a.db");
     sqlite3Ok(path, "CREATE TABLE t(x INTEGER)");
-    const script = join(tmp.path, "child.ts");
-    Deno.writeTextFileSync(
-      script,
-      `import { openSqliteWasm } from ${
-        JSON.stringify(new URL("../deno/sqlite_wasm.ts", import.meta.url).href)
-      };
-const [path, journalMode] = Deno.args;
+    const { kept, later, rows } = await permissionChild(
+      tmp.path,
+      `const [path, journalMode] = Deno.args;
 await using a = await openSqliteWasm(path, { journalMode });
 await a.run("INSERT INTO t VALUES (1)");
 Deno.permissions.revokeSync({ name: "write" });
@@ -1112,26 +1138,10 @@ try {
   await using b = await openSqliteWasm(path, { journalMode });
   await b.run("INSERT INTO t VALUES (3)");
 } catch (error) { later = error.message; }
-console.log(JSON.stringify({ kept, later, rows: await a.query("SELECT x FROM t ORDER BY x") }));
-`,
+console.log(JSON.stringify({ kept, later, rows: await a.query("SELECT x FROM t ORDER BY x") }));`,
+      ["-A"],
+      [path, journalMode],
     );
-    const output = await new Deno.Command(Deno.execPath(), {
-      args: [
-        "run",
-        "--no-prompt",
-        "-A",
-        "--config",
-        config,
-        script,
-        path,
-        journalMode,
-      ],
-      stdout: "piped",
-      stderr: "piped",
-    }).output();
-    const decoder = new TextDecoder();
-    assert.equal(output.code, 0, decoder.decode(output.stderr));
-    const { kept, later, rows } = JSON.parse(decoder.decode(output.stdout));
     assert.deepEqual([kept, rows], ["ok", [{ x: 1 }, { x: 2 }]]);
     assert.match(
       later,
@@ -1144,13 +1154,9 @@ Deno.test("a connection opened after the journal's write permission was revoked 
   await using tmp = await tempDir("vfs_wal_");
   const path = join(tmp.path, "a.db");
   sqlite3Ok(path, "CREATE TABLE t(x INTEGER)");
-  const script = join(tmp.path, "child.ts");
-  Deno.writeTextFileSync(
-    script,
-    `import { openSqliteWasm } from ${
-      JSON.stringify(new URL("../deno/sqlite_wasm.ts", import.meta.url).href)
-    };
-const [path] = Deno.args;
+  const outcomes = await permissionChild(
+    tmp.path,
+    `const [path] = Deno.args;
 const write = async (db, x) => {
   try { await db.run("INSERT INTO t VALUES (?)", [x]); return "ok"; } catch (error) { return error.message; }
 };
@@ -1161,30 +1167,13 @@ const whileBoth = await write(b, 1);
 await a.close();
 const alone = await write(b, 2);
 await b.close();
-console.log(JSON.stringify({ whileBoth, alone }));
-console.error(JSON.stringify({ whileBoth, alone }));
-`,
+console.log(JSON.stringify({ whileBoth, alone }));`,
+    ["--allow-read", "--allow-ffi", `--allow-write=${path},${path}-journal`],
+    [path],
   );
-  const output = await new Deno.Command(Deno.execPath(), {
-    args: [
-      "run",
-      "--no-prompt",
-      "--allow-read",
-      "--allow-ffi",
-      `--allow-write=${path},${path}-journal`,
-      "--config",
-      config,
-      script,
-      path,
-    ],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  const decoder = new TextDecoder();
-  assert.equal(output.code, 0, decoder.decode(output.stderr));
   // The journal's open is refused (Deno's permission for it), whether or
   // not the connection opened before the revocation is still open.
-  assert.deepEqual(JSON.parse(decoder.decode(output.stdout)), {
+  assert.deepEqual(outcomes, {
     whileBoth: "unable to open database file",
     alone: "unable to open database file",
   });
@@ -1222,37 +1211,15 @@ for (const journalMode of ["truncate", "delete"]) {
     await using tmp = await tempDir("vfs_wal_");
     const path = join(tmp.path, "a.db");
     sqlite3Ok(path, "CREATE TABLE t(x INTEGER)");
-    const script = join(tmp.path, "child.ts");
-    Deno.writeTextFileSync(
-      script,
-      `import { openSqliteWasm } from ${
-        JSON.stringify(new URL("../deno/sqlite_wasm.ts", import.meta.url).href)
-      };
-await using db = await openSqliteWasm(Deno.args[0], { journalMode: Deno.args[1] });
+    const { insert, rows } = await permissionChild(
+      tmp.path,
+      `await using db = await openSqliteWasm(Deno.args[0], { journalMode: Deno.args[1] });
 let insert = "ok";
 try { await db.run("INSERT INTO t VALUES (1)"); } catch (error) { insert = error.message; }
-console.log(JSON.stringify({ insert, rows: await db.query("SELECT count(*) AS n FROM t") }));
-`,
+console.log(JSON.stringify({ insert, rows: await db.query("SELECT count(*) AS n FROM t") }));`,
+      ["--allow-ffi", "--allow-read", `--allow-write=${path}`],
+      [path, journalMode],
     );
-    const output = await new Deno.Command(Deno.execPath(), {
-      args: [
-        "run",
-        "--no-prompt",
-        "--allow-ffi",
-        "--allow-read",
-        `--allow-write=${path}`,
-        "--config",
-        config,
-        script,
-        path,
-        journalMode,
-      ],
-      stdout: "piped",
-      stderr: "piped",
-    }).output();
-    const decoder = new TextDecoder();
-    assert.equal(output.code, 0, decoder.decode(output.stderr));
-    const { insert, rows } = JSON.parse(decoder.decode(output.stdout));
     assert.equal(insert, "unable to open database file");
     assert.deepEqual(rows, [{ n: 0 }]);
     assert.deepEqual(
