@@ -152,6 +152,7 @@ export class Libc {
   readonly #flock = new Uint8Array(32);
   readonly #flockView = new DataView(this.#flock.buffer);
   readonly #stat = new Uint8Array(256);
+  readonly #statView = new DataView(this.#stat.buffer);
 
   constructor(c: Symbols) {
     this.#c = c;
@@ -267,8 +268,20 @@ export class Libc {
   /** The device and inode of an open descriptor. */
   fileId(fd: number): FileId {
     if (this.#c.fstat(fd, this.#stat) !== 0) throw this.#fail("fstat");
+    return this.#statId();
+  }
+
+  /** stat(2) of `path` into the stat buffer: 0, or the errno it failed with. */
+  #statPath(path: string): number {
+    return this.#c.stat(encoder.encode(`${path}\0`), this.#stat) === 0
+      ? 0
+      : this.#errno();
+  }
+
+  /** The device and inode in the stat buffer. */
+  #statId(): FileId {
     // st_dev and st_ino lead struct stat on x86_64 and aarch64 alike.
-    const view = new DataView(this.#stat.buffer);
+    const view = this.#statView;
     return { dev: view.getBigUint64(0, true), ino: view.getBigUint64(8, true) };
   }
 
@@ -291,14 +304,12 @@ export class Libc {
    *   the file may be there.
    */
   stat(path: string): PathInfo | undefined {
-    if (this.#c.stat(encoder.encode(`${path}\0`), this.#stat) !== 0) {
-      const errno = this.#errno();
-      if (errno === ENOENT || errno === ENOTDIR || errno === ENAMETOOLONG) {
-        return undefined;
-      }
-      throw this.#fail(`stat '${path}'`, errno);
+    const errno = this.#statPath(path);
+    if (errno === ENOENT || errno === ENOTDIR || errno === ENAMETOOLONG) {
+      return undefined;
     }
-    const view = new DataView(this.#stat.buffer);
+    if (errno !== 0) throw this.#fail(`stat '${path}'`, errno);
+    const view = this.#statView;
     return {
       regular: (view.getUint32(ST_MODE, true) & S_IFMT) === S_IFREG,
       size: Number(view.getBigInt64(ST_SIZE, true)),
@@ -319,11 +330,7 @@ export class Libc {
 
   /** The device and inode `path` names now; `undefined` when it names none. */
   pathId(path: string): FileId | undefined {
-    if (this.#c.stat(encoder.encode(`${path}\0`), this.#stat) !== 0) {
-      return undefined;
-    }
-    const view = new DataView(this.#stat.buffer);
-    return { dev: view.getBigUint64(0, true), ino: view.getBigUint64(8, true) };
+    return this.#statPath(path) === 0 ? this.#statId() : undefined;
   }
 
   /**

@@ -630,29 +630,54 @@ async function holdInTransaction(
   };
 }
 
-Deno.test("postgres: openers wait for another opener's schema upgrade however long it takes, past busyTimeoutMs and statementTimeoutMs, then open", async () => {
-  const { url, schema, db } = await version4();
-  await using _db = db;
-  // An upgrade in progress elsewhere: the set-up lock, held until both
-  // openers wait for it and then 300 ms past both timeouts.
-  const lock = await holdInTransaction(url, schema, SET_UP_LOCK);
-  const openers = [0, 1].map(() =>
-    openPostgres(url, { schema, busyTimeoutMs: 100, statementTimeoutMs: 100 })
-  );
+/**
+ * Waits until the `openers` all wait on `event` (pg_stat_activity), then
+ * `ms` more, before `held` lets go; asserts that each then opened and that
+ * the schema is upgraded (identities as uuid). Returns the outboxes, and
+ * how many openers had settled before the release.
+ */
+async function openBehind(
+  db: Driver,
+  held: { release(): Promise<void> },
+  event: string,
+  ms: number,
+  openers: readonly Promise<Outbox>[],
+): Promise<{ outboxes: Outbox[]; settledBefore: number }> {
   let settled = 0;
   const outcomes = openers.map((opener) =>
     opener.then(() => "opened", (error) => String(error)).finally(() =>
       settled++
     )
   );
-  await untilWaitingOn(db, "advisory", 2);
-  await sleep(300);
-  assert.equal(settled, 0);
-  await lock.release();
-  assert.deepEqual(await Promise.all(outcomes), ["opened", "opened"]);
+  await untilWaitingOn(db, event, openers.length);
+  await sleep(ms);
+  const settledBefore = settled;
+  await held.release();
+  assert.deepEqual(
+    await Promise.all(outcomes),
+    openers.map(() => "opened"),
+  );
   assert.equal(await identityType(db), "uuid");
-  for (const opener of openers) {
-    const outbox = await opener;
+  return { outboxes: await Promise.all(openers), settledBefore };
+}
+
+Deno.test("postgres: openers wait for another opener's schema upgrade however long it takes, past busyTimeoutMs and statementTimeoutMs, then open", async () => {
+  const { url, schema, db } = await version4();
+  await using _db = db;
+  // An upgrade in progress elsewhere: the set-up lock, held until both
+  // openers wait for it and then 300 ms past both timeouts.
+  const lock = await holdInTransaction(url, schema, SET_UP_LOCK);
+  const { outboxes, settledBefore } = await openBehind(
+    db,
+    lock,
+    "advisory",
+    300,
+    [0, 1].map(() =>
+      openPostgres(url, { schema, busyTimeoutMs: 100, statementTimeoutMs: 100 })
+    ),
+  );
+  assert.equal(settledBefore, 0);
+  for (const outbox of outboxes) {
     await outbox.enqueue("x");
     await outbox.close();
   }
@@ -702,16 +727,13 @@ Deno.test("postgres: with the database's default isolation at REPEATABLE READ, t
   });
   await using _db = db;
   const lock = await holdInTransaction(url, schema, SET_UP_LOCK);
-  const openers = [0, 1].map(() => openPostgres(url, { schema }));
-  const outcomes = openers.map((opener) =>
-    opener.then(() => "opened", (error) => String(error))
+  const { outboxes: [a, b] } = await openBehind(
+    db,
+    lock,
+    "advisory",
+    50,
+    [0, 1].map(() => openPostgres(url, { schema })),
   );
-  await untilWaitingOn(db, "advisory", 2);
-  await sleep(50);
-  await lock.release();
-  assert.deepEqual(await Promise.all(outcomes), ["opened", "opened"]);
-  assert.equal(await identityType(db), "uuid");
-  const [a, b] = await Promise.all(openers);
   try {
     await a!.transaction(async (tx) => {
       await tx.enqueue("x");
@@ -775,14 +797,10 @@ Deno.test("postgres: an opener waits for another's upgrade past the database's t
   const { url, schema, db } = await version4({ transaction_timeout: "500ms" });
   await using _db = db;
   const lock = await holdInTransaction(url, schema, SET_UP_LOCK);
-  const opener = openPostgres(url, { schema });
-  const outcome = opener.then(() => "opened", (error) => String(error));
-  await untilWaitingOn(db, "advisory", 1);
-  await sleep(1_000);
-  await lock.release();
-  assert.equal(await outcome, "opened");
-  assert.equal(await identityType(db), "uuid");
-  await (await opener).close();
+  const { outboxes: [outbox] } = await openBehind(db, lock, "advisory", 1_000, [
+    openPostgres(url, { schema }),
+  ]);
+  await outbox!.close();
 });
 
 Deno.test("postgres: a session the server ends for its transaction_timeout (PostgreSQL 17 and later) fails the call with ConnectionLostError, and the outbox goes on", async () => {
@@ -826,18 +844,14 @@ Deno.test("postgres: an upgrade that waits for a reader's table lock longer than
     schema,
     "SELECT count(*) FROM outbox_events",
   );
-  const opener = openPostgres(url, {
-    schema,
-    lockTimeoutMs: 3_000,
-    statementTimeoutMs: 200,
-  });
-  const outcome = opener.then(() => "opened", (error) => String(error));
-  await untilWaitingOn(db, "relation", 1);
-  await sleep(400);
-  await reader.release();
-  assert.equal(await outcome, "opened");
-  assert.equal(await identityType(db), "uuid");
-  await (await opener).close();
+  const { outboxes: [outbox] } = await openBehind(db, reader, "relation", 400, [
+    openPostgres(url, {
+      schema,
+      lockTimeoutMs: 3_000,
+      statementTimeoutMs: 200,
+    }),
+  ]);
+  await outbox!.close();
 });
 
 Deno.test("postgres: a schema of a newer version than this release's is refused at open with SchemaVersionError, and nothing changes", async () => {
@@ -870,46 +884,36 @@ Deno.test("postgres: a schema of a newer version than this release's is refused 
   );
 });
 
-Deno.test("postgres: an acknowledgement waiting for a row lock past busyTimeoutMs fails with BusyError and changes nothing", async () => {
-  const { url, schema } = await fresh();
-  await using outbox = await openPostgres(url, { schema, busyTimeoutMs: 100 });
-  await using holder = await raw(url, schema);
-  const { eventId } = await outbox.enqueue("x");
-  const lease = await outbox.claim();
-  await holder.run("BEGIN");
-  await holder.query("SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", [
-    eventId,
-  ]);
-  await assert.rejects(outbox.acknowledge(lease!), BusyError);
-  await holder.run("ROLLBACK");
-  assert.deepEqual(await ledgerKinds(holder, eventId), ["claimed:1"]);
-  assert.equal(await outbox.acknowledge(lease!), true);
-});
-
-Deno.test("postgres: at busyTimeoutMs 0 an acknowledgement waiting for a row lock fails with BusyError at once, as on SQLite, and changes nothing", async () => {
-  const { url, schema } = await fresh();
-  await using outbox = await openPostgres(url, { schema, busyTimeoutMs: 0 });
-  await using holder = await raw(url, schema);
-  const { eventId } = await outbox.enqueue("x");
-  const lease = await outbox.claim();
-  await holder.run("BEGIN");
-  await holder.query("SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", [
-    eventId,
-  ]);
-  // Were the wait unbounded, the holder lets go after 5 s and the
-  // acknowledgement succeeds: the test fails rather than hangs.
-  const release = setTimeout(() => holder.run("ROLLBACK"), 5_000);
-  const started = performance.now();
-  try {
-    await assert.rejects(outbox.acknowledge(lease!), BusyError);
-  } finally {
-    clearTimeout(release);
-  }
-  assert.ok(performance.now() - started < 4_000);
-  await holder.run("ROLLBACK");
-  assert.deepEqual(await ledgerKinds(holder, eventId), ["claimed:1"]);
-  assert.equal(await outbox.acknowledge(lease!), true);
-});
+for (const busyTimeoutMs of [100, 0]) {
+  Deno.test(
+    busyTimeoutMs === 0
+      ? "postgres: at busyTimeoutMs 0 an acknowledgement waiting for a row lock fails with BusyError at once, as on SQLite, and changes nothing"
+      : "postgres: an acknowledgement waiting for a row lock past busyTimeoutMs fails with BusyError and changes nothing",
+    async () => {
+      const { url, schema } = await fresh();
+      await using outbox = await openPostgres(url, { schema, busyTimeoutMs });
+      const { eventId } = await outbox.enqueue("x");
+      const lease = await outbox.claim();
+      // Were the wait unbounded, the holder lets go after 10 s and the
+      // acknowledgement succeeds: the test fails rather than hangs.
+      const holder = await holdInTransaction(
+        url,
+        schema,
+        `SELECT 1 FROM outbox_events WHERE id = ${eventId} FOR UPDATE`,
+      );
+      const started = performance.now();
+      try {
+        await assert.rejects(outbox.acknowledge(lease!), BusyError);
+      } finally {
+        await holder.release();
+      }
+      if (busyTimeoutMs === 0) assert.ok(performance.now() - started < 4_000);
+      await using db = await raw(url, schema);
+      assert.deepEqual(await ledgerKinds(db, eventId), ["claimed:1"]);
+      assert.equal(await outbox.acknowledge(lease!), true);
+    },
+  );
+}
 
 Deno.test("postgres: on the server's clock, a lapsed last-attempt lease is a dead letter at the next call", async () => {
   const { url, schema } = await fresh();
