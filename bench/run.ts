@@ -70,6 +70,12 @@ export interface Sizes {
     phaseMs: number;
     /** How long every process runs cycles before the first phase. */
     warmupMs: number;
+    /** At most this many cycles per process before the first phase. */
+    warmupCycles: number;
+    /**
+     * Events seeded: enough for every warm-up and, at any rate a durable
+     * file reaches, for the phases (no process may find the queue empty).
+     */
     pending: number;
   };
 }
@@ -103,6 +109,8 @@ export const FULL: Sizes = {
     pairs: 10,
     phaseMs: 400,
     warmupMs: 3_000,
+    warmupCycles: 600,
+    // 8.4 s of phases after 2,400 warm-up cycles: 11,000 cycles/s at most.
     pending: 100_000,
   },
 };
@@ -118,6 +126,8 @@ const SMOKE: Sizes = {
     pairs: 1,
     phaseMs: 200,
     warmupMs: 300,
+    warmupCycles: 10,
+    // 0.6 s of phases after 40 warm-up cycles: 8,000 cycles/s at most.
     pending: 5_000,
   },
 };
@@ -383,7 +393,7 @@ export async function contentionRow(
   sizes: Sizes["contend"],
   target: Target,
 ): Promise<BenchRow> {
-  const { processes, pairs, phaseMs, warmupMs, pending } = sizes;
+  const { processes, pairs, phaseMs, warmupMs, warmupCycles, pending } = sizes;
   await runScenarioProcess({ kind: "seed", target, pending });
   progress(`1 process vs ${processes} contending on one WASM file`);
   // One set of warm processes; phases of one process and of all of them
@@ -404,6 +414,7 @@ export async function contentionRow(
           target,
           worker,
           barrier,
+          warmupCycles,
           phaseMs,
           phases: 2 * pairs + 1,
         }) as const),

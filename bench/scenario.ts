@@ -81,8 +81,8 @@ export type Scenario =
     /**
      * One of several contending workers on a database prepared by `seed`.
      * Once open, it writes `ready-<worker>` into the `barrier` directory and
-     * runs cycles, warming its JIT, until `go` appears there holding the
-     * start time (epoch ms). From then time is cut into `phases` phases of
+     * runs up to `warmupCycles` cycles, warming its JIT, until `go` appears
+     * there holding the start time (epoch ms). From then time is cut into `phases` phases of
      * `phaseMs`: in even phases only worker 0 runs claim+acknowledge, in odd
      * ones every worker does. Reports the cycles it finished in each phase.
      */
@@ -90,6 +90,7 @@ export type Scenario =
     readonly target: Target;
     readonly worker: number;
     readonly barrier: string;
+    readonly warmupCycles: number;
     readonly phaseMs: number;
     readonly phases: number;
   };
@@ -354,11 +355,17 @@ export async function runScenario(
     }
     case "contend": {
       await using outbox = await open(scenario.target);
-      const { worker, barrier, phaseMs, phases } = scenario;
+      const { worker, barrier, warmupCycles, phaseMs, phases } = scenario;
       Deno.writeTextFileSync(join(barrier, `ready-${worker}`), "");
       // Warm: a cold JIT (and WASM's tier-up, compiled on the same two
       // cores by every process at once) would be measured as contention.
-      while (!existsSync(join(barrier, "go"))) await cycle(outbox);
+      // Counted, not timed: the wait for the slowest process to start is
+      // unbounded, and on a fast disk cycles run until then would empty the
+      // queue the phases need.
+      for (let warmed = 0; !existsSync(join(barrier, "go"));) {
+        if (warmed++ < warmupCycles) await cycle(outbox);
+        else await new Promise((resolve) => setTimeout(resolve, 10));
+      }
       const startAt = Number(Deno.readTextFileSync(join(barrier, "go")));
       await sleepUntil(startAt);
       const start = performance.now();

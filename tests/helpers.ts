@@ -187,7 +187,14 @@ export async function runBenchSmoke(
     stderr: "piped",
   }).output();
   if (!output.success) {
-    throw new Error(new TextDecoder().decode(output.stderr));
+    // Only the end: the progress lines before it say nothing, and a CI log
+    // may keep only a part of a long message.
+    const stderr = new TextDecoder().decode(output.stderr).trimEnd();
+    throw new Error(
+      `bench/${script} exited with code ${output.code}; its stderr ended:\n${
+        stderr.split("\n").slice(-15).join("\n")
+      }`,
+    );
   }
   const [table, json] = new TextDecoder().decode(output.stdout).trim().split(
     "\n\n",

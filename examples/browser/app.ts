@@ -116,7 +116,33 @@ function show(error: unknown): void {
   $("error").textContent = String(error);
 }
 
-async function refresh(): Promise<void> {
+/** The refresh running now, if any, and whether another was asked for since it started. */
+let refreshing: Promise<void> | undefined;
+let refreshAgain = false;
+
+/**
+ * Redraws the page. Refreshes are asked for by the timer, each message added
+ * and each click, and they would overlap: a slow older one could then put back
+ * a list that a newer one had extended. So one runs at a time, and asks made
+ * while it runs are served by one more run after it; the promise returned
+ * settles after a run that started after the ask.
+ */
+function refresh(): Promise<void> {
+  if (refreshing !== undefined) {
+    refreshAgain = true;
+    return refreshing;
+  }
+  refreshing = (async () => {
+    do {
+      refreshAgain = false;
+      await draw();
+    } while (refreshAgain);
+    refreshing = undefined;
+  })();
+  return refreshing;
+}
+
+async function draw(): Promise<void> {
   try {
     const stats = await outbox.stats();
     for (const key of ["pending", "leased", "done", "dead"] as const) {
