@@ -148,10 +148,19 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    */
   readonly claimInOne?: string;
   /**
+   * `claimInOne` after the fenced acknowledgement of the leases in a JSON
+   * array of [event id, fence, token] (parameter 7), all or none, in the
+   * same statement: one round trip and one commit for the processing loop's
+   * acknowledge-then-claim. A stale lease, a lease listed twice, or
+   * whatever refuses the claim refuses the whole statement (`refused` 1,
+   * nothing changed).
+   */
+  readonly acknowledgeAndClaimInOne?: string;
+  /**
    * The errors' `code`s with which a one-statement call (`claimInOne`,
-   * `acknowledgeInOne`, `acknowledgeAllInOne`) refuses, having changed
-   * nothing, and the general path runs instead: a text payload that is not
-   * JSON; a serialization failure or deadlock, which a statement outside a
+   * `acknowledgeInOne`, `acknowledgeAllInOne`, `acknowledgeAndClaimInOne`)
+   * refuses, having changed nothing, and the general path runs instead: a
+   * text payload that is not JSON; a serialization failure or deadlock, which a statement outside a
    * transaction meets when the session's default isolation is above read
    * committed, where the general path's transactions are not.
    */
@@ -1054,10 +1063,20 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const { queue, leaseMs } = this.#claimTarget(op, options);
     const max = checkInteger(op, "max", options.max, 1, MAX_BATCH) ??
       missing(op, "max");
-    return await this.#write(op, async (now) => ({
-      acknowledged: await this.#acknowledge(checked, now),
-      leases: await this.#claim(op, queue, leaseMs, max, undefined, now),
-    }));
+    const inOne = this.#claimInOne(op, queue, leaseMs, max, checked);
+    return await this.#write(
+      op,
+      async (now) => ({
+        acknowledged: await this.#acknowledge(checked, now),
+        leases: await this.#claim(op, queue, leaseMs, max, undefined, now),
+      }),
+      true,
+      false,
+      inOne && (async (now) => {
+        const leases = await inOne(now);
+        return leases && { acknowledged: checked.map(() => true), leases };
+      }),
+    );
   }
 
   /** The queue and lease length a claim's options name, checked. */
@@ -2204,15 +2223,19 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * The claim as the dialect's one statement, when it has one: resolves to
    * the leases, or to `undefined` when the statement refused an
    * unclaimable candidate, having changed nothing of it (the general path
-   * then makes it a dead letter).
+   * then makes it a dead letter). With `acknowledge`, the statement first
+   * acknowledges those leases, all of them or, refusing, none.
    */
   #claimInOne(
     op: string,
     queue: string,
     leaseMs: number,
     max: number,
+    acknowledge?: readonly CheckedLease[],
   ): ((now: number | null) => Promise<Lease<P>[] | undefined>) | undefined {
-    const sql = this.#sql.claimInOne;
+    const sql = acknowledge === undefined
+      ? this.#sql.claimInOne
+      : this.#sql.acknowledgeAndClaimInOne;
     if (sql === undefined) return undefined;
     return async (now) => {
       // 128 random bits per token, minted for every lease the claim may take.
@@ -2224,6 +2247,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         this.#maxPayloadBytes,
         leaseMs,
         tokens,
+        ...acknowledge === undefined ? [] : [
+          JSON.stringify(acknowledge.map((l) => [l.eventId, l.fence, l.token])),
+        ],
       ]);
       this.#checkNow(op, rows[0]?.["now"]);
       if (rows[0]?.["refused"] === 1) return undefined;

@@ -195,31 +195,100 @@ const EXHAUSTED_DUE = `SELECT 1 FROM outbox_events
     WHERE state = 'leased' AND attempt >= max_attempts
       AND due_at <= (SELECT now FROM n)`;
 
+// The leases of the CTE `l` (id, fence, token) that are current, locked.
+// The `= ANY` repeats the join so the planner looks the rows up by id
+// whatever it guesses of the JSON's length.
+const MATCHED = `matched AS MATERIALIZED (SELECT e.id FROM outbox_events AS e
+    JOIN l ON e.id = l.id
+    WHERE e.id = ANY (ARRAY(SELECT id FROM l)) AND e.token = l.token
+      AND e.fence = l.fence AND e.state = 'leased'
+    FOR UPDATE OF e)`;
+// Some lease of `l` is stale, or listed twice.
+const INCOMPLETE =
+  "(SELECT count(DISTINCT id) FROM matched) <> (SELECT count(*) FROM l)";
+
+/** The leases given as the JSON array `$n` of [event id, fence, token]. */
+const leasesOf = (n: number) =>
+  `SELECT (a.v ->> 0)::bigint AS id, (a.v ->> 1)::bigint AS fence,
+      a.v ->> 2 AS token
+    FROM jsonb_array_elements($${n}::jsonb) AS a (v)`;
+
 /**
  * The fenced acknowledgement of the leases `leases` selects (id, fence,
  * token) in one statement, all or none: when every lease is current and no
  * lapsed last-attempt lease waits to become a dead letter, they become
  * done; otherwise (a stale lease, or one listed twice) nothing changes.
- * Answers `now` and `acknowledged`, the count. The `= ANY` repeats the
- * join so the planner looks the rows up by id whatever it guesses of the
- * JSON's length.
+ * Answers `now` and `acknowledged`, the count.
  */
 function acknowledgeInOne(leases: string): string {
   return `WITH ${CLOCK},
   l AS MATERIALIZED (${leases}),
-  matched AS MATERIALIZED (SELECT e.id FROM outbox_events AS e
-    JOIN l ON e.id = l.id
-    WHERE e.id = ANY (ARRAY(SELECT id FROM l)) AND e.token = l.token
-      AND e.fence = l.fence AND e.state = 'leased'
-    FOR UPDATE OF e),
+  ${MATCHED},
   acked AS (UPDATE outbox_events AS e
     SET state = 'done', updated_at = n.now, done_at = n.now
     FROM n
     WHERE e.id IN (SELECT id FROM matched)
-      AND (SELECT count(DISTINCT id) FROM matched) = (SELECT count(*) FROM l)
+      AND NOT ${INCOMPLETE}
       AND NOT EXISTS (${EXHAUSTED_DUE})
     RETURNING e.id)
   SELECT n.now, (SELECT count(*) FROM acked)::integer AS acknowledged FROM n`;
+}
+
+/**
+ * The claim as one statement: see `claimInOne` below. With `acknowledge`
+ * (a query of the leases' id, fence and token), the statement first
+ * acknowledges those leases, all or none, and refuses when it cannot.
+ */
+function claimInOne(acknowledge?: string): string {
+  const acknowledged = acknowledge === undefined ? "" : `
+  l AS MATERIALIZED (${acknowledge}),
+  ${MATCHED},`;
+  return `WITH ${CLOCK},${acknowledged}
+  candidates AS MATERIALIZED (
+    SELECT e.id, e.state, e.fence, e.due_at, ${PAYLOAD_BYTES} AS bytes
+    FROM outbox_events AS e
+    WHERE e.queue = $2 AND e.state IN ('pending', 'leased')
+      AND e.due_at <= (SELECT now FROM n)
+      AND (e.ordering_key IS NULL OR NOT EXISTS (${ORDERED_BEFORE}${
+    // The statement's snapshot still shows the leases it acknowledges as
+    // leased: they hold back no later event of their ordering keys.
+    acknowledge === undefined ? "" : `
+          AND p.id NOT IN (SELECT id FROM matched)`}))
+    ORDER BY e.due_at, e.id LIMIT $3
+    FOR UPDATE OF e SKIP LOCKED),
+  t AS MATERIALIZED (SELECT decode($6, 'hex') AS bytes),
+  numbered AS MATERIALIZED (SELECT c.*,
+      row_number() OVER (ORDER BY c.due_at, c.id) AS k
+    FROM candidates AS c),
+  refused AS MATERIALIZED (SELECT 1 FROM numbered
+    WHERE state = 'leased' OR bytes > $4 OR id > ${MAX_SAFE}
+      OR fence >= ${MAX_SAFE}
+    UNION ALL ${EXHAUSTED_DUE}${
+    acknowledge === undefined ? "" : `
+    UNION ALL SELECT 1 WHERE ${INCOMPLETE}`
+  }
+    LIMIT 1),${
+    acknowledge === undefined ? "" : `
+  acked AS (UPDATE outbox_events AS e
+    SET state = 'done', updated_at = n.now, done_at = n.now
+    FROM n
+    WHERE e.id IN (SELECT id FROM matched)
+      AND NOT EXISTS (SELECT 1 FROM refused)
+    RETURNING e.id),`
+  }
+  claimed AS (UPDATE outbox_events AS e
+    SET ${claimSet("n.now + $5", "n.now")},
+      token = encode(substring(t.bytes FROM c.k::integer * 16 - 15 FOR 16), 'hex')
+    FROM numbered AS c, n, t
+    WHERE e.id = c.id AND e.id = ANY (ARRAY(SELECT id FROM numbered))
+      AND NOT EXISTS (SELECT 1 FROM refused)
+    RETURNING c.k, e.id, e.identity, e.fence, e.attempt, e.max_attempts,
+      e.lease_until, e.token, e.payload, e.payload_bytes, e.ordering_key,
+      e.last_error)
+  SELECT n.now, (EXISTS (SELECT 1 FROM refused))::integer AS refused, c.*
+  FROM n LEFT JOIN claimed AS c ON true
+  WHERE c.payload IS NULL OR c.payload::json IS NOT NULL
+  ORDER BY c.k`;
 }
 
 /** The statements of the core on PostgreSQL. */
@@ -335,37 +404,13 @@ export const POSTGRES = {
   // cut from $6 decoded to bytes once: substr on text counts characters
   // from the start in a UTF-8 database, which cost a claim of 256 about
   // 6 ms (bench/README.md).
-  claimInOne: `WITH ${CLOCK},
-  candidates AS MATERIALIZED (
-    SELECT e.id, e.state, e.fence, e.due_at, ${PAYLOAD_BYTES} AS bytes
-    FROM outbox_events AS e
-    WHERE e.queue = $2 AND e.state IN ('pending', 'leased')
-      AND e.due_at <= (SELECT now FROM n)
-      AND (e.ordering_key IS NULL OR NOT EXISTS (${ORDERED_BEFORE}))
-    ORDER BY e.due_at, e.id LIMIT $3
-    FOR UPDATE OF e SKIP LOCKED),
-  t AS MATERIALIZED (SELECT decode($6, 'hex') AS bytes),
-  numbered AS MATERIALIZED (SELECT c.*,
-      row_number() OVER (ORDER BY c.due_at, c.id) AS k
-    FROM candidates AS c),
-  refused AS MATERIALIZED (SELECT 1 FROM numbered
-    WHERE state = 'leased' OR bytes > $4 OR id > ${MAX_SAFE}
-      OR fence >= ${MAX_SAFE}
-    UNION ALL ${EXHAUSTED_DUE}
-    LIMIT 1),
-  claimed AS (UPDATE outbox_events AS e
-    SET ${claimSet("n.now + $5", "n.now")},
-      token = encode(substring(t.bytes FROM c.k::integer * 16 - 15 FOR 16), 'hex')
-    FROM numbered AS c, n, t
-    WHERE e.id = c.id AND e.id = ANY (ARRAY(SELECT id FROM numbered))
-      AND NOT EXISTS (SELECT 1 FROM refused)
-    RETURNING c.k, e.id, e.identity, e.fence, e.attempt, e.max_attempts,
-      e.lease_until, e.token, e.payload, e.payload_bytes, e.ordering_key,
-      e.last_error)
-  SELECT n.now, (EXISTS (SELECT 1 FROM refused))::integer AS refused, c.*
-  FROM n LEFT JOIN claimed AS c ON true
-  WHERE c.payload IS NULL OR c.payload::json IS NOT NULL
-  ORDER BY c.k`,
+  claimInOne: claimInOne(),
+  // The same, after the fenced acknowledgement of $7 (a JSON array of
+  // [event id, fence, token]) in the same statement, all or none: a stale
+  // lease (or one listed twice) refuses the whole statement, as does
+  // whatever refuses the claim. A lapsed lease to acknowledge is a
+  // candidate of the claim too (a leased one), which refuses.
+  acknowledgeAndClaimInOne: claimInOne(leasesOf(7)),
   // The server's JSON parser refusing a payload, or its nesting too deep;
   // a serialization failure or deadlock (at a default isolation of
   // repeatable read or serializable, a concurrent update of a row the
@@ -408,11 +453,7 @@ export const POSTGRES = {
     "SELECT $2::bigint AS id, $4::bigint AS fence, $3::text AS token",
   ),
   // $1 now or null, $2 a JSON array of [event id, fence, token].
-  acknowledgeAllInOne: acknowledgeInOne(
-    `SELECT (a.v ->> 0)::bigint AS id, (a.v ->> 1)::bigint AS fence,
-      a.v ->> 2 AS token
-    FROM jsonb_array_elements($2::jsonb) AS a (v)`,
-  ),
+  acknowledgeAllInOne: acknowledgeInOne(leasesOf(2)),
   acknowledgeAll: `UPDATE outbox_events AS e
     SET state = 'done', updated_at = $1, done_at = $1
     FROM jsonb_each_text($2::jsonb) AS a

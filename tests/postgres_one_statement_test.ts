@@ -112,6 +112,30 @@ for (
       await outbox.close();
     }
   });
+
+  Deno.test(`postgres round trips (${clock}): acknowledging a batch of 256 and claiming the next is one`, async () => {
+    const { outbox, db } = await open(options);
+    try {
+      await outbox.transaction(async (tx) => {
+        for (let i = 0; i < 512; i++) await tx.enqueue({ i });
+      });
+      const first = await outbox.claim({ max: 256 });
+      let next: Awaited<ReturnType<Outbox["acknowledgeAndClaim"]>>;
+      const fused = await db.during(async () =>
+        next = await outbox.acknowledgeAndClaim(first, { max: 256 })
+      );
+      assert.equal(fused.length, 1);
+      assert.ok(next!.acknowledged.every((ok) => ok));
+      assert.deepEqual(
+        next!.leases.map((lease) => lease.payload),
+        Array.from({ length: 256 }, (_, i) => ({ i: 256 + i })),
+      );
+      const stats = await outbox.stats();
+      assert.deepEqual([stats.done, stats.leased], [256, 256]);
+    } finally {
+      await outbox.close();
+    }
+  });
 }
 
 /**
@@ -145,6 +169,30 @@ async function scenario(dialect?: Dialect): Promise<unknown> {
     seen.push(await outbox.acknowledge([third[0]!, third[0]!]));
     seen.push(await outbox.acknowledge(third.slice(1)));
     seen.push(await outbox.acknowledge(second[2]!));
+    // Acknowledge-then-claim: an ordering key's next event once its first
+    // is acknowledged in the same call; a stale lease amid current ones; a
+    // lapsed lease (a candidate of its own claim) acknowledged.
+    for (const orderingKey of ["j", "j", undefined, "j", undefined]) {
+      await outbox.enqueue({ orderingKey }, orderingKey ? { orderingKey } : {});
+    }
+    const fourth = await outbox.claim({ max: 2, leaseMs: 100 });
+    const fifth = await outbox.acknowledgeAndClaim(fourth, {
+      max: 1,
+      leaseMs: 100,
+    });
+    seen.push(
+      fourth.map(leaseOf),
+      fifth.acknowledged,
+      fifth.leases.map(leaseOf),
+    );
+    const sixth = await outbox.acknowledgeAndClaim(
+      [fourth[0]!, ...fifth.leases],
+      { max: 2, leaseMs: 100 },
+    );
+    seen.push(sixth.acknowledged, sixth.leases.map(leaseOf));
+    t += 200;
+    const seventh = await outbox.acknowledgeAndClaim(sixth.leases, { max: 2 });
+    seen.push(seventh.acknowledged, seventh.leases.map(leaseOf));
     const rows = await db.query(
       "SELECT id, state, fence, attempt, due_at, lease_until, last_error, done_at, claimed_at FROM outbox_events ORDER BY id",
     );
