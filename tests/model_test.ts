@@ -38,6 +38,7 @@ Deno.test("model-based, a found counterexample: explain of an event that was nev
   // fast-check's seed and path replay the one shrunk case.
   const report = await runModelTest(() => memory.open(3), {
     numRuns: 1,
+    acknowledgeAndClaim: false,
     seed: 1615974956,
     path:
       "315:0:0:0:0:0:0:0:2:2:0:0:1:7:9:14:14:14:14:15:19:20:22:23:24:4:10:21:22:22:25:28:28:28:29:29:34:35:36:36:36:36:36:38:38",
@@ -49,6 +50,7 @@ Deno.test("model-based, a found counterexample: on PostgreSQL a claim refused fo
   const postgres = DRIVERS.find((driver) => driver.engine === "postgres")!;
   const report = await runModelTest(() => postgres.open(3), {
     numRuns: 1,
+    acknowledgeAndClaim: false,
     seed: -2140077608,
     path:
       "19:0:0:0:0:0:0:4:0:1:7:18:16:16:18:16:16:16:20:16:17:17:17:19:19:16:17:18:16:19:18:16:27:19:12:18:67:23:21:20:29:19:30:36:27:27:26:27:33:21:26:52:46:25:6:30:23:39:24:37:31:23:31:31:30:34:34:23:25:28:28",
