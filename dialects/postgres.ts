@@ -248,7 +248,14 @@ function claimInOne(acknowledge?: string): string {
     SELECT e.id, e.state, e.fence, e.due_at, ${PAYLOAD_BYTES} AS bytes
     FROM outbox_events AS e
     WHERE e.queue = $2 AND e.state IN ('pending', 'leased')
-      AND e.due_at <= (SELECT now FROM n)
+      AND e.due_at <= (SELECT now FROM n)${
+    // Evaluated once, before the scan locks a row: the leases' row locks,
+    // which may wait, are all taken before the candidates', which never
+    // wait (SKIP LOCKED). Taken while holding candidates, they let two such
+    // statements wait for each other when each one's lapsed lease was the
+    // other's candidate (a deadlock PostgreSQL broke after a second).
+    acknowledge === undefined ? "" : `
+      AND (SELECT count(*) FROM matched) >= 0`}
       AND (e.ordering_key IS NULL OR NOT EXISTS (${ORDERED_BEFORE}${
     // The statement's snapshot still shows the leases it acknowledges as
     // leased: they hold back no later event of their ordering keys.

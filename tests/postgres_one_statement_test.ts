@@ -215,3 +215,53 @@ Deno.test("postgres: the one-statement claim and acknowledgements answer and wri
     assert.ok(kinds.has(kind), kind);
   }
 });
+
+Deno.test("postgres: acknowledgeAndClaim takes its leases' row locks before it locks a candidate, so two at once never wait for each other", async () => {
+  const server = await sharedPostgres();
+  const schema = await server.createSchema();
+  const connect = () => connectPostgres(server.url, { schema, listen: false });
+  const outbox = await Outbox.open(await connect());
+  const holder = await connect();
+  const watcher = await connect();
+  try {
+    await outbox.enqueue({ n: "held" }, { queue: "q2" });
+    const [lease] = await outbox.claim({ queue: "q2", max: 1 });
+    const { eventId: candidate } = await outbox.enqueue({ n: "next" });
+    // Another transaction holds the lease's row (as a concurrent claim
+    // that finds it lapsed does): the call waits for it.
+    await holder.run("BEGIN");
+    await holder.query("SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE", [
+      lease!.eventId,
+    ]);
+    const call = outbox.acknowledgeAndClaim([lease!], { max: 1 });
+    let settled = false;
+    call.then(() => settled = true, () => settled = true);
+    const deadline = performance.now() + 10_000;
+    for (;;) {
+      assert.ok(
+        !settled && performance.now() < deadline,
+        "the call waits for its lease's row",
+      );
+      const [row] = await watcher.query(
+        "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+      );
+      if (row?.["n"] === 1) break;
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    // While it waits it holds no candidate: had it locked the next event,
+    // a holder waiting for that row would wait for it, each for the other.
+    const free = await holder.query(
+      "SELECT id FROM outbox_events WHERE id = $1 FOR UPDATE SKIP LOCKED",
+      [candidate],
+    );
+    assert.deepEqual(free.map((row) => Number(row["id"])), [candidate]);
+    await holder.run("ROLLBACK");
+    const { acknowledged, leases } = await call;
+    assert.deepEqual(acknowledged, [true]);
+    assert.deepEqual(leases.map((l) => l.eventId), [candidate]);
+  } finally {
+    await holder.close();
+    await watcher.close();
+    await outbox.close();
+  }
+});
