@@ -68,7 +68,12 @@ function outboxSide(outbox: Outbox, fused = false): Side {
       }
       if (fused) {
         const previous = held ?? await outbox.claim({ max });
-        held = (await outbox.acknowledgeAndClaim(previous, { max })).leases;
+        const { acknowledged, leases } = await outbox.acknowledgeAndClaim(
+          previous,
+          { max },
+        );
+        if (!acknowledged.every(Boolean)) throw new Error("Lost a lease");
+        held = leases;
         return previous.length;
       }
       const leases = await outbox.claim({ max });

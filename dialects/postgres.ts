@@ -195,13 +195,19 @@ const EXHAUSTED_DUE = `SELECT 1 FROM outbox_events
     WHERE state = 'leased' AND attempt >= max_attempts
       AND due_at <= (SELECT now FROM n)`;
 
-// The leases of the CTE `l` (id, fence, token) that are current, locked.
+// The leases of the CTE `l` (id, fence, token) that are current, locked;
+// none while a lapsed last-attempt lease waits to become a dead letter. That
+// condition is evaluated once, before any row is locked: the general path's
+// transaction locks such leases first and its own lease rows after, so
+// locking lease rows and then finding such a lease would take locks in the
+// opposite order (a deadlock with a stale acknowledgement falling back).
 // The `= ANY` repeats the join so the planner looks the rows up by id
 // whatever it guesses of the JSON's length.
 const MATCHED = `matched AS MATERIALIZED (SELECT e.id FROM outbox_events AS e
     JOIN l ON e.id = l.id
     WHERE e.id = ANY (ARRAY(SELECT id FROM l)) AND e.token = l.token
       AND e.fence = l.fence AND e.state = 'leased'
+      AND NOT EXISTS (${EXHAUSTED_DUE})
     FOR UPDATE OF e)`;
 // Some lease of `l` is stale, or listed twice.
 const INCOMPLETE =
@@ -227,9 +233,7 @@ function acknowledgeInOne(leases: string): string {
   acked AS (UPDATE outbox_events AS e
     SET state = 'done', updated_at = n.now, done_at = n.now
     FROM n
-    WHERE e.id IN (SELECT id FROM matched)
-      AND NOT ${INCOMPLETE}
-      AND NOT EXISTS (${EXHAUSTED_DUE})
+    WHERE e.id IN (SELECT id FROM matched) AND NOT ${INCOMPLETE}
     RETURNING e.id)
   SELECT n.now, (SELECT count(*) FROM acked)::integer AS acknowledged FROM n`;
 }

@@ -265,3 +265,71 @@ Deno.test("postgres: acknowledgeAndClaim takes its leases' row locks before it l
     await outbox.close();
   }
 });
+
+for (const call of ["acknowledge", "acknowledgeAndClaim"] as const) {
+  Deno.test(`postgres: a one-statement ${call} locks no lease while a lapsed last attempt waits to become a dead letter, so it never deadlocks with a stale acknowledgement's transaction`, async () => {
+    const server = await sharedPostgres();
+    const schema = await server.createSchema();
+    const connect = (applicationName = "leased-outbox") =>
+      connectPostgres(server.url, { schema, listen: false, applicationName });
+    let t = 1_000_000;
+    const w1 = await Outbox.open(await connect("w1"), { now: () => t });
+    const w2 = await Outbox.open(await connect("w2"), { now: () => t });
+    const holder = await connect();
+    const watcher = await connect();
+    const untilWaiting = async (name: string, pending: Promise<unknown>) => {
+      let settled = false;
+      pending.then(() => settled = true, () => settled = true);
+      const deadline = performance.now() + 10_000;
+      for (;;) {
+        const rows = await watcher.query(
+          "SELECT 1 FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+          [name],
+        );
+        if (rows.length > 0) return;
+        assert.ok(!settled && performance.now() < deadline, `${name} waits`);
+        await new Promise((resolve) => setTimeout(resolve, 5));
+      }
+    };
+    try {
+      const { eventId: y } = await w1.enqueue({ n: "y" }, { queue: "a" });
+      const { eventId: z } = await w1.enqueue({ n: "z" }, { queue: "b" });
+      await w1.enqueue({ n: "x" }, { queue: "c", maxAttempts: 1 });
+      const staleY = (await w2.claim({ queue: "a", leaseMs: 100 }))!;
+      t += 150;
+      const y1 = (await w1.claim({ queue: "a" }))!;
+      const z1 = (await w1.claim({ queue: "b" }))!;
+      const x1 = (await w1.claim({ queue: "c", leaseMs: 100 }))!;
+      t += 150; // x1 lapsed on its last attempt
+      assert.deepEqual([y1.eventId, z1.eventId], [y, z]);
+      // z's row held elsewhere: w1's call waits for it holding what it
+      // locked before; then w2's stale acknowledgement falls back to its
+      // transaction, which first locks the lapsed last attempt.
+      await holder.run("BEGIN");
+      await holder.query(
+        "SELECT 1 FROM outbox_events WHERE id = $1 FOR UPDATE",
+        [z],
+      );
+      const first = call === "acknowledge"
+        ? w1.acknowledge([y1, z1, x1])
+        : w1.acknowledgeAndClaim([y1, z1, x1], { max: 1, queue: "d" }).then(
+          ({ acknowledged }) => acknowledged,
+        );
+      await untilWaiting("w1", first);
+      const stale = w2.acknowledge(staleY);
+      await untilWaiting("w2", stale);
+      await holder.run("COMMIT");
+      assert.deepEqual(await first, [true, true, false]);
+      assert.equal(await stale, false);
+      assert.deepEqual(
+        (await w1.queues()).map(({ queue, done, dead }) => [queue, done, dead]),
+        [["a", 1, 0], ["b", 1, 0], ["c", 0, 1]],
+      );
+    } finally {
+      await holder.close();
+      await watcher.close();
+      await w1.close();
+      await w2.close();
+    }
+  });
+}

@@ -157,7 +157,10 @@ async function draw(): Promise<void> {
     $("role").textContent = outbox.isLeader
       ? "leader (delivers)"
       : "follower (forwards to the leader)";
-    const response = await fetch("/deliveries");
+    // Bounded: the next refresh waits for this one.
+    const response = await fetch("/deliveries", {
+      signal: AbortSignal.timeout(5_000),
+    });
     const { down, deliveries } = await response.json() as {
       down: boolean;
       deliveries: { identity: string; fence: number; body: Message }[];
