@@ -160,9 +160,10 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    * The errors' `code`s with which a one-statement call (`claimInOne`,
    * `acknowledgeInOne`, `acknowledgeAllInOne`, `acknowledgeAndClaimInOne`)
    * refuses, having changed nothing, and the general path runs instead: a
-   * text payload that is not JSON; a serialization failure or deadlock, which a statement outside a
-   * transaction meets when the session's default isolation is above read
-   * committed, where the general path's transactions are not.
+   * text payload that is not JSON; a serialization failure or deadlock,
+   * which a statement outside a transaction meets when the session's
+   * default isolation is above read committed, where the general path's
+   * transactions are not.
    */
   readonly refusedInOne?: readonly string[];
   /**
@@ -2248,7 +2249,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         leaseMs,
         tokens,
         ...acknowledge === undefined ? [] : [
-          JSON.stringify(acknowledge.map((l) => [l.eventId, l.fence, l.token])),
+          leasesJson(acknowledge),
         ],
       ]);
       this.#checkNow(op, rows[0]?.["now"]);
@@ -2289,7 +2290,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         sql,
         one ? [now, leases[0]!.eventId, leases[0]!.token, leases[0]!.fence] : [
           now,
-          JSON.stringify(leases.map((l) => [l.eventId, l.fence, l.token])),
+          leasesJson(leases),
         ],
       );
       this.#checkNow(op, row?.["now"]);
@@ -2905,6 +2906,14 @@ function randomBytes(n: number): Uint8Array {
     crypto.getRandomValues(bytes.subarray(i, i + 65_536));
   }
   return bytes;
+}
+
+/**
+ * Leases as the one-statement acknowledgements take them: a JSON array of
+ * [event id, fence, token].
+ */
+function leasesJson(leases: readonly CheckedLease[]): string {
+  return JSON.stringify(leases.map((l) => [l.eventId, l.fence, l.token]));
 }
 
 /** `length` bytes of `bytes` from `start` as lowercase hex. */

@@ -1,9 +1,9 @@
 /**
  * PostgreSQL rows of `deno task bench`: single and batch claim+acknowledge
  * of this outbox, and batches acknowledged and claimed in one call
- * (`acknowledgeAndClaim`), next to pg-boss (fetch + complete) on the same server, in
- * the same process, one connection each, with the server's default
- * durability (`fsync` and `synchronous_commit` on) for both. Blocks
+ * (`acknowledgeAndClaim`), next to pg-boss (fetch + complete) on the same
+ * server, in the same process, one connection each, with the server's
+ * default durability (`fsync` and `synchronous_commit` on) for both. Blocks
  * alternate which side goes first, so drifting load falls on both alike.
  *
  * Runs on its own too: `deno run -A bench/postgres_bench.ts [--smoke]`.

@@ -82,9 +82,10 @@ export type Scenario =
      * One of several contending workers on a database prepared by `seed`.
      * Once open, it writes `ready-<worker>` into the `barrier` directory and
      * runs up to `warmupCycles` cycles, warming its JIT, until `go` appears
-     * there holding the start time (epoch ms). From then time is cut into `phases` phases of
-     * `phaseMs`: in even phases only worker 0 runs claim+acknowledge, in odd
-     * ones every worker does. Reports the cycles it finished in each phase.
+     * there holding the start time (epoch ms). From then time is cut into
+     * `phases` phases of `phaseMs`: in even phases only worker 0 runs
+     * claim+acknowledge, in odd ones every worker does. Reports the cycles
+     * it finished in each phase.
      */
     readonly kind: "contend";
     readonly target: Target;

@@ -216,11 +216,35 @@ Deno.test("postgres: the one-statement claim and acknowledgements answer and wri
   }
 });
 
+/**
+ * Resolves once the connection named `name` (its application_name) waits
+ * for a lock; fails when `pending` settles first or after 10 s.
+ */
+async function untilWaiting(
+  watcher: Driver,
+  name: string,
+  pending: Promise<unknown>,
+): Promise<void> {
+  let settled = false;
+  pending.then(() => settled = true, () => settled = true);
+  const deadline = performance.now() + 10_000;
+  for (;;) {
+    const rows = await watcher.query(
+      "SELECT 1 FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+      [name],
+    );
+    if (rows.length > 0) return;
+    assert.ok(!settled && performance.now() < deadline, `${name} waits`);
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+}
+
 Deno.test("postgres: acknowledgeAndClaim takes its leases' row locks before it locks a candidate, so two at once never wait for each other", async () => {
   const server = await sharedPostgres();
   const schema = await server.createSchema();
-  const connect = () => connectPostgres(server.url, { schema, listen: false });
-  const outbox = await Outbox.open(await connect());
+  const connect = (applicationName = "leased-outbox") =>
+    connectPostgres(server.url, { schema, listen: false, applicationName });
+  const outbox = await Outbox.open(await connect("w1"));
   const holder = await connect();
   const watcher = await connect();
   try {
@@ -234,20 +258,7 @@ Deno.test("postgres: acknowledgeAndClaim takes its leases' row locks before it l
       lease!.eventId,
     ]);
     const call = outbox.acknowledgeAndClaim([lease!], { max: 1 });
-    let settled = false;
-    call.then(() => settled = true, () => settled = true);
-    const deadline = performance.now() + 10_000;
-    for (;;) {
-      assert.ok(
-        !settled && performance.now() < deadline,
-        "the call waits for its lease's row",
-      );
-      const [row] = await watcher.query(
-        "SELECT count(*)::integer AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
-      );
-      if (row?.["n"] === 1) break;
-      await new Promise((resolve) => setTimeout(resolve, 5));
-    }
+    await untilWaiting(watcher, "w1", call);
     // While it waits it holds no candidate: had it locked the next event,
     // a holder waiting for that row would wait for it, each for the other.
     const free = await holder.query(
@@ -277,20 +288,6 @@ for (const call of ["acknowledge", "acknowledgeAndClaim"] as const) {
     const w2 = await Outbox.open(await connect("w2"), { now: () => t });
     const holder = await connect();
     const watcher = await connect();
-    const untilWaiting = async (name: string, pending: Promise<unknown>) => {
-      let settled = false;
-      pending.then(() => settled = true, () => settled = true);
-      const deadline = performance.now() + 10_000;
-      for (;;) {
-        const rows = await watcher.query(
-          "SELECT 1 FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
-          [name],
-        );
-        if (rows.length > 0) return;
-        assert.ok(!settled && performance.now() < deadline, `${name} waits`);
-        await new Promise((resolve) => setTimeout(resolve, 5));
-      }
-    };
     try {
       const { eventId: y } = await w1.enqueue({ n: "y" }, { queue: "a" });
       const { eventId: z } = await w1.enqueue({ n: "z" }, { queue: "b" });
@@ -315,9 +312,9 @@ for (const call of ["acknowledge", "acknowledgeAndClaim"] as const) {
         : w1.acknowledgeAndClaim([y1, z1, x1], { max: 1, queue: "d" }).then(
           ({ acknowledged }) => acknowledged,
         );
-      await untilWaiting("w1", first);
+      await untilWaiting(watcher, "w1", first);
       const stale = w2.acknowledge(staleY);
-      await untilWaiting("w2", stale);
+      await untilWaiting(watcher, "w2", stale);
       await holder.run("COMMIT");
       assert.deepEqual(await first, [true, true, false]);
       assert.equal(await stale, false);

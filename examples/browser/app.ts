@@ -116,7 +116,7 @@ function show(error: unknown): void {
   $("error").textContent = String(error);
 }
 
-/** The refresh running now, if any, and whether another was asked for since it started. */
+/** The refresh running now, if any; whether another was asked for since. */
 let refreshing: Promise<void> | undefined;
 let refreshAgain = false;
 
