@@ -167,6 +167,14 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    */
   readonly refusedInOne?: readonly string[];
   /**
+   * The errors' `code`s with which the server rolled a transaction back
+   * for contention alone (a deadlock's victim, a serialization failure):
+   * nothing in it changed, so the outbox's own transactions run again, until
+   * `busyTimeoutMs`. Not `transaction(fn)`, whose body is the application's
+   * code, nor a call joined to the application's transaction.
+   */
+  readonly rerun?: readonly string[];
+  /**
    * The fenced acknowledgement of one lease as one statement, outside a
    * transaction. Parameters: now (null: the server's clock), event id,
    * token, fence. Rows: `now`, and `acknowledged`: 1, or 0 with nothing
@@ -676,7 +684,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       if (found !== sql.version) {
         throw new SchemaVersionError(found, sql.version!);
       }
-    }, false);
+    }, { expire: false });
     if (driver.watchEnqueues !== undefined) {
       this.#stopWatching = await driver.watchEnqueues(() => this.#enqueued());
     }
@@ -707,7 +715,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         }
         throw error;
       }
-    }, false);
+    }, { expire: false });
   }
 
   /**
@@ -813,8 +821,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const results = await this.#write(
       op,
       (now) => this.#enqueueAll(prepared, now),
-      true,
-      join,
+      { join },
     );
     if (results.length > 0) this.#enqueued();
     return results;
@@ -909,9 +916,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       return await this.#write(
         op,
         (now) => this.#claim(op, queue, leaseMs, max, undefined, now),
-        true,
-        false,
-        this.#claimInOne(op, queue, leaseMs, max),
+        { inOne: this.#claimInOne(op, queue, leaseMs, max) },
       );
     }
     const token = options.token === undefined
@@ -927,13 +932,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         const [lease] = await this.#claim(op, queue, leaseMs, 1, token, now);
         return lease ?? null;
       },
-      true,
-      false,
-      inOne &&
-        (async (now) => {
-          const leases = await inOne(now);
-          return leases && (leases[0] ?? null);
-        }),
+      {
+        inOne: inOne &&
+          (async (now) => {
+            const leases = await inOne(now);
+            return leases && (leases[0] ?? null);
+          }),
+      },
     );
   }
 
@@ -983,9 +988,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       return await this.#write(
         op,
         (now) => this.#acknowledge(checked, now),
-        true,
-        false,
-        this.#acknowledgeInOne(op, checked),
+        { inOne: this.#acknowledgeInOne(op, checked) },
       );
     }
     const lease = checkLease(op, "lease", leases);
@@ -1002,9 +1005,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         if (joined) throw new LeaseLostError(lease.eventId, lease.fence);
         return false;
       },
-      true,
-      join,
-      inOne && (async (now) => (await inOne(now))?.[0]),
+      { join, inOne: inOne && (async (now) => (await inOne(now))?.[0]) },
     );
   }
 
@@ -1071,12 +1072,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         acknowledged: await this.#acknowledge(checked, now),
         leases: await this.#claim(op, queue, leaseMs, max, undefined, now),
       }),
-      true,
-      false,
-      inOne && (async (now) => {
-        const leases = await inOne(now);
-        return leases && { acknowledged: checked.map(() => true), leases };
-      }),
+      {
+        inOne: inOne && (async (now) => {
+          const leases = await inOne(now);
+          return leases && { acknowledged: checked.map(() => true), leases };
+        }),
+      },
     );
   }
 
@@ -1720,40 +1721,45 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       }
     };
     this.#closeGroup();
-    const result = await this.#write("run transaction", async (now) => {
-      const tx: Transaction = {
-        ...transactionStatements(driver, inside),
-        enqueue: async (payload, options = {}) => {
-          inside("enqueue");
-          const event = this.#prepareEnqueue("enqueue", payload, options);
-          enqueued = true;
-          return await this.#enqueue(event, now);
-        },
-        enqueueBatch: async (events) => {
-          const op = "enqueue batch";
-          inside(op);
-          const prepared = this.#prepareBatch(op, events);
-          enqueued = true;
-          return await this.#enqueueAll(prepared, now);
-        },
-        acknowledge: async (lease) => {
-          inside("acknowledge");
-          const checked = checkLease("acknowledge", "lease", lease);
-          if (await this.#acknowledgeOne(checked, now)) return true;
-          lost = new LeaseLostError(checked.eventId, checked.fence);
-          throw lost;
-        },
-      };
-      try {
-        const value = await runTransactionBody(this.#mutex, () => fn(tx));
-        // Catching the LeaseLostError inside fn must not let the stale
-        // worker's writes commit.
-        if (lost !== undefined) throw lost;
-        return value;
-      } finally {
-        ended = true;
-      }
-    });
+    const result = await this.#write(
+      "run transaction",
+      async (now) => {
+        const tx: Transaction = {
+          ...transactionStatements(driver, inside),
+          enqueue: async (payload, options = {}) => {
+            inside("enqueue");
+            const event = this.#prepareEnqueue("enqueue", payload, options);
+            enqueued = true;
+            return await this.#enqueue(event, now);
+          },
+          enqueueBatch: async (events) => {
+            const op = "enqueue batch";
+            inside(op);
+            const prepared = this.#prepareBatch(op, events);
+            enqueued = true;
+            return await this.#enqueueAll(prepared, now);
+          },
+          acknowledge: async (lease) => {
+            inside("acknowledge");
+            const checked = checkLease("acknowledge", "lease", lease);
+            if (await this.#acknowledgeOne(checked, now)) return true;
+            lost = new LeaseLostError(checked.eventId, checked.fence);
+            throw lost;
+          },
+        };
+        try {
+          const value = await runTransactionBody(this.#mutex, () => fn(tx));
+          // Catching the LeaseLostError inside fn must not let the stale
+          // worker's writes commit.
+          if (lost !== undefined) throw lost;
+          return value;
+        } finally {
+          ended = true;
+        }
+      },
+      // Never run again after a deadlock: fn is the application's code.
+      { rerun: false },
+    );
     if (enqueued) this.#enqueued();
     return result;
   }
@@ -1920,8 +1926,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           close();
           return this.#enqueueGroup(group.calls, now);
         },
-        true,
-        group.join,
+        { join: group.join },
       );
     } catch (error) {
       close();
@@ -2508,13 +2513,21 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * the call, given the injected clock's `now` or null for the server's)
    * runs instead of `fn` and its transaction, unless it resolves to
    * `undefined`: it refused, having changed nothing `fn` must see undone.
+   *
+   * A transaction the server rolled back for contention alone (the
+   * dialect's `rerun` codes: a deadlock's victim) runs again, with `fn`,
+   * until `busyTimeoutMs`, unless `rerun` is false (`fn` runs the
+   * application's code, which may have done more than SQL).
    */
   async #write<T>(
     op: string,
     fn: (now: number, joined: boolean) => Promise<T>,
-    expire = true,
-    join = false,
-    inOne?: (now: number | null) => Promise<T | undefined>,
+    { expire = true, join = false, inOne, rerun = true }: {
+      expire?: boolean;
+      join?: boolean;
+      inOne?: ((now: number | null) => Promise<T | undefined>) | undefined;
+      rerun?: boolean;
+    } = {},
   ): Promise<T> {
     this.#checkOpen(op);
     this.#notNested(op);
@@ -2546,17 +2559,28 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           if (value !== undefined) return { value };
         }
         const busyDeadline = performance.now() + this.#busyTimeoutMs;
-        await this.#untilNotBusy(op, busyDeadline, this.#sql.begin);
-        let value: T;
-        try {
-          const now = await this.#start(op, expire);
-          value = await fn(now, false);
-          await this.#untilNotBusy(op, busyDeadline, this.#sql.commit);
-        } catch (error) {
-          await this.#driver.run(this.#sql.rollback).catch(() => {});
-          throw error;
+        for (
+          let backoffMs = 1;;
+          backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS)
+        ) {
+          await this.#untilNotBusy(op, busyDeadline, this.#sql.begin);
+          try {
+            const now = await this.#start(op, expire);
+            const value = await fn(now, false);
+            await this.#untilNotBusy(op, busyDeadline, this.#sql.commit);
+            return { value };
+          } catch (error) {
+            await this.#driver.run(this.#sql.rollback).catch(() => {});
+            const code = (error as { code?: unknown } | null)?.code;
+            const remainingMs = busyDeadline - performance.now();
+            if (
+              !rerun || remainingMs <= 0 ||
+              !this.#sql.rerun?.includes(code as string)
+            ) throw error;
+            // Full jitter, as for a busy database: the winner goes on.
+            await sleep(Math.min(remainingMs, 1 + Math.random() * backoffMs));
+          }
         }
-        return { value };
       });
       if (outcome !== null) return outcome.value;
     }

@@ -427,6 +427,9 @@ export const POSTGRES = {
   // repeatable read or serializable, a concurrent update of a row the
   // statement locks fails it).
   refusedInOne: ["22P02", "54001", "40001", "40P01"],
+  // A deadlock's victim; a serialization failure (at the session's
+  // default isolation, for a statement outside the outbox's transactions).
+  rerun: ["40P01", "40001"],
   tokenUsed:
     "SELECT 1 FROM outbox_ledger WHERE event_id = $1 AND kind = 'claimed' AND token = $2",
   claim: `UPDATE outbox_events AS e SET ${CLAIM_SET}, token = c.value

@@ -997,3 +997,108 @@ Deno.test("postgres: a release waits for the row before writing the ledger entri
     "stale_release:1",
   ]);
 });
+
+/**
+ * Two last-attempt leases (a < b), lapsed unless `lapse` is false, a live
+ * lease, and `other` holding b's row in a transaction whose
+ * deadlock_timeout outlasts the server's (1 s): in a deadlock with
+ * `other`, the outbox's backend finds it first and is its victim.
+ */
+async function deadlockScene(lapse = true) {
+  const { url, schema } = await fresh();
+  const clock = new ManualClock(1_000_000);
+  const outbox = await Outbox.open(await raw(url, schema), {
+    now: clock.now,
+  });
+  const other = await raw(url, schema);
+  const admin = await raw(url, schema);
+  const a = await outbox.enqueue("a", { maxAttempts: 1 });
+  const b = await outbox.enqueue("b", { maxAttempts: 1 });
+  await outbox.enqueue("c");
+  await outbox.claim({ max: 2, leaseMs: 1_000 });
+  const live = (await outbox.claim({ leaseMs: 60_000 }))!;
+  if (lapse) clock.advance(2_000);
+  await other.run("SET deadlock_timeout = '60s'");
+  await other.run("BEGIN");
+  const lock = (eventId: number) =>
+    other.query("SELECT id FROM outbox_events WHERE id = $1 FOR UPDATE", [
+      eventId,
+    ]);
+  await lock(b.eventId);
+  return {
+    outbox,
+    other,
+    admin,
+    live,
+    a: a.eventId,
+    b: b.eventId,
+    lock,
+    async [Symbol.asyncDispose]() {
+      await outbox.close();
+      await other.close();
+      await admin.close();
+    },
+  };
+}
+
+Deno.test("postgres: an outbox call that a deadlock rolls back runs again and succeeds, having changed nothing the first time", async () => {
+  await using scene = await deadlockScene();
+  const { outbox, other, admin, live, a, b, lock } = scene;
+  let settled = false;
+  // Its transaction first makes the lapsed leases dead letters, locking a,
+  // then waiting for b.
+  const release = outbox.release(live).finally(() => settled = true);
+  await untilWaiting(admin, release);
+  // Granted once the server rolls the outbox's transaction back (before the
+  // fix, the release then failed with PostgresError 40P01).
+  await lock(a);
+  assert.equal(settled, false);
+  await other.run("ROLLBACK");
+  assert.equal(await release, true);
+  const stats = await outbox.stats();
+  assert.deepEqual({ pending: stats.pending, dead: stats.dead }, {
+    pending: 1,
+    dead: 2,
+  });
+  assert.deepEqual(await ledgerKinds(admin, a), [
+    "claimed:1",
+    "expired:1",
+    "dead:1",
+  ]);
+  assert.deepEqual(await ledgerKinds(admin, b), [
+    "claimed:1",
+    "expired:1",
+    "dead:1",
+  ]);
+  assert.deepEqual(await ledgerKinds(admin, live.eventId), [
+    "claimed:1",
+    "released:1",
+  ]);
+});
+
+Deno.test("postgres: transaction(fn) that a deadlock rolls back fails with PostgresError 40P01 and does not run the application's code again", async () => {
+  await using scene = await deadlockScene(false);
+  const { outbox, other, admin, a, b, lock } = scene;
+  let runs = 0;
+  const call = outbox.transaction(async (tx) => {
+    runs++;
+    const rows = (id: number) =>
+      tx.query("SELECT id FROM outbox_events WHERE id = $1 FOR UPDATE", [id]);
+    await rows(a);
+    await rows(b);
+  });
+  await untilWaiting(admin, call);
+  await lock(a);
+  await other.run("ROLLBACK");
+  await assert.rejects(call, (error: Error & { code?: string }) => {
+    assert.equal(error.name, "PostgresError");
+    assert.equal(error.code, "40P01");
+    return true;
+  });
+  assert.equal(runs, 1);
+  const stats = await outbox.stats();
+  assert.deepEqual({ leased: stats.leased, dead: stats.dead }, {
+    leased: 3,
+    dead: 0,
+  });
+});
