@@ -375,12 +375,7 @@ Deno.test("the concurrency limit holds while handlers run", async () => {
 Deno.test("handlers that finish together are acknowledged in one transaction", async () => {
   await using f = await fixture();
   for (let n = 0; n < 3; n++) await f.outbox.enqueue({ n });
-  const batches: number[] = [];
-  const acknowledge = f.outbox.acknowledge.bind(f.outbox);
-  f.outbox.acknowledge = ((leases: Lease[]) => {
-    batches.push(leases.length);
-    return acknowledge(leases);
-  }) as typeof f.outbox.acknowledge;
+  const calls = recordWrites(f.outbox);
   const gate = Promise.withResolvers<void>();
   await using processor = processEvents(
     f.outbox,
@@ -390,7 +385,10 @@ Deno.test("handlers that finish together are acknowledged in one transaction", a
   await f.time.advance(0, f.wall);
   gate.resolve();
   await f.time.advance(0, f.wall);
-  assert.deepEqual(batches, [3]);
+  assert.deepEqual(
+    calls.filter((call) => call.startsWith("acknowledge")),
+    ["acknowledge 3 + claim 3"],
+  );
   assert.equal(processor.counters.acknowledged, 3);
 });
 
@@ -421,7 +419,20 @@ function handlerGates(time: ManualTimers) {
   };
 }
 
-/** Records the claims and acknowledgements an outbox is asked for, in order. */
+/**
+ * Takes `acknowledgeAndClaim` away from `outbox`, as a custom
+ * {@linkcode ProcessableOutbox} may lack it: the loop then acknowledges and
+ * claims in separate transactions.
+ */
+function withoutFolding(outbox: Outbox): Outbox {
+  Object.defineProperty(outbox, "acknowledgeAndClaim", { value: undefined });
+  return outbox;
+}
+
+/**
+ * Records the claims and acknowledgements an outbox is asked for, in order
+ * (an acknowledgement with a claim as "acknowledge n + claim max").
+ */
 function recordWrites(outbox: Outbox): string[] {
   const calls: string[] = [];
   const claim = outbox.claim.bind(outbox) as (
@@ -438,13 +449,45 @@ function recordWrites(outbox: Outbox): string[] {
     calls.push(`acknowledge ${leases.length}`);
     return acknowledge(leases);
   }) as typeof outbox.acknowledge;
+  if (outbox.acknowledgeAndClaim === undefined) return calls;
+  const acknowledgeAndClaim = outbox.acknowledgeAndClaim.bind(outbox);
+  outbox.acknowledgeAndClaim = async (leases, options) => {
+    calls.push(`acknowledge ${leases.length} + claim ${options.max}`);
+    const result = await acknowledgeAndClaim(leases, options);
+    calls.push(`claimed ${result.leases.length}`);
+    return result;
+  };
   return calls;
 }
 
-Deno.test("64 events at concurrency 16 take four claims of 16 and four acknowledgements of 16", async () => {
+Deno.test("64 events at concurrency 16 take one claim of 16, then each acknowledgement of 16 goes with the next claim in one call", async () => {
   await using f = await fixture();
   for (let n = 0; n < 64; n++) await f.outbox.enqueue({ n });
   const calls = recordWrites(f.outbox);
+  await using processor = processEvents(
+    f.outbox,
+    () => {},
+    f.options({ concurrency: 16 }),
+  );
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(calls, [
+    "claim 16",
+    "claimed 16",
+    ...Array(3).fill(["acknowledge 16 + claim 16", "claimed 16"]).flat(),
+    "acknowledge 16 + claim 16",
+    "claimed 0",
+    "claim 16",
+    "claimed 0",
+  ]);
+  assert.equal(processor.counters.acknowledged, 64);
+  assert.equal(processor.counters.claimed, 64);
+  assert.equal((await f.outbox.stats()).done, 64);
+});
+
+Deno.test("without acknowledgeAndClaim, 64 events at concurrency 16 take four claims of 16 and four acknowledgements of 16", async () => {
+  await using f = await fixture();
+  for (let n = 0; n < 64; n++) await f.outbox.enqueue({ n });
+  const calls = recordWrites(withoutFolding(f.outbox));
   await using processor = processEvents(
     f.outbox,
     () => {},
@@ -476,17 +519,18 @@ Deno.test("handlers woken by separate timer callbacks at the same moment are ack
   assert.deepEqual(calls, [
     "claim 16",
     "claimed 16",
-    "acknowledge 16",
+    "acknowledge 16 + claim 16",
+    "claimed 0",
     "claim 16",
     "claimed 0",
   ]);
   assert.equal(processor.counters.acknowledged, 16);
 });
 
-Deno.test("handlers that finish while a claim is under way are acknowledged together, and the next claim takes every slot they freed", async () => {
+Deno.test("without acknowledgeAndClaim, handlers that finish while a claim is under way are acknowledged together, and the next claim takes every slot they freed", async () => {
   await using f = await fixture();
   for (let n = 1; n <= 8; n++) await f.outbox.enqueue({ n });
-  const calls = recordWrites(f.outbox);
+  const calls = recordWrites(withoutFolding(f.outbox));
   const recorded = f.outbox.claim.bind(f.outbox) as (
     options: { max: number },
   ) => Promise<Lease[]>;
@@ -527,10 +571,10 @@ Deno.test("handlers that finish while a claim is under way are acknowledged toge
   assert.equal(processor.inFlight, 4);
 });
 
-Deno.test("a claim waiting behind an acknowledgement goes first once half the slots are free", async () => {
+Deno.test("without acknowledgeAndClaim, a claim waiting behind an acknowledgement goes first once half the slots are free", async () => {
   await using f = await fixture();
   for (let n = 1; n <= 8; n++) await f.outbox.enqueue({ n });
-  const calls = recordWrites(f.outbox);
+  const calls = recordWrites(withoutFolding(f.outbox));
   const recorded = f.outbox.acknowledge.bind(f.outbox);
   const acknowledgeGate = Promise.withResolvers<void>();
   let acknowledgements = 0;
@@ -603,7 +647,7 @@ Deno.test("each handler in one acknowledgement batch keeps its own outcome", asy
   // 1 and 4 in one transaction; 2 was released, 3 acknowledged itself.
   assert.deepEqual(
     calls.filter((call) => call.startsWith("acknowledge")),
-    ["acknowledge 2"],
+    ["acknowledge 2 + claim 4"],
   );
   assert.deepEqual(processor.counters, {
     claimed: 4,
@@ -623,8 +667,9 @@ Deno.test("each handler in one acknowledgement batch keeps its own outcome", asy
   assert.deepEqual(f.errors, []);
 });
 
-Deno.test("an acknowledgement batch that throws counts none of its leases, and its events are delivered again and acknowledged once", async () => {
+Deno.test("without acknowledgeAndClaim, an acknowledgement batch that throws counts none of its leases, and its events are delivered again and acknowledged once", async () => {
   await using f = await fixture();
+  withoutFolding(f.outbox);
   for (let n = 1; n <= 2; n++) await f.outbox.enqueue({ n });
   const acknowledge = f.outbox.acknowledge.bind(f.outbox);
   let failures = 1;
@@ -649,6 +694,137 @@ Deno.test("an acknowledgement batch that throws counts none of its leases, and i
   assert.equal(processor.counters.acknowledged, 2);
   assert.equal(processor.counters.staleAcknowledgements, 0);
   assert.equal((await f.outbox.stats()).done, 2);
+});
+
+Deno.test("an acknowledgement with a claim that throws is reported, and the acknowledgements go alone, counted once", async () => {
+  await using f = await fixture();
+  for (let n = 1; n <= 4; n++) await f.outbox.enqueue({ n });
+  const calls = recordWrites(f.outbox);
+  const recorded = f.outbox.acknowledgeAndClaim.bind(f.outbox);
+  let failures = 1;
+  f.outbox.acknowledgeAndClaim = (leases, options) => {
+    if (failures-- > 0) {
+      return Promise.reject(new BusyError("database is locked"));
+    }
+    return recorded(leases, options);
+  };
+  const deliveries: string[] = [];
+  await using processor = processEvents(f.outbox, (lease) => {
+    deliveries.push(`${lease.eventId}:${lease.fence}`);
+  }, f.options({ concurrency: 2 }));
+  await f.time.advance(0, f.wall);
+  assert.equal(f.errors.length, 1);
+  assert.ok(f.errors[0] instanceof BusyError);
+  assert.deepEqual(calls, [
+    "claim 2",
+    "claimed 2",
+    "acknowledge 2",
+    "claim 2",
+    "claimed 2",
+    "acknowledge 2 + claim 2",
+    "claimed 0",
+    "claim 2",
+    "claimed 0",
+  ]);
+  assert.deepEqual(deliveries, ["1:1", "2:1", "3:1", "4:1"]);
+  assert.equal(processor.counters.acknowledged, 4);
+  assert.equal((await f.outbox.stats()).done, 4);
+});
+
+Deno.test("a claim waiting for its turn behind an acknowledgement with a claim claims only the slots that call left free", async () => {
+  await using f = await fixture();
+  for (let n = 1; n <= 8; n++) await f.outbox.enqueue({ n });
+  const recorded = f.outbox.acknowledgeAndClaim.bind(f.outbox);
+  const gate = Promise.withResolvers<void>();
+  let folds = 0;
+  f.outbox.acknowledgeAndClaim = async (leases, options) => {
+    // The first stays under way until the test lets it go.
+    if (++folds === 1) await gate.promise;
+    return await recorded(leases, options);
+  };
+  const calls = recordWrites(f.outbox);
+  const started: number[] = [];
+  const gates = handlerGates(f.time);
+  await using processor = processEvents(f.outbox, async (lease) => {
+    const { n } = lease.payload as { n: number };
+    started.push(n);
+    await gates.handler(lease);
+    if (n === 1) throw new Error("refused");
+  }, f.options({ concurrency: 4 }));
+  await using _gates = gates;
+  await f.time.advance(0, f.wall);
+  gates.open(2);
+  await f.time.advance(0, f.wall);
+  // 2's acknowledgement (with a claim for its slot) is under way; 1's
+  // release frees a slot, so the loop's claim waits for its turn.
+  gates.open(1);
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(calls, ["claim 4", "claimed 4", "acknowledge 1 + claim 1"]);
+  gate.resolve();
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(calls, [
+    "claim 4",
+    "claimed 4",
+    "acknowledge 1 + claim 1",
+    "claimed 1",
+    "claim 1",
+    "claimed 1",
+  ]);
+  assert.deepEqual(started, [1, 2, 3, 4, 5, 6]);
+  assert.equal(processor.inFlight, 4);
+  assert.deepEqual(
+    { acknowledged: processor.counters.acknowledged, released: 1 },
+    { acknowledged: 1, released: processor.counters.released },
+  );
+});
+
+Deno.test("stop() during an acknowledgement with a claim waits for the handlers of the leases it claims, then releases them", async () => {
+  await using f = await fixture();
+  for (let n = 1; n <= 4; n++) await f.outbox.enqueue({ n });
+  const recorded = f.outbox.acknowledgeAndClaim.bind(f.outbox);
+  const gate = Promise.withResolvers<void>();
+  f.outbox.acknowledgeAndClaim = async (leases, options) => {
+    await gate.promise;
+    return await recorded(leases, options);
+  };
+  const signals = new Map<number, AbortSignal>();
+  const processor = processEvents(f.outbox, async (lease, { signal }) => {
+    signals.set(lease.eventId, signal);
+    if (lease.eventId <= 2) return;
+    await new Promise((_, reject) => {
+      signal.addEventListener("abort", () => reject(signal.reason));
+    });
+  }, f.options({ concurrency: 2, stopTimeoutMs: 500 }));
+  await f.time.advance(0, f.wall);
+  const stopped = processor.stop();
+  let done = false;
+  void stopped.then(() => done = true);
+  gate.resolve();
+  await f.time.advance(499, f.wall);
+  assert.equal(done, false);
+  assert.equal(processor.inFlight, 2);
+  await f.time.advance(1, f.wall);
+  await stopped;
+  assert.equal(processor.inFlight, 0);
+  assert.deepEqual([...signals.keys()], [1, 2, 3, 4]);
+  assert.equal(signals.get(3)?.aborted, true);
+  assert.equal(signals.get(4)?.aborted, true);
+  assert.deepEqual({ ...processor.counters }, {
+    claimed: 4,
+    acknowledged: 2,
+    staleAcknowledgements: 0,
+    leasesLost: 0,
+    released: 2,
+    dead: 0,
+    // The two handlers rejected with their aborted signal's reason.
+    failed: 2,
+  });
+  const stats = await f.outbox.stats();
+  assert.deepEqual({ done: stats.done, pending: stats.pending }, {
+    done: 2,
+    pending: 2,
+  });
+  assert.equal(stats.leased, 0);
 });
 
 Deno.test("an enqueue in the same process wakes an idle processor at once", async () => {
