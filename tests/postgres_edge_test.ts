@@ -86,6 +86,35 @@ Deno.test("edge example: the drain delivers at most maxEvents and leaves the res
   assert.deepEqual([stats.done, stats.pending], [3, 2]);
 });
 
+Deno.test("edge example: the drain acknowledges each batch in the call that claims the next", async () => {
+  const { outbox, post } = await shop();
+  await using _ = outbox;
+  for (let i = 1; i <= 5; i++) await post({ total: i });
+  const calls: string[] = [];
+  const claim = outbox.claim.bind(outbox);
+  outbox.claim = ((options: { max: number }) => {
+    calls.push(`claim ${options.max}`);
+    return claim(options);
+  }) as typeof outbox.claim;
+  const acknowledgeAndClaim = outbox.acknowledgeAndClaim.bind(outbox);
+  outbox.acknowledgeAndClaim = async (leases, options) => {
+    const result = await acknowledgeAndClaim(leases, options);
+    calls.push(
+      `acknowledge ${leases.length} + claim ${options.max}: ${result.leases.length}`,
+    );
+    return result;
+  };
+  const report = await drain(outbox, () => Promise.resolve(), { batch: 2 });
+  assert.deepEqual(report, { delivered: 5, failed: 0, stale: 0 });
+  assert.deepEqual(calls, [
+    "claim 2",
+    "acknowledge 2 + claim 2: 2",
+    "acknowledge 2 + claim 2: 1",
+    "acknowledge 1 + claim 2: 0",
+  ]);
+  assert.equal((await outbox.stats()).done, 5);
+});
+
 Deno.test("edge example: the drain stops claiming once maxMs has passed", async () => {
   const { outbox, post } = await shop();
   await using _ = outbox;

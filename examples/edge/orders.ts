@@ -97,7 +97,9 @@ export interface DrainReport {
  * passed, or none is due: the scheduled edge invocation's bounded share of
  * the work. Each event is acknowledged after `deliver` resolves, or
  * released for a retry when it throws; the recipient dedupes on the
- * event's identity (`deliveryHeaders(lease)`).
+ * event's identity (`deliveryHeaders(lease)`). A batch's acknowledgements
+ * go with the next batch's claim (`acknowledgeAndClaim`): one round trip
+ * and one commit per batch.
  */
 export async function drain(
   outbox: Outbox<OrderPlaced>,
@@ -106,15 +108,22 @@ export async function drain(
 ): Promise<DrainReport> {
   const maxEvents = options.maxEvents ?? 100;
   const deadline = performance.now() + (options.maxMs ?? 10_000);
+  const leaseMs = options.leaseMs ?? 30_000;
   let delivered = 0;
   let failed = 0;
   let stale = 0;
-  while (delivered + failed < maxEvents && performance.now() < deadline) {
-    const leases = await outbox.claim({
-      max: Math.min(options.batch ?? 10, maxEvents - delivered - failed),
-      leaseMs: options.leaseMs ?? 30_000,
-    });
-    if (leases.length === 0) break;
+  // The next claim's size, `pending` delivered events not yet counted; 0
+  // when the drain is to stop.
+  const next = (pending = 0) =>
+    performance.now() < deadline
+      ? Math.min(
+        options.batch ?? 10,
+        maxEvents - delivered - failed - stale - pending,
+      )
+      : 0;
+  const first = next();
+  let leases = first > 0 ? await outbox.claim({ max: first, leaseMs }) : [];
+  while (leases.length > 0) {
     // async: a deliver that throws at once fails its event, not the drain.
     const outcomes = await Promise.allSettled(
       leases.map(async (lease) => await deliver(lease)),
@@ -130,8 +139,19 @@ export async function drain(
         });
       }
     }
-    for (const acknowledged of await outbox.acknowledge(done)) {
-      if (acknowledged) delivered++;
+    const max = next(done.length);
+    let acknowledged: boolean[];
+    if (max > 0) {
+      ({ acknowledged, leases } = await outbox.acknowledgeAndClaim(done, {
+        max,
+        leaseMs,
+      }));
+    } else {
+      acknowledged = await outbox.acknowledge(done);
+      leases = [];
+    }
+    for (const ok of acknowledged) {
+      if (ok) delivered++;
       else stale++;
     }
   }
