@@ -430,6 +430,30 @@ function withoutFolding(outbox: Outbox): Outbox {
 }
 
 /**
+ * Holds the `nth` call of `outbox[method]` under way until the returned
+ * function is called; the other calls go through.
+ */
+function holdCall(
+  outbox: Outbox,
+  method: "claim" | "acknowledge" | "acknowledgeAndClaim",
+  nth: number,
+): () => void {
+  const gate = Promise.withResolvers<void>();
+  const original = (outbox[method] as (...args: unknown[]) => Promise<unknown>)
+    .bind(outbox);
+  let calls = 0;
+  Object.defineProperty(outbox, method, {
+    configurable: true,
+    writable: true,
+    value: async (...args: unknown[]) => {
+      if (++calls === nth) await gate.promise;
+      return await original(...args);
+    },
+  });
+  return gate.resolve;
+}
+
+/**
  * Records the claims and acknowledgements an outbox is asked for, in order
  * (an acknowledgement with a claim as "acknowledge n + claim max").
  */
@@ -531,16 +555,8 @@ Deno.test("without acknowledgeAndClaim, handlers that finish while a claim is un
   await using f = await fixture();
   for (let n = 1; n <= 8; n++) await f.outbox.enqueue({ n });
   const calls = recordWrites(withoutFolding(f.outbox));
-  const recorded = f.outbox.claim.bind(f.outbox) as (
-    options: { max: number },
-  ) => Promise<Lease[]>;
-  const claimGate = Promise.withResolvers<void>();
-  let claims = 0;
-  f.outbox.claim = (async (options: { max: number }) => {
-    // The second claim stays under way until the test lets it go.
-    if (++claims === 2) await claimGate.promise;
-    return await recorded(options);
-  }) as typeof f.outbox.claim;
+  // The second claim stays under way until the test lets it go.
+  const letClaim = holdCall(f.outbox, "claim", 2);
   const gates = handlerGates(f.time);
   await using processor = processEvents(
     f.outbox,
@@ -555,7 +571,7 @@ Deno.test("without acknowledgeAndClaim, handlers that finish while a claim is un
   gates.open(3);
   await f.time.advance(0, f.wall);
   assert.deepEqual(calls, ["claim 4", "claimed 4", "acknowledge 1"]);
-  claimGate.resolve();
+  letClaim();
   await f.time.advance(0, f.wall);
   assert.deepEqual(calls, [
     "claim 4",
@@ -575,14 +591,8 @@ Deno.test("without acknowledgeAndClaim, a claim waiting behind an acknowledgemen
   await using f = await fixture();
   for (let n = 1; n <= 8; n++) await f.outbox.enqueue({ n });
   const calls = recordWrites(withoutFolding(f.outbox));
-  const recorded = f.outbox.acknowledge.bind(f.outbox);
-  const acknowledgeGate = Promise.withResolvers<void>();
-  let acknowledgements = 0;
-  f.outbox.acknowledge = (async (leases: Lease[]) => {
-    // The first acknowledgement stays under way until the test lets it go.
-    if (++acknowledgements === 1) await acknowledgeGate.promise;
-    return await recorded(leases);
-  }) as typeof f.outbox.acknowledge;
+  // The first acknowledgement stays under way until the test lets it go.
+  const letAcknowledge = holdCall(f.outbox, "acknowledge", 1);
   const gates = handlerGates(f.time);
   await using processor = processEvents(f.outbox, async (lease) => {
     await gates.handler(lease);
@@ -600,7 +610,7 @@ Deno.test("without acknowledgeAndClaim, a claim waiting behind an acknowledgemen
   await f.time.advance(0, f.wall);
   gates.open(4);
   await f.time.advance(0, f.wall);
-  acknowledgeGate.resolve();
+  letAcknowledge();
   await f.time.advance(0, f.wall);
   assert.deepEqual(calls, [
     "claim 4",
@@ -734,14 +744,8 @@ Deno.test("an acknowledgement with a claim that throws is reported, and the ackn
 Deno.test("a claim waiting for its turn behind an acknowledgement with a claim claims only the slots that call left free", async () => {
   await using f = await fixture();
   for (let n = 1; n <= 8; n++) await f.outbox.enqueue({ n });
-  const recorded = f.outbox.acknowledgeAndClaim.bind(f.outbox);
-  const gate = Promise.withResolvers<void>();
-  let folds = 0;
-  f.outbox.acknowledgeAndClaim = async (leases, options) => {
-    // The first stays under way until the test lets it go.
-    if (++folds === 1) await gate.promise;
-    return await recorded(leases, options);
-  };
+  // The first stays under way until the test lets it go.
+  const letFold = holdCall(f.outbox, "acknowledgeAndClaim", 1);
   const calls = recordWrites(f.outbox);
   const started: number[] = [];
   const gates = handlerGates(f.time);
@@ -760,7 +764,7 @@ Deno.test("a claim waiting for its turn behind an acknowledgement with a claim c
   gates.open(1);
   await f.time.advance(0, f.wall);
   assert.deepEqual(calls, ["claim 4", "claimed 4", "acknowledge 1 + claim 1"]);
-  gate.resolve();
+  letFold();
   await f.time.advance(0, f.wall);
   assert.deepEqual(calls, [
     "claim 4",
@@ -781,12 +785,7 @@ Deno.test("a claim waiting for its turn behind an acknowledgement with a claim c
 Deno.test("stop() during an acknowledgement with a claim waits for the handlers of the leases it claims, then releases them", async () => {
   await using f = await fixture();
   for (let n = 1; n <= 4; n++) await f.outbox.enqueue({ n });
-  const recorded = f.outbox.acknowledgeAndClaim.bind(f.outbox);
-  const gate = Promise.withResolvers<void>();
-  f.outbox.acknowledgeAndClaim = async (leases, options) => {
-    await gate.promise;
-    return await recorded(leases, options);
-  };
+  const letFold = holdCall(f.outbox, "acknowledgeAndClaim", 1);
   const signals = new Map<number, AbortSignal>();
   const processor = processEvents(f.outbox, async (lease, { signal }) => {
     signals.set(lease.eventId, signal);
@@ -799,7 +798,7 @@ Deno.test("stop() during an acknowledgement with a claim waits for the handlers 
   const stopped = processor.stop();
   let done = false;
   void stopped.then(() => done = true);
-  gate.resolve();
+  letFold();
   await f.time.advance(499, f.wall);
   assert.equal(done, false);
   assert.equal(processor.inFlight, 2);
