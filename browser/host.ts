@@ -10,6 +10,7 @@ import type { Database, Sqlite3Static } from "@sqlite.org/sqlite-wasm";
 import type { Driver } from "../driver.ts";
 import {
   type CallMessage,
+  claimedLeases,
   OpfsBusyError,
   OpfsUnavailableError,
   type ReplyMessage,
@@ -127,13 +128,7 @@ export function serveOutbox(scope: WorkerScope, openOutbox: OutboxFactory) {
       const leases = Array.isArray(args[0]) ? args[0] : [args[0]];
       for (const lease of leases) own.delete(leaseKey(lease));
     }
-    const claimed = method === "claim"
-      ? (Array.isArray(result) ? result : [result]).filter((lease) =>
-        lease !== null
-      )
-      : method === "acknowledgeAndClaim"
-      ? (result as { leases: unknown[] }).leases
-      : [];
+    const claimed = claimedLeases(method, result);
     if (hidden) await handBack(outbox, claimed);
     else for (const lease of claimed) own.set(leaseKey(lease), lease);
   }

@@ -63,6 +63,7 @@ import { uuidv7 } from "../identity.ts";
 import {
   type CallMessage,
   type ChannelMessage,
+  claimedLeases,
   fromWireError,
   OpfsBusyError,
   OpfsUnavailableError,
@@ -1024,9 +1025,8 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
       : this.#run(local, message.method, message.args, false);
     call.then((value) => {
       // Its tab went away while this claim ran: nobody will finish it.
-      if (message.method === "claim" && this.#hiddenTabs.has(message.from!)) {
-        for (const lease of Array.isArray(value) ? value : [value]) {
-          if (lease === null) continue;
+      if (this.#hiddenTabs.has(message.from!)) {
+        for (const lease of claimedLeases(message.method, value)) {
           this.#run(local, "release", [lease, { error: TAB_CLOSED }], false)
             .catch(() => {});
         }

@@ -147,6 +147,23 @@ export type ChannelMessage =
 export const TAB_CLOSED = "tab closed";
 
 /**
+ * The leases an outbox call's result took: a claim's (one, possibly
+ * `null`, or a batch) or the new ones of `acknowledgeAndClaim`; none for
+ * any other call. Whoever answers a tab that went away hands them back.
+ */
+export function claimedLeases(method: string, result: unknown): unknown[] {
+  if (method === "claim") {
+    return (Array.isArray(result) ? result : [result]).filter((lease) =>
+      lease !== null
+    );
+  }
+  if (method === "acknowledgeAndClaim") {
+    return (result as { leases: unknown[] }).leases;
+  }
+  return [];
+}
+
+/**
  * Flattens an error for `postMessage`, keeping what the typed classes carry.
  *
  * @param error Anything thrown.

@@ -453,6 +453,61 @@ Deno.test(
   },
 );
 
+for (const method of ["claim", "acknowledgeAndClaim"] as const) {
+  Deno.test(
+    {
+      name:
+        `a follower tab that goes away while its ${method} is in flight: the leader hands the new lease back at once`,
+      ...browserTest,
+    },
+    async () => {
+      await using session = await openSession();
+      const leader = await leaderTab(session, `inflight-${method}`, ["a", "b"]);
+      const follower = await blankPage(session);
+      await follower.evaluate(async ({ paths, name, method }) => {
+        const m = await import(paths.bundle);
+        const outbox = await m.openSharedOutbox(name);
+        const first = await outbox.claim({ max: 1, leaseMs: 600_000 });
+        // The call goes out, and the page hides before its reply.
+        const call = method === "claim"
+          ? outbox.claim({ max: 1, leaseMs: 600_000 })
+          : outbox.acknowledgeAndClaim(first, { max: 1, leaseMs: 600_000 });
+        call.catch(() => {});
+        globalThis.dispatchEvent(new Event("pagehide"));
+      }, { paths: PATHS, name: `inflight-${method}`, method });
+      await follower.close();
+      // Whichever event the call took (a release on pagehide may let it
+      // take event 1 again), no 600 s lease stays with the closed tab.
+      const left = await leader.evaluate(async () => {
+        const { outbox } = globalThis as unknown as {
+          outbox: {
+            stats(): Promise<{ leased: number; pending: number }>;
+            explain(id: number): Promise<
+              { history: { kind: string; detail: string | null }[] }
+            >;
+          };
+        };
+        const deadline = Date.now() + 5_000;
+        let stats = await outbox.stats();
+        while (stats.leased > 0 && Date.now() < deadline) {
+          await new Promise((resolve) => setTimeout(resolve, 50));
+          stats = await outbox.stats();
+        }
+        const releases = [];
+        for (const id of [1, 2]) {
+          for (const { kind, detail } of (await outbox.explain(id)).history) {
+            if (kind === "released") releases.push(detail);
+          }
+        }
+        return { leased: stats.leased, releases };
+      });
+      assert.equal(left.leased, 0);
+      assert.ok(left.releases.length > 0);
+      assert.ok(left.releases.every((detail) => detail === "tab closed"));
+    },
+  );
+}
+
 Deno.test(
   {
     name:
