@@ -331,13 +331,6 @@ const PROCESS_OPTIONS = [
 /** The longest delay `setTimeout` honours: longer ones fire at once. */
 const MAX_TIMER_MS = 2_147_483_647;
 
-/** What one claim of the loop returned, with when it was sent by both clocks. */
-interface Claimed<P> {
-  readonly leases: Lease<P>[];
-  readonly claimedAt: number;
-  readonly claimedAtWall: number;
-}
-
 /** A timer that may outlast `setTimeout`'s limit, re-armed in steps. */
 interface LongTimer {
   handle: unknown;
@@ -652,7 +645,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         continue;
       }
       this.#woken = false;
-      let claimed: Claimed<P>;
+      let claimed: number;
       try {
         claimed = await this.#claim();
       } catch (error) {
@@ -662,12 +655,8 @@ export class Processor<P = unknown> implements AsyncDisposable {
         idleMs = Math.min(idleMs * 2, this.#pollMaxMs);
         continue;
       }
-      const { leases, claimedAt, claimedAtWall } = claimed;
-      for (const lease of leases) {
-        this.#start(lease, claimedAt, claimedAtWall);
-      }
       // Slots filled by a write that acknowledged and claimed: not idle.
-      if (leases.length > 0 || this.#slots.size >= this.#concurrency) {
+      if (claimed > 0 || this.#slots.size >= this.#concurrency) {
         idleMs = this.#pollMinMs;
         continue;
       }
@@ -680,9 +669,11 @@ export class Processor<P = unknown> implements AsyncDisposable {
    * Claims for every free slot when the loop's other writes are done. Sized
    * when it runs rather than when asked, so slots that acknowledgements
    * committed meanwhile free join the claim: one transaction for all of them
-   * instead of one per slot as slots free one at a time.
+   * instead of one per slot as slots free one at a time. Starts the
+   * handlers of what it claimed before the next write is sized, so that
+   * write counts their slots; resolves to how many.
    */
-  async #claim(): Promise<Claimed<P>> {
+  async #claim(): Promise<number> {
     if (this.#writing) {
       const turn = Promise.withResolvers<void>();
       this.#claimTurn = turn.resolve;
@@ -698,7 +689,8 @@ export class Processor<P = unknown> implements AsyncDisposable {
       const leases = this.#stopping || max <= 0
         ? []
         : await this.#outbox.claim({ max, ...this.#claimOptions() });
-      return { leases, claimedAt, claimedAtWall };
+      for (const lease of leases) this.#start(lease, claimedAt, claimedAtWall);
+      return leases.length;
     } finally {
       this.#nextWrite();
     }

@@ -782,6 +782,52 @@ Deno.test("a claim waiting for its turn behind an acknowledgement with a claim c
   );
 });
 
+Deno.test("a handler that finishes while the loop's claim is under way is acknowledged with a claim that counts the slots that claim filled: concurrency holds", async () => {
+  await using f = await fixture();
+  await f.outbox.enqueue({ n: 1 });
+  // The loop's second claim (for its one free slot) stays under way.
+  const letClaim = holdCall(f.outbox, "claim", 2);
+  const calls = recordWrites(f.outbox);
+  const first = Promise.withResolvers<void>();
+  let running = 0;
+  let most = 0;
+  const processor = processEvents(f.outbox, async (lease, { signal }) => {
+    most = Math.max(most, ++running);
+    try {
+      if ((lease.payload as { n: number }).n === 1) await first.promise;
+      else {
+        await new Promise((resolve) =>
+          signal.addEventListener("abort", resolve)
+        );
+      }
+    } finally {
+      running--;
+    }
+  }, f.options({ concurrency: 2, stopTimeoutMs: 0 }));
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(calls, ["claim 2", "claimed 1", "claim 1"]);
+  for (let n = 2; n <= 4; n++) await f.outbox.enqueue({ n });
+  first.resolve();
+  await f.time.advance(0, f.wall);
+  letClaim();
+  for (let i = 0; i < 5; i++) await f.time.advance(0, f.wall);
+  assert.deepEqual(calls, [
+    "claim 2",
+    "claimed 1",
+    "claim 1",
+    "claimed 1",
+    "acknowledge 1 + claim 1",
+    "claimed 1",
+  ]);
+  assert.equal(most, 2);
+  assert.equal(processor.inFlight, 2);
+  // stopTimeoutMs 0 runs on the manual timers.
+  const stopped = processor.stop();
+  await f.time.advance(0, f.wall);
+  await stopped;
+  assert.deepEqual(f.errors, []);
+});
+
 Deno.test("stop() during an acknowledgement with a claim waits for the handlers of the leases it claims, then releases them", async () => {
   await using f = await fixture();
   for (let n = 1; n <= 4; n++) await f.outbox.enqueue({ n });
