@@ -331,6 +331,13 @@ const PROCESS_OPTIONS = [
 /** The longest delay `setTimeout` honours: longer ones fire at once. */
 const MAX_TIMER_MS = 2_147_483_647;
 
+/** What one claim of the loop returned, with when it was sent by both clocks. */
+interface Claimed<P> {
+  readonly leases: Lease<P>[];
+  readonly claimedAt: number;
+  readonly claimedAtWall: number;
+}
+
 /** A timer that may outlast `setTimeout`'s limit, re-armed in steps. */
 interface LongTimer {
   handle: unknown;
@@ -475,6 +482,12 @@ export class Processor<P = unknown> implements AsyncDisposable {
   #claimTurn: (() => void) | undefined;
   /** The write acknowledging and claiming in one call, while under way. */
   #folding: Promise<void> | undefined;
+  /**
+   * Leases the loop's claim returned that it has not started yet: the
+   * write after the claim starts before they do, and must count their
+   * slots as taken.
+   */
+  #unstarted = 0;
   readonly #acknowledgements: { slot: Slot<P>; resolve: () => void }[] = [];
   #waiter: (() => void) | undefined;
 
@@ -645,7 +658,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         continue;
       }
       this.#woken = false;
-      let claimed: number;
+      let claimed: Claimed<P>;
       try {
         claimed = await this.#claim();
       } catch (error) {
@@ -655,8 +668,13 @@ export class Processor<P = unknown> implements AsyncDisposable {
         idleMs = Math.min(idleMs * 2, this.#pollMaxMs);
         continue;
       }
+      const { leases, claimedAt, claimedAtWall } = claimed;
+      this.#unstarted = 0;
+      for (const lease of leases) {
+        this.#start(lease, claimedAt, claimedAtWall);
+      }
       // Slots filled by a write that acknowledged and claimed: not idle.
-      if (claimed > 0 || this.#slots.size >= this.#concurrency) {
+      if (leases.length > 0 || this.#slots.size >= this.#concurrency) {
         idleMs = this.#pollMinMs;
         continue;
       }
@@ -669,11 +687,9 @@ export class Processor<P = unknown> implements AsyncDisposable {
    * Claims for every free slot when the loop's other writes are done. Sized
    * when it runs rather than when asked, so slots that acknowledgements
    * committed meanwhile free join the claim: one transaction for all of them
-   * instead of one per slot as slots free one at a time. Starts the
-   * handlers of what it claimed before the next write is sized, so that
-   * write counts their slots; resolves to how many.
+   * instead of one per slot as slots free one at a time.
    */
-  async #claim(): Promise<number> {
+  async #claim(): Promise<Claimed<P>> {
     if (this.#writing) {
       const turn = Promise.withResolvers<void>();
       this.#claimTurn = turn.resolve;
@@ -689,8 +705,8 @@ export class Processor<P = unknown> implements AsyncDisposable {
       const leases = this.#stopping || max <= 0
         ? []
         : await this.#outbox.claim({ max, ...this.#claimOptions() });
-      for (const lease of leases) this.#start(lease, claimedAt, claimedAtWall);
-      return leases.length;
+      this.#unstarted = leases.length;
+      return { leases, claimedAt, claimedAtWall };
     } finally {
       this.#nextWrite();
     }
@@ -938,7 +954,8 @@ export class Processor<P = unknown> implements AsyncDisposable {
       const result = await this.#outbox.acknowledgeAndClaim!(
         batch.map(({ slot }) => slot.lease),
         {
-          max: this.#concurrency - this.#slots.size + batch.length,
+          max: this.#concurrency - this.#slots.size - this.#unstarted +
+            batch.length,
           ...this.#claimOptions(),
         },
       );
