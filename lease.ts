@@ -2563,6 +2563,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           let backoffMs = 1;;
           backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS)
         ) {
+          // The application may have begun a transaction on the connection
+          // while this call awaited (its one statement, a rerun's backoff):
+          // a BEGIN now would run inside it, and COMMIT the application's
+          // writes. Wait for it to end, as a call that finds one does.
+          if (this.#inApplicationTransaction()) return null;
           await this.#untilNotBusy(op, busyDeadline, this.#sql.begin);
           try {
             const now = await this.#start(op, expire);

@@ -1002,14 +1002,19 @@ Deno.test("postgres: a release waits for the row before writing the ledger entri
  * Two last-attempt leases (a < b), lapsed unless `lapse` is false, a live
  * lease, and `other` holding b's row in a transaction whose
  * deadlock_timeout outlasts the server's (1 s): in a deadlock with
- * `other`, the outbox's backend finds it first and is its victim.
+ * `other`, the outbox's backend finds it first and is its victim. The
+ * outbox runs on `connection` when given (its schema's tables are made).
  */
-async function deadlockScene(lapse = true) {
+async function deadlockScene(
+  lapse = true,
+  connection?: (url: string, schema: string) => Promise<Driver>,
+) {
   const { url, schema } = await fresh();
   const clock = new ManualClock(1_000_000);
-  const outbox = await Outbox.open(await raw(url, schema), {
-    now: clock.now,
-  });
+  const outbox = await Outbox.open(
+    await (connection ?? raw)(url, schema),
+    { now: clock.now },
+  );
   const other = await raw(url, schema);
   const admin = await raw(url, schema);
   const a = await outbox.enqueue("a", { maxAttempts: 1 });
@@ -1074,6 +1079,44 @@ Deno.test("postgres: an outbox call that a deadlock rolls back runs again and su
     "claimed:1",
     "released:1",
   ]);
+});
+
+Deno.test("postgres: an application transaction begun on the shared connection while a deadlock's rerun waits is waited for, not run inside", async () => {
+  let shared: PostgresDriver | undefined;
+  let application: Promise<void> | undefined;
+  await using scene = await deadlockScene(true, async (url, schema) => {
+    shared = await raw(url, schema);
+    const run = shared.run.bind(shared);
+    // The moment the outbox rolls its deadlocked transaction back, the
+    // application (a request on the same connection) begins its own.
+    shared.run = async (sql, params) => {
+      const result = await run(sql, params);
+      if (sql === POSTGRES.rollback && application === undefined) {
+        application = (async () => {
+          await run("BEGIN");
+          await run("CREATE TABLE app_rows (n integer)");
+          await new Promise((resolve) => setTimeout(resolve, 300));
+          await run("ROLLBACK");
+        })();
+      }
+      return result;
+    };
+    return shared;
+  });
+  const { outbox, other, admin, live, a, lock } = scene;
+  const release = outbox.release(live);
+  await untilWaiting(admin, release);
+  await lock(a);
+  // Before the fix, the rerun began inside the application's transaction
+  // and its COMMIT committed the application's table.
+  await application;
+  await other.run("ROLLBACK");
+  assert.equal(await release, true);
+  assert.deepEqual(
+    await admin.query("SELECT to_regclass('app_rows') IS NULL AS absent"),
+    [{ absent: true }],
+  );
+  assert.equal((await outbox.stats()).dead, 2);
 });
 
 Deno.test("postgres: transaction(fn) that a deadlock rolls back fails with PostgresError 40P01 and does not run the application's code again", async () => {
