@@ -1145,3 +1145,58 @@ Deno.test("postgres: transaction(fn) that a deadlock rolls back fails with Postg
     dead: 0,
   });
 });
+
+Deno.test("postgres: processEvents at concurrency 4, with events trickling in and handlers of 0-2 ms, never runs more than 4 handlers and acknowledges each event once", async () => {
+  const { url, schema } = await fresh();
+  const events = 2_000;
+  const outbox = await openPostgres<{ n: number }>(url, { schema });
+  const producer = await openPostgres<{ n: number }>(url, { schema });
+  // Events trickle in, so the loop's own claims run with slots free while
+  // handlers finish and their acknowledgements claim too.
+  const produced = (async () => {
+    for (let n = 0; n < events;) {
+      const k = Math.min(events - n, 1 + Math.floor(Math.random() * 3));
+      await producer.enqueueBatch(
+        Array.from({ length: k }, (_, i) => ({ payload: { n: n + i } })),
+      );
+      n += k;
+      await new Promise((resolve) =>
+        setTimeout(resolve, Math.floor(Math.random() * 3))
+      );
+    }
+  })();
+  let running = 0;
+  let most = 0;
+  let mostInFlight = 0;
+  const errors: unknown[] = [];
+  const processor = processEvents(outbox, async () => {
+    most = Math.max(most, ++running);
+    mostInFlight = Math.max(mostInFlight, processor.inFlight);
+    await new Promise((resolve) =>
+      setTimeout(resolve, Math.floor(Math.random() * 3))
+    );
+    running--;
+  }, {
+    concurrency: 4,
+    pollMinMs: 5,
+    pollMaxMs: 20,
+    onError: (error) => errors.push(error),
+  });
+  try {
+    await produced;
+    while ((await outbox.stats()).done < events) {
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+  } finally {
+    await processor.stop();
+    await producer.close();
+  }
+  const stats = await outbox.stats();
+  await outbox.close();
+  assert.deepEqual(errors, []);
+  assert.ok(most <= 4, `${most} handlers at once`);
+  assert.ok(mostInFlight <= 4, `inFlight up to ${mostInFlight}`);
+  assert.equal(stats.done, events);
+  assert.equal(processor.counters.acknowledged, events);
+  assert.equal(processor.counters.claimed, events);
+});
