@@ -208,6 +208,12 @@ export class PostgresDriver implements Driver, AsyncDisposable {
    * the transaction they belong to.
    */
   #lostInTransaction = false;
+  /**
+   * Statements that begin a transaction, sent and not yet answered: the
+   * server's status shows the transaction only once BEGIN is answered, and
+   * an outbox sharing the connection must not send its own BEGIN meanwhile.
+   */
+  #beginning = 0;
   #closed = false;
   /** Creates the schema at the first connection (openPostgres's). */
   #createSchema: boolean;
@@ -328,13 +334,15 @@ export class PostgresDriver implements Driver, AsyncDisposable {
 
   /**
    * Whether the connection is inside a transaction (the server's
-   * transaction status after the last statement), so an outbox sharing it
+   * transaction status after the last statement, or a `BEGIN` or
+   * `START TRANSACTION` sent and not yet answered), so an outbox sharing it
    * joins the application's transaction instead of opening its own.
    *
-   * @returns `true` inside a transaction, also a failed one.
+   * @returns `true` inside a transaction, also a failed one or one whose
+   * `BEGIN` is on its way.
    */
   inTransaction(): boolean {
-    if (this.#lostInTransaction) return true;
+    if (this.#lostInTransaction || this.#beginning > 0) return true;
     const status = this.#client?.getTransactionStatus();
     return status === "T" || status === "E";
   }
@@ -362,6 +370,23 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     // statements; query and run use the extended one, which refuses them.
     const extended = method !== "exec";
     if (this.#closed) throw new Error("Cannot query as the driver is closed");
+    const keyword = firstKeyword(sql).toUpperCase();
+    // Counted from the moment it is sent, before any await (see #beginning).
+    const begins = keyword === "BEGIN" || keyword === "START";
+    if (begins) this.#beginning++;
+    try {
+      return await this.#send(method, sql, params, extended);
+    } finally {
+      if (begins) this.#beginning--;
+    }
+  }
+
+  async #send(
+    method: "query" | "run" | "exec",
+    sql: string,
+    params: readonly SqlValue[],
+    extended: boolean,
+  ): Promise<PgResult> {
     if (this.#lostInTransaction) {
       if (/^\s*ROLLBACK\s*;?\s*$/i.test(sql)) {
         this.#lostInTransaction = false;
@@ -374,7 +399,8 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     const client = await this.#session();
     const named = extended && (this.#options.prepare ?? true) &&
       PREPARED.has(sql);
-    const inTransaction = this.inTransaction();
+    const status = client.getTransactionStatus();
+    const inTransaction = status === "T" || status === "E";
     const config = (): PgQueryConfig => ({
       text: sql,
       values: params.map(toParam),

@@ -324,3 +324,26 @@ Deno.test("postgres driver: inTransaction() follows BEGIN, a failed statement an
   await db.run("ROLLBACK");
   assert.equal(db.inTransaction(), false);
 });
+
+Deno.test("postgres driver: inTransaction() is true from the moment a BEGIN or START TRANSACTION is sent, before the server answers", async () => {
+  await using db = await connect();
+  for (
+    const begin of [
+      "BEGIN",
+      "  start transaction isolation level read committed",
+    ]
+  ) {
+    const sent = db.run(begin);
+    // An outbox sharing the connection checks here, before its own BEGIN.
+    assert.equal(db.inTransaction(), true, begin);
+    await sent;
+    assert.equal(db.inTransaction(), true, begin);
+    await db.run("ROLLBACK");
+    assert.equal(db.inTransaction(), false, begin);
+  }
+  // A BEGIN the server refuses leaves no transaction behind.
+  await db.run("BEGIN");
+  await assert.rejects(db.run("BEGIN ISOLATION LEVEL nonsense"), PostgresError);
+  await db.run("ROLLBACK");
+  assert.equal(db.inTransaction(), false);
+});
