@@ -2564,11 +2564,17 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS)
         ) {
           // The application may have begun a transaction on the connection
-          // while this call awaited (its one statement, a rerun's backoff):
-          // a BEGIN now would run inside it, and COMMIT the application's
-          // writes. Wait for it to end, as a call that finds one does.
-          if (this.#inApplicationTransaction()) return null;
-          await this.#untilNotBusy(op, busyDeadline, this.#sql.begin);
+          // while this call awaited (its one statement, a rerun's or a busy
+          // retry's backoff): a BEGIN now would run inside it, and COMMIT the
+          // application's writes. Wait for it to end, as a call that finds
+          // one does.
+          const began = await this.#untilNotBusy(
+            op,
+            busyDeadline,
+            this.#sql.begin,
+            () => this.#inApplicationTransaction(),
+          );
+          if (!began) return null;
           try {
             const now = await this.#start(op, expire);
             const value = await fn(now, false);
@@ -2664,18 +2670,25 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     }
   }
 
+  /**
+   * Runs `sql` (a BEGIN or COMMIT), retrying `SQLITE_BUSY` until
+   * `deadline`. Resolves to `false`, having run nothing more, when `yieldTo`
+   * says so before a try (an application transaction opened meanwhile).
+   */
   async #untilNotBusy(
     op: string,
     deadline: number,
     sql: string,
-  ): Promise<void> {
+    yieldTo?: () => boolean,
+  ): Promise<boolean> {
     for (
       let backoffMs = 1;;
       backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS)
     ) {
+      if (yieldTo?.()) return false;
       try {
         await this.#driver.run(sql);
-        return;
+        return true;
       } catch (error) {
         if (!(error instanceof BusyError)) throw error;
         const remainingMs = deadline - performance.now();

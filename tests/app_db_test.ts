@@ -535,3 +535,31 @@ Deno.test("sqliteWasmDriver(db): an outbox over the application's oo1.DB joins i
     message: /'db' must be an open oo1.DB/,
   });
 });
+
+Deno.test("node:sqlite: a call retrying BEGIN IMMEDIATE on a busy database waits for an application transaction begun on its connection meanwhile, instead of failing inside it", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const path = `${dir}/app.db`;
+    const shared = await openNodeSqlite(path);
+    const outbox = await Outbox.open(shared, { busyTimeoutMs: 5_000 });
+    const { eventId } = await outbox.enqueue("x");
+    // Another connection holds the write lock, so the claim retries BEGIN.
+    const other = await openNodeSqlite(path);
+    await other.run("BEGIN IMMEDIATE");
+    const claim = outbox.claim().then((lease) => lease, (error) => error);
+    await new Promise((resolve) => setTimeout(resolve, 30));
+    // The application's transaction on the shared connection, meanwhile.
+    await shared.run("BEGIN");
+    await other.run("COMMIT");
+    await new Promise((resolve) => setTimeout(resolve, 30));
+    await shared.run("ROLLBACK");
+    // Before, the retried BEGIN IMMEDIATE failed: "cannot start a
+    // transaction within a transaction".
+    const lease = await claim;
+    assert.equal(lease?.eventId, eventId, String(lease));
+    await outbox.close();
+    await other.close();
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
