@@ -2553,8 +2553,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           try {
             value = await inOne(now);
           } catch (error) {
-            const code = (error as { code?: unknown } | null)?.code;
-            if (!this.#sql.refusedInOne?.includes(code as string)) throw error;
+            if (!this.#sql.refusedInOne?.includes(errorCode(error))) {
+              throw error;
+            }
           }
           if (value !== undefined) return { value };
         }
@@ -2582,14 +2583,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
             return { value };
           } catch (error) {
             await this.#driver.run(this.#sql.rollback).catch(() => {});
-            const code = (error as { code?: unknown } | null)?.code;
             const remainingMs = busyDeadline - performance.now();
             if (
               !rerun || remainingMs <= 0 ||
-              !this.#sql.rerun?.includes(code as string)
+              !this.#sql.rerun?.includes(errorCode(error))
             ) throw error;
-            // Full jitter, as for a busy database: the winner goes on.
-            await sleep(Math.min(remainingMs, 1 + Math.random() * backoffMs));
+            // As for a busy database: the winner goes on.
+            await jitteredWait(remainingMs, backoffMs);
           }
         }
       });
@@ -2644,7 +2644,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           `Cannot ${op} as the application's transaction on this connection stayed open for ${this.#busyTimeoutMs} ms: only enqueue() and acknowledge() of one lease join it; claims, renewals, releases and the outbox's own transactions wait for it to end`,
         );
       }
-      await sleep(Math.min(remainingMs, 1 + Math.random() * backoffMs));
+      await jitteredWait(remainingMs, backoffMs);
     }
   }
 
@@ -2702,8 +2702,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         if (this.#driver.busyWait !== undefined) {
           await this.#driver.busyWait(remainingMs);
         } else {
-          // Full jitter (AWS's backoff advice) keeps contending workers apart.
-          await sleep(Math.min(remainingMs, 1 + Math.random() * backoffMs));
+          await jitteredWait(remainingMs, backoffMs);
         }
       }
     }
@@ -2934,6 +2933,20 @@ export function insideTransactionBody(mutex: Mutex): boolean {
     if (scope.open && scope.mutex === mutex) return true;
   }
   return false;
+}
+
+/**
+ * Waits a random 1 to `1 + backoffMs` ms, at most `remainingMs`: full
+ * jitter (AWS's backoff advice) keeps contending callers apart.
+ */
+function jitteredWait(remainingMs: number, backoffMs: number): Promise<void> {
+  return sleep(Math.min(remainingMs, 1 + Math.random() * backoffMs));
+}
+
+/** An error's `code` (a SQLSTATE on PostgreSQL), as text, or "" when none. */
+function errorCode(error: unknown): string {
+  const code = (error as { code?: unknown } | null)?.code;
+  return typeof code === "string" ? code : "";
 }
 
 function sleep(ms: number): Promise<void> {

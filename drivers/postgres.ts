@@ -343,8 +343,7 @@ export class PostgresDriver implements Driver, AsyncDisposable {
    */
   inTransaction(): boolean {
     if (this.#lostInTransaction || this.#beginning > 0) return true;
-    const status = this.#client?.getTransactionStatus();
-    return status === "T" || status === "E";
+    return this.#client !== undefined && openTransaction(this.#client);
   }
 
   /** Closes the connection; later calls reject. Closing twice is a no-op. */
@@ -399,8 +398,7 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     const client = await this.#session();
     const named = extended && (this.#options.prepare ?? true) &&
       PREPARED.has(sql);
-    const status = client.getTransactionStatus();
-    const inTransaction = status === "T" || status === "E";
+    const inTransaction = openTransaction(client);
     const config = (): PgQueryConfig => ({
       text: sql,
       values: params.map(toParam),
@@ -460,8 +458,7 @@ export class PostgresDriver implements Driver, AsyncDisposable {
   /** Forgets a broken client, remembering whether a transaction died with it. */
   #lost(client: PgClient): void {
     if (this.#client !== client) return;
-    const status = client.getTransactionStatus();
-    this.#lostInTransaction = status === "T" || status === "E";
+    this.#lostInTransaction = openTransaction(client);
     this.#client = undefined;
     client.end().catch(() => {});
   }
@@ -686,6 +683,12 @@ function checkDriverOptions(url: string, options: PostgresDriverOptions): void {
       }`,
     );
   }
+}
+
+/** Whether the server said the client is in a transaction, also a failed one. */
+function openTransaction(client: PgClient): boolean {
+  const status = client.getTransactionStatus();
+  return status === "T" || status === "E";
 }
 
 /** Maps a node-postgres error to the typed error for it. */
