@@ -488,6 +488,11 @@ export class Processor<P = unknown> implements AsyncDisposable {
    * slots as taken.
    */
   #unstarted = 0;
+  /**
+   * The last acknowledgement with a claim found fewer events than free
+   * slots, so a claim right after it would most likely find none either.
+   */
+  #drained = false;
   readonly #acknowledgements: { slot: Slot<P>; resolve: () => void }[] = [];
   #waiter: (() => void) | undefined;
 
@@ -651,16 +656,27 @@ export class Processor<P = unknown> implements AsyncDisposable {
 
   async #run(): Promise<void> {
     let idleMs = this.#pollMinMs;
+    // Whether the last claim came back empty.
+    let idle = true;
     while (!this.#stopping) {
       const free = this.#concurrency - this.#slots.size;
       if (free <= 0) {
         await this.#wait(undefined);
         continue;
       }
+      // An idle loop reads when the next event comes due before it claims,
+      // not after: the read counts only events not yet due, so one coming
+      // due between an empty claim and the read would be seen by neither,
+      // and the loop would sleep a whole poll interval past it. Read first,
+      // each event is due at the claim or counted by the read. Woken (an
+      // enqueue, a freed slot), it claims at once and reads only if that
+      // claim comes back empty.
+      const read = idle && !this.#woken;
+      const dueAt = read ? await this.#nextDueAt() : undefined;
       this.#woken = false;
       let claimed: Claimed<P>;
       try {
-        claimed = await this.#claim();
+        claimed = await this.#claim(!read);
       } catch (error) {
         if (this.#noteClosed(error)) break;
         this.#report(error);
@@ -675,10 +691,19 @@ export class Processor<P = unknown> implements AsyncDisposable {
       }
       // Slots filled by a write that acknowledged and claimed: not idle.
       if (leases.length > 0 || this.#slots.size >= this.#concurrency) {
+        idle = false;
         idleMs = this.#pollMinMs;
         continue;
       }
-      await this.#wait(Math.min(idleMs, await this.#nextDueInMs(idleMs)));
+      idle = true;
+      // An empty claim with no read before it (or none at all, skipped):
+      // claim again after one.
+      if (!read) continue;
+      await this.#wait(
+        dueAt === undefined
+          ? idleMs
+          : Math.min(idleMs, Math.max(1, dueAt - this.#monotonicNow())),
+      );
       idleMs = Math.min(idleMs * 2, this.#pollMaxMs);
     }
   }
@@ -687,9 +712,12 @@ export class Processor<P = unknown> implements AsyncDisposable {
    * Claims for every free slot when the loop's other writes are done. Sized
    * when it runs rather than when asked, so slots that acknowledgements
    * committed meanwhile free join the claim: one transaction for all of them
-   * instead of one per slot as slots free one at a time.
+   * instead of one per slot as slots free one at a time. `unread`: no read
+   * of the next due time came before this claim, so an empty answer sends
+   * the loop to read it and claim again; the claim is then skipped when the
+   * last acknowledgement with a claim found too few events.
    */
-  async #claim(): Promise<Claimed<P>> {
+  async #claim(unread: boolean): Promise<Claimed<P>> {
     if (this.#writing) {
       const turn = Promise.withResolvers<void>();
       this.#claimTurn = turn.resolve;
@@ -700,9 +728,12 @@ export class Processor<P = unknown> implements AsyncDisposable {
     try {
       const claimedAt = this.#monotonicNow();
       const claimedAtWall = this.#now();
-      // None when a write that acknowledged and claimed filled the slots.
+      // None when a write that acknowledged and claimed filled the slots,
+      // or (when `unread`) found too few events to fill them.
       const max = this.#concurrency - this.#slots.size;
-      const leases = this.#stopping || max <= 0
+      const drained = unread && this.#drained;
+      this.#drained = false;
+      const leases = this.#stopping || max <= 0 || drained
         ? []
         : await this.#outbox.claim({ max, ...this.#claimOptions() });
       this.#unstarted = leases.length;
@@ -769,20 +800,21 @@ export class Processor<P = unknown> implements AsyncDisposable {
   }
 
   /**
-   * Time until the queue's next delayed event, backoff or lease deadline
-   * comes due, so an idle loop wakes for it rather than on its next poll;
-   * `fallbackMs` when there is none or it cannot be read.
+   * When, on the monotonic clock, the queue's next delayed event, backoff
+   * or lease deadline comes due, so an idle loop wakes for it rather than on
+   * its next poll; `undefined` when there is none or it cannot be read.
    */
-  async #nextDueInMs(fallbackMs: number): Promise<number> {
-    if (this.#woken || this.#stopping) return 0;
+  async #nextDueAt(): Promise<number | undefined> {
+    if (this.#stopping) return undefined;
+    const readAt = this.#monotonicNow();
     try {
       const dueInMs = await this.#outbox.nextDueInMs(
         this.#queue === undefined ? {} : { queue: this.#queue },
       );
-      return dueInMs === null ? fallbackMs : Math.max(1, dueInMs);
+      return dueInMs === null ? undefined : readAt + dueInMs;
     } catch (error) {
       if (!this.#noteClosed(error)) this.#report(error);
-      return fallbackMs;
+      return undefined;
     }
   }
 
@@ -949,18 +981,17 @@ export class Processor<P = unknown> implements AsyncDisposable {
     const batch = this.#acknowledgements.splice(0);
     const claimedAt = this.#monotonicNow();
     const claimedAtWall = this.#now();
+    const max = this.#concurrency - this.#slots.size - this.#unstarted +
+      batch.length;
     let leases: Lease<P>[];
     try {
       const result = await this.#outbox.acknowledgeAndClaim!(
         batch.map(({ slot }) => slot.lease),
-        {
-          max: this.#concurrency - this.#slots.size - this.#unstarted +
-            batch.length,
-          ...this.#claimOptions(),
-        },
+        { max, ...this.#claimOptions() },
       );
       await this.#countAcknowledged(batch, result.acknowledged);
       leases = result.leases;
+      this.#drained = leases.length < max;
     } catch (error) {
       if (this.#noteClosed(error)) {
         this.#freeAcknowledged(batch);

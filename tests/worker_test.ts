@@ -520,6 +520,10 @@ Deno.test("without acknowledgeAndClaim, 64 events at concurrency 16 take four cl
   await f.time.advance(0, f.wall);
   assert.deepEqual(calls, [
     ...Array(4).fill(["claim 16", "claimed 16", "acknowledge 16"]).flat(),
+    // The first empty claim after work, then one after reading when the
+    // next event comes due.
+    "claim 16",
+    "claimed 0",
     "claim 16",
     "claimed 0",
   ]);
@@ -886,6 +890,49 @@ Deno.test("an enqueue in the same process wakes an idle processor at once", asyn
   assert.deepEqual(seen, [{ n: 1 }, { n: 2 }]);
 });
 
+/**
+ * Moves the wall clock `ms` forward just before the outbox's next read of
+ * when its next event comes due, once.
+ */
+function comeDueBeforeNextRead(f: Fixture, ms: number): void {
+  const original = f.outbox.nextDueInMs.bind(f.outbox);
+  let moved = false;
+  Object.defineProperty(f.outbox, "nextDueInMs", {
+    configurable: true,
+    value: (options?: { readonly queue?: string }) => {
+      if (!moved) f.wall.advance(ms);
+      moved = true;
+      return original(options);
+    },
+  });
+}
+
+Deno.test("an idle loop claims an event that comes due just before it reads when the next one comes due, not a poll interval later", async () => {
+  await using f = await fixture();
+  await f.outbox.enqueue({ n: 1 }, { delayMs: 50 });
+  comeDueBeforeNextRead(f, 50);
+  const seen: unknown[] = [];
+  await using _processor = processEvents(f.outbox, (lease) => {
+    seen.push(lease.payload);
+  }, f.options({ pollMinMs: 60_000, pollMaxMs: 60_000 }));
+  await f.time.advance(100);
+  assert.deepEqual(seen, [{ n: 1 }]);
+});
+
+Deno.test("a loop whose claim first comes back empty after work claims an event that comes due just before its next read, not a poll interval later", async () => {
+  await using f = await fixture();
+  await f.outbox.enqueue({ n: 1 });
+  await f.outbox.enqueue({ n: 2 }, { delayMs: 50 });
+  const seen: unknown[] = [];
+  await using _processor = processEvents(f.outbox, (lease) => {
+    // The loop's reads before this claim are done; the next follows the
+    // first claim that comes back empty.
+    if (seen.push(lease.payload) === 1) comeDueBeforeNextRead(f, 50);
+  }, f.options({ pollMinMs: 60_000, pollMaxMs: 60_000 }));
+  await f.time.advance(100);
+  assert.deepEqual(seen, [{ n: 1 }, { n: 2 }]);
+});
+
 Deno.test("an empty queue is polled with a doubling wait up to pollMaxMs", async () => {
   const driver = await openSqliteWasm(":memory:");
   const time = new ManualTimers();
@@ -914,15 +961,17 @@ Deno.test("an empty queue is polled with a doubling wait up to pollMaxMs", async
 Deno.test("a claim that throws is reported and the loop goes on", async () => {
   const driver = await openSqliteWasm(":memory:");
   let busy = 0;
+  // The claim reads its candidates; the idle loop's read of the next due
+  // time, before it, does not.
   const flaky: Driver = {
-    query: (sql, params) => driver.query(sql, params),
-    run: (sql, params) => {
-      if (sql === "BEGIN IMMEDIATE" && busy > 0) {
+    query: (sql, params) => {
+      if (sql === SQL.candidates && busy > 0) {
         busy--;
         return Promise.reject(new BusyError("database is locked"));
       }
-      return driver.run(sql, params);
+      return driver.query(sql, params);
     },
+    run: (sql, params) => driver.run(sql, params),
     exec: (sql) => driver.exec(sql),
     close: () => driver.close(),
   };
