@@ -658,10 +658,12 @@ export class Processor<P = unknown> implements AsyncDisposable {
     let idleMs = this.#pollMinMs;
     // Whether the last claim came back empty.
     let idle = true;
+    // Whether the last wait was ended by a wake rather than its timer.
+    let wokenByWait = false;
     while (!this.#stopping) {
       const free = this.#concurrency - this.#slots.size;
       if (free <= 0) {
-        await this.#wait(undefined);
+        wokenByWait = await this.#wait(undefined);
         continue;
       }
       // An idle loop reads when the next event comes due before it claims,
@@ -670,17 +672,20 @@ export class Processor<P = unknown> implements AsyncDisposable {
       // and the loop would sleep a whole poll interval past it. Read first,
       // each event is due at the claim or counted by the read. Woken (an
       // enqueue, a freed slot), it claims at once and reads only if that
-      // claim comes back empty.
-      const read = idle && !this.#woken;
-      const dueAt = read ? await this.#nextDueAt() : undefined;
+      // claim comes back empty. The wake is taken before the read, so one
+      // landing during it (a NOTIFY for an event the read missed) ends the
+      // next wait at once.
+      const read = idle && !wokenByWait && !this.#woken;
+      wokenByWait = false;
       this.#woken = false;
+      const dueAt = read ? await this.#nextDueAt() : undefined;
       let claimed: Claimed<P>;
       try {
         claimed = await this.#claim(!read);
       } catch (error) {
         if (this.#noteClosed(error)) break;
         this.#report(error);
-        await this.#wait(idleMs);
+        wokenByWait = await this.#wait(idleMs);
         idleMs = Math.min(idleMs * 2, this.#pollMaxMs);
         continue;
       }
@@ -699,7 +704,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       // An empty claim with no read before it (or none at all, skipped):
       // claim again after one.
       if (!read) continue;
-      await this.#wait(
+      wokenByWait = await this.#wait(
         dueAt === undefined
           ? idleMs
           : Math.min(idleMs, Math.max(1, dueAt - this.#monotonicNow())),
@@ -818,22 +823,26 @@ export class Processor<P = unknown> implements AsyncDisposable {
     }
   }
 
-  /** Waits for `delayMs` (forever when `undefined`) or until woken. */
-  #wait(delayMs: number | undefined): Promise<void> {
+  /**
+   * Waits for `delayMs` (forever when `undefined`) or until woken; true when
+   * a wake ended it.
+   */
+  #wait(delayMs: number | undefined): Promise<boolean> {
     if (this.#woken || this.#stopping) {
       this.#woken = false;
-      return Promise.resolve();
+      return Promise.resolve(true);
     }
     return new Promise((resolve) => {
       let timer: LongTimer | undefined;
-      this.#waiter = () => {
+      const end = (woken: boolean) => {
         clearLongTimeout(this.#timers, timer);
         this.#waiter = undefined;
         this.#woken = false;
-        resolve();
+        resolve(woken);
       };
+      this.#waiter = () => end(true);
       if (delayMs !== undefined) {
-        timer = setLongTimeout(this.#timers, () => this.#waiter?.(), delayMs);
+        timer = setLongTimeout(this.#timers, () => end(false), delayMs);
       }
     });
   }

@@ -891,20 +891,33 @@ Deno.test("an enqueue in the same process wakes an idle processor at once", asyn
 });
 
 /**
- * Moves the wall clock `ms` forward just before the outbox's next read of
- * when its next event comes due, once.
+ * Runs `before` just before the outbox's next read of when its next event
+ * comes due, and `after` once that read is done but before the loop has its
+ * answer (as a PostgreSQL NOTIFY can arrive before the read's COMMIT
+ * resolves); once.
  */
-function comeDueBeforeNextRead(f: Fixture, ms: number): void {
+function onNextRead(
+  f: Fixture,
+  hooks: { before?: () => void; after?: () => Promise<unknown> },
+): void {
   const original = f.outbox.nextDueInMs.bind(f.outbox);
-  let moved = false;
+  let done = false;
   Object.defineProperty(f.outbox, "nextDueInMs", {
     configurable: true,
-    value: (options?: { readonly queue?: string }) => {
-      if (!moved) f.wall.advance(ms);
-      moved = true;
-      return original(options);
+    value: async (options?: { readonly queue?: string }) => {
+      if (done) return await original(options);
+      done = true;
+      hooks.before?.();
+      const dueInMs = await original(options);
+      await hooks.after?.();
+      return dueInMs;
     },
   });
+}
+
+/** Moves the wall clock `ms` forward just before the next read, once. */
+function comeDueBeforeNextRead(f: Fixture, ms: number): void {
+  onNextRead(f, { before: () => f.wall.advance(ms) });
 }
 
 Deno.test("an idle loop claims an event that comes due just before it reads when the next one comes due, not a poll interval later", async () => {
@@ -932,6 +945,43 @@ Deno.test("a loop whose claim first comes back empty after work claims an event 
   await f.time.advance(100);
   assert.deepEqual(seen, [{ n: 1 }, { n: 2 }]);
 });
+
+Deno.test("a delayed enqueue whose wake lands while the idle loop reads when the next event comes due is claimed when due, not a poll interval later", async () => {
+  await using f = await fixture();
+  onNextRead(f, { after: () => f.outbox.enqueue({ n: 1 }, { delayMs: 50 }) });
+  const seen: unknown[] = [];
+  await using _processor = processEvents(f.outbox, (lease) => {
+    seen.push(lease.payload);
+  }, f.options({ pollMinMs: 60_000, pollMaxMs: 60_000 }));
+  await f.time.advance(100, f.wall);
+  assert.deepEqual(seen, [{ n: 1 }]);
+});
+
+for (const folding of [true, false]) {
+  const writes = folding ? 4 : 5;
+  Deno.test(`${folding ? "with" : "without"} acknowledgeAndClaim, an event enqueued while the loop idles costs ${writes} transactions besides its enqueue`, async () => {
+    const driver = counting(await openSqliteWasm(":memory:"));
+    await using f = await fixture(driver);
+    if (!folding) withoutFolding(f.outbox);
+    let handled = 0;
+    await using _processor = processEvents(f.outbox, () => {
+      handled++;
+    }, f.options({ pollMinMs: 60_000, pollMaxMs: 60_000 }));
+    await f.time.advance(0, f.wall);
+    const perEvent: number[] = [];
+    for (let n = 0; n < 3; n++) {
+      const before = driver.begins;
+      await f.outbox.enqueue({ n });
+      await f.time.advance(0, f.wall);
+      await settle();
+      // The woken loop claims without reading first; once the queue is
+      // empty again it reads when the next event comes due and claims once.
+      perEvent.push(driver.begins - before - 1);
+    }
+    assert.equal(handled, 3);
+    assert.deepEqual(perEvent, [writes, writes, writes]);
+  });
+}
 
 Deno.test("an empty queue is polled with a doubling wait up to pollMaxMs", async () => {
   const driver = await openSqliteWasm(":memory:");
@@ -1194,16 +1244,21 @@ Deno.test("processEvents() leases and renews for the outbox's leaseMs unless tol
   assert.equal(processor.counters.acknowledged, 1);
 });
 
-/** A driver that counts its statements, to see a loop go quiet. */
-function counting(driver: Driver): Driver & { calls: number } {
+/**
+ * A driver that counts its statements, to see a loop go quiet, and its
+ * transactions (BEGIN statements).
+ */
+function counting(driver: Driver): Driver & { calls: number; begins: number } {
   const counted = {
     calls: 0,
+    begins: 0,
     query: (sql: string, params?: readonly SqlValue[]) => {
       counted.calls++;
       return driver.query(sql, params);
     },
     run: (sql: string, params?: readonly SqlValue[]) => {
       counted.calls++;
+      if (sql.startsWith("BEGIN")) counted.begins++;
       return driver.run(sql, params);
     },
     exec: (sql: string) => driver.exec(sql),
