@@ -122,13 +122,13 @@ export const ADMIN_SQL = {
     FROM outbox_events
     WHERE state = ?1 AND (?2 IS NULL OR queue = ?2) AND id > ?3
     ORDER BY id LIMIT ?4`,
-  // Only a pending event: a leased one has a holder whose acknowledgement
-  // would be refused without telling it why.
+  // ?2 a JSON array of ids. Only a pending event: a leased one has a
+  // holder whose acknowledgement would be refused without telling it why.
   cancel: `UPDATE outbox_events
     SET state = 'dead', done_at = ?1, updated_at = ?1,
       last_error = '${CANCELLED}'
-    WHERE id = ?2 AND state = 'pending'
-    RETURNING fence`,
+    WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'pending'
+    RETURNING id, fence`,
   // ?2 NULL: every queue; ?3 NULL: every id, else a JSON array of ids.
   redrive: `UPDATE outbox_events
     SET state = 'pending', attempt = 0, due_at = ?1, updated_at = ?1,

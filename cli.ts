@@ -42,7 +42,13 @@ import { parseArgs } from "node:util";
 import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { BusyError, READONLY_ROLLBACK, SqliteError } from "./errors.ts";
-import { type Explanation, Outbox } from "./lease.ts";
+import {
+  type Explanation,
+  MAX_BATCH,
+  MAX_DURATION_MS,
+  Outbox,
+} from "./lease.ts";
+import { checkName } from "./validate.ts";
 import type { EventInfo, QueueCounts } from "./admin.ts";
 import { OutboxReader } from "./reader.ts";
 import { openNodeSqlite } from "./drivers/node_sqlite.ts";
@@ -50,7 +56,7 @@ import { openSqliteWasm } from "./deno/sqlite_wasm.ts";
 
 /** Where {@linkcode main} writes, and its clock; the process's by default. */
 export interface CliIo {
-  /** Writes one line of output. @default {console.log} */
+  /** Writes one line of output. @default {a write to stdout; a closed pipe ends the command with exit 0} */
   readonly stdout?: (line: string) => void;
   /** Writes one line of errors. @default {console.error} */
   readonly stderr?: (line: string) => void;
@@ -71,8 +77,10 @@ Commands:
   watch <db>                   live counts and rates until Ctrl-C
   redrive <db> [event...]      dead letters (these, or all of --queue, or all) back to pending
   retry <db> <event>...        the same, for the events named
-  cancel <db> <event>...       pending events to the dead letters ("cancelled"), undelivered
-  purge <db> --older-than <d>  delete done events and dead letters older than d
+  cancel <db> <event>...       pending events to the dead letters ("cancelled"), undelivered,
+                               in one transaction: all of them or none
+  purge <db> --older-than <d>  delete done events and dead letters older than d, 1,000 per
+                               transaction (run it again to finish one that failed)
 
 Options:
   --json                 machine-readable output (stats: one JSON object)
@@ -85,7 +93,8 @@ Options:
   --busy-timeout <d>     how long to wait for a writer's lock (default 5s)
   -h, --help             this text
 
-The database is a file path. Read-only commands open it read-only.`;
+The database is a file path (or a file: URI). Read-only commands open it read-only.
+Commands take at most ${MAX_BATCH} event ids.`;
 
 const OPTIONS = {
   json: { type: "boolean" },
@@ -110,6 +119,11 @@ const APPLIES_TO: Record<string, readonly string[]> = {
 };
 
 const RATE_WINDOW_MS = 60_000;
+// SQLITE_CANTOPEN.
+const CANTOPEN = 14;
+// Under the longest delay setTimeout keeps (2^31 - 1 ms): a longer one
+// fires at once.
+const MAX_INTERVAL_MS = 24 * 86_400_000;
 const UNITS: Record<string, number> = {
   ms: 1,
   s: 1_000,
@@ -168,8 +182,9 @@ export async function main(
   args: readonly string[],
   io: CliIo = {},
 ): Promise<number> {
-  const out = io.stdout ?? console.log;
+  const out = io.stdout ?? writeLine;
   const err = io.stderr ?? console.error;
+  let file: string | undefined;
   try {
     const { values, positionals } = parseCommandLine(args);
     if (values.help) {
@@ -177,6 +192,7 @@ export async function main(
       return 0;
     }
     const [command, database, ...rest] = positionals;
+    file = database;
     if (command === undefined) throw new UsageError("no command given");
     const run = COMMANDS[command];
     if (run === undefined) {
@@ -190,6 +206,9 @@ export async function main(
       if (commands !== undefined && !commands.includes(command)) {
         throw new UsageError(`--${option} does not apply to ${command}`);
       }
+    }
+    if (values.queue !== undefined) {
+      checkName("select a queue", "queue", values.queue);
     }
     if (/^postgres(ql)?:/i.test(database)) {
       err(
@@ -206,11 +225,15 @@ export async function main(
       now: io.now ?? Date.now,
       busyTimeoutMs: values["busy-timeout"] === undefined
         ? 5_000
-        : duration("--busy-timeout", values["busy-timeout"]),
+        : duration("--busy-timeout", values["busy-timeout"], {
+          max: MAX_DURATION_MS,
+        }),
       signal: io.signal,
     });
     return 0;
   } catch (error) {
+    // The reader of the output is gone (`watch | head`): stop quietly.
+    if (error instanceof Deno.errors.BrokenPipe) return 0;
     // The library's checks of an argument (an id, an identity) run before
     // any SQL, and say which argument is wrong.
     if (
@@ -220,7 +243,19 @@ export async function main(
       err(`outbox: ${error.message}\n\n${USAGE}`);
       return 2;
     }
-    err(`outbox: ${message(error)}`);
+    // SQLite's own message names no file; the opens add it (withPath), and
+    // this adds it to an error of the command's statements.
+    err(
+      `outbox: ${
+        error instanceof SqliteError && file !== undefined
+          ? `${file}: ${message(error)}${
+            (error.code & 0xff) === CANTOPEN
+              ? " (its journal, in the same directory, could not be created: is the directory writable?)"
+              : ""
+          }`
+          : message(error)
+      }`,
+    );
     return 1;
   }
 }
@@ -437,18 +472,23 @@ async function explain(context: Context): Promise<void> {
 }
 
 function describeEvent(event: Explanation): string {
-  return `event ${event.eventId} (${event.identity}) in queue ${event.queue}: ${event.state}, attempt ${event.attempt}/${event.maxAttempts}, fence ${event.fence}${
-    event.lastError === null
-      ? ""
-      : `, last error ${JSON.stringify(event.lastError)}`
-  }`;
+  return printable(
+    `event ${event.eventId} (${event.identity}) in queue ${event.queue}: ${event.state}, attempt ${event.attempt}/${event.maxAttempts}, fence ${event.fence}${
+      event.lastError === null
+        ? ""
+        : `, last error ${JSON.stringify(event.lastError)}`
+    }`,
+  );
 }
 
 async function watch(context: Context): Promise<void> {
   noArguments(context, "watch");
   const intervalMs = context.options.interval === undefined
     ? 2_000
-    : duration("--interval", context.options.interval);
+    : duration("--interval", context.options.interval, {
+      min: 1,
+      max: MAX_INTERVAL_MS,
+    });
   const controller = new AbortController();
   const signal = context.signal ?? controller.signal;
   const interrupt = () => controller.abort();
@@ -520,8 +560,7 @@ async function retry(context: Context): Promise<void> {
 async function cancel(context: Context): Promise<void> {
   const ids = someIds(context, "cancel");
   await using outbox = await openOutbox(context);
-  const cancelled: number[] = [];
-  for (const id of ids) if (await outbox.cancel(id)) cancelled.push(id);
+  const cancelled = await outbox.cancel(ids);
   report(
     context,
     { cancelled },
@@ -550,6 +589,13 @@ async function purge(context: Context): Promise<void> {
   const purged = await outbox.purge({
     olderThanMs,
     states: states as ("done" | "dead")[],
+  }).catch((error) => {
+    throw new Error(
+      `purge stopped: ${
+        message(error)
+      }; batches deleted before stay deleted, and running it again finishes`,
+      { cause: error },
+    );
   });
   report(
     context,
@@ -660,9 +706,16 @@ async function withPath<T>(context: Context, fn: () => Promise<T>): Promise<T> {
 function fileUrl(path: string): URL {
   // `deno task` runs in the project's directory; INIT_CWD is where the
   // user typed the command, which a relative path is relative to.
-  return path.startsWith("file:")
-    ? new URL(path)
-    : pathToFileURL(resolve(Deno.env.get("INIT_CWD") ?? Deno.cwd(), path));
+  const cwd = Deno.env.get("INIT_CWD") ?? Deno.cwd();
+  if (!path.startsWith("file:")) return pathToFileURL(resolve(cwd, path));
+  // `file:o.db` is relative, as SQLite reads a URI filename without `//`
+  // or `/`; the URL parser would put it at the root.
+  const relative = /^file:([^/?#][^?#]*)(.*)$/.exec(path);
+  if (relative === null) return new URL(path);
+  const url = pathToFileURL(
+    resolve(cwd, decodeURIComponent(relative[1]!)),
+  );
+  return new URL(relative[2]!, url);
 }
 
 function noArguments(context: Context, command: string): void {
@@ -679,6 +732,11 @@ function someIds(context: Context, command: string): number[] {
   if (context.rest.length === 0) {
     throw new UsageError(`${command} needs an event id`);
   }
+  if (context.rest.length > MAX_BATCH) {
+    throw new UsageError(
+      `${command} takes at most ${MAX_BATCH} event ids: got ${context.rest.length}`,
+    );
+  }
   return context.rest.map((id) => count("event id", id, 1));
 }
 
@@ -694,8 +752,15 @@ function count(name: string, text: string, min: number): number {
   return n;
 }
 
-/** `500ms`, `30s`, `15m`, `12h`, `7d`, or several together (`1h30m`), in milliseconds. */
-function duration(name: string, text: string): number {
+/**
+ * `500ms`, `30s`, `15m`, `12h`, `7d`, or several together (`1h30m`), in
+ * milliseconds, from `min` to `max`.
+ */
+function duration(
+  name: string,
+  text: string,
+  { min = 0, max = Number.MAX_SAFE_INTEGER } = {},
+): number {
   const parts = [...text.matchAll(/(\d+)(ms|s|m|h|d)/g)];
   if (parts.length === 0 || parts.map((p) => p[0]).join("") !== text) {
     throw new UsageError(
@@ -708,10 +773,25 @@ function duration(name: string, text: string): number {
     (sum, [, n, unit]) => sum + Number(n) * UNITS[unit!]!,
     0,
   );
-  if (!Number.isSafeInteger(ms)) {
-    throw new UsageError(`${name} is too long: ${text}`);
+  if (!Number.isSafeInteger(ms) || ms > max) {
+    throw new UsageError(
+      `${name} must be at most ${spelled(max)}: got ${JSON.stringify(text)}`,
+    );
+  }
+  if (ms < min) {
+    throw new UsageError(
+      `${name} must be at least ${spelled(min)}: got ${JSON.stringify(text)}`,
+    );
   }
   return ms;
+}
+
+/** A duration as {@linkcode duration} reads it, in its largest exact unit. */
+function spelled(ms: number): string {
+  const [unit, size] = Object.entries(UNITS).findLast(([, size]) =>
+    ms % size === 0
+  )!;
+  return `${ms / size}${unit}`;
 }
 
 /** A duration for people: `850 ms`, `4.2 s`, `3.5 min`, `2.1 h`, `3.0 d`. */
@@ -732,6 +812,21 @@ function clip(text: string, length: number): string {
   return line.length <= length ? line : `${line.slice(0, length - 1)}…`;
 }
 
+/**
+ * `text` with the characters a terminal acts on rather than shows (C0 and
+ * C1 controls, DEL, bidirectional overrides) written as `\u` escapes: a
+ * queue name or an error text stored by any producer must not move the
+ * cursor, recolour the screen or reorder what an operator reads.
+ */
+function printable(text: string): string {
+  return text.replaceAll(
+    // Matching control characters is the point.
+    // deno-lint-ignore no-control-regex
+    /[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]/g,
+    (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`,
+  );
+}
+
 /** Padded columns; `right` lists the columns aligned right (numbers). */
 function table(
   context: Context,
@@ -739,7 +834,10 @@ function table(
   rows: readonly (readonly (string | number)[])[],
   right: readonly number[],
 ): string {
-  const cells = [header, ...rows.map((row) => row.map(String))];
+  const cells = [
+    header,
+    ...rows.map((row) => row.map((cell) => printable(String(cell)))),
+  ];
   const widths = header.map((_, i) =>
     Math.max(...cells.map((row) => row[i]!.length))
   );
@@ -750,6 +848,19 @@ function table(
   );
   if (context.color) lines[0] = `\x1b[1m${lines[0]}\x1b[22m`;
   return lines.join("\n");
+}
+
+const encoder = new TextEncoder();
+
+/**
+ * Writes a line to stdout; unlike `console.log`, throws
+ * `Deno.errors.BrokenPipe` once the reader is gone, which ends the command.
+ */
+function writeLine(line: string): void {
+  const bytes = encoder.encode(`${line}\n`);
+  for (let written = 0; written < bytes.length;) {
+    written += Deno.stdout.writeSync(bytes.subarray(written));
+  }
 }
 
 function colorByDefault(): boolean {

@@ -199,12 +199,13 @@ export class SchemaVersionError extends Error {
    *
    * @param version The database's outbox schema version.
    * @param supported The version this release applies.
+   * @param op What was being done, for the message. @default {"open outbox"}
    */
-  constructor(version: number, supported: number) {
+  constructor(version: number, supported: number, op = "open outbox") {
     super(
       version > supported
-        ? `Cannot open outbox as the database has outbox schema version ${version}, newer than this release's ${supported}: run a release that knows version ${version}`
-        : `Cannot open outbox as the database has outbox schema version ${version}, which no upgrade to version ${supported} starts from`,
+        ? `Cannot ${op} as the database has outbox schema version ${version}, newer than this release's ${supported}: run a release that knows version ${version}`
+        : `Cannot ${op} as the database has outbox schema version ${version}, which no upgrade to version ${supported} starts from`,
     );
     this.name = "SchemaVersionError";
     this.version = version;

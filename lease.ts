@@ -1304,23 +1304,70 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * assert.equal((await outbox.claim())?.eventId, eventId);
    * ```
    */
-  async cancel(eventId: number): Promise<boolean> {
+  cancel(eventId: number): Promise<boolean>;
+  /**
+   * Cancels the pending events among `eventIds` in one transaction, as
+   * pg-boss's `cancel()` takes an array: all of them or, when it throws,
+   * none. The others named (leased, finished, unknown) are left alone.
+   *
+   * @param eventIds At most 10,000 event ids.
+   * @returns The ids cancelled, ascending.
+   * @throws {TypeError | RangeError} When an id or the array is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Cancel several events at once
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * const a = await outbox.enqueue({ n: 1 });
+   * const b = await outbox.enqueue({ n: 2 });
+   * assert.deepEqual(await outbox.cancel([b.eventId, a.eventId, 99]), [
+   *   a.eventId,
+   *   b.eventId,
+   * ]);
+   * ```
+   */
+  cancel(eventIds: readonly number[]): Promise<number[]>;
+  async cancel(
+    eventIds: number | readonly number[],
+  ): Promise<boolean | number[]> {
     const op = "cancel";
-    const id = checkEventId(op, eventId);
-    return await this.#write(op, async (now) => {
-      const [row] = await this.#driver.query(this.#sql.cancel, [now, id]);
-      if (row === undefined) return false;
-      await this.#ledger(
-        id,
-        integerOf(row, "fence"),
-        "dead",
-        now,
-        null,
-        null,
-        CANCELLED,
+    const many = Array.isArray(eventIds);
+    if (many && eventIds.length > MAX_BATCH) {
+      throw new TypeError(
+        `Cannot ${op} as 'eventIds' must be an array of at most ${MAX_BATCH} event ids: current value has ${eventIds.length}`,
       );
-      return true;
+    }
+    const ids = JSON.stringify(
+      many
+        ? Array.from(
+          eventIds,
+          (id, i) => checkEventId(op, id, `eventIds[${i}]`),
+        )
+        : [checkEventId(op, eventIds as number)],
+    );
+    const cancelled = await this.#write(op, async (now) => {
+      const rows = await this.#driver.query(this.#sql.cancel, [now, ids]);
+      const events = rows.map((row) =>
+        [integerOf(row, "id"), integerOf(row, "fence")] as const
+      ).sort(([a], [b]) => a - b);
+      await this.#ledgerAll(
+        events.map(([id, fence]): LedgerRow => [
+          id,
+          fence,
+          "dead",
+          null,
+          null,
+          CANCELLED,
+        ]),
+        now,
+      );
+      return events.map(([id]) => id);
     });
+    return many ? cancelled : cancelled.length > 0;
   }
 
   /**

@@ -19,7 +19,7 @@ import {
 } from "./admin.ts";
 import type { Driver } from "./driver.ts";
 import { integerOf, untilNotBusy } from "./driver.ts";
-import { BusyError } from "./errors.ts";
+import { BusyError, SchemaVersionError } from "./errors.ts";
 import {
   decodePayload,
   type Explanation,
@@ -98,7 +98,8 @@ export class OutboxReader implements AsyncDisposable {
    * @param options See {@linkcode OutboxReaderOptions}.
    * @returns The reader.
    * @throws {TypeError | RangeError} When an option is invalid, naming it.
-   * @throws {Error} When the database has no outbox, or another schema version.
+   * @throws {SchemaVersionError} When the database's schema is newer than this release's.
+   * @throws {Error} When the database has no outbox, or an older schema version.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   static async open(
@@ -134,6 +135,9 @@ export class OutboxReader implements AsyncDisposable {
         const version = row?.["version"] == null
           ? 0
           : integerOf(row, "version");
+        if (version > SCHEMA_VERSION) {
+          throw new SchemaVersionError(version, SCHEMA_VERSION, op);
+        }
         if (version !== SCHEMA_VERSION) {
           throw new Error(
             `Cannot ${op} as the database has outbox schema version ${version}, not ${SCHEMA_VERSION}: Outbox.open upgrades an older one`,

@@ -507,8 +507,8 @@ export const POSTGRES = {
   cancel: `UPDATE outbox_events
     SET state = 'dead', done_at = $1, updated_at = $1,
       last_error = '${CANCELLED}'
-    WHERE id = $2 AND state = 'pending'
-    RETURNING fence`,
+    WHERE id IN (${IDS}($2::jsonb)) AND state = 'pending'
+    RETURNING id, fence`,
   redrive: `UPDATE outbox_events
     SET state = 'pending', attempt = 0, due_at = $1, updated_at = $1,
       done_at = NULL

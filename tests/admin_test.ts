@@ -90,6 +90,33 @@ for (const driver of DRIVERS) {
     assert.equal((await a!.claim())?.eventId, eventId);
   });
 
+  test("cancel() of many ids cancels the pending ones among them in one transaction and returns their ids ascending, with a ledger entry each", async ({ clock, open }) => {
+    const [a] = await open();
+    const ids: number[] = [];
+    for (const n of [1, 2, 3, 4]) ids.push((await a!.enqueue({ n })).eventId);
+    const lease = await a!.claim();
+    assert.equal(lease?.eventId, ids[0]);
+    clock.set(7);
+    assert.deepEqual(
+      await a!.cancel([ids[3]!, ids[0]!, ids[2]!, ids[3]!, 99]),
+      [ids[2], ids[3]],
+    );
+    assert.deepEqual(await a!.cancel([ids[2]!]), []);
+    assert.deepEqual(await a!.cancel([]), []);
+    assert.deepEqual(
+      (await a!.list({ state: "dead" })).map((e) => [e.id, e.lastError]),
+      [[ids[2], "cancelled"], [ids[3], "cancelled"]],
+    );
+    for (const id of [ids[2]!, ids[3]!]) {
+      assert.deepEqual(
+        (await a!.explain(id))!.history.map((e) => [e.kind, e.at, e.detail]),
+        [["dead", 7, "cancelled"]],
+      );
+    }
+    assert.equal((await a!.explain(ids[1]!))?.state, "pending");
+    assert.equal(await a!.acknowledge(lease!), true);
+  });
+
   test("redrive() brings back dead letters by queue or by id with their attempts reset, and counts them", async ({ clock, open }) => {
     const [a] = await open({ maxAttempts: 1 });
     for (const queue of ["mail", "mail", "sms"]) {
@@ -199,6 +226,12 @@ for (const driver of DRIVERS) {
     await rejects(() => a!.cancel(undefined as never), "TypeError", "eventId");
     await rejects(() => a!.cancel(0), "RangeError", "eventId");
     await rejects(() => a!.cancel("1" as never), "TypeError", "eventId");
+    await rejects(() => a!.cancel([1, 0]), "RangeError", "eventIds[1]");
+    await rejects(
+      () => a!.cancel(Array(10_001).fill(1)),
+      "TypeError",
+      "eventIds",
+    );
     await rejects(() => a!.redrive({ ids: "1" as never }), "TypeError", "ids");
     await rejects(() => a!.redrive({ ids: [1, 1.5] }), "RangeError", "ids[1]");
     await rejects(

@@ -271,9 +271,9 @@ Deno.test("explain prints an event's timeline, by id or by identity, as text and
   assert.equal(lines.length, 7);
 });
 
-Deno.test("watch prints the counts at every refresh until SIGINT, then exits 0", async () => {
-  const { path } = await liveRun();
-  const process = new Deno.Command(Deno.execPath(), {
+/** Starts `watch` on `path`, refreshing every 50 ms, its output piped. */
+function watch50ms(path: string): Deno.ChildProcess {
+  return new Deno.Command(Deno.execPath(), {
     args: [
       "run",
       "-A",
@@ -287,6 +287,11 @@ Deno.test("watch prints the counts at every refresh until SIGINT, then exits 0",
     stdout: "piped",
     stderr: "piped",
   }).spawn();
+}
+
+Deno.test("watch prints the counts at every refresh until SIGINT, then exits 0", async () => {
+  const { path } = await liveRun();
+  const process = watch50ms(path);
   const lines: string[] = [];
   const reader = process.stdout.pipeThrough(new TextDecoderStream())
     .getReader();
@@ -364,6 +369,117 @@ Deno.test("cancel makes pending events dead letters marked cancelled, and leaves
   assert.equal(explained["lastError"], "cancelled");
   const stats = await json("stats", path) as unknown as Summary;
   assert.deepEqual([stats.pending, stats.done, stats.dead], [0, 76, 4]);
+});
+
+Deno.test("cancel changes all the events named or, when it fails midway, none", async () => {
+  const path = await copyOfRun();
+  await json("redrive", path);
+  const pending = (await json("list", path, "pending"))["events"] as {
+    id: number;
+  }[];
+  assert.equal(pending.length, 4);
+  const ids = pending.map((e) => e.id);
+  {
+    // The ledger entry of the last one fails, after the others' rows changed.
+    await using db = await openSqliteWasm(path);
+    await db.exec(
+      `CREATE TRIGGER refuse BEFORE INSERT ON outbox_attempts WHEN NEW.event_id = ${
+        ids[3]
+      } AND NEW.detail = 'cancelled' BEGIN SELECT RAISE(ABORT, 'refused by a trigger'); END`,
+    );
+  }
+  const failed = await cli("cancel", path, ...ids.map(String));
+  assert.equal(failed.code, 1);
+  assert.equal(failed.stdout, "");
+  assert.match(failed.stderr, /refused by a trigger/);
+  const stats = await json("stats", path) as unknown as Summary;
+  assert.deepEqual([stats.pending, stats.dead], [4, 0]);
+});
+
+Deno.test("list, explain and stats show the control characters of stored text as escapes, never raw", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const path = join(dir, "escapes.db");
+    const queue = "q\x1b]0;owned\x07";
+    {
+      await using outbox = await Outbox.open(await openSqliteWasm(path), {
+        maxAttempts: 1,
+      });
+      await outbox.enqueue({ n: 1 }, { queue });
+      const lease = await outbox.claim({ queue });
+      await outbox.release(lease!, {
+        error: "\x1b[2J\x1b[31mred\x9b1m \u202eevil\x7f",
+      });
+    }
+    const outputs = [
+      await cli("list", path, "dead"),
+      await cli("explain", path, "1"),
+      await cli("stats", path),
+    ];
+    for (const { code, stdout, stderr } of outputs) {
+      assert.equal(code, 0, stderr);
+      // deno-lint-ignore no-control-regex
+      assert.doesNotMatch(stdout, /[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]/);
+      assert.match(stdout, /q\\u001b\]0;owned\\u0007/);
+    }
+    assert.match(
+      outputs[0]!.stdout,
+      /\\u001b\[2J\\u001b\[31mred\\u009b1m \\u202eevil\\u007f/,
+    );
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("watch whose reader goes away (watch | head -1) exits 0 at its next refresh", async () => {
+  const { path } = await liveRun();
+  const process = watch50ms(path);
+  const reader = process.stdout.getReader();
+  assert.ok((await reader.read()).value!.length > 0);
+  await reader.cancel();
+  const { code } = await process.status;
+  assert.equal(code, 0);
+  assert.equal(
+    decoder.decode((await process.stderr.getReader().read()).value),
+    "",
+  );
+});
+
+Deno.test("a file: URI without a slash is relative to the working directory, as SQLite reads it", async () => {
+  const { dir, path } = await liveRun();
+  const name = path.slice(dir.length + 1);
+  const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      join(root, "cli.ts"),
+      "stats",
+      `file:${name}`,
+      "--json",
+    ],
+    cwd: dir,
+    // `deno task` sets INIT_CWD, which the CLI prefers to its cwd.
+    env: { INIT_CWD: dir },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  assert.equal(code, 0, decoder.decode(stderr));
+  assert.equal(JSON.parse(decoder.decode(stdout)).done, 76);
+});
+
+Deno.test("a write command that cannot create the journal beside the database names the file and says why", async () => {
+  // A name whose journal's name ("-journal" added) is longer than a file
+  // name may be: SQLITE_CANTOPEN, as in a directory the user cannot write.
+  const { dir } = await liveRun();
+  const path = join(dir, `${"j".repeat(250)}.db`);
+  await Deno.copyFile(await copyOfRun(), path);
+  const { code, stdout, stderr } = await cli("redrive", path);
+  assert.equal(code, 1);
+  assert.equal(stdout, "");
+  assert.equal(
+    stderr,
+    `outbox: ${path}: unable to open database file (its journal, in the same directory, could not be created: is the directory writable?)\n`,
+  );
 });
 
 Deno.test("purge --older-than deletes done events and dead letters older than the age, or only the states given", async () => {
@@ -483,6 +599,30 @@ Deno.test("usage errors exit 2 with the reason and the usage on stderr", async (
       '--older-than must be a duration like 500ms, 30s, 15m, 12h, 7d or 1h30m: got "7 days"',
     ],
     [["stats", path, "--colour"], "Unknown option '--colour'"],
+    [
+      ["watch", path, "--interval", "0ms"],
+      '--interval must be at least 1ms: got "0ms"',
+    ],
+    [
+      ["watch", path, "--interval", "25d"],
+      '--interval must be at most 24d: got "25d"',
+    ],
+    [
+      ["stats", path, "--busy-timeout", "400d"],
+      '--busy-timeout must be at most 365d: got "400d"',
+    ],
+    [
+      ["stats", path, "--queue", ""],
+      "Cannot select a queue as 'queue' must be a string of 1 to 1024 characters",
+    ],
+    [
+      ["watch", path, "--queue", ""],
+      "Cannot select a queue as 'queue' must be a string of 1 to 1024 characters",
+    ],
+    [
+      ["cancel", path, ...Array.from({ length: 10_001 }, (_, i) => `${i + 1}`)],
+      "cancel takes at most 10000 event ids: got 10001",
+    ],
   ];
   for (const [args, reason] of cases) {
     const { code, stdout, stderr } = await cli(...args);

@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { Outbox } from "../lease.ts";
 import { OutboxReader } from "../reader.ts";
+import { SchemaVersionError } from "../errors.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { ManualClock } from "./helpers.ts";
 
@@ -116,6 +117,23 @@ Deno.test("OutboxReader refuses a database without an outbox, or with another sc
   await assert.rejects(
     async () => await OutboxReader.open(await openSqliteWasm(path)),
     /has outbox schema version 2, not \d: Outbox.open upgrades an older one$/,
+  );
+  // A newer file is no older one to upgrade: a newer release reads it.
+  {
+    await using db = await openSqliteWasm(path);
+    await db.exec("INSERT INTO outbox_schema VALUES (99, 0)");
+  }
+  await assert.rejects(
+    async () => await OutboxReader.open(await openSqliteWasm(path)),
+    (error) => {
+      assert.ok(error instanceof SchemaVersionError);
+      assert.equal(error.version, 99);
+      assert.equal(
+        error.message,
+        `Cannot open outbox reader as the database has outbox schema version 99, newer than this release's ${error.supported}: run a release that knows version 99`,
+      );
+      return true;
+    },
   );
   await Deno.remove(dir, { recursive: true });
 });
