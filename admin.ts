@@ -115,6 +115,10 @@ export const PURGE_BATCH = 1_000;
 
 /** The admin statements, exported for the query-plan tests only. */
 export const ADMIN_SQL = {
+  // Acknowledgements per queue since ?1; the retention index
+  // (outbox_events_done) serves it.
+  acknowledgedSince: `SELECT queue, count(*) AS n FROM outbox_events
+    WHERE state = 'done' AND done_at >= ?1 GROUP BY queue`,
   // ?2 NULL: every queue. Paged by id, the primary key.
   list:
     `SELECT id, identity, queue, state, attempt, max_attempts, due_at, lease_until,

@@ -3,14 +3,19 @@
  * workers. `deno task outbox <command> <database> [argument] [options]`, or
  * `deno run -A jsr:@leased/outbox/cli …` once published.
  *
- * Read-only commands (`stats`, `list`, `explain`, `watch`) open the file
- * read-only (`?mode=ro`) through {@linkcode OutboxReader}: they never write,
- * never create or upgrade the schema, and wait on a writer's lock for
- * `--busy-timeout`. The others open it read-write through
- * {@linkcode Outbox} after the same check. A file in WAL mode (as
+ * The database is a SQLite file or a PostgreSQL URL
+ * (`postgres://user:password@host/database`, with `--schema` for an outbox
+ * outside `public`). Read-only commands (`stats`, `list`, `explain`,
+ * `watch`) open it read-only (a file with `?mode=ro`) through
+ * {@linkcode OutboxReader}: they never write, never create or upgrade the
+ * schema, and wait on a writer's lock for `--busy-timeout`. The others open
+ * it read-write through {@linkcode Outbox} after the same check, so neither
+ * creates an outbox where there is none. A file in WAL mode (as
  * `openNodeSqlite` leaves it by default) opens through `node:sqlite`, which
  * shares its WAL index with the WASM VFS's connections and, unlike them,
- * reads it read-only too and on any CPU.
+ * reads it read-only too and on any CPU. A PostgreSQL outbox is judged by
+ * the server's clock, as `openPostgres` judges it; a URL's password never
+ * appears in the output.
  *
  * Exit codes: 0 done, 1 a runtime error (no such file, not an outbox, lock
  * held too long), 2 a usage error (with the usage on stderr).
@@ -41,7 +46,12 @@
 import { parseArgs } from "node:util";
 import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
-import { BusyError, READONLY_ROLLBACK, SqliteError } from "./errors.ts";
+import {
+  BusyError,
+  PostgresError,
+  READONLY_ROLLBACK,
+  SqliteError,
+} from "./errors.ts";
 import {
   type Explanation,
   MAX_BATCH,
@@ -53,6 +63,7 @@ import type { EventInfo, QueueCounts } from "./admin.ts";
 import { OutboxReader } from "./reader.ts";
 import { openNodeSqlite } from "./drivers/node_sqlite.ts";
 import { openSqliteWasm } from "./deno/sqlite_wasm.ts";
+import { connectPostgres, openPostgres } from "./drivers/postgres.ts";
 
 /** Where {@linkcode main} writes, and its clock; the process's by default. */
 export interface CliIo {
@@ -91,9 +102,12 @@ Options:
   --state <s,...>        purge: states to delete (done, dead; default both)
   --interval <d>         watch: refresh period (default 2s)
   --busy-timeout <d>     how long to wait for a writer's lock (default 5s)
+  --schema <name>        PostgreSQL: the schema the outbox is in (default public)
   -h, --help             this text
 
-The database is a file path (or a file: URI). Read-only commands open it read-only.
+The database is a file path (or a file: URI), or a PostgreSQL URL
+(postgres://user:password@host:port/database). Read-only commands open it
+read-only; no command creates an outbox.
 Commands take at most ${MAX_BATCH} event ids.`;
 
 const OPTIONS = {
@@ -105,6 +119,7 @@ const OPTIONS = {
   state: { type: "string", multiple: true },
   interval: { type: "string" },
   "busy-timeout": { type: "string" },
+  schema: { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -118,6 +133,8 @@ const APPLIES_TO: Record<string, readonly string[]> = {
   interval: ["watch"],
 };
 
+// As the driver reads a URL: a PostgreSQL one, or else a file.
+const POSTGRES_URL = /^postgres(ql)?:\/\//i;
 const RATE_WINDOW_MS = 60_000;
 // SQLITE_CANTOPEN.
 const CANTOPEN = 14;
@@ -146,11 +163,14 @@ type Options = {
   state?: string[];
   interval?: string;
   "busy-timeout"?: string;
+  schema?: string;
   help?: boolean;
 };
 
 interface Context {
+  /** As given: a file path, a `file:` URI or a PostgreSQL URL. */
   readonly database: string;
+  readonly postgres: boolean;
   readonly rest: string[];
   readonly options: Options;
   readonly out: (line: string) => void;
@@ -210,14 +230,13 @@ export async function main(
     if (values.queue !== undefined) {
       checkName("select a queue", "queue", values.queue);
     }
-    if (/^postgres(ql)?:/i.test(database)) {
-      err(
-        "outbox: PostgreSQL databases are not supported yet: pass a SQLite file path",
-      );
-      return 1;
+    const postgres = POSTGRES_URL.test(database);
+    if (values.schema !== undefined && !postgres) {
+      throw new UsageError("--schema applies to a PostgreSQL database only");
     }
     await run({
       database,
+      postgres,
       rest,
       options: values,
       out,
@@ -247,9 +266,10 @@ export async function main(
     // this adds it to an error of the command's statements.
     err(
       `outbox: ${
-        error instanceof SqliteError && file !== undefined
-          ? `${file}: ${message(error)}${
-            (error.code & 0xff) === CANTOPEN
+        (error instanceof SqliteError || error instanceof PostgresError) &&
+          file !== undefined
+          ? `${shown(file)}: ${message(error)}${
+            error instanceof SqliteError && (error.code & 0xff) === CANTOPEN
               ? " (its journal, in the same directory, could not be created: is the directory writable?)"
               : ""
           }`
@@ -609,9 +629,18 @@ function report(context: Context, json: object, text: string): void {
 }
 
 async function openReader(context: Context): Promise<OutboxReader> {
-  const url = fileUrl(context.database);
-  url.searchParams.set("mode", "ro");
-  const driver = await open(context, url);
+  let driver;
+  if (context.postgres) {
+    driver = await withPath(context, () =>
+      connectPostgres(context.database, {
+        ...postgresOptions(context),
+        lockTimeoutMs: Math.max(context.busyTimeoutMs, 1),
+      }));
+  } else {
+    const url = fileUrl(context.database);
+    url.searchParams.set("mode", "ro");
+    driver = await open(context, url);
+  }
   return await withPath(
     context,
     () => OutboxReader.open(driver, { busyTimeoutMs: context.busyTimeoutMs }),
@@ -619,6 +648,15 @@ async function openReader(context: Context): Promise<OutboxReader> {
 }
 
 async function openOutbox(context: Context): Promise<Outbox> {
+  if (context.postgres) {
+    // Checked first, as a file is: openPostgres creates what is missing.
+    await (await openReader(context)).close();
+    return await withPath(context, () =>
+      openPostgres(context.database, {
+        ...postgresOptions(context),
+        busyTimeoutMs: context.busyTimeoutMs,
+      }));
+  }
   const url = fileUrl(context.database);
   url.searchParams.set("mode", "rw");
   // Checked read-only first: Outbox.open would create the schema in any
@@ -647,6 +685,16 @@ async function openOutbox(context: Context): Promise<Outbox> {
     context,
     () => Outbox.open(driver, { busyTimeoutMs: context.busyTimeoutMs }),
   );
+}
+
+function postgresOptions(context: Context) {
+  return {
+    ...(context.options.schema === undefined
+      ? {}
+      : { schema: context.options.schema }),
+    applicationName: "leased-outbox cli",
+    listen: false,
+  };
 }
 
 async function open(context: Context, url: URL) {
@@ -690,6 +738,8 @@ async function withPath<T>(context: Context, fn: () => Promise<T>): Promise<T> {
   try {
     return await fn();
   } catch (error) {
+    // An option the driver refuses (--schema) is a usage error.
+    if (error instanceof TypeError) throw error;
     const why = error instanceof BusyError
       ? `locked by another connection for longer than --busy-timeout (${context.busyTimeoutMs} ms)`
       : error instanceof SqliteError && /not a database/.test(error.message)
@@ -697,10 +747,17 @@ async function withPath<T>(context: Context, fn: () => Promise<T>): Promise<T> {
       : /no outbox/.test(message(error))
       ? "not an outbox database (no outbox tables)"
       : message(error);
-    throw new Error(`cannot open ${context.database}: ${why}`, {
+    throw new Error(`cannot open ${shown(context.database)}: ${why}`, {
       cause: error,
     });
   }
+}
+
+/** The database as the output names it: a URL's password masked. */
+function shown(database: string): string {
+  return database
+    .replace(/^(postgres(?:ql)?:\/\/[^:@/]*:)[^@]*@/i, "$1***@")
+    .replace(/([?&]password=)[^&#]*/gi, "$1***");
 }
 
 function fileUrl(path: string): URL {

@@ -106,7 +106,11 @@ export type StatementName =
   | "nextDue"
   | "joinSavepoint"
   | "releaseJoin"
-  | "rollbackJoin";
+  | "rollbackJoin"
+  | "readBegin"
+  | "outboxPresent"
+  | "schemaVersion"
+  | "acknowledgedSince";
 
 /**
  * How the core's statements are spelled on one engine: SQL text only, no
@@ -198,8 +202,6 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
   readonly setup?: string;
   /** Answers `present`: whether the schema's version table exists. */
   readonly schemaPresent?: string;
-  /** Answers `version`: the schema version the database holds. */
-  readonly schemaVersion?: string;
   /** The schema version `setup` creates. */
   readonly version?: number;
 }

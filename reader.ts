@@ -3,14 +3,15 @@
  * events, one event's ledger, the acknowledgement rate. Unlike
  * {@linkcode Outbox}, whose every call takes the write lock (and turns lapsed
  * last-attempt leases into dead letters first), an {@linkcode OutboxReader}
- * only reads, in deferred transactions, so it works on a read-only
- * connection (`file:outbox.db?mode=ro`) beside live workers and never
- * creates or upgrades the schema.
+ * only reads, so it never creates or upgrades the schema. On SQLite it reads
+ * in deferred transactions, so it works on a read-only connection
+ * (`file:outbox.db?mode=ro`) beside live workers; on PostgreSQL (a driver
+ * from `connectPostgres`) in `READ ONLY` repeatable-read transactions,
+ * which take no row lock.
  *
  * @module
  */
 import {
-  ADMIN_SQL,
   type EventInfo,
   eventInfo,
   type ListOptions,
@@ -22,13 +23,14 @@ import { integerOf, untilNotBusy } from "./driver.ts";
 import { BusyError, SchemaVersionError } from "./errors.ts";
 import {
   decodePayload,
+  type Dialect,
   type Explanation,
   explanation,
   listParameters,
   MAX_DURATION_MS,
 } from "./lease.ts";
 import { checkIdentity, checkInteger, checkOptions } from "./validate.ts";
-import { SQL } from "./dialects/sqlite.ts";
+import { SQLITE } from "./dialects/sqlite.ts";
 import { SCHEMA_VERSION } from "./schema.ts";
 
 /** Options of {@linkcode OutboxReader.open}. */
@@ -41,13 +43,6 @@ export interface OutboxReaderOptions {
    */
   readonly busyTimeoutMs?: number;
 }
-
-const READ = {
-  begin: "BEGIN",
-  // The retention index (outbox_events_done) serves it.
-  acknowledgedSince: `SELECT queue, count(*) AS n FROM outbox_events
-    WHERE state = 'done' AND done_at >= ? GROUP BY queue`,
-} as const;
 
 /**
  * Read-only access to an outbox database, for tools that watch a live queue.
@@ -78,6 +73,7 @@ const READ = {
  */
 export class OutboxReader implements AsyncDisposable {
   readonly #driver: Driver;
+  readonly #sql: Dialect;
   readonly #busyTimeoutMs: number;
   // One transaction at a time on the connection; reads inside snapshot()
   // join its transaction.
@@ -86,6 +82,7 @@ export class OutboxReader implements AsyncDisposable {
 
   private constructor(driver: Driver, busyTimeoutMs: number) {
     this.#driver = driver;
+    this.#sql = driver.dialect ?? SQLITE;
     this.#busyTimeoutMs = busyTimeoutMs;
   }
 
@@ -118,10 +115,10 @@ export class OutboxReader implements AsyncDisposable {
         MAX_DURATION_MS,
       ) ?? 5_000;
       reader = new OutboxReader(driver, busyTimeoutMs);
+      const sql = reader.#sql;
+      const supported = sql.version ?? SCHEMA_VERSION;
       await reader.#read(async () => {
-        const [table] = await driver.query(
-          "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'outbox_events'",
-        );
+        const [table] = await driver.query(sql.outboxPresent);
         if (table === undefined) {
           throw new Error(
             `Cannot ${op} as the database has no outbox (no table outbox_events)`,
@@ -129,18 +126,18 @@ export class OutboxReader implements AsyncDisposable {
         }
         // The version lives in outbox_schema; a file without it is from a
         // release that kept it in user_version, which Outbox.open upgrades.
-        const [row] = await driver.query(
-          "SELECT max(version) AS version FROM outbox_schema",
-        ).catch(() => [undefined]);
+        const [row] = await driver.query(sql.schemaVersion).catch(() => [
+          undefined,
+        ]);
         const version = row?.["version"] == null
           ? 0
           : integerOf(row, "version");
-        if (version > SCHEMA_VERSION) {
-          throw new SchemaVersionError(version, SCHEMA_VERSION, op);
+        if (version > supported) {
+          throw new SchemaVersionError(version, supported, op);
         }
-        if (version !== SCHEMA_VERSION) {
+        if (version !== supported) {
           throw new Error(
-            `Cannot ${op} as the database has outbox schema version ${version}, not ${SCHEMA_VERSION}: Outbox.open upgrades an older one`,
+            `Cannot ${op} as the database has outbox schema version ${version}, not ${supported}: Outbox.open upgrades an older one`,
           );
         }
       });
@@ -159,7 +156,7 @@ export class OutboxReader implements AsyncDisposable {
    */
   async queues(): Promise<QueueCounts[]> {
     return queueCounts(
-      await this.#read(() => this.#driver.query(ADMIN_SQL.queues)),
+      await this.#read(() => this.#driver.query(this.#sql.queues)),
     );
   }
 
@@ -181,7 +178,7 @@ export class OutboxReader implements AsyncDisposable {
       Number.MAX_SAFE_INTEGER,
     ) ?? 0;
     const rows = await this.#read(() =>
-      this.#driver.query(READ.acknowledgedSince, [since])
+      this.#driver.query(this.#sql.acknowledgedSince, [since])
     );
     return new Map(
       rows.map((row) => [String(row["queue"]), integerOf(row, "n")]),
@@ -199,7 +196,7 @@ export class OutboxReader implements AsyncDisposable {
   async list(options: ListOptions): Promise<EventInfo[]> {
     const params = listParameters("list events", options);
     const rows = await this.#read(() =>
-      this.#driver.query(ADMIN_SQL.list, params)
+      this.#driver.query(this.#sql.list, params)
     );
     return rows.map((row) => eventInfo(row, decodePayload));
   }
@@ -215,16 +212,16 @@ export class OutboxReader implements AsyncDisposable {
    */
   async explain(event: number | string): Promise<Explanation | null> {
     const [sql, key] = typeof event === "string"
-      ? [SQL.eventByIdentity, checkIdentity("explain", "event", event)]
+      ? [this.#sql.eventByIdentity, checkIdentity("explain", "event", event)]
       : [
-        SQL.event,
+        this.#sql.event,
         checkInteger("explain", "event", event, 1, Number.MAX_SAFE_INTEGER) ??
           0,
       ];
     return await this.#read(async () => {
       const [row] = await this.#driver.query(sql, [key]);
       if (row === undefined) return null;
-      const history = await this.#driver.query(SQL.history, [row["id"]!]);
+      const history = await this.#driver.query(this.#sql.history, [row["id"]!]);
       return explanation(row, history);
     });
   }
@@ -266,14 +263,14 @@ export class OutboxReader implements AsyncDisposable {
   #transaction<T>(fn: () => Promise<T>): Promise<T> {
     const driver = this.#driver;
     return untilNotBusy(this.#busyTimeoutMs, async () => {
-      await driver.run(READ.begin);
+      await driver.run(this.#sql.readBegin);
       this.#inside = true;
       try {
         const result = await fn();
-        await driver.run(SQL.commit);
+        await driver.run(this.#sql.commit);
         return result;
       } catch (error) {
-        await driver.run(SQL.rollback).catch(() => {});
+        await driver.run(this.#sql.rollback).catch(() => {});
         throw error;
       } finally {
         this.#inside = false;

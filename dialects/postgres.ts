@@ -342,6 +342,12 @@ export const POSTGRES = {
   setup: POSTGRES_SCHEMA,
   schemaPresent: "SELECT to_regclass('outbox_schema') IS NOT NULL AS present",
   schemaVersion: "SELECT max(version) AS version FROM outbox_schema",
+  // One snapshot for all of a reader's reads, which write nothing.
+  readBegin: "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+  outboxPresent:
+    "SELECT 1 AS present WHERE to_regclass('outbox_events') IS NOT NULL",
+  acknowledgedSince: `SELECT queue, count(*) AS n FROM outbox_events
+    WHERE state = 'done' AND done_at >= $1 GROUP BY queue`,
   version: POSTGRES_SCHEMA_VERSION,
   now: `SELECT ${NOW} AS now`,
   nowExhausted: `SELECT n.now, e.id, e.fence

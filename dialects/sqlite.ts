@@ -87,7 +87,14 @@ export const SQL = {
   rollbackJoin: "ROLLBACK TO outbox",
   tables: `SELECT name FROM sqlite_schema
     WHERE type = 'table' AND name IN ('outbox_events', 'outbox_schema')`,
+  // Answers `version`: the schema version the database holds.
   schemaVersion: "SELECT max(version) AS version FROM outbox_schema",
+  // A reader's transaction (reader.ts): deferred, so it takes no write lock
+  // and runs on a read-only connection.
+  readBegin: "BEGIN",
+  // Whether the database holds an outbox, read without writing.
+  outboxPresent: `SELECT 1 AS present FROM sqlite_schema
+    WHERE type = 'table' AND name = 'outbox_events'`,
   recordVersion: `INSERT INTO outbox_schema (version, applied_at)
     VALUES (?, CAST(unixepoch('subsec') * 1000 AS INTEGER))`,
   // Releases before outbox_schema kept the version in user_version; the

@@ -617,7 +617,6 @@ export async function openPostgres<P = unknown>(
   }
 }
 
-/** Validates a URL and driver options before anything connects. */
 /**
  * Whether `error` says the connection's named statements cannot be used as
  * they are: gone from the server (26000: dropped by SQL node-postgres does
@@ -631,11 +630,16 @@ function namesUnusable(error: unknown): boolean {
     (code === "0A000" && /cached plan/.test(String(error)));
 }
 
+/** Validates a URL and driver options before anything connects. */
 function checkDriverOptions(url: string, options: PostgresDriverOptions): void {
-  if (typeof url !== "string" || !/^postgres(ql)?:\/\//.test(url)) {
+  // A scheme is case-insensitive (RFC 3986), as node-postgres reads it.
+  if (typeof url !== "string" || !/^postgres(ql)?:\/\//i.test(url)) {
     throw new TypeError(
       `Cannot connect as 'url' must be a postgres:// URL: current value is ${
-        typeof url === "string" ? JSON.stringify(url.slice(0, 40)) : String(url)
+        typeof url === "string"
+          // Its credentials stay out of the message.
+          ? JSON.stringify(url.replace(/\/\/[^/@]*@/, "//***@").slice(0, 40))
+          : String(url)
       }`,
     );
   }

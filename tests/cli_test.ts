@@ -1,45 +1,14 @@
 import assert from "node:assert/strict";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { join } from "node:path";
 import { main } from "../cli.ts";
 import { Outbox } from "../lease.ts";
 import { openNodeSqlite } from "../drivers/node_sqlite.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { cli, json, type Output, root } from "./cli_run.ts";
 
-const root = dirname(dirname(fileURLToPath(import.meta.url)));
 const child = join(root, "tests", "fixtures", "cli_child.ts");
 const EVENTS_PER_CHILD = 40;
 const decoder = new TextDecoder();
-
-interface Output {
-  readonly code: number;
-  readonly stdout: string;
-  readonly stderr: string;
-}
-
-/** Runs `deno task outbox` as the user would, with stdout piped (no TTY). */
-async function cli(...args: string[]): Promise<Output> {
-  const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", join(root, "cli.ts"), ...args],
-    cwd: root,
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  return {
-    code,
-    stdout: decoder.decode(stdout),
-    stderr: decoder.decode(stderr),
-  };
-}
-
-/** Runs the CLI and parses its stdout as one JSON value; it must exit 0. */
-async function json(...args: string[]): Promise<Record<string, unknown>> {
-  const output = await cli(...args, "--json");
-  assert.equal(output.code, 0, output.stderr);
-  const lines = output.stdout.trimEnd().split("\n");
-  assert.equal(lines.length, 1, output.stdout);
-  return JSON.parse(lines[0]!);
-}
 
 interface LiveRun {
   readonly dir: string;
@@ -658,7 +627,7 @@ Deno.test("a WAL-mode file that a live openNodeSqlite connection holds opens for
   }
 });
 
-Deno.test("runtime errors exit 1 with one clear line: no such file, not SQLite, a Postgres URL", async () => {
+Deno.test("runtime errors exit 1 with one clear line: no such file, not SQLite, no PostgreSQL server there", async () => {
   const { dir } = await liveRun();
   const junk = join(dir, "junk.db");
   await Deno.writeTextFile(junk, "not a database, just text\n".repeat(100));
@@ -672,8 +641,8 @@ Deno.test("runtime errors exit 1 with one clear line: no such file, not SQLite, 
       /^outbox: cannot open .*junk\.db: not an outbox database \(not SQLite\)$/,
     ],
     [
-      "postgres://localhost/app",
-      /^outbox: PostgreSQL databases are not supported yet: pass a SQLite file path$/,
+      "postgres://127.0.0.1:1/app",
+      /^outbox: cannot open postgres:\/\/127\.0\.0\.1:1\/app: connect ECONNREFUSED 127\.0\.0\.1:1$/,
     ],
   ];
   for (const [database, message] of cases) {
