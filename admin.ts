@@ -150,10 +150,11 @@ export const ADMIN_SQL = {
     WHERE id IN (SELECT value FROM json_each(?1))`,
   queues: `SELECT queue, state, count(*) AS n, min(created_at) AS oldest
     FROM outbox_events GROUP BY queue, state ORDER BY queue`,
-  // The claim index (queue, due_at, id) answers it with one seek.
-  nextDue: `SELECT due_at FROM outbox_events
-    WHERE queue = ?1 AND state IN ('pending', 'leased') AND due_at > ?2
-    ORDER BY due_at LIMIT 1`,
+  // The claim index (queue, due_at, id) answers it with one seek. Answers
+  // `now` (?2) and `due_at` (null when nothing is scheduled).
+  nextDue: `SELECT ?2 AS now, (SELECT due_at FROM outbox_events
+      WHERE queue = ?1 AND state IN ('pending', 'leased') AND due_at > ?2
+      ORDER BY due_at LIMIT 1) AS due_at`,
 } as const;
 
 /**

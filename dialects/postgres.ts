@@ -528,9 +528,12 @@ export const POSTGRES = {
   purge: `DELETE FROM outbox_events WHERE id IN (${IDS}($1::jsonb))`,
   queues: `SELECT queue, state, count(*) AS n, min(created_at) AS oldest
     FROM outbox_events GROUP BY queue, state ORDER BY queue`,
-  nextDue: `SELECT due_at FROM outbox_events
-    WHERE queue = $1 AND state IN ('pending', 'leased') AND due_at > $2
-    ORDER BY due_at LIMIT 1`,
+  // $2 now or null (the server's clock): one statement outside a
+  // transaction, one round trip.
+  nextDue: `SELECT n.now, (SELECT due_at FROM outbox_events
+      WHERE queue = $1 AND state IN ('pending', 'leased') AND due_at > n.now
+      ORDER BY due_at LIMIT 1) AS due_at
+    FROM (SELECT coalesce($2::bigint, ${NOW}) AS now) AS n`,
   stats: `SELECT state, count(*) AS n, min(created_at) AS oldest
     FROM outbox_events WHERE queue = $1 GROUP BY state`,
   event: `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE id = $1`,

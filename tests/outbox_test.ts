@@ -4,12 +4,15 @@ import {
   BusyError,
   type Lease,
   LeaseLostError,
+  Outbox,
   SCHEMA_SQL,
   SCHEMA_VERSION,
   type Transaction,
   uuidv7Time,
 } from "../mod.ts";
 import { DatabaseSync } from "node:sqlite";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { openNodeSqlite } from "../drivers/node_sqlite.ts";
 import { driverTest, eventRow, type Harness, snapshot } from "./helpers.ts";
 import { SQLITE_DRIVERS as DRIVERS } from "./drivers.ts";
 
@@ -844,5 +847,36 @@ for (const driver of DRIVERS) {
       await raw.query("SELECT version FROM outbox_schema ORDER BY version"),
       [{ version: 3 }, { version: 4 }, { version: 5 }],
     );
+  });
+}
+
+for (
+  const [name, connect] of [
+    ["sqlite-wasm file", (path: string) => openSqliteWasm(path)],
+    ["node:sqlite", (path: string) => openNodeSqlite(path)],
+  ] as const
+) {
+  Deno.test(`${name}: nextDueInMs reads without the write lock, answering while another connection holds it`, async () => {
+    const dir = await Deno.makeTempDir();
+    try {
+      const path = `${dir}/o.db`;
+      await using outbox = await Outbox.open(await connect(path), {
+        now: () => 1_000,
+        busyTimeoutMs: 0,
+      });
+      await outbox.enqueue({ n: 1 }, { delayMs: 500 });
+      const other = await connect(path);
+      await other.run("BEGIN IMMEDIATE");
+      try {
+        // Before, it began a write transaction: BusyError at once.
+        assert.equal(await outbox.nextDueInMs(), 500);
+        await assert.rejects(outbox.claim(), BusyError);
+      } finally {
+        await other.run("ROLLBACK");
+        await other.close();
+      }
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
   });
 }

@@ -136,6 +136,26 @@ for (
       await outbox.close();
     }
   });
+
+  Deno.test(`postgres round trips (${clock}): the next due time is one read, outside a transaction`, async () => {
+    const { outbox, db } = await open(options);
+    try {
+      let dueInMs: number | null = 0;
+      const none = await db.during(async () =>
+        dueInMs = await outbox.nextDueInMs()
+      );
+      assert.deepEqual([none, dueInMs], [[POSTGRES.nextDue], null]);
+      await outbox.enqueue({ n: 1 }, { delayMs: 60_000 });
+      const one = await db.during(async () =>
+        dueInMs = await outbox.nextDueInMs()
+      );
+      assert.deepEqual(one, [POSTGRES.nextDue]);
+      // The server's clock has moved on since the enqueue read it.
+      assert.ok(dueInMs! <= 60_000 && dueInMs! > 50_000, String(dueInMs));
+    } finally {
+      await outbox.close();
+    }
+  });
 }
 
 /**
