@@ -543,6 +543,12 @@ const mutexes = new WeakMap<Driver, Mutex>();
 export class Outbox<P = unknown> implements AsyncDisposable {
   readonly #driver: Driver;
   readonly #mutex: Mutex;
+  // The calls that do not join the application's transaction, in the order
+  // they were made. One that gives the connection up to the application's
+  // transaction keeps its place: no later call commits before it (ids,
+  // dedup winners and per-key order follow the calls), and close() waits
+  // for it.
+  readonly #line = new Mutex();
   readonly #sql: Dialect;
   readonly #now: Clock | "database";
   #stopWatching: (() => Promise<void>) | undefined;
@@ -1853,10 +1859,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       return Promise.reject(error);
     }
     this.#closed = true;
-    return this.#mutex.run(async () => {
-      await this.#stopWatching?.().catch(() => {});
-      await this.#driver.close();
-    });
+    return this.#line.run(() =>
+      this.#mutex.run(async () => {
+        await this.#stopWatching?.().catch(() => {});
+        await this.#driver.close();
+      })
+    );
   }
 
   /** Same as {@linkcode Outbox.close}, for `await using`. */
@@ -2594,7 +2602,29 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   ): Promise<T> {
     this.#checkOpen(op);
     this.#notNested(op);
+    // Counted from the call, so a wait in line for a call that waits for
+    // the application's transaction counts towards this one's wait for it.
     const deadline = performance.now() + this.#busyTimeoutMs;
+    const options = { expire, join, inOne, rerun, deadline };
+    // A call made inside the application's transaction must not wait for
+    // one that waits for that transaction to end.
+    return join
+      ? await this.#inTurn(op, fn, options)
+      : await this.#line.run(() => this.#inTurn(op, fn, options));
+  }
+
+  /** {@linkcode Outbox.#write}, once the call's turn in line has come. */
+  async #inTurn<T>(
+    op: string,
+    fn: (now: number, joined: boolean) => Promise<T>,
+    { expire, join, inOne, rerun, deadline }: {
+      expire: boolean;
+      join: boolean;
+      inOne: ((now: number | null) => Promise<T | undefined>) | undefined;
+      rerun: boolean;
+      deadline: number;
+    },
+  ): Promise<T> {
     for (let retried = false;; retried = true) {
       // A held mutex may be this connection's own transaction, which a
       // queued call just waits for; after a retry it is the application's.

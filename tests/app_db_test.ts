@@ -19,7 +19,7 @@ import {
   sqliteWasmDriver,
 } from "../deno/sqlite_wasm.ts";
 import { openWorkerOutbox } from "../browser/outbox.ts";
-import type { Driver } from "../driver.ts";
+import type { Driver, SqlValue } from "../driver.ts";
 import { driverTest, type Harness, ManualClock, snapshot } from "./helpers.ts";
 import { SQLITE_DRIVERS } from "./drivers.ts";
 
@@ -562,4 +562,98 @@ Deno.test("node:sqlite: a call retrying BEGIN IMMEDIATE on a busy database waits
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+/**
+ * node:sqlite's driver over `db`, telling how often the outbox found the
+ * application's transaction open and how often its BEGIN met a busy file.
+ */
+function watched(db: DatabaseSync) {
+  const inner = nodeSqliteDriver(db);
+  const seen = { applicationTransaction: 0, busyBegins: 0 };
+  const driver: Driver = new Proxy(inner, {
+    get(target, key) {
+      if (key === "inTransaction") {
+        return () => {
+          const open = target.inTransaction!();
+          if (open) seen.applicationTransaction++;
+          return open;
+        };
+      }
+      if (key === "run") {
+        return async (sql: string, params?: readonly SqlValue[]) => {
+          try {
+            return await target.run(sql, params);
+          } catch (error) {
+            if (sql.startsWith("BEGIN")) seen.busyBegins++;
+            throw error;
+          }
+        };
+      }
+      const value = Reflect.get(target, key);
+      return typeof value === "function" ? value.bind(target) : value;
+    },
+  });
+  return { driver, seen };
+}
+
+async function until(condition: () => boolean): Promise<void> {
+  while (!condition()) await new Promise((resolve) => setTimeout(resolve, 1));
+}
+
+for (const later of ["enqueueBatch", "transaction"] as const) {
+  Deno.test(`node:sqlite: an enqueue that gives the connection up to the application's transaction keeps its place: a later ${later} commits after it`, async () => {
+    const dir = await Deno.makeTempDir();
+    try {
+      const path = `${dir}/app.db`;
+      const db = new DatabaseSync(path);
+      const { driver, seen } = watched(db);
+      await using outbox = await Outbox.open(driver);
+      const other = new DatabaseSync(path);
+      other.exec("BEGIN IMMEDIATE");
+      const first = outbox.enqueue({ n: 1 }, { orderingKey: "k" });
+      await until(() => seen.busyBegins > 0);
+      other.exec("COMMIT");
+      other.close();
+      // The application's transaction, before the enqueue's next try.
+      db.exec("BEGIN IMMEDIATE");
+      await until(() => seen.applicationTransaction >= 2);
+      db.exec("COMMIT");
+      const second = later === "enqueueBatch"
+        ? outbox.enqueueBatch([{ payload: { n: 2 }, orderingKey: "k" }])
+          .then(([result]) => result!)
+        : outbox.transaction((tx) =>
+          tx.enqueue({ n: 2 }, { orderingKey: "k" })
+        );
+      const [a, b] = await Promise.all([first, second]);
+      // Before, the later call took the free connection first: 2 and 1.
+      assert.deepEqual([a.eventId, b.eventId], [1, 2]);
+      assert.deepEqual((await outbox.claim())?.payload, { n: 1 });
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  });
+}
+
+Deno.test("node:sqlite: close() waits for the calls made before it that wait for the application's transaction", async () => {
+  const db = new DatabaseSync(":memory:");
+  const { driver, seen } = watched(db);
+  const outbox = await Outbox.open(driver);
+  const { eventId } = await outbox.enqueue({ n: 1 });
+  db.exec("BEGIN IMMEDIATE");
+  const claim = outbox.claim();
+  const enqueued = outbox.transaction((tx) => tx.enqueue({ n: 2 }));
+  const closing = outbox.close();
+  await until(() => seen.applicationTransaction >= 2);
+  db.exec("COMMIT");
+  // Before, both rejected with the driver's "database is closed".
+  assert.equal((await claim)?.eventId, eventId);
+  assert.equal((await enqueued).eventId, eventId + 1);
+  await closing;
+  assert.deepEqual(
+    db.prepare("SELECT id, state FROM outbox_events ORDER BY id").all()
+      .map((row) => [row["id"], row["state"]]),
+    [[eventId, "leased"], [eventId + 1, "pending"]],
+  );
+  db.close();
 });
