@@ -21,7 +21,9 @@ import {
 } from "./driver.ts";
 import {
   BusyError,
+  ConstraintError,
   LeaseLostError,
+  PostgresError,
   SchemaVersionError,
   SqliteError,
   UnsafeIntegerError,
@@ -1997,7 +1999,15 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           close();
           return this.#enqueueGroup(group.calls, now);
         },
-        { join: group.join },
+        {
+          join: group.join,
+          // A deferred constraint one call broke refused the COMMIT of all:
+          // each runs again in a transaction of its own, in order and in
+          // this turn, so only that call fails.
+          commitRefused: group.calls.length === 1
+            ? undefined
+            : () => this.#eachAlone(group.calls),
+        },
       );
     } catch (error) {
       close();
@@ -2010,6 +2020,34 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       else call.reject(outcome.error);
     });
     if (settled.some((outcome) => "value" in outcome)) this.#enqueued();
+  }
+
+  /** Commits each call of a group in a transaction of its own, in order. */
+  async #eachAlone(
+    calls: readonly EnqueueCall[],
+  ): Promise<Settled<EnqueueResult>[]> {
+    const settled: Settled<EnqueueResult>[] = [];
+    for (const { event } of calls) {
+      try {
+        settled.push({
+          value: await this.#inTurn(
+            "enqueue",
+            (now) => this.#enqueue(event, now),
+            {
+              expire: true,
+              join: false,
+              inOne: undefined,
+              rerun: true,
+              commitRefused: undefined,
+              deadline: performance.now() + this.#busyTimeoutMs,
+            },
+          ),
+        });
+      } catch (error) {
+        settled.push({ error });
+      }
+    }
+    return settled;
   }
 
   /**
@@ -2593,11 +2631,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   async #write<T>(
     op: string,
     fn: (now: number, joined: boolean) => Promise<T>,
-    { expire = true, join = false, inOne, rerun = true }: {
+    { expire = true, join = false, inOne, rerun = true, commitRefused }: {
       expire?: boolean;
       join?: boolean;
       inOne?: ((now: number | null) => Promise<T | undefined>) | undefined;
       rerun?: boolean;
+      commitRefused?: (() => Promise<T>) | undefined;
     } = {},
   ): Promise<T> {
     this.#checkOpen(op);
@@ -2605,7 +2644,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     // Counted from the call, so a wait in line for a call that waits for
     // the application's transaction counts towards this one's wait for it.
     const deadline = performance.now() + this.#busyTimeoutMs;
-    const options = { expire, join, inOne, rerun, deadline };
+    const options = { expire, join, inOne, rerun, commitRefused, deadline };
     // A call made inside the application's transaction must not wait for
     // one that waits for that transaction to end.
     return join
@@ -2617,11 +2656,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   async #inTurn<T>(
     op: string,
     fn: (now: number, joined: boolean) => Promise<T>,
-    { expire, join, inOne, rerun, deadline }: {
+    { expire, join, inOne, rerun, commitRefused, deadline }: {
       expire: boolean;
       join: boolean;
       inOne: ((now: number | null) => Promise<T | undefined>) | undefined;
       rerun: boolean;
+      commitRefused: (() => Promise<T>) | undefined;
       deadline: number;
     },
   ): Promise<T> {
@@ -2634,7 +2674,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       ) {
         await this.#untilApplicationCommits(op, deadline, retried);
       }
-      const outcome = await this.#mutex.run(async () => {
+      const outcome = await this.#mutex.run(async (): Promise<
+        { value: T } | { refused: true } | null
+      > => {
         if (this.#inApplicationTransaction()) {
           return join ? { value: await this.#joined(op, fn, expire) } : null;
         }
@@ -2669,13 +2711,21 @@ export class Outbox<P = unknown> implements AsyncDisposable {
             () => this.#inApplicationTransaction(),
           );
           if (!began) return null;
+          let committing = false;
           try {
             const now = await this.#start(op, expire);
             const value = await fn(now, false);
+            committing = true;
             await this.#untilNotBusy(op, busyDeadline, this.#sql.commit);
             return { value };
           } catch (error) {
             await this.#driver.run(this.#sql.rollback).catch(() => {});
+            // A deferred constraint is checked at COMMIT, past every
+            // savepoint: the caller may run the work again otherwise.
+            if (
+              committing && commitRefused !== undefined &&
+              refusedByConstraint(error)
+            ) return { refused: true };
             const remainingMs = busyDeadline - performance.now();
             if (
               !rerun || remainingMs <= 0 ||
@@ -2686,7 +2736,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           }
         }
       });
-      if (outcome !== null) return outcome.value;
+      // Still this call's turn in line, out of the connection's mutex.
+      if (outcome !== null) {
+        return "refused" in outcome ? await commitRefused!() : outcome.value;
+      }
     }
   }
 
@@ -3037,6 +3090,12 @@ function jitteredWait(remainingMs: number, backoffMs: number): Promise<void> {
 }
 
 /** An error's `code` (a SQLSTATE on PostgreSQL), as text, or "" when none. */
+/** Whether a constraint refused the statement, on either engine. */
+function refusedByConstraint(error: unknown): boolean {
+  return error instanceof ConstraintError ||
+    error instanceof PostgresError && error.code.startsWith("23");
+}
+
 function errorCode(error: unknown): string {
   const code = (error as { code?: unknown } | null)?.code;
   return typeof code === "string" ? code : "";
