@@ -184,7 +184,30 @@ export const TRANSACTION_CONTROL: ReadonlySet<string> = new Set([
   "ROLLBACK",
   "SAVEPOINT",
   "RELEASE",
+  // PostgreSQL's: ABORT rolls back, START TRANSACTION begins.
+  "ABORT",
+  "START",
 ]);
+
+/**
+ * The transaction-control statement `sql` is, by its leading keywords: one
+ * of {@linkcode TRANSACTION_CONTROL}, or PostgreSQL's `PREPARE TRANSACTION`
+ * (which ends the transaction, handing it to two-phase commit); `""` when
+ * none.
+ *
+ * @ignore
+ * @param sql SQL text.
+ * @returns The keywords, upper-cased.
+ */
+export function transactionControl(sql: string): string {
+  const keyword = firstKeyword(sql).toUpperCase();
+  if (TRANSACTION_CONTROL.has(keyword)) return keyword;
+  if (keyword !== "PREPARE") return "";
+  const rest = sql.slice(separatorsEnd(sql, 0) + keyword.length);
+  return firstKeyword(rest).toUpperCase() === "TRANSACTION"
+    ? "PREPARE TRANSACTION"
+    : "";
+}
 
 /**
  * The first word of `sql` after SQLite's whitespace, semicolons and

@@ -12,12 +12,11 @@
  */
 import {
   type Driver,
-  firstKeyword,
   integerOf,
   type Row,
   type RunResult,
   type SqlValue,
-  TRANSACTION_CONTROL,
+  transactionControl,
 } from "./driver.ts";
 import {
   BusyError,
@@ -3319,8 +3318,8 @@ export function transactionStatements(
  */
 function checkNotTransactionControl(op: string, sql: unknown): void {
   if (typeof sql !== "string") return;
-  const keyword = firstKeyword(sql).toUpperCase();
-  if (TRANSACTION_CONTROL.has(keyword)) {
+  const keyword = transactionControl(sql);
+  if (keyword !== "") {
     throw new RangeError(
       `Cannot ${op} as 'sql' must not control the transaction: found ${keyword}; the transaction commits when fn returns and rolls back when it throws`,
     );

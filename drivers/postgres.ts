@@ -26,7 +26,7 @@ import {
   type Row,
   type RunResult,
   type SqlValue,
-  TRANSACTION_CONTROL,
+  transactionControl,
 } from "../driver.ts";
 import { POSTGRES } from "../dialects/postgres.ts";
 import { type Dialect, Outbox, type OutboxOptions } from "../lease.ts";
@@ -123,7 +123,7 @@ const SCHEMA = /^[a-z_][a-z0-9_]{0,62}$/;
 const PREPARED: ReadonlySet<string> = new Set(
   Object.values(POSTGRES).filter((v): v is string =>
     typeof v === "string" &&
-    !TRANSACTION_CONTROL.has(firstKeyword(v).toUpperCase())
+    transactionControl(v) === ""
   ),
 );
 /** The first keywords of statements that drop a connection's named ones. */

@@ -326,6 +326,10 @@ for (const driver of SQLITE_DRIVERS) {
       ["\n\tSavePoint s", "SAVEPOINT"],
       ["RELEASE s", "RELEASE"],
       [";release savepoint s", "RELEASE"],
+      // PostgreSQL's spellings, refused on every engine.
+      ["abort", "ABORT"],
+      ["/* x */ START TRANSACTION", "START"],
+      ["prepare -- two-phase\n transaction 'x'", "PREPARE TRANSACTION"],
     ];
     await assert.rejects(
       () =>

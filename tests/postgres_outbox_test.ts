@@ -172,6 +172,36 @@ Deno.test("postgres: a claim skips an event another transaction holds locked ins
   assert.equal((await outbox.claim())?.eventId, first.eventId);
 });
 
+Deno.test("postgres: tx.run() refuses ABORT, START TRANSACTION and PREPARE TRANSACTION before they run, so the transaction's event and rows commit together", async () => {
+  const { url, schema } = await fresh();
+  await using outbox = await openPostgres(url, { schema });
+  await using db = await raw(url, schema);
+  await db.run("CREATE TABLE orders (id integer)");
+  const { eventId } = await outbox.transaction(async (tx) => {
+    const enqueued = await tx.enqueue({ order: 1 });
+    for (
+      const [sql, keyword] of [
+        ["ABORT", "ABORT"],
+        ["start transaction", "START"],
+        ["PREPARE TRANSACTION 'x'", "PREPARE TRANSACTION"],
+      ]
+    ) {
+      // Before, ABORT rolled the enqueue back, the insert after it ran on
+      // its own, and the transaction still resolved.
+      await assert.rejects(tx.run(sql!), {
+        name: "RangeError",
+        message: new RegExp(
+          `must not control the transaction: found ${keyword}`,
+        ),
+      });
+    }
+    await tx.run("INSERT INTO orders VALUES (1)");
+    return enqueued;
+  });
+  assert.equal((await outbox.explain(eventId))?.state, "pending");
+  assert.deepEqual(await db.query("SELECT id FROM orders"), [{ id: 1 }]);
+});
+
 Deno.test("postgres: leases are judged by the server's clock by default", async () => {
   const { url, schema } = await fresh();
   await using outbox = await openPostgres(url, { schema, leaseMs: 60_000 });
