@@ -830,7 +830,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const results = await this.#write(
       op,
       (now) => this.#enqueueAll(prepared, now),
-      { join },
+      // An enqueue reads nothing that lapsed last-attempt leases decide, so
+      // it leaves making them dead letters to the next call that does: on
+      // PostgreSQL that step waits for their row locks, and a long
+      // transaction holding one would stall every producer.
+      { join, expire: false },
     );
     if (results.length > 0) this.#enqueued();
     return results;
@@ -2000,6 +2004,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         },
         {
           join: group.join,
+          // As for enqueueBatch.
+          expire: false,
           // A deferred constraint one call broke refused the COMMIT of all:
           // each runs again in a transaction of its own, in order and in
           // this turn, so only that call fails.
@@ -2033,7 +2039,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
             "enqueue",
             (now) => this.#enqueue(event, now),
             {
-              expire: true,
+              expire: false,
               join: false,
               inOne: undefined,
               rerun: true,

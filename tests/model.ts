@@ -138,13 +138,20 @@ export class ReferenceOutbox {
   #lastId = 0;
   #minted = 0;
 
-  /** Adds an event, or finds the one its dedup key names. */
+  /**
+   * Adds an event, or finds the one its dedup key names. It reads nothing
+   * lapsed leases decide, so it leaves them to the next call that does.
+   */
   enqueue(
     now: number,
     payload: unknown,
     options: ModelEnqueue,
   ): { eventId: number; deduplicated: boolean } {
-    return this.#atomic(now, () => this.#enqueue(now, payload, options));
+    return this.#atomic(
+      now,
+      () => this.#enqueue(now, payload, options),
+      false,
+    );
   }
 
   /** Claims up to `max` events, as `max` single claims at the same `now`. */
@@ -361,19 +368,20 @@ export class ReferenceOutbox {
   }
 
   /**
-   * Runs one call as a transaction. First, leases that lapsed with no
-   * attempts left become dead (the lead's decision: they count as dead from
-   * their deadline on), as seen by whichever call comes first at or after
-   * the deadline; they died at their deadline.
+   * Runs one call as a transaction. First, unless `expire` is false (an
+   * enqueue), leases that lapsed with no attempts left become dead (the
+   * lead's decision: they count as dead from their deadline on), as seen by
+   * whichever such call comes first at or after the deadline; they died at
+   * their deadline.
    */
-  #atomic<T>(now: number, fn: () => T): T {
+  #atomic<T>(now: number, fn: () => T, expire = true): T {
     const saved = {
       events: structuredClone(this.#events),
       lastId: this.#lastId,
       minted: this.#minted,
     };
     try {
-      for (const event of this.#events.values()) {
+      for (const event of expire ? this.#events.values() : []) {
         if (
           event.state === "leased" && event.attempt >= event.maxAttempts &&
           now >= event.leaseUntil

@@ -202,6 +202,40 @@ Deno.test("postgres: tx.run() refuses ABORT, START TRANSACTION and PREPARE TRANS
   assert.deepEqual(await db.query("SELECT id FROM orders"), [{ id: 1 }]);
 });
 
+Deno.test("postgres: enqueues do not wait for a transaction holding a lapsed last-attempt lease's row; the next claim makes it a dead letter", async () => {
+  const { url, schema } = await fresh();
+  const clock = new ManualClock(1_000_000);
+  await using outbox = await openPostgres(url, {
+    schema,
+    now: clock.now,
+    busyTimeoutMs: 300,
+  });
+  await using holder = await raw(url, schema);
+  const { eventId } = await outbox.enqueue("last", { maxAttempts: 1 });
+  assert.ok(await outbox.claim({ leaseMs: 1_000 }));
+  clock.advance(2_000);
+  await holder.run("BEGIN");
+  await holder.query("SELECT id FROM outbox_events WHERE id = $1 FOR UPDATE", [
+    eventId,
+  ]);
+  try {
+    // Before, each waited for the row and failed with BusyError.
+    await outbox.enqueue("one", { queue: "other" });
+    await Promise.all([outbox.enqueue("two"), outbox.enqueue("three")]);
+    await outbox.enqueueBatch([{ payload: "four" }]);
+    assert.deepEqual(
+      await holder.query("SELECT state FROM outbox_events WHERE id = $1", [
+        eventId,
+      ]),
+      [{ state: "leased" }],
+    );
+  } finally {
+    await holder.run("ROLLBACK");
+  }
+  assert.equal((await outbox.claim())?.payload, "two");
+  assert.equal((await outbox.explain(eventId))?.state, "dead");
+});
+
 Deno.test("postgres: leases are judged by the server's clock by default", async () => {
   const { url, schema } = await fresh();
   await using outbox = await openPostgres(url, { schema, leaseMs: 60_000 });
