@@ -35,7 +35,7 @@ import { CANCELLED, LEASE_EXPIRED, PURGE_BATCH } from "../admin.ts";
 import type { Dialect } from "../lease.ts";
 
 /** The schema version this dialect creates, as SQLite's schema.sql does. */
-export const POSTGRES_SCHEMA_VERSION = 5;
+export const POSTGRES_SCHEMA_VERSION = 6;
 
 /**
  * The schema, idempotent: run under the advisory lock of
@@ -97,6 +97,12 @@ CREATE UNIQUE INDEX IF NOT EXISTS outbox_events_dedup
 CREATE INDEX IF NOT EXISTS outbox_events_ordering
   ON outbox_events (queue, ordering_key, id)
   WHERE state IN ('pending', 'leased') AND ordering_key IS NOT NULL;
+
+-- Version 6: the live leases of ordering keys, which hold back every other
+-- event of their key (ids follow inserts, not commits).
+CREATE INDEX IF NOT EXISTS outbox_events_ordering_leased
+  ON outbox_events (queue, ordering_key, due_at)
+  WHERE state = 'leased' AND ordering_key IS NOT NULL;
 
 CREATE INDEX IF NOT EXISTS outbox_events_done
   ON outbox_events (done_at)
@@ -182,9 +188,27 @@ const PAYLOAD_BYTES =
   "coalesce(octet_length(payload), octet_length(payload_bytes), 0)";
 const NOW = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
-const ORDERED_BEFORE = `SELECT 1 FROM outbox_events AS p
+/**
+ * Whether a candidate `e` of an ordering key may be claimed at `now`: no
+ * earlier event of its key is pending or leased, no event of its key holds
+ * a live lease, and no other claim is taking an event of its key at this
+ * moment. Ids are given at insert, before commit, so an event can commit
+ * after a later one of its key was claimed: without the last two, both
+ * would be in flight at once. The advisory lock (a pair of hashes, held to
+ * the end of the claim's transaction) covers a claim whose snapshot cannot
+ * see another's lease yet. `except`: the ids of leases the same statement
+ * acknowledges, which the snapshot still shows leased.
+ */
+const claimableInOrder = (now: string, except = "") =>
+  `(e.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM outbox_events AS p
         WHERE p.queue = e.queue AND p.ordering_key = e.ordering_key
-          AND p.id < e.id AND p.state IN ('pending', 'leased')`;
+          AND p.id < e.id AND p.state IN ('pending', 'leased')${except}
+        UNION ALL SELECT 1 FROM outbox_events AS p
+        WHERE p.queue = e.queue AND p.ordering_key = e.ordering_key
+          AND p.state = 'leased' AND p.due_at > ${now}${except})
+      AND pg_try_advisory_xact_lock(
+        hashtext('leased_outbox:' || current_schema() || ':' || e.queue),
+        hashtext(e.ordering_key)))`;
 // The largest integer a JavaScript number holds exactly (2^53 - 1).
 const MAX_SAFE = "9007199254740991";
 // The clock of a one-statement call: $1, or the server's when $1 is null.
@@ -260,11 +284,13 @@ function claimInOne(acknowledge?: string): string {
     // other's candidate (a deadlock PostgreSQL broke after a second).
     acknowledge === undefined ? "" : `
       AND (SELECT count(*) FROM matched) >= 0`}
-      AND (e.ordering_key IS NULL OR NOT EXISTS (${ORDERED_BEFORE}${
-    // The statement's snapshot still shows the leases it acknowledges as
-    // leased: they hold back no later event of their ordering keys.
-    acknowledge === undefined ? "" : `
-          AND p.id NOT IN (SELECT id FROM matched)`}))
+      AND ${
+    claimableInOrder(
+      "(SELECT now FROM n)",
+      acknowledge === undefined ? "" : `
+          AND p.id NOT IN (SELECT id FROM matched)`,
+    )
+  }
     ORDER BY e.due_at, e.id LIMIT $3
     FOR UPDATE OF e SKIP LOCKED),
   t AS MATERIALIZED (SELECT decode($6, 'hex') AS bytes),
@@ -406,7 +432,7 @@ export const POSTGRES = {
       ${PAYLOAD_BYTES} AS bytes, ordering_key, last_error
     FROM outbox_events AS e
     WHERE queue = $1 AND state IN ('pending', 'leased') AND due_at <= $2
-      AND (ordering_key IS NULL OR NOT EXISTS (${ORDERED_BEFORE}))
+      AND ${claimableInOrder("$2")}
     ORDER BY due_at, id LIMIT $3
     FOR UPDATE OF e SKIP LOCKED`,
   // $1 now or null (the server's clock), $2 queue, $3 max, $4 the largest

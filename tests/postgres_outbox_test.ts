@@ -236,6 +236,54 @@ Deno.test("postgres: enqueues do not wait for a transaction holding a lapsed las
   assert.equal((await outbox.explain(eventId))?.state, "dead");
 });
 
+Deno.test("postgres: an event of an ordering key that commits after a later one of its key was claimed waits for that lease, so one is in flight per key", async () => {
+  const { url, schema } = await fresh();
+  const clock = new ManualClock(1_000_000);
+  await using outbox = await openPostgres(url, { schema, now: clock.now });
+  await using producer = await openPostgres(url, { schema, now: clock.now });
+  let inserted!: () => void;
+  let commit!: () => void;
+  const insertedFirst = new Promise<void>((resolve) => inserted = resolve);
+  const committing = new Promise<void>((resolve) => commit = resolve);
+  const first = producer.transaction(async (tx) => {
+    const result = await tx.enqueue("first", { orderingKey: "k" });
+    inserted();
+    await committing;
+    return result;
+  });
+  await insertedFirst;
+  const second = await outbox.enqueue("second", { orderingKey: "k" });
+  const lease = await outbox.claim({ leaseMs: 1_000 });
+  assert.equal(lease?.payload, "second");
+  commit();
+  assert.ok((await first).eventId < second.eventId);
+  // Before, "first" was claimed here: two of the key in flight.
+  assert.equal(await outbox.claim({ max: 2 }).then((l) => l.length), 0);
+  // Once that lease lapses, the earlier event goes first, then the retry.
+  clock.advance(2_000);
+  const next = await outbox.claim({ max: 2 });
+  assert.deepEqual(next.map((l) => l.payload), ["first"]);
+  assert.equal(await outbox.acknowledge(next[0]!), true);
+  assert.equal((await outbox.claim())?.payload, "second");
+});
+
+Deno.test("postgres: a claim skips an ordering key another claim is taking an event of at that moment, and takes the other keys", async () => {
+  const { url, schema } = await fresh();
+  await using outbox = await openPostgres(url, { schema });
+  await using other = await raw(url, schema);
+  await outbox.enqueue("k", { orderingKey: "k" });
+  await outbox.enqueue("j", { orderingKey: "j" });
+  // What a concurrent claim of key k holds until it commits.
+  await other.run("BEGIN");
+  await other.query(
+    "SELECT pg_advisory_xact_lock(hashtext('leased_outbox:' || current_schema() || ':default'), hashtext('k'))",
+  );
+  const leases = await outbox.claim({ max: 2 });
+  assert.deepEqual(leases.map((l) => l.payload), ["j"]);
+  await other.run("ROLLBACK");
+  assert.equal((await outbox.claim())?.payload, "k");
+});
+
 Deno.test("postgres: leases are judged by the server's clock by default", async () => {
   const { url, schema } = await fresh();
   await using outbox = await openPostgres(url, { schema, leaseMs: 60_000 });
@@ -523,10 +571,12 @@ Deno.test("R12: four outboxes opening one new schema at once all open, and the s
 
 /**
  * Turns a fresh schema's outbox_events back into version 4's (identity as
- * text, the only difference from version 5) and records version 4.
+ * text, version 5's change; no index of ordering keys' live leases,
+ * version 6's) and records version 4.
  */
 async function asVersion4(db: Driver): Promise<void> {
   await db.exec(`ALTER TABLE outbox_events ALTER COLUMN identity TYPE text;
+    DROP INDEX outbox_events_ordering_leased;
     DELETE FROM outbox_schema;
     INSERT INTO outbox_schema (version, applied_at) VALUES (4, 0)`);
 }
@@ -584,7 +634,13 @@ Deno.test("postgres: opening a version 4 schema (identities as text) upgrades it
     await db.query("SELECT version FROM outbox_schema ORDER BY version"),
     [{ version: 4 }, { version: POSTGRES_SCHEMA_VERSION }],
   );
-  assert.equal(POSTGRES_SCHEMA_VERSION, 5);
+  assert.equal(POSTGRES_SCHEMA_VERSION, 6);
+  assert.deepEqual(
+    await db.query(
+      "SELECT 1 AS present FROM pg_indexes WHERE indexname = 'outbox_events_ordering_leased' AND schemaname = current_schema()",
+    ),
+    [{ present: 1 }],
+  );
   assert.deepEqual(await snapshot(), before);
   // The same text comes back, by claim and by lookup, and an enqueue with
   // an identity that exists is deduplicated to its event.
