@@ -60,10 +60,12 @@ export interface PostgresDriverOptions {
    */
   readonly lockTimeoutMs?: number;
   /**
-   * The schema the outbox's tables live in (the connection's
-   * `search_path`), created by the outbox when missing.
+   * The schema the outbox's tables live in, created by the outbox when
+   * missing: the connection's whole `search_path`, so the application's
+   * SQL on the connection (`tx.query`) names tables of other schemas in
+   * full (`public.orders`).
    *
-   * @default {"public"}
+   * @default {the connection's current schema: `public`, unless the server's `search_path` puts another first (a schema named after the user, as `"$user"` does)}
    */
   readonly schema?: string;
   /**
@@ -217,6 +219,8 @@ export class PostgresDriver implements Driver, AsyncDisposable {
   #closed = false;
   /** Creates the schema at the first connection (openPostgres's). */
   #createSchema: boolean;
+  /** Without the `schema` option, where the server's search_path led. */
+  #currentSchema: string | undefined;
 
   /** @ignore Use {@linkcode connectPostgres}. */
   constructor(
@@ -231,7 +235,7 @@ export class PostgresDriver implements Driver, AsyncDisposable {
 
   /** The schema of the outbox's tables. */
   get schema(): string {
-    return this.#options.schema ?? "public";
+    return this.#options.schema ?? this.#currentSchema ?? "public";
   }
 
   /** Connects now, so a bad URL or a server that is down fails at open. */
@@ -326,9 +330,8 @@ export class PostgresDriver implements Driver, AsyncDisposable {
    */
   async watchEnqueues(listener: () => void): Promise<() => Promise<void>> {
     if (this.#options.listen === false) return () => Promise.resolve();
-    const schema = this.schema;
     return await this.listen("leased_outbox", (payload) => {
-      if (payload === schema) listener();
+      if (payload === this.schema) listener();
     });
   }
 
@@ -522,6 +525,14 @@ export class PostgresDriver implements Driver, AsyncDisposable {
         });
       }
       this.#createSchema = false;
+      if (options.schema === undefined) {
+        // The NOTIFY of an enqueue names the schema its table is in.
+        const { rows } = await client.query({
+          text: "SELECT current_schema() AS schema",
+          values: [],
+        });
+        this.#currentSchema = String(rows[0]?.["schema"] ?? "public");
+      }
       for (const channel of this.#listeners.keys()) {
         await client.query({
           text: `LISTEN ${quoteIdentifier(channel)}`,

@@ -131,6 +131,53 @@ Deno.test("edge example: the drain stops claiming once maxMs has passed", async 
   assert.equal((await outbox.stats()).pending, 10 - report.delivered);
 });
 
+Deno.test("edge example: the drain returns at maxMs while a delivery hangs, aborting the deliveries still running and releasing them for a retry", async () => {
+  const { outbox, post } = await shop();
+  await using _ = outbox;
+  const { eventId: hung } = await (await post({ total: 1 })).json();
+  const { eventId: aborted } = await (await post({ total: 2 })).json();
+  const signals: AbortSignal[] = [];
+  const started = performance.now();
+  const report = await drain(outbox, (lease, signal) => {
+    signals.push(signal);
+    // One ignores its signal and never settles; the other gives up on it.
+    if (lease.eventId === hung) return new Promise(() => {});
+    return new Promise((_, reject) =>
+      signal.addEventListener("abort", () => reject(signal.reason))
+    );
+  }, { maxMs: 200, retryDelayMs: 60_000 });
+  // Before, the drain waited for ever on the hung delivery.
+  const tookMs = performance.now() - started;
+  assert.ok(tookMs >= 200 && tookMs < 2_000, String(tookMs));
+  assert.deepEqual(report, { delivered: 0, failed: 2, stale: 0 });
+  assert.ok(signals.every((signal) => signal.aborted));
+  for (const eventId of [hung, aborted]) {
+    const explanation = await outbox.explain(eventId);
+    assert.equal(explanation?.state, "pending");
+    assert.match(String(explanation?.lastError), /the drain's 200 ms were up/);
+  }
+});
+
+Deno.test("edge example: a release that fails leaves that event to its lease and the drain acknowledges the rest", async () => {
+  const { outbox, post } = await shop();
+  await using _ = outbox;
+  const ids: number[] = [];
+  for (let i = 1; i <= 3; i++) {
+    ids.push((await (await post({ total: i })).json()).eventId);
+  }
+  outbox.release = () => Promise.reject(new Error("database is busy"));
+  const report = await drain(outbox, (lease) => {
+    if (lease.eventId === ids[1]) throw new Error("webhook answered 503");
+    return Promise.resolve();
+  });
+  // Before, the failed release threw out of the drain, leaving the two
+  // delivered events unacknowledged.
+  assert.deepEqual(report, { delivered: 2, failed: 1, stale: 0 });
+  const stats = await outbox.stats();
+  assert.deepEqual([stats.done, stats.leased], [2, 1]);
+  assert.equal((await outbox.explain(ids[1]!))?.state, "leased");
+});
+
 Deno.test("edge example: a failed delivery is released with its error for a later retry", async () => {
   const { outbox, post } = await shop();
   await using _ = outbox;

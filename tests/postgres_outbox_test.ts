@@ -327,6 +327,29 @@ Deno.test("postgres: an enqueue on one connection wakes a listener of another th
   assert.equal((await worker.claim())?.payload, "x");
 });
 
+Deno.test("postgres: without the schema option, an outbox where the server's search_path leads (a schema named after the user) wakes its listeners", async () => {
+  const url = await (await sharedPostgres()).createDatabase();
+  await using db = await connectPostgres(url);
+  await db.run("CREATE SCHEMA postgres");
+  await using worker = await openPostgres(url);
+  await using producer = await openPostgres(url);
+  assert.deepEqual(
+    await db.query(
+      "SELECT schemaname FROM pg_tables WHERE tablename = 'outbox_events'",
+    ),
+    [{ schemaname: "postgres" }],
+  );
+  const woken = Promise.withResolvers<string>();
+  const off = worker.onEnqueue(() => woken.resolve("woken"));
+  const timer = setTimeout(() => woken.resolve("not woken"), 5_000);
+  await producer.enqueue("x");
+  // Before, the listener compared the NOTIFY's schema with "public".
+  assert.equal(await woken.promise, "woken");
+  clearTimeout(timer);
+  off();
+  assert.equal((await worker.claim())?.payload, "x");
+});
+
 Deno.test("postgres: with listen off, enqueues on another connection wake nobody and polling still claims", async () => {
   const { url, schema } = await fresh();
   await using worker = await openPostgres(url, { schema, listen: false });

@@ -46,9 +46,10 @@ Deno.serve({ port: Number(Deno.env.get("PORT") ?? 8000) }, async (request) => {
   const url = new URL(request.url);
   if (request.method === "POST" && url.pathname === "/drain") {
     const webhook = Deno.env.get("WEBHOOK_URL")!;
-    const report = await drain(await outbox(), async (lease) => {
+    const report = await drain(await outbox(), async (lease, signal) => {
       const response = await fetch(webhook, {
         method: "POST",
+        signal,
         // The recipient dedupes on the identity and orders attempts by
         // the fence.
         headers: {

@@ -3,7 +3,8 @@
  * drive them: the request handler commits an order and its event in one
  * transaction, and the bounded drain delivers up to N events or for at most
  * T ms, then returns (for scheduled invocations, which are cut off after a
- * time limit).
+ * time limit): deliveries still running at T are aborted and released for a
+ * retry.
  *
  * @module
  */
@@ -74,7 +75,14 @@ export function ordersHandler(
 export interface DrainOptions {
   /** Most events to deliver. @default {100} */
   readonly maxEvents?: number;
-  /** Stop claiming after this long, in milliseconds. @default {10000} */
+  /**
+   * How long the drain runs, in milliseconds: no claim after it, and
+   * deliveries still running then are aborted (their signal) and released
+   * for a retry. The drain returns after its last acknowledgement and
+   * releases, one round trip or two later.
+   *
+   * @default {10000}
+   */
   readonly maxMs?: number;
   /** Events claimed per transaction. @default {10} */
   readonly batch?: number;
@@ -96,18 +104,58 @@ export interface DrainReport {
  * Claims and delivers events until `maxEvents` were handled, `maxMs`
  * passed, or none is due: the scheduled edge invocation's bounded share of
  * the work. Each event is acknowledged after `deliver` resolves, or
- * released for a retry when it throws; the recipient dedupes on the
- * event's identity (`deliveryHeaders(lease)`). A batch's acknowledgements
- * go with the next batch's claim (`acknowledgeAndClaim`): one round trip
- * and one commit per batch.
+ * released for a retry when it throws or is still running at `maxMs`
+ * (`deliver` gets a signal that aborts then, for its `fetch`); the
+ * recipient dedupes on the event's identity (`deliveryHeaders(lease)`), as
+ * a delivery that ignored the signal and got through is delivered again. A
+ * batch's acknowledgements go with the next batch's claim
+ * (`acknowledgeAndClaim`): one round trip and one commit per batch. A
+ * release that fails (the database busy) leaves that event leased until its
+ * lease lapses, then it is claimed again; the drain goes on.
  */
 export async function drain(
   outbox: Outbox<OrderPlaced>,
-  deliver: (lease: Lease<OrderPlaced>) => Promise<void>,
+  deliver: (lease: Lease<OrderPlaced>, signal: AbortSignal) => Promise<void>,
   options: DrainOptions = {},
 ): Promise<DrainReport> {
   const maxEvents = options.maxEvents ?? 100;
-  const deadline = performance.now() + (options.maxMs ?? 10_000);
+  const maxMs = options.maxMs ?? 10_000;
+  const deadline = performance.now() + maxMs;
+  const timeUp = new AbortController();
+  const timer = setTimeout(
+    () => timeUp.abort(new Error(`cut off: the drain's ${maxMs} ms were up`)),
+    maxMs,
+  );
+  const cutOff = new Promise<never>((_, reject) =>
+    timeUp.signal.addEventListener(
+      "abort",
+      () => reject(timeUp.signal.reason),
+    )
+  );
+  cutOff.catch(() => {});
+  try {
+    return await drainUntil(outbox, deliver, options, {
+      maxEvents,
+      deadline,
+      signal: timeUp.signal,
+      cutOff,
+    });
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+async function drainUntil(
+  outbox: Outbox<OrderPlaced>,
+  deliver: (lease: Lease<OrderPlaced>, signal: AbortSignal) => Promise<void>,
+  options: DrainOptions,
+  { maxEvents, deadline, signal, cutOff }: {
+    maxEvents: number;
+    deadline: number;
+    signal: AbortSignal;
+    cutOff: Promise<never>;
+  },
+): Promise<DrainReport> {
   const leaseMs = options.leaseMs ?? 30_000;
   let delivered = 0;
   let failed = 0;
@@ -126,7 +174,9 @@ export async function drain(
   while (leases.length > 0) {
     // async: a deliver that throws at once fails its event, not the drain.
     const outcomes = await Promise.allSettled(
-      leases.map(async (lease) => await deliver(lease)),
+      leases.map(async (lease) =>
+        await Promise.race([deliver(lease, signal), cutOff])
+      ),
     );
     const done = leases.filter((_, i) => outcomes[i]!.status === "fulfilled");
     for (const [i, lease] of leases.entries()) {
@@ -136,7 +186,7 @@ export async function drain(
         await outbox.release(lease, {
           delayMs: options.retryDelayMs ?? 5_000,
           error: String(outcome.reason).slice(0, 1_000),
-        });
+        }).catch(() => {});
       }
     }
     const max = next(done.length);
