@@ -1744,8 +1744,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * would wait for the transaction that is waiting for it (where the
    * runtime has no `AsyncLocalStorage`, as in browsers, it is not detected
    * and waits). `tx.run` and `tx.query` refuse `BEGIN`, `COMMIT`, `END`,
-   * `ROLLBACK`, `SAVEPOINT` and `RELEASE`: the transaction ends when `fn`
-   * does. While the application has its own transaction open on the
+   * `ROLLBACK`, `SAVEPOINT` and `RELEASE` (and PostgreSQL's `ABORT`,
+   * `START TRANSACTION` and `PREPARE TRANSACTION`): the transaction ends
+   * when `fn` does. While the application has its own transaction open on the
    * connection, this waits for it to end (see {@linkcode Outbox.enqueue}).
    *
    * @param fn The work; its result is returned after the commit.
@@ -1753,6 +1754,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @throws {LeaseLostError} When `tx.acknowledge` found its lease stale.
    * @throws {RangeError} When `tx.run` or `tx.query` is given a
    * transaction-control statement (before it runs).
+   * @throws {TypeError} When `tx.run` or `tx.query` is given SQL that is not
+   * a string, or parameters that are not an array (before it runs).
    * @throws {Error} When called from inside `fn` of a transaction on the
    * same connection.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
@@ -3304,26 +3307,44 @@ export function transactionStatements(
   return {
     run: async (sql, params) => {
       inside("run");
-      checkNotTransactionControl("run", sql);
+      checkStatement("run", sql, params);
       return await driver.run(sql, params);
     },
     query: async (sql, params) => {
       inside("query");
-      checkNotTransactionControl("query", sql);
+      checkStatement("query", sql, params);
       return await driver.query(sql, params);
     },
   };
 }
 
 /**
- * Refuses SQL whose first keyword begins, ends or rolls back a transaction,
- * before it runs: the one home of this check for the outbox's and the
- * inbox's transactions.
+ * Refuses SQL that is not a string, parameters that are not an array, and
+ * SQL whose first keyword begins, ends or rolls back a transaction, before
+ * it runs: the one home of this check for the outbox's and the inbox's
+ * transactions.
  *
  * @ignore
  */
-function checkNotTransactionControl(op: string, sql: unknown): void {
-  if (typeof sql !== "string") return;
+function checkStatement(
+  op: string,
+  sql: unknown,
+  params: unknown,
+): void {
+  if (typeof sql !== "string") {
+    throw new TypeError(
+      `Cannot ${op} as 'sql' must be a string: current value is ${
+        describe(sql)
+      }`,
+    );
+  }
+  if (params !== undefined && !Array.isArray(params)) {
+    throw new TypeError(
+      `Cannot ${op} as 'params' must be an array: current value is ${
+        describe(params)
+      }`,
+    );
+  }
   const keyword = transactionControl(sql);
   if (keyword !== "") {
     throw new RangeError(

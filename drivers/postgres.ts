@@ -30,7 +30,7 @@ import {
 } from "../driver.ts";
 import { POSTGRES } from "../dialects/postgres.ts";
 import { type Dialect, Outbox, type OutboxOptions } from "../lease.ts";
-import { checkBoolean } from "../validate.ts";
+import { checkBoolean, checkInteger } from "../validate.ts";
 import {
   BusyError,
   ConnectionLostError,
@@ -40,7 +40,12 @@ import {
 
 /** Options of {@linkcode connectPostgres}. */
 export interface PostgresDriverOptions {
-  /** How long to wait for a connection, in milliseconds. @default {10000} */
+  /**
+   * How long to wait for a connection, in milliseconds, at most
+   * 2,147,483,647 (as for the two below).
+   *
+   * @default {10000}
+   */
   readonly connectTimeoutMs?: number;
   /**
    * The server's `statement_timeout` for this connection, in milliseconds;
@@ -54,7 +59,8 @@ export interface PostgresDriverOptions {
    * The server's `lock_timeout` for this connection, in milliseconds; `0`
    * for none. A lock wait past it fails with {@linkcode BusyError}.
    * `openPostgres` sets it to the outbox's `busyTimeoutMs` unless given
-   * (1 ms for a `busyTimeoutMs` of 0, which waits for no lock).
+   * (1 ms for a `busyTimeoutMs` of 0, which waits for no lock; the server's
+   * longest, about 24.8 days, for a longer one).
    *
    * @default {0}
    */
@@ -76,7 +82,12 @@ export interface PostgresDriverOptions {
    * @default {true}
    */
   readonly prepare?: boolean;
-  /** `application_name`, shown in `pg_stat_activity`. @default {"leased-outbox"} */
+  /**
+   * `application_name`, shown in `pg_stat_activity`: at most 63 printable
+   * ASCII characters, which the server keeps whole.
+   *
+   * @default {"leased-outbox"}
+   */
   readonly applicationName?: string;
   /**
    * Wake idle workers with `LISTEN`/`NOTIFY` when another connection
@@ -116,7 +127,14 @@ const DRIVER_OPTIONS: readonly (keyof PostgresDriverOptions)[] = [
 ];
 const INT8 = 20;
 const BYTEA = 17;
-const SCHEMA = /^[a-z_][a-z0-9_]{0,62}$/;
+// PostgreSQL reserves names that begin with pg_.
+const SCHEMA = /^(?!pg_)[a-z_][a-z0-9_]{0,62}$/;
+// The longest timeout, in milliseconds, the server takes (an int), and the
+// longest delay setTimeout keeps.
+const MAX_TIMEOUT_MS = 2_147_483_647;
+// The server keeps 63 bytes of an application name and shows printable
+// ASCII only; a longer one can overflow the startup packet.
+const APPLICATION_NAME = /^[\x20-\x7e]{0,63}$/;
 /**
  * The statements worth a name: the dialect's, a bounded set, less
  * transaction control, which has nothing to plan (and so a transaction
@@ -597,6 +615,13 @@ export async function openPostgres<P = unknown>(
   url: string,
   options: PostgresOutboxOptions = {},
 ): Promise<Outbox<P>> {
+  if (options === null || typeof options !== "object") {
+    throw new TypeError(
+      `Cannot open outbox as 'options' must be an object: current value is ${
+        String(options)
+      }`,
+    );
+  }
   const driverOptions: Record<string, unknown> = {};
   const outboxOptions: Record<string, unknown> = { now: "database" };
   for (const [name, value] of Object.entries(options)) {
@@ -609,12 +634,17 @@ export async function openPostgres<P = unknown>(
   // invalid busyTimeoutMs is left for Outbox.open to refuse by name. A
   // busyTimeoutMs of 0 waits for no lock, as on SQLite, where the server's
   // lock_timeout of 0 would wait for ever: the shortest it takes is 1 ms.
+  // The longest it takes is about 24.8 days: a longer busyTimeoutMs (up to
+  // 365 days) waits that long for a row lock.
   const busyTimeoutMs = options.busyTimeoutMs ?? 5_000;
   if (
     driverOptions["lockTimeoutMs"] === undefined &&
     Number.isSafeInteger(busyTimeoutMs) && busyTimeoutMs >= 0
   ) {
-    driverOptions["lockTimeoutMs"] = Math.max(busyTimeoutMs, 1);
+    driverOptions["lockTimeoutMs"] = Math.min(
+      Math.max(busyTimeoutMs, 1),
+      MAX_TIMEOUT_MS,
+    );
   }
   checkDriverOptions(url, driverOptions);
   // Connects at the outbox's first statement, once it has checked its own
@@ -677,23 +707,26 @@ function checkDriverOptions(url: string, options: PostgresDriverOptions): void {
       "lockTimeoutMs",
     ] as const
   ) {
-    const value = options[field];
-    if (
-      value !== undefined &&
-      (typeof value !== "number" || !Number.isSafeInteger(value) || value < 0)
-    ) {
-      throw new TypeError(
-        `Cannot connect as '${field}' must be a non-negative integer: current value is ${
-          String(value)
-        }`,
-      );
-    }
+    checkInteger("connect", field, options[field], 0, MAX_TIMEOUT_MS);
+  }
+  const name = options.applicationName;
+  if (
+    name !== undefined &&
+    (typeof name !== "string" || !APPLICATION_NAME.test(name))
+  ) {
+    throw new TypeError(
+      `Cannot connect as 'applicationName' must be at most 63 printable ASCII characters: current value is ${
+        typeof name === "string"
+          ? JSON.stringify(name.slice(0, 70))
+          : String(name)
+      }`,
+    );
   }
   checkBoolean("connect", "prepare", options.prepare, true);
   checkBoolean("connect", "listen", options.listen, true);
   if (options.schema !== undefined && !SCHEMA.test(options.schema)) {
     throw new TypeError(
-      `Cannot connect as 'schema' must be a lowercase identifier of at most 63 characters: current value is ${
+      `Cannot connect as 'schema' must be a lowercase identifier of at most 63 characters, not beginning with pg_: current value is ${
         JSON.stringify(String(options.schema).slice(0, 70))
       }`,
     );

@@ -12,6 +12,7 @@ import {
   connectPostgres,
   openPostgres,
   type PostgresDriver,
+  type PostgresOutboxOptions,
 } from "../drivers/postgres.ts";
 import {
   BusyError,
@@ -195,6 +196,14 @@ Deno.test("postgres: tx.run() refuses ABORT, START TRANSACTION and PREPARE TRANS
         ),
       });
     }
+    await assert.rejects(tx.query(5 as unknown as string), {
+      name: "TypeError",
+      message: /'sql' must be a string/,
+    });
+    await assert.rejects(
+      tx.run("INSERT INTO orders VALUES ($1)", 2 as unknown as []),
+      { name: "TypeError", message: /'params' must be an array/ },
+    );
     await tx.run("INSERT INTO orders VALUES (1)");
     return enqueued;
   });
@@ -564,6 +573,31 @@ Deno.test("postgres: openPostgres refuses bad options before connecting, and cre
     openPostgres("postgres://nobody@127.0.0.1:1/none", { maxAttempts: -1 }),
     RangeError,
   );
+  // Each refused by name before connecting (before, a server error about
+  // an option the user never set, a timer overflow, a hang or a bare
+  // TypeError from the client).
+  const refused: [unknown, string][] = [
+    [{ statementTimeoutMs: 2 ** 31 }, "statementTimeoutMs"],
+    [{ lockTimeoutMs: 2 ** 31 }, "lockTimeoutMs"],
+    [{ connectTimeoutMs: 2 ** 40 }, "connectTimeoutMs"],
+    [{ applicationName: 5 }, "applicationName"],
+    [{ applicationName: "a\0b" }, "applicationName"],
+    [{ applicationName: "x".repeat(64) }, "applicationName"],
+    [{ schema: "pg_x" }, "schema"],
+    [null, "options"],
+  ];
+  for (const [options, field] of refused) {
+    await assert.rejects(
+      openPostgres(
+        "postgres://nobody@127.0.0.1:1/none",
+        options as PostgresOutboxOptions,
+      ),
+      (error: Error) =>
+        (error instanceof TypeError || error instanceof RangeError) &&
+        error.message.includes(`'${field}'`),
+      field,
+    );
+  }
   await using db = await raw(url, schema);
   assert.deepEqual(
     await db.query("SELECT 1 FROM pg_namespace WHERE nspname = $1", [missing]),
@@ -571,6 +605,20 @@ Deno.test("postgres: openPostgres refuses bad options before connecting, and cre
   );
   await using outbox = await openPostgres(url, { schema: missing });
   assert.equal((await outbox.stats()).pending, 0);
+});
+
+Deno.test("postgres: a busyTimeoutMs past the server's longest lock_timeout waits the longest it takes", async () => {
+  const { url, schema } = await fresh();
+  // 30 days; before, the open failed with the server's error about
+  // lock_timeout.
+  await using outbox = await openPostgres(url, {
+    schema,
+    busyTimeoutMs: 30 * 86_400_000,
+  });
+  assert.deepEqual(
+    await outbox.transaction((tx) => tx.query("SHOW lock_timeout")),
+    [{ lock_timeout: "2147483647ms" }],
+  );
 });
 
 Deno.test("R12: four outboxes opening one new schema at once all open, and the schema version is recorded once", async () => {
