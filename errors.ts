@@ -44,7 +44,9 @@ export class SqliteError extends Error {
 /**
  * The database stayed locked by another connection for longer than
  * `busyTimeoutMs` (`SQLITE_BUSY`, result code 5). The operation changed
- * nothing; calling it again later is safe.
+ * nothing; calling it again later is safe. On PostgreSQL it is a lock wait
+ * past the connection's `lock_timeout` (SQLSTATE `55P03`, in `cause.code`),
+ * and `code` is 5 there too, so one check serves both engines.
  *
  * @example Usage
  * ```ts
