@@ -5,7 +5,7 @@
  *
  * The database is a SQLite file or a PostgreSQL URL
  * (`postgres://user:password@host/database`, with `--schema` for an outbox
- * outside `public`). Read-only commands (`stats`, `list`, `explain`,
+ * other than the one the connection's `search_path` leads to). Read-only commands (`stats`, `list`, `explain`,
  * `watch`) open it read-only (a file with `?mode=ro`) through
  * {@linkcode OutboxReader}: they never write, never create or upgrade the
  * schema, and wait on a writer's lock for `--busy-timeout`. The others open
@@ -63,7 +63,12 @@ import type { EventInfo, QueueCounts } from "./admin.ts";
 import { OutboxReader } from "./reader.ts";
 import { openNodeSqlite } from "./drivers/node_sqlite.ts";
 import { openSqliteWasm } from "./deno/sqlite_wasm.ts";
-import { connectPostgres, openPostgres } from "./drivers/postgres.ts";
+import {
+  connectPostgres,
+  lockTimeoutFor,
+  maskCredentials,
+  openPostgres,
+} from "./drivers/postgres.ts";
 
 /** Where {@linkcode main} writes, and its clock; the process's by default. */
 export interface CliIo {
@@ -102,7 +107,8 @@ Options:
   --state <s,...>        purge: states to delete (done, dead; default both)
   --interval <d>         watch: refresh period (default 2s)
   --busy-timeout <d>     how long to wait for a writer's lock (default 5s)
-  --schema <name>        PostgreSQL: the schema the outbox is in (default public)
+  --schema <name>        PostgreSQL: the schema the outbox is in (default: where
+                         the connection's search_path leads, usually public)
   -h, --help             this text
 
 The database is a file path (or a file: URI), or a PostgreSQL URL
@@ -203,7 +209,15 @@ export async function main(
   io: CliIo = {},
 ): Promise<number> {
   const out = io.stdout ?? writeLine;
-  const err = io.stderr ?? console.error;
+  // No message prints a password of the command line, in any shape.
+  const secrets = args.flatMap(secretsOf);
+  const err = (line: string) =>
+    (io.stderr ?? console.error)(
+      secrets.reduce(
+        (text, secret) => text.replaceAll(secret, "***"),
+        maskCredentials(line),
+      ),
+    );
   let file: string | undefined;
   try {
     const { values, positionals } = parseCommandLine(args);
@@ -634,7 +648,7 @@ async function openReader(context: Context): Promise<OutboxReader> {
     driver = await withPath(context, () =>
       connectPostgres(context.database, {
         ...postgresOptions(context),
-        lockTimeoutMs: Math.max(context.busyTimeoutMs, 1),
+        lockTimeoutMs: lockTimeoutFor(context.busyTimeoutMs),
       }));
   } else {
     const url = fileUrl(context.database);
@@ -745,7 +759,13 @@ async function withPath<T>(context: Context, fn: () => Promise<T>): Promise<T> {
       : error instanceof SqliteError && /not a database/.test(error.message)
       ? "not an outbox database (not SQLite)"
       : /no outbox/.test(message(error))
-      ? "not an outbox database (no outbox tables)"
+      ? `not an outbox database (no outbox tables${
+        !context.postgres
+          ? ""
+          : context.options.schema === undefined
+          ? " where its search_path leads"
+          : ` in schema ${context.options.schema}`
+      })`
       : message(error);
     throw new Error(`cannot open ${shown(context.database)}: ${why}`, {
       cause: error,
@@ -755,9 +775,30 @@ async function withPath<T>(context: Context, fn: () => Promise<T>): Promise<T> {
 
 /** The database as the output names it: a URL's password masked. */
 function shown(database: string): string {
-  return database
-    .replace(/^(postgres(?:ql)?:\/\/[^:@/]*:)[^@]*@/i, "$1***@")
-    .replace(/([?&]password=)[^&#]*/gi, "$1***");
+  return maskCredentials(database);
+}
+
+/**
+ * The secrets `database` may carry (a URL's password, raw and decoded, and
+ * its query's passwords), so that no message quoting them in another shape
+ * (a client's own error) prints them.
+ */
+function secretsOf(database: string): string[] {
+  const secrets: string[] = [];
+  const password = /^[a-z][a-z0-9+.-]*:\/\/?[^:@/?#]*:([^/?#]*)@/i.exec(
+    database,
+  )?.[1];
+  if (password) secrets.push(password);
+  for (const [, value] of database.matchAll(/[?&][a-z_]*password=([^&#]*)/gi)) {
+    if (value) secrets.push(value);
+  }
+  return secrets.flatMap((secret) => {
+    try {
+      return [secret, decodeURIComponent(secret)];
+    } catch {
+      return [secret];
+    }
+  });
 }
 
 function fileUrl(path: string): URL {

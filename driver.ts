@@ -200,13 +200,25 @@ export const TRANSACTION_CONTROL: ReadonlySet<string> = new Set([
  * @returns The keywords, upper-cased.
  */
 export function transactionControl(sql: string): string {
-  const keyword = firstKeyword(sql).toUpperCase();
-  if (TRANSACTION_CONTROL.has(keyword)) return keyword;
-  if (keyword !== "PREPARE") return "";
-  const rest = sql.slice(separatorsEnd(sql, 0) + keyword.length);
-  return firstKeyword(rest).toUpperCase() === "TRANSACTION"
-    ? "PREPARE TRANSACTION"
-    : "";
+  // As SQLite reads comments, and as PostgreSQL does (its block comments
+  // nest): either reading may run.
+  for (const nested of [false, true]) {
+    const start = separatorsEnd(sql, 0, nested);
+    const keyword = leadingWord(sql, start);
+    if (TRANSACTION_CONTROL.has(keyword)) return keyword;
+    if (
+      keyword === "PREPARE" &&
+      leadingWord(sql, separatorsEnd(sql, start + keyword.length, nested)) ===
+        "TRANSACTION"
+    ) return "PREPARE TRANSACTION";
+  }
+  return "";
+}
+
+/** The word at `start` of `sql`, upper-cased (`""` when none). */
+function leadingWord(sql: string, start: number): string {
+  const match = /^[A-Za-z_][A-Za-z0-9_$]*/.exec(sql.slice(start, start + 64));
+  return match?.[0].toUpperCase() ?? "";
 }
 
 /**
@@ -234,8 +246,12 @@ function onlySeparators(text: string): boolean {
   return separatorsEnd(text, 0) === text.length;
 }
 
-/** Where the run of separators that starts at `i` in `text` ends. */
-function separatorsEnd(text: string, i: number): number {
+/**
+ * Where the run of separators that starts at `i` in `text` ends; `nested`:
+ * block comments nest, as PostgreSQL reads them (SQLite's end at the first
+ * `*\/`).
+ */
+function separatorsEnd(text: string, i: number, nested = false): number {
   while (i < text.length) {
     const c = text[i]!;
     if (" \t\n\v\f\r;".includes(c)) i++;
@@ -243,11 +259,24 @@ function separatorsEnd(text: string, i: number): number {
       const end = text.indexOf("\n", i + 2);
       i = end < 0 ? text.length : end + 1;
     } else if (text.startsWith("/*", i)) {
-      const end = text.indexOf("*/", i + 2);
-      i = end < 0 ? text.length : end + 2;
+      i = commentEnd(text, i + 2, nested);
     } else return i;
   }
   return i;
+}
+
+/** Where a block comment whose text starts at `i` ends (past its `*\/`). */
+function commentEnd(text: string, i: number, nested: boolean): number {
+  for (let depth = 1; i < text.length;) {
+    if (text.startsWith("*/", i)) {
+      i += 2;
+      if (--depth === 0 || !nested) return i;
+    } else if (nested && text.startsWith("/*", i)) {
+      depth++;
+      i += 2;
+    } else i++;
+  }
+  return text.length;
 }
 
 function clip(text: string): string {

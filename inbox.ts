@@ -417,14 +417,20 @@ export class Inbox implements AsyncDisposable {
     }
     return this.#mutex.run(async () => {
       const deadline = performance.now() + this.#busyTimeoutMs;
-      await this.#untilNotBusy(op, deadline, SQL.begin);
+      // An outbox's call made meanwhile on the connection does not join it.
+      this.#mutex.transaction = true;
       try {
-        const result = await fn(this.#clock(op));
-        await this.#untilNotBusy(op, deadline, SQL.commit);
-        return result;
-      } catch (error) {
-        await this.#driver.run(SQL.rollback).catch(() => {});
-        throw error;
+        await this.#untilNotBusy(op, deadline, SQL.begin);
+        try {
+          const result = await fn(this.#clock(op));
+          await this.#untilNotBusy(op, deadline, SQL.commit);
+          return result;
+        } catch (error) {
+          await this.#driver.run(SQL.rollback).catch(() => {});
+          throw error;
+        }
+      } finally {
+        this.#mutex.transaction = false;
       }
     });
   }

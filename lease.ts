@@ -632,8 +632,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @throws {TypeError | RangeError} When an option is invalid or unknown,
    * naming it.
    * @throws {SchemaVersionError} When the database has a newer outbox schema.
-   * @throws {Error} When the connection is read-only (every call writes:
-   * lapsed last-attempt leases become dead letters first).
+   * @throws {Error} When the connection is read-only (claims, acknowledgements
+   * and the admin calls write: lapsed last-attempt leases become dead
+   * letters first).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   static async open<P = unknown>(
@@ -718,7 +719,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       } catch (error) {
         if (error instanceof SqliteError && error.primaryCode === 8) {
           throw new Error(
-            "Cannot open outbox as the connection is read-only: every call takes the write lock (lapsed last-attempt leases become dead letters first)",
+            "Cannot open outbox as the connection is read-only: its calls take the write lock (claims, acknowledgements and the admin calls first make lapsed last-attempt leases dead letters)",
             { cause: error },
           );
         }
@@ -741,9 +742,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * call commits at once. Each call still resolves only once the commit
    * holding its event returned, and events get ids in the order of the
    * calls. A call that fails inside the shared transaction is undone under
-   * its own savepoint and rejects alone; when the commit itself fails, every
-   * call of that transaction rejects with its error and none of their events
-   * was written.
+   * its own savepoint and rejects alone. A commit a deferred constraint
+   * refuses (checked only then) runs the calls again, each in a transaction
+   * of its own and in order, so only the one that broke it rejects; when a
+   * commit fails otherwise, every call of that transaction rejects with its
+   * error and none of their events was written.
    *
    * @param payload A JSON-serializable value, stored as `JSON.stringify`
    * makes it (so `NaN` becomes `null` and a `Map` `{}`), or a `Uint8Array`
@@ -2717,6 +2720,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
             busyDeadline,
             this.#sql.begin,
             () => this.#inApplicationTransaction(),
+            true,
           );
           if (!began) return null;
           let committing = false;
@@ -2725,9 +2729,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
             const value = await fn(now, false);
             committing = true;
             await this.#untilNotBusy(op, busyDeadline, this.#sql.commit);
+            this.#mutex.transaction = false;
             return { value };
           } catch (error) {
             await this.#driver.run(this.#sql.rollback).catch(() => {});
+            this.#mutex.transaction = false;
             // A deferred constraint is checked at COMMIT, past every
             // savepoint: the caller may run the work again otherwise.
             if (
@@ -2808,7 +2814,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   /** Whether the application has a transaction open on the connection. */
   #inApplicationTransaction(): boolean {
-    return this.#driver.inTransaction?.() === true;
+    return this.#driver.inTransaction?.() === true && !this.#mutex.transaction;
   }
 
   /**
@@ -2828,12 +2834,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * Runs `sql` (a BEGIN or COMMIT), retrying `SQLITE_BUSY` until
    * `deadline`. Resolves to `false`, having run nothing more, when `yieldTo`
    * says so before a try (an application transaction opened meanwhile).
+   * `begins`: from each try of the BEGIN on, the transaction open on the
+   * connection is the outbox's (the mutex's `transaction`), until it fails;
+   * the caller clears it after its COMMIT or ROLLBACK.
    */
   async #untilNotBusy(
     op: string,
     deadline: number,
     sql: string,
     yieldTo?: () => boolean,
+    begins = false,
   ): Promise<boolean> {
     for (
       let backoffMs = 1;;
@@ -2841,9 +2851,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     ) {
       if (yieldTo?.()) return false;
       try {
+        if (begins) this.#mutex.transaction = true;
         await this.#driver.run(sql);
         return true;
       } catch (error) {
+        if (begins) this.#mutex.transaction = false;
         if (!(error instanceof BusyError)) throw error;
         const remainingMs = deadline - performance.now();
         if (remainingMs <= 0) {
@@ -3003,6 +3015,12 @@ export function driverMutex(driver: Driver): Mutex {
 export class Mutex {
   #tail: Promise<unknown> = Promise.resolve();
   #sections = 0;
+  /**
+   * Whether the transaction open on the connection is an outbox's or an
+   * inbox's own (from its BEGIN to its COMMIT or ROLLBACK), not the
+   * application's: a call made meanwhile does not join it.
+   */
+  transaction = false;
 
   /** Whether a section is running or waiting to run. */
   get held(): boolean {

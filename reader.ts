@@ -1,8 +1,9 @@
 /**
  * Read-only admin reads of an outbox: counts per queue and state, lists of
  * events, one event's ledger, the acknowledgement rate. Unlike
- * {@linkcode Outbox}, whose every call takes the write lock (and turns lapsed
- * last-attempt leases into dead letters first), an {@linkcode OutboxReader}
+ * {@linkcode Outbox}, whose calls take the write lock (its claims,
+ * acknowledgements and admin calls turn lapsed last-attempt leases into
+ * dead letters first), an {@linkcode OutboxReader}
  * only reads, so it never creates or upgrades the schema. On SQLite it reads
  * in deferred transactions, so it works on a read-only connection
  * (`file:outbox.db?mode=ro`) beside live workers; on PostgreSQL (a driver

@@ -190,14 +190,11 @@ const NOW = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 /**
  * Whether a candidate `e` of an ordering key may be claimed at `now`: no
- * earlier event of its key is pending or leased, no event of its key holds
- * a live lease, and no other claim is taking an event of its key at this
- * moment. Ids are given at insert, before commit, so an event can commit
- * after a later one of its key was claimed: without the last two, both
- * would be in flight at once. The advisory lock (a pair of hashes, held to
- * the end of the claim's transaction) covers a claim whose snapshot cannot
- * see another's lease yet. `except`: the ids of leases the same statement
- * acknowledges, which the snapshot still shows leased.
+ * earlier event of its key is pending or leased, and no event of its key
+ * holds a live lease. Ids are given at insert, before commit, so an event
+ * can commit after a later one of its key was claimed: without the second,
+ * both would be in flight at once. `except`: the ids of leases the same
+ * statement acknowledges, which the snapshot still shows leased.
  */
 const claimableInOrder = (now: string, except = "") =>
   `(e.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM outbox_events AS p
@@ -205,10 +202,22 @@ const claimableInOrder = (now: string, except = "") =>
           AND p.id < e.id AND p.state IN ('pending', 'leased')${except}
         UNION ALL SELECT 1 FROM outbox_events AS p
         WHERE p.queue = e.queue AND p.ordering_key = e.ordering_key
-          AND p.state = 'leased' AND p.due_at > ${now}${except})
-      AND pg_try_advisory_xact_lock(
-        hashtext('leased_outbox:' || current_schema() || ':' || e.queue),
-        hashtext(e.ordering_key)))`;
+          AND p.state = 'leased' AND p.due_at > ${now}${except}))`;
+
+/**
+ * Whether the candidate `c` (its columns `queue` and `ordering_key`) may be
+ * taken: one without an ordering key, or one whose key no other claim is
+ * taking an event of at this moment, which a claim's snapshot cannot see
+ * yet. Applied to the candidates a claim chose, after its LIMIT, so it
+ * locks no key it does not take. The lock (held to the end of the claim's
+ * transaction) is per outbox table, by its oid, whatever search_path led
+ * to it, and per key, the queue's length keeping "ab" + "c" apart from
+ * "a" + "bc".
+ */
+const freeKey = (c: string) =>
+  `(${c}.ordering_key IS NULL OR pg_try_advisory_xact_lock(
+      'outbox_events'::regclass::oid::integer,
+      hashtext(length(${c}.queue) || ':' || ${c}.queue || ${c}.ordering_key)))`;
 // The largest integer a JavaScript number holds exactly (2^53 - 1).
 const MAX_SAFE = "9007199254740991";
 // The clock of a one-statement call: $1, or the server's when $1 is null.
@@ -273,7 +282,8 @@ function claimInOne(acknowledge?: string): string {
   ${MATCHED},`;
   return `WITH ${CLOCK},${acknowledged}
   candidates AS MATERIALIZED (
-    SELECT e.id, e.state, e.fence, e.due_at, ${PAYLOAD_BYTES} AS bytes
+    SELECT e.id, e.state, e.fence, e.due_at, ${PAYLOAD_BYTES} AS bytes,
+      e.queue, e.ordering_key
     FROM outbox_events AS e
     WHERE e.queue = $2 AND e.state IN ('pending', 'leased')
       AND e.due_at <= (SELECT now FROM n)${
@@ -296,7 +306,7 @@ function claimInOne(acknowledge?: string): string {
   t AS MATERIALIZED (SELECT decode($6, 'hex') AS bytes),
   numbered AS MATERIALIZED (SELECT c.*,
       row_number() OVER (ORDER BY c.due_at, c.id) AS k
-    FROM candidates AS c),
+    FROM candidates AS c WHERE ${freeKey("c")}),
   refused AS MATERIALIZED (SELECT 1 FROM numbered
     WHERE state = 'leased' OR bytes > $4 OR id > ${MAX_SAFE}
       OR fence >= ${MAX_SAFE}
@@ -426,15 +436,20 @@ export const POSTGRES = {
     WHERE id IN (${IDS}($2::jsonb))`,
   // Only a payload within $4 bytes is read; a bigger one's size says why
   // the event is unclaimable.
-  candidates: `SELECT id, identity, state, fence, attempt, max_attempts,
-      CASE WHEN ${PAYLOAD_BYTES} <= $4 THEN payload END AS payload,
-      CASE WHEN ${PAYLOAD_BYTES} <= $4 THEN payload_bytes END AS payload_bytes,
-      ${PAYLOAD_BYTES} AS bytes, ordering_key, last_error
-    FROM outbox_events AS e
-    WHERE queue = $1 AND state IN ('pending', 'leased') AND due_at <= $2
-      AND ${claimableInOrder("$2")}
-    ORDER BY due_at, id LIMIT $3
-    FOR UPDATE OF e SKIP LOCKED`,
+  candidates: `SELECT c.id, c.identity, c.state, c.fence, c.attempt,
+      c.max_attempts, c.payload, c.payload_bytes, c.bytes, c.ordering_key,
+      c.last_error
+    FROM (SELECT id, identity, state, fence, attempt, max_attempts,
+        CASE WHEN ${PAYLOAD_BYTES} <= $4 THEN payload END AS payload,
+        CASE WHEN ${PAYLOAD_BYTES} <= $4 THEN payload_bytes END AS payload_bytes,
+        ${PAYLOAD_BYTES} AS bytes, queue, ordering_key, last_error, due_at
+      FROM outbox_events AS e
+      WHERE queue = $1 AND state IN ('pending', 'leased') AND due_at <= $2
+        AND ${claimableInOrder("$2")}
+      ORDER BY due_at, id LIMIT $3
+      FOR UPDATE OF e SKIP LOCKED) AS c
+    WHERE ${freeKey("c")}
+    ORDER BY c.due_at, c.id`,
   // $1 now or null (the server's clock), $2 queue, $3 max, $4 the largest
   // payload in bytes, $5 leaseMs, $6 one 32-character token per lease, in
   // claim order. Refuses (claims nothing) when a candidate is a lapsed

@@ -237,8 +237,8 @@ export class PostgresDriver implements Driver, AsyncDisposable {
   #closed = false;
   /** Creates the schema at the first connection (openPostgres's). */
   #createSchema: boolean;
-  /** Without the `schema` option, where the server's search_path led. */
-  #currentSchema: string | undefined;
+  /** Without the `schema` option, where the outbox's table was found. */
+  #tableSchema: string | undefined;
 
   /** @ignore Use {@linkcode connectPostgres}. */
   constructor(
@@ -253,7 +253,7 @@ export class PostgresDriver implements Driver, AsyncDisposable {
 
   /** The schema of the outbox's tables. */
   get schema(): string {
-    return this.#options.schema ?? this.#currentSchema ?? "public";
+    return this.#options.schema ?? this.#tableSchema ?? "public";
   }
 
   /** Connects now, so a bad URL or a server that is down fails at open. */
@@ -348,6 +348,16 @@ export class PostgresDriver implements Driver, AsyncDisposable {
    */
   async watchEnqueues(listener: () => void): Promise<() => Promise<void>> {
     if (this.#options.listen === false) return () => Promise.resolve();
+    if (this.#options.schema === undefined) {
+      // The NOTIFY of an enqueue names the schema its table is in, which
+      // the search_path led to (not always its first schema).
+      const [row] = await this.query(
+        `SELECT n.nspname AS schema FROM pg_class AS c
+          JOIN pg_namespace AS n ON n.oid = c.relnamespace
+          WHERE c.oid = to_regclass('outbox_events')`,
+      );
+      if (row !== undefined) this.#tableSchema = String(row["schema"]);
+    }
     return await this.listen("leased_outbox", (payload) => {
       if (payload === this.schema) listener();
     });
@@ -507,7 +517,17 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     if (options.schema !== undefined) {
       config.options = `-c search_path=${options.schema}`;
     }
-    const client = new pg.Client(config);
+    let client: PgClient;
+    try {
+      client = new pg.Client(config);
+    } catch {
+      // node-postgres's own message quotes the whole URL, password and all.
+      throw new TypeError(
+        `Cannot connect as 'url' is not a URL node-postgres can read: ${
+          maskCredentials(this.#url)
+        }`,
+      );
+    }
     // node-postgres emits 'error' for a connection lost while idle; without
     // a listener that would end the process.
     client.on("error", () => this.#lost(client));
@@ -543,14 +563,6 @@ export class PostgresDriver implements Driver, AsyncDisposable {
         });
       }
       this.#createSchema = false;
-      if (options.schema === undefined) {
-        // The NOTIFY of an enqueue names the schema its table is in.
-        const { rows } = await client.query({
-          text: "SELECT current_schema() AS schema",
-          values: [],
-        });
-        this.#currentSchema = String(rows[0]?.["schema"] ?? "public");
-      }
       for (const channel of this.#listeners.keys()) {
         await client.query({
           text: `LISTEN ${quoteIdentifier(channel)}`,
@@ -631,20 +643,13 @@ export async function openPostgres<P = unknown>(
     } else outboxOptions[name] = value;
   }
   // A lock wait past busyTimeoutMs is a BusyError on PostgreSQL too; an
-  // invalid busyTimeoutMs is left for Outbox.open to refuse by name. A
-  // busyTimeoutMs of 0 waits for no lock, as on SQLite, where the server's
-  // lock_timeout of 0 would wait for ever: the shortest it takes is 1 ms.
-  // The longest it takes is about 24.8 days: a longer busyTimeoutMs (up to
-  // 365 days) waits that long for a row lock.
+  // invalid busyTimeoutMs is left for Outbox.open to refuse by name.
   const busyTimeoutMs = options.busyTimeoutMs ?? 5_000;
   if (
     driverOptions["lockTimeoutMs"] === undefined &&
     Number.isSafeInteger(busyTimeoutMs) && busyTimeoutMs >= 0
   ) {
-    driverOptions["lockTimeoutMs"] = Math.min(
-      Math.max(busyTimeoutMs, 1),
-      MAX_TIMEOUT_MS,
-    );
+    driverOptions["lockTimeoutMs"] = lockTimeoutFor(busyTimeoutMs);
   }
   checkDriverOptions(url, driverOptions);
   // Connects at the outbox's first statement, once it has checked its own
@@ -671,16 +676,45 @@ function namesUnusable(error: unknown): boolean {
     (code === "0A000" && /cached plan/.test(String(error)));
 }
 
+/**
+ * `text` with the credentials of any URL in it masked: the password of
+ * `scheme://user:password@host` (up to the authority's last `@`, as URL
+ * parsers read an unencoded one; also after a single slash, a typo), and
+ * every query parameter whose name ends in `password`.
+ *
+ * @ignore
+ * @param text A URL, or a message that may quote one.
+ * @returns The text, each such secret as `***`.
+ */
+export function maskCredentials(text: string): string {
+  return text
+    .replace(/(:\/\/?[^:@/?#\s'"]*:)[^/?#\s'"]*@/g, "$1***@")
+    .replace(/([?&][a-z_]*password=)[^&#\s'"]*?(?=$|[&#\s'"]|:\s)/gi, "$1***");
+}
+
+/**
+ * The `lock_timeout` that ends lock waits as an outbox's `busyTimeoutMs`
+ * says: 1 ms for 0 (which waits for no lock; the server's 0 would wait for
+ * ever), and the server's longest for a longer one.
+ *
+ * @ignore
+ * @param busyTimeoutMs A valid `busyTimeoutMs`.
+ * @returns Milliseconds.
+ */
+export function lockTimeoutFor(busyTimeoutMs: number): number {
+  return Math.min(Math.max(busyTimeoutMs, 1), MAX_TIMEOUT_MS);
+}
+
 /** Validates a URL and driver options before anything connects. */
 function checkDriverOptions(url: string, options: PostgresDriverOptions): void {
   // A scheme is case-insensitive (RFC 3986), as node-postgres reads it.
   if (typeof url !== "string" || !/^postgres(ql)?:\/\//i.test(url)) {
     throw new TypeError(
-      `Cannot connect as 'url' must be a postgres:// URL: current value is ${
+      `Cannot connect as 'url' must be a postgres:// URL: current value ${
         typeof url === "string"
-          // Its credentials stay out of the message.
-          ? JSON.stringify(url.replace(/\/\/[^/@]*@/, "//***@").slice(0, 40))
-          : String(url)
+          // Its scheme alone: whatever follows may hold a password.
+          ? `begins ${JSON.stringify(url.slice(0, url.indexOf(":") + 1 || 12))}`
+          : `is ${String(url)}`
       }`,
     );
   }

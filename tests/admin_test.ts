@@ -420,7 +420,7 @@ Deno.test("defect 10: Outbox.open refuses a read-only connection at once, as the
     await assert.rejects(() => Outbox.open(readOnly), {
       name: "Error",
       message:
-        "Cannot open outbox as the connection is read-only: every call takes the write lock (lapsed last-attempt leases become dead letters first)",
+        "Cannot open outbox as the connection is read-only: its calls take the write lock (claims, acknowledgements and the admin calls first make lapsed last-attempt leases dead letters)",
     });
     await assert.rejects(() => readOnly.query("SELECT 1"));
   } finally {

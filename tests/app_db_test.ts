@@ -330,6 +330,7 @@ for (const driver of SQLITE_DRIVERS) {
       ["abort", "ABORT"],
       ["/* x */ START TRANSACTION", "START"],
       ["prepare -- two-phase\n transaction 'x'", "PREPARE TRANSACTION"],
+      ["/* /* */ SELECT */ ROLLBACK", "ROLLBACK"],
     ];
     await assert.rejects(
       () =>

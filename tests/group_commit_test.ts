@@ -133,6 +133,29 @@ for (const driver of DRIVERS) {
     assert.ok(eventId > three.eventId);
   });
 
+  test("an enqueue made while the outbox's own transaction is open neither joins it nor overtakes the calls made before it", async ({ open, raw }) => {
+    const [a] = await open();
+    let entered!: () => void;
+    let finish!: () => void;
+    const inside = new Promise<void>((resolve) => entered = resolve);
+    const finishing = new Promise<void>((resolve) => finish = resolve);
+    const inTx = a!.transaction(async (tx) => {
+      await tx.enqueue("t", { orderingKey: "k" });
+      entered();
+      await finishing;
+    });
+    const first = a!.enqueue("a", { orderingKey: "k" });
+    await inside;
+    // Before, this one counted the outbox's transaction as the
+    // application's, skipped the line and committed before "a".
+    const second = a!.enqueue("b", { orderingKey: "k" });
+    finish();
+    await inTx;
+    const [x, y] = await Promise.all([first, second]);
+    assert.ok(x.eventId < y.eventId, `${x.eventId} ${y.eventId}`);
+    assert.deepEqual(await payloads(raw), ["t", "a", "b"]);
+  });
+
   test("1,500 concurrent calls, more than one group holds, all commit in call order", async ({ open, raw }) => {
     const [a] = await open();
     const results = await Promise.all(

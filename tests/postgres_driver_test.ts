@@ -202,9 +202,25 @@ Deno.test("postgres driver: bad options are refused with TypeError or RangeError
   await assert.rejects(
     connectPostgres("mysql://x"),
     new TypeError(
-      `Cannot connect as 'url' must be a postgres:// URL: current value is "mysql://x"`,
+      `Cannot connect as 'url' must be a postgres:// URL: current value begins "mysql:"`,
     ),
   );
+  // No message quotes a password, however the URL is broken.
+  for (
+    const url of [
+      "mysql://u:pa/ssW0RD@host/db",
+      "postgres:/u:ssW0RD@host/db",
+      "postgres://u:ssW0RD@host:99999/db",
+      "postgres://u:ssW0RD@[::1/db",
+    ]
+  ) {
+    await assert.rejects(
+      connectPostgres(url),
+      (error: Error) =>
+        error instanceof TypeError && !/ssW0RD/.test(error.message),
+      url,
+    );
+  }
   await assert.rejects(
     connectPostgres("postgres://x", { statementTimeoutMs: -1 }),
     new RangeError(

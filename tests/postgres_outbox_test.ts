@@ -185,6 +185,8 @@ Deno.test("postgres: tx.run() refuses ABORT, START TRANSACTION and PREPARE TRANS
         ["ABORT", "ABORT"],
         ["start transaction", "START"],
         ["PREPARE TRANSACTION 'x'", "PREPARE TRANSACTION"],
+        // PostgreSQL's block comments nest: this is a ROLLBACK there.
+        ["/* /* */ SELECT */ ROLLBACK", "ROLLBACK"],
       ]
     ) {
       // Before, ABORT rolled the enqueue back, the insert after it ran on
@@ -276,21 +278,59 @@ Deno.test("postgres: an event of an ordering key that commits after a later one 
   assert.equal((await outbox.claim())?.payload, "second");
 });
 
-Deno.test("postgres: a claim skips an ordering key another claim is taking an event of at that moment, and takes the other keys", async () => {
+Deno.test("postgres: a claim skips an ordering key another claim is taking an event of at that moment, whatever search_path led that claim to the table, and takes the other keys", async () => {
   const { url, schema } = await fresh();
   await using outbox = await openPostgres(url, { schema });
-  await using other = await raw(url, schema);
+  await using db = await raw(url, schema);
+  await db.run("CREATE SCHEMA IF NOT EXISTS elsewhere");
+  // A session whose current schema is another one, reaching the same table.
+  const other = await connectPostgres(
+    `${url}?options=${
+      encodeURIComponent(`-c search_path=elsewhere,${schema}`)
+    }`,
+  );
+  await using _ = other;
+  assert.deepEqual(await other.query("SELECT current_schema() AS s"), [{
+    s: "elsewhere",
+  }]);
   await outbox.enqueue("k", { orderingKey: "k" });
   await outbox.enqueue("j", { orderingKey: "j" });
   // What a concurrent claim of key k holds until it commits.
   await other.run("BEGIN");
   await other.query(
-    "SELECT pg_advisory_xact_lock(hashtext('leased_outbox:' || current_schema() || ':default'), hashtext('k'))",
+    "SELECT pg_advisory_xact_lock('outbox_events'::regclass::oid::integer, hashtext(length('default') || ':default' || 'k'))",
   );
   const leases = await outbox.claim({ max: 2 });
   assert.deepEqual(leases.map((l) => l.payload), ["j"]);
   await other.run("ROLLBACK");
   assert.equal((await outbox.claim())?.payload, "k");
+});
+
+Deno.test("postgres: a claim locks only the ordering keys it takes, so a claim beside it takes the other keys", async () => {
+  const { url, schema } = await fresh();
+  await using outbox = await openPostgres(url, { schema });
+  await using other = await raw(url, schema);
+  for (const key of ["k1", "k2", "k3", "k4", "k5"]) {
+    await outbox.enqueue(key, { orderingKey: key });
+  }
+  // A small analyzed table: the planner sorts every candidate, and before,
+  // the key lock in the scan's filter locked every key it read.
+  await other.run("ANALYZE outbox_events");
+  await other.run("BEGIN");
+  const [one] = await other.query(POSTGRES.candidates, [
+    "default",
+    Date.now() + 1_000,
+    1,
+    1_000,
+  ]);
+  assert.equal(one?.["ordering_key"], "k1");
+  const [{ n }] = await other.query(
+    "SELECT count(*)::integer AS n FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+  ) as [{ n: number }];
+  assert.equal(n, 1);
+  const leases = await outbox.claim({ max: 5 });
+  assert.deepEqual(leases.map((l) => l.payload), ["k2", "k3", "k4", "k5"]);
+  await other.run("ROLLBACK");
 });
 
 Deno.test("postgres: leases are judged by the server's clock by default", async () => {
@@ -336,28 +376,36 @@ Deno.test("postgres: an enqueue on one connection wakes a listener of another th
   assert.equal((await worker.claim())?.payload, "x");
 });
 
-Deno.test("postgres: without the schema option, an outbox where the server's search_path leads (a schema named after the user) wakes its listeners", async () => {
-  const url = await (await sharedPostgres()).createDatabase();
-  await using db = await connectPostgres(url);
-  await db.run("CREATE SCHEMA postgres");
-  await using worker = await openPostgres(url);
-  await using producer = await openPostgres(url);
-  assert.deepEqual(
-    await db.query(
-      "SELECT schemaname FROM pg_tables WHERE tablename = 'outbox_events'",
-    ),
-    [{ schemaname: "postgres" }],
-  );
-  const woken = Promise.withResolvers<string>();
-  const off = worker.onEnqueue(() => woken.resolve("woken"));
-  const timer = setTimeout(() => woken.resolve("not woken"), 5_000);
-  await producer.enqueue("x");
-  // Before, the listener compared the NOTIFY's schema with "public".
-  assert.equal(await woken.promise, "woken");
-  clearTimeout(timer);
-  off();
-  assert.equal((await worker.claim())?.payload, "x");
-});
+for (const tablesFirst of [false, true]) {
+  const where = tablesFirst
+    ? "in public, with a schema named after the user first in the search_path"
+    : "where the search_path leads (a schema named after the user)";
+  Deno.test(`postgres: without the schema option, an outbox ${where} wakes its listeners`, async () => {
+    const url = await (await sharedPostgres()).createDatabase();
+    // Created before the user's schema, the tables stay in public.
+    if (tablesFirst) await (await openPostgres(url)).close();
+    await using db = await connectPostgres(url);
+    await db.run("CREATE SCHEMA postgres");
+    await using worker = await openPostgres(url);
+    await using producer = await openPostgres(url);
+    assert.deepEqual(
+      await db.query(
+        "SELECT schemaname FROM pg_tables WHERE tablename = 'outbox_events'",
+      ),
+      [{ schemaname: tablesFirst ? "public" : "postgres" }],
+    );
+    const woken = Promise.withResolvers<string>();
+    const off = worker.onEnqueue(() => woken.resolve("woken"));
+    const timer = setTimeout(() => woken.resolve("not woken"), 5_000);
+    await producer.enqueue("x");
+    // Before, the listener compared the NOTIFY's schema with "public", and
+    // then with current_schema(), which need not hold the table.
+    assert.equal(await woken.promise, "woken");
+    clearTimeout(timer);
+    off();
+    assert.equal((await worker.claim())?.payload, "x");
+  });
+}
 
 Deno.test("postgres: with listen off, enqueues on another connection wake nobody and polling still claims", async () => {
   const { url, schema } = await fresh();

@@ -78,8 +78,8 @@ export interface DrainOptions {
   /**
    * How long the drain runs, in milliseconds: no claim after it, and
    * deliveries still running then are aborted (their signal) and released
-   * for a retry. The drain returns after its last acknowledgement and
-   * releases, one round trip or two later.
+   * for a retry. The drain returns after its last acknowledgement and the
+   * releases of those deliveries, a round trip each.
    *
    * @default {10000}
    */
