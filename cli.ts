@@ -363,13 +363,16 @@ async function readSummary(
   reader: OutboxReader,
   context: Context,
 ): Promise<Summary> {
-  const now = context.now();
-  const [all, acknowledged] = await reader.snapshot(async () =>
-    [
+  const [now, all, acknowledged] = await reader.snapshot(async () => {
+    // PostgreSQL's outboxes judge by the server's clock: ages and the rate's
+    // window by the same one, whatever this machine's clock says.
+    const now = await reader.databaseNow() ?? context.now();
+    return [
+      now,
       await reader.queues(),
       await reader.acknowledgedSince(now - RATE_WINDOW_MS),
-    ] as const
-  );
+    ] as const;
+  });
   const queues = all.filter((q) =>
     context.options.queue === undefined || q.queue === context.options.queue
   );
@@ -433,7 +436,7 @@ async function list(context: Context): Promise<void> {
     out(JSON.stringify({ state, events, next }));
     return;
   }
-  const now = context.now();
+  const now = await reader.databaseNow() ?? context.now();
   out(table(
     context,
     [

@@ -187,6 +187,22 @@ export class OutboxReader implements AsyncDisposable {
   }
 
   /**
+   * The database server's clock, where the engine has one that judges
+   * leases (PostgreSQL, as `openPostgres` judges them by default), so ages
+   * and windows agree with the workers' whatever the reader's own clock.
+   *
+   * @returns Epoch milliseconds, or `null` on SQLite, whose outboxes judge
+   * by the application's clock.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async databaseNow(): Promise<number | null> {
+    const sql = this.#sql.now;
+    if (sql === undefined) return null;
+    const [row] = await this.#read(() => this.#driver.query(sql));
+    return integerOf(row ?? {}, "now");
+  }
+
+  /**
    * Lists the events in one state, by id, a page at a time.
    *
    * @param options See {@linkcode ListOptions}.

@@ -5,6 +5,7 @@ import { connectPostgres, openPostgres } from "../drivers/postgres.ts";
 import { OutboxReader } from "../reader.ts";
 import { sharedPostgres } from "../scripts/postgres_server.ts";
 import { cli, json } from "./cli_run.ts";
+import { main } from "../cli.ts";
 
 /** The tables of a schema, straight from the catalog. */
 async function tables(url: string, schema: string): Promise<string[]> {
@@ -134,6 +135,28 @@ Deno.test("cli on PostgreSQL: redrive, cancel and purge change the outbox of the
   assert.equal(missing.code, 1);
   assert.match(missing.stderr, /no outbox tables in schema nowhere\)/);
   assert.deepEqual(await tables(url, "nowhere"), []);
+});
+
+Deno.test("cli on PostgreSQL: stats ages events and counts acknowledgements by the server's clock, not this machine's", async () => {
+  const url = await (await sharedPostgres()).createDatabase();
+  await using outbox = await openPostgres(url, { listen: false });
+  await outbox.enqueue({ n: 1 });
+  await outbox.enqueue({ n: 2 });
+  assert.equal(await outbox.acknowledge((await outbox.claim())!), true);
+  const lines: string[] = [];
+  // This machine's clock ten days ahead of the server's.
+  const code = await main(["stats", url, "--json"], {
+    stdout: (line) => lines.push(line),
+    now: () => Date.now() + 10 * 86_400_000,
+  });
+  assert.equal(code, 0);
+  const stats = JSON.parse(lines[0]!);
+  // Before: ten days old, and no acknowledgement in "the last minute".
+  assert.equal(stats.acknowledgedLastMinute, 1);
+  assert.ok(
+    stats.oldestPendingAgeMs < 60_000,
+    String(stats.oldestPendingAgeMs),
+  );
 });
 
 Deno.test("cli on PostgreSQL: a URL's password stays out of every message", async () => {
