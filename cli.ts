@@ -66,7 +66,6 @@ import { openSqliteWasm } from "./deno/sqlite_wasm.ts";
 import {
   connectPostgres,
   lockTimeoutFor,
-  maskCredentials,
   openPostgres,
 } from "./drivers/postgres.ts";
 
@@ -209,13 +208,13 @@ export async function main(
   io: CliIo = {},
 ): Promise<number> {
   const out = io.stdout ?? writeLine;
-  // No message prints a password of the command line, in any shape.
-  const secrets = args.flatMap(secretsOf);
+  // No message prints a password of the command line.
+  const credentials = args.flatMap(credentialsOf);
   const err = (line: string) =>
     (io.stderr ?? console.error)(
-      secrets.reduce(
-        (text, secret) => text.replaceAll(secret, "***"),
-        maskCredentials(line),
+      credentials.reduce(
+        (text, [secret, mask]) => text.replaceAll(secret, mask),
+        line,
       ),
     );
   let file: string | undefined;
@@ -282,7 +281,7 @@ export async function main(
       `outbox: ${
         (error instanceof SqliteError || error instanceof PostgresError) &&
           file !== undefined
-          ? `${shown(file)}: ${message(error)}${
+          ? `${file}: ${message(error)}${
             error instanceof SqliteError && (error.code & 0xff) === CANTOPEN
               ? " (its journal, in the same directory, could not be created: is the directory writable?)"
               : ""
@@ -770,36 +769,42 @@ async function withPath<T>(context: Context, fn: () => Promise<T>): Promise<T> {
           : ` in schema ${context.options.schema}`
       })`
       : message(error);
-    throw new Error(`cannot open ${shown(context.database)}: ${why}`, {
+    throw new Error(`cannot open ${context.database}: ${why}`, {
       cause: error,
     });
   }
 }
 
-/** The database as the output names it: a URL's password masked. */
-function shown(database: string): string {
-  return maskCredentials(database);
-}
-
 /**
- * The secrets `database` may carry (a URL's password, raw and decoded, and
- * its query's passwords), so that no message quoting them in another shape
- * (a client's own error) prints them.
+ * The parts of `database` that hold a password, each with what replaces it
+ * in a message: a URL's `user:password@` (up to the last `@`, as URL
+ * parsers read an unencoded one, and a `/`, `?` or `#` in a password), its
+ * query's `…password=` pairs, or all of a libpq `key=value` string that
+ * names a password.
  */
-function secretsOf(database: string): string[] {
-  const secrets: string[] = [];
-  const password = /^[a-z][a-z0-9+.-]*:\/\/?[^:@/?#]*:([^/?#]*)@/i.exec(
-    database,
-  )?.[1];
-  if (password) secrets.push(password);
-  for (const [, value] of database.matchAll(/[?&][a-z_]*password=([^&#]*)/gi)) {
-    if (value) secrets.push(value);
+function credentialsOf(database: string): [string, string][] {
+  const scheme = /^[a-z][a-z0-9+.-]*:/i.exec(database)?.[0];
+  if (scheme === undefined) {
+    return /password\s*=/i.test(database) ? [[database, "***"]] : [];
   }
-  return secrets.flatMap((secret) => {
+  const found: [string, string][] = [];
+  const rest = database.slice(scheme.length).replace(/^\/{0,2}/, "");
+  const userinfo = rest.slice(0, rest.lastIndexOf("@") + 1);
+  if (userinfo.includes(":")) found.push([userinfo, "***@"]);
+  const query = database.indexOf("?");
+  for (const pair of query < 0 ? [] : database.slice(query + 1).split(/[&#]/)) {
+    const key = /^[a-z_]*password=/i.exec(pair)?.[0];
+    if (key !== undefined) found.push([pair, `${key}***`]);
+  }
+  // Also as a client may quote them, decoded.
+  return found.flatMap(([text, mask]) => {
     try {
-      return [secret, decodeURIComponent(secret)];
+      const decoded = decodeURIComponent(text);
+      return decoded === text
+        ? [[text, mask]]
+        : [[text, mask], [decoded, mask]];
     } catch {
-      return [secret];
+      return [[text, mask]];
     }
   });
 }

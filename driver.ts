@@ -202,13 +202,13 @@ export const TRANSACTION_CONTROL: ReadonlySet<string> = new Set([
 export function transactionControl(sql: string): string {
   // As SQLite reads comments, and as PostgreSQL does (its block comments
   // nest): either reading may run.
-  for (const nested of [false, true]) {
-    const start = separatorsEnd(sql, 0, nested);
+  for (const postgres of [false, true]) {
+    const start = separatorsEnd(sql, 0, postgres);
     const keyword = leadingWord(sql, start);
     if (TRANSACTION_CONTROL.has(keyword)) return keyword;
     if (
       keyword === "PREPARE" &&
-      leadingWord(sql, separatorsEnd(sql, start + keyword.length, nested)) ===
+      leadingWord(sql, separatorsEnd(sql, start + keyword.length, postgres)) ===
         "TRANSACTION"
     ) return "PREPARE TRANSACTION";
   }
@@ -247,19 +247,24 @@ function onlySeparators(text: string): boolean {
 }
 
 /**
- * Where the run of separators that starts at `i` in `text` ends; `nested`:
- * block comments nest, as PostgreSQL reads them (SQLite's end at the first
- * `*\/`).
+ * Where the run of separators that starts at `i` in `text` ends (SQLite
+ * skips a byte order mark as space). `postgres`: as PostgreSQL reads them,
+ * block comments nest (SQLite's end at the first `*\/`) and a line comment
+ * also ends at a carriage return.
  */
-function separatorsEnd(text: string, i: number, nested = false): number {
+function separatorsEnd(text: string, i: number, postgres = false): number {
   while (i < text.length) {
     const c = text[i]!;
-    if (" \t\n\v\f\r;".includes(c)) i++;
+    if (" \t\n\v\f\r;\uFEFF".includes(c)) i++;
     else if (text.startsWith("--", i)) {
-      const end = text.indexOf("\n", i + 2);
-      i = end < 0 ? text.length : end + 1;
+      const end = /[\n\r]/g;
+      end.lastIndex = i + 2;
+      const found = postgres
+        ? end.exec(text)?.index
+        : text.indexOf("\n", i + 2);
+      i = found === undefined || found < 0 ? text.length : found + 1;
     } else if (text.startsWith("/*", i)) {
-      i = commentEnd(text, i + 2, nested);
+      i = commentEnd(text, i + 2, postgres);
     } else return i;
   }
   return i;

@@ -417,10 +417,8 @@ export class Inbox implements AsyncDisposable {
     }
     return this.#mutex.run(async () => {
       const deadline = performance.now() + this.#busyTimeoutMs;
-      // An outbox's call made meanwhile on the connection does not join it.
-      this.#mutex.transaction = true;
       try {
-        await this.#untilNotBusy(op, deadline, SQL.begin);
+        await this.#untilNotBusy(op, deadline, SQL.begin, true);
         try {
           const result = await fn(this.#clock(op));
           await this.#untilNotBusy(op, deadline, SQL.commit);
@@ -435,12 +433,32 @@ export class Inbox implements AsyncDisposable {
     });
   }
 
-  async #untilNotBusy(op: string, deadline: number, sql: string) {
+  /**
+   * Runs `sql` (a BEGIN or COMMIT), retrying `SQLITE_BUSY` until
+   * `deadline`. `begins`: during each try of the BEGIN, and from its
+   * success on, the transaction on the connection is the inbox's own (the
+   * mutex's `transaction`), so an outbox's call made meanwhile does not join
+   * it; between tries, one the application opens is the application's.
+   */
+  async #untilNotBusy(
+    op: string,
+    deadline: number,
+    sql: string,
+    begins = false,
+  ) {
     let backoffMs = 1;
     try {
       await untilNotBusy(
         Math.max(0, deadline - performance.now()),
-        () => this.#driver.run(sql),
+        async () => {
+          if (begins) this.#mutex.transaction = true;
+          try {
+            return await this.#driver.run(sql);
+          } catch (error) {
+            if (begins) this.#mutex.transaction = false;
+            throw error;
+          }
+        },
         async (remainingMs) => {
           if (this.#driver.busyWait !== undefined) {
             await this.#driver.busyWait(remainingMs);

@@ -146,6 +146,8 @@ const PREPARED: ReadonlySet<string> = new Set(
     transactionControl(v) === ""
   ),
 );
+/** A statement that ends the transaction, whatever its outcome. */
+const ENDS_TRANSACTION = /^\s*(ROLLBACK|ABORT|COMMIT|END)\s*;?\s*$/i;
 /** The first keywords of statements that drop a connection's named ones. */
 const DROPS_PREPARED: ReadonlySet<string> = new Set(["DEALLOCATE", "DISCARD"]);
 // Errors that node-postgres raises itself when the socket is gone.
@@ -234,6 +236,8 @@ export class PostgresDriver implements Driver, AsyncDisposable {
    * an outbox sharing the connection must not send its own BEGIN meanwhile.
    */
   #beginning = 0;
+  /** ROLLBACKs and COMMITs sent and not answered yet. */
+  #ending = 0;
   #closed = false;
   /** Creates the schema at the first connection (openPostgres's). */
   #createSchema: boolean;
@@ -403,11 +407,14 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     const keyword = firstKeyword(sql).toUpperCase();
     // Counted from the moment it is sent, before any await (see #beginning).
     const begins = keyword === "BEGIN" || keyword === "START";
+    const ends = ENDS_TRANSACTION.test(sql);
     if (begins) this.#beginning++;
+    if (ends) this.#ending++;
     try {
       return await this.#send(method, sql, params, extended);
     } finally {
       if (begins) this.#beginning--;
+      if (ends) this.#ending--;
     }
   }
 
@@ -486,10 +493,14 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     this.#generation++;
   }
 
-  /** Forgets a broken client, remembering whether a transaction died with it. */
+  /**
+   * Forgets a broken client, remembering whether a transaction died with it:
+   * not one whose ROLLBACK or COMMIT was on its way, which has ended either
+   * way (the server rolls back what it did not commit).
+   */
   #lost(client: PgClient): void {
     if (this.#client !== client) return;
-    this.#lostInTransaction = openTransaction(client);
+    this.#lostInTransaction = this.#ending === 0 && openTransaction(client);
     this.#client = undefined;
     client.end().catch(() => {});
   }
@@ -523,9 +534,7 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     } catch {
       // node-postgres's own message quotes the whole URL, password and all.
       throw new TypeError(
-        `Cannot connect as 'url' is not a URL node-postgres can read: ${
-          maskCredentials(this.#url)
-        }`,
+        "Cannot connect as 'url' is not a URL node-postgres can read: a /, ?, # or @ in the user or password must be percent-encoded, and the port at most 65535",
       );
     }
     // node-postgres emits 'error' for a connection lost while idle; without
@@ -677,22 +686,6 @@ function namesUnusable(error: unknown): boolean {
 }
 
 /**
- * `text` with the credentials of any URL in it masked: the password of
- * `scheme://user:password@host` (up to the authority's last `@`, as URL
- * parsers read an unencoded one; also after a single slash, a typo), and
- * every query parameter whose name ends in `password`.
- *
- * @ignore
- * @param text A URL, or a message that may quote one.
- * @returns The text, each such secret as `***`.
- */
-export function maskCredentials(text: string): string {
-  return text
-    .replace(/(:\/\/?[^:@/?#\s'"]*:)[^/?#\s'"]*@/g, "$1***@")
-    .replace(/([?&][a-z_]*password=)[^&#\s'"]*?(?=$|[&#\s'"]|:\s)/gi, "$1***");
-}
-
-/**
  * The `lock_timeout` that ends lock waits as an outbox's `busyTimeoutMs`
  * says: 1 ms for 0 (which waits for no lock; the server's 0 would wait for
  * ever), and the server's longest for a longer one.
@@ -711,10 +704,13 @@ function checkDriverOptions(url: string, options: PostgresDriverOptions): void {
   if (typeof url !== "string" || !/^postgres(ql)?:\/\//i.test(url)) {
     throw new TypeError(
       `Cannot connect as 'url' must be a postgres:// URL: current value ${
-        typeof url === "string"
+        typeof url !== "string"
+          // A URL object's text holds its password.
+          ? `is ${url === null ? "null" : `of type ${typeof url}`}`
+          : /^[a-z][a-z0-9+.-]*:/i.test(url)
           // Its scheme alone: whatever follows may hold a password.
-          ? `begins ${JSON.stringify(url.slice(0, url.indexOf(":") + 1 || 12))}`
-          : `is ${String(url)}`
+          ? `begins ${JSON.stringify(url.slice(0, url.indexOf(":") + 1))}`
+          : "has no scheme"
       }`,
     );
   }

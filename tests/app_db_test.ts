@@ -6,6 +6,7 @@
 import assert from "node:assert/strict";
 import { DatabaseSync } from "node:sqlite";
 import {
+  Inbox,
   type Lease,
   LeaseLostError,
   Outbox,
@@ -331,6 +332,8 @@ for (const driver of SQLITE_DRIVERS) {
       ["/* x */ START TRANSACTION", "START"],
       ["prepare -- two-phase\n transaction 'x'", "PREPARE TRANSACTION"],
       ["/* /* */ SELECT */ ROLLBACK", "ROLLBACK"],
+      // SQLite skips a byte order mark as space.
+      ["\uFEFFCOMMIT", "COMMIT"],
     ];
     await assert.rejects(
       () =>
@@ -661,4 +664,35 @@ Deno.test("node:sqlite: close() waits for the calls made before it that wait for
     [[eventId, "leased"], [eventId + 1, "pending"]],
   );
   db.close();
+});
+
+Deno.test("node:sqlite: an enqueue made inside the application's transaction while an inbox on the connection retries its BEGIN joins that transaction", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const path = `${dir}/app.db`;
+    const db = new DatabaseSync(path);
+    const { driver, seen } = watched(db);
+    await using outbox = await Outbox.open(driver, { busyTimeoutMs: 2_000 });
+    const inbox = await Inbox.open(driver, { busyTimeoutMs: 2_000 });
+    const other = new DatabaseSync(path);
+    other.exec("BEGIN IMMEDIATE");
+    const accepting = inbox.accept(
+      "0190b2c4-7d3e-7a11-8f00-5c0ffee0cafe",
+      1,
+      () => Promise.resolve(),
+    ).then(() => "accepted", (error: Error) => error.message);
+    await until(() => seen.busyBegins > 0);
+    db.exec("BEGIN");
+    other.exec("COMMIT");
+    other.close();
+    // Before, the inbox's retries counted the application's transaction as
+    // the inbox's own: the enqueue did not join it, waited for it, and
+    // failed with BusyError after busyTimeoutMs.
+    const { eventId } = await outbox.enqueue("x");
+    db.exec("ROLLBACK");
+    assert.match(await accepting, /within a transaction/);
+    assert.equal(await outbox.explain(eventId), null);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });

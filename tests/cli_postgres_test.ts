@@ -173,15 +173,31 @@ Deno.test("cli on PostgreSQL: a URL's password stays out of every message", asyn
       // are usage errors; before, its message quoted the whole URL.
       ["postgres://app:s3cret-pw@127.0.0.1:99999/app", 2],
       ["postgres://app:s3cret-pw@[::1/app", 2],
-      // Typos of the scheme are files that do not exist.
+      ["postgres://app:pa/s3cret-pw@127.0.0.1:1/app", 2],
+      ["postgres://app:pa#s3cret-pw@127.0.0.1:1/app", 2],
+      // Typos of the scheme, and a libpq string, are files that do not
+      // exist.
       ["postgress://app:s3cret-pw@127.0.0.1:1/app", 1],
       ["postgres:/app:s3cret-pw@127.0.0.1:1/app", 1],
+      ["postgres:app:s3cret-pw@127.0.0.1:1/app", 1],
+      ["host=127.0.0.1 password=s3cret-pw", 1],
+      ["postgres://app@127.0.0.1:1/app?password=ab: s3cret-pw", 1],
     ] as const
   ) {
     const output = await cli("stats", url, "--busy-timeout", "1s");
     assert.equal(output.code, code, output.stderr);
     assert.doesNotMatch(output.stderr + output.stdout, /s3c/, url);
   }
+  // A password that is also the user's name, or the database's, hides
+  // only itself.
+  const same = await cli(
+    "stats",
+    "postgres://outbox:outbox@127.0.0.1:1/outbox",
+  );
+  assert.match(
+    same.stderr,
+    /^outbox: cannot open postgres:\/\/\*\*\*@127\.0\.0\.1:1\/outbox: /,
+  );
 });
 
 Deno.test("cli: --schema applies to a PostgreSQL database only, and must be a schema name", async () => {

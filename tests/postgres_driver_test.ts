@@ -17,6 +17,7 @@ import {
 } from "../errors.ts";
 import { sharedPostgres, startPostgres } from "../scripts/postgres_server.ts";
 import { POSTGRES } from "../dialects/postgres.ts";
+import { Outbox } from "../lease.ts";
 
 /** The dialect's statement texts: the only ones the driver names. */
 const PREPARABLE: ReadonlySet<unknown> = new Set(Object.values(POSTGRES));
@@ -212,13 +213,16 @@ Deno.test("postgres driver: bad options are refused with TypeError or RangeError
       "postgres:/u:ssW0RD@host/db",
       "postgres://u:ssW0RD@host:99999/db",
       "postgres://u:ssW0RD@[::1/db",
+      "postgres://u:pa/ssW0RD@host/db",
+      "password=ssW0RD host=h",
+      new URL("postgres://u:ssW0RD@host/db"),
     ]
   ) {
     await assert.rejects(
-      connectPostgres(url),
+      connectPostgres(url as string),
       (error: Error) =>
         error instanceof TypeError && !/ssW0RD/.test(error.message),
-      url,
+      String(url).slice(0, 8),
     );
   }
   await assert.rejects(
@@ -362,4 +366,70 @@ Deno.test("postgres driver: inTransaction() is true from the moment a BEGIN or S
   await assert.rejects(db.run("BEGIN ISOLATION LEVEL nonsense"), PostgresError);
   await db.run("ROLLBACK");
   assert.equal(db.inTransaction(), false);
+});
+
+/**
+ * A TCP proxy in front of the server that cuts the connection, once armed,
+ * when the client sends a statement holding `text`.
+ */
+function cuttingProxy(port: number, text: string) {
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const proxy = { armed: false, port: (listener.addr as Deno.NetAddr).port };
+  const needle = new TextEncoder().encode(text);
+  const holds = (chunk: Uint8Array) =>
+    chunk.some((_, i) => needle.every((byte, j) => chunk[i + j] === byte));
+  (async () => {
+    for await (const client of listener) {
+      const server = await Deno.connect({ hostname: "127.0.0.1", port });
+      const cut = () => {
+        for (const end of [client, server]) {
+          try {
+            end.close();
+          } catch {
+            // Closed already.
+          }
+        }
+      };
+      (async () => {
+        for await (const chunk of client.readable) {
+          if (proxy.armed && holds(chunk)) {
+            proxy.armed = false;
+            return cut();
+          }
+          const writer = server.writable.getWriter();
+          await writer.write(chunk);
+          writer.releaseLock();
+        }
+      })().catch(cut);
+      server.readable.pipeTo(client.writable).catch(cut);
+    }
+  })().catch(() => {});
+  return { proxy, close: () => listener.close() };
+}
+
+Deno.test("postgres driver: a connection cut during the ROLLBACK of a transaction leaves no transaction behind, and the next calls reconnect", async () => {
+  const server = await sharedPostgres();
+  const url = new URL(await server.createDatabase());
+  const { proxy, close } = cuttingProxy(Number(url.port), "ROLLBACK");
+  try {
+    url.port = String(proxy.port);
+    const driver = await connectPostgres(url.href, { listen: false });
+    await using outbox = await Outbox.open(driver, { busyTimeoutMs: 500 });
+    await outbox.enqueue("a");
+    await assert.rejects(
+      outbox.transaction(async (tx) => {
+        await tx.run("SELECT 1");
+        proxy.armed = true;
+        throw new Error("the handler failed");
+      }),
+      /the handler failed/,
+    );
+    // Before, the driver still counted the transaction open: every claim
+    // waited for "the application's transaction" and failed with BusyError.
+    assert.equal(driver.inTransaction(), false);
+    assert.equal((await outbox.claim())?.payload, "a");
+    assert.equal((await outbox.enqueue("b")).deduplicated, false);
+  } finally {
+    close();
+  }
 });

@@ -187,6 +187,8 @@ Deno.test("postgres: tx.run() refuses ABORT, START TRANSACTION and PREPARE TRANS
         ["PREPARE TRANSACTION 'x'", "PREPARE TRANSACTION"],
         // PostgreSQL's block comments nest: this is a ROLLBACK there.
         ["/* /* */ SELECT */ ROLLBACK", "ROLLBACK"],
+        // A line comment ends at a carriage return there too.
+        ["-- note\rCOMMIT", "COMMIT"],
       ]
     ) {
       // Before, ABORT rolled the enqueue back, the insert after it ran on
