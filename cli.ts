@@ -5,12 +5,13 @@
  *
  * The database is a SQLite file or a PostgreSQL URL
  * (`postgres://user:password@host/database`, with `--schema` for an outbox
- * other than the one the connection's `search_path` leads to). Read-only commands (`stats`, `list`, `explain`,
- * `watch`) open it read-only (a file with `?mode=ro`) through
- * {@linkcode OutboxReader}: they never write, never create or upgrade the
- * schema, and wait on a writer's lock for `--busy-timeout`. The others open
- * it read-write through {@linkcode Outbox} after the same check, so neither
- * creates an outbox where there is none. A file in WAL mode (as
+ * other than the one the connection's `search_path` leads to). Read-only
+ * commands (`stats`, `list`, `explain`, `watch`) open it read-only (a file
+ * with `?mode=ro`) through {@linkcode OutboxReader}: they never write,
+ * never create or upgrade the schema, and wait on a writer's lock for
+ * `--busy-timeout`. The others open it read-write through
+ * {@linkcode Outbox} after the same check, so neither creates an outbox
+ * where there is none. A file in WAL mode (as
  * `openNodeSqlite` leaves it by default) opens through `node:sqlite`, which
  * shares its WAL index with the WASM VFS's connections and, unlike them,
  * reads it read-only too and on any CPU. A PostgreSQL outbox is judged by
@@ -65,6 +66,7 @@ import { openNodeSqlite } from "./drivers/node_sqlite.ts";
 import { openSqliteWasm } from "./deno/sqlite_wasm.ts";
 import {
   connectPostgres,
+  isPostgresUrl,
   lockTimeoutFor,
   openPostgres,
 } from "./drivers/postgres.ts";
@@ -138,8 +140,6 @@ const APPLIES_TO: Record<string, readonly string[]> = {
   interval: ["watch"],
 };
 
-// As the driver reads a URL: a PostgreSQL one, or else a file.
-const POSTGRES_URL = /^postgres(ql)?:\/\//i;
 const RATE_WINDOW_MS = 60_000;
 // SQLITE_CANTOPEN.
 const CANTOPEN = 14;
@@ -243,7 +243,8 @@ export async function main(
     if (values.queue !== undefined) {
       checkName("select a queue", "queue", values.queue);
     }
-    const postgres = POSTGRES_URL.test(database);
+    // As the driver reads it: a PostgreSQL URL, or else a file.
+    const postgres = isPostgresUrl(database);
     if (values.schema !== undefined && !postgres) {
       throw new UsageError("--schema applies to a PostgreSQL database only");
     }

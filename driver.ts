@@ -204,21 +204,14 @@ export function transactionControl(sql: string): string {
   // nest): either reading may run.
   for (const postgres of [false, true]) {
     const start = separatorsEnd(sql, 0, postgres);
-    const keyword = leadingWord(sql, start);
+    const keyword = wordAt(sql, start).toUpperCase();
     if (TRANSACTION_CONTROL.has(keyword)) return keyword;
+    const next = separatorsEnd(sql, start + keyword.length, postgres);
     if (
-      keyword === "PREPARE" &&
-      leadingWord(sql, separatorsEnd(sql, start + keyword.length, postgres)) ===
-        "TRANSACTION"
+      keyword === "PREPARE" && wordAt(sql, next).toUpperCase() === "TRANSACTION"
     ) return "PREPARE TRANSACTION";
   }
   return "";
-}
-
-/** The word at `start` of `sql`, upper-cased (`""` when none). */
-function leadingWord(sql: string, start: number): string {
-  const match = /^[A-Za-z_][A-Za-z0-9_$]*/.exec(sql.slice(start, start + 64));
-  return match?.[0].toUpperCase() ?? "";
 }
 
 /**
@@ -231,7 +224,11 @@ function leadingWord(sql: string, start: number): string {
  * @returns The leading keyword or identifier, as written.
  */
 export function firstKeyword(sql: string): string {
-  const start = separatorsEnd(sql, 0);
+  return wordAt(sql, separatorsEnd(sql, 0));
+}
+
+/** The keyword or identifier at `start` of `sql`, as written (`""` when none). */
+function wordAt(sql: string, start: number): string {
   const match = /^[A-Za-z_][A-Za-z0-9_$]*/.exec(sql.slice(start, start + 64));
   return match?.[0] ?? "";
 }
@@ -256,18 +253,24 @@ function separatorsEnd(text: string, i: number, postgres = false): number {
   while (i < text.length) {
     const c = text[i]!;
     if (" \t\n\v\f\r;\uFEFF".includes(c)) i++;
-    else if (text.startsWith("--", i)) {
-      const end = /[\n\r]/g;
-      end.lastIndex = i + 2;
-      const found = postgres
-        ? end.exec(text)?.index
-        : text.indexOf("\n", i + 2);
-      i = found === undefined || found < 0 ? text.length : found + 1;
-    } else if (text.startsWith("/*", i)) {
+    else if (text.startsWith("--", i)) i = lineEnd(text, i + 2, postgres);
+    else if (text.startsWith("/*", i)) {
       i = commentEnd(text, i + 2, postgres);
     } else return i;
   }
   return i;
+}
+
+/**
+ * Where a line comment whose text starts at `i` ends (past its newline, or
+ * `postgres`, its carriage return).
+ */
+function lineEnd(text: string, i: number, postgres: boolean): number {
+  while (i < text.length) {
+    const c = text[i++];
+    if (c === "\n" || (postgres && c === "\r")) return i;
+  }
+  return text.length;
 }
 
 /** Where a block comment whose text starts at `i` ends (past its `*\/`). */

@@ -435,10 +435,8 @@ export class Inbox implements AsyncDisposable {
 
   /**
    * Runs `sql` (a BEGIN or COMMIT), retrying `SQLITE_BUSY` until
-   * `deadline`. `begins`: during each try of the BEGIN, and from its
-   * success on, the transaction on the connection is the inbox's own (the
-   * mutex's `transaction`), so an outbox's call made meanwhile does not join
-   * it; between tries, one the application opens is the application's.
+   * `deadline`. `begins`: each try is the inbox's own BEGIN
+   * (`Mutex.begin`), so an outbox's call made meanwhile does not join it.
    */
   async #untilNotBusy(
     op: string,
@@ -450,14 +448,9 @@ export class Inbox implements AsyncDisposable {
     try {
       await untilNotBusy(
         Math.max(0, deadline - performance.now()),
-        async () => {
-          if (begins) this.#mutex.transaction = true;
-          try {
-            return await this.#driver.run(sql);
-          } catch (error) {
-            if (begins) this.#mutex.transaction = false;
-            throw error;
-          }
+        () => {
+          const run = () => this.#driver.run(sql);
+          return begins ? this.#mutex.begin(run) : run();
         },
         async (remainingMs) => {
           if (this.#driver.busyWait !== undefined) {

@@ -2834,9 +2834,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * Runs `sql` (a BEGIN or COMMIT), retrying `SQLITE_BUSY` until
    * `deadline`. Resolves to `false`, having run nothing more, when `yieldTo`
    * says so before a try (an application transaction opened meanwhile).
-   * `begins`: from each try of the BEGIN on, the transaction open on the
-   * connection is the outbox's (the mutex's `transaction`), until it fails;
-   * the caller clears it after its COMMIT or ROLLBACK.
+   * `begins`: each try is the outbox's own BEGIN (`Mutex.begin`); the
+   * caller clears the mutex's `transaction` after its COMMIT or ROLLBACK.
    */
   async #untilNotBusy(
     op: string,
@@ -2851,11 +2850,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     ) {
       if (yieldTo?.()) return false;
       try {
-        if (begins) this.#mutex.transaction = true;
-        await this.#driver.run(sql);
+        const run = () => this.#driver.run(sql);
+        await (begins ? this.#mutex.begin(run) : run());
         return true;
       } catch (error) {
-        if (begins) this.#mutex.transaction = false;
         if (!(error instanceof BusyError)) throw error;
         const remainingMs = deadline - performance.now();
         if (remainingMs <= 0) {
@@ -3017,10 +3015,26 @@ export class Mutex {
   #sections = 0;
   /**
    * Whether the transaction open on the connection is an outbox's or an
-   * inbox's own (from its BEGIN to its COMMIT or ROLLBACK), not the
-   * application's: a call made meanwhile does not join it.
+   * inbox's own (from its BEGIN to its COMMIT or ROLLBACK, when its holder
+   * clears it), not the application's: a call made meanwhile does not join
+   * it.
    */
   transaction = false;
+
+  /**
+   * Runs one try of a holder's BEGIN (`begin`) as its own transaction: from
+   * the try on, until it fails; between tries, a transaction the
+   * application opens is the application's.
+   */
+  async begin<T>(begin: () => Promise<T>): Promise<T> {
+    this.transaction = true;
+    try {
+      return await begin();
+    } catch (error) {
+      this.transaction = false;
+      throw error;
+    }
+  }
 
   /** Whether a section is running or waiting to run. */
   get held(): boolean {
@@ -3115,13 +3129,13 @@ function jitteredWait(remainingMs: number, backoffMs: number): Promise<void> {
   return sleep(Math.min(remainingMs, 1 + Math.random() * backoffMs));
 }
 
-/** An error's `code` (a SQLSTATE on PostgreSQL), as text, or "" when none. */
 /** Whether a constraint refused the statement, on either engine. */
 function refusedByConstraint(error: unknown): boolean {
   return error instanceof ConstraintError ||
     error instanceof PostgresError && error.code.startsWith("23");
 }
 
+/** An error's `code` (a SQLSTATE on PostgreSQL), as text, or "" when none. */
 function errorCode(error: unknown): string {
   const code = (error as { code?: unknown } | null)?.code;
   return typeof code === "string" ? code : "";

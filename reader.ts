@@ -3,9 +3,9 @@
  * events, one event's ledger, the acknowledgement rate. Unlike
  * {@linkcode Outbox}, whose calls take the write lock (its claims,
  * acknowledgements and admin calls turn lapsed last-attempt leases into
- * dead letters first), an {@linkcode OutboxReader}
- * only reads, so it never creates or upgrades the schema. On SQLite it reads
- * in deferred transactions, so it works on a read-only connection
+ * dead letters first), an {@linkcode OutboxReader} only reads, so it never
+ * creates or upgrades the schema. On SQLite it reads in deferred
+ * transactions, so it works on a read-only connection
  * (`file:outbox.db?mode=ro`) beside live workers; on PostgreSQL (a driver
  * from `connectPostgres`) in `READ ONLY` repeatable-read transactions,
  * which take no row lock.

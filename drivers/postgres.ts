@@ -698,10 +698,22 @@ export function lockTimeoutFor(busyTimeoutMs: number): number {
   return Math.min(Math.max(busyTimeoutMs, 1), MAX_TIMEOUT_MS);
 }
 
+/**
+ * Whether `url` is one this driver connects to: `postgres://` or
+ * `postgresql://`, the scheme in any case (RFC 3986), as node-postgres
+ * reads it.
+ *
+ * @ignore
+ * @param url Text.
+ * @returns Whether it names a PostgreSQL server.
+ */
+export function isPostgresUrl(url: string): boolean {
+  return /^postgres(ql)?:\/\//i.test(url);
+}
+
 /** Validates a URL and driver options before anything connects. */
 function checkDriverOptions(url: string, options: PostgresDriverOptions): void {
-  // A scheme is case-insensitive (RFC 3986), as node-postgres reads it.
-  if (typeof url !== "string" || !/^postgres(ql)?:\/\//i.test(url)) {
+  if (typeof url !== "string" || !isPostgresUrl(url)) {
     throw new TypeError(
       `Cannot connect as 'url' must be a postgres:// URL: current value ${
         typeof url !== "string"

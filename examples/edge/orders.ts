@@ -120,7 +120,6 @@ export async function drain(
 ): Promise<DrainReport> {
   const maxEvents = options.maxEvents ?? 100;
   const maxMs = options.maxMs ?? 10_000;
-  const deadline = performance.now() + maxMs;
   const timeUp = new AbortController();
   const timer = setTimeout(
     () => timeUp.abort(new Error(`cut off: the drain's ${maxMs} ms were up`)),
@@ -136,7 +135,6 @@ export async function drain(
   try {
     return await drainUntil(outbox, deliver, options, {
       maxEvents,
-      deadline,
       signal: timeUp.signal,
       cutOff,
     });
@@ -149,9 +147,9 @@ async function drainUntil(
   outbox: Outbox<OrderPlaced>,
   deliver: (lease: Lease<OrderPlaced>, signal: AbortSignal) => Promise<void>,
   options: DrainOptions,
-  { maxEvents, deadline, signal, cutOff }: {
+  { maxEvents, signal, cutOff }: {
     maxEvents: number;
-    deadline: number;
+    /** Aborts at `maxMs`. */
     signal: AbortSignal;
     cutOff: Promise<never>;
   },
@@ -163,7 +161,7 @@ async function drainUntil(
   // The next claim's size, `pending` delivered events not yet counted; 0
   // when the drain is to stop.
   const next = (pending = 0) =>
-    performance.now() < deadline
+    !signal.aborted
       ? Math.min(
         options.batch ?? 10,
         maxEvents - delivered - failed - stale - pending,
