@@ -12,6 +12,7 @@
  */
 import { integerOf, type Row, type SqlValue } from "./driver.ts";
 import type { EventState } from "./lease.ts";
+import { checkInteger, checkName } from "./validate.ts";
 
 /** Options of {@linkcode Outbox.list}. */
 export interface ListOptions {
@@ -119,6 +120,20 @@ export const ADMIN_SQL = {
   // (outbox_events_done) serves it.
   acknowledgedSince: `SELECT queue, count(*) AS n FROM outbox_events
     WHERE state = 'done' AND done_at >= ?1 GROUP BY queue`,
+  // Events acknowledged (the retention index outbox_events_done) and
+  // attempts failed (releases with an error, lapsed leases) since ?1, per
+  // ?2 milliseconds.
+  activity:
+    `SELECT (at / ?2) * ?2 AS at, sum(done) AS done, sum(failed) AS failed
+    FROM (SELECT done_at AS at, 1 AS done, 0 AS failed FROM outbox_events
+        WHERE state = 'done' AND done_at >= ?1
+      UNION ALL
+      SELECT at, 0, 1 FROM outbox_attempts WHERE at >= ?1
+        AND (kind = 'expired' OR kind = 'released' AND detail IS NOT NULL))
+    GROUP BY 1 ORDER BY 1`,
+  // The dedup index (queue, dedup_key) answers it with one seek.
+  dedupKeyEvent:
+    `SELECT id FROM outbox_events WHERE queue = ?1 AND dedup_key = ?2`,
   // ?2 NULL: every queue. Paged by id, the primary key.
   list:
     `SELECT id, identity, queue, state, attempt, max_attempts, due_at, lease_until,
@@ -249,4 +264,44 @@ export function queueCounts(rows: readonly Row[]): QueueCounts[] {
 
 function text(value: SqlValue | undefined): string | null {
   return value === null || value === undefined ? null : String(value);
+}
+
+/** One bucket of {@linkcode OutboxReader.activity}. */
+export interface ActivityCount {
+  /** The bucket's start, epoch milliseconds (a multiple of its width). */
+  readonly at: number;
+  /** Events acknowledged in it. */
+  readonly done: number;
+  /** Attempts failed in it: releases with an error, lapsed leases. */
+  readonly failed: number;
+}
+
+/** Checks `activity()`'s arguments: `[sinceMs, bucketMs]` for its statement. */
+export function activityParameters(
+  sinceMs: unknown,
+  bucketMs: unknown,
+): [number, number] {
+  const op = "count activity";
+  return [
+    checkInteger(op, "sinceMs", sinceMs, 0, Number.MAX_SAFE_INTEGER) ?? 0,
+    checkInteger(op, "bucketMs", bucketMs, 1, 86_400_000) ?? 0,
+  ];
+}
+
+/** Maps the `activity` statement's rows. */
+export function activityCounts(rows: readonly Row[]): ActivityCount[] {
+  return rows.map((row) => ({
+    at: integerOf(row, "at"),
+    done: integerOf(row, "done"),
+    failed: integerOf(row, "failed"),
+  }));
+}
+
+/** Checks `eventIdByDedupKey()`'s arguments, for its statement. */
+export function dedupKeyParameters(
+  queue: unknown,
+  dedupKey: unknown,
+): [string, string] {
+  const op = "find event by dedup key";
+  return [checkName(op, "queue", queue), checkName(op, "dedupKey", dedupKey)];
 }

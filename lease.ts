@@ -42,7 +42,11 @@ import {
   missing,
 } from "./validate.ts";
 import {
+  type ActivityCount,
+  activityCounts,
+  activityParameters,
   CANCELLED,
+  dedupKeyParameters,
   type EventInfo,
   eventInfo,
   LEASE_EXPIRED,
@@ -111,7 +115,9 @@ export type StatementName =
   | "readBegin"
   | "outboxPresent"
   | "schemaVersion"
-  | "acknowledgedSince";
+  | "acknowledgedSince"
+  | "activity"
+  | "dedupKeyEvent";
 
 /**
  * How the core's statements are spelled on one engine: SQL text only, no
@@ -1549,6 +1555,47 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       "count queues",
       async () => queueCounts(await this.#driver.query(this.#sql.queues)),
     );
+  }
+
+  /**
+   * Counts events acknowledged and attempts failed per time bucket, as
+   * {@linkcode OutboxReader.activity} does (the dashboard's chart), under
+   * the write lock like the other admin reads.
+   *
+   * @param sinceMs Epoch milliseconds; what happened at or after it counts.
+   * @param bucketMs The buckets' width, 1 ms to 1 day.
+   * @returns The buckets that saw anything, oldest first.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async activity(sinceMs: number, bucketMs: number): Promise<ActivityCount[]> {
+    const params = activityParameters(sinceMs, bucketMs);
+    return await this.#write(
+      "count activity",
+      async () =>
+        activityCounts(await this.#driver.query(this.#sql.activity, params)),
+    );
+  }
+
+  /**
+   * Finds the event a queue holds under a dedup key, done ones included.
+   *
+   * @param queue The queue's name.
+   * @param dedupKey The dedup key the event was enqueued with.
+   * @returns The event's id, or `null` when none has that key.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async eventIdByDedupKey(
+    queue: string,
+    dedupKey: string,
+  ): Promise<number | null> {
+    const params = dedupKeyParameters(queue, dedupKey);
+    const [row] = await this.#write(
+      "find event by dedup key",
+      () => this.#driver.query(this.#sql.dedupKeyEvent, params),
+    );
+    return row === undefined ? null : integerOf(row, "id");
   }
 
   /**

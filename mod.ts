@@ -58,6 +58,7 @@ export {
   type Transaction,
 } from "./lease.ts";
 export type {
+  ActivityCount,
   EventInfo,
   ListOptions,
   PurgeOptions,

@@ -13,6 +13,10 @@
  * @module
  */
 import {
+  type ActivityCount,
+  activityCounts,
+  activityParameters,
+  dedupKeyParameters,
   type EventInfo,
   eventInfo,
   type ListOptions,
@@ -184,6 +188,48 @@ export class OutboxReader implements AsyncDisposable {
     return new Map(
       rows.map((row) => [String(row["queue"]), integerOf(row, "n")]),
     );
+  }
+
+  /**
+   * Counts what happened per time bucket since a time: events acknowledged
+   * (from their `done_at`, so purged events no longer count) and attempts
+   * that failed (a release with an error, a lapsed lease, from the ledger).
+   * The dashboard's chart reads it.
+   *
+   * @param sinceMs Epoch milliseconds; what happened at or after it counts.
+   * @param bucketMs The buckets' width in milliseconds, 1 to 1 day; buckets
+   * start at multiples of it.
+   * @returns The buckets that saw anything, oldest first: `at` (the
+   * bucket's start, epoch ms), `done` and `failed`.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async activity(sinceMs: number, bucketMs: number): Promise<ActivityCount[]> {
+    const params = activityParameters(sinceMs, bucketMs);
+    return activityCounts(
+      await this.#read(() => this.#driver.query(this.#sql.activity, params)),
+    );
+  }
+
+  /**
+   * Finds the event a queue holds under a dedup key (done ones included:
+   * the key stays after the event is done).
+   *
+   * @param queue The queue's name.
+   * @param dedupKey The dedup key the event was enqueued with.
+   * @returns The event's id, or `null` when none has that key.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async eventIdByDedupKey(
+    queue: string,
+    dedupKey: string,
+  ): Promise<number | null> {
+    const params = dedupKeyParameters(queue, dedupKey);
+    const [row] = await this.#read(() =>
+      this.#driver.query(this.#sql.dedupKeyEvent, params)
+    );
+    return row === undefined ? null : integerOf(row, "id");
   }
 
   /**

@@ -35,7 +35,7 @@ import { CANCELLED, LEASE_EXPIRED, PURGE_BATCH } from "../admin.ts";
 import type { Dialect } from "../lease.ts";
 
 /** The schema version this dialect creates, as SQLite's schema.sql does. */
-export const POSTGRES_SCHEMA_VERSION = 6;
+export const POSTGRES_SCHEMA_VERSION = 7;
 
 /**
  * The schema, idempotent: run under the advisory lock of
@@ -123,6 +123,10 @@ CREATE TABLE IF NOT EXISTS outbox_attempts (
 
 CREATE INDEX IF NOT EXISTS outbox_attempts_event
   ON outbox_attempts (event_id, id);
+
+-- Version 7: the ledger by time, for the dashboard's chart of failed
+-- attempts per minute.
+CREATE INDEX IF NOT EXISTS outbox_attempts_at ON outbox_attempts (at);
 
 -- An event's claim and acknowledgement at one fence happen once: written
 -- from the event row by two transactions at once, they are written once.
@@ -384,6 +388,17 @@ export const POSTGRES = {
     "SELECT 1 AS present WHERE to_regclass('outbox_events') IS NOT NULL",
   acknowledgedSince: `SELECT queue, count(*) AS n FROM outbox_events
     WHERE state = 'done' AND done_at >= $1 GROUP BY queue`,
+  activity:
+    `SELECT (at / $2::bigint) * $2::bigint AS at, sum(done)::integer AS done,
+      sum(failed)::integer AS failed
+    FROM (SELECT done_at AS at, 1 AS done, 0 AS failed FROM outbox_events
+        WHERE state = 'done' AND done_at >= $1
+      UNION ALL
+      SELECT at, 0, 1 FROM outbox_attempts WHERE at >= $1
+        AND (kind = 'expired' OR kind = 'released' AND detail IS NOT NULL)) AS a
+    GROUP BY 1 ORDER BY 1`,
+  dedupKeyEvent:
+    "SELECT id FROM outbox_events WHERE queue = $1 AND dedup_key = $2",
   version: POSTGRES_SCHEMA_VERSION,
   now: `SELECT ${NOW} AS now`,
   nowExhausted: `SELECT n.now, e.id, e.fence

@@ -780,7 +780,7 @@ for (const driver of DRIVERS) {
     }]);
     assert.deepEqual(
       await raw.query("SELECT version FROM outbox_schema ORDER BY version"),
-      [{ version: 4 }, { version: 5 }],
+      [{ version: 4 }, { version: 5 }, { version: 6 }],
     );
     const lease = await a!.claim();
     assert.equal(lease?.payload, "legacy");
@@ -845,7 +845,7 @@ for (const driver of DRIVERS) {
     }]);
     assert.deepEqual(
       await raw.query("SELECT version FROM outbox_schema ORDER BY version"),
-      [{ version: 3 }, { version: 4 }, { version: 5 }],
+      [{ version: 3 }, { version: 4 }, { version: 5 }, { version: 6 }],
     );
   });
 }
