@@ -78,3 +78,7 @@ export const LIVE_SCRIPT = `"use strict";
   setInterval(tick, every);
 })();
 `;
+
+/** The tab's icon: a green square, so no request for /favicon.ico is made. */
+export const FAVICON =
+  `<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" fill="#1a7f37"/></svg>`;

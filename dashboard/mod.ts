@@ -33,7 +33,7 @@ import type { EventInfo, QueueCounts } from "../admin.ts";
 import type { EventState, Outbox } from "../lease.ts";
 import type { OutboxReader } from "../reader.ts";
 import { checkOptions, describe } from "../validate.ts";
-import { LIVE_SCRIPT, STYLESHEET } from "./assets.ts";
+import { FAVICON, LIVE_SCRIPT, STYLESHEET } from "./assets.ts";
 import type { ActivityBucket } from "./chart.ts";
 import { cookie, CSRF_COOKIE, CsrfGuard, sameOrigin } from "./csrf.ts";
 import { type Html, html } from "./html.ts";
@@ -109,7 +109,8 @@ const SECURITY_HEADERS: Readonly<Record<string, string>> = {
   "content-security-policy":
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
   "x-content-type-options": "nosniff",
-  "referrer-policy": "no-referrer",
+  // Not no-referrer: Chromium then sends `Origin: null` with a form POST.
+  "referrer-policy": "same-origin",
   "x-frame-options": "DENY",
   "cache-control": "no-store",
 };
@@ -225,6 +226,9 @@ export function dashboard(
       }
       if (path === "/assets/dashboard.css") {
         return asset(STYLESHEET, "text/css; charset=utf-8");
+      }
+      if (path === "/assets/favicon.svg") {
+        return asset(FAVICON, "image/svg+xml");
       }
       if (path === "/assets/live.js") {
         return asset(LIVE_SCRIPT, "text/javascript; charset=utf-8");

@@ -43,6 +43,7 @@ export function page(
         <meta name="viewport" content="width=device-width, initial-scale=1">
         <title>${heading} · ${title}</title>
         <link rel="stylesheet" href="${base}/assets/dashboard.css">
+        <link rel="icon" href="${base}/assets/favicon.svg">
         <script src="${base}/assets/live.js" defer></script>
       </head>
       <body>
@@ -60,7 +61,7 @@ export function page(
             data-live="${context.refreshMs}"
           `
           : ""}><h2>${heading}</h2>
-    ${body}</main></body></html>
+        ${body}</main></body></html>
   `;
 }
 
