@@ -55,6 +55,8 @@ import {
   type PurgeOptions,
   type QueueCounts,
   queueCounts,
+  type QueuesOptions,
+  queuesStatement,
   type RedriveOptions,
   storedPayload,
 } from "./admin.ts";
@@ -185,6 +187,12 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    * code, nor a call joined to the application's transaction.
    */
   readonly rerun?: readonly string[];
+  /**
+   * `queues` with each count stopping at `?1` (so its cost does not grow
+   * with the table), in the same rows. Optional: without it the counts are
+   * exact whatever the limit.
+   */
+  readonly queuesUpTo?: string;
   /**
    * The fenced acknowledgement of one lease as one statement, outside a
    * transaction. Parameters: now (null: the server's clock), event id,
@@ -1550,10 +1558,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * ]);
    * ```
    */
-  async queues(): Promise<QueueCounts[]> {
+  async queues(options: QueuesOptions = {}): Promise<QueueCounts[]> {
+    const [sql, params] = queuesStatement(this.#sql, options);
     return await this.#write(
       "count queues",
-      async () => queueCounts(await this.#driver.query(this.#sql.queues)),
+      async () => queueCounts(await this.#driver.query(sql, params)),
     );
   }
 

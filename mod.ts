@@ -63,6 +63,7 @@ export type {
   ListOptions,
   PurgeOptions,
   QueueCounts,
+  QueuesOptions,
   RedriveOptions,
 } from "./admin.ts";
 export type { Driver, Row, RunResult, SqlValue } from "./driver.ts";

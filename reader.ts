@@ -22,6 +22,8 @@ import {
   type ListOptions,
   type QueueCounts,
   queueCounts,
+  type QueuesOptions,
+  queuesStatement,
 } from "./admin.ts";
 import type { Driver } from "./driver.ts";
 import { integerOf, untilNotBusy } from "./driver.ts";
@@ -159,9 +161,10 @@ export class OutboxReader implements AsyncDisposable {
    * @returns One entry per queue that has events, by name.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
-  async queues(): Promise<QueueCounts[]> {
+  async queues(options: QueuesOptions = {}): Promise<QueueCounts[]> {
+    const [sql, params] = queuesStatement(this.#sql, options);
     return queueCounts(
-      await this.#read(() => this.#driver.query(this.#sql.queues)),
+      await this.#read(() => this.#driver.query(sql, params)),
     );
   }
 

@@ -78,6 +78,11 @@ CREATE UNIQUE INDEX outbox_events_dedup ON outbox_events (queue, dedup_key)
 CREATE INDEX outbox_events_ordering ON outbox_events (queue, ordering_key, id)
   WHERE state IN ('pending', 'leased') AND ordering_key IS NOT NULL;
 
+-- Counts per queue and state, and each state's oldest event, without
+-- reading the table: queues() and the dashboard's overview (version 6 added
+-- it).
+CREATE INDEX outbox_events_state ON outbox_events (queue, state, created_at);
+
 -- Retention: purge() deletes done rows by completion time.
 CREATE INDEX outbox_events_done ON outbox_events (done_at)
   WHERE state = 'done';

@@ -39,6 +39,7 @@ import { cookie, CSRF_COOKIE, CsrfGuard, sameOrigin } from "./csrf.ts";
 import { type Html, html } from "./html.ts";
 import {
   confirmPage,
+  COUNT_UP_TO,
   deadPage,
   donePage,
   errorPage,
@@ -101,6 +102,7 @@ export type DashboardSource = Outbox | OutboxReader;
 
 /** Events per page. */
 const PAGE = 50;
+
 const STATES = new Set<string>(["pending", "leased", "done", "dead"]);
 const HOUR_MS = 3_600_000;
 const MINUTE_MS = 60_000;
@@ -298,7 +300,7 @@ async function show(
 ): Promise<Response> {
   if (path === "/") {
     const [queues, activity] = await Promise.all([
-      source.queues(),
+      source.queues({ countUpTo: COUNT_UP_TO }),
       activityOf(source, context.now),
     ]);
     return page(overviewPage(context, queues, activity));
@@ -319,7 +321,9 @@ async function show(
     if (!STATES.has(state) || !Number.isSafeInteger(after) || after < 0) {
       return page(errorPage(context, "No such filter."), 400);
     }
-    const queues = (await source.queues()).map((c: QueueCounts) => c.queue);
+    const queues = (await source.queues({ countUpTo: 1 })).map((
+      c: QueueCounts,
+    ) => c.queue);
     const events = queue !== undefined && !queues.includes(queue)
       ? []
       : await source.list({
@@ -462,7 +466,7 @@ async function find(
     if (explanation !== null) return explanation.eventId;
   }
   if (q.length > 1_000 || q.includes("\0") || !q.isWellFormed()) return null;
-  for (const { queue } of await source.queues()) {
+  for (const { queue } of await source.queues({ countUpTo: 1 })) {
     const id = await source.eventIdByDedupKey(queue, q);
     if (id !== null) return id;
   }

@@ -9,6 +9,9 @@ import type { EventState, Explanation } from "../lease.ts";
 import { type ActivityBucket, activityChart } from "./chart.ts";
 import { type Html, html } from "./html.ts";
 
+/** Where the overview's counts stop: see `COUNT_UP_TO` in mod.ts. */
+export const COUNT_UP_TO = 10_000;
+
 /** What every page needs to link and to guard its forms. */
 export interface PageContext {
   /** The path the dashboard is mounted under, without a trailing slash. */
@@ -81,7 +84,7 @@ export function overviewPage(
           <td
             class="num"><a class="state-${state}" href="${base}/events?state=${state}&amp;queue=${encodeURIComponent(
               q.queue,
-            )}">${q[state]}</a></td>
+            )}">${count(q[state])}</a></td>
         `
       )
     }<td class="num">${
@@ -385,6 +388,11 @@ export function errorPage(context: PageContext, message: string): Html {
     `,
     false,
   );
+}
+
+/** A count, or "10,000+" where the overview's counting stopped. */
+function count(n: number): string {
+  return n >= COUNT_UP_TO ? `${COUNT_UP_TO.toLocaleString("en")}+` : String(n);
 }
 
 function payloadText(payload: unknown): string {

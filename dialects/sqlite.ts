@@ -70,8 +70,13 @@ export const UPGRADES: ReadonlyMap<number, string> = new Map([
   // Rows other writers inserted without an identity get one now, and the
   // trigger gives later ones theirs.
   [4, `${FILL_IDENTITIES_SQL} WHERE identity IS NULL; ${IDENTITY_TRIGGER_SQL}`],
-  // The dashboard's chart reads the ledger by time.
-  [5, "CREATE INDEX outbox_attempts_at ON outbox_attempts (at)"],
+  // queues() and the dashboard read counts from an index; the dashboard's
+  // chart reads the ledger by time.
+  [
+    5,
+    `CREATE INDEX outbox_events_state ON outbox_events (queue, state, created_at);
+    CREATE INDEX outbox_attempts_at ON outbox_attempts (at)`,
+  ],
 ]);
 
 /** The statements of the core on SQLite (the admin calls' are `ADMIN_SQL`). */

@@ -336,6 +336,8 @@ Deno.test("every statement the dashboard reads with uses an index on SQLite", as
       const plans: Record<string, string> = {};
       for (
         const [name, params] of [
+          ["queues", []],
+          ["queuesUpTo", [10_000]],
           ["list", ["dead", "mail", 0, 50]],
           ["event", [1]],
           ["eventByIdentity", ["x"]],
@@ -345,7 +347,7 @@ Deno.test("every statement the dashboard reads with uses an index on SQLite", as
         ] as const
       ) {
         const rows = await tx.query(
-          `EXPLAIN QUERY PLAN ${SQLITE[name]}`,
+          `EXPLAIN QUERY PLAN ${SQLITE[name]!}`,
           [...params],
         );
         plans[name] = rows.map((row) => String(row["detail"])).join("; ");
@@ -358,5 +360,44 @@ Deno.test("every statement the dashboard reads with uses an index on SQLite", as
         );
       }
     });
+  });
+});
+
+Deno.test("queues({ countUpTo }) stops each count at the limit and keeps the oldest pending time; bad limits are refused before any SQL", async () => {
+  await withOutbox(async (outbox, clock) => {
+    for (let i = 0; i < 5; i++) {
+      await outbox.enqueue({ i }, { queue: "mail" });
+      clock.now += 1;
+    }
+    await outbox.enqueue({ i: 5 }, { queue: "sms" });
+    assert.deepEqual(await outbox.queues({ countUpTo: 3 }), [
+      {
+        queue: "mail",
+        pending: 3,
+        leased: 0,
+        done: 0,
+        dead: 0,
+        oldestPendingAt: 1_700_000_000_000,
+      },
+      {
+        queue: "sms",
+        pending: 1,
+        leased: 0,
+        done: 0,
+        dead: 0,
+        oldestPendingAt: 1_700_000_000_005,
+      },
+    ]);
+    assert.equal((await outbox.queues())[0]?.pending, 5);
+    for (const countUpTo of [0, 1.5, -1]) {
+      await assert.rejects(
+        () => outbox.queues({ countUpTo }),
+        /'countUpTo'/,
+      );
+    }
+    await assert.rejects(
+      () => outbox.queues({ limit: 3 } as never),
+      /limit/,
+    );
   });
 });
