@@ -11,6 +11,8 @@ import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { dashboard } from "../dashboard/mod.ts";
 import { SQLITE } from "../dialects/sqlite.ts";
 import { CSRF_COOKIE } from "../dashboard/csrf.ts";
+import { connectPostgres, openPostgres } from "../drivers/postgres.ts";
+import { sharedPostgres } from "../scripts/postgres_server.ts";
 
 const XSS = `<img src=x onerror="globalThis.pwned=1">`;
 
@@ -400,4 +402,54 @@ Deno.test("queues({ countUpTo }) stops each count at the limit and keeps the old
       /limit/,
     );
   });
+});
+
+Deno.test("on PostgreSQL, the dashboard shows the overview, the chart, an event found by dedup key, and redrives with actions on", async () => {
+  const server = await sharedPostgres();
+  const url = server.url;
+  const schema = await server.createSchema();
+  await using outbox = await openPostgres(url, { schema });
+  const { eventId } = await outbox.enqueue({ to: XSS }, {
+    queue: "mail",
+    dedupKey: "order-9",
+    maxAttempts: 1,
+  });
+  const lease = await outbox.claim({ queue: "mail" });
+  await outbox.release(lease!, { error: "smtp down" });
+  const handler = dashboard(outbox, { actions: true });
+  const overview = await flat(
+    await handler(new Request("http://localhost/")),
+  );
+  assert.match(
+    overview,
+    /mail<\/a><\/td><td class="num"><a class="state-pending"[^>]*>0<\/a>/,
+  );
+  assert.match(overview, /0 done, 1 failed in the last hour/);
+  const found = await handler(
+    new Request("http://localhost/events?q=order-9"),
+  );
+  assert.equal(found.headers.get("location"), `/events/${eventId}`);
+  const event = await (await handler(
+    new Request(`http://localhost/events/${eventId}`),
+  )).text();
+  assert.match(event, /&lt;img src=x/);
+  assert.match(event, /smtp down/);
+  const { cookie, csrf } = await formOf(
+    handler,
+    `/confirm/redrive?id=${eventId}`,
+  );
+  const done = await handler(
+    post("/actions/redrive", { id: String(eventId), csrf }, { cookie }),
+  );
+  assert.match(await flat(done), /Redrove event/);
+  assert.equal((await outbox.stats({ queue: "mail" })).pending, 1);
+  await using reader = await OutboxReader.open(
+    await connectPostgres(url, { schema }),
+  );
+  const read = await flat(
+    await dashboard(reader)(
+      new Request("http://localhost/"),
+    ),
+  );
+  assert.match(read, /state-pending[^>]*>1<\/a>/);
 });
