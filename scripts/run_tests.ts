@@ -1,6 +1,8 @@
 /**
  * `deno task test`: every test, doc examples included (`deno test -A --doc`
- * plus any arguments given), on a fresh machine too.
+ * plus any arguments given), on a fresh machine too. With no arguments, `deno
+ * test --doc` finds the test files, the JSDoc examples, and the code blocks of
+ * README.md and docs/*.md.
  *
  * - Chromium: the browser tests drive Debian's `/usr/bin/chromium`. When it
  *   is missing and this runs as root on a system with apt-get, it installs
