@@ -46,6 +46,8 @@ button { cursor: pointer; background: var(--panel); }
 button.danger { color: var(--dead); border-color: var(--dead); }
 .notice { padding: 0.6rem 0.8rem; border: 1px solid var(--line); border-radius: 6px;
   background: var(--panel); margin: 0.5rem 0; }
+.chart { margin: 0; }
+time { white-space: nowrap; }
 .chart svg { width: 100%; height: auto; max-height: 12rem; }
 .chart .done { fill: var(--done); } .chart .failed { fill: var(--dead); }
 .chart text { fill: var(--muted); font-size: 10px; }

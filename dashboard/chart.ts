@@ -56,7 +56,7 @@ export function activityChart(buckets: readonly ActivityBucket[]): Html {
           2}">-60 min</text><text x="${WIDTH - 24}" y="${HEIGHT -
           2}">now</text><text x="0" y="9">${max}/min</text></svg>
       <figcaption
-        class="muted">${total} done, ${failed} failed in the last hour (per minute; failed: a release with an error, a lapsed lease, a dead letter)</figcaption>
+        class="muted">${total} done, ${failed} failed in the last hour (per minute; failed: a release with an error, or a lapsed lease)</figcaption>
     </figure>
   `;
 }

@@ -308,8 +308,14 @@ export function eventPage(
           .fence})</dd>
         <dt>Enqueued</dt>
         <dd>${when(info.createdAt, now)}</dd>
-        <dt>${info.state === "leased" ? "Lease until" : "Due"}</dt>
-        <dd>${when(info.dueAt, now)}</dd>
+        <dt>${info.state === "leased"
+          ? "Lease until"
+          : info.state === "pending"
+          ? "Due"
+          : info.state === "done"
+          ? "Acknowledged"
+          : "Died"}</dt>
+        <dd>${when(finishedOrDue(info), now)}</dd>
         <dt>Ordering key</dt>
         <dd>${info.orderingKey ?? html`<span class="muted">none</span>`}</dd>
         <dt>Dedup key</dt>
@@ -388,6 +394,13 @@ export function errorPage(context: PageContext, message: string): Html {
     `,
     false,
   );
+}
+
+/** When a finished event finished; when another is next due. */
+function finishedOrDue(info: EventInfo): number {
+  return info.state === "done" || info.state === "dead"
+    ? info.updatedAt
+    : info.dueAt;
 }
 
 /** A count, or "10,000+" where the overview's counting stopped. */

@@ -453,3 +453,27 @@ Deno.test("on PostgreSQL, the dashboard shows the overview, the chart, an event 
   );
   assert.match(read, /state-pending[^>]*>1<\/a>/);
 });
+
+Deno.test("bench:dashboard prints the overview's row and its anchor, on a small database", async () => {
+  const { success, stdout } = await new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      new URL("../bench/dashboard_bench.ts", import.meta.url).pathname,
+      "--events",
+      "2000",
+      "--runs",
+      "2",
+    ],
+    stdout: "piped",
+    stderr: "inherit",
+  }).output();
+  assert.equal(success, true);
+  const text = new TextDecoder().decode(stdout);
+  assert.match(text, /dashboard on 2,000 events, 2 runs/);
+  assert.match(
+    text,
+    /\| overview \(GET \/\), goal: median ≤ 200 ms \| \d+\.\d ms \|/,
+  );
+  assert.match(text, /\| anchor: exact queues\(\) .* \| \d+\.\d ms \|/);
+});
