@@ -17,7 +17,11 @@ import {
 const XSS = `<img src=x onerror="document.title='pwned'">`;
 
 async function withDashboard(
-  actions: boolean,
+  actions: boolean | {
+    actions: boolean;
+    refreshMs: number;
+    javaScript: boolean;
+  },
   fill: (outbox: Outbox) => Promise<void>,
   fn: (
     page: Page,
@@ -28,18 +32,23 @@ async function withDashboard(
 ): Promise<void> {
   await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
   await fill(outbox);
+  const settings = typeof actions === "boolean"
+    ? { actions, refreshMs: 0, javaScript: true }
+    : actions;
   await using server = serveDashboard(outbox, {
     port: 0,
-    actions,
+    actions: settings.actions,
     basePath: "/admin/outbox",
-    refreshMs: 0,
+    refreshMs: settings.refreshMs,
   });
   const browser = await chromium.launch({
     executablePath: CHROMIUM_PATH,
     args: [...CHROMIUM_ARGS],
   });
   try {
-    const page = await browser.newPage();
+    const page = await browser.newPage({
+      javaScriptEnabled: settings.javaScript,
+    });
     // CSP violations, script errors and dialogs: none may happen.
     const problems: string[] = [];
     page.on("console", (message) => {
@@ -180,4 +189,59 @@ Deno.test({
       );
       assert.deepEqual(problems, []);
     }),
+});
+
+Deno.test({
+  name:
+    "in Chromium, an open overview shows a new event without a reload (real time: the page polls)",
+  ...browserTest,
+  fn: () =>
+    withDashboard(
+      { actions: false, refreshMs: 100, javaScript: true },
+      async (outbox) => {
+        await outbox.enqueue({ n: 1 }, { queue: "mail" });
+      },
+      async (page, url, outbox, problems) => {
+        await page.goto(url);
+        const pending = page.locator("tbody tr", { hasText: "mail" })
+          .locator("a.state-pending");
+        assert.equal(await pending.innerText(), "1");
+        let loads = 0;
+        page.on("load", () => loads++);
+        await outbox.enqueue({ n: 2 }, { queue: "mail" });
+        await outbox.enqueue({ n: 3 }, { queue: "sms" });
+        await page.locator("tbody tr", { hasText: "sms" }).waitFor();
+        assert.equal(await pending.innerText(), "2");
+        assert.equal(loads, 0);
+        assert.deepEqual(problems, []);
+      },
+    ),
+});
+
+Deno.test({
+  name:
+    "in Chromium with JavaScript off, the overview and an event read the same",
+  ...browserTest,
+  fn: () =>
+    withDashboard(
+      { actions: false, refreshMs: 5000, javaScript: false },
+      async (outbox) => {
+        await outbox.enqueue({ to: "ada" }, { queue: "mail" });
+      },
+      async (page, url, _outbox, problems) => {
+        await page.goto(url);
+        assert.deepEqual(
+          (await page.locator("tbody tr", { hasText: "mail" }).locator("td")
+            .allInnerTexts()).slice(0, 5),
+          ["mail", "1", "0", "0", "0"],
+        );
+        await page.goto(`${url}events?state=pending`);
+        await page.locator("tbody tr a").first().click();
+        await page.waitForURL(/\/events\/1$/);
+        assert.match(await page.locator("pre").innerText(), /"to": "ada"/);
+        assert.match(await page.locator("dl").innerText(), /Due/);
+        assert.match(await page.locator("main").innerText(), /Never claimed/);
+        assert.deepEqual(problems, []);
+      },
+    ),
 });
