@@ -55,6 +55,11 @@ Deno.test(".ci/count.sh counts failed and ignored tests from the summary, and a 
     (await count("FAILED | 3 passed | 2 failed | 1 ignored (1s)\n", 1)).last,
     "3 passed, 3 failed",
   );
+  // A server too old for a test reports it ignored, and the run fails.
+  assert.equal(
+    (await count("ok | 5 passed | 0 failed | 2 ignored (1s)\n", 0)).last,
+    "5 passed, 2 failed",
+  );
   assert.equal(
     (await count("error: Module not found\n", 1)).last,
     "0 passed, 1 failed",
