@@ -1031,14 +1031,21 @@ for (const level of ["repeatable read", "serializable"]) {
 // outboxes there, which is what the set-up's leaving the setting alone needs.
 const { version: serverVersion } = await sharedPostgres();
 const noTransactionTimeout = serverVersion < 17;
+/** A test of transaction_timeout: ignored before 17, saying why. */
+function needsTransactionTimeout(
+  name: string,
+): { name: string; ignore: boolean } {
+  return {
+    name: noTransactionTimeout
+      ? `${name} (ignored: PostgreSQL ${serverVersion} has no transaction_timeout)`
+      : name,
+    ignore: noTransactionTimeout,
+  };
+}
 Deno.test({
-  name:
-    `postgres: an opener waits for another's upgrade past the database's transaction_timeout (PostgreSQL 17 and later), and the set-up runs without it${
-      noTransactionTimeout
-        ? ` (ignored: PostgreSQL ${serverVersion} has no transaction_timeout)`
-        : ""
-    }`,
-  ignore: noTransactionTimeout,
+  ...needsTransactionTimeout(
+    "postgres: an opener waits for another's upgrade past the database's transaction_timeout (PostgreSQL 17 and later), and the set-up runs without it",
+  ),
   fn: async () => {
     const { url, schema, db } = await version4({
       transaction_timeout: "500ms",
@@ -1057,13 +1064,9 @@ Deno.test({
 });
 
 Deno.test({
-  name:
-    `postgres: a session the server ends for its transaction_timeout (PostgreSQL 17 and later) fails the call with ConnectionLostError, and the outbox goes on${
-      noTransactionTimeout
-        ? ` (ignored: PostgreSQL ${serverVersion} has no transaction_timeout)`
-        : ""
-    }`,
-  ignore: noTransactionTimeout,
+  ...needsTransactionTimeout(
+    "postgres: a session the server ends for its transaction_timeout (PostgreSQL 17 and later) fails the call with ConnectionLostError, and the outbox goes on",
+  ),
   fn: async () => {
     const { url, schema } = await freshDatabase();
     await using outbox = await openPostgres(url, { schema });

@@ -24,11 +24,9 @@ import {
   SimpleSpanProcessor,
   type SpanProcessor,
 } from "@opentelemetry/sdk-trace-base";
-import { Outbox } from "../lease.ts";
-import { openSqliteWasm } from "../drivers/sqlite_wasm.ts";
+import type { Outbox } from "../lease.ts";
 import { type ProcessableOutbox, processEvents } from "../worker.ts";
-import { ManualClock } from "./helpers.ts";
-import { ManualTimers } from "./worker_fixture.ts";
+import { fixture } from "./worker_fixture.ts";
 
 const EVENTS = 12;
 
@@ -110,16 +108,11 @@ async function deliver(setup: Setup) {
     unhandled.push(event.reason);
   };
   globalThis.addEventListener("unhandledrejection", onUnhandled);
-  const wall = new ManualClock(1_000_000);
-  const time = new ManualTimers();
-  const outbox = await Outbox.open(await openSqliteWasm(":memory:"), {
-    now: wall.now,
-    leaseMs: 1_000,
-  });
+  const f = await fixture();
+  const { outbox, wall, time } = f;
   try {
     for (let i = 0; i < EVENTS; i++) await outbox.enqueue({ i });
     const handled: number[] = [];
-    const errors: unknown[] = [];
     const processor = processEvents(
       setup.wrap?.(outbox) ?? outbox,
       async (lease) => {
@@ -129,18 +122,7 @@ async function deliver(setup: Setup) {
         }
         handled.push((lease.payload as { i: number }).i);
       },
-      {
-        concurrency: 3,
-        leaseMs: 1_000,
-        pollMinMs: 10,
-        pollMaxMs: 10,
-        backoffMinMs: 100,
-        backoffJitter: 0,
-        now: wall.now,
-        monotonicNow: time.monotonicNow,
-        timers: time,
-        onError: (error) => errors.push(error),
-      },
+      f.options({ concurrency: 3 }),
     );
     if (setup.collectWhileHandling) {
       await reader.forceFlush().catch(() => {});
@@ -154,14 +136,14 @@ async function deliver(setup: Setup) {
       stats: await outbox.stats(),
       counters: processor.counters,
       spans: spanExporter.getFinishedSpans(),
-      errors,
+      errors: f.errors,
       reported,
       unhandled,
     };
   } finally {
     console.error = consoleError;
     globalThis.removeEventListener("unhandledrejection", onUnhandled);
-    await outbox.close();
+    await f[Symbol.asyncDispose]();
     await meterProvider.shutdown().catch(() => {});
     await tracerProvider.shutdown().catch(() => {});
     trace.disable();
