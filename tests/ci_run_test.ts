@@ -74,7 +74,8 @@ Deno.test("the test runner's output and exit status on tests that leave a tempor
       `${ROOT}scripts/run_tests.ts`,
       `${ROOT}tests/fixtures/runner/leaves_temp_dir.ts`,
     ],
-    env: { NO_COLOR: "1" },
+    // Chromium is not needed by the fixture: the runner installs none.
+    env: { NO_COLOR: "1", CHROMIUM_PATH: Deno.execPath() },
     stdout: "piped",
     stderr: "piped",
   }).output();
