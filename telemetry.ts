@@ -34,7 +34,6 @@ import {
   type Counter,
   createNoopMeter,
   type Histogram,
-  INVALID_SPAN_CONTEXT,
   type Meter,
   metrics,
   type ObservableGauge,
@@ -42,9 +41,13 @@ import {
   SpanKind,
   SpanStatusCode,
   trace,
-  type Tracer,
 } from "@opentelemetry/api";
 import type { Lease, Stats } from "./lease.ts";
+import {
+  type GuardedSpan,
+  type GuardedTracer,
+  TelemetryGuard,
+} from "./telemetry_guard.ts";
 
 /** The instrumentation scope's name: the package's. */
 export const INSTRUMENTATION_SCOPE = "@leased/outbox";
@@ -87,25 +90,6 @@ export interface ObservedOutbox {
   stats(options?: { readonly queue?: string }): Promise<Stats>;
 }
 
-/**
- * The kinds of telemetry fault, each reported once per processor:
- * creating the instruments, starting a span, setting its attributes or
- * status, ending it, running the handler in its context, a counter, the
- * histogram, and the gauges' read.
- */
-type Fault =
-  | "instruments"
-  | "span start"
-  | "span attributes"
-  | "span end"
-  | "context"
-  | "counter"
-  | "histogram"
-  | "gauge";
-
-// What a span that could not be started is replaced with: records nothing.
-const NO_SPAN: Span = trace.wrapSpanContext(INVALID_SPAN_CONTEXT);
-
 /** `String(value)`, or its tag when that throws (a null-prototype object). */
 function describe(value: unknown): string {
   try {
@@ -116,7 +100,7 @@ function describe(value: unknown): string {
 }
 
 interface Handling {
-  readonly span: Span;
+  readonly span: GuardedSpan;
   readonly attributes: Attributes;
   outcome: Outcome;
 }
@@ -126,23 +110,23 @@ interface Handling {
  * queue. Created by the processor; every method is cheap without an SDK.
  *
  * Nothing here may affect delivery: every call into the OpenTelemetry API
- * (and so into the registered SDK: span processors, views, exporters) is
- * guarded. A call that throws is skipped, the first fault of each kind is
- * written to `console.error`, and the processor goes on; only what the
+ * (and so into the registered SDK: span processors, views, exporters) goes
+ * through a {@linkcode TelemetryGuard}, which skips a call that throws and
+ * writes the first fault of each kind to `console.error`; only what the
  * handler itself throws or returns comes out of
  * {@linkcode ProcessorTelemetry.handle}.
  *
  * @ignore
  */
 export class ProcessorTelemetry {
-  #meter: Meter = NOOP_METER;
+  readonly #meter: Meter;
+  readonly #guard = new TelemetryGuard();
   // A proxy: it finds a tracer provider registered after it was made.
-  readonly #tracer: Tracer | undefined;
-  #counters!: Record<CounterName, Counter>;
-  #duration!: Histogram;
-  #depth!: ObservableGauge;
-  #oldest!: ObservableGauge;
-  readonly #faults = new Set<Fault>();
+  readonly #tracer: GuardedTracer;
+  readonly #counters: Record<CounterName, Counter>;
+  readonly #duration: Histogram;
+  readonly #depth: ObservableGauge;
+  readonly #oldest: ObservableGauge;
   // Every entry is deleted by end(), which the processor calls for each
   // handled event.
   readonly #handling = new Map<object, Handling>();
@@ -160,156 +144,14 @@ export class ProcessorTelemetry {
    * no queue name).
    */
   constructor(outbox: ObservedOutbox, queue: string | undefined) {
-    try {
-      this.#tracer = trace.getTracer(INSTRUMENTATION_SCOPE, VERSION);
-    } catch (error) {
-      this.#fault("span start", error);
-    }
-    try {
-      this.#createInstruments(metrics.getMeter(INSTRUMENTATION_SCOPE, VERSION));
-    } catch (error) {
-      this.#fault("instruments", error);
-      this.#createInstruments(NOOP_METER);
-    }
-    const name = queue ?? outbox.queue;
-    const attributes = name === undefined
-      ? { "messaging.system": SYSTEM }
-      : this.#attributesOf(name);
-    this.#observe = async (result) => {
-      // A closed outbox (the processor stopping) has nothing to report.
-      if (outbox.closed) return;
-      try {
-        const stats = await outbox.stats(
-          name === undefined ? {} : { queue: name },
-        );
-        for (const state of ["pending", "leased", "done", "dead"] as const) {
-          result.observe(this.#depth, stats[state], {
-            ...attributes,
-            "outbox.state": state,
-          });
-        }
-        result.observe(this.#oldest, stats.oldestPendingAgeMs, attributes);
-      } catch (error) {
-        this.#fault("gauge", error);
-      }
-    };
-    try {
-      this.#meter.addBatchObservableCallback(this.#observe, [
-        this.#depth,
-        this.#oldest,
-      ]);
-    } catch (error) {
-      this.#fault("instruments", error);
-    }
-  }
-
-  /**
-   * Runs a handler inside a new `process {queue}` span, which stays open
-   * until {@linkcode ProcessorTelemetry.end}, and records its duration once
-   * it settles.
-   *
-   * @param key The slot the lease is held in, for the later calls.
-   * @param lease The lease being handled.
-   * @param handler Calls the handler.
-   * @returns What `handler` returned.
-   */
-  handle<T>(key: object, lease: Lease<unknown>, handler: () => T): T {
-    const attributes = this.#attributesOf(lease.queue);
-    this.#add("claimed", attributes);
-    const span = this.#start(lease, attributes);
-    let recording = false;
-    try {
-      recording = span.isRecording();
-    } catch (error) {
-      this.#fault("span attributes", error);
-    }
-    // Without an SDK nothing below would be seen: its clock reads, promise
-    // callbacks and map entries were most of the cost per event (1.6 µs of
-    // it, bench/telemetry_overhead.ts).
-    if (!recording && this.#meter === NOOP_METER) return handler();
-    this.#handling.set(key, { span, attributes, outcome: "unfinished" });
-    const startedAt = performance.now();
-    const settled = (failed: boolean, error?: unknown) => {
-      try {
-        this.#duration.record(performance.now() - startedAt, attributes);
-      } catch (fault) {
-        this.#fault("histogram", fault);
-      }
-      if (failed) this.#failed(span, error);
-    };
-    let result: T;
-    try {
-      // A span that records nothing needs no context to be found in.
-      result = recording ? this.#inContext(span, handler) : handler();
-    } catch (error) {
-      settled(true, error);
-      throw error;
-    }
-    Promise.resolve(result).then(
-      () => settled(false),
-      (error) => settled(true, error),
+    this.#meter = this.#guard.meter(() =>
+      metrics.getMeter(INSTRUMENTATION_SCOPE, VERSION)
     );
-    return result;
-  }
-
-  /**
-   * Adds one to a counter; the last outcome counted for a slot becomes its
-   * span's `outbox.outcome`.
-   *
-   * @param key The slot, as given to {@linkcode ProcessorTelemetry.handle}.
-   * @param name The counter.
-   */
-  count(key: object, name: Exclude<CounterName, "claimed">): void {
-    const handling = this.#handling.get(key);
-    if (handling === undefined) return;
-    this.#add(name, handling.attributes);
-    const outcome = OUTCOMES[name];
-    if (outcome !== undefined) handling.outcome = outcome;
-    else {
-      try {
-        handling.span.setAttribute("outbox.lease.lost", true);
-      } catch (error) {
-        this.#fault("span attributes", error);
-      }
-    }
-  }
-
-  /**
-   * Ends a slot's span, once its acknowledgement or release is done.
-   *
-   * @param key The slot, as given to {@linkcode ProcessorTelemetry.handle}.
-   */
-  end(key: object): void {
-    const handling = this.#handling.get(key);
-    if (handling === undefined) return;
-    this.#handling.delete(key);
-    try {
-      handling.span.setAttribute("outbox.outcome", handling.outcome);
-    } catch (error) {
-      this.#fault("span attributes", error);
-    }
-    try {
-      handling.span.end();
-    } catch (error) {
-      this.#fault("span end", error);
-    }
-  }
-
-  /** Stops observing the queue's gauges. */
-  close(): void {
-    try {
-      this.#meter.removeBatchObservableCallback(this.#observe, [
-        this.#depth,
-        this.#oldest,
-      ]);
-    } catch (error) {
-      this.#fault("instruments", error);
-    }
-  }
-
-  #createInstruments(meter: Meter): void {
+    this.#tracer = this.#guard.tracer(() =>
+      trace.getTracer(INSTRUMENTATION_SCOPE, VERSION)
+    );
     const counter = (name: string, unit: string, description: string) =>
-      meter.createCounter(name, { unit, description });
+      this.#meter.createCounter(name, { unit, description });
     this.#counters = {
       claimed: counter("outbox.events.claimed", "{event}", "Events claimed"),
       acknowledged: counter(
@@ -338,84 +180,81 @@ export class ProcessorTelemetry {
         "Events that became dead letters on release",
       ),
     };
-    this.#duration = meter.createHistogram("outbox.handler.duration", {
+    this.#duration = this.#meter.createHistogram("outbox.handler.duration", {
       unit: "ms",
       description: "Time from the handler's start until it settled",
     });
-    this.#depth = meter.createObservableGauge("outbox.queue.depth", {
+    this.#depth = this.#meter.createObservableGauge("outbox.queue.depth", {
       unit: "{event}",
       description: "Events of the queue per state",
     });
-    this.#oldest = meter.createObservableGauge(
+    this.#oldest = this.#meter.createObservableGauge(
       "outbox.queue.oldest_pending_age",
       { unit: "ms", description: "Age of the queue's oldest pending event" },
     );
-    // Set last: a meter that failed part way is replaced as a whole.
-    this.#meter = meter;
-  }
-
-  #add(name: CounterName, attributes: Attributes): void {
-    try {
-      this.#counters[name].add(1, attributes);
-    } catch (error) {
-      this.#fault("counter", error);
-    }
-  }
-
-  #start(lease: Lease<unknown>, attributes: Attributes): Span {
-    if (this.#tracer === undefined) return NO_SPAN;
-    try {
-      return this.#tracer.startSpan(
-        `process ${lease.queue}`,
-        {
-          kind: SpanKind.CONSUMER,
-          attributes: {
-            ...attributes,
-            "messaging.operation.type": "process",
-            "messaging.operation.name": "process",
-            "messaging.message.id": lease.identity,
-            "outbox.event.identity": lease.identity,
-            "outbox.event.id": lease.eventId,
-            "outbox.lease.fence": lease.fence,
-            "outbox.event.attempt": lease.attempt,
-          },
-        },
+    const name = queue ?? outbox.queue;
+    const attributes = name === undefined
+      ? { "messaging.system": SYSTEM }
+      : this.#attributesOf(name);
+    this.#observe = async (result) => {
+      // A closed outbox (the processor stopping) has nothing to report.
+      if (outbox.closed) return;
+      const stats = await outbox.stats(
+        name === undefined ? {} : { queue: name },
       );
-    } catch (error) {
-      this.#fault("span start", error);
-      return NO_SPAN;
-    }
+      for (const state of ["pending", "leased", "done", "dead"] as const) {
+        result.observe(this.#depth, stats[state], {
+          ...attributes,
+          "outbox.state": state,
+        });
+      }
+      result.observe(this.#oldest, stats.oldestPendingAgeMs, attributes);
+    };
+    this.#meter.addBatchObservableCallback(this.#observe, [
+      this.#depth,
+      this.#oldest,
+    ]);
   }
 
   /**
-   * Runs the handler with `span` as the active one; a context manager that
-   * throws before or after it does not change what the handler did.
+   * Runs a handler inside a new `process {queue}` span, which stays open
+   * until {@linkcode ProcessorTelemetry.end}, and records its duration once
+   * it settles.
+   *
+   * @param key The slot the lease is held in, for the later calls.
+   * @param lease The lease being handled.
+   * @param handler Calls the handler.
+   * @returns What `handler` returned.
    */
-  #inContext<T>(span: Span, handler: () => T): T {
-    let ran = false;
-    let result: { value: T } | { error: unknown } | undefined;
-    try {
-      context.with(trace.setSpan(context.active(), span), () => {
-        ran = true;
-        try {
-          result = { value: handler() };
-        } catch (error) {
-          result = { error };
-        }
-      });
-    } catch (error) {
-      this.#fault("context", error);
-    }
-    if (!ran) return handler();
-    if (result === undefined || "error" in result) {
-      throw result?.error;
-    }
-    return result.value;
-  }
-
-  /** Marks a span failed with the handler's error. */
-  #failed(span: Span, error: unknown): void {
-    try {
+  handle<T>(key: object, lease: Lease<unknown>, handler: () => T): T {
+    const attributes = this.#attributesOf(lease.queue);
+    this.#counters.claimed.add(1, attributes);
+    const span = this.#tracer.startSpan(
+      `process ${lease.queue}`,
+      {
+        kind: SpanKind.CONSUMER,
+        attributes: {
+          ...attributes,
+          "messaging.operation.type": "process",
+          "messaging.operation.name": "process",
+          "messaging.message.id": lease.identity,
+          "outbox.event.identity": lease.identity,
+          "outbox.event.id": lease.eventId,
+          "outbox.lease.fence": lease.fence,
+          "outbox.event.attempt": lease.attempt,
+        },
+      },
+    );
+    const recording = span.isRecording();
+    // Without an SDK nothing below would be seen: its clock reads, promise
+    // callbacks and map entries were most of the cost per event (1.6 µs of
+    // it, bench/telemetry_overhead.ts).
+    if (!recording && this.#meter === NOOP_METER) return handler();
+    this.#handling.set(key, { span, attributes, outcome: "unfinished" });
+    const startedAt = performance.now();
+    const settled = (error?: unknown) => {
+      this.#duration.record(performance.now() - startedAt, attributes);
+      if (error === undefined) return;
       span.recordException(
         error instanceof Error ? error : new Error(describe(error)),
       );
@@ -424,23 +263,81 @@ export class ProcessorTelemetry {
         "error.type",
         error instanceof Error ? error.name : typeof error,
       );
-    } catch (fault) {
-      this.#fault("span attributes", fault);
+    };
+    let result: T;
+    try {
+      // A span that records nothing needs no context to be found in.
+      result = recording ? this.#inContext(span.span, handler) : handler();
+    } catch (error) {
+      settled(error ?? new Error(describe(error)));
+      throw error;
     }
+    Promise.resolve(result).then(
+      () => settled(),
+      (error) => settled(error ?? new Error(describe(error))),
+    );
+    return result;
   }
 
-  /** Reports the first fault of each kind; telemetry then goes on. */
-  #fault(kind: Fault, error: unknown): void {
-    if (this.#faults.has(kind)) return;
-    this.#faults.add(kind);
+  /**
+   * Adds one to a counter; the last outcome counted for a slot becomes its
+   * span's `outbox.outcome`.
+   *
+   * @param key The slot, as given to {@linkcode ProcessorTelemetry.handle}.
+   * @param name The counter.
+   */
+  count(key: object, name: Exclude<CounterName, "claimed">): void {
+    const handling = this.#handling.get(key);
+    if (handling === undefined) return;
+    this.#counters[name].add(1, handling.attributes);
+    const outcome = OUTCOMES[name];
+    if (outcome !== undefined) handling.outcome = outcome;
+    else handling.span.setAttribute("outbox.lease.lost", true);
+  }
+
+  /**
+   * Ends a slot's span, once its acknowledgement or release is done.
+   *
+   * @param key The slot, as given to {@linkcode ProcessorTelemetry.handle}.
+   */
+  end(key: object): void {
+    const handling = this.#handling.get(key);
+    if (handling === undefined) return;
+    this.#handling.delete(key);
+    handling.span.setAttribute("outbox.outcome", handling.outcome);
+    handling.span.end();
+  }
+
+  /** Stops observing the queue's gauges. */
+  close(): void {
+    this.#meter.removeBatchObservableCallback(this.#observe, [
+      this.#depth,
+      this.#oldest,
+    ]);
+  }
+
+  /**
+   * Runs the handler with `span` as the active span; a context manager
+   * that throws before or after it changes nothing the handler did.
+   */
+  #inContext<T>(span: Span, handler: () => T): T {
+    let ran = false;
+    let outcome: { value: T } | { error: unknown } | undefined;
     try {
-      console.error(
-        `leased-outbox: telemetry's ${kind} failed; delivery goes on, and further ${kind} faults of this processor are not reported:`,
-        error,
-      );
-    } catch {
-      // A console that throws has nowhere left to report to.
+      context.with(trace.setSpan(context.active(), span), () => {
+        ran = true;
+        try {
+          outcome = { value: handler() };
+        } catch (error) {
+          outcome = { error };
+        }
+      });
+    } catch (error) {
+      this.#guard.fault("context", error);
     }
+    if (!ran) return handler();
+    if (outcome === undefined || "error" in outcome) throw outcome?.error;
+    return outcome.value;
   }
 
   #attributesOf(queue: string): Attributes {

@@ -17,6 +17,7 @@
  * @module
  */
 import { DatabaseSync, type StatementSync } from "node:sqlite";
+import { StatementCache } from "./statement_cache.ts";
 import {
   assertOneStatement,
   type Driver,
@@ -27,7 +28,6 @@ import {
   untilNotBusy,
 } from "../driver.ts";
 import { SqliteError, sqliteError } from "../errors.ts";
-import { StatementCache } from "./statement_cache.ts";
 import { checkBoolean, checkOptions } from "../validate.ts";
 
 /** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
