@@ -62,13 +62,12 @@ async function whyLeftAlone(outbox: Outbox, id: number): Promise<LeftAlone> {
   if (event === null) return { id, state: "missing", reason: "no such event" };
   const reason = {
     leased:
-      "being delivered by a worker (leased): cancel it if its delivery fails and it is pending again",
+      "being delivered by a worker (leased; cancel it again if it comes back to pending)",
     done: "already delivered (done)",
     dead: event.lastError === "cancelled"
       ? "already cancelled (dead)"
       : "already a dead letter (dead)",
-    pending:
-      "pending again (it was leased when cancel ran): run cancel again for it",
+    pending: "pending again (it was leased when cancel ran; run cancel again)",
   }[event.state];
   return { id, state: event.state, reason };
 }

@@ -833,7 +833,7 @@ Deno.test("cancel cancels the pending events named and says, for each one left a
       stdout,
       [
         `cancelled 2 of 5: ${ids[2]} ${ids[3]}`,
-        `left alone, being delivered by a worker (leased): cancel it if its delivery fails and it is pending again: ${
+        `left alone, being delivered by a worker (leased; cancel it again if it comes back to pending): ${
           ids[0]
         }`,
         `left alone, already delivered (done): ${ids[1]}`,
