@@ -1,7 +1,9 @@
 /**
  * The `outbox` command: looks after a queue in production, beside live
  * workers. `outbox <command> <database> [argument] [options]` once installed
- * (`docs/cli.md`), `deno task outbox …` in a checkout.
+ * from a checkout with `deno install -g -A -n outbox --config
+ * <checkout>/deno.json <checkout>/cli.ts` (`docs/cli.md`), or
+ * `deno task outbox …` in the checkout.
  *
  * The database is a SQLite file or a PostgreSQL URL
  * (`postgres://user:password@host/database`, with `--schema` for an outbox

