@@ -5,6 +5,7 @@
  * @module
  */
 import type { EventInfo } from "../admin.ts";
+import { MAX_BATCH } from "../lease.ts";
 import { count } from "./args.ts";
 import {
   type Command,
@@ -62,19 +63,25 @@ export const list: Command = {
       ? 0
       : count("--after", afterText, 0);
     await using reader = await openReader(context);
-    const [events, total, now] = await reader.snapshot(async () => {
-      const events = await reader.list({
+    const [rows, total, now] = await reader.snapshot(async () => {
+      // One more than the page, to know whether another page follows.
+      const rows = await reader.list({
         state: listed,
-        limit,
+        limit: Math.min(limit + 1, MAX_BATCH),
         afterId,
         ...(queue === undefined ? {} : { queue }),
       });
       const total = (await reader.queues())
         .filter((q) => queue === undefined || q.queue === queue)
         .reduce((sum, q) => sum + q[listed], 0);
-      return [events, total, await reader.databaseNow()] as const;
+      return [rows, total, await reader.databaseNow()] as const;
     });
-    const next = events.length === limit ? events.at(-1)!.id : null;
+    const events = rows.slice(0, limit);
+    // A full page of the largest size may or may not have a next one.
+    const next = rows.length > limit ||
+        (limit >= MAX_BATCH && events.length === limit)
+      ? events.at(-1)!.id
+      : null;
     if (context.json) {
       context.out(JSON.stringify({ state: listed, events, next, total }));
       return;

@@ -777,6 +777,22 @@ Deno.test("list --limit says how many of how many it shows, and where the next p
     const page = await json("list", path, "pending", "--limit", "5");
     assert.equal(page["total"], 7);
     assert.equal(page["next"], ids[4]);
+    // A page that ends with the last event has no next page.
+    const whole = await cli("list", path, "pending", "--limit", "7");
+    assert.equal(
+      whole.stdout.trimEnd().split("\n").at(-1),
+      "showing 7 of 7 pending",
+    );
+    const last = await json(
+      "list",
+      path,
+      "pending",
+      "--after",
+      String(ids[4]),
+      "--limit",
+      "2",
+    );
+    assert.equal(last["next"], null);
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
