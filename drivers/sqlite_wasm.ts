@@ -146,9 +146,14 @@ export interface SqliteWasmDriverOptions {
  * own, and the application's `COMMIT` or `ROLLBACK` decides; other calls
  * wait for it to end. Keep one driver per handle.
  *
+ * It is asynchronous: await it. `db` must come from the module the driver
+ * is given: by default the one `loadSqlite3()` loads (which this package's
+ * openers use); a handle opened with the module of the application's own
+ * `sqlite3InitModule()` call needs that module, as `{ sqlite3 }`.
+ *
  * @param db An open oo1 connection; the application keeps it.
  * @param options See {@linkcode SqliteWasmDriverOptions}.
- * @returns A driver over `db`.
+ * @returns A promise of a driver over `db`.
  * @throws {TypeError} When `db` is not an open `oo1.DB` of the module, or an
  * option is unknown.
  *
