@@ -17,13 +17,13 @@ import {
   MeterProvider,
   PeriodicExportingMetricReader,
   type ViewOptions,
-} from "@opentelemetry/sdk-metrics";
+} from "npm:@opentelemetry/sdk-metrics@2.12.1";
 import {
   BasicTracerProvider,
   InMemorySpanExporter,
   SimpleSpanProcessor,
   type SpanProcessor,
-} from "@opentelemetry/sdk-trace-base";
+} from "npm:@opentelemetry/sdk-trace-base@2.12.1";
 import type { Outbox } from "../lease.ts";
 import { type ProcessableOutbox, processEvents } from "../worker.ts";
 import { fixture } from "./worker_fixture.ts";
