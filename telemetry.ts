@@ -41,9 +41,13 @@ import {
   SpanKind,
   SpanStatusCode,
   trace,
-  type Tracer,
 } from "@opentelemetry/api";
 import type { Lease, Stats } from "./lease.ts";
+import {
+  type GuardedSpan,
+  type GuardedTracer,
+  TelemetryGuard,
+} from "./telemetry_guard.ts";
 
 /** The instrumentation scope's name: the package's. */
 export const INSTRUMENTATION_SCOPE = "@leased/outbox";
@@ -86,8 +90,17 @@ export interface ObservedOutbox {
   stats(options?: { readonly queue?: string }): Promise<Stats>;
 }
 
+/** `String(value)`, or its tag when that throws (a null-prototype object). */
+function describe(value: unknown): string {
+  try {
+    return String(value);
+  } catch {
+    return Object.prototype.toString.call(value);
+  }
+}
+
 interface Handling {
-  readonly span: Span;
+  readonly span: GuardedSpan;
   readonly attributes: Attributes;
   outcome: Outcome;
 }
@@ -96,12 +109,20 @@ interface Handling {
  * The telemetry of one processor: its spans, counters and the gauges of its
  * queue. Created by the processor; every method is cheap without an SDK.
  *
+ * Nothing here may affect delivery: every call into the OpenTelemetry API
+ * (and so into the registered SDK: span processors, views, exporters) goes
+ * through a {@linkcode TelemetryGuard}, which skips a call that throws and
+ * writes the first fault of each kind to `console.error`; only what the
+ * handler itself throws or returns comes out of
+ * {@linkcode ProcessorTelemetry.handle}.
+ *
  * @ignore
  */
 export class ProcessorTelemetry {
   readonly #meter: Meter;
+  readonly #guard = new TelemetryGuard();
   // A proxy: it finds a tracer provider registered after it was made.
-  readonly #tracer: Tracer = trace.getTracer(INSTRUMENTATION_SCOPE, VERSION);
+  readonly #tracer: GuardedTracer;
   readonly #counters: Record<CounterName, Counter>;
   readonly #duration: Histogram;
   readonly #depth: ObservableGauge;
@@ -123,7 +144,12 @@ export class ProcessorTelemetry {
    * no queue name).
    */
   constructor(outbox: ObservedOutbox, queue: string | undefined) {
-    this.#meter = metrics.getMeter(INSTRUMENTATION_SCOPE, VERSION);
+    this.#meter = this.#guard.meter(() =>
+      metrics.getMeter(INSTRUMENTATION_SCOPE, VERSION)
+    );
+    this.#tracer = this.#guard.tracer(() =>
+      trace.getTracer(INSTRUMENTATION_SCOPE, VERSION)
+    );
     const counter = (name: string, unit: string, description: string) =>
       this.#meter.createCounter(name, { unit, description });
     this.#counters = {
@@ -230,9 +256,9 @@ export class ProcessorTelemetry {
       this.#duration.record(performance.now() - startedAt, attributes);
       if (error === undefined) return;
       span.recordException(
-        error instanceof Error ? error : new Error(String(error)),
+        error instanceof Error ? error : new Error(describe(error)),
       );
-      span.setStatus({ code: SpanStatusCode.ERROR, message: String(error) });
+      span.setStatus({ code: SpanStatusCode.ERROR, message: describe(error) });
       span.setAttribute(
         "error.type",
         error instanceof Error ? error.name : typeof error,
@@ -241,16 +267,14 @@ export class ProcessorTelemetry {
     let result: T;
     try {
       // A span that records nothing needs no context to be found in.
-      result = recording
-        ? context.with(trace.setSpan(context.active(), span), handler)
-        : handler();
+      result = recording ? this.#inContext(span.span, handler) : handler();
     } catch (error) {
-      settled(error ?? new Error(String(error)));
+      settled(error ?? new Error(describe(error)));
       throw error;
     }
     Promise.resolve(result).then(
       () => settled(),
-      (error) => settled(error ?? new Error(String(error))),
+      (error) => settled(error ?? new Error(describe(error))),
     );
     return result;
   }
@@ -290,6 +314,30 @@ export class ProcessorTelemetry {
       this.#depth,
       this.#oldest,
     ]);
+  }
+
+  /**
+   * Runs the handler with `span` as the active span; a context manager
+   * that throws before or after it changes nothing the handler did.
+   */
+  #inContext<T>(span: Span, handler: () => T): T {
+    let ran = false;
+    let outcome: { value: T } | { error: unknown } | undefined;
+    try {
+      context.with(trace.setSpan(context.active(), span), () => {
+        ran = true;
+        try {
+          outcome = { value: handler() };
+        } catch (error) {
+          outcome = { error };
+        }
+      });
+    } catch (error) {
+      this.#guard.fault("context", error);
+    }
+    if (!ran) return handler();
+    if (outcome === undefined || "error" in outcome) throw outcome?.error;
+    return outcome.value;
   }
 
   #attributesOf(queue: string): Attributes {

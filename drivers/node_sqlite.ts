@@ -17,6 +17,7 @@
  * @module
  */
 import { DatabaseSync, type StatementSync } from "node:sqlite";
+import { StatementCache } from "./statement_cache.ts";
 import {
   assertOneStatement,
   type Driver,
@@ -293,12 +294,15 @@ export function nodeSqliteDriver(
 
 /**
  * A {@linkcode Driver} over one `node:sqlite` connection. Statements are
- * prepared once per SQL text and kept until {@linkcode NodeSqliteDriver.close}.
+ * prepared once per SQL text and kept, the 256 most recently used, until
+ * {@linkcode NodeSqliteDriver.close}. `StatementSync` has no `finalize()`:
+ * one that leaves the cache is only let go, and Deno finalizes it when it is
+ * garbage-collected (or when the connection closes).
  */
 export class NodeSqliteDriver implements Driver, AsyncDisposable {
   #db: DatabaseSync | undefined;
   readonly #closeDatabase: boolean;
-  readonly #statements = new Map<string, StatementSync>();
+  readonly #statements = new StatementCache<StatementSync>(() => {});
 
   /**
    * Wraps an open connection; {@linkcode openNodeSqlite} is the usual way in,
@@ -390,7 +394,7 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
     // cached `SELECT *` would drop new columns; schema changes made through
     // this connection start a fresh cache instead.
     if (SCHEMA_CHANGE.test(sql)) this.#statements.clear();
-    else this.#statements.set(sql, statement);
+    else this.#statements.add(sql, statement);
     return statement;
   }
 }

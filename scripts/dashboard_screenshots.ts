@@ -5,7 +5,7 @@
  *
  * @module
  */
-import { chromium } from "playwright-core";
+import { chromium } from "npm:playwright-core@1.65.1";
 import { Outbox } from "../mod.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { serveDashboard } from "../dashboard/serve.ts";

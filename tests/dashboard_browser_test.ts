@@ -4,7 +4,7 @@
  * markup that must stay text with nothing run.
  */
 import assert from "node:assert/strict";
-import { chromium, type Page } from "playwright-core";
+import { chromium, type Page } from "npm:playwright-core@1.65.1";
 import { Outbox } from "../mod.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { serveDashboard } from "../dashboard/serve.ts";

@@ -5,7 +5,7 @@
  * one would.
  */
 import assert from "node:assert/strict";
-import fc from "fast-check";
+import fc from "npm:fast-check@4.11.0";
 import type { Driver, Row } from "../driver.ts";
 import { BusyError, type EnqueueResult, Outbox } from "../mod.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";

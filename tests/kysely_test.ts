@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { DatabaseSync, type SQLInputValue } from "node:sqlite";
-import { type Generated, Kysely, SqliteDialect } from "kysely";
+import { type Generated, Kysely, SqliteDialect } from "npm:kysely@0.29.9";
 import { LeaseLostError, Outbox } from "../mod.ts";
 import { nodeSqliteDriver } from "../drivers/node_sqlite.ts";
 import { ManualClock } from "./helpers.ts";

@@ -16,7 +16,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import fc from "fast-check";
+import fc from "npm:fast-check@4.11.0";
 import {
   type AcknowledgedAndClaimed,
   type EnqueueResult,
