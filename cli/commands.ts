@@ -12,6 +12,7 @@ import { list } from "./list.ts";
 import { purge } from "./purge.ts";
 import { redrive, retry } from "./redrive.ts";
 import { stats } from "./stats.ts";
+import { ui } from "./ui.ts";
 import { watch } from "./watch.ts";
 
 /** Every command, in the usage's order. */
@@ -24,4 +25,5 @@ export const COMMANDS: readonly Command[] = [
   retry,
   cancel,
   purge,
+  ui,
 ];

@@ -553,7 +553,7 @@ Deno.test("usage errors exit 2 with the reason and the usage on stderr", async (
     [[], "no command given"],
     [
       ["frobnicate", path],
-      "unknown command 'frobnicate' (commands: stats, list, explain, watch, redrive, retry, cancel, purge); see outbox --help",
+      "unknown command 'frobnicate' (commands: stats, list, explain, watch, redrive, retry, cancel, purge, ui); see outbox --help",
     ],
     [["stats"], "stats needs a database"],
     [
@@ -931,11 +931,11 @@ Deno.test("stats prints a field it does not know (a WAL's size) below its table"
 });
 
 Deno.test("an unknown command is named as such, whatever follows it", async () => {
-  const { code, stdout, stderr } = await cli("ui", "x.db");
+  const { code, stdout, stderr } = await cli("dashboard", "x.db");
   assert.equal(code, 2);
   assert.equal(stdout, "");
   assert.equal(
     stderr,
-    "outbox: unknown command 'ui' (commands: stats, list, explain, watch, redrive, retry, cancel, purge); see outbox --help\n",
+    "outbox: unknown command 'dashboard' (commands: stats, list, explain, watch, redrive, retry, cancel, purge, ui); see outbox --help\n",
   );
 });
