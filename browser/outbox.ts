@@ -37,6 +37,7 @@
  * @module
  */
 export { OpfsBusyError, OpfsUnavailableError } from "./protocol.ts";
+export type { BrowserStats, StorageEstimate } from "./protocol.ts";
 export { RemoteOutbox } from "./remote.ts";
 export type { BrowserOutboxOptions } from "./connection.ts";
 export { openWorkerOutbox, WorkerOutbox } from "./worker_outbox.ts";
@@ -49,6 +50,7 @@ export {
   RetryAfterError,
   SchemaVersionError,
   SqliteError,
+  StorageFullError,
 } from "../errors.ts";
 export {
   type Handler,

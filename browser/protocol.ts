@@ -13,7 +13,9 @@ import {
   LeaseLostError,
   SchemaVersionError,
   SqliteError,
+  StorageFullError,
 } from "../errors.ts";
+import type { Stats } from "../lease.ts";
 
 /**
  * Another worker or tab holds the OPFS database (its sync access handles are
@@ -77,6 +79,31 @@ export class OpfsUnavailableError extends Error {
     super(message, options);
     this.name = "OpfsUnavailableError";
   }
+}
+
+/**
+ * The origin's storage as `navigator.storage.estimate()` reports it
+ * (https://storage.spec.whatwg.org/#dom-storagemanager-estimate), in bytes:
+ * what the origin uses (this database and anything else it stores: caches,
+ * IndexedDB) and the most it may use. Both are estimates the browser may
+ * round or pad; `quota` is what a write is checked against.
+ */
+export interface StorageEstimate {
+  /** Bytes the origin uses. */
+  readonly usage: number;
+  /** Bytes the origin may use. */
+  readonly quota: number;
+}
+
+/**
+ * {@linkcode Stats} of the browser outbox, with the origin's storage.
+ */
+export interface BrowserStats extends Stats {
+  /**
+   * `navigator.storage.estimate()` read in the database's worker, or `null`
+   * where the browser does not offer it.
+   */
+  readonly storage: StorageEstimate | null;
 }
 
 /** An error flattened for `postMessage`. */
@@ -215,6 +242,8 @@ export function fromWireError(wire: WireError): Error {
       return new ConstraintError(wire.message, wire.code ?? 19);
     case "SqliteError":
       return new SqliteError(wire.message, wire.code ?? 1);
+    case "StorageFullError":
+      return new StorageFullError(wire.message, wire.code ?? 13);
     case "LeaseLostError":
       return new LeaseLostError(wire.eventId ?? 0, wire.fence ?? 0);
     case "SchemaVersionError":

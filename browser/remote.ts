@@ -16,8 +16,8 @@ import type {
   Explanation,
   Lease,
   ReleaseOptions,
-  Stats,
 } from "../lease.ts";
+import type { BrowserStats } from "./protocol.ts";
 import type {
   EventInfo,
   ListOptions,
@@ -310,13 +310,48 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
   }
 
   /**
-   * Counts events per state; see `Outbox.stats`.
+   * Counts events per state; see `Outbox.stats`. Also reports the origin's
+   * storage, `navigator.storage.estimate()` read in the database's worker,
+   * so an app can see a full quota coming.
    *
    * @param options `queue`.
-   * @returns Pending, leased, done and dead counts and the oldest pending age.
+   * @returns Pending, leased, done and dead counts, the oldest pending age,
+   * and `storage`: `{ usage, quota }` in bytes, or `null` where the browser
+   * does not offer an estimate.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
-  async stats(options: { readonly queue?: string } = {}): Promise<Stats> {
-    return await this.invoke("stats", [options]) as Stats;
+  async stats(
+    options: { readonly queue?: string } = {},
+  ): Promise<BrowserStats> {
+    return await this.invoke("stats", [options]) as BrowserStats;
+  }
+
+  /**
+   * Gives the space that deleted events left back to the origin's storage
+   * quota: SQLite's free pages (`PRAGMA incremental_vacuum`; see
+   * `Outbox.maintain`), then the write-ahead log, truncated by a
+   * checkpoint. Run it after {@linkcode RemoteOutbox.purge}, and after a
+   * {@linkcode StorageFullError}, to make room. A database made before this
+   * release has `auto_vacuum = NONE` (the result says so): `vacuum: true`
+   * rewrites it once, which needs free quota of about its size.
+   *
+   * @param options `vacuum`: run a full `VACUUM`. @default {false}
+   * @returns The bytes of free pages given back, the free pages left, and
+   * the database's `auto_vacuum` mode.
+   * @throws {TypeError} When an option is invalid.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @throws {StorageFullError} When even the vacuum could not be written.
+   */
+  async maintain(options: { readonly vacuum?: boolean } = {}): Promise<{
+    reclaimedBytes: number;
+    freePages: number;
+    autoVacuum: "none" | "full" | "incremental";
+  }> {
+    return await this.invoke("maintain", [options]) as {
+      reclaimedBytes: number;
+      freePages: number;
+      autoVacuum: "none" | "full" | "incremental";
+    };
   }
 
   /**
