@@ -112,13 +112,20 @@ export function setup(
   };
 }
 
+/** A call sent to a worker (or another tab) and waiting for its reply. */
+export interface PendingCall {
+  readonly method: string;
+  readonly args: readonly unknown[];
+  /** Made by the tab hosting the worker for itself (see `CallMessage`). */
+  readonly own?: boolean;
+  resolve(value: unknown): void;
+  reject(error: Error): void;
+}
+
 /** One dedicated worker and the calls waiting for its replies. */
 export class WorkerConnection {
   readonly #worker: Worker;
-  readonly #pending = new Map<
-    string,
-    { resolve(value: unknown): void; reject(error: Error): void }
-  >();
+  readonly #pending = new Map<string, PendingCall>();
   #next = 0;
   #broken: Error | undefined;
   vfs = "";
@@ -172,7 +179,7 @@ export class WorkerConnection {
     if (this.#broken) return Promise.reject(this.#broken);
     const id = String(this.#next++);
     return new Promise((resolve, reject) => {
-      this.#pending.set(id, { resolve, reject });
+      this.#pending.set(id, { method, args, own, resolve, reject });
       this.#worker.postMessage(
         { type: "call", id, method, args, own } satisfies CallMessage,
       );
@@ -186,6 +193,18 @@ export class WorkerConnection {
     } finally {
       this.terminate();
     }
+  }
+
+  /**
+   * Ends the worker at once and returns the calls still waiting for it,
+   * unsettled, for the caller to send elsewhere. Whether the worker ran
+   * them is unknown.
+   */
+  handOver(): PendingCall[] {
+    const calls = [...this.#pending.values()];
+    this.#pending.clear();
+    this.terminate();
+    return calls;
   }
 
   terminate(error = new Error("The outbox is closed")): void {
@@ -206,14 +225,52 @@ export function watchVisibility(
   hide: () => void,
   show: () => void,
 ): () => void {
+  return watchLifecycle({
+    pagehide: hide,
+    pageshow: (event) => {
+      if ((event as PageTransitionEvent).persisted) show();
+    },
+  });
+}
+
+/** `pagehide` and `pageshow` events say whether the page is in the bfcache. */
+export interface PageTransitionEvent extends Event {
+  readonly persisted?: boolean;
+}
+
+/**
+ * Listens for the page lifecycle's events
+ * (https://developer.chrome.com/docs/web-platform/page-lifecycle-api), where
+ * there is a page (not in workers).
+ *
+ * @param listeners One listener per event type.
+ * @returns A function that stops listening.
+ */
+export function watchLifecycle(
+  listeners: Partial<
+    Record<
+      "pagehide" | "pageshow" | "freeze" | "resume",
+      (event: Event) => void
+    >
+  >,
+): () => void {
   if (typeof globalThis.addEventListener !== "function") return () => {};
-  const onShow = (event: Event) => {
-    if ((event as Event & { persisted?: boolean }).persisted) show();
-  };
-  globalThis.addEventListener("pagehide", hide);
-  globalThis.addEventListener("pageshow", onShow);
+  // freeze and resume are fired at the document, and do not bubble to the
+  // window; pagehide and pageshow at the window.
+  const document = (globalThis as { document?: EventTarget }).document;
+  const entries = Object.entries(listeners).map(([type, listener]) =>
+    [
+      type === "freeze" || type === "resume" ? document : globalThis,
+      type,
+      listener,
+    ] as const
+  );
+  for (const [target, type, listener] of entries) {
+    target?.addEventListener(type, listener);
+  }
   return () => {
-    globalThis.removeEventListener("pagehide", hide);
-    globalThis.removeEventListener("pageshow", onShow);
+    for (const [target, type, listener] of entries) {
+      target?.removeEventListener(type, listener);
+    }
   };
 }

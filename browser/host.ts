@@ -238,8 +238,14 @@ export function serveOutbox(scope: WorkerScope, openOutbox: OutboxFactory) {
         release();
         return undefined;
       case "hide": {
+        // The tab leaves the leases it knows of (args[0], their keys) to
+        // the next leader; those of calls still in flight are ours to give.
         hidden = true;
-        const leases = [...own.values()];
+        const left = new Set(
+          Array.isArray(message.args[0]) ? message.args[0].map(String) : [],
+        );
+        const leases = [...own.entries()].filter(([key]) => !left.has(key))
+          .map(([, lease]) => lease);
         own.clear();
         await handBack(outbox, leases);
         return undefined;

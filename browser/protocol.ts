@@ -131,6 +131,23 @@ export interface CallMessage {
    * worker hands the leases of such calls back when that tab goes away.
    */
   readonly own?: boolean;
+  /**
+   * Forwarded calls only: the sender's clock (epoch ms) past which it has
+   * given the call up with a `BusyError`; a leader that receives the call
+   * too late to acknowledge it in time does not run it.
+   */
+  readonly expiresAt?: number;
+}
+
+/**
+ * Sent by the leader as it takes a forwarded call on: the sender stops
+ * waiting for the leader to answer (the call's own run is bounded by the
+ * outbox's `busyTimeoutMs`), and waits for the reply.
+ */
+export interface ReceivedMessage {
+  readonly type: "received";
+  readonly id: string;
+  readonly to: string;
 }
 
 /** The answer to one {@linkcode CallMessage}. */
@@ -165,6 +182,7 @@ export interface VisibilityMessage {
 /** What travels on the tabs' `BroadcastChannel`. */
 export type ChannelMessage =
   | CallMessage
+  | ReceivedMessage
   | ReplyMessage
   | LeaderMessage
   | HelloMessage

@@ -372,6 +372,18 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
   heldLeases(): Lease<unknown>[] {
     return [...this.#held.values()];
   }
+
+  /**
+   * Forgets the leases this tab holds, for a tab that hands them back: a
+   * later acknowledgement of one answers `false`.
+   *
+   * @returns The leases it held.
+   */
+  protected forgetLeases(): Lease<unknown>[] {
+    const leases = [...this.#held.values()];
+    this.#held.clear();
+    return leases;
+  }
 }
 
 function leaseKey(lease: Lease<unknown>): string {

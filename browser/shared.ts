@@ -6,16 +6,20 @@
  *
  * @module
  */
-import type { EnqueueOptions, EnqueueResult } from "../lease.ts";
+import type { EnqueueOptions, EnqueueResult, Lease } from "../lease.ts";
+import { BusyError } from "../errors.ts";
 import { uuidv7 } from "../identity.ts";
 import {
   type BrowserOutboxOptions,
   leaseMsOf,
+  type PageTransitionEvent,
+  type PendingCall,
   setup,
-  watchVisibility,
+  watchLifecycle,
   WorkerConnection,
   type WorkerSetup,
 } from "./connection.ts";
+import { type LeftLease, LeftLeases } from "./handback.ts";
 import {
   type ChannelMessage,
   claimedLeases,
@@ -36,12 +40,38 @@ interface LockManager {
   ): Promise<void>;
 }
 
-interface ForwardedCall {
-  readonly method: string;
-  readonly args: readonly unknown[];
-  resolve(value: unknown): void;
-  reject(error: Error): void;
+interface ForwardedCall extends PendingCall {
+  /** How many times it was sent (to a leader, or run in this tab's worker). */
+  sends: number;
+  /** Gives the call up with a BusyError unless the leader takes it on. */
+  timer?: ReturnType<typeof setTimeout>;
 }
+
+// A call's reply settles it with this, which says whether it was sent more
+// than once (so an earlier send may have run).
+interface Answer {
+  readonly value: unknown;
+  readonly resent: boolean;
+}
+
+// The answer of a call this tab's own worker took and ended before
+// answering, which another leader ran again.
+class Resent {
+  constructor(readonly value: unknown) {}
+}
+
+function answer(value: unknown, resent: boolean): Answer {
+  return value instanceof Resent
+    ? { value: value.value, resent: true }
+    : { value, resent };
+}
+
+// The leader refuses a call it receives with less than this left before the
+// sender gives it up, so that its receipt reaches the sender in time.
+const RECEIPT_MARGIN_MS = 100;
+// The least time a follower waits for the leader to take a call on, in ms,
+// whatever busyTimeoutMs says (0 would give up every forwarded call).
+const MIN_RECEIPT_WAIT_MS = 250;
 
 // A leader remembers the ids of the calls it ran, so that a call a follower
 // re-sends (it learned of this leader after sending) does not run twice.
@@ -65,8 +95,14 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   readonly #abort = new AbortController();
   readonly #locks: LockManager;
   readonly #hiddenTabs = new Set<string>();
+  readonly #left: LeftLeases;
+  readonly #receiptWaitMs: number;
   #unwatch: () => void = () => {};
+  #unwatchLeft: () => void = () => {};
   #stopLeading: (() => void) | undefined;
+  // Stepped aside (frozen, or in the back-forward cache): not queued for
+  // leadership until the page resumes.
+  #resting = false;
   #local: WorkerConnection | undefined;
   #leader: string | undefined;
   #failure: Error | undefined;
@@ -75,6 +111,12 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   private constructor(name: string, setup: WorkerSetup) {
     super(name, leaseMsOf(setup));
     this.#setup = setup;
+    this.#left = new LeftLeases(name);
+    const busyTimeoutMs = setup.config.outbox["busyTimeoutMs"];
+    this.#receiptWaitMs = Math.max(
+      MIN_RECEIPT_WAIT_MS,
+      typeof busyTimeoutMs === "number" ? busyTimeoutMs : 5_000,
+    );
     this.#channel = new BroadcastChannel(`leased-outbox:${name}`);
     this.#channel.addEventListener(
       "message",
@@ -88,7 +130,12 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
       );
     }
     this.#locks = locks;
-    this.#unwatch = watchVisibility(() => this.#hide(), () => this.#show());
+    this.#unwatch = watchLifecycle({
+      pagehide: (event) => this.#hide(event as PageTransitionEvent),
+      pageshow: (event) => this.#show(event as PageTransitionEvent),
+      freeze: () => this.#stepAside(),
+      resume: () => this.#wake(),
+    });
     this.#channel.postMessage({ type: "hello" } satisfies ChannelMessage);
     this.#requestLeadership();
   }
@@ -130,41 +177,83 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
    * Adds a pending event; see `Outbox.enqueue`. The event's identity is
    * minted in this tab (unless one is given), so a call that has to be
    * re-sent to a new leader is stored once even when the old leader stored
-   * it before it went away.
+   * it before it went away; `deduplicated` then still says `false`, also
+   * for an identity the caller gave, since the event is this call's own.
    *
    * @param payload A JSON-serializable value, or a `Uint8Array`.
    * @param options Delay, attempts, dedup and ordering keys, identity, queue.
    * @returns The event id, its identity, and whether the caller's `dedupKey`
    * or `identity` matched an earlier event.
    * @throws {TypeError | RangeError} When an argument is invalid.
-   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`,
+   * or the leader tab does not take the call on within it.
    */
   override async enqueue(
     payload: P,
     options: EnqueueOptions = {},
   ): Promise<EnqueueResult> {
-    if (
-      options === null || typeof options !== "object" ||
-      options.identity !== undefined
-    ) {
+    if (options === null || typeof options !== "object") {
       return super.enqueue(payload, options);
     }
-    const identity = uuidv7();
-    const result = await super.enqueue(payload, { ...options, identity });
-    // Our own identity found means a re-sent call the old leader stored.
-    return result.identity === identity
-      ? { ...result, deduplicated: false }
-      : result;
+    const given = options.identity;
+    const identity = given ?? uuidv7();
+    const madeAt = Date.now();
+    const { value, resent } = await this.#call("enqueue", [payload, {
+      ...options,
+      identity,
+    }]);
+    const result = value as EnqueueResult;
+    if (!result.deduplicated || result.identity !== identity) return result;
+    // Our identity found: a minted one is this call's own (a re-send the old
+    // leader stored); a given one is when an earlier send of this call
+    // stored it, i.e. the event was made after this call was.
+    if (given === undefined) return { ...result, deduplicated: false };
+    if (resent && await this.#madeSince(result.eventId, madeAt)) {
+      return { ...result, deduplicated: false };
+    }
+    return result;
+  }
+
+  // Whether event eventId was stored at or after madeAt (epoch ms; the
+  // leaders' workers stamp events with the same machine's clock).
+  async #madeSince(eventId: number, madeAt: number): Promise<boolean> {
+    for (const state of ["pending", "leased", "done", "dead"] as const) {
+      const [event] = await this.list({
+        state,
+        afterId: eventId - 1,
+        limit: 1,
+      });
+      if (event?.id === eventId) return event.createdAt >= madeAt;
+    }
+    return false;
   }
 
   /** Runs a call here when leading, else forwards it to the leader. */
-  protected invoke(method: string, args: readonly unknown[]): Promise<unknown> {
+  protected async invoke(
+    method: string,
+    args: readonly unknown[],
+  ): Promise<unknown> {
+    return (await this.#call(method, args)).value;
+  }
+
+  #call(method: string, args: readonly unknown[]): Promise<Answer> {
     if (this.#failure) return Promise.reject(this.#failure);
-    if (this.#local) return this.#run(this.#local, method, args, true);
-    const id = `${this.tab}:${this.#next++}`;
+    if (this.#local) {
+      return this.#run(this.#local, method, args, true).then((value) =>
+        answer(value, false)
+      );
+    }
     return new Promise((resolve, reject) => {
-      this.#pending.set(id, { method, args, resolve, reject });
-      this.#forward(id, method, args);
+      const call: ForwardedCall = {
+        method,
+        args,
+        sends: 0,
+        resolve: (value) => resolve(answer(value, call.sends > 1)),
+        reject,
+      };
+      const id = `${this.tab}:${this.#next++}`;
+      this.#pending.set(id, call);
+      this.#forward(id, call);
     });
   }
 
@@ -176,6 +265,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     if (this.#failure) return;
     this.#failure = new Error("The outbox is closed");
     this.#unwatch();
+    this.#unwatchLeft();
     this.#abort.abort();
     const local = this.#local;
     this.#local = undefined;
@@ -202,14 +292,36 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     return result;
   }
 
-  #forward(id: string, method: string, args: readonly unknown[]): void {
+  // Sends a call to the leader. While a leader other than this tab is
+  // known, it must take the call on (a "received" message) within
+  // busyTimeoutMs, or the call fails with BusyError: a frozen or hung
+  // leader does not hold the call for ever. With no leader known, the call
+  // waits for the next one's announcement, which sends it again.
+  #forward(id: string, call: ForwardedCall): void {
+    call.sends++;
+    clearTimeout(call.timer);
+    const leader = this.#leader;
+    const waiting = leader !== undefined && leader !== this.tab;
+    const expiresAt = Date.now() + this.#receiptWaitMs;
+    if (waiting) {
+      call.timer = setTimeout(() => {
+        if (this.#pending.get(id) !== call) return;
+        this.#pending.delete(id);
+        call.reject(
+          new BusyError(
+            `Cannot ${call.method} as the leader tab did not take the call on within ${this.#receiptWaitMs} ms (busyTimeoutMs): it may be frozen, hung or going away; the call did not run, and calling again is safe`,
+          ),
+        );
+      }, this.#receiptWaitMs);
+    }
     this.#channel.postMessage(
       {
         type: "call",
         id,
         from: this.tab,
-        method,
-        args,
+        method: call.method,
+        args: call.args,
+        ...(waiting ? { expiresAt } : {}),
       } satisfies ChannelMessage,
     );
   }
@@ -227,7 +339,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
       this.#rejectPending(this.#failure);
       return;
     }
-    if (this.#failure) {
+    if (this.#failure || this.#resting) {
       await local.close();
       return;
     }
@@ -236,11 +348,19 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     });
     this.#local = local;
     this.#leader = this.tab;
+    // Leases a tab left behind as it went (the leader before this one, or
+    // this page before a reload), now and whenever one is left later.
+    this.#releaseLeft(local);
+    this.#unwatchLeft = this.#left.watch(() => {
+      if (this.#local === local) this.#releaseLeft(local);
+    });
     this.#channel.postMessage(
       { type: "leader", tab: this.tab } satisfies ChannelMessage,
     );
     for (const [id, call] of this.#pending) {
       this.#pending.delete(id);
+      clearTimeout(call.timer);
+      call.sends++;
       this.#run(local, call.method, call.args, true).then(
         call.resolve,
         call.reject,
@@ -250,14 +370,73 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     await stopped;
   }
 
+  #releaseLeft(local: WorkerConnection): void {
+    for (const lease of this.#left.take()) {
+      this.#run(local, "release", [lease, { error: TAB_CLOSED }], false)
+        .catch(() => {});
+    }
+  }
+
   // The database worker died: give the lock back so that the next tab in
   // line (or this one, queued again) opens the database in a new worker.
   #stepDown(local: WorkerConnection | undefined): void {
     if (local === undefined || this.#local !== local) return;
     this.#local = undefined;
+    this.#unwatchLeft();
     this.#stopLeading?.();
     this.dispatchEvent(new Event("leaderchange"));
     if (!this.#failure) this.#requestLeadership();
+  }
+
+  // The page is frozen or went into the back-forward cache: a leader gives
+  // the database and the lock up at once, so another tab takes over, and
+  // leaves its leases to it. Its worker is ended rather than closed (a
+  // frozen page's worker would never finish closing, and would keep the
+  // OPFS handles); SQLite's journal makes that safe. Calls still waiting
+  // for the worker go to the next leader, like a follower's.
+  #stepAside(): void {
+    this.#resting = true;
+    const local = this.#local;
+    if (local === undefined) return;
+    this.#local = undefined;
+    this.#leader = undefined;
+    this.#unwatchLeft();
+    this.#leaveLeases();
+    for (const call of local.handOver()) {
+      // Other tabs' calls are theirs to send again to the next leader.
+      if (!call.own) continue;
+      this.#pending.set(`${this.tab}:${this.#next++}`, {
+        ...call,
+        // It may have run in the ended worker: its answer says so.
+        resolve: (value) => call.resolve(new Resent(value)),
+        sends: 1,
+      });
+    }
+    this.#stopLeading?.();
+    this.dispatchEvent(new Event("leaderchange"));
+  }
+
+  // The page is back from being frozen or from the back-forward cache:
+  // queue for leadership again and learn who leads now.
+  #wake(): void {
+    if (!this.#resting || this.#failure) return;
+    this.#resting = false;
+    this.#channel.postMessage({ type: "hello" } satisfies ChannelMessage);
+    this.#requestLeadership();
+  }
+
+  // Writes this tab's leases where the next leader finds them, and forgets
+  // them here. Returns their keys.
+  #leaveLeases(): string[] {
+    const leases = this.forgetLeases() as Lease<unknown>[];
+    const left: LeftLease[] = leases.map(({ eventId, token, fence }) => ({
+      eventId,
+      token,
+      fence,
+    }));
+    return this.#left.leave(this.tab, left)
+      ? left.map(({ eventId, token }) => `${eventId}:${token}`)
+      : [];
   }
 
   #receive(message: ChannelMessage): void {
@@ -275,15 +454,20 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
         // it has already seen only once.
         const changed = message.tab !== this.#leader;
         this.#leader = message.tab;
-        for (const [id, call] of this.#pending) {
-          this.#forward(id, call.method, call.args);
-        }
+        for (const [id, call] of this.#pending) this.#forward(id, call);
         if (changed) this.dispatchEvent(new Event("leaderchange"));
         return;
       }
       case "call":
         if (this.#local) this.#answer(this.#local, message);
         return;
+      case "received": {
+        const call = this.#pending.get(message.id);
+        if (message.to === this.tab && call !== undefined) {
+          clearTimeout(call.timer);
+        }
+        return;
+      }
       case "hidden":
         this.#hiddenTabs.add(message.tab);
         return;
@@ -294,6 +478,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
         const call = this.#pending.get(message.id);
         if (message.to !== this.tab || call === undefined) return;
         this.#pending.delete(message.id);
+        clearTimeout(call.timer);
         if (message.ok) call.resolve(message.value);
         else call.reject(fromWireError(message.error));
       }
@@ -304,6 +489,22 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     local: WorkerConnection,
     message: Extract<ChannelMessage, { type: "call" }>,
   ): void {
+    // Its sender has given it up (or is about to) with a BusyError: a call
+    // that did not run must not run now.
+    if (
+      message.expiresAt !== undefined &&
+      Date.now() > message.expiresAt - RECEIPT_MARGIN_MS &&
+      !this.#seen.has(message.id)
+    ) {
+      return;
+    }
+    this.#channel.postMessage(
+      {
+        type: "received",
+        id: message.id,
+        to: message.from!,
+      } satisfies ChannelMessage,
+    );
     // A call re-sent to this same leader is answered by the first run.
     if (this.#seen.has(message.id)) return;
     this.#seen.add(message.id);
@@ -352,26 +553,45 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   }
 
   // The page is going away: hand its leases back so that another tab can
-  // claim them now rather than after they lapse. Fire and forget, since
-  // nothing can be awaited during pagehide; a lost release only delays.
-  #hide(): void {
+  // claim them now rather than after they lapse. Nothing can be awaited
+  // during pagehide. Into the back-forward cache (persisted), a leader
+  // steps aside as when frozen: a cached page runs nothing.
+  #hide(event: PageTransitionEvent): void {
     if (this.#local) {
-      // The worker releases this tab's leases, and claims still in flight.
-      this.#local.call("hide", []).catch(() => {});
+      if (event.persisted) {
+        this.#stepAside();
+        return;
+      }
+      // The next leader (another tab, or this page reloaded) releases the
+      // leases this tab knows of, from localStorage: the worker may be
+      // ended before it reads another message. The worker releases the
+      // rest, the leases of claims still in flight, if it gets to.
+      const left = this.#leaveLeases();
+      this.#local.call("hide", [left]).catch(() => {});
       return;
     }
     this.#channel.postMessage(
       { type: "hidden", tab: this.tab } satisfies ChannelMessage,
     );
-    for (const lease of this.heldLeases()) {
-      this.#forward(`${this.tab}:${this.#next++}`, "release", [
-        lease,
-        { error: TAB_CLOSED },
-      ]);
+    for (const lease of this.forgetLeases()) {
+      this.#channel.postMessage(
+        {
+          type: "call",
+          id: `${this.tab}:${this.#next++}`,
+          from: this.tab,
+          method: "release",
+          args: [lease, { error: TAB_CLOSED }],
+        } satisfies ChannelMessage,
+      );
     }
   }
 
-  #show(): void {
+  #show(event: PageTransitionEvent): void {
+    if (!event.persisted) return;
+    if (this.#resting) {
+      this.#wake();
+      return;
+    }
     if (this.#local) this.#local.call("show", []).catch(() => {});
     else {
       this.#channel.postMessage(
@@ -381,7 +601,10 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   }
 
   #rejectPending(error: Error): void {
-    for (const call of this.#pending.values()) call.reject(error);
+    for (const call of this.#pending.values()) {
+      clearTimeout(call.timer);
+      call.reject(error);
+    }
     this.#pending.clear();
   }
 }
