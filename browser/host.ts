@@ -144,7 +144,7 @@ function storageError(error: unknown, quotaRefused: boolean): unknown {
     return error;
   }
   return new StorageFullError(
-    "The origin's storage quota is full: the browser refused to write the outbox's database, so nothing of this call was stored (the data stored before is intact). Free space and call again, no reload needed: purge done events and dead letters, then maintain(); clear other data of this origin; or ask for persistent storage with navigator.storage.persist(), which raises the quota in most browsers",
+    "The origin's storage quota is full: the browser refused to write the outbox's database, so nothing of this call was stored (the data stored before is intact). Free space and call again, no reload needed: purge done events and dead letters, then maintain(); or clear other data of this origin (in Firefox, persistent storage, navigator.storage.persist(), also raises the limit)",
     SQLITE_FULL,
     { cause: error },
   );

@@ -84,6 +84,14 @@ const WORKER_ONLY = new Set(["open", "close", "hide", "show", "hasVfs"]);
  * {@linkcode openSharedOutbox}. Dispatches `"leaderchange"` when the tab
  * hosting the database changes, and in the leader tab `"enqueue"` whenever
  * an event from any tab was stored.
+ *
+ * Through the page lifecycle: a leader tab that is frozen, or goes into the
+ * back-forward cache (`pagehide` with `persisted` true), gives up the
+ * database and the lock at once, so another tab takes over, and rejoins as
+ * a follower on `resume`/`pageshow`. A leaving leader's leases are released
+ * by the next leader (kept in `localStorage` meanwhile). A call forwarded to
+ * a leader that does not take it on within `busyTimeoutMs` (at least
+ * 250 ms) fails with `BusyError`, and does not run. See `docs/browser.md`.
  */
 export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   /** This tab's id on the channel. */
