@@ -11,6 +11,7 @@ import type { Driver } from "../driver.ts";
 import {
   type CallMessage,
   claimedLeases,
+  leaseKey,
   OpfsBusyError,
   OpfsUnavailableError,
   type ReplyMessage,
@@ -301,11 +302,6 @@ export function serveOutbox(scope: WorkerScope, openOutbox: OutboxFactory) {
         }),
     );
   });
-}
-
-function leaseKey(lease: unknown): string {
-  const { eventId, token } = lease as { eventId?: unknown; token?: unknown };
-  return `${String(eventId)}:${String(token)}`;
 }
 
 function reply(scope: WorkerScope, message: ReplyMessage): void {

@@ -209,6 +209,18 @@ export function claimedLeases(method: string, result: unknown): unknown[] {
 }
 
 /**
+ * A lease's key in the tab's and the worker's records of held leases: its
+ * event and token, which name one claim.
+ *
+ * @param lease A lease (or anything with `eventId` and `token`).
+ * @returns `"<eventId>:<token>"`.
+ */
+export function leaseKey(lease: unknown): string {
+  const { eventId, token } = lease as { eventId?: unknown; token?: unknown };
+  return `${String(eventId)}:${String(token)}`;
+}
+
+/**
  * Flattens an error for `postMessage`, keeping what the typed classes carry.
  *
  * @param error Anything thrown.

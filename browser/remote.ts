@@ -17,7 +17,7 @@ import type {
   Lease,
   ReleaseOptions,
 } from "../lease.ts";
-import type { BrowserStats } from "./protocol.ts";
+import { type BrowserStats, leaseKey } from "./protocol.ts";
 import type {
   EventInfo,
   ListOptions,
@@ -384,8 +384,4 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
     this.#held.clear();
     return leases;
   }
-}
-
-function leaseKey(lease: Lease<unknown>): string {
-  return `${lease.eventId}:${lease.token}`;
 }

@@ -24,6 +24,7 @@ import {
   type ChannelMessage,
   claimedLeases,
   fromWireError,
+  leaseKey,
   OpfsUnavailableError,
   type ReplyMessage,
   TAB_CLOSED,
@@ -442,9 +443,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
       token,
       fence,
     }));
-    return this.#left.leave(this.tab, left)
-      ? left.map(({ eventId, token }) => `${eventId}:${token}`)
-      : [];
+    return this.#left.leave(this.tab, left) ? left.map(leaseKey) : [];
   }
 
   #receive(message: ChannelMessage): void {

@@ -12,6 +12,7 @@ import type { Page } from "playwright-core";
 import {
   blankPage,
   browserTest,
+  mutedLeader,
   openSession,
   PATHS,
   type Session,
@@ -297,21 +298,7 @@ Deno.test(
   },
   async () => {
     await using session = await openSession();
-    const leader = await blankPage(session);
-    await leader.evaluate(async (paths) => {
-      // The leader stores what it is sent but its replies never leave: as
-      // if the tab died between commit and reply.
-      const post = BroadcastChannel.prototype.postMessage;
-      BroadcastChannel.prototype.postMessage = function (message) {
-        if ((message as { type?: string })?.type !== "reply") {
-          post.call(this, message);
-        }
-      };
-      const m = await import(paths.bundle);
-      const outbox = await m.openSharedOutbox("identity");
-      await outbox.stats();
-      Object.assign(globalThis, { outbox });
-    }, PATHS);
+    const leader = await mutedLeader(session, "identity");
     // Not tab(): its first call would wait for ever for a reply.
     const follower = await blankPage(session);
     await follower.evaluate(async (paths) => {

@@ -3,6 +3,7 @@ import type { Page } from "playwright-core";
 import {
   blankPage,
   browserTest,
+  mutedLeader,
   openSession,
   PATHS,
   type Session,
@@ -580,21 +581,7 @@ Deno.test(
   },
   async () => {
     await using session = await openSession();
-    const leader = await blankPage(session);
-    await leader.evaluate(async (paths) => {
-      // The leader stores what it is sent but its replies never leave: as
-      // if the tab died between commit and reply.
-      const post = BroadcastChannel.prototype.postMessage;
-      BroadcastChannel.prototype.postMessage = function (message) {
-        if ((message as { type?: string })?.type !== "reply") {
-          post.call(this, message);
-        }
-      };
-      const m = await import(paths.bundle);
-      const outbox = await m.openSharedOutbox("once");
-      await outbox.stats();
-      Object.assign(globalThis, { outbox });
-    }, PATHS);
+    const leader = await mutedLeader(session, "once");
     const follower = await blankPage(session);
     await follower.evaluate(async (paths) => {
       const m = await import(paths.bundle);
