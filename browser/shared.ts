@@ -101,7 +101,8 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   readonly #channel: BroadcastChannel;
   readonly #pending = new Map<string, ForwardedCall>();
   readonly #seen = new Set<string>();
-  readonly #abort = new AbortController();
+  // Withdraws this tab's place in the queue for the leader lock.
+  #lockRequest = new AbortController();
   readonly #locks: LockManager;
   readonly #hiddenTabs = new Set<string>();
   readonly #left: LeftLeases;
@@ -152,9 +153,9 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   #requestLeadership(): void {
     this.#locks.request(
       `leased-outbox:${this.name}`,
-      { signal: this.#abort.signal },
+      { signal: (this.#lockRequest = new AbortController()).signal },
       () => this.#lead(),
-    ).catch(() => {/* aborted by close() before this tab led */});
+    ).catch(() => {/* withdrawn by close() or a freeze before this tab led */});
   }
 
   /** @internal Use {@linkcode openSharedOutbox}. */
@@ -275,7 +276,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     this.#failure = new Error("The outbox is closed");
     this.#unwatch();
     this.#unwatchLeft();
-    this.#abort.abort();
+    this.#lockRequest.abort();
     const local = this.#local;
     this.#local = undefined;
     try {
@@ -405,6 +406,8 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   // for the worker go to the next leader, like a follower's.
   #stepAside(): void {
     this.#resting = true;
+    // A frozen tab granted the lock could not use it, and would hold it.
+    this.#lockRequest.abort();
     const local = this.#local;
     if (local === undefined) return;
     this.#local = undefined;

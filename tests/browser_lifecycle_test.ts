@@ -210,6 +210,47 @@ Deno.test(
 Deno.test(
   {
     name:
+      "a frozen follower tab leaves the queue for leadership, so the tab after it takes over, and rejoins the queue on resume",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const leader = await tab(session, "queue");
+    const frozen = await tab(session, "queue");
+    const next = await tab(session, "queue");
+    // Counts the database workers the frozen tab starts: a frozen tab
+    // granted the lock could not run, so it must not be granted it.
+    await frozen.evaluate(() => {
+      const Original = (globalThis as Any).Worker;
+      (globalThis as Any).started = 0;
+      (globalThis as Any).Worker = class extends Original {
+        constructor(...args: unknown[]) {
+          super(...args);
+          (globalThis as Any).started++;
+        }
+      };
+    });
+    await freeze(frozen);
+    await leader.close();
+    await until(() => isLeader(next), 20_000, "the tab after it to lead");
+    assert.deepEqual(
+      await frozen.evaluate(() => [
+        (globalThis as Any).outbox.isLeader,
+        (globalThis as Any).started,
+      ]),
+      [false, 0],
+    );
+    await frozen.evaluate(() =>
+      (globalThis as Any).document.dispatchEvent(new Event("resume"))
+    );
+    await next.close();
+    await until(() => isLeader(frozen), 20_000, "the resumed tab to lead");
+  },
+);
+
+Deno.test(
+  {
+    name:
       "a leader tab that goes into the back-forward cache (pagehide persisted) gives up leadership and its leases to another tab, whose loop carries on",
     ...browserTest,
   },
