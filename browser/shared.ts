@@ -349,8 +349,13 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
       this.#rejectPending(this.#failure);
       return;
     }
-    if (this.#failure || this.#resting) {
+    if (this.#failure) {
       await local.close();
+      return;
+    }
+    if (this.#resting) {
+      // Frozen while it opened: closing would wait for the thaw, lock held.
+      local.terminate();
       return;
     }
     const stopped = new Promise<void>((resolve) => {
@@ -415,8 +420,9 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     this.#unwatchLeft();
     this.#leaveLeases();
     for (const call of local.handOver()) {
-      // Other tabs' calls are theirs to send again to the next leader.
-      if (!call.own) continue;
+      // Other tabs' calls are theirs to send again to the next leader, and
+      // the worker's own business ends with it.
+      if (!call.own || WORKER_ONLY.has(call.method)) continue;
       this.#pending.set(`${this.tab}:${this.#next++}`, {
         ...call,
         // It may have run in the ended worker: its answer says so.
