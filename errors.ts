@@ -477,7 +477,7 @@ export class RetryAfterError extends Error {
  *
  * @example Usage
  * ```ts
- * import { SqliteError, StorageFullError } from "@leased/outbox/browser";
+ * import { SqliteError, StorageFullError } from "@leased/outbox";
  * import assert from "node:assert/strict";
  *
  * const error = new StorageFullError("database or disk is full");
