@@ -1,9 +1,8 @@
 /**
  * The shared outbox through the page lifecycle, in headless Chromium: a
  * leader that does not answer, a frozen leader, a leader in the
- * back-forward cache, leases at pagehide, and a re-sent enqueue's answer.
- * Freezing goes through the DevTools protocol (`Page.setWebLifecycleState`),
- * since Playwright keeps its pages visible and active.
+ * back-forward cache, and leases at pagehide. Headless Chromium keeps every
+ * page visible, which the DevTools protocol cannot freeze: see `freeze()`.
  *
  * @module
  */
@@ -12,7 +11,6 @@ import type { Page } from "playwright-core";
 import {
   blankPage,
   browserTest,
-  mutedLeader,
   openSession,
   PATHS,
   type Session,
@@ -328,58 +326,5 @@ Deno.test(
       assert.equal(finished, true);
       leader = next;
     }
-  },
-);
-
-Deno.test(
-  {
-    name:
-      "a forwarded first-time enqueue with its own identity, stored by a leader that closed before answering, answers deduplicated false; a later one with that identity true",
-    ...browserTest,
-  },
-  async () => {
-    await using session = await openSession();
-    const leader = await mutedLeader(session, "identity");
-    // Not tab(): its first call would wait for ever for a reply.
-    const follower = await blankPage(session);
-    await follower.evaluate(async (paths) => {
-      const m = await import(paths.bundle);
-      Object.assign(globalThis, {
-        outbox: await m.openSharedOutbox("identity"),
-      });
-    }, PATHS);
-    const identity = "0190a7d6-0000-7000-8000-000000000001";
-    await follower.evaluate((identity) => {
-      const { outbox } = globalThis as Any;
-      Object.assign(globalThis, {
-        enqueued: outbox.enqueue({ job: 1 }, { identity }),
-      });
-    }, identity);
-    await until(
-      () =>
-        leader.evaluate(async () =>
-          (await (globalThis as Any).outbox.stats()).pending === 1
-        ),
-      10_000,
-      "the leader to store the forwarded enqueue",
-    );
-    await leader.close();
-    const result = await follower.evaluate(async (identity) => {
-      const { outbox, enqueued } = globalThis as Any;
-      const first = await enqueued;
-      const again = await outbox.enqueue({ job: 1 }, { identity });
-      return {
-        first,
-        again,
-        leader: outbox.isLeader,
-        pending: (await outbox.stats()).pending,
-      };
-    }, identity);
-    assert.deepEqual(result, {
-      first: { eventId: 1, identity, deduplicated: false },
-      again: { eventId: 1, identity, deduplicated: true },
-      leader: true,
-      pending: 1,
-    });
   },
 );
