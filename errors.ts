@@ -265,7 +265,8 @@ export class UnsafeIntegerError extends Error {
  * @param code The extended result code.
  * @param cause The engine's own error object.
  * @returns A {@linkcode BusyError}, {@linkcode ConstraintError},
- *   {@linkcode DatabaseMovedError} or {@linkcode SqliteError}.
+ *   {@linkcode DatabaseMovedError}, {@linkcode StorageFullError} or
+ *   {@linkcode SqliteError}.
  */
 export function sqliteError(
   message: string,
@@ -287,6 +288,8 @@ export function sqliteError(
       return new BusyError(message, code, options);
     case 19:
       return new ConstraintError(message, code, options);
+    case 13: // SQLITE_FULL
+      return new StorageFullError(message, code, options);
     default:
       return new SqliteError(message, code, options);
   }
@@ -458,5 +461,41 @@ export class RetryAfterError extends Error {
     super(message ?? `retry after ${delayMs} ms`, options);
     this.name = "RetryAfterError";
     this.delayMs = delayMs;
+  }
+}
+
+/**
+ * The storage under the database is full, so a write failed and nothing of
+ * the call was stored: `SQLITE_FULL` (result code 13) from SQLite on a disk
+ * with no room left, or, in the browser, the origin's storage quota, which
+ * OPFS enforces by refusing a write (`QuotaExceededError`, which SQLite's
+ * OPFS VFS reports as a bare "disk I/O error"). The connection stays usable:
+ * once space is freed (the outbox's `purge` of done events and dead letters
+ * followed by `maintain`, other data of the origin cleared, or a larger
+ * quota granted), the same call succeeds, without reopening.
+ * `code` is 13 (`SQLITE_FULL`) and `cause` the error as reported.
+ *
+ * @example Usage
+ * ```ts
+ * import { SqliteError, StorageFullError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const error = new StorageFullError("database or disk is full");
+ * assert.ok(error instanceof SqliteError);
+ * assert.equal(error.code, 13);
+ * assert.equal(error.name, "StorageFullError");
+ * ```
+ */
+export class StorageFullError extends SqliteError {
+  /**
+   * Makes the error.
+   *
+   * @param message What happened and what to do.
+   * @param code The extended result code (default `13`, `SQLITE_FULL`).
+   * @param options `cause`: the error as reported.
+   */
+  constructor(message: string, code = 13, options?: ErrorOptions) {
+    super(message, code, options);
+    this.name = "StorageFullError";
   }
 }

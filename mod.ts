@@ -93,6 +93,7 @@ export {
   SqliteError,
   sqliteError,
   StatementTimeoutError,
+  StorageFullError,
   UnsafeIntegerError,
 } from "./errors.ts";
 export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
