@@ -7,7 +7,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import type { Page } from "playwright-core";
+import type { Page } from "npm:playwright-core@1.65.1";
 import {
   blankPage,
   browserTest,

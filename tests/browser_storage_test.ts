@@ -1,6 +1,6 @@
 /** The browser outbox's storage: a full OPFS quota, maintain(), estimates. */
 import assert from "node:assert/strict";
-import type { Page } from "playwright-core";
+import type { Page } from "npm:playwright-core@1.65.1";
 import {
   blankPage,
   browserTest,
