@@ -10,26 +10,38 @@
  * Locking is SQLite's own (https://sqlite.org/lockingv3.html): byte-range
  * locks on the database file at os_unix.c's offsets (PENDING_BYTE
  * 0x40000000, RESERVED +1, the 510-byte SHARED range from +2), taken in the
- * order and with the conversions of `unixLock`/`unixUnlock`. They are Linux
- * open file description locks (`F_OFD_SETLK`, see `deno/libc.ts`): they conflict
- * with native SQLite's classic POSIX locks on the same bytes, so the
+ * order and with the conversions of `unixLock`/`unixUnlock`, so that the
  * `sqlite3` CLI, `node:sqlite` and any other SQLite process exclude WASM
- * connections and are excluded by them; each open file description owns its
- * locks, so two connections in one process exclude each other like two
- * processes; the kernel drops a dead process's locks. Locks follow the
- * inode, so hard links and renames share them; paths are canonicalised
- * (symlinks resolved) so that two names of one file also share the journal.
- * A connection refused a lock waits in the kernel (`F_OFD_SETLKW`) on a
- * second open file description, for a read lock or for the writers' turn
- * (a byte native SQLite never locks), never for SQLite's own write locks,
- * which are only taken as os_unix.c takes them (see `LockSet`).
+ * connections and are excluded by them; the kernel drops a dead process's
+ * locks. Locks follow the inode, so hard links and renames share them;
+ * paths are canonicalised (symlinks resolved) so that two names of one file
+ * also share the journal. Which locks depends on the system
+ * (`deno/platform.ts`):
+ *
+ * - On Linux, open file description locks (`F_OFD_SETLK`, see
+ *   `deno/ofd_locks.ts`): each open file description owns its locks, so two
+ *   connections in one process exclude each other like two processes. A
+ *   connection refused a lock waits in the kernel (`F_OFD_SETLKW`) on a
+ *   second open file description, for a read lock or for the writers' turn
+ *   (a byte native SQLite never locks), never for SQLite's own write locks.
+ * - On macOS and the BSDs, classic POSIX locks (`F_SETLK`, see
+ *   `deno/posix_locks.ts`), which belong to the process: as in os_unix.c,
+ *   the process's lock on each file is kept once, per inode, and its
+ *   connections are judged against it; descriptors are never closed while
+ *   the process holds locks on the file; a refused connection polls.
+ *   `LEASED_OUTBOX_VFS_LOCKS=posix` chooses them on Linux too (for tests).
+ * - On Windows, opening a file fails, naming `openNodeSqlite`.
  *
  * WAL's shared memory is the `<db>-shm` file mapped into the WASM memory,
- * with os_unix.c's locks on it (see `SharedMemory`), so WAL is shared across
- * connections and processes, native SQLite's included.
+ * with os_unix.c's locks on it (see `deno/shared_memory.ts`), so WAL is
+ * shared across connections and processes, native SQLite's included.
  *
- * What this does not do: lock reliably on network filesystems, run off Linux
- * (no open file description locks: opening fails), or share WAL off x86-64.
+ * `PRAGMA fullfsync` is honoured as os_unix.c honours it: the syncs it makes
+ * full use `F_FULLFSYNC` on macOS, which flushes the drive's cache too.
+ *
+ * What this does not do: lock reliably on network filesystems, share WAL
+ * off x86-64, or (with classic locks) share a file with `node:sqlite` in the
+ * same process, whose locks a process's own do not exclude.
  *
  * @module
  */

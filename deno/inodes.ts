@@ -5,11 +5,13 @@
  * @module
  */
 import type { FileId, Libc } from "./libc.ts";
+import type { ProcessLocks } from "./posix_locks.ts";
 
 /**
  * A database file's descriptors in this process. Closing any descriptor of
- * a file drops every classic POSIX lock this process holds on it, and native
- * SQLite in the process (node:sqlite) holds those: so, like os_unix.c's
+ * a file drops every classic POSIX lock this process holds on it, and the
+ * VFS holds those on macOS and the BSDs (see `deno/posix_locks.ts`), native
+ * SQLite in the process (node:sqlite) everywhere: so, like os_unix.c's
  * unused-descriptor list, a closed connection's descriptors stay open (and
  * are reused by the next connection) until the process's last connection
  * to the file closes; one whose kernel wait was still in flight then stays
@@ -24,6 +26,8 @@ export interface Inode {
   lateWaits: number;
   /** Descriptors of `<db>-shm` closed connections let go, unlocked. */
   readonly idleShm: number[];
+  /** The process's classic POSIX lock on the file (unused with OFD locks). */
+  readonly processLocks: ProcessLocks;
 }
 
 export const inodes = new Map<string, Inode>();
@@ -56,4 +60,15 @@ export function releaseDescriptor(
     return;
   }
   libc.close(fd);
+}
+
+/**
+ * Gives back a descriptor of the file just opened: parked when a
+ * connection of this process has the file open (closing it would drop the
+ * process's classic POSIX locks on the file, node:sqlite's too), else closed.
+ */
+export function parkOrClose(libc: Libc, fd: number, writable: boolean): void {
+  const inode = inodes.get(inodeKey(libc.fileId(fd)));
+  if (inode === undefined) libc.close(fd);
+  else releaseDescriptor(libc, inode, fd, writable);
 }

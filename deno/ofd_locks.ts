@@ -17,6 +17,7 @@ import {
   pause,
   PENDING,
   PENDING_BYTE,
+  READERS_SPIN_MS,
   RESERVED,
   RESERVED_BYTE,
   SHARED,
@@ -25,10 +26,6 @@ import {
   VfsError,
 } from "./vfs_codes.ts";
 
-// How long a writer keeps trying to get readers out of its way (PENDING,
-// then EXCLUSIVE) before it reports SQLITE_BUSY: readers hold SHARED for
-// one statement and, once PENDING is held, no new one gets in.
-const READERS_SPIN_MS = 2;
 // How long the writer's turn, granted to a waiting connection, is kept for
 // its retry before it is given back. The retry follows the wait's end at
 // once (see LockSet.wait), so this only bounds a caller that never retries.
@@ -75,10 +72,10 @@ let watchdog: TurnWatchdog | null | undefined;
 let kernelWaits = 0;
 
 /** The watchdog, started on first use; undefined when it cannot start. */
-function turnWatchdog(): TurnWatchdog | undefined {
+function turnWatchdog(libc: Libc): TurnWatchdog | undefined {
   if (watchdog === undefined) {
     try {
-      watchdog = new TurnWatchdog(TURN_BYTE, 1);
+      watchdog = new TurnWatchdog(libc.platform, TURN_BYTE, 1);
     } catch {
       // No thread for it: no turn is kept, which only costs speed.
       watchdog = null;
@@ -252,7 +249,7 @@ export class LockSet {
     if (!this.#libc.conflicts(this.#waitFd, F_WRLCK, QUEUE_BYTE, 1)) {
       return false;
     }
-    const dog = turnWatchdog();
+    const dog = turnWatchdog(this.#libc);
     if (dog === undefined) return false;
     this.#slot ??= dog.slot();
     return this.#slot !== undefined &&

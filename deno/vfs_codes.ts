@@ -51,6 +51,10 @@ export const OPEN_MAIN_JOURNAL = 0x800;
 export const OPEN_SUPER_JOURNAL = 0x4000;
 export const OPEN_WAL = 0x80000;
 
+// xSync's flags (sqlite3.h SQLITE_SYNC_*): the low bits are NORMAL (2) or
+// FULL (3), to which DATAONLY (0x10) may be added.
+export const SYNC_FULL = 3;
+
 export const ACCESS_EXISTS = 0;
 export const ACCESS_READWRITE = 1;
 export const IOCAP_POWERSAFE_OVERWRITE = 0x1000;
@@ -59,6 +63,7 @@ export const IOCAP_POWERSAFE_OVERWRITE = 0x1000;
 // switch in the -shm file ((22 + SQLITE_SHM_NLOCK) * 4, then 8 locks).
 export const SHM_UNLOCK = 1;
 export const SHM_SHARED = 4;
+export const SHM_EXCLUSIVE = 8;
 export const SHM_BASE = 120;
 export const SHM_DMS = SHM_BASE + 8;
 
@@ -75,6 +80,11 @@ export const FCNTL_HAS_MOVED = 20;
 // The pause when readers are in a writer's way, or the lock that refused is
 // unknown (not this VFS's database, or an error outside the lock calls).
 export const PAUSE_MS = 1;
+
+// How long a writer keeps trying to get readers out of its way (PENDING,
+// then EXCLUSIVE) before it reports SQLITE_BUSY: readers hold SHARED for
+// one statement and, once PENDING is held, no new one gets in.
+export const READERS_SPIN_MS = 2;
 
 /** A VFS failure that carries the SQLite result code to report. */
 export class VfsError extends Error {

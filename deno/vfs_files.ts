@@ -12,10 +12,13 @@ import {
   type Inode,
   inodeKey,
   inodes,
+  parkOrClose,
   releaseDescriptor,
   takeIdle,
 } from "./inodes.ts";
+import { ProcessLocks } from "./posix_locks.ts";
 import { LockSet } from "./ofd_locks.ts";
+import { PosixLockSet } from "./posix_locks.ts";
 import { SharedMemory } from "./shared_memory.ts";
 import { removeIfPresent, syncDirectory } from "./file_access.ts";
 import { CANTOPEN, IOERR_SHMOPEN, NONE, OK, VfsError } from "./vfs_codes.ts";
@@ -27,12 +30,29 @@ export interface OpenFile {
   read(into: Uint8Array, offset: number): number;
   write(from: Uint8Array, offset: number): void;
   truncate(size: number): void;
-  sync(): void;
+  /** `full`: SQLite asked for SQLITE_SYNC_FULL (`PRAGMA fullfsync`). */
+  sync(full: boolean): void;
   size(): number;
   lock(level: number): number;
   unlock(level: number): number;
   checkReserved(): boolean;
   close(): void;
+}
+
+/**
+ * One connection's SQLite locks on the database file: open file description
+ * locks ({@linkcode LockSet}) on Linux, classic POSIX locks
+ * ({@linkcode PosixLockSet}) on macOS and the BSDs.
+ */
+interface DatabaseLocks {
+  readonly level: number;
+  /** Waits, after a refusal, until the lock may be free (timeoutMs at most). */
+  wait(timeoutMs: number): Promise<void>;
+  lock(target: number): number;
+  unlock(target: number): number;
+  checkReserved(): boolean;
+  /** Lets go of every lock; whether the last descriptor is free now. */
+  close(): boolean;
 }
 
 /**
@@ -43,7 +63,9 @@ export class DatabaseFile implements OpenFile {
   readonly path: string;
   readonly #libc: Libc;
   readonly #fd: number;
-  readonly #locks: LockSet;
+  /** The open file description locks' second descriptor (see LockSet). */
+  readonly #waitFd: number | undefined;
+  readonly #locks: DatabaseLocks;
   readonly #id: FileId;
   readonly #inode: Inode;
   readonly #writable: boolean;
@@ -52,13 +74,14 @@ export class DatabaseFile implements OpenFile {
   constructor(
     libc: Libc,
     path: string,
-    fds: readonly [number, number],
+    fds: readonly number[],
     writable: boolean,
   ) {
     this.#libc = libc;
     this.path = path;
-    const [fd] = fds;
+    const [fd, waitFd] = fds as [number, number | undefined];
     this.#fd = fd;
+    this.#waitFd = waitFd;
     this.#writable = writable;
     this.#id = libc.fileId(fd);
     const key = inodeKey(this.#id);
@@ -70,6 +93,7 @@ export class DatabaseFile implements OpenFile {
         idle: [],
         lateWaits: 0,
         idleShm: [],
+        processLocks: new ProcessLocks(),
       };
       inodes.set(key, inode);
     }
@@ -77,10 +101,12 @@ export class DatabaseFile implements OpenFile {
     this.#inode = inode;
     // A wait that returns after its connection closed parks the descriptor
     // for the next connection, or the next last close, to take.
-    this.#locks = new LockSet(libc, fds, writable, (released) => {
-      inode.lateWaits--;
-      inode.idle.push({ fd: released, writable });
-    });
+    this.#locks = waitFd === undefined
+      ? new PosixLockSet(libc, fd, inode.processLocks)
+      : new LockSet(libc, [fd, waitFd], writable, (released) => {
+        inode.lateWaits--;
+        inode.idle.push({ fd: released, writable });
+      });
   }
 
   lockLevel(): number {
@@ -114,10 +140,8 @@ export class DatabaseFile implements OpenFile {
     this.#libc.truncate(this.#fd, size);
   }
 
-  sync(): void {
-    // fdatasync also flushes the file size, which is all SQLite needs; on
-    // Linux os_unix uses it for every sync flag.
-    this.#libc.sync(this.#fd);
+  sync(full: boolean): void {
+    this.#libc.sync(this.#fd, full);
   }
 
   size(): number {
@@ -172,6 +196,7 @@ export class DatabaseFile implements OpenFile {
     // SQLite unmaps before it closes; this is for a close it never reached.
     this.closeSharedMemory(false);
     const waitFdFree = this.#locks.close();
+    const waitFd = this.#waitFd;
     const inode = this.#inode;
     inode.connections--;
     if (inode.connections === 0) {
@@ -179,9 +204,9 @@ export class DatabaseFile implements OpenFile {
       for (const fd of inode.idleShm.splice(0)) this.#libc.close(fd);
     }
     releaseDescriptor(this.#libc, inode, this.#fd, this.#writable);
-    if (waitFdFree) {
-      releaseDescriptor(this.#libc, inode, this.#locks.waitFd, this.#writable);
-    } else {
+    if (waitFd !== undefined && waitFdFree) {
+      releaseDescriptor(this.#libc, inode, waitFd, this.#writable);
+    } else if (waitFd !== undefined) {
       inode.lateWaits++;
     }
     if (
@@ -194,9 +219,10 @@ export class DatabaseFile implements OpenFile {
 }
 
 /**
- * Opens the main database's two descriptors (reusing idle ones of the same
- * file), read-only when SQLite may fall back to it. Returns them and
- * whether they are writable.
+ * Opens the main database's descriptors (reusing idle ones of the same
+ * file), read-only when SQLite may fall back to it: two for open file
+ * description locks (see LockSet), one for classic POSIX locks. Returns them
+ * and whether they are writable.
  */
 export function openDatabaseDescriptors(
   libc: Libc,
@@ -204,10 +230,11 @@ export function openDatabaseDescriptors(
   writable: boolean,
   create: boolean,
   createNew: boolean,
-): [readonly [number, number], boolean] {
+): [readonly number[], boolean] {
   const opened: number[] = [];
+  const count = libc.lockStyle === "ofd" ? 2 : 1;
   try {
-    for (let i = 0; i < 2; i++) {
+    for (let i = 0; i < count; i++) {
       let fd = takeIdle(libc, path, writable);
       if (fd === undefined) {
         try {
@@ -230,10 +257,11 @@ export function openDatabaseDescriptors(
       opened.push(fd);
     }
   } catch (error) {
-    for (const fd of opened) libc.close(fd);
+    // Closing one would drop the process's classic locks on the file.
+    for (const fd of opened) parkOrClose(libc, fd, writable);
     throw error;
   }
-  return [opened as unknown as [number, number], writable];
+  return [opened, writable];
 }
 
 /**
@@ -307,10 +335,8 @@ export class DiskFile implements OpenFile {
     this.#libc.truncate(this.#fd, size);
   }
 
-  sync(): void {
-    // fdatasync also flushes the file size, which is all SQLite needs; on
-    // Linux os_unix uses it for every sync flag.
-    this.#libc.sync(this.#fd);
+  sync(full: boolean): void {
+    this.#libc.sync(this.#fd, full);
     if (this.#syncDirectory) {
       // A journal created by this open survives power loss only once its
       // directory entry is on disk (os_unix's UNIXFILE_DIRSYNC).

@@ -61,6 +61,7 @@ import {
   OPEN_SUPER_JOURNAL,
   OPEN_WAL,
   pause,
+  SYNC_FULL,
   VfsError,
 } from "./vfs_codes.ts";
 
@@ -337,11 +338,13 @@ export function createVfs(
         return fail(error, IOERR_TRUNCATE);
       }
     },
-    xSync(pFile: WasmPointer): number {
+    xSync(pFile: WasmPointer, flags: number): number {
       const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
-        fileOf(pFile).sync();
+        // PRAGMA fullfsync (and checkpoint_fullfsync) make it SYNC_FULL,
+        // which is F_FULLFSYNC where the system has it (macOS).
+        fileOf(pFile).sync((flags & 0x0f) === SYNC_FULL);
         return OK;
       } catch (error) {
         return fail(error, IOERR_FSYNC);
