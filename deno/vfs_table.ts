@@ -7,7 +7,9 @@
  */
 import { dirname } from "node:path";
 import type { Sqlite3Static, WasmPointer } from "@sqlite.org/sqlite-wasm";
-import { type Libc, LibcError, loadLibc } from "./libc.ts";
+import { loadLibc } from "./libc.ts";
+import { SidecarFiles } from "./sidecar_files.ts";
+import { WriteSequences } from "./write_sequences.ts";
 import {
   DatabaseFile,
   DiskFile,
@@ -18,12 +20,9 @@ import {
 } from "./vfs_files.ts";
 import {
   canonicalPath,
-  permissionBits,
   permitted,
   requirePermission,
-  statIfPresent,
   syncDirectory,
-  takeDatabaseMode,
 } from "./file_access.ts";
 import {
   ACCESS_EXISTS,
@@ -67,10 +66,6 @@ import {
 
 export const MAX_PATHNAME = 1024;
 const SECTOR_SIZE = 4096;
-/** SQLite's largest page size. */
-const MAX_PAGE_SIZE = 65536;
-/** The bytes of a WAL frame's header (wal.c's WAL_FRAME_HDRSIZE). */
-const WAL_FRAME_HEADER = 24;
 const encoder = new TextEncoder();
 
 /**
@@ -85,30 +80,8 @@ export function createVfs(
 ) {
   const wasm = sqlite3.wasm;
   const files = new Map<number, OpenFile>();
-  // Whether each journal, WAL or probed path was on disk when this VFS last
-  // looked: SQLite probes the same few paths on every transaction, and
-  // guessing right saves a system call (a wrong guess costs one more).
-  const seen = new Map<string, boolean>();
-  // Each database path's open connections, and how many of them Deno's
-  // permissions let read and write its journal and WAL file when they
-  // opened. In rollback mode SQLite opens the journal at every write
-  // transaction (and deletes it, in DELETE mode), and asking Deno again
-  // each time cost more than the open: while every open connection to the
-  // database had that permission, the journal's opens and deletes do not
-  // ask again, and the permission lasts as long as they do, as the
-  // database's own does. A connection opened without it (after a
-  // revocation, or read-only) has every journal open ask.
-  const connections = new Map<string, { open: number; granted: number }>();
-  const granted = new Set<DatabaseFile>();
-  // Whether the journal or WAL file `path` of a database may be opened (or
-  // deleted) without asking Deno's permissions (see `connections`).
-  const sidecarGranted = (path: string): boolean => {
-    const suffix = /-(journal|wal)$/.exec(path)?.[0];
-    const entry = suffix === undefined
-      ? undefined
-      : connections.get(path.slice(0, -suffix.length));
-    return entry !== undefined && entry.granted === entry.open;
-  };
+  const sidecars = new SidecarFiles();
+  const sequences = new WriteSequences();
   let lastError: { message: string; code: number } | undefined;
 
   // Exceptions must never cross into WASM: every method reports a result
@@ -139,107 +112,13 @@ export function createVfs(
   const heap = (pointer: WasmPointer, length: number): Uint8Array =>
     wasm.heap8u().subarray(Number(pointer), Number(pointer) + length);
 
-  // Each xWrite writes its bytes before it returns, so a failure fails the
-  // call that made it, within the SQLite call (the step) that needs it, and
-  // nothing is left for a later call to write: an earlier design held runs
-  // of contiguous writes in JS, and their later failures reached another
-  // connection's call, or a call whose error SQLite ignores (an unlock, a
-  // close), after the transaction had gone on (or, in WAL mode, after the
-  // index had told other processes the bytes were there).
-  //
-  // Two exceptions, each a fixed sequence of writes that SQLite makes from
-  // one function with no other call between, so the last write of it
-  // writes them all, and its error fails the whole as the first's would:
-  // - a WAL frame: a 24-byte header, then its page (wal.c's
-  //   walWriteOneFrame);
-  // - a rollback journal record: the 4-byte page number, the page, the
-  //   4-byte checksum (pager.c's pagerAddPageToRollbackJournal).
-  // A WAL sequence starts only at a header written where the last call (a
-  // write to that file) ended: so not at the headers SQLite rewrites at a
-  // commit, which follow a read of their frame. Every 4-byte write to a
-  // rollback journal is followed by another write from the same function
-  // (a record's page; in a super-journal pointer, the name, then the
-  // checksum and the magic), so any starts one: the first record after a
-  // lock change too. Should a sequence ever break off, the next call
-  // writes what is held first, in the same step.
-  let held: { file: DiskFile; offset: number; length: number } | undefined;
-  const pieces = new Uint8Array(WAL_FRAME_HEADER + MAX_PAGE_SIZE + 4);
-  // Where the last call ended when it was an xWrite, else undefined.
-  let wrote: { file: OpenFile; end: number } | undefined;
-  // Writes out what is held, if anything.
-  const writeHeld = (): void => {
-    const sequence = held;
-    if (sequence === undefined) return;
-    held = undefined;
-    sequence.file.write(
-      pieces.subarray(0, sequence.length),
-      sequence.offset,
-    );
-  };
   // For the first line of every method that touches files.
   const flushed = (): number => {
-    wrote = undefined;
     try {
-      writeHeld();
+      sequences.flush();
       return OK;
     } catch (error) {
       return fail(error, IOERR_WRITE);
-    }
-  };
-
-  // Opens (creating if need be) a journal or WAL file and tells whether
-  // this call created it, which decides the directory fsync: in one system
-  // call when the file is where it was last time (there in TRUNCATE and
-  // PERSIST mode, deleted in DELETE mode), in two when that guess is wrong.
-  // A new one gets the database's permission bits from the start (no
-  // moment at the umask's, when another user could open it).
-  const openJournal = (
-    libc: Libc,
-    path: string,
-    database: string | undefined,
-  ): [number, boolean] => {
-    for (let attempt = 0;; attempt++) {
-      if (seen.get(path) !== false) {
-        try {
-          const fd = libc.open(path, {
-            write: true,
-            create: false,
-            createNew: false,
-            noFollow: true,
-          });
-          seen.set(path, true);
-          return [fd, false];
-        } catch (error) {
-          if (
-            !(error instanceof LibcError && error.code === "ENOENT") ||
-            attempt > 2
-          ) {
-            throw error;
-          }
-        }
-      }
-      const db = database === undefined ? undefined : statIfPresent(database);
-      try {
-        const fd = libc.open(path, {
-          write: true,
-          create: true,
-          createNew: true,
-          noFollow: true,
-          permissions: permissionBits(db),
-        });
-        seen.set(path, true);
-        takeDatabaseMode(libc, fd, db);
-        return [fd, true];
-      } catch (error) {
-        if (
-          !(error instanceof LibcError && error.code === "EEXIST") ||
-          attempt > 2
-        ) {
-          throw error;
-        }
-      }
-      // Created or deleted by another connection in between: look again.
-      seen.set(path, true);
     }
   };
 
@@ -249,12 +128,7 @@ export function createVfs(
       if (flushRc !== OK) return flushRc;
       const file = files.get(Number(pFile));
       files.delete(Number(pFile));
-      if (file instanceof DatabaseFile) {
-        const entry = connections.get(file.path)!;
-        entry.open--;
-        if (granted.delete(file)) entry.granted--;
-        if (entry.open === 0) connections.delete(file.path);
-      }
+      if (file instanceof DatabaseFile) sidecars.closed(file);
       try {
         file?.close();
         return OK;
@@ -289,40 +163,12 @@ export function createVfs(
       amount: number,
       offset: bigint,
     ): number {
-      const last = wrote;
-      wrote = undefined;
       try {
-        const file = fileOf(pFile);
-        const at = Number(offset);
-        const from = heap(pSource, amount);
-        const sequence = held;
-        if (
-          sequence !== undefined && sequence.file === file &&
-          at === sequence.offset + sequence.length &&
-          sequence.length + amount <= pieces.length &&
-          (sequence.file.wal || sequence.length === 4
-            ? amount >= 512 // the page
-            : amount === 4) // the checksum
-        ) {
-          pieces.set(from, sequence.length);
-          sequence.length += amount;
-          if (sequence.file.wal || amount === 4) writeHeld();
-        } else {
-          writeHeld();
-          if (
-            file instanceof DiskFile &&
-            (file.wal
-              ? amount === WAL_FRAME_HEADER && last?.file === file &&
-                last.end === at
-              : file.journal && amount === 4)
-          ) {
-            pieces.set(from, 0);
-            held = { file, offset: at, length: amount };
-          } else {
-            file.write(from, at);
-          }
-        }
-        wrote = { file, end: at + amount };
+        sequences.write(
+          fileOf(pFile),
+          heap(pSource, amount),
+          Number(offset),
+        );
         return OK;
       } catch (error) {
         return fail(error, IOERR_WRITE);
@@ -499,23 +345,18 @@ export function createVfs(
                 OPEN_READONLY;
             }
             const database = new DatabaseFile(libc, name, fds, opened);
-            const entry = connections.get(name) ?? { open: 0, granted: 0 };
-            connections.set(name, entry);
-            entry.open++;
-            if (
+            sidecars.opened(
+              database,
               opened &&
-              [`${name}-journal`, `${name}-wal`].every((path) =>
-                permitted(path, false) && permitted(path, true)
-              )
-            ) {
-              granted.add(database);
-              entry.granted++;
-            }
+                [`${name}-journal`, `${name}-wal`].every((path) =>
+                  permitted(path, false) && permitted(path, true)
+                ),
+            );
             file = database;
           } else {
             const libc = loadLibc(name);
             // libc's open asks Deno for nothing: ask as for the database.
-            if (!sidecarGranted(name)) requirePermission(name, writable);
+            if (!sidecars.granted(name)) requirePermission(name, writable);
             let fd: number;
             let created = false;
             if (create && isJournal && (flags & OPEN_EXCLUSIVE) === 0) {
@@ -525,7 +366,7 @@ export function createVfs(
                 : (flags & OPEN_MAIN_JOURNAL) !== 0
                 ? "-journal"
                 : undefined;
-              [fd, created] = openJournal(
+              [fd, created] = sidecars.openJournal(
                 libc,
                 name,
                 suffix !== undefined && name.endsWith(suffix)
@@ -567,9 +408,9 @@ export function createVfs(
       const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       const path = wasm.cstrToJs(zName) ?? "";
-      seen.set(path, false);
+      sidecars.seen(path, false);
       try {
-        if (!sidecarGranted(path)) requirePermission(path, true);
+        if (!sidecars.granted(path)) requirePermission(path, true);
         if (!loadLibc(path).unlink(path)) {
           return fail(
             new VfsError(`${path} is not there to delete`, IOERR_DELETE_NOENT),
@@ -607,7 +448,7 @@ export function createVfs(
           // exception besides.
           const info = loadLibc(path).stat(path);
           result = info !== undefined && (!info.regular || info.size > 0);
-          seen.set(path, info !== undefined);
+          sidecars.seen(path, info !== undefined);
         } else {
           // access(2), as os_unix: opening the path to find out, then
           // closing it, would drop this process's native SQLite locks on it.
