@@ -27,10 +27,18 @@ import {
 } from "./platform.ts";
 
 /** The libc functions the VFS binds, under `platform`'s symbol names. */
-function symbolsOf(platform: Platform) {
+export function symbolsOf(platform: Platform) {
   const names = platform.symbols;
+  // Fills the argument registers before a variadic argument (see
+  // Platform.variadicPadding); typed as fixed arguments of `open` and
+  // `fcntl` either way, the padding is passed by Libc's #open and #fcntl.
+  const pad = Array<"i64">(platform.variadicPadding).fill("i64");
   return {
-    open: { parameters: ["buffer", "i32", "u32"], result: "i32" },
+    open: {
+      // The mode as 64 bits: a stack slot on Apple's arm64 is 8 bytes.
+      parameters: ["buffer", "i32", ...pad, "i64"] as ["buffer", "i32", "i64"],
+      result: "i32",
+    },
     close: { parameters: ["i32"], result: "i32" },
     pread: {
       name: names.pread,
@@ -57,7 +65,10 @@ function symbolsOf(platform: Platform) {
     stat: { name: names.stat, parameters: ["buffer", "buffer"], result: "i32" },
     access: { parameters: ["buffer", "i32"], result: "i32" },
     unlink: { parameters: ["buffer"], result: "i32" },
-    fcntl: { parameters: ["i32", "i32", "buffer"], result: "i32" },
+    fcntl: {
+      parameters: ["i32", "i32", ...pad, "buffer"] as ["i32", "i32", "buffer"],
+      result: "i32",
+    },
     fchmod: { parameters: ["i32", "u32"], result: "i32" },
     fchown: { parameters: ["i32", "u32", "u32"], result: "i32" },
     geteuid: { parameters: [], result: "u32" },
@@ -66,7 +77,11 @@ function symbolsOf(platform: Platform) {
     // goes on meanwhile.
     fcntlBlocking: {
       name: "fcntl",
-      parameters: ["i32", "i32", "buffer"],
+      parameters: ["i32", "i32", ...pad, "buffer"] as [
+        "i32",
+        "i32",
+        "buffer",
+      ],
       result: "i32",
       nonblocking: true,
     },
@@ -170,9 +185,12 @@ export class Libc {
   readonly #types: readonly number[];
   readonly #errnoNames: ReadonlyMap<number, ErrnoName>;
   readonly #errno: Readonly<Record<ErrnoName, number>>;
+  /** Zeros for the argument registers before a variadic argument. */
+  readonly #pad: readonly bigint[];
 
   constructor(c: Symbols, platform: Platform, style: LockStyle) {
     this.#c = c;
+    this.#pad = Array<bigint>(platform.variadicPadding).fill(0n);
     this.platform = platform;
     this.lockStyle = style;
     this.#flock = new Uint8Array(platform.flock.size);
@@ -219,10 +237,11 @@ export class Libc {
     const flags = (mode.write ? o.O_RDWR : o.O_RDONLY) | o.O_CLOEXEC |
       (mode.create ? o.O_CREAT : 0) | (mode.createNew ? o.O_EXCL : 0) |
       (mode.noFollow ? o.O_NOFOLLOW : 0);
-    const fd = this.#c.open(
+    const fd = (this.#c.open as (...args: unknown[]) => number)(
       encoder.encode(`${path}\0`),
       flags,
-      mode.permissions ?? 0o644,
+      ...this.#pad,
+      BigInt(mode.permissions ?? 0o644),
     );
     if (fd < 0) throw this.#fail(`open '${path}'`);
     return fd;
@@ -294,7 +313,7 @@ export class Libc {
     count(call);
     if (
       call === "F_FULLFSYNC" &&
-      this.#c.fcntl(fd, this.platform.fcntl.F_FULLFSYNC!, null) === 0
+      this.#fcntl(fd, this.platform.fcntl.F_FULLFSYNC!, null) === 0
     ) {
       return;
     }
@@ -409,7 +428,7 @@ export class Libc {
   setLock(fd: number, type: number, start: number, length: number): boolean {
     this.#fillFlock(type, start, length);
     count(this.#setLkName);
-    if (this.#c.fcntl(fd, this.#setLk, this.#flock) === 0) return true;
+    if (this.#fcntl(fd, this.#setLk, this.#flock) === 0) return true;
     const errno = this.#lastErrno();
     if (errno === this.#errno.EAGAIN || errno === this.#errno.EACCES) {
       return false;
@@ -438,7 +457,7 @@ export class Libc {
   ): number {
     this.#fillFlock(type, start, length);
     count(this.#getLkName);
-    if (this.#c.fcntl(fd, this.#getLk, this.#flock) !== 0) {
+    if (this.#fcntl(fd, this.#getLk, this.#flock) !== 0) {
       throw this.#lockError(this.#lastErrno());
     }
     const found = this.#flockView.getInt16(this.platform.flock.type, true);
@@ -510,13 +529,25 @@ export class Libc {
     const flock = new Uint8Array(this.platform.flock.size);
     this.#encode(new DataView(flock.buffer), type, start, length);
     count("F_OFD_SETLKW");
-    const call = this.#c.fcntlBlocking(fd, command, flock);
+    const call = (this.#c.fcntlBlocking as (
+      ...args: unknown[]
+    ) => Promise<number>)(fd, command, ...this.#pad, flock);
     // The caller's timer keeps the process alive while it waits; a wait it
     // gave up on must not (the lock may never be let go). Deno has no public
     // way to unref an FFI call, so its core's is used when it is there;
     // without it, such a process exits once the lock is granted.
     unrefOpPromise?.(call);
     return await call === 0;
+  }
+
+  /** fcntl(2) with one pointer argument (see Platform.variadicPadding). */
+  #fcntl(fd: number, command: number, arg: Uint8Array | null): number {
+    return (this.#c.fcntl as (...args: unknown[]) => number)(
+      fd,
+      command,
+      ...this.#pad,
+      arg,
+    );
   }
 
   #fillFlock(type: number, start: number, length: number): void {

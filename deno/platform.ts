@@ -74,6 +74,15 @@ export interface Platform {
     /** What a plain sync calls: `fdatasync` on Linux, `fsync` elsewhere. */
     readonly sync: "fdatasync" | "fsync";
   };
+  /**
+   * Integer arguments to put before the variadic argument of `open` and
+   * `fcntl` (whose declarations end in `...`), which `Deno.dlopen` calls as
+   * fixed functions: 0 where variadic arguments are passed as fixed ones
+   * (x86-64, Linux's aarch64), 6 on Apple's arm64, whose variadic arguments
+   * go on the stack, where the eight argument registers are full (two named
+   * arguments, six unused: Apple's "Writing ARM64 code for Apple platforms").
+   */
+  readonly variadicPadding: number;
   /** `fcntl` commands (`sys/fcntl.h`). */
   readonly fcntl: {
     readonly F_GETLK: number;
@@ -269,6 +278,7 @@ function linux(arch: string): Platform {
       MAP_ANONYMOUS: 0x20,
     },
     errno: LINUX_ERRNO,
+    variadicPadding: 0,
   };
 }
 
@@ -292,6 +302,7 @@ function darwin(arch: string): Platform {
     open: { ...BSD_OPEN, O_CLOEXEC: 0x1000000 },
     mmap: BSD_MMAP,
     errno: BSD_ERRNO,
+    variadicPadding: arch === "aarch64" ? 6 : 0,
   };
 }
 
@@ -310,6 +321,7 @@ const FREEBSD: Platform = {
   open: { ...BSD_OPEN, O_CLOEXEC: 0x100000 },
   mmap: BSD_MMAP,
   errno: BSD_ERRNO,
+  variadicPadding: 0,
 };
 
 const OPENBSD: Platform = {
@@ -325,6 +337,7 @@ const OPENBSD: Platform = {
   open: { ...BSD_OPEN, O_CLOEXEC: 0x10000 },
   mmap: BSD_MMAP,
   errno: BSD_ERRNO,
+  variadicPadding: 0,
 };
 
 const NETBSD: Platform = {
@@ -346,6 +359,7 @@ const NETBSD: Platform = {
   open: { ...BSD_OPEN, O_CLOEXEC: 0x400000 },
   mmap: BSD_MMAP,
   errno: BSD_ERRNO,
+  variadicPadding: 0,
 };
 
 /** How the VFS locks a database file: see `locksFor`. */

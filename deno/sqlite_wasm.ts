@@ -141,7 +141,8 @@ const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
  *   e.g. `journalMode` switches a file in or out of WAL mode that another
  *   connection has open.
  * @throws {SqliteError} When SQLite cannot open the file (`SQLITE_CANTOPEN`,
- *   e.g. without `--allow-ffi`, or while a process of the earlier
+ *   e.g. without `--allow-ffi`, on Windows, where the message names
+ *   `openNodeSqlite`, or while a process of the earlier
  *   flock-sidecar release holds the file); later, writes to a file renamed
  *   or deleted under the connection fail with code 1032
  *   (`SQLITE_READONLY_DBMOVED`).

@@ -14,7 +14,7 @@ import {
   platformFor,
   syncCall,
 } from "../deno/platform.ts";
-import { loadLibc } from "../deno/libc.ts";
+import { loadLibc, symbolsOf } from "../deno/libc.ts";
 
 /** The bytes of a struct flock laid out by hand, little-endian. */
 function bytes(
@@ -159,6 +159,27 @@ Deno.test("Linux gets open file description locks, macOS and the BSDs classic PO
       'LEASED_OUTBOX_VFS_LOCKS must be "posix" or unset: current value is "ofd"',
     ),
   );
+});
+
+Deno.test("on Apple's arm64 the variadic argument of open and fcntl follows six padding arguments, so that it goes on the stack as a variadic one does; elsewhere it follows the named ones", () => {
+  const apple = symbolsOf(platformFor("darwin", "aarch64"));
+  assert.deepEqual(apple.fcntl.parameters, [
+    "i32",
+    "i32",
+    ...Array(6).fill("i64"),
+    "buffer",
+  ]);
+  assert.deepEqual(apple.open.parameters, [
+    "buffer",
+    "i32",
+    ...Array(6).fill("i64"),
+    "i64",
+  ]);
+  for (const [os, arch] of [["darwin", "x86_64"], ["linux", "aarch64"]]) {
+    const symbols = symbolsOf(platformFor(os!, arch!));
+    assert.deepEqual(symbols.fcntl.parameters, ["i32", "i32", "buffer"]);
+    assert.deepEqual(symbols.open.parameters, ["buffer", "i32", "i64"]);
+  }
 });
 
 Deno.test("Windows is refused with an error naming openNodeSqlite", () => {
