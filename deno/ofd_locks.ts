@@ -17,12 +17,14 @@ import {
   pause,
   PENDING,
   PENDING_BYTE,
+  QUEUE_BYTE,
   READERS_SPIN_MS,
   RESERVED,
   RESERVED_BYTE,
   SHARED,
   SHARED_FIRST,
   SHARED_SIZE,
+  TURN_BYTE,
   VfsError,
 } from "./vfs_codes.ts";
 
@@ -54,17 +56,6 @@ const TURN_MS = 10;
 // Deno's blocking pool until the kernel answers, and a full pool would
 // also hold up the async file operations of the writer they wait for.
 const MAX_KERNEL_WAITS = 8;
-
-// The writer's turn among this VFS's connections: a write lock on the byte
-// after the SHARED range, held with RESERVED. Native SQLite never locks it,
-// so the kernel can hand it to a waiting connection without telling anyone
-// that RESERVED is held (see LockSet). In the same page SQLite never reads
-// or writes at page sizes of 1 KiB and up; at 512 a lock is still only a
-// lock, and SQLite's I/O ignores it.
-const TURN_BYTE = SHARED_FIRST + SHARED_SIZE;
-// A read lock on the next byte, held by a connection while its wait for the
-// turn is in flight: a writer that finds it locked keeps its turn.
-const QUEUE_BYTE = TURN_BYTE + 1;
 
 /** The process's turn watchdog, started by the first turn kept. */
 let watchdog: TurnWatchdog | null | undefined;

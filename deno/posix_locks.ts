@@ -23,7 +23,11 @@
  * (os_unix's `unixLock` and `unixUnlock`), on one descriptor; there is no
  * kernel wait and no writers' turn (a kernel wait would not see this
  * process's own locks): a refused connection polls, as native SQLite's busy
- * handler does.
+ * handler does. Polling alone lets a process that commits and begins again
+ * at once keep RESERVED from writers that poll for it, so a process with a
+ * writer refused RESERVED says so (a read lock on QUEUE_BYTE, which another
+ * process's F_GETLK sees), and a writer that let RESERVED go less than
+ * YIELD_MS ago lets such a waiter of another process in first.
  *
  * @module
  */
@@ -37,6 +41,7 @@ import {
   pause,
   PENDING,
   PENDING_BYTE,
+  QUEUE_BYTE,
   READERS_SPIN_MS,
   RESERVED,
   RESERVED_BYTE,
@@ -45,6 +50,15 @@ import {
   SHARED_SIZE,
   VfsError,
 } from "./vfs_codes.ts";
+
+// How long after a connection of this process let RESERVED go its
+// process's writers let a writer of another process that waits for it in
+// first (the waiter polls every PAUSE_MS, later on a busy machine).
+export const YIELD_MS = 20;
+// A writer refused RESERVED stays queued this long after its last refusal:
+// one that stopped retrying (its caller gave up) then no longer holds the
+// other processes' writers back.
+const QUEUED_MS = 100;
 
 /**
  * The process's lock on one database file, shared by all of its
@@ -55,11 +69,19 @@ export class ProcessLocks {
   level = NONE;
   /** Connections of the process that hold SHARED or more. */
   shared = 0;
+  /** Writers of the process refused RESERVED, still retrying. */
+  queued = 0;
+  /** When a connection of the process last let RESERVED go. */
+  releasedAt = -Infinity;
 }
 
 /** One connection's lock on the database file, over the process's. */
 export class PosixLockSet {
   #level = NONE;
+  /** Whether this connection is queued for RESERVED (see ProcessLocks). */
+  #queued = false;
+  /** Ends the queueing of a writer that stopped retrying. */
+  #queuedTimer: ReturnType<typeof setTimeout> | undefined;
   readonly #libc: Libc;
   readonly #fd: number;
   readonly #process: ProcessLocks;
@@ -110,7 +132,18 @@ export class PosixLockSet {
       return OK;
     }
     if (target === RESERVED) {
-      if (!libc.setLock(this.#fd, F_WRLCK, RESERVED_BYTE, 1)) return BUSY;
+      // Just let go by this process while another one's writer waits: its
+      // turn first.
+      if (
+        performance.now() - process.releasedAt < YIELD_MS &&
+        libc.conflicts(this.#fd, F_WRLCK, QUEUE_BYTE, 1)
+      ) {
+        return this.#queue();
+      }
+      if (!libc.setLock(this.#fd, F_WRLCK, RESERVED_BYTE, 1)) {
+        return this.#queue();
+      }
+      this.#unqueue();
       this.#level = RESERVED;
       process.level = RESERVED;
       return OK;
@@ -159,14 +192,41 @@ export class PosixLockSet {
       // PENDING and RESERVED, in one call.
       libc.setLock(this.#fd, F_UNLCK, PENDING_BYTE, 2);
       process.level = SHARED;
+      process.releasedAt = performance.now();
     }
     this.#level = target;
     if (target === NONE && --process.shared === 0) {
-      // The process's last reader: the kernel's lock goes.
+      // The process's last reader: the kernel's locks go, as os_unix's
+      // whole-file unlock, but for QUEUE_BYTE (the process's waiters').
       process.level = NONE;
-      libc.setLock(this.#fd, F_UNLCK, 0, 0);
+      libc.setLock(this.#fd, F_UNLCK, PENDING_BYTE, QUEUE_BYTE - PENDING_BYTE);
     }
     return OK;
+  }
+
+  /**
+   * Refuses RESERVED, and queues this writer (the process's read lock on
+   * QUEUE_BYTE) until it gets RESERVED, closes, or stops retrying.
+   */
+  #queue(): number {
+    clearTimeout(this.#queuedTimer);
+    this.#queuedTimer = setTimeout(() => this.#unqueue(), QUEUED_MS);
+    Deno.unrefTimer(this.#queuedTimer as unknown as number);
+    if (this.#queued) return BUSY;
+    this.#queued = true;
+    if (this.#process.queued++ === 0) {
+      this.#libc.setLock(this.#fd, F_RDLCK, QUEUE_BYTE, 1);
+    }
+    return BUSY;
+  }
+
+  #unqueue(): void {
+    clearTimeout(this.#queuedTimer);
+    if (!this.#queued) return;
+    this.#queued = false;
+    if (--this.#process.queued === 0) {
+      this.#libc.setLock(this.#fd, F_UNLCK, QUEUE_BYTE, 1);
+    }
   }
 
   /**
@@ -183,6 +243,7 @@ export class PosixLockSet {
   /** Lets go of this connection's lock; its descriptor is free at once. */
   close(): boolean {
     this.unlock(NONE);
+    this.#unqueue();
     return true;
   }
 }

@@ -73,6 +73,18 @@ export const PENDING_BYTE = 0x40000000;
 export const RESERVED_BYTE = PENDING_BYTE + 1;
 export const SHARED_FIRST = PENDING_BYTE + 2;
 export const SHARED_SIZE = 510;
+// The writer's turn among this VFS's connections: a write lock on the byte
+// after the SHARED range, held with RESERVED. Native SQLite never locks it,
+// so the kernel can hand it to a waiting connection without telling anyone
+// that RESERVED is held (see LockSet). In the same page SQLite never reads
+// or writes at page sizes of 1 KiB and up; at 512 a lock is still only a
+// lock, and SQLite's I/O ignores it.
+export const TURN_BYTE = SHARED_FIRST + SHARED_SIZE;
+// A read lock on the next byte, held by a connection while its wait for the
+// turn is in flight (or, with classic locks, by a process while a writer of
+// it is refused RESERVED): a writer that finds it locked keeps its turn (or
+// lets the waiter in first).
+export const QUEUE_BYTE = TURN_BYTE + 1;
 
 // SQLITE_FCNTL_HAS_MOVED (sqlite3.h).
 export const FCNTL_HAS_MOVED = 20;

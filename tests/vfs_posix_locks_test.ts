@@ -9,13 +9,14 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { bindLibc, type Libc } from "../deno/libc.ts";
 import { platformFor } from "../deno/platform.ts";
-import { PosixLockSet, ProcessLocks } from "../deno/posix_locks.ts";
+import { PosixLockSet, ProcessLocks, YIELD_MS } from "../deno/posix_locks.ts";
 import {
   BUSY,
   EXCLUSIVE,
   NONE,
   OK,
   PENDING,
+  QUEUE_BYTE,
   RESERVED,
   SHARED,
 } from "../deno/vfs_codes.ts";
@@ -126,5 +127,83 @@ Deno.test("classic locks: the process's RESERVED and EXCLUSIVE exclude a native 
     assert.equal(nativeCanWrite(path), true);
     assert.equal(a!.close(), true);
     assert.deepEqual(locksOn(path), []);
+  });
+});
+
+/**
+ * Runs `fn` while another process holds a read lock on `byte` of `path`, as
+ * a process whose writer waits for RESERVED holds QUEUE_BYTE.
+ */
+async function whileLockedElsewhere(
+  path: string,
+  byte: number,
+  fn: () => Promise<void> | void,
+): Promise<void> {
+  const libcUrl = new URL("../deno/libc.ts", import.meta.url).href;
+  const platformUrl = new URL("../deno/platform.ts", import.meta.url).href;
+  const child = new Deno.Command(Deno.execPath(), {
+    args: [
+      "eval",
+      `import { bindLibc } from ${JSON.stringify(libcUrl)};
+       import { platformFor } from ${JSON.stringify(platformUrl)};
+       const libc = bindLibc(platformFor(Deno.build.os, Deno.build.arch), "posix");
+       const fd = libc.open(${
+        JSON.stringify(path)
+      }, { write: true, create: false, createNew: false });
+       if (!libc.setLock(fd, 0, ${byte}, 1)) throw new Error("not locked");
+       console.log("locked");
+       for await (const _ of Deno.stdin.readable) break;`,
+    ],
+    stdin: "piped",
+    stdout: "piped",
+  }).spawn();
+  const reader = child.stdout.getReader();
+  try {
+    const { value } = await reader.read();
+    assert.equal(new TextDecoder().decode(value).trim(), "locked");
+    await fn();
+  } finally {
+    reader.releaseLock();
+    await child.stdin.close();
+    await child.stdout.cancel();
+    await child.status;
+  }
+}
+
+Deno.test("classic locks: a writer that let RESERVED go just now lets a waiting writer of another process in first, and takes RESERVED once that one has had its chance", async () => {
+  await withConnections(1, async ([a], path) => {
+    assert.equal(a!.lock(SHARED), OK);
+    assert.equal(a!.lock(RESERVED), OK);
+    assert.equal(a!.unlock(SHARED), OK);
+    // No one waits: the writer begins again at once.
+    assert.equal(a!.lock(RESERVED), OK);
+    await whileLockedElsewhere(path, QUEUE_BYTE, async () => {
+      assert.equal(a!.unlock(SHARED), OK);
+      const released = performance.now();
+      const refused = a!.lock(RESERVED);
+      // (Unless this process was held up past the yield between the calls.)
+      if (performance.now() - released < YIELD_MS) assert.equal(refused, BUSY);
+      await new Promise((resolve) => setTimeout(resolve, YIELD_MS + 5));
+      assert.equal(a!.lock(RESERVED), OK);
+    });
+    assert.equal(a!.unlock(NONE), OK);
+    assert.deepEqual(locksOn(path), []);
+  });
+});
+
+Deno.test("classic locks: a writer refused RESERVED by another process queues its process (a read lock on QUEUE_BYTE) until it gets RESERVED", async () => {
+  await withConnections(1, async ([a], path) => {
+    assert.equal(a!.lock(SHARED), OK);
+    await whileLockedElsewhere(path, 0x40000001, () => {
+      // The other process's read lock on RESERVED stands for a writer's.
+      assert.equal(a!.lock(RESERVED), BUSY);
+      assert.ok(locksOn(path).includes("READ 1073742337 1073742337"));
+    });
+    assert.equal(a!.lock(RESERVED), OK);
+    assert.deepEqual(
+      locksOn(path).filter((lock) => lock.includes("1073742337")),
+      [],
+    );
+    assert.equal(a!.close(), true);
   });
 });
