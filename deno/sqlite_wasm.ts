@@ -10,6 +10,11 @@
  * `sqlite3.wasm` is imported as a module, so it needs no permission;
  * `:memory:` needs none at all.
  *
+ * Systems: Linux (open file description locks), macOS and the BSDs (classic
+ * POSIX locks, as os_unix.c takes them); on Windows opening a file fails,
+ * naming `openNodeSqlite` (`@leased/outbox/node-sqlite`), which runs there.
+ * See docs/persistence-and-platforms.md.
+ *
  * @module
  */
 import type { Sqlite3Static } from "@sqlite.org/sqlite-wasm";
@@ -129,12 +134,15 @@ const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
  * @param path A file path, a `file:` URL or URI, or `":memory:"`.
  * @param options See {@linkcode DenoSqliteWasmOptions}.
  * @returns A driver for the connection.
- * @throws {TypeError} When `path` or an option has the wrong type or value.
+ * @throws {TypeError} When `path` or an option has the wrong type or value,
+ *   or `path` holds a NUL character (`"\0"`, or `%00` in a `file:` URL or
+ *   URI), which would open the file named by the text before it.
  * @throws {BusyError} When the database stays locked past `busyTimeoutMs`,
  *   e.g. `journalMode` switches a file in or out of WAL mode that another
  *   connection has open.
  * @throws {SqliteError} When SQLite cannot open the file (`SQLITE_CANTOPEN`,
- *   e.g. without `--allow-ffi`, or while a process of the earlier
+ *   e.g. without `--allow-ffi`, on Windows, where the message names
+ *   `openNodeSqlite`, or while a process of the earlier
  *   flock-sidecar release holds the file); later, writes to a file renamed
  *   or deleted under the connection fail with code 1032
  *   (`SQLITE_READONLY_DBMOVED`).
@@ -194,6 +202,18 @@ export async function openSqliteWasm(
     name = path.href;
   } else {
     name = path;
+  }
+  // SQLite reads the name up to its first NUL, and a URI's %00 ends the
+  // text it decodes: either would open another file.
+  if (
+    typeof name === "string" &&
+    (name.includes("\0") || /^file:/i.test(name) && /%00/.test(name))
+  ) {
+    throw new TypeError(
+      `Cannot open database as 'path' must not contain a NUL character (SQLite would open the file named by the text before it): current value is ${
+        JSON.stringify(name)
+      }`,
+    );
   }
   const sqlite3 = await loadSqlite3();
   installDenoFileVfs(sqlite3);

@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { BusyError, SqliteError } from "../errors.ts";
 import { locksOn } from "./fixtures/vfs_locks.ts";
+import { libcCalls } from "../deno/libc.ts";
 import {
   type DenoSqliteWasmOptions,
   openSqliteWasm,
@@ -176,6 +177,52 @@ Deno.test("synchronous can be chosen per connection", async () => {
         "Cannot open database as 'synchronous' must be one of off, normal, full, extra: current value is fast",
       ),
     );
+  });
+});
+
+Deno.test("PRAGMA fullfsync makes every sync a full one (F_FULLFSYNC where the system has it), as in os_unix; without it none is", async () => {
+  await withDir(async (dir) => {
+    await using db = await open(join(dir, "full.db"));
+    await db.exec("CREATE TABLE t(x)");
+    // Whatever each sync called (fdatasync, fsync or F_FULLFSYNC).
+    const made = () =>
+      ["fdatasync", "fsync", "F_FULLFSYNC"].reduce(
+        (sum, call) => sum + (libcCalls[call] ?? 0),
+        0,
+      );
+    /** The syncs asked full, and those made, by one committed INSERT. */
+    const commit = async (): Promise<[number, number]> => {
+      const [full, syncs] = [libcCalls.full ?? 0, made()];
+      await db.exec("INSERT INTO t VALUES (1)");
+      return [(libcCalls.full ?? 0) - full, made() - syncs];
+    };
+    const [plainFull, plainSyncs] = await commit();
+    assert.equal(plainFull, 0);
+    assert.ok(plainSyncs > 0);
+    await db.exec("PRAGMA fullfsync=ON");
+    // Every sync of the commit (journal, database) asks for a full one.
+    assert.deepEqual(await commit(), [plainSyncs, plainSyncs]);
+  });
+});
+
+Deno.test("a path with a NUL character is refused with a TypeError naming it, before anything is opened or created", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "a.db\0.hidden");
+    await assert.rejects(
+      open(path),
+      new TypeError(
+        `Cannot open database as 'path' must not contain a NUL character (SQLite would open the file named by the text before it): current value is ${
+          JSON.stringify(path)
+        }`,
+      ),
+    );
+    const url = new URL(`file://${dir}/b.db%00.hidden`);
+    await assert.rejects(open(url), {
+      name: "TypeError",
+      message: new RegExp(`current value is "file://${dir}/b.db%00.hidden"`),
+    });
+    await assert.rejects(open(`file:${dir}/c.db%00x`), TypeError);
+    assert.deepEqual([...Deno.readDirSync(dir)], []);
   });
 });
 
@@ -454,36 +501,5 @@ Deno.test("a database whose earlier-release flock sidecar is locked is refused w
     }
     await using db = await open(path);
     assert.deepEqual(await db.query("SELECT count(*) AS n FROM t"), [{ n: 0 }]);
-  });
-});
-
-Deno.test("closing a WASM connection while another stays open keeps node:sqlite's POSIX locks in the same process", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "mixed.db");
-    await using keeper = await open(path);
-    await keeper.exec("CREATE TABLE t(x)");
-    const native = new DatabaseSync(path);
-    try {
-      native.exec("BEGIN IMMEDIATE; INSERT INTO t VALUES (1)");
-      const passerby = await open(path);
-      await passerby.query("SELECT count(*) FROM t");
-      await passerby.close();
-      // Another process still finds node:sqlite's RESERVED lock.
-      const output = await new Deno.Command("sqlite3", {
-        args: [path, "BEGIN IMMEDIATE; COMMIT;"],
-        stderr: "piped",
-      }).output();
-      assert.notEqual(output.code, 0);
-      assert.match(
-        new TextDecoder().decode(output.stderr),
-        /database is locked/,
-      );
-      native.exec("COMMIT");
-    } finally {
-      native.close();
-    }
-    assert.deepEqual(await keeper.query("SELECT count(*) AS n FROM t"), [{
-      n: 1,
-    }]);
   });
 });

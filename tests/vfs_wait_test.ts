@@ -14,9 +14,14 @@ import { openSqliteWasm, type SqliteWasmDriver } from "../deno/sqlite_wasm.ts";
 import {
   beginWaiting,
   blockedOn,
+  classicLocks,
   locksOn,
   until,
 } from "./fixtures/vfs_locks.ts";
+
+// Kernel waits and the writers' turn are the open file description lock
+// path's (Linux); the classic POSIX locks of macOS and the BSDs have neither.
+const test = classicLocks() ? Deno.test.ignore : Deno.test;
 
 // Locks as locksOn lists them: the SHARED range's read lock, RESERVED's
 // write lock, and the writers' turn (the byte after the SHARED range).
@@ -94,7 +99,7 @@ function descriptorsOn(path: string): number {
   return count;
 }
 
-Deno.test("a refused writer's busyWait lasts while the lock is held and ends when it is let go", async () => {
+test("a refused writer's busyWait lasts while the lock is held and ends when it is let go", async () => {
   await withConnections(2, async ([holder, waiter]) => {
     await holder!.exec("BEGIN IMMEDIATE");
     await assert.rejects(waiter!.exec("BEGIN IMMEDIATE"), BusyError);
@@ -114,7 +119,7 @@ Deno.test("a refused writer's busyWait lasts while the lock is held and ends whe
   });
 });
 
-Deno.test("the kernel hands the turn to a waiting writer even while the holder never yields its event loop", async () => {
+test("the kernel hands the turn to a waiting writer even while the holder never yields its event loop", async () => {
   await withConnections(2, async ([greedy, waiter], path) => {
     await greedy!.exec("BEGIN IMMEDIATE");
     const waiting = beginWaiting(waiter!);
@@ -140,7 +145,7 @@ Deno.test("the kernel hands the turn to a waiting writer even while the holder n
   });
 });
 
-Deno.test("a wait that timed out gives back the lock it is granted later", async () => {
+test("a wait that timed out gives back the lock it is granted later", async () => {
   await withConnections(3, async ([holder, quitter, third], path) => {
     await holder!.exec("BEGIN IMMEDIATE");
     await assert.rejects(quitter!.exec("BEGIN IMMEDIATE"), BusyError);
@@ -173,7 +178,7 @@ Deno.test("a wait that timed out gives back the lock it is granted later", async
   });
 });
 
-Deno.test("a process waiting for a lock that is never let go still exits when its work ends", async () => {
+test("a process waiting for a lock that is never let go still exits when its work ends", async () => {
   await withConnections(1, async ([holder], path) => {
     await holder!.exec("BEGIN IMMEDIATE");
     const child = spawnChild(
@@ -205,7 +210,7 @@ Deno.test("a process waiting for a lock that is never let go still exits when it
   });
 });
 
-Deno.test("closing a connection whose kernel wait is in flight leaks no lock, and its descriptor is parked, not closed when the kernel answers (which would drop node:sqlite's POSIX locks), until the next last close", async () => {
+test("closing a connection whose kernel wait is in flight leaks no lock, and its descriptor is parked, not closed when the kernel answers (which would drop node:sqlite's POSIX locks), until the next last close", async () => {
   const dir = await Deno.makeTempDir({ prefix: "vfs_wait_" });
   const path = join(dir, "wait.db");
   try {
@@ -238,7 +243,7 @@ Deno.test("closing a connection whose kernel wait is in flight leaks no lock, an
   }
 });
 
-Deno.test("a closed connection's descriptors stay open while another connection to the file is, and serve the next one", async () => {
+test("a closed connection's descriptors stay open while another connection to the file is, and serve the next one", async () => {
   await withConnections(2, async ([_keeper, passerby], path) => {
     const real = Deno.realPathSync(path);
     assert.equal(descriptorsOn(real), 4);
@@ -252,7 +257,7 @@ Deno.test("a closed connection's descriptors stay open while another connection 
   });
 });
 
-Deno.test("a reader refused by a committing writer polls, waits for no turn, and reads as soon as the commit ends, also when the writer keeps its turn for its next transaction", async () => {
+test("a reader refused by a committing writer polls, waits for no turn, and reads as soon as the commit ends, also when the writer keeps its turn for its next transaction", async () => {
   await withConnections(3, async ([writer, reader, other], path) => {
     await startWatchdog(writer!, other!, path);
     // The reader learns the schema first: a busy schema load is not BUSY.
@@ -289,7 +294,7 @@ Deno.test("a reader refused by a committing writer polls, waits for no turn, and
   });
 });
 
-Deno.test("a process stopped while it waits for a lock holds no writer back", async () => {
+test("a process stopped while it waits for a lock holds no writer back", async () => {
   await withConnections(1, async ([writer], path) => {
     await writer!.exec("BEGIN IMMEDIATE");
     const waiter = spawnChild(
@@ -327,7 +332,7 @@ Deno.test("a process stopped while it waits for a lock holds no writer back", as
   });
 });
 
-Deno.test("a read-only connection refused by a committing writer polls, taking no lock the kernel could grant while its event loop is busy, and reads once the writer is done", async () => {
+test("a read-only connection refused by a committing writer polls, taking no lock the kernel could grant while its event loop is busy, and reads once the writer is done", async () => {
   await withConnections(1, async ([writer], path) => {
     await using reader = await openSqliteWasm(`file:${path}?mode=ro`);
     await reader.query("SELECT count(*) FROM t");
@@ -350,7 +355,7 @@ Deno.test("a read-only connection refused by a committing writer polls, taking n
   });
 });
 
-Deno.test("a wait is granted the writers' turn, never a lock native SQLite reads: readers of any kind read at once, writers wait their turn, and the connection takes the turn only through its wait in flight", async () => {
+test("a wait is granted the writers' turn, never a lock native SQLite reads: readers of any kind read at once, writers wait their turn, and the connection takes the turn only through its wait in flight", async () => {
   await withConnections(3, async ([holder, waiter, other], path) => {
     const native = new DatabaseSync(path);
     native.exec("PRAGMA busy_timeout = 5000");
@@ -413,7 +418,7 @@ Deno.test("a wait is granted the writers' turn, never a lock native SQLite reads
   });
 });
 
-Deno.test("a writer of this VFS refused RESERVED by a native writer polls, and gets it when the native commits", async () => {
+test("a writer of this VFS refused RESERVED by a native writer polls, and gets it when the native commits", async () => {
   await withConnections(1, async ([writer], path) => {
     const native = new DatabaseSync(path);
     try {
@@ -439,7 +444,7 @@ Deno.test("a writer of this VFS refused RESERVED by a native writer polls, and g
   });
 });
 
-Deno.test("while another writer of this VFS waits for the turn, a writer keeps the turn (not RESERVED) after its commit for its next transaction, four a turn; alone it keeps none", async () => {
+test("while another writer of this VFS waits for the turn, a writer keeps the turn (not RESERVED) after its commit for its next transaction, four a turn; alone it keeps none", async () => {
   await withConnections(2, async ([holder, waiter], path) => {
     await startWatchdog(holder!, waiter!, path);
     await holder!.exec("BEGIN IMMEDIATE");
@@ -480,7 +485,7 @@ Deno.test("while another writer of this VFS waits for the turn, a writer keeps t
   });
 });
 
-Deno.test("a kept turn is given back by the watchdog thread while the event loop is blocked, and the waiter gets in", async () => {
+test("a kept turn is given back by the watchdog thread while the event loop is blocked, and the waiter gets in", async () => {
   await withConnections(2, async ([holder, waiter], path) => {
     await startWatchdog(holder!, waiter!, path);
     await holder!.exec("BEGIN IMMEDIATE");
@@ -525,7 +530,7 @@ async function startWatchdog(
   await sleep(200);
 }
 
-Deno.test("a turn granted to a process whose event loop is blocked (a wait its caller gave up on) holds writers of this VFS off for a bounded time: past it they take RESERVED, which is what excludes writers, without the turn", async () => {
+test("a turn granted to a process whose event loop is blocked (a wait its caller gave up on) holds writers of this VFS off for a bounded time: past it they take RESERVED, which is what excludes writers, without the turn", async () => {
   await withConnections(1, async ([writer], path) => {
     await withStaleTurn(path, writer!, async () => {
       const started = performance.now();
@@ -547,7 +552,7 @@ Deno.test("a turn granted to a process whose event loop is blocked (a wait its c
   });
 });
 
-Deno.test("a writer that polls, the process's kernel waits all in flight, also goes past a stale turn", async () => {
+test("a writer that polls, the process's kernel waits all in flight, also goes past a stale turn", async () => {
   await withConnections(10, async ([writer, last, ...others], path) => {
     await withStaleTurn(path, writer!, async () => {
       // Eight writers of this process are refused the stale turn and give
@@ -618,7 +623,7 @@ async function withStaleTurn(
   }
 }
 
-Deno.test("a process stopped between its transactions while it keeps its turn holds no native writer back: the turn is this VFS's, RESERVED is let go", async () => {
+test("a process stopped between its transactions while it keeps its turn holds no native writer back: the turn is this VFS's, RESERVED is let go", async () => {
   await withConnections(1, async (_, path) => {
     const fixtures = new URL("./fixtures/vfs_locks.ts", import.meta.url).href;
     const child = spawnChild(
@@ -663,7 +668,7 @@ Deno.test("a process stopped between its transactions while it keeps its turn ho
   });
 });
 
-Deno.test("many connections of one process waiting for the turn leave Deno's blocking pool to the holder's own async work (no more than 8 kernel waits; the rest poll)", async () => {
+test("many connections of one process waiting for the turn leave Deno's blocking pool to the holder's own async work (no more than 8 kernel waits; the rest poll)", async () => {
   await withConnections(35, async ([holder, ...waiters], path) => {
     await Deno.writeTextFile(`${path}.txt`, "payload");
     await holder!.exec("BEGIN IMMEDIATE");
