@@ -62,6 +62,7 @@ import {
 import { checkName } from "./validate.ts";
 import type { EventInfo, QueueCounts } from "./admin.ts";
 import { OutboxReader } from "./reader.ts";
+import type { WalStats } from "./wal.ts";
 import { openNodeSqlite } from "./drivers/node_sqlite.ts";
 import { openSqliteWasm } from "./deno/sqlite_wasm.ts";
 import {
@@ -312,11 +313,36 @@ async function stats(context: Context): Promise<void> {
   noArguments(context, "stats");
   await using reader = await openReader(context);
   const summary = await readSummary(reader, context);
+  const wal = await readWal(context);
   if (options.json) {
-    out(JSON.stringify(summary));
+    out(JSON.stringify({ ...summary, wal }));
     return;
   }
   out(summaryTable(context, summary));
+  if (wal !== null) {
+    out(
+      `WAL ${wal.sizeBytes} bytes${
+        wal.checkpointHeldBack ? ", checkpoints held back by a reader" : ""
+      }`,
+    );
+  }
+}
+
+/**
+ * The WAL's state, `null` on PostgreSQL or a file not in WAL mode: through a
+ * read-write connection of its own, as its passive checkpoint cannot run
+ * read-only (it changes no row; a file this process may not write gives
+ * `null` too).
+ */
+async function readWal(context: Context): Promise<WalStats | null> {
+  if (context.postgres) return null;
+  const url = fileUrl(context.database);
+  url.searchParams.set("mode", "rw");
+  if (!await isWal(url)) return null;
+  await using reader = await OutboxReader.open(await open(context, url), {
+    busyTimeoutMs: context.busyTimeoutMs,
+  });
+  return await reader.wal();
 }
 
 function summaryTable(context: Context, summary: Summary): string {

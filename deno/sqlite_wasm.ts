@@ -30,6 +30,7 @@ import {
 import { openBusyTimeoutMs, type Row, untilNotBusy } from "../driver.ts";
 import { BusyError, SqliteError, sqliteError } from "../errors.ts";
 import { checkOptions } from "../validate.ts";
+import { JOURNAL_SIZE_LIMIT_BYTES } from "../wal.ts";
 
 export {
   installDenoFileVfs,
@@ -119,7 +120,11 @@ const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
  * Installs the Deno file VFS as the module's default VFS first, then applies
  * `journalMode` and `synchronous` to file databases. A new file gets
  * `page_size` 4096, native SQLite's default (the build's own is 8192);
- * `PRAGMA page_size` before the first write still chooses another. `":memory:"` and
+ * `PRAGMA page_size` before the first write still chooses another. A new
+ * file also gets `auto_vacuum = INCREMENTAL` (so `Outbox.maintain` can
+ * shrink it in any journal mode), and file connections `journal_size_limit`
+ * 8 MiB, so a WAL that grew behind a long reader shrinks once it is reset
+ * (see `docs/wal.md`). `":memory:"` and
  * `"file:/name?vfs=memdb"` stay in memory. A database in WAL mode stays in
  * it unless `journalMode` asks for a rollback mode; switching needs the
  * file to itself for a moment, so while other connections use it, opening
@@ -227,11 +232,19 @@ export async function openSqliteWasm(
         busyTimeoutMs,
         async () => {
           await driver.exec(`PRAGMA page_size=${PAGE_SIZE}`);
+          // Likewise auto_vacuum, before journal_mode=wal writes page 1.
+          const [pages] = await driver.query("PRAGMA page_count");
+          if (pages?.["page_count"] === 0) {
+            await driver.exec("PRAGMA auto_vacuum=INCREMENTAL");
+          }
           await expectJournalMode(driver, name, journalMode);
         },
         (ms) => driver.busyWait!(ms),
       );
       await driver.exec(`PRAGMA synchronous=${synchronous}`);
+      await driver.exec(
+        `PRAGMA journal_size_limit=${JOURNAL_SIZE_LIMIT_BYTES}`,
+      );
     }
   } catch (error) {
     await driver.close();

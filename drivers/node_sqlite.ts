@@ -27,6 +27,7 @@ import {
   untilNotBusy,
 } from "../driver.ts";
 import { SqliteError, sqliteError } from "../errors.ts";
+import { JOURNAL_SIZE_LIMIT_BYTES } from "../wal.ts";
 import { checkBoolean, checkOptions } from "../validate.ts";
 
 /** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
@@ -98,7 +99,11 @@ export interface NodeSqliteOptions {
 }
 
 /**
- * Opens one connection through `node:sqlite`.
+ * Opens one connection through `node:sqlite`. A new file gets
+ * `auto_vacuum = INCREMENTAL` before its first page is written (so
+ * `Outbox.maintain` can shrink it in any journal mode), and the connection
+ * `journal_size_limit` 8 MiB, so a WAL that grew behind a long reader
+ * shrinks once it is reset (see `docs/wal.md`).
  *
  * @param path A file path, a `file:` URL, or `":memory:"` for a private
  * in-memory database.
@@ -172,6 +177,7 @@ export async function openNodeSqlite(
     // Deno's node:sqlite installs a 5 s busy handler whatever `timeout`
     // says; the core retries SQLITE_BUSY itself without blocking the loop.
     db.exec("PRAGMA busy_timeout = 0");
+    db.exec(`PRAGMA journal_size_limit = ${JOURNAL_SIZE_LIMIT_BYTES}`);
     let keptMode = false;
     // Both read the schema first, which takes a shared lock.
     const actual = await untilNotBusy(
@@ -181,6 +187,12 @@ export async function openNodeSqlite(
           db!.exec(`PRAGMA synchronous = ${synchronous}`);
           if (readOnly) {
             return Promise.resolve(db!.prepare("PRAGMA journal_mode").all());
+          }
+          // A new file: auto_vacuum takes effect only before its first page
+          // is written, which journal_mode=wal does.
+          const [pages] = db!.prepare("PRAGMA page_count").all();
+          if (Number(pages?.["page_count"]) === 0) {
+            db!.exec("PRAGMA auto_vacuum = INCREMENTAL");
           }
           try {
             return Promise.resolve(
