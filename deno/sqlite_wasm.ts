@@ -140,9 +140,9 @@ const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
  *   connection has open.
  * @throws {SqliteError} When SQLite cannot open the file (`SQLITE_CANTOPEN`,
  *   e.g. without `--allow-ffi`, or while a process of the earlier
- *   flock-sidecar release holds the file); later, writes to a file renamed
- *   or deleted under the connection fail with code 1032
- *   (`SQLITE_READONLY_DBMOVED`).
+ *   flock-sidecar release holds the file); later, in any journal mode,
+ *   writes to a file renamed, deleted or replaced under the connection fail
+ *   with code 1032 (`SQLITE_READONLY_DBMOVED`, `DatabaseMovedError`).
  *
  * @example A database file that outlives its connection
  * ```ts

@@ -16,6 +16,7 @@
  *
  * @module
  */
+import { statSync } from "node:fs";
 import { DatabaseSync, type StatementSync } from "node:sqlite";
 import {
   assertOneStatement,
@@ -24,9 +25,10 @@ import {
   type Row,
   type RunResult,
   type SqlValue,
+  transactionControl,
   untilNotBusy,
 } from "../driver.ts";
-import { SqliteError, sqliteError } from "../errors.ts";
+import { DatabaseMovedError, SqliteError, sqliteError } from "../errors.ts";
 import { JOURNAL_SIZE_LIMIT_BYTES } from "../wal.ts";
 import { checkBoolean, checkOptions } from "../validate.ts";
 
@@ -113,7 +115,11 @@ export interface NodeSqliteOptions {
  * @throws {RangeError} When an option names no known mode.
  * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
  * @throws {SqliteError} When SQLite cannot open the database or refuses the
- * journal mode (e.g. WAL on a file system without shared memory).
+ * journal mode (e.g. WAL on a file system without shared memory). Later, in
+ * any journal mode, a write transaction on a file renamed, deleted or
+ * replaced under the connection fails with {@linkcode DatabaseMovedError}
+ * (code 1032) and is rolled back: native SQLite checks this before a
+ * rollback journal only, the driver before each `COMMIT` it runs.
  *
  * @example Two connections to one file in WAL mode
  * ```ts
@@ -311,6 +317,8 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
   #db: DatabaseSync | undefined;
   readonly #closeDatabase: boolean;
   readonly #statements = new Map<string, StatementSync>();
+  /** The database file's path and identity at open; see #checkNotMoved. */
+  readonly #file: OpenedFile | undefined;
 
   /**
    * Wraps an open connection; {@linkcode openNodeSqlite} is the usual way in,
@@ -324,6 +332,7 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
   constructor(db: DatabaseSync, closeDatabase = true) {
     this.#db = db;
     this.#closeDatabase = closeDatabase;
+    this.#file = openedFile(db);
   }
 
   /** Whether a transaction is open on the connection (`sqlite3_get_autocommit()` is 0). */
@@ -344,6 +353,7 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
   /** Runs one statement and reports its changes. */
   run(sql: string, params: readonly SqlValue[] = []): Promise<RunResult> {
     try {
+      this.#checkNotMoved(sql);
       const result = this.#prepare("run", sql).run(...bindable(params));
       return Promise.resolve({
         changes: Number(result.changes),
@@ -358,6 +368,7 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
   exec(sql: string): Promise<void> {
     try {
       const db = this.#open();
+      this.#checkNotMoved(sql);
       // Scripts usually change the schema; see #prepare.
       this.#statements.clear();
       db.exec(sql);
@@ -384,6 +395,25 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
     return this.close();
   }
 
+  /**
+   * Before a COMMIT, fails with DatabaseMovedError (and rolls back) when the
+   * path no longer names the file opened: native SQLite checks this before
+   * a rollback journal only (os_unix.c's fileHasMoved), so in WAL mode a
+   * renamed, deleted or replaced file would take commits nobody can read.
+   * One stat per write transaction.
+   */
+  #checkNotMoved(sql: string): void {
+    const file = this.#file;
+    if (file === undefined || !this.#db?.isTransaction) return;
+    const keyword = transactionControl(sql);
+    if (keyword !== "COMMIT" && keyword !== "END") return;
+    if (sameFile(file)) return;
+    this.#db.exec("ROLLBACK");
+    throw new DatabaseMovedError(
+      `Cannot commit to ${file.path} as it was moved`,
+    );
+  }
+
   #open(): DatabaseSync {
     if (this.#db === undefined) throw new Error("Database is closed");
     return this.#db;
@@ -408,6 +438,31 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
 }
 
 const SCHEMA_CHANGE = /^\s*(?:CREATE|ALTER|DROP)\b/i;
+
+interface OpenedFile {
+  readonly path: string;
+  readonly dev: number;
+  readonly ino: number;
+}
+
+/** The main database file's path and identity, if it is a file we may stat. */
+function openedFile(db: DatabaseSync): OpenedFile | undefined {
+  try {
+    const [main] = db.prepare("PRAGMA database_list").all();
+    const path = main?.["file"];
+    if (typeof path !== "string" || path === "") return undefined;
+    const { dev, ino } = statSync(path);
+    return { path, dev, ino };
+  } catch {
+    // No read permission for the path, or not a file: nothing to compare.
+    return undefined;
+  }
+}
+
+function sameFile(file: OpenedFile): boolean {
+  const now = statSync(file.path, { throwIfNoEntry: false });
+  return now !== undefined && now.dev === file.dev && now.ino === file.ino;
+}
 
 type NodeValue = null | number | bigint | string | Uint8Array;
 
