@@ -62,15 +62,18 @@ export function loadSqlite3(): Promise<Sqlite3Static> {
  * How the database keeps its rollback journal (https://sqlite.org/pragma.html#pragma_journal_mode).
  *
  * - `"truncate"`: the journal file stays and is truncated at commit (the
- *   default, but for a file already in WAL mode).
+ *   default for an existing file not in WAL mode, and for new files off
+ *   x86-64).
  * - `"delete"`: the journal file is deleted at commit.
  * - `"persist"`: the journal file stays and its header is zeroed at commit.
  * - `"wal"`: write-ahead log (https://sqlite.org/wal.html), shared by
  *   connections in this and other processes, native SQLite's too: the VFS
  *   maps the `-shm` index into WASM memory and locks it as os_unix does.
- *   One sync per commit rather than the rollback journal's four. x86-64
- *   only: elsewhere asking for it fails with `TypeError`, and a file already
- *   in WAL mode fails to open (`SqliteError`) whatever mode is asked for.
+ *   One sync per commit rather than the rollback journal's four. The
+ *   default for new files (and files in WAL mode). x86-64 only: elsewhere
+ *   asking for it fails with `TypeError`, and a file already in WAL mode
+ *   fails to open (`SqliteError`) whatever mode is asked for. Not on a
+ *   network file system, whose hosts share no memory (see `docs/wal.md`).
  */
 export type JournalMode = "truncate" | "delete" | "persist" | "wal";
 
@@ -81,10 +84,13 @@ export type Synchronous = "off" | "normal" | "full" | "extra";
 export interface DenoSqliteWasmOptions extends SqliteWasmOptions {
   /**
    * The journal mode of file databases (ignored for in-memory ones). Unset,
-   * a file already in WAL mode stays in it, as its other users expect
-   * (`openNodeSqlite` defaults to WAL), and any other gets `"truncate"`.
+   * a new file gets `"wal"` (on x86-64; `"truncate"` elsewhere, or on a
+   * read-only connection), a file already in WAL mode stays in it, as its
+   * other users expect (`openNodeSqlite` defaults to WAL), and any other
+   * existing file keeps a rollback journal, `"truncate"`. Pass `"truncate"`
+   * for a file on a network file system (see `docs/wal.md`).
    *
-   * @default {"truncate", or "wal" for a file in WAL mode}
+   * @default {"wal" for a new file or a file in WAL mode, else "truncate"}
    */
   readonly journalMode?: JournalMode;
   /**
@@ -156,7 +162,7 @@ const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
  * }
  * await using again = await openSqliteWasm(new URL(`file://${dir}/app.db`));
  * assert.deepEqual(await again.query("SELECT x FROM t"), [{ x: 7 }]);
- * assert.deepEqual(await again.query("PRAGMA journal_mode"), [{ journal_mode: "truncate" }]);
+ * assert.deepEqual(await again.query("PRAGMA journal_mode"), [{ journal_mode: "wal" }]);
  * await again.close();
  * await Deno.remove(dir, { recursive: true });
  * ```
@@ -234,10 +240,9 @@ export async function openSqliteWasm(
           await driver.exec(`PRAGMA page_size=${PAGE_SIZE}`);
           // Likewise auto_vacuum, before journal_mode=wal writes page 1.
           const [pages] = await driver.query("PRAGMA page_count");
-          if (pages?.["page_count"] === 0) {
-            await driver.exec("PRAGMA auto_vacuum=INCREMENTAL");
-          }
-          await expectJournalMode(driver, name, journalMode);
+          const isNew = pages?.["page_count"] === 0;
+          if (isNew) await driver.exec("PRAGMA auto_vacuum=INCREMENTAL");
+          await expectJournalMode(driver, name, journalMode, isNew);
         },
         (ms) => driver.busyWait!(ms),
       );
@@ -272,36 +277,40 @@ function withVfsReason(sqlite3: Sqlite3Static, error: unknown): unknown {
   return error;
 }
 
+const SQLITE_READONLY = 8;
 const SQLITE_IOERR = 10;
 const SQLITE_CANTOPEN = 14;
 const PAGE_SIZE = 4096;
 
 /**
- * Applies `requested`, or unset, keeps a file's WAL mode and gives any
- * other file "truncate". A BusyError says so when leaving WAL waits for
- * the file's other users.
+ * Applies `requested`, or unset, keeps a file's WAL mode, gives a new file
+ * WAL where the VFS shares its index safely (x86-64; a read-only connection
+ * cannot switch) and any other file "truncate".
  */
 async function expectJournalMode(
   driver: SqliteWasmDriver,
   name: string,
   requested: JournalMode | undefined,
+  isNew: boolean,
 ): Promise<void> {
   // Reads the file's header: "wal" for a file in WAL mode.
   const [current] = await driver.query("PRAGMA journal_mode");
   const inWal = current?.journal_mode === "wal";
-  const journalMode = requested ?? (inWal ? "wal" : "truncate");
+  let journalMode = requested ??
+    (inWal || (isNew && Deno.build.arch === "x86_64") ? "wal" : "truncate");
   let row: Row | undefined;
   try {
     [row] = await driver.query(`PRAGMA journal_mode=${journalMode}`);
   } catch (error) {
-    if (error instanceof BusyError && inWal && journalMode !== "wal") {
-      throw new BusyError(
-        `Cannot open ${name} with journalMode "${journalMode}": the file is in WAL mode, and leaving WAL needs it alone, but another connection has it open (openNodeSqlite defaults to WAL); leave journalMode unset, or "wal", to share it`,
-        error.code,
-        { cause: error },
-      );
+    if (
+      requested === undefined && !inWal && error instanceof SqliteError &&
+      error.primaryCode === SQLITE_READONLY
+    ) {
+      journalMode = "truncate";
+      [row] = await driver.query(`PRAGMA journal_mode=${journalMode}`);
+    } else {
+      throw withLeavingWal(error, name, inWal, journalMode);
     }
-    throw error;
   }
   const actual = row?.journal_mode;
   if (actual !== journalMode) {
@@ -312,4 +321,21 @@ async function expectJournalMode(
       1,
     );
   }
+}
+
+/** Says why, when leaving WAL waits for the file's other users. */
+function withLeavingWal(
+  error: unknown,
+  name: string,
+  inWal: boolean,
+  journalMode: JournalMode,
+): unknown {
+  if (error instanceof BusyError && inWal && journalMode !== "wal") {
+    return new BusyError(
+      `Cannot open ${name} with journalMode "${journalMode}": the file is in WAL mode, and leaving WAL needs it alone, but another connection has it open (openNodeSqlite defaults to WAL); leave journalMode unset, or "wal", to share it`,
+      error.code,
+      { cause: error },
+    );
+  }
+  return error;
 }

@@ -32,7 +32,9 @@ Deno.test("after a rename, writes through the old name fail with SQLITE_READONLY
   await withDir(async (dir) => {
     const path = join(dir, "outbox.db");
     const renamed = join(dir, "renamed.db");
-    await using outbox = await Outbox.open(await openSqliteWasm(path));
+    await using outbox = await Outbox.open(
+      await openSqliteWasm(path, { journalMode: "truncate" }),
+    );
     for (let i = 0; i < 5; i++) await outbox.enqueue({ i });
     await Deno.rename(path, renamed);
     await assert.rejects(outbox.enqueue({ i: 5 }), isMoved);
@@ -48,7 +50,9 @@ Deno.test("after the file is deleted, writes fail with SQLITE_READONLY_DBMOVED i
   await withDir(async (dir) => {
     const path = join(dir, "outbox.db");
     const copy = join(dir, "copy.db");
-    await using outbox = await Outbox.open(await openSqliteWasm(path));
+    await using outbox = await Outbox.open(
+      await openSqliteWasm(path, { journalMode: "truncate" }),
+    );
     await outbox.enqueue({ before: true });
     await Deno.copyFile(path, copy);
     await Deno.remove(path);
@@ -58,7 +62,9 @@ Deno.test("after the file is deleted, writes fail with SQLITE_READONLY_DBMOVED i
     // A new file at the old name is not the open one either.
     await Deno.copyFile(copy, path);
     await assert.rejects(outbox.enqueue({ i: 5 }), isMoved);
-    await using fresh = await Outbox.open(await openSqliteWasm(path));
+    await using fresh = await Outbox.open(
+      await openSqliteWasm(path, { journalMode: "truncate" }),
+    );
     assert.equal((await fresh.stats()).pending, 1);
   });
 });

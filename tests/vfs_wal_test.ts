@@ -216,7 +216,7 @@ for (const asRoot of [false, true]) {
     async fn() {
       await using tmp = await tempDir("vfs_wal_");
       const path = join(tmp.path, "shared.db");
-      (await openSqliteWasm(path)).close();
+      (await openSqliteWasm(path, { journalMode: "truncate" })).close();
       Deno.chmodSync(path, 0o660);
       if (asRoot) Deno.chownSync(path, 4321, 4322);
       const taken = (file: string) => {
@@ -735,7 +735,7 @@ Deno.test("an -shm deleted by its last user in another process is closed here at
   const path = join(dir, "churn.db");
   // A connection in a rollback mode keeps the file open here, so closed
   // WAL connections park their -shm descriptors.
-  const keeper = await openSqliteWasm(path);
+  const keeper = await openSqliteWasm(path, { journalMode: "truncate" });
   await keeper.exec("CREATE TABLE t(x)");
   try {
     for (let cycle = 0; cycle < 4; cycle++) {
