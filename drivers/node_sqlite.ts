@@ -63,10 +63,13 @@ const SYNCHRONOUS_LEVELS: readonly Synchronous[] = [
 export interface NodeSqliteOptions {
   /**
    * Journal mode set when the connection opens. `"wal"` lets readers run
-   * beside the one writer across connections and processes. Ignored for
-   * in-memory databases, whose journal always lives in memory.
+   * beside the one writer across connections and processes. Unset, a new
+   * file gets `"wal"`, and an existing one keeps its mode (`"wal"`, or a
+   * rollback journal, SQLite's `"delete"`). Pass a rollback mode for a file on a
+   * network file system, whose hosts share no memory (see `docs/wal.md`).
+   * Ignored for in-memory databases, whose journal always lives in memory.
    *
-   * @default {"wal"}
+   * @default {"wal" for a new file or a file in WAL mode, else "delete"}
    */
   readonly journalMode?: JournalMode;
   /**
@@ -155,12 +158,10 @@ export async function openNodeSqlite(
     "busyTimeoutMs",
     "readOnly",
   ]);
-  const journalMode = oneOf(
-    "journalMode",
-    options.journalMode,
-    JOURNAL_MODES,
-    "wal",
-  );
+  const requested = options.journalMode === undefined
+    ? undefined
+    : oneOf("journalMode", options.journalMode, JOURNAL_MODES, "wal");
+  let journalMode: JournalMode = requested ?? "wal";
   const synchronous = oneOf(
     "synchronous",
     options.synchronous,
@@ -197,8 +198,13 @@ export async function openNodeSqlite(
           // A new file: auto_vacuum takes effect only before its first page
           // is written, which journal_mode=wal does.
           const [pages] = db!.prepare("PRAGMA page_count").all();
-          if (Number(pages?.["page_count"]) === 0) {
-            db!.exec("PRAGMA auto_vacuum = INCREMENTAL");
+          const isNew = Number(pages?.["page_count"]) === 0;
+          if (isNew) db!.exec("PRAGMA auto_vacuum = INCREMENTAL");
+          if (requested === undefined && !isNew) {
+            // An existing file keeps its mode: "wal" is stored in the file;
+            // a rollback journal is the connection's own ("delete").
+            const [current] = db!.prepare("PRAGMA journal_mode").all();
+            journalMode = String(current?.["journal_mode"]) as JournalMode;
           }
           try {
             return Promise.resolve(
