@@ -240,8 +240,8 @@ export async function openSqliteWasm(
           await driver.exec(`PRAGMA page_size=${PAGE_SIZE}`);
           // Likewise auto_vacuum, before journal_mode=wal writes page 1.
           const [pages] = await driver.query("PRAGMA page_count");
-          const isNew = pages?.["page_count"] === 0;
-          if (isNew) await driver.exec("PRAGMA auto_vacuum=INCREMENTAL");
+          const isNew = pages?.["page_count"] === 0 &&
+            await writable(driver.exec("PRAGMA auto_vacuum=INCREMENTAL"));
           await expectJournalMode(driver, name, journalMode, isNew);
         },
         (ms) => driver.busyWait!(ms),
@@ -284,8 +284,8 @@ const PAGE_SIZE = 4096;
 
 /**
  * Applies `requested`, or unset, keeps a file's WAL mode, gives a new file
- * WAL where the VFS shares its index safely (x86-64; a read-only connection
- * cannot switch) and any other file "truncate".
+ * (one this connection may write) WAL where the VFS shares its index safely
+ * (x86-64), and any other file "truncate".
  */
 async function expectJournalMode(
   driver: SqliteWasmDriver,
@@ -296,21 +296,13 @@ async function expectJournalMode(
   // Reads the file's header: "wal" for a file in WAL mode.
   const [current] = await driver.query("PRAGMA journal_mode");
   const inWal = current?.journal_mode === "wal";
-  let journalMode = requested ??
+  const journalMode = requested ??
     (inWal || (isNew && Deno.build.arch === "x86_64") ? "wal" : "truncate");
   let row: Row | undefined;
   try {
     [row] = await driver.query(`PRAGMA journal_mode=${journalMode}`);
   } catch (error) {
-    if (
-      requested === undefined && !inWal && error instanceof SqliteError &&
-      error.primaryCode === SQLITE_READONLY
-    ) {
-      journalMode = "truncate";
-      [row] = await driver.query(`PRAGMA journal_mode=${journalMode}`);
-    } else {
-      throw withLeavingWal(error, name, inWal, journalMode);
-    }
+    throw withLeavingWal(error, name, inWal, journalMode);
   }
   const actual = row?.journal_mode;
   if (actual !== journalMode) {
@@ -320,6 +312,22 @@ async function expectJournalMode(
       }`,
       1,
     );
+  }
+}
+
+/**
+ * Whether a write went through: `false` when the connection is read-only
+ * (`SQLITE_READONLY`), which leaves a new file as it is.
+ */
+async function writable(write: Promise<unknown>): Promise<boolean> {
+  try {
+    await write;
+    return true;
+  } catch (error) {
+    if (error instanceof SqliteError && error.primaryCode === SQLITE_READONLY) {
+      return false;
+    }
+    throw error;
   }
 }
 

@@ -198,8 +198,21 @@ export async function openNodeSqlite(
           // A new file: auto_vacuum takes effect only before its first page
           // is written, which journal_mode=wal does.
           const [pages] = db!.prepare("PRAGMA page_count").all();
-          const isNew = Number(pages?.["page_count"]) === 0;
-          if (isNew) db!.exec("PRAGMA auto_vacuum = INCREMENTAL");
+          let isNew = Number(pages?.["page_count"]) === 0;
+          if (isNew) {
+            try {
+              db!.exec("PRAGMA auto_vacuum = INCREMENTAL");
+            } catch (error) {
+              // A file SQLite opened read-only: left as it is, below.
+              const mapped = toSqliteError(error);
+              if (
+                !(mapped instanceof SqliteError) || mapped.primaryCode !== 8
+              ) {
+                throw mapped;
+              }
+              isNew = false;
+            }
+          }
           if (requested === undefined && !isNew) {
             // An existing file keeps its mode: "wal" is stored in the file;
             // a rollback journal is the connection's own ("delete").

@@ -66,3 +66,18 @@ for (const [name, open] of DRIVERS) {
     assert.deepEqual([...header], [1, 1]);
   });
 }
+
+Deno.test("an empty file opened read-only with the defaults opens with a rollback journal and stays empty", async () => {
+  await using tmp = await tempDir("wal_default_");
+  const path = join(tmp.path, "empty.db");
+  await Deno.writeFile(path, new Uint8Array());
+  {
+    await using db = await openSqliteWasm(new URL(`file://${path}?mode=ro`));
+    assert.deepEqual(await modes(db), ["truncate", 2]);
+  }
+  {
+    await using db = await openNodeSqlite(path, { readOnly: true });
+    assert.deepEqual(await modes(db), ["delete", 2]);
+  }
+  assert.equal((await Deno.stat(path)).size, 0);
+});
