@@ -45,9 +45,10 @@ export interface WalStats {
 /**
  * Runs a checkpoint on `driver`'s connection and reads the WAL's state from
  * its answer. `"PASSIVE"` copies what no reader needs and waits for nothing
- * (cheap once the WAL is copied); `"TRUNCATE"` also truncates the WAL file
- * to zero bytes when no reader or writer uses it, and is `"PASSIVE"`
- * otherwise.
+ * (cheap once the WAL is copied), and goes on to `"TRUNCATE"` when it
+ * copied a WAL larger than {@linkcode JOURNAL_SIZE_LIMIT_BYTES} whole;
+ * `"TRUNCATE"` also truncates the WAL file to zero bytes when no reader or
+ * writer uses it, and is `"PASSIVE"` otherwise.
  *
  * @ignore
  * @param driver A SQLite connection, outside any transaction (a checkpoint
@@ -82,8 +83,22 @@ export async function checkpointWal(
   if (!(log >= 0 && checkpointed >= 0)) return undefined;
   const [page] = await driver.query("PRAGMA page_size");
   const pageSize = Number(page?.["page_size"]);
-  return {
+  const stats = {
     sizeBytes: log === 0 ? 0 : 32 + log * (pageSize + 24),
     checkpointHeldBack: checkpointed < log,
   };
+  if (
+    mode === "PASSIVE" && !stats.checkpointHeldBack &&
+    stats.sizeBytes > JOURNAL_SIZE_LIMIT_BYTES
+  ) {
+    // A WAL that grew behind a reader now gone, and is all copied: the
+    // commit that would bring it under journal_size_limit may be far off.
+    // Truncating copies nothing more; it only fails while a connection
+    // uses the WAL, and then the next write shrinks it anyway.
+    return await checkpointWal(driver, "TRUNCATE").catch((error) => {
+      if (error instanceof SqliteError) return stats;
+      throw error;
+    }) ?? stats;
+  }
+  return stats;
 }

@@ -178,6 +178,28 @@ for (const [name, open] of DRIVERS) {
     assert.ok(size <= JOURNAL_SIZE_LIMIT_BYTES, String(size));
   });
 
+  Deno.test(`on ${name}, once a long reader leaves, the next stats() truncates a WAL grown past journal_size_limit, with no write in between`, async () => {
+    await using tmp = await tempDir("wal_growth_");
+    const path = join(tmp.path, "outbox.db");
+    await using outbox = await Outbox.open(await open(path));
+    const other = new DatabaseSync(path);
+    other.exec("BEGIN");
+    other.prepare("SELECT count(*) FROM outbox_events").get();
+    while (await walFileBytes(path) <= JOURNAL_SIZE_LIMIT_BYTES) {
+      await cycles(outbox, 50);
+    }
+    const held = (await outbox.stats()).wal!;
+    assert.equal(held.checkpointHeldBack, true);
+    assert.ok(held.sizeBytes > JOURNAL_SIZE_LIMIT_BYTES);
+    other.exec("ROLLBACK");
+    other.close();
+    assert.deepEqual((await outbox.stats()).wal, {
+      sizeBytes: 0,
+      checkpointHeldBack: false,
+    });
+    assert.equal(await walFileBytes(path), 0);
+  });
+
   Deno.test(`on ${name}, a new file gets incremental auto-vacuum before WAL mode writes its first page, so maintain() can shrink it`, async () => {
     await using tmp = await tempDir("wal_growth_");
     const path = join(tmp.path, "outbox.db");
