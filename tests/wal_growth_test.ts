@@ -80,6 +80,26 @@ async function walFileBytes(path: string): Promise<number> {
   return (await Deno.stat(`${path}-wal`)).size;
 }
 
+/** A long reader: a second connection of this process in a read transaction. */
+function longReader(path: string): Disposable {
+  const reader = new DatabaseSync(path);
+  reader.exec("BEGIN");
+  reader.prepare("SELECT count(*) FROM outbox_events").get();
+  return {
+    [Symbol.dispose]() {
+      reader.exec("ROLLBACK");
+      reader.close();
+    },
+  };
+}
+
+/** Claim+ack cycles until the WAL file is past journal_size_limit. */
+async function growPastLimit(path: string, outbox: Outbox): Promise<void> {
+  while (await walFileBytes(path) <= JOURNAL_SIZE_LIMIT_BYTES) {
+    await cycles(outbox, 50);
+  }
+}
+
 for (const [name, open] of DRIVERS) {
   Deno.test(`on ${name}, a long reader makes stats() report a growing WAL held back by a reader, and once it leaves maintain() truncates the WAL to zero bytes`, async () => {
     await using tmp = await tempDir("wal_growth_");
@@ -91,10 +111,7 @@ for (const [name, open] of DRIVERS) {
     assert.equal(quiet.checkpointHeldBack, false);
     let before: number;
     {
-      // A second connection of this process with a read transaction open.
-      const other = new DatabaseSync(path);
-      other.exec("BEGIN");
-      other.prepare("SELECT count(*) FROM outbox_events").get();
+      using _ = longReader(path);
       await cycles(outbox, 50);
       const held = (await outbox.stats()).wal;
       assert.ok(held !== undefined);
@@ -105,8 +122,6 @@ for (const [name, open] of DRIVERS) {
       assert.equal(grown.checkpointHeldBack, true);
       assert.ok(grown.sizeBytes > before, `${grown.sizeBytes} > ${before}`);
       before = grown.sizeBytes;
-      other.exec("ROLLBACK");
-      other.close();
     }
     const left = (await outbox.stats()).wal!;
     assert.equal(left.checkpointHeldBack, false);
@@ -163,14 +178,10 @@ for (const [name, open] of DRIVERS) {
     await using tmp = await tempDir("wal_growth_");
     const path = join(tmp.path, "outbox.db");
     await using outbox = await Outbox.open(await open(path));
-    const other = new DatabaseSync(path);
-    other.exec("BEGIN");
-    other.prepare("SELECT count(*) FROM outbox_events").get();
-    while (await walFileBytes(path) <= JOURNAL_SIZE_LIMIT_BYTES) {
-      await cycles(outbox, 50);
+    {
+      using _ = longReader(path);
+      await growPastLimit(path, outbox);
     }
-    other.exec("ROLLBACK");
-    other.close();
     // The first commit's checkpoint copies the WAL; a later write starts
     // it over and truncates the file.
     await cycles(outbox, 5);
@@ -182,17 +193,13 @@ for (const [name, open] of DRIVERS) {
     await using tmp = await tempDir("wal_growth_");
     const path = join(tmp.path, "outbox.db");
     await using outbox = await Outbox.open(await open(path));
-    const other = new DatabaseSync(path);
-    other.exec("BEGIN");
-    other.prepare("SELECT count(*) FROM outbox_events").get();
-    while (await walFileBytes(path) <= JOURNAL_SIZE_LIMIT_BYTES) {
-      await cycles(outbox, 50);
+    {
+      using _ = longReader(path);
+      await growPastLimit(path, outbox);
+      const held = (await outbox.stats()).wal!;
+      assert.equal(held.checkpointHeldBack, true);
+      assert.ok(held.sizeBytes > JOURNAL_SIZE_LIMIT_BYTES);
     }
-    const held = (await outbox.stats()).wal!;
-    assert.equal(held.checkpointHeldBack, true);
-    assert.ok(held.sizeBytes > JOURNAL_SIZE_LIMIT_BYTES);
-    other.exec("ROLLBACK");
-    other.close();
     assert.deepEqual((await outbox.stats()).wal, {
       sizeBytes: 0,
       checkpointHeldBack: false,
@@ -244,9 +251,7 @@ Deno.test("the outbox.wal.size and outbox.wal.checkpoint_held_back gauges report
         heldBack: value("outbox.wal.checkpoint_held_back"),
       };
     };
-    const other = new DatabaseSync(path);
-    other.exec("BEGIN");
-    other.prepare("SELECT count(*) FROM outbox_events").get();
+    const reader = longReader(path);
     await cycles(outbox, 30);
     const processor = processEvents(outbox, () => {}, {
       pollMinMs: 3_600_000,
@@ -256,11 +261,10 @@ Deno.test("the outbox.wal.size and outbox.wal.checkpoint_held_back gauges report
       const held = await gauges();
       assert.equal(held.heldBack, 1);
       assert.ok(Number(held.size) > 30 * 4096, String(held.size));
-      other.exec("ROLLBACK");
+      reader[Symbol.dispose]();
       await outbox.maintain();
       assert.deepEqual(await gauges(), { size: 0, heldBack: 0 });
     } finally {
-      other.close();
       await processor.stop();
     }
   } finally {
