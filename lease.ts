@@ -61,6 +61,7 @@ import {
   storedPayload,
 } from "./admin.ts";
 import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
+import { checkpointWal, type WalStats } from "./wal.ts";
 import { SQL, SQLITE, UPGRADES, VERSION_TABLE_SQL } from "./dialects/sqlite.ts";
 
 /** Milliseconds since the Unix epoch, from an injected clock. */
@@ -432,6 +433,11 @@ export interface Stats {
   readonly dead: number;
   /** Age of the oldest pending event in milliseconds, `0` when none. */
   readonly oldestPendingAgeMs: number;
+  /**
+   * The database's write-ahead log, on SQLite in WAL mode (absent otherwise,
+   * or while the connection is in the application's transaction).
+   */
+  readonly wal?: WalStats;
 }
 
 /** The state of an event. */
@@ -1666,11 +1672,15 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * the result says: `vacuum: true` then runs a full `VACUUM` once, which
    * rewrites the file, switches it to incremental, and fails with
    * {@linkcode BusyError} while another connection uses the database.
+   * In WAL mode it then runs `PRAGMA wal_checkpoint(TRUNCATE)`: the WAL file
+   * goes back to zero bytes unless a reader or writer uses it at that moment
+   * (it is then checkpointed as far as the readers allow).
    *
    * @param options `vacuum`: run a full `VACUUM`. @default {false}
-   * @returns The bytes given back, the free pages left, and the database's
+   * @returns The bytes given back, the free pages left, the database's
    * `auto_vacuum` mode afterwards (`"none"`: nothing can be given back
-   * without `vacuum: true`).
+   * without `vacuum: true`), and in WAL mode the WAL after the checkpoint
+   * (`sizeBytes` `0` when it was truncated).
    * @throws {TypeError} When an option is invalid (before any SQL).
    * @throws {BusyError} When the database is locked.
    *
@@ -1692,6 +1702,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       reclaimedBytes: number;
       freePages: number;
       autoVacuum: "none" | "full" | "incremental";
+      wal?: WalStats;
     }
   > {
     const op = "maintain";
@@ -1720,6 +1731,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         await driver.query(SQL.incrementalVacuum);
       }
       const mode = await read(SQL.autoVacuumMode);
+      const wal = await checkpointWal(driver, "TRUNCATE");
       return {
         reclaimedBytes: Math.max(
           0,
@@ -1727,12 +1739,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         ),
         freePages: await read(SQL.freelistCount),
         autoVacuum: mode === 2 ? "incremental" : mode === 1 ? "full" : "none",
+        ...(wal === undefined ? {} : { wal }),
       };
     });
   }
 
   /**
-   * Counts the events of a queue per state.
+   * Counts the events of a queue per state. On SQLite in WAL mode, then
+   * runs a passive checkpoint (`PRAGMA wal_checkpoint(PASSIVE)`, which waits
+   * for nothing and copies nothing once the WAL is copied) to report the
+   * WAL's size and whether a reader holds its checkpoints back.
    *
    * @param options `queue`: default the outbox's.
    * @returns See {@linkcode Stats}.
@@ -1744,7 +1760,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const queue = options.queue === undefined
       ? this.#queue
       : checkName(op, "queue", options.queue);
-    return await this.#write(op, async (now) => {
+    const stats: Stats = await this.#write(op, async (now) => {
       const counts: Record<string, number> = {
         pending: 0,
         leased: 0,
@@ -1766,6 +1782,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         oldestPendingAgeMs,
       };
     });
+    if (this.#sql !== SQLITE) return stats;
+    const wal = await this.#mutex.run(() =>
+      checkpointWal(this.#driver, "PASSIVE")
+    );
+    return wal === undefined ? stats : { ...stats, wal };
   }
 
   /**

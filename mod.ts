@@ -97,6 +97,7 @@ export {
   UnsafeIntegerError,
 } from "./errors.ts";
 export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
+export type { WalStats } from "./wal.ts";
 export {
   type Handler,
   type HandlerContext,

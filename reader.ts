@@ -39,6 +39,7 @@ import {
 import { checkIdentity, checkInteger, checkOptions } from "./validate.ts";
 import { SQLITE } from "./dialects/sqlite.ts";
 import { SCHEMA_VERSION } from "./schema.ts";
+import { checkpointWal, type WalStats } from "./wal.ts";
 
 /** Options of {@linkcode OutboxReader.open}. */
 export interface OutboxReaderOptions {
@@ -249,6 +250,26 @@ export class OutboxReader implements AsyncDisposable {
     if (sql === undefined) return null;
     const [row] = await this.#read(() => this.#driver.query(sql));
     return integerOf(row ?? {}, "now");
+  }
+
+  /**
+   * The database's write-ahead log: its size and whether a reader holds its
+   * checkpoints back, from a passive checkpoint
+   * (`PRAGMA wal_checkpoint(PASSIVE)`, as {@linkcode Outbox.stats} reads
+   * it). The checkpoint copies into the database file what no reader needs,
+   * which changes no row, and cannot run on a read-only connection.
+   *
+   * @returns The WAL's state, or `null` on PostgreSQL, on a database not in
+   * WAL mode, on a read-only connection, inside
+   * {@linkcode OutboxReader.snapshot}, or while another connection is
+   * checkpointing.
+   * @throws {SqliteError} When the checkpoint fails otherwise.
+   */
+  async wal(): Promise<WalStats | null> {
+    if (this.#sql !== SQLITE || this.#inside) return null;
+    const run = this.#tail.then(() => checkpointWal(this.#driver, "PASSIVE"));
+    this.#tail = run.catch(() => {});
+    return await run ?? null;
   }
 
   /**

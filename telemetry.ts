@@ -24,6 +24,8 @@
  * | `outbox.handler.duration` | histogram | `ms` |
  * | `outbox.queue.depth` (per `outbox.state`) | observable gauge | `{event}` |
  * | `outbox.queue.oldest_pending_age` | observable gauge | `ms` |
+ * | `outbox.wal.size` (SQLite in WAL mode) | observable gauge | `By` |
+ * | `outbox.wal.checkpoint_held_back` (1 while a reader holds it back) | observable gauge | `1` |
  *
  * @module
  */
@@ -127,6 +129,7 @@ export class ProcessorTelemetry {
   readonly #duration: Histogram;
   readonly #depth: ObservableGauge;
   readonly #oldest: ObservableGauge;
+  readonly #wal: readonly [size: ObservableGauge, heldBack: ObservableGauge];
   // Every entry is deleted by end(), which the processor calls for each
   // handled event.
   readonly #handling = new Map<object, Handling>();
@@ -192,6 +195,16 @@ export class ProcessorTelemetry {
       "outbox.queue.oldest_pending_age",
       { unit: "ms", description: "Age of the queue's oldest pending event" },
     );
+    this.#wal = [
+      this.#meter.createObservableGauge("outbox.wal.size", {
+        unit: "By",
+        description: "Bytes in the SQLite database's write-ahead log",
+      }),
+      this.#meter.createObservableGauge("outbox.wal.checkpoint_held_back", {
+        unit: "1",
+        description: "1 while a reader holds the WAL's checkpoints back",
+      }),
+    ];
     const name = queue ?? outbox.queue;
     const attributes = name === undefined
       ? { "messaging.system": SYSTEM }
@@ -209,10 +222,19 @@ export class ProcessorTelemetry {
         });
       }
       result.observe(this.#oldest, stats.oldestPendingAgeMs, attributes);
+      if (stats.wal !== undefined) {
+        result.observe(this.#wal[0], stats.wal.sizeBytes, attributes);
+        result.observe(
+          this.#wal[1],
+          stats.wal.checkpointHeldBack ? 1 : 0,
+          attributes,
+        );
+      }
     };
     this.#meter.addBatchObservableCallback(this.#observe, [
       this.#depth,
       this.#oldest,
+      ...this.#wal,
     ]);
   }
 
@@ -313,6 +335,7 @@ export class ProcessorTelemetry {
     this.#meter.removeBatchObservableCallback(this.#observe, [
       this.#depth,
       this.#oldest,
+      ...this.#wal,
     ]);
   }
 

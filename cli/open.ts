@@ -14,6 +14,7 @@ import { pathToFileURL } from "node:url";
 import { BusyError, READONLY_ROLLBACK, SqliteError } from "../errors.ts";
 import { Outbox } from "../lease.ts";
 import { OutboxReader } from "../reader.ts";
+import type { WalStats } from "../wal.ts";
 import { openNodeSqlite } from "../drivers/node_sqlite.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import {
@@ -106,6 +107,23 @@ async function open(context: Context, url: URL) {
       })
       : await openSqliteWasm(url, options);
   });
+}
+
+/**
+ * The WAL's state, `null` on PostgreSQL or a file not in WAL mode: through a
+ * read-write connection of its own, as its passive checkpoint cannot run
+ * read-only (it changes no row; a file this process may not write gives
+ * `null` too).
+ */
+export async function readWal(context: Context): Promise<WalStats | null> {
+  if (context.postgres) return null;
+  const url = fileUrl(context.database);
+  url.searchParams.set("mode", "rw");
+  if (!await isWal(new URL(url.pathname, url))) return null;
+  await using reader = await OutboxReader.open(await open(context, url), {
+    busyTimeoutMs: context.busyTimeoutMs,
+  });
+  return await reader.wal();
 }
 
 /**

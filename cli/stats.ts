@@ -10,7 +10,7 @@ import type { OutboxReader } from "../reader.ts";
 import { noArguments } from "./args.ts";
 import { type Command, type Context, stringOption } from "./command.ts";
 import { age, printable, table } from "./format.ts";
-import { openReader } from "./open.ts";
+import { openReader, readWal } from "./open.ts";
 import { QUEUE } from "./options.ts";
 
 const RATE_WINDOW_MS = 60_000;
@@ -58,8 +58,16 @@ export const stats: Command = {
     noArguments(context, "stats");
     await using reader = await openReader(context);
     const summary = await readSummary(reader, context);
+    const wal = await readWal(context);
     context.out(
-      context.json ? JSON.stringify(summary) : summaryText(context, summary),
+      context.json ? JSON.stringify({ ...summary, wal }) : [
+        summaryText(context, summary),
+        ...(wal === null ? [] : [
+          `WAL ${wal.sizeBytes} bytes${
+            wal.checkpointHeldBack ? ", checkpoints held back by a reader" : ""
+          }`,
+        ]),
+      ].join("\n"),
     );
   },
 };

@@ -64,6 +64,9 @@ export const IOCAP_POWERSAFE_OVERWRITE = 0x1000;
 export const SHM_UNLOCK = 1;
 export const SHM_SHARED = 4;
 export const SHM_EXCLUSIVE = 8;
+// WAL_WRITE_LOCK (wal.c): the slot a writer locks exclusively for its
+// whole write transaction.
+export const SHM_WRITE_LOCK = 0;
 export const SHM_BASE = 120;
 export const SHM_DMS = SHM_BASE + 8;
 
@@ -88,6 +91,8 @@ export const QUEUE_BYTE = TURN_BYTE + 1;
 
 // SQLITE_FCNTL_HAS_MOVED (sqlite3.h).
 export const FCNTL_HAS_MOVED = 20;
+// SQLITE_READONLY_DBMOVED (sqlite3.h): SQLITE_READONLY | (4 << 8).
+export const READONLY_DBMOVED = 8 | (4 << 8);
 
 // The pause when readers are in a writer's way, or the lock that refused is
 // unknown (not this VFS's database, or an error outside the lock calls).

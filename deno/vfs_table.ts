@@ -60,6 +60,10 @@ import {
   OPEN_SUPER_JOURNAL,
   OPEN_WAL,
   pause,
+  READONLY_DBMOVED,
+  SHM_EXCLUSIVE,
+  SHM_UNLOCK,
+  SHM_WRITE_LOCK,
   SYNC_FULL,
   VfsError,
 } from "./vfs_codes.ts";
@@ -277,7 +281,17 @@ export function createVfs(
       const flushRc = flushed();
       if (flushRc !== OK) return flushRc;
       try {
-        return databaseOf(pFile).sharedMemory(wasm).lock(offset, n, flags);
+        const database = databaseOf(pFile);
+        // The pager asks SQLITE_FCNTL_HAS_MOVED only before a rollback
+        // journal: in WAL mode a write transaction begins here, and fails,
+        // as it would there, rather than commit to a file nobody will open.
+        if (
+          offset === SHM_WRITE_LOCK && (flags & SHM_EXCLUSIVE) !== 0 &&
+          (flags & SHM_UNLOCK) === 0 && database.hasMoved()
+        ) {
+          return READONLY_DBMOVED;
+        }
+        return database.sharedMemory(wasm).lock(offset, n, flags);
       } catch (error) {
         return fail(error, IOERR_SHMLOCK);
       }

@@ -29,8 +29,12 @@ function liveRun(): Promise<LiveRun> {
   live ??= (async () => {
     const dir = await Deno.makeTempDir({ prefix: "cli-test-" });
     const path = join(dir, "outbox.db");
-    // Created first, so the CLI never meets a file without the schema.
-    await (await Outbox.open(await openSqliteWasm(path))).close();
+    // Created first, so the CLI never meets a file without the schema; in
+    // a rollback mode, whose locks and journal these tests are about (the
+    // CLI in WAL mode: wal_growth_test.ts and the WAL-mode tests below).
+    await (await Outbox.open(
+      await openSqliteWasm(path, { journalMode: "truncate" }),
+    )).close();
     const children = [1, 2].map(() =>
       new Deno.Command(Deno.execPath(), {
         args: ["run", "-A", child, path, String(EVENTS_PER_CHILD)],

@@ -416,7 +416,9 @@ for (const driver of DRIVERS) {
     await a!.acknowledge((await a!.claim())!);
     await a!.enqueue("pending");
     assert.equal(await a!.purge({ olderThanMs: 0 }), 1);
-    assert.deepEqual(await a!.stats(), {
+    // The WAL's size (in WAL mode) is wal_growth_test.ts's.
+    const { wal: _, ...counts } = await a!.stats();
+    assert.deepEqual(counts, {
       pending: 1,
       leased: 0,
       done: 1,
@@ -447,7 +449,9 @@ for (const driver of DRIVERS) {
     await a!.acknowledge(l1!);
     await a!.release(l2!);
     clock.set(70);
-    assert.deepEqual(await a!.stats(), {
+    // The WAL's size (in WAL mode) is wal_growth_test.ts's.
+    const { wal: _, ...counts } = await a!.stats();
+    assert.deepEqual(counts, {
       pending: 1,
       leased: 0,
       done: 1,

@@ -40,7 +40,13 @@ async function withConnections(
   const drivers: SqliteWasmDriver[] = [];
   try {
     for (let i = 0; i < count; i++) {
-      drivers.push(await openSqliteWasm(path, { synchronous: "off" }));
+      // The rollback journal's locks are what these tests wait on.
+      drivers.push(
+        await openSqliteWasm(path, {
+          journalMode: "truncate",
+          synchronous: "off",
+        }),
+      );
     }
     await drivers[0]!.exec("CREATE TABLE t(x INTEGER) STRICT");
     await fn(drivers, path);
@@ -214,7 +220,7 @@ test("closing a connection whose kernel wait is in flight leaks no lock, and its
   const dir = await Deno.makeTempDir({ prefix: "vfs_wait_" });
   const path = join(dir, "wait.db");
   try {
-    const holder = await openSqliteWasm(path);
+    const holder = await openSqliteWasm(path, { journalMode: "truncate" });
     await holder.exec("CREATE TABLE t(x)");
     const real = Deno.realPathSync(path);
     await holder.exec("BEGIN IMMEDIATE");

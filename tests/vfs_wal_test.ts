@@ -120,6 +120,34 @@ Deno.test("a file in WAL mode stays in it when journalMode is unset; asked to le
   assert.throws(() => Deno.statSync(`${path}-wal`), Deno.errors.NotFound);
 });
 
+Deno.test("with default options, an outbox on the WASM driver and one on node:sqlite (whose default is WAL) share a file, in either order", async () => {
+  await using tmp = await tempDir("vfs_wal_");
+  for (const first of ["node", "wasm"] as const) {
+    const path = join(tmp.path, `${first}_first.db`);
+    const open = (driver: "node" | "wasm") =>
+      driver === "node" ? openNodeSqlite(path) : openSqliteWasm(path);
+    await using a = await Outbox.open(await open(first));
+    await a.enqueue({ from: first });
+    await using b = await Outbox.open(
+      await open(first === "node" ? "wasm" : "node"),
+    );
+    await b.enqueue({ from: "second" });
+    const lease = await b.claim();
+    assert.deepEqual(lease?.payload, { from: first });
+    await b.acknowledge(lease!);
+    assert.deepEqual((await a.claim())?.payload, { from: "second" });
+    // The WAL's size (in WAL mode) is wal_growth_test.ts's.
+    const { wal: _, ...counts } = await a.stats();
+    assert.deepEqual(counts, {
+      pending: 0,
+      leased: 1,
+      done: 1,
+      dead: 0,
+      oldestPendingAgeMs: 0,
+    });
+  }
+});
+
 for (const asRoot of [false, true]) {
   Deno.test({
     name: asRoot
@@ -129,7 +157,7 @@ for (const asRoot of [false, true]) {
     async fn() {
       await using tmp = await tempDir("vfs_wal_");
       const path = join(tmp.path, "shared.db");
-      (await openSqliteWasm(path)).close();
+      (await openSqliteWasm(path, { journalMode: "truncate" })).close();
       Deno.chmodSync(path, 0o660);
       if (asRoot) Deno.chownSync(path, 4321, 4322);
       const taken = (file: string) => {
@@ -648,7 +676,7 @@ Deno.test("an -shm deleted by its last user in another process is closed here at
   const path = join(dir, "churn.db");
   // A connection in a rollback mode keeps the file open here, so closed
   // WAL connections park their -shm descriptors.
-  const keeper = await openSqliteWasm(path);
+  const keeper = await openSqliteWasm(path, { journalMode: "truncate" });
   await keeper.exec("CREATE TABLE t(x)");
   try {
     for (let cycle = 0; cycle < 4; cycle++) {
