@@ -115,7 +115,9 @@ test("with default options, an outbox on the WASM driver and one on node:sqlite 
     assert.deepEqual(lease?.payload, { from: first });
     await b.acknowledge(lease!);
     assert.deepEqual((await a.claim())?.payload, { from: "second" });
-    assert.deepEqual(await a.stats(), {
+    // The WAL's size (in WAL mode) is wal_growth_test.ts's.
+    const { wal: _, ...counts } = await a.stats();
+    assert.deepEqual(counts, {
       pending: 0,
       leased: 1,
       done: 1,

@@ -120,34 +120,6 @@ Deno.test("a file in WAL mode stays in it when journalMode is unset; asked to le
   assert.throws(() => Deno.statSync(`${path}-wal`), Deno.errors.NotFound);
 });
 
-Deno.test("with default options, an outbox on the WASM driver and one on node:sqlite (whose default is WAL) share a file, in either order", async () => {
-  await using tmp = await tempDir("vfs_wal_");
-  for (const first of ["node", "wasm"] as const) {
-    const path = join(tmp.path, `${first}_first.db`);
-    const open = (driver: "node" | "wasm") =>
-      driver === "node" ? openNodeSqlite(path) : openSqliteWasm(path);
-    await using a = await Outbox.open(await open(first));
-    await a.enqueue({ from: first });
-    await using b = await Outbox.open(
-      await open(first === "node" ? "wasm" : "node"),
-    );
-    await b.enqueue({ from: "second" });
-    const lease = await b.claim();
-    assert.deepEqual(lease?.payload, { from: first });
-    await b.acknowledge(lease!);
-    assert.deepEqual((await a.claim())?.payload, { from: "second" });
-    // The WAL's size (in WAL mode) is wal_growth_test.ts's.
-    const { wal: _, ...counts } = await a.stats();
-    assert.deepEqual(counts, {
-      pending: 0,
-      leased: 1,
-      done: 1,
-      dead: 0,
-      oldestPendingAgeMs: 0,
-    });
-  }
-});
-
 for (const asRoot of [false, true]) {
   Deno.test({
     name: asRoot

@@ -23,7 +23,7 @@ import {
   InMemoryMetricExporter,
   MeterProvider,
   PeriodicExportingMetricReader,
-} from "@opentelemetry/sdk-metrics";
+} from "npm:@opentelemetry/sdk-metrics@2.12.1";
 
 type Open = (path: string) => Promise<Driver>;
 
