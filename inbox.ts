@@ -22,19 +22,16 @@ import {
   type Row,
   type RunResult,
   type SqlValue,
-  untilNotBusy,
 } from "./driver.ts";
-import { BusyError } from "./errors.ts";
+import { type Clock, type Lease, MAX_DURATION_MS } from "./lease.ts";
 import {
-  type Clock,
-  driverMutex,
   insideTransactionBody,
-  type Lease,
-  MAX_DURATION_MS,
   type Mutex,
   runTransactionBody,
+  TransactionRunner,
   transactionStatements,
-} from "./lease.ts";
+} from "./core/transaction.ts";
+import { SQLITE } from "./dialects/sqlite.ts";
 import {
   checkIdentity,
   checkInteger,
@@ -72,9 +69,6 @@ export const INBOX_SCHEMA_SQL = `CREATE TABLE IF NOT EXISTS inbox_accepted (
 CREATE INDEX IF NOT EXISTS inbox_accepted_at ON inbox_accepted (accepted_at);`;
 
 const SQL = {
-  begin: "BEGIN IMMEDIATE",
-  commit: "COMMIT",
-  rollback: "ROLLBACK",
   accepted: "SELECT fence FROM inbox_accepted WHERE identity = ?",
   record:
     "INSERT INTO inbox_accepted (identity, fence, accepted_at) VALUES (?, ?, ?)",
@@ -82,7 +76,6 @@ const SQL = {
 } as const;
 
 const MAX_DATE_MS = 8_640_000_000_000_000;
-const MAX_BUSY_BACKOFF_MS = 4;
 
 /** Options fixed when an {@linkcode Inbox} is opened. */
 export interface InboxOptions {
@@ -164,13 +157,13 @@ export interface Delivery {
 export class Inbox implements AsyncDisposable {
   readonly #driver: Driver;
   readonly #mutex: Mutex;
+  readonly #runner: TransactionRunner;
   readonly #now: Clock;
   readonly #busyTimeoutMs: number;
   #closed = false;
 
   private constructor(driver: Driver, options: InboxOptions) {
     const op = "open inbox";
-    this.#driver = driver;
     this.#now = options.now ?? Date.now;
     if (typeof this.#now !== "function") {
       throw new TypeError(
@@ -186,7 +179,14 @@ export class Inbox implements AsyncDisposable {
       0,
       MAX_DURATION_MS,
     ) ?? 5_000;
-    this.#mutex = driverMutex(driver);
+    this.#runner = new TransactionRunner(
+      driver,
+      driver.dialect ?? SQLITE,
+      this.#busyTimeoutMs,
+      "only calls made inside inbox.within() or outbox.within() join it; the inbox's others wait for it to end",
+    );
+    this.#mutex = this.#runner.mutex;
+    this.#driver = this.#runner.driver;
   }
 
   /**
@@ -391,7 +391,9 @@ export class Inbox implements AsyncDisposable {
   /** Closes the connection once the calls made before it finish. */
   close(): Promise<void> {
     this.#closed = true;
-    return this.#mutex.run(() => this.#driver.close());
+    return this.#runner.line.run(() =>
+      this.#mutex.run(() => this.#driver.close())
+    );
   }
 
   /** Same as {@linkcode Inbox.close}, for `await using`. */
@@ -400,11 +402,15 @@ export class Inbox implements AsyncDisposable {
   }
 
   /**
-   * Runs `fn` in a `BEGIN IMMEDIATE` transaction under the connection's
-   * mutex, waiting out `SQLITE_BUSY` until `busyTimeoutMs`; `fn` sees the
-   * clock read once the write lock is held.
+   * Runs `fn` in a `BEGIN IMMEDIATE` transaction through the connection's
+   * transaction runner ({@linkcode TransactionRunner}); `fn` sees the clock
+   * read once the write lock is held.
    */
-  #write<T>(op: string, fn: (now: number) => Promise<T>): Promise<T> {
+  #write<T>(
+    op: string,
+    fn: (now: number) => Promise<T>,
+    join = false,
+  ): Promise<T> {
     if (this.#closed) {
       return Promise.reject(new Error(`Cannot ${op} as the inbox is closed`));
     }
@@ -415,62 +421,10 @@ export class Inbox implements AsyncDisposable {
         ),
       );
     }
-    return this.#mutex.run(async () => {
-      const deadline = performance.now() + this.#busyTimeoutMs;
-      try {
-        await this.#untilNotBusy(op, deadline, SQL.begin, true);
-        try {
-          const result = await fn(this.#clock(op));
-          await this.#untilNotBusy(op, deadline, SQL.commit);
-          return result;
-        } catch (error) {
-          await this.#driver.run(SQL.rollback).catch(() => {});
-          throw error;
-        }
-      } finally {
-        this.#mutex.transaction = false;
-      }
+    return this.#runner.run(op, () => fn(this.#clock(op)), {
+      join,
+      rerun: false,
     });
-  }
-
-  /**
-   * Runs `sql` (a BEGIN or COMMIT), retrying `SQLITE_BUSY` until
-   * `deadline`. `begins`: each try is the inbox's own BEGIN
-   * (`Mutex.begin`), so an outbox's call made meanwhile does not join it.
-   */
-  async #untilNotBusy(
-    op: string,
-    deadline: number,
-    sql: string,
-    begins = false,
-  ) {
-    let backoffMs = 1;
-    try {
-      await untilNotBusy(
-        Math.max(0, deadline - performance.now()),
-        () => {
-          const run = () => this.#driver.run(sql);
-          return begins ? this.#mutex.begin(run) : run();
-        },
-        async (remainingMs) => {
-          if (this.#driver.busyWait !== undefined) {
-            await this.#driver.busyWait(remainingMs);
-          } else {
-            // Full jitter keeps contending recipients apart.
-            const ms = Math.min(remainingMs, 1 + Math.random() * backoffMs);
-            backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS);
-            await new Promise((resolve) => setTimeout(resolve, ms));
-          }
-        },
-      );
-    } catch (error) {
-      if (!(error instanceof BusyError)) throw error;
-      throw new BusyError(
-        `Cannot ${op} as the database stayed locked for ${this.#busyTimeoutMs} ms`,
-        error.code,
-        { cause: error },
-      );
-    }
   }
 
   #clock(op: string): number {

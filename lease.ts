@@ -16,18 +16,17 @@ import {
   type Row,
   type RunResult,
   type SqlValue,
-  transactionControl,
 } from "./driver.ts";
 import {
   BusyError,
-  ConstraintError,
   LeaseLostError,
-  PostgresError,
   SchemaVersionError,
   SqliteError,
   UnsafeIntegerError,
 } from "./errors.ts";
 import { uuidv7 } from "./identity.ts";
+import type { Dialect, EventState } from "./types.ts";
+export type { Dialect, EventState, StatementName } from "./types.ts";
 import {
   checkBoolean,
   checkError,
@@ -55,157 +54,24 @@ import {
   storedPayload,
 } from "./admin.ts";
 import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
+import {
+  insideTransactionBody,
+  type Mutex,
+  runTransactionBody,
+  TransactionRunner,
+  transactionStatements,
+} from "./core/transaction.ts";
+export {
+  driverMutex,
+  insideTransactionBody,
+  Mutex,
+  runTransactionBody,
+  transactionStatements,
+} from "./core/transaction.ts";
 import { SQL, SQLITE, UPGRADES, VERSION_TABLE_SQL } from "./dialects/sqlite.ts";
 
 /** Milliseconds since the Unix epoch, from an injected clock. */
 export type Clock = () => number;
-
-/**
- * The statements every engine spells: the keys of a {@linkcode Dialect}.
- * `SQL` in `dialects/sqlite.ts` (and, for the admin calls, `ADMIN_SQL` in
- * admin.ts) holds SQLite's text for each, with what its parameters mean.
- */
-export type StatementName =
-  | "begin"
-  | "commit"
-  | "rollback"
-  | "savepoint"
-  | "releaseSavepoint"
-  | "rollbackToSavepoint"
-  | "insert"
-  | "existing"
-  | "insertAll"
-  | "insertAlike"
-  | "existingAll"
-  | "exhausted"
-  | "expire"
-  | "candidates"
-  | "tokenUsed"
-  | "claim"
-  | "claimOne"
-  | "ledger"
-  | "writeUnwritten"
-  | "ledgerAll"
-  | "acknowledge"
-  | "acknowledgeAll"
-  | "renew"
-  | "release"
-  | "stale"
-  | "deadLetters"
-  | "stats"
-  | "event"
-  | "eventByIdentity"
-  | "history"
-  | "unclaimable"
-  | "list"
-  | "cancel"
-  | "redrive"
-  | "purgeable"
-  | "purgeLedger"
-  | "purge"
-  | "queues"
-  | "nextDue"
-  | "joinSavepoint"
-  | "releaseJoin"
-  | "rollbackJoin"
-  | "readBegin"
-  | "outboxPresent"
-  | "schemaVersion"
-  | "acknowledgedSince";
-
-/**
- * How the core's statements are spelled on one engine: SQL text only, no
- * I/O. The core decides which statement runs and with what; a dialect says
- * how it is written. SQLite's is `SQLITE` in `dialects/sqlite.ts` (its
- * schema steps are SQLite's own); PostgreSQL's is `POSTGRES` in
- * `dialects/postgres.ts`, each
- * statement taking the same parameters in the same order.
- */
-export interface Dialect extends Readonly<Record<StatementName, string>> {
-  /** Reads the database server's clock as `now`, epoch milliseconds. */
-  readonly now?: string;
-  /**
-   * `now` and `exhausted` in one statement, saving a round trip at the
-   * start of every transaction on the server's clock: a row with `now`,
-   * and `id` and `fence` of each exhausted lease (`null` when none).
-   */
-  readonly nowExhausted?: string;
-  /**
-   * Locks event rows (parameter: their ids as a JSON array), in id order,
-   * for engines whose transactions run side by side: a transaction writes
-   * an event's unwritten ledger entries only while it holds the event's
-   * row, so two never wait for each other's entries on the ledger's unique
-   * index while holding the rows each other needs (a deadlock). SQLite's
-   * one writer needs none.
-   */
-  readonly lockEvents?: string;
-  /**
-   * A claim as one statement, outside a transaction (autocommit is its
-   * transaction), for engines where every round trip costs: the clock, the
-   * candidates' locks and the claim. Parameters: now (null: the server's
-   * clock), queue, max, maxPayloadBytes, leaseMs, and one 32-character
-   * token per possible lease. Rows: `now`, `refused` and each lease's event
-   * row as claimed, in claim order (one row of nulls but `now` when none).
-   * It refuses (`refused` 1, nothing changed) whatever needs ledger entries
-   * or dead letters first: a lapsed lease to take over, a lapsed
-   * last-attempt lease, an unclaimable candidate; the general path then
-   * claims.
-   */
-  readonly claimInOne?: string;
-  /**
-   * `claimInOne` after the fenced acknowledgement of the leases in a JSON
-   * array of [event id, fence, token] (parameter 7), all or none, in the
-   * same statement: one round trip and one commit for the processing loop's
-   * acknowledge-then-claim. A stale lease, a lease listed twice, or
-   * whatever refuses the claim refuses the whole statement (`refused` 1,
-   * nothing changed).
-   */
-  readonly acknowledgeAndClaimInOne?: string;
-  /**
-   * The errors' `code`s with which a one-statement call (`claimInOne`,
-   * `acknowledgeInOne`, `acknowledgeAllInOne`, `acknowledgeAndClaimInOne`)
-   * refuses, having changed nothing, and the general path runs instead: a
-   * text payload that is not JSON; a serialization failure or deadlock,
-   * which a statement outside a transaction meets when the session's
-   * default isolation is above read committed, where the general path's
-   * transactions are not.
-   */
-  readonly refusedInOne?: readonly string[];
-  /**
-   * The errors' `code`s with which the server rolled a transaction back
-   * for contention alone (a deadlock's victim, a serialization failure):
-   * nothing in it changed, so the outbox's own transactions run again, until
-   * `busyTimeoutMs`. Not `transaction(fn)`, whose body is the application's
-   * code, nor a call joined to the application's transaction.
-   */
-  readonly rerun?: readonly string[];
-  /**
-   * The fenced acknowledgement of one lease as one statement, outside a
-   * transaction. Parameters: now (null: the server's clock), event id,
-   * token, fence. Rows: `now`, and `acknowledged`: 1, or 0 with nothing
-   * changed when the lease is stale or a lapsed last-attempt lease is to
-   * become a dead letter first (the general path then acknowledges).
-   */
-  readonly acknowledgeInOne?: string;
-  /**
-   * `acknowledgeInOne` for several leases, given as a JSON array of
-   * [event id, fence, token]: all of them, or none.
-   */
-  readonly acknowledgeAllInOne?: string;
-  /**
-   * Takes the lock that lines up openers setting the schema up, held to
-   * the end of the transaction (instead of SQLite's schema steps): one
-   * statement, or several run in order, which may also set what the wait
-   * and the set-up run under.
-   */
-  readonly lock?: string | readonly string[];
-  /** Creates what is missing of the schema, run under `lock`. */
-  readonly setup?: string;
-  /** Answers `present`: whether the schema's version table exists. */
-  readonly schemaPresent?: string;
-  /** The schema version `setup` creates. */
-  readonly version?: number;
-}
 
 /** The longest accepted `leaseMs` or `delayMs`: 365 days in milliseconds. */
 export const MAX_DURATION_MS = 31_536_000_000;
@@ -420,9 +286,6 @@ export interface Stats {
   readonly oldestPendingAgeMs: number;
 }
 
-/** The state of an event. */
-export type EventState = "pending" | "leased" | "done" | "dead";
-
 /** One row of the attempt ledger, from {@linkcode Outbox.explain}. */
 export interface LedgerEntry {
   /** What happened. */
@@ -504,9 +367,6 @@ export interface Transaction {
 }
 
 const MAX_DATE_MS = 8_640_000_000_000_000;
-// SQLite queues no lock waiters: a waiter only wins if it polls in the gap
-// between another writer's transactions, so the poll interval stays short.
-const MAX_BUSY_BACKOFF_MS = 4;
 const encoder = new TextEncoder();
 // A batch mints a token per event: a table halves the cost of formatting.
 const HEX = Array.from(
@@ -515,7 +375,6 @@ const HEX = Array.from(
 );
 const HEX_DIGITS = encoder.encode("0123456789abcdef");
 const ascii = new TextDecoder("latin1");
-const mutexes = new WeakMap<Driver, Mutex>();
 
 /**
  * A transactional outbox with leases on one SQLite connection.
@@ -544,12 +403,7 @@ const mutexes = new WeakMap<Driver, Mutex>();
 export class Outbox<P = unknown> implements AsyncDisposable {
   readonly #driver: Driver;
   readonly #mutex: Mutex;
-  // The calls that do not join the application's transaction, in the order
-  // they were made. One that gives the connection up to the application's
-  // transaction keeps its place: no later call commits before it (ids,
-  // dedup winners and per-key order follow the calls), and close() waits
-  // for it.
-  readonly #line = new Mutex();
+  readonly #runner: TransactionRunner;
   readonly #sql: Dialect;
   readonly #now: Clock | "database";
   #stopWatching: (() => Promise<void>) | undefined;
@@ -566,7 +420,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   private constructor(driver: Driver, options: OutboxOptions) {
     const op = "open outbox";
-    this.#driver = driver;
     this.#sql = driver.dialect ?? SQLITE;
     this.#now = options.now ?? (this.#sql.now ? "database" : Date.now);
     if (
@@ -600,7 +453,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       1,
       MAX_PAYLOAD_BYTES,
     ) ?? 1_048_576;
-    this.#mutex = driverMutex(driver);
+    this.#runner = new TransactionRunner(
+      driver,
+      this.#sql,
+      this.#busyTimeoutMs,
+      "only enqueue() and acknowledge() of one lease join it; claims, renewals, releases and the outbox's own transactions wait for it to end",
+    );
+    this.#mutex = this.#runner.mutex;
+    this.#driver = this.#runner.driver;
   }
 
   /**
@@ -772,7 +632,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     // Only a call made inside the application's transaction joins it: one
     // made before that transaction began waits for it to end, or a rollback
     // would take back an event whose call had resolved.
-    const join = this.#inApplicationTransaction();
+    const join = this.#runner.joins();
     return await new Promise((resolve, reject) => {
       let group = this.#group;
       if (
@@ -829,7 +689,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     this.#closeGroup();
     // Joins the application's transaction only when called inside it (see
     // enqueue).
-    const join = this.#inApplicationTransaction();
+    const join = this.#runner.joins();
     const results = await this.#write(
       op,
       (now) => this.#enqueueAll(prepared, now),
@@ -1011,7 +871,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const inOne = this.#acknowledgeInOne(op, [lease]);
     // Joins the application's transaction only when called inside it (see
     // enqueue).
-    const join = this.#inApplicationTransaction();
+    const join = this.#runner.joins();
     return await this.#write(
       op,
       async (now, joined) => {
@@ -1870,7 +1730,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       return Promise.reject(error);
     }
     this.#closed = true;
-    return this.#line.run(() =>
+    return this.#runner.line.run(() =>
       this.#mutex.run(async () => {
         await this.#stopWatching?.().catch(() => {});
         await this.#driver.close();
@@ -2041,17 +1901,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     for (const { event } of calls) {
       try {
         settled.push({
-          value: await this.#inTurn(
+          value: await this.#runner.inTurn(
             "enqueue",
-            (now) => this.#enqueue(event, now),
-            {
-              expire: false,
-              join: false,
-              inOne: undefined,
-              rerun: true,
-              commitRefused: undefined,
-              deadline: performance.now() + this.#busyTimeoutMs,
-            },
+            async () =>
+              this.#enqueue(event, await this.#start("enqueue", false)),
+            {},
           ),
         });
       } catch (error) {
@@ -2652,169 +2506,19 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   ): Promise<T> {
     this.#checkOpen(op);
     this.#notNested(op);
-    // Counted from the call, so a wait in line for a call that waits for
-    // the application's transaction counts towards this one's wait for it.
-    const deadline = performance.now() + this.#busyTimeoutMs;
-    const options = { expire, join, inOne, rerun, commitRefused, deadline };
-    // A call made inside the application's transaction must not wait for
-    // one that waits for that transaction to end.
-    return join
-      ? await this.#inTurn(op, fn, options)
-      : await this.#line.run(() => this.#inTurn(op, fn, options));
-  }
-
-  /** {@linkcode Outbox.#write}, once the call's turn in line has come. */
-  async #inTurn<T>(
-    op: string,
-    fn: (now: number, joined: boolean) => Promise<T>,
-    { expire, join, inOne, rerun, commitRefused, deadline }: {
-      expire: boolean;
-      join: boolean;
-      inOne: ((now: number | null) => Promise<T | undefined>) | undefined;
-      rerun: boolean;
-      commitRefused: (() => Promise<T>) | undefined;
-      deadline: number;
-    },
-  ): Promise<T> {
-    for (let retried = false;; retried = true) {
-      // A held mutex may be this connection's own transaction, which a
-      // queued call just waits for; after a retry it is the application's.
-      if (
-        !join && (retried ||
-          !this.#mutex.held && this.#inApplicationTransaction())
-      ) {
-        await this.#untilApplicationCommits(op, deadline, retried);
-      }
-      const outcome = await this.#mutex.run(async (): Promise<
-        { value: T } | { refused: true } | null
-      > => {
-        if (this.#inApplicationTransaction()) {
-          return join ? { value: await this.#joined(op, fn, expire) } : null;
-        }
-        if (inOne !== undefined) {
-          const now = this.#now === "database"
-            ? null
-            : this.#checkNow(op, this.#now());
-          let value: T | undefined;
-          try {
-            value = await inOne(now);
-          } catch (error) {
-            if (!this.#sql.refusedInOne?.includes(errorCode(error))) {
-              throw error;
-            }
-          }
-          if (value !== undefined) return { value };
-        }
-        const busyDeadline = performance.now() + this.#busyTimeoutMs;
-        for (
-          let backoffMs = 1;;
-          backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS)
-        ) {
-          // The application may have begun a transaction on the connection
-          // while this call awaited (its one statement, a rerun's or a busy
-          // retry's backoff): a BEGIN now would run inside it, and COMMIT the
-          // application's writes. Wait for it to end, as a call that finds
-          // one does.
-          const began = await this.#untilNotBusy(
-            op,
-            busyDeadline,
-            this.#sql.begin,
-            () => this.#inApplicationTransaction(),
-            true,
-          );
-          if (!began) return null;
-          let committing = false;
-          try {
-            const now = await this.#start(op, expire);
-            const value = await fn(now, false);
-            committing = true;
-            await this.#untilNotBusy(op, busyDeadline, this.#sql.commit);
-            this.#mutex.transaction = false;
-            return { value };
-          } catch (error) {
-            await this.#driver.run(this.#sql.rollback).catch(() => {});
-            this.#mutex.transaction = false;
-            // A deferred constraint is checked at COMMIT, past every
-            // savepoint: the caller may run the work again otherwise.
-            if (
-              committing && commitRefused !== undefined &&
-              refusedByConstraint(error)
-            ) return { refused: true };
-            const remainingMs = busyDeadline - performance.now();
-            if (
-              !rerun || remainingMs <= 0 ||
-              !this.#sql.rerun?.includes(errorCode(error))
-            ) throw error;
-            // As for a busy database: the winner goes on.
-            await jitteredWait(remainingMs, backoffMs);
-          }
-        }
-      });
-      // Still this call's turn in line, out of the connection's mutex.
-      if (outcome !== null) {
-        return "refused" in outcome ? await commitRefused!() : outcome.value;
-      }
-    }
-  }
-
-  /**
-   * Runs `fn` inside the application's open transaction, under a savepoint
-   * so that a failure undoes the outbox's statements and nothing else; the
-   * application's `COMMIT` or `ROLLBACK` decides the rest. No retry on
-   * `SQLITE_BUSY`: inside a transaction that began deferred, waiting for the
-   * write lock can deadlock with the writer holding it.
-   */
-  async #joined<T>(
-    op: string,
-    fn: (now: number, joined: boolean) => Promise<T>,
-    expire: boolean,
-  ): Promise<T> {
-    await this.#driver.run(this.#sql.joinSavepoint);
-    try {
-      const now = await this.#start(op, expire);
-      const value = await fn(now, true);
-      await this.#driver.run(this.#sql.releaseJoin);
-      return value;
-    } catch (error) {
-      await this.#driver.run(this.#sql.rollbackJoin).catch(() => {});
-      await this.#driver.run(this.#sql.releaseJoin).catch(() => {});
-      throw error;
-    }
-  }
-
-  /**
-   * Waits, polling with jittered backoff, until no transaction the
-   * application began is open on the connection; after a retry (`pause`)
-   * it waits once in any case, so a call that keeps finding the
-   * application's transaction inside the mutex still meets its deadline.
-   */
-  async #untilApplicationCommits(
-    op: string,
-    deadline: number,
-    pause: boolean,
-  ): Promise<void> {
-    for (
-      let backoffMs = 1;
-      pause || this.#inApplicationTransaction();
-      backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS), pause = false
-    ) {
-      const remainingMs = deadline - performance.now();
-      if (remainingMs <= 0) {
-        throw new BusyError(
-          `Cannot ${op} as the application's transaction on this connection stayed open for ${this.#busyTimeoutMs} ms: only enqueue() and acknowledge() of one lease join it; claims, renewals, releases and the outbox's own transactions wait for it to end`,
-        );
-      }
-      await jitteredWait(remainingMs, backoffMs);
-    }
+    const now = inOne && (() =>
+      inOne(
+        this.#now === "database" ? null : this.#checkNow(op, this.#now()),
+      ));
+    return await this.#runner.run(
+      op,
+      async (joined) => await fn(await this.#start(op, expire), joined),
+      { join, inOne: now, rerun, commitRefused },
+    );
   }
 
   #checkOpen(op: string): void {
     if (this.#closed) throw new Error(`Cannot ${op} as the outbox is closed`);
-  }
-
-  /** Whether the application has a transaction open on the connection. */
-  #inApplicationTransaction(): boolean {
-    return this.#driver.inTransaction?.() === true && !this.#mutex.transaction;
   }
 
   /**
@@ -2827,48 +2531,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       throw new Error(
         `Cannot ${op} on the outbox inside its own transaction(fn): use the transaction's handle (tx.enqueue, tx.acknowledge, tx.run), or the call would wait for the transaction that waits for it`,
       );
-    }
-  }
-
-  /**
-   * Runs `sql` (a BEGIN or COMMIT), retrying `SQLITE_BUSY` until
-   * `deadline`. Resolves to `false`, having run nothing more, when `yieldTo`
-   * says so before a try (an application transaction opened meanwhile).
-   * `begins`: each try is the outbox's own BEGIN (`Mutex.begin`); the
-   * caller clears the mutex's `transaction` after its COMMIT or ROLLBACK.
-   */
-  async #untilNotBusy(
-    op: string,
-    deadline: number,
-    sql: string,
-    yieldTo?: () => boolean,
-    begins = false,
-  ): Promise<boolean> {
-    for (
-      let backoffMs = 1;;
-      backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS)
-    ) {
-      if (yieldTo?.()) return false;
-      try {
-        const run = () => this.#driver.run(sql);
-        await (begins ? this.#mutex.begin(run) : run());
-        return true;
-      } catch (error) {
-        if (!(error instanceof BusyError)) throw error;
-        const remainingMs = deadline - performance.now();
-        if (remainingMs <= 0) {
-          throw new BusyError(
-            `Cannot ${op} as the database stayed locked for ${this.#busyTimeoutMs} ms`,
-            error.code,
-            { cause: error },
-          );
-        }
-        if (this.#driver.busyWait !== undefined) {
-          await this.#driver.busyWait(remainingMs);
-        } else {
-          await jitteredWait(remainingMs, backoffMs);
-        }
-      }
     }
   }
 
@@ -2992,158 +2654,6 @@ type LedgerRow = [
   number | null,
   string | null,
 ];
-
-/**
- * The mutex of a connection, shared by every outbox and inbox on it, so
- * their transactions never interleave.
- *
- * @ignore
- */
-export function driverMutex(driver: Driver): Mutex {
-  let mutex = mutexes.get(driver);
-  if (mutex === undefined) mutexes.set(driver, mutex = new Mutex());
-  return mutex;
-}
-
-/**
- * Serializes async sections: each runs after the previous one settles.
- *
- * @ignore
- */
-export class Mutex {
-  #tail: Promise<unknown> = Promise.resolve();
-  #sections = 0;
-  /**
-   * Whether the transaction open on the connection is an outbox's or an
-   * inbox's own (from its BEGIN to its COMMIT or ROLLBACK, when its holder
-   * clears it), not the application's: a call made meanwhile does not join
-   * it.
-   */
-  transaction = false;
-
-  /**
-   * Runs one try of a holder's BEGIN (`begin`) as its own transaction: from
-   * the try on, until it fails; between tries, a transaction the
-   * application opens is the application's.
-   */
-  async begin<T>(begin: () => Promise<T>): Promise<T> {
-    this.transaction = true;
-    try {
-      return await begin();
-    } catch (error) {
-      this.transaction = false;
-      throw error;
-    }
-  }
-
-  /** Whether a section is running or waiting to run. */
-  get held(): boolean {
-    return this.#sections > 0;
-  }
-
-  run<T>(fn: () => Promise<T>): Promise<T> {
-    this.#sections++;
-    const result = this.#tail.then(fn);
-    const settled = () => {
-      this.#sections--;
-    };
-    this.#tail = result.then(settled, settled);
-    return result;
-  }
-}
-
-/**
- * A running `transaction(fn)` or `accept`, as the async context of its `fn`
- * sees it.
- */
-interface Scope {
-  readonly mutex: Mutex;
-  open: boolean;
-  readonly outer: Scope | undefined;
-}
-
-/** The subset of `AsyncLocalStorage` the outbox uses. */
-interface AsyncContext<T> {
-  run<R>(store: T, fn: () => R): R;
-  getStore(): T | undefined;
-}
-
-/**
- * Which `transaction(fn)` calls the current async context runs inside,
- * through `AsyncLocalStorage` where the runtime has one (Deno, Node.js, Bun,
- * found by feature detection rather than an import, so the core stays
- * runtime-neutral). Where none exists (browsers), a nested call is not
- * detected and waits, as the documentation of `transaction` warns.
- */
-const scopes: AsyncContext<Scope> | undefined = (() => {
-  const process = (globalThis as {
-    process?: { getBuiltinModule?(id: string): unknown };
-  }).process;
-  const hooks = process?.getBuiltinModule?.("node:async_hooks") as
-    | { AsyncLocalStorage?: new () => AsyncContext<Scope> }
-    | undefined;
-  return hooks?.AsyncLocalStorage === undefined
-    ? undefined
-    : new hooks.AsyncLocalStorage();
-})();
-
-/**
- * Runs `fn`, the body of a transaction holding `mutex` (an outbox's
- * `transaction(fn)`, an inbox's `accept`), so that calls it makes on the
- * same connection can see, through {@linkcode insideTransactionBody}, that
- * they would wait for the transaction that waits for them.
- *
- * @ignore
- */
-export async function runTransactionBody<T>(
-  mutex: Mutex,
-  fn: () => Promise<T>,
-): Promise<T> {
-  const scope: Scope = { mutex, open: true, outer: scopes?.getStore() };
-  try {
-    return await (scopes?.run(scope, fn) ?? fn());
-  } finally {
-    scope.open = false;
-  }
-}
-
-/**
- * Whether the current async context runs inside the body of a transaction
- * holding `mutex` (always false where the runtime has no
- * `AsyncLocalStorage`).
- *
- * @ignore
- */
-export function insideTransactionBody(mutex: Mutex): boolean {
-  for (let scope = scopes?.getStore(); scope; scope = scope.outer) {
-    if (scope.open && scope.mutex === mutex) return true;
-  }
-  return false;
-}
-
-/**
- * Waits a random 1 to `1 + backoffMs` ms, at most `remainingMs`: full
- * jitter (AWS's backoff advice) keeps contending callers apart.
- */
-function jitteredWait(remainingMs: number, backoffMs: number): Promise<void> {
-  return sleep(Math.min(remainingMs, 1 + Math.random() * backoffMs));
-}
-
-/** Whether a constraint refused the statement, on either engine. */
-function refusedByConstraint(error: unknown): boolean {
-  return error instanceof ConstraintError ||
-    error instanceof PostgresError && error.code.startsWith("23");
-}
-
-/** An error's `code` (a SQLSTATE on PostgreSQL), as text, or "" when none. */
-function errorCode(error: unknown): string {
-  const code = (error as { code?: unknown } | null)?.code;
-  return typeof code === "string" ? code : "";
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
-}
 
 /** `n` bytes from the platform's CSPRNG. */
 function randomBytes(n: number): Uint8Array {
@@ -3321,69 +2831,6 @@ const CLAIM_OPTIONS = ["queue", "leaseMs", "token", "max"];
 const BATCH_CLAIM_OPTIONS = ["queue", "leaseMs", "max"];
 const RELEASE_OPTIONS = ["delayMs", "error", "deadLetter"];
 const PURGE_OPTIONS = ["olderThanMs", "states"];
-
-/**
- * The `run` and `query` of a transaction handle (the outbox's and the
- * inbox's): each checks that the handle's transaction is still live, then
- * refuses transaction control before the statement reaches the driver.
- *
- * @ignore
- * @param driver The connection the transaction runs on.
- * @param inside Throws when the handle's transaction has ended.
- * @returns The two methods.
- */
-export function transactionStatements(
-  driver: Driver,
-  inside: (method: string) => void,
-): Pick<Transaction, "run" | "query"> {
-  return {
-    run: async (sql, params) => {
-      inside("run");
-      checkStatement("run", sql, params);
-      return await driver.run(sql, params);
-    },
-    query: async (sql, params) => {
-      inside("query");
-      checkStatement("query", sql, params);
-      return await driver.query(sql, params);
-    },
-  };
-}
-
-/**
- * Refuses SQL that is not a string, parameters that are not an array, and
- * SQL whose first keyword begins, ends or rolls back a transaction, before
- * it runs: the one home of this check for the outbox's and the inbox's
- * transactions.
- *
- * @ignore
- */
-function checkStatement(
-  op: string,
-  sql: unknown,
-  params: unknown,
-): void {
-  if (typeof sql !== "string") {
-    throw new TypeError(
-      `Cannot ${op} as 'sql' must be a string: current value is ${
-        describe(sql)
-      }`,
-    );
-  }
-  if (params !== undefined && !Array.isArray(params)) {
-    throw new TypeError(
-      `Cannot ${op} as 'params' must be an array: current value is ${
-        describe(params)
-      }`,
-    );
-  }
-  const keyword = transactionControl(sql);
-  if (keyword !== "") {
-    throw new RangeError(
-      `Cannot ${op} as 'sql' must not control the transaction: found ${keyword}; the transaction commits when fn returns and rolls back when it throws`,
-    );
-  }
-}
 
 function checkLease(op: string, field: string, lease: unknown): CheckedLease {
   if (lease === null || typeof lease !== "object") {

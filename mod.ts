@@ -91,6 +91,7 @@ export {
   SqliteError,
   sqliteError,
   StatementTimeoutError,
+  TransactionEndedError,
   UnsafeIntegerError,
 } from "./errors.ts";
 export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";

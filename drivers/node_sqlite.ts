@@ -28,6 +28,7 @@ import {
 } from "../driver.ts";
 import { SqliteError, sqliteError } from "../errors.ts";
 import { checkBoolean, checkOptions } from "../validate.ts";
+import { jitteredWait } from "../core/backoff.ts";
 
 /** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
 export type JournalMode =
@@ -201,10 +202,7 @@ export async function openNodeSqlite(
         }
       },
       // No lock to watch here: a short jittered sleep, as the core's.
-      (ms) =>
-        new Promise((resolve) =>
-          setTimeout(resolve, Math.min(ms, 1 + Math.random() * 3))
-        ),
+      (ms) => jitteredWait(ms, 3),
     );
     const mode = String(actual[0]?.["journal_mode"]);
     if (!readOnly && !keptMode && mode !== "memory" && mode !== journalMode) {

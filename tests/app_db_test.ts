@@ -690,7 +690,9 @@ Deno.test("node:sqlite: an enqueue made inside the application's transaction whi
     // failed with BusyError after busyTimeoutMs.
     const { eventId } = await outbox.enqueue("x");
     db.exec("ROLLBACK");
-    assert.match(await accepting, /within a transaction/);
+    // The inbox waits for the application's transaction, as the outbox
+    // does, then accepts in its own.
+    assert.equal(await accepting, "accepted");
     assert.equal(await outbox.explain(eventId), null);
   } finally {
     await Deno.remove(dir, { recursive: true });
