@@ -484,8 +484,9 @@ export class RetryAfterError extends Error {
 export class TransactionEndedError extends Error {
   /**
    * The statement after which the engine said the transaction had ended or
-   * failed, as sent (clipped to 200 characters); `""` when it ended outside
-   * the transaction's handle (a statement on the application's own handle).
+   * failed, as sent (clipped to 200 characters); `""` when it is not known
+   * (a statement on the application's own handle, or a `COMMIT` that
+   * PostgreSQL answered with `ROLLBACK`).
    */
   readonly statement: string;
   /**
@@ -514,7 +515,7 @@ export class TransactionEndedError extends Error {
       ? statement
       : `${statement.slice(0, 197)}...`;
     const after = clipped === ""
-      ? "a statement outside its handle"
+      ? "an earlier statement"
       : JSON.stringify(clipped);
     super(
       status === "ended"

@@ -26,6 +26,7 @@ import {
   type SqlValue,
   untilNotBusy,
 } from "../driver.ts";
+import type { TransactionStatus } from "../types.ts";
 import { SqliteError, sqliteError } from "../errors.ts";
 import { checkBoolean, checkOptions } from "../validate.ts";
 import { jitteredWait } from "../core/backoff.ts";
@@ -315,6 +316,15 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
   /** Whether a transaction is open on the connection (`sqlite3_get_autocommit()` is 0). */
   inTransaction(): boolean {
     return this.#db?.isTransaction ?? false;
+  }
+
+  /**
+   * The connection's transaction as SQLite reports it (`isTransaction`):
+   * `open` or `idle` (SQLite has no failed state: an error either leaves
+   * the transaction open or rolls it back).
+   */
+  transactionStatus(): TransactionStatus {
+    return this.inTransaction() ? "open" : "idle";
   }
 
   /** Runs one statement and returns its rows. */

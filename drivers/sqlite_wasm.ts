@@ -16,6 +16,7 @@ import {
   type RunResult,
   type SqlValue,
 } from "../driver.ts";
+import type { TransactionStatus } from "../types.ts";
 import { sqliteError } from "../errors.ts";
 import { checkBoolean, checkOptions } from "../validate.ts";
 
@@ -304,6 +305,15 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
   inTransaction(): boolean {
     return this.#db !== undefined &&
       this.#capi.sqlite3_get_autocommit(this.#pointer) === 0;
+  }
+
+  /**
+   * The connection's transaction as SQLite reports it: `open` while
+   * `sqlite3_get_autocommit()` is 0, `idle` otherwise (SQLite has no failed
+   * state: an error either leaves the transaction open or rolls it back).
+   */
+  transactionStatus(): TransactionStatus {
+    return this.inTransaction() ? "open" : "idle";
   }
 
   /** Runs one statement and returns its rows. */
