@@ -74,8 +74,9 @@ export interface Driver {
    * Whether a transaction is open on this connection now
    * (`sqlite3_get_autocommit()` is 0): outside the outbox's own
    * transactions, one the application began on the handle it shares with
-   * the outbox. `enqueue` and the fenced `acknowledge` then run inside it,
-   * and every other call waits for it to end. Optional: without it the
+   * the outbox. `enqueue` and the fenced `acknowledge` made inside
+   * `Outbox.within` then run inside it, and every other call waits for it
+   * to end. Optional: without it the
    * outbox assumes the connection is its own.
    */
   inTransaction?(): boolean;

@@ -30,6 +30,7 @@ import {
   runTransactionBody,
   TransactionRunner,
   transactionStatements,
+  withinApplication,
 } from "./core/transaction.ts";
 import { SQLITE } from "./dialects/sqlite.ts";
 import {
@@ -293,7 +294,24 @@ export class Inbox implements AsyncDisposable {
       }
       await driver.run(SQL.record, [key, checkedFence, now]);
       return { status: "accepted", value };
-    });
+    }, this.#runner.joins());
+  }
+
+  /**
+   * Runs `fn` as part of the transaction the application has open on the
+   * connection this inbox shares: an {@linkcode Inbox.accept} made inside
+   * `fn` (and an outbox's calls on the same connection, as
+   * `Outbox.within` says) runs inside it under a savepoint, and
+   * the application's `COMMIT` or `ROLLBACK` decides whether the effect and
+   * the identity stay. Made anywhere else, it waits for that transaction to
+   * end, then runs in its own.
+   *
+   * @param fn The application's code that belongs to its transaction.
+   * @returns What `fn` returned.
+   * @throws {TypeError} When `fn` is not a function.
+   */
+  within<T>(fn: () => Promise<T>): Promise<T> {
+    return withinApplication("run within", this.#mutex, fn);
   }
 
   /**

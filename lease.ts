@@ -60,6 +60,7 @@ import {
   runTransactionBody,
   TransactionRunner,
   transactionStatements,
+  withinApplication,
 } from "./core/transaction.ts";
 export {
   driverMutex,
@@ -457,7 +458,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       driver,
       this.#sql,
       this.#busyTimeoutMs,
-      "only enqueue() and acknowledge() of one lease join it; claims, renewals, releases and the outbox's own transactions wait for it to end",
+      "only enqueue(), enqueueBatch() and acknowledge() of one lease made inside outbox.within() join it; claims, renewals, releases and the outbox's own transactions wait for it to end",
     );
     this.#mutex = this.#runner.mutex;
     this.#driver = this.#runner.driver;
@@ -591,10 +592,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   /**
    * Adds a pending event. To commit it with business rows, use
    * {@linkcode Transaction.enqueue} inside {@linkcode Outbox.transaction},
-   * or call this inside a transaction the application began on the
-   * connection the outbox shares ({@linkcode Driver.inTransaction}): it then
-   * runs inside that transaction, with no `BEGIN` or `COMMIT` of its own,
-   * and the application's `COMMIT` or `ROLLBACK` decides.
+   * or call this inside {@linkcode Outbox.within} while the application has
+   * a transaction open on the connection the outbox shares: it then runs
+   * inside that transaction, with no `BEGIN` or `COMMIT` of its own, and the
+   * application's `COMMIT` or `ROLLBACK` decides. Called anywhere else while
+   * that transaction is open, it waits for it to end, then commits on its
+   * own (joining follows the caller, not the handle).
    *
    * Concurrent calls share transactions (group commit): a call made while
    * the outbox waits for the connection or its write lock joins the next
@@ -1598,6 +1601,43 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   /**
+   * Runs `fn` as part of the transaction the application has open on the
+   * connection this outbox shares (a `DatabaseSync` behind
+   * `nodeSqliteDriver`, an `oo1.DB` behind `sqliteWasmDriver`, or the
+   * driver itself): {@linkcode Outbox.enqueue}, {@linkcode Outbox.enqueueBatch}
+   * and the {@linkcode Outbox.acknowledge} of one lease made inside `fn`, on
+   * this outbox or any outbox or inbox on the same connection, run inside
+   * that transaction under a savepoint, and its `COMMIT` or `ROLLBACK`
+   * decides. With none open they run on their own. The same calls made
+   * anywhere else wait for the application's transaction to end (at most
+   * `busyTimeoutMs`), so a rollback never takes back an event whose call
+   * was not part of it. Where the runtime has no `AsyncLocalStorage`
+   * (browsers), every such call made while `fn` runs joins.
+   *
+   * @param fn The application's code that belongs to its transaction.
+   * @returns What `fn` returned.
+   * @throws {TypeError} When `fn` is not a function.
+   *
+   * @example The application's transaction on a shared node:sqlite handle
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { nodeSqliteDriver } from "@leased/outbox/node-sqlite";
+   * import { DatabaseSync } from "node:sqlite";
+   * import assert from "node:assert/strict";
+   *
+   * const db = new DatabaseSync(":memory:");
+   * await using outbox = await Outbox.open(nodeSqliteDriver(db));
+   * db.exec("BEGIN IMMEDIATE");
+   * await outbox.within(() => outbox.enqueue({ order: 1 })); // joins it
+   * db.exec("ROLLBACK");
+   * assert.equal((await outbox.stats()).pending, 0);
+   * ```
+   */
+  within<T>(fn: () => Promise<T>): Promise<T> {
+    return withinApplication("run within", this.#mutex, fn);
+  }
+
+  /**
    * Runs `fn` in one `BEGIN IMMEDIATE` transaction: the caller's statements,
    * enqueues and fenced acknowledgements commit together, or none of them
    * does. Throwing from `fn` rolls back and rethrows.
@@ -1615,6 +1655,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @param fn The work; its result is returned after the commit.
    * @returns What `fn` returned.
    * @throws {LeaseLostError} When `tx.acknowledge` found its lease stale.
+   * @throws {TransactionEndedError} When the engine ended or failed the
+   * transaction (a statement of `fn` failed in a way that ends it, caught or
+   * not, and `fn` went on), or PostgreSQL answered its `COMMIT` with
+   * `ROLLBACK`: nothing of `fn` was committed, and every `tx` call made
+   * after the end threw it too.
    * @throws {RangeError} When `tx.run` or `tx.query` is given a
    * transaction-control statement (before it runs).
    * @throws {TypeError} When `tx.run` or `tx.query` is given SQL that is not

@@ -230,6 +230,13 @@ export async function withinApplication<T>(
   }
 }
 
+/** Whether the current async context is inside an application scope of `mutex`. */
+function insideApplicationScope(mutex: Mutex): boolean {
+  return scopes === undefined
+    ? mutex.applicationScopes > 0
+    : findScope(mutex, true);
+}
+
 /** What a call asks of {@linkcode TransactionRunner.run}. */
 export interface RunOptions<T> {
   /**
@@ -342,7 +349,8 @@ export class TransactionRunner {
    * open, and the call is made inside the application's scope.
    */
   joins(): boolean {
-    return this.inApplicationTransaction();
+    return insideApplicationScope(this.mutex) &&
+      this.inApplicationTransaction();
   }
 
   /**

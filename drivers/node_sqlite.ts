@@ -235,9 +235,9 @@ export interface NodeSqliteDriverOptions {
  * so an outbox shares its database, its connection and its transactions.
  * While the application has a transaction open on the handle (its own
  * `BEGIN`, or a query builder's `transaction()`), `Outbox.enqueue` and the
- * fenced `Outbox.acknowledge` run inside it without a `BEGIN` or `COMMIT`
- * of their own, and the application's `COMMIT` or `ROLLBACK` decides; other
- * calls wait for it to end. The handle's settings stay as the application
+ * fenced `Outbox.acknowledge` made inside `Outbox.within` run inside it
+ * without a `BEGIN` or `COMMIT` of their own, and the application's
+ * `COMMIT` or `ROLLBACK` decides; other calls wait for it to end. The handle's settings stay as the application
  * made them: its busy timeout (Deno's node:sqlite sets 5 s) blocks the
  * thread while a statement waits for a lock, as the application's own
  * statements do. Keep one driver per handle.
@@ -260,7 +260,7 @@ export interface NodeSqliteDriverOptions {
  * const outbox = await Outbox.open(nodeSqliteDriver(db));
  * db.exec("BEGIN IMMEDIATE");
  * db.prepare("INSERT INTO orders (total) VALUES (?)").run(4200);
- * await outbox.enqueue({ type: "order.placed" });
+ * await outbox.within(() => outbox.enqueue({ type: "order.placed" }));
  * db.exec("ROLLBACK"); // drops the order and its event
  * assert.equal((await outbox.stats()).pending, 0);
  * await outbox.close();

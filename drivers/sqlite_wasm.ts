@@ -142,9 +142,9 @@ export interface SqliteWasmDriverOptions {
  * outbox shares its database, its connection and its transactions. While
  * the application has a transaction open on `db` (its own `BEGIN`, or a
  * query builder's `transaction()`), `Outbox.enqueue` and the fenced
- * `Outbox.acknowledge` run inside it without a `BEGIN` or `COMMIT` of their
- * own, and the application's `COMMIT` or `ROLLBACK` decides; other calls
- * wait for it to end. Keep one driver per handle.
+ * `Outbox.acknowledge` made inside `Outbox.within` run inside it without a
+ * `BEGIN` or `COMMIT` of their own, and the application's `COMMIT` or
+ * `ROLLBACK` decides; other calls wait for it to end. Keep one driver per handle.
  *
  * @param db An open oo1 connection; the application keeps it.
  * @param options See {@linkcode SqliteWasmDriverOptions}.
@@ -164,7 +164,7 @@ export interface SqliteWasmDriverOptions {
  * const outbox = await Outbox.open(await sqliteWasmDriver(db, { sqlite3 }));
  * db.exec("BEGIN IMMEDIATE");
  * db.exec("INSERT INTO orders (total) VALUES (4200)");
- * await outbox.enqueue({ type: "order.placed" });
+ * await outbox.within(() => outbox.enqueue({ type: "order.placed" }));
  * db.exec("COMMIT"); // the order and its event, together
  * assert.equal((await outbox.stats()).pending, 1);
  * await outbox.close();

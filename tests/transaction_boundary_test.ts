@@ -172,3 +172,75 @@ test(
     assert.equal(await count(db, "orders"), 0);
   },
 );
+
+/** Gives calls started before it every chance to run, a few timer turns. */
+async function turns(): Promise<void> {
+  for (let i = 0; i < 20; i++) {
+    await new Promise((resolve) => setTimeout(resolve, 1));
+  }
+}
+
+function begin(driver: DriverCase): string {
+  return driver.engine === "sqlite" ? "BEGIN IMMEDIATE" : "BEGIN";
+}
+
+test(
+  CASES,
+  "an enqueue made beside the application's transaction on a shared handle does not join it: it waits, and the application's ROLLBACK takes back only what was made inside outbox.within",
+  async (db, driver) => {
+    await using outbox = await Outbox.open(db);
+    // Request A, on the application's handle.
+    await db.exec(begin(driver));
+    await db.run("INSERT INTO orders (id) VALUES (1)");
+    await outbox.within(() => outbox.enqueue("A's"));
+    // Request B, not part of A.
+    const other = outbox.enqueue("B's");
+    await turns();
+    await db.exec("ROLLBACK");
+    const { eventId } = await other;
+    assert.equal((await outbox.explain(eventId))?.state, "pending");
+    assert.deepEqual(
+      (await outbox.list({ state: "pending" })).map((e) => e.payload),
+      ["B's"],
+    );
+    assert.equal(await count(db, "orders"), 0);
+  },
+);
+
+test(
+  SQLITE,
+  "an inbox beside the application's transaction on a shared handle waits for it to end, then accepts in its own transaction",
+  async (db) => {
+    await using inbox = await Inbox.open(db);
+    await db.exec("BEGIN IMMEDIATE");
+    await db.run("INSERT INTO orders (id) VALUES (1)");
+    const accepting = inbox.accept(IDENTITY, 1, async (tx) => {
+      await tx.run("INSERT INTO effects (id) VALUES (1)");
+    });
+    await turns();
+    await db.exec("ROLLBACK");
+    assert.equal((await accepting).status, "accepted");
+    assert.equal(await count(db, "effects"), 1);
+    assert.equal(await count(db, "inbox_accepted"), 1);
+    assert.equal(await count(db, "orders"), 0);
+  },
+);
+
+test(
+  SQLITE,
+  "an accept made inside inbox.within joins the application's transaction: its ROLLBACK takes back the effect and the identity",
+  async (db) => {
+    await using inbox = await Inbox.open(db);
+    await db.exec("BEGIN IMMEDIATE");
+    const result = await inbox.within(() =>
+      inbox.accept(IDENTITY, 1, async (tx) => {
+        await tx.run("INSERT INTO effects (id) VALUES (1)");
+      })
+    );
+    assert.equal(result.status, "accepted");
+    assert.equal(db.transactionStatus?.(), "open");
+    await db.exec("ROLLBACK");
+    assert.equal(await count(db, "effects"), 0);
+    assert.equal(await count(db, "inbox_accepted"), 0);
+  },
+);
