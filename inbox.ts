@@ -319,9 +319,17 @@ export class Inbox implements AsyncDisposable {
    * from {@linkcode IDENTITY_HEADER} and the fence from
    * {@linkcode FENCE_HEADER}, then {@linkcode Inbox.accept}s it.
    *
+   * The answer `fn` returns decides, as the sender reads it: a final one
+   * (none, or any status but those below) commits the effect's writes with
+   * the identity. A status that asks for a retry
+   * ({@linkcode isRetryStatus}: any 5xx, 408 Request Timeout, 425 Too Early,
+   * 429 Too Many Requests) rolls the effect's writes back and records
+   * nothing, so the sender's retry runs the effect again; the response is
+   * still sent.
+   *
    * @param request The delivery.
-   * @param fn The effect's writes; a `Response` it returns is sent when the
-   * delivery is accepted.
+   * @param fn The effect's writes; a `Response` it returns is sent, and
+   * its status decides whether the delivery is accepted.
    * @returns `fn`'s response, or 200 when it returned none; 200 `duplicate`
    * for a duplicate, so the sender acknowledges; 409 `stale` for a stale
    * fence (the sender's lease was lost, a newer claim delivered); 400 when a
@@ -358,11 +366,23 @@ export class Inbox implements AsyncDisposable {
       if (!(error instanceof TypeError)) throw error;
       return new Response(error.message, { status: 400 });
     }
-    const result = await this.accept(
-      delivery.identity,
-      delivery.fence,
-      (tx) => fn(tx, request),
-    );
+    let result: AcceptResult<Response | void>;
+    try {
+      result = await this.accept(
+        delivery.identity,
+        delivery.fence,
+        async (tx) => {
+          const response = await fn(tx, request);
+          if (response instanceof Response && isRetryStatus(response.status)) {
+            throw new RetryAnswer(response);
+          }
+          return response;
+        },
+      );
+    } catch (error) {
+      if (error instanceof RetryAnswer) return error.response;
+      throw error;
+    }
     if (result.status === "accepted") {
       return result.value ?? new Response("accepted", { status: 200 });
     }
@@ -455,6 +475,38 @@ export class Inbox implements AsyncDisposable {
       );
     }
     return now;
+  }
+}
+
+/**
+ * Whether an HTTP status asks the sender to deliver again later, so an
+ * inbox that answers it must not record the delivery as done: any 5xx
+ * (RFC 9110 §15.6, the server failed), 408 Request Timeout, 425 Too Early
+ * and 429 Too Many Requests (RFC 9110 §15.5.9, RFC 8470, RFC 6585: the
+ * same request may succeed later). Every other status is final: 2xx done,
+ * other 4xx refused for good.
+ *
+ * @param status The HTTP status.
+ * @returns Whether a retry is asked for.
+ *
+ * @example Usage
+ * ```ts
+ * import { isRetryStatus } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * assert.equal(isRetryStatus(503), true);
+ * assert.equal(isRetryStatus(429), true);
+ * assert.equal(isRetryStatus(422), false);
+ * ```
+ */
+export function isRetryStatus(status: number): boolean {
+  return status >= 500 || status === 408 || status === 425 || status === 429;
+}
+
+/** Carries a retry answer out of the acceptance, rolling it back. */
+class RetryAnswer extends Error {
+  constructor(readonly response: Response) {
+    super(`the effect answered ${response.status}`);
   }
 }
 

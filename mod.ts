@@ -76,6 +76,7 @@ export {
   INBOX_SCHEMA_SQL,
   type InboxOptions,
   type InboxTransaction,
+  isRetryStatus,
   readDeliveryHeaders,
 } from "./inbox.ts";
 export {

@@ -7,7 +7,12 @@
  */
 import assert from "node:assert/strict";
 import type { Driver } from "../driver.ts";
-import { Inbox, Outbox, TransactionEndedError } from "../mod.ts";
+import {
+  deliveryHeaders,
+  Inbox,
+  Outbox,
+  TransactionEndedError,
+} from "../mod.ts";
 import { type DriverCase, DRIVERS } from "./drivers.ts";
 
 const ON = ["wasm file", "node:sqlite file", "postgres"];
@@ -242,5 +247,55 @@ test(
     await db.exec("ROLLBACK");
     assert.equal(await count(db, "effects"), 0);
     assert.equal(await count(db, "inbox_accepted"), 0);
+  },
+);
+
+for (const status of [503, 500, 429, 408]) {
+  test(
+    SQLITE,
+    `acceptRequest's fn answering ${status} rolls its effect back and records nothing, so the sender's retry applies it`,
+    async (db) => {
+      await using inbox = await Inbox.open(db);
+      const deliver = (answer: number) =>
+        inbox.acceptRequest(
+          new Request("http://x/", {
+            method: "POST",
+            headers: deliveryHeaders({ identity: IDENTITY, fence: 1 }),
+          }),
+          async (tx) => {
+            await tx.run("INSERT INTO effects (id) VALUES (1)");
+            return new Response("answer", { status: answer });
+          },
+        );
+      assert.equal((await deliver(status)).status, status);
+      assert.equal(await count(db, "effects"), 0);
+      assert.equal(await count(db, "inbox_accepted"), 0);
+      assert.equal((await deliver(200)).status, 200);
+      assert.equal(await count(db, "effects"), 1);
+      assert.equal(await count(db, "inbox_accepted"), 1);
+      const again = await deliver(200);
+      assert.equal(await again.text(), "duplicate");
+    },
+  );
+}
+
+test(
+  SQLITE,
+  "acceptRequest's fn answering a final 4xx commits its effect and records the identity",
+  async (db) => {
+    await using inbox = await Inbox.open(db);
+    const response = await inbox.acceptRequest(
+      new Request("http://x/", {
+        method: "POST",
+        headers: deliveryHeaders({ identity: IDENTITY, fence: 1 }),
+      }),
+      async (tx) => {
+        await tx.run("INSERT INTO effects (id) VALUES (1)");
+        return new Response("refused", { status: 422 });
+      },
+    );
+    assert.equal(response.status, 422);
+    assert.equal(await count(db, "effects"), 1);
+    assert.equal(await count(db, "inbox_accepted"), 1);
   },
 );
