@@ -282,6 +282,7 @@ export class Inbox implements AsyncDisposable {
             `Cannot ${method} as the acceptance this handle belongs to has ended`,
           );
         }
+        this.#runner.checkLive(method);
       };
       let value: T;
       try {

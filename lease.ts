@@ -1704,6 +1704,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           `Cannot ${op} as the transaction this handle belongs to has ended`,
         );
       }
+      this.#runner.checkLive(op);
     };
     this.#closeGroup();
     const result = await this.#write(

@@ -115,6 +115,7 @@ test(
           error.statement === ending,
       );
       assert.ok(later instanceof TransactionEndedError, String(later));
+      assert.match(later.message, /^Cannot enqueue as the engine rolled/);
       assert.equal(await count(db, "orders"), 0, ending);
       assert.equal(await count(db, "outbox_events"), 0, ending);
       assert.equal(await count(db, "effects"), 0, ending);

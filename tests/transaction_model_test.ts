@@ -130,12 +130,39 @@ async function identities(db: Driver): Promise<Set<string>> {
   return new Set(rows.map((row) => String(row["identity"])));
 }
 
+/** Runs `fn` on a fresh database of `driver` holding the bodies' schema. */
+async function withDatabase(
+  driver: DriverCase,
+  fn: (db: Driver) => Promise<void>,
+): Promise<void> {
+  const connections = await driver.open(1);
+  try {
+    await schema(connections.drivers[0]!, driver.engine);
+    await fn(connections.drivers[0]!);
+  } finally {
+    await connections.close();
+  }
+}
+
+/**
+ * Plays `body`, each op with a fresh key, through `step`: an op marked
+ * `caught` has its error caught, as application code often does.
+ */
+async function play(
+  body: readonly Op[],
+  key: () => number,
+  step: (op: Op, key: number) => Promise<void>,
+): Promise<void> {
+  for (const op of body) {
+    const run = step(op, key());
+    if (op.caught) await run.catch(() => {});
+    else await run;
+  }
+}
+
 for (const driver of DRIVERS.filter((d) => ON.includes(d.name))) {
   Deno.test(`${driver.name}: transaction() resolves with every write and enqueue of fn committed, or rejects with none, whatever statement ends or fails it`, async () => {
-    const connections = await driver.open(1);
-    const db = connections.drivers[0]!;
-    try {
-      await schema(db, driver.engine);
+    await withDatabase(driver, async (db) => {
       await using outbox = await Outbox.open(db);
       let next = 1;
       await fc.assert(
@@ -148,28 +175,23 @@ for (const driver of DRIVERS.filter((d) => ON.includes(d.name))) {
           const wrote: number[] = [];
           const enqueued: number[] = [];
           let acknowledged = false;
-          const outcome = await outbox.transaction(async (tx) => {
-            for (const op of body) {
-              const key = next++;
-              const step = async () => {
-                if (op.kind === "write") {
-                  await tx.run(`INSERT INTO orders (id) VALUES (${key})`);
-                  wrote.push(key);
-                } else if (op.kind === "enqueue") {
-                  await tx.enqueue({ key });
-                  enqueued.push(key);
-                } else if (op.kind === "acknowledge") {
-                  if (acknowledged) return;
-                  await tx.acknowledge(lease);
-                  acknowledged = true;
-                } else if (op.kind === "fail") {
-                  await fail((sql) => tx.run(sql), op.failure, key);
-                }
-              };
-              if (op.caught) await step().catch(() => {});
-              else await step();
-            }
-          }).then(() => true, () => false);
+          const outcome = await outbox.transaction((tx) =>
+            play(body, () => next++, async (op, key) => {
+              if (op.kind === "write") {
+                await tx.run(`INSERT INTO orders (id) VALUES (${key})`);
+                wrote.push(key);
+              } else if (op.kind === "enqueue") {
+                await tx.enqueue({ key });
+                enqueued.push(key);
+              } else if (op.kind === "acknowledge") {
+                if (acknowledged) return;
+                await tx.acknowledge(lease);
+                acknowledged = true;
+              } else if (op.kind === "fail") {
+                await fail((sql) => tx.run(sql), op.failure, key);
+              }
+            })
+          ).then(() => true, () => false);
           if (outcome) {
             for (const key of wrote) orders.add(key);
             for (const key of enqueued) events.add(key);
@@ -191,18 +213,13 @@ for (const driver of DRIVERS.filter((d) => ON.includes(d.name))) {
         }),
         { numRuns: RUNS },
       );
-    } finally {
-      await connections.close();
-    }
+    });
   });
 
   if (driver.engine !== "sqlite") continue;
 
   Deno.test(`${driver.name}: an inbox records the identity if and only if the effect committed, whatever statement ends or fails its transaction`, async () => {
-    const connections = await driver.open(1);
-    const db = connections.drivers[0]!;
-    try {
-      await schema(db, driver.engine);
+    await withDatabase(driver, async (db) => {
       await using inbox = await Inbox.open(db);
       let next = 1;
       await fc.assert(
@@ -211,21 +228,19 @@ for (const driver of DRIVERS.filter((d) => ON.includes(d.name))) {
           const wrote: number[] = [];
           const orders = await ids(db, "orders");
           const accepted = await identities(db);
-          const outcome = await inbox.accept(identity, 1, async (tx) => {
-            for (const op of body) {
-              const key = next++;
-              const step = async () => {
+          const outcome = await inbox.accept(
+            identity,
+            1,
+            (tx) =>
+              play(body, () => next++, async (op, key) => {
                 if (op.kind === "fail") {
                   await fail((sql) => tx.run(sql), op.failure, key);
                 } else {
                   await tx.run(`INSERT INTO orders (id) VALUES (${key})`);
                   wrote.push(key);
                 }
-              };
-              if (op.caught) await step().catch(() => {});
-              else await step();
-            }
-          }).then((result) => result.status === "accepted", () => false);
+              }),
+          ).then((result) => result.status === "accepted", () => false);
           if (outcome) {
             for (const key of wrote) orders.add(key);
             accepted.add(identity);
@@ -236,8 +251,6 @@ for (const driver of DRIVERS.filter((d) => ON.includes(d.name))) {
         }),
         { numRuns: RUNS },
       );
-    } finally {
-      await connections.close();
-    }
+    });
   });
 }
