@@ -65,6 +65,7 @@ export type {
   RedriveOptions,
 } from "./admin.ts";
 export type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
+export type { TransactionStatus } from "./types.ts";
 export { isIdentity, uuidv7, uuidv7Time } from "./identity.ts";
 export {
   type AcceptResult,
