@@ -632,9 +632,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     this.#checkOpen(op);
     this.#notNested(op);
     const bytes = payloadSize(event);
-    // Only a call made inside the application's transaction joins it: one
-    // made before that transaction began waits for it to end, or a rollback
-    // would take back an event whose call had resolved.
+    // Only a call made inside the application's transaction (within()) joins
+    // it: any other waits for it to end, or a rollback would take back an
+    // event whose call had resolved.
     const join = this.#runner.joins();
     return await new Promise((resolve, reject) => {
       let group = this.#group;
@@ -655,8 +655,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * as {@linkcode Outbox.enqueue} would add it if called once per element in
    * order: its options apply to it alone, a `dedupKey` or `identity` may
    * match an earlier element of the batch, ids follow the array's order.
-   * Joins a transaction the application began on the connection the outbox
-   * shares, as `enqueue` does. All or none: when any element fails in SQL,
+   * Inside {@linkcode Outbox.within}, joins a transaction the application
+   * began on the connection the outbox shares, as `enqueue` does. All or none: when any element fails in SQL,
    * none is written.
    *
    * @param events The events, at most 10,000: each a `payload` (as for
@@ -826,8 +826,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * current one and the event is not done or dead. A stale lease changes
    * nothing but the ledger's `stale_acknowledge` entry.
    *
-   * Inside a transaction the application began on the connection the
-   * outbox shares ({@linkcode Driver.inTransaction}), it runs inside that
+   * Made inside {@linkcode Outbox.within} while the application has a
+   * transaction open on the connection the outbox shares, it runs inside that
    * transaction and commits with the application's writes; a stale lease
    * then throws {@linkcode LeaseLostError} having written nothing, so the
    * application rolls its effect back (as `tx.acknowledge` does).
@@ -2522,12 +2522,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * read once the write lock is held, after lapsed last-attempt leases became
    * dead letters (`expire`, off only while the schema may not exist yet).
    *
-   * While the application has a transaction open on the connection
-   * ({@linkcode Driver.inTransaction}), a `join` call runs `fn` inside it
-   * under a savepoint (`joined` is then `true`), and any other call waits,
-   * outside the mutex, until the application's transaction ends: a claim or
-   * renewal committed or rolled back with the application's writes would
-   * leave a worker holding a lease the database never kept.
+   * Through the connection's {@linkcode TransactionRunner}: while the
+   * application has a transaction open on the connection, a `join` call
+   * (one made inside {@linkcode Outbox.within}) runs `fn` inside it under a
+   * savepoint (`joined` is then `true`), and any other call waits, outside
+   * the mutex, until the application's transaction ends: a claim or renewal
+   * committed or rolled back with the application's writes would leave a
+   * worker holding a lease the database never kept. A transaction the engine
+   * ended or failed commits nothing (`TransactionEndedError`).
    *
    * Outside a transaction, `inOne` (the dialect's one-statement form of
    * the call, given the injected clock's `now` or null for the server's)
