@@ -24,9 +24,13 @@ import {
   SqliteError,
   UnsafeIntegerError,
 } from "./errors.ts";
-import { uuidv7 } from "./identity.ts";
-import type { Dialect, EventState } from "./types.ts";
-export type { Dialect, EventState, StatementName } from "./types.ts";
+import type { Dialect, EnqueueResult, EventState } from "./types.ts";
+export type {
+  Dialect,
+  EnqueueResult,
+  EventState,
+  StatementName,
+} from "./types.ts";
 import {
   checkBoolean,
   checkError,
@@ -54,6 +58,15 @@ import {
   storedPayload,
 } from "./admin.ts";
 import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
+import {
+  hex,
+  insertAll,
+  insertGroup,
+  insertOne,
+  payloadSize,
+  type PreparedEnqueue,
+  type Settled,
+} from "./core/enqueue.ts";
 import {
   insideTransactionBody,
   type Mutex,
@@ -156,19 +169,6 @@ export interface EnqueueOptions {
 export interface BatchEvent<P = unknown> extends EnqueueOptions {
   /** As `enqueue`'s `payload`: a JSON-serializable value or a `Uint8Array`. */
   readonly payload: P;
-}
-
-/** What {@linkcode Outbox.enqueue} reports. */
-export interface EnqueueResult {
-  /** The event's id in this database (the original one when deduplicated). */
-  readonly eventId: number;
-  /**
-   * The event's global identity, UUID text (the original one when
-   * deduplicated): what recipients dedupe on.
-   */
-  readonly identity: string;
-  /** `true` when `dedupKey` matched an existing event and nothing was inserted. */
-  readonly deduplicated: boolean;
 }
 
 /** Options of {@linkcode Outbox.claim}. */
@@ -369,13 +369,6 @@ export interface Transaction {
 
 const MAX_DATE_MS = 8_640_000_000_000_000;
 const encoder = new TextEncoder();
-// A batch mints a token per event: a table halves the cost of formatting.
-const HEX = Array.from(
-  { length: 256 },
-  (_, byte) => byte.toString(16).padStart(2, "0"),
-);
-const HEX_DIGITS = encoder.encode("0123456789abcdef");
-const ascii = new TextDecoder("latin1");
 
 /**
  * A transactional outbox with leases on one SQLite connection.
@@ -695,7 +688,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const join = this.#runner.joins();
     const results = await this.#write(
       op,
-      (now) => this.#enqueueAll(prepared, now),
+      (now) => insertAll(this.#driver, this.#sql, prepared, now),
       // An enqueue reads nothing that lapsed last-attempt leases decide, so
       // it leaves making them dead letters to the next call that does: on
       // PostgreSQL that step waits for their row locks, and a long
@@ -1716,14 +1709,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
             inside("enqueue");
             const event = this.#prepareEnqueue("enqueue", payload, options);
             enqueued = true;
-            return await this.#enqueue(event, now);
+            return await insertOne(this.#driver, this.#sql, event, now);
           },
           enqueueBatch: async (events) => {
             const op = "enqueue batch";
             inside(op);
             const prepared = this.#prepareBatch(op, events);
             enqueued = true;
-            return await this.#enqueueAll(prepared, now);
+            return await insertAll(this.#driver, this.#sql, prepared, now);
           },
           acknowledge: async (lease) => {
             inside("acknowledge");
@@ -1852,40 +1845,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     };
   }
 
-  async #enqueue(event: PreparedEnqueue, now: number): Promise<EnqueueResult> {
-    const identity = event.identity ?? uuidv7(now);
-    const bytes = event.payload instanceof Uint8Array;
-    const [inserted] = await this.#driver.query(this.#sql.insert, [
-      event.queue,
-      bytes ? null : event.payload,
-      event.dedupKey,
-      event.orderingKey,
-      now + event.delayMs,
-      event.maxAttempts,
-      now,
-      now,
-      identity,
-      bytes ? event.payload : null,
-    ]);
-    if (inserted !== undefined) {
-      return {
-        eventId: integerOf(inserted, "id"),
-        identity,
-        deduplicated: false,
-      };
-    }
-    const [row] = await this.#driver.query(this.#sql.existing, [
-      event.queue,
-      event.dedupKey,
-      identity,
-    ]);
-    return {
-      eventId: integerOf(row ?? {}, "id"),
-      identity: String(row?.["identity"]),
-      deduplicated: true,
-    };
-  }
-
   /**
    * Ends the open group of enqueues, so that a later `enqueue()` cannot join
    * a transaction queued before a call that may enqueue too
@@ -1912,7 +1871,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         "enqueue",
         (now) => {
           close();
-          return this.#enqueueGroup(group.calls, now);
+          return insertGroup(
+            this.#driver,
+            this.#sql,
+            group.calls.map((call) => call.event),
+            now,
+          );
         },
         {
           join: group.join,
@@ -1950,7 +1914,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           value: await this.#runner.inTurn(
             "enqueue",
             async () =>
-              this.#enqueue(event, await this.#start("enqueue", false)),
+              insertOne(
+                this.#driver,
+                this.#sql,
+                event,
+                await this.#start("enqueue", false),
+              ),
             {},
           ),
         });
@@ -1959,51 +1928,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       }
     }
     return settled;
-  }
-
-  /**
-   * The statements of a group of enqueues: a lone call as ever; several in
-   * one statement under a savepoint, and when that fails, each under a
-   * savepoint of its own, so that only the failing call's promise rejects.
-   */
-  async #enqueueGroup(
-    calls: readonly EnqueueCall[],
-    now: number,
-  ): Promise<Settled<EnqueueResult>[]> {
-    const events = calls.map((call) => call.event);
-    if (events.length === 1) {
-      return [{ value: await this.#enqueue(events[0]!, now) }];
-    }
-    const all = await this.#undoable(() => this.#enqueueAll(events, now));
-    if ("value" in all) return all.value.map((value) => ({ value }));
-    const settled: Settled<EnqueueResult>[] = [];
-    for (const event of events) {
-      settled.push(await this.#undoable(() => this.#enqueue(event, now)));
-    }
-    return settled;
-  }
-
-  /**
-   * Runs `fn` under a savepoint: its failure is undone and returned.
-   * Throws `fn`'s error when the savepoint cannot be rolled back to, as when
-   * the engine rolled the whole transaction back (SQLite does on an I/O
-   * error or a full disk): the transaction must then fail as a whole.
-   */
-  async #undoable<T>(fn: () => Promise<T>): Promise<Settled<T>> {
-    await this.#driver.run(this.#sql.savepoint);
-    try {
-      const value = await fn();
-      await this.#driver.run(this.#sql.releaseSavepoint);
-      return { value };
-    } catch (error) {
-      try {
-        await this.#driver.run(this.#sql.rollbackToSavepoint);
-        await this.#driver.run(this.#sql.releaseSavepoint);
-      } catch {
-        throw error;
-      }
-      return { error };
-    }
   }
 
   /** Validates the elements of a batch, naming each (`events[3]`). */
@@ -2035,100 +1959,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       );
     }
     return prepared;
-  }
-
-  /**
-   * Inserts `events` with one statement, each as {@linkcode Outbox.#enqueue}
-   * would in turn; the skipped ones' events are looked up with one more.
-   */
-  async #enqueueAll(
-    events: readonly PreparedEnqueue[],
-    now: number,
-  ): Promise<EnqueueResult[]> {
-    if (events.length === 0) return [];
-    const identities = events.map((event) => event.identity ?? uuidv7(now));
-    const [first] = events as [PreparedEnqueue];
-    const alike = events.every((event) =>
-      typeof event.payload === "string" && event.queue === first.queue &&
-      event.dedupKey === null && event.orderingKey === null &&
-      event.delayMs === first.delayMs && event.maxAttempts === first.maxAttempts
-    );
-    const rows = alike
-      ? await this.#driver.query(this.#sql.insertAlike, [
-        now,
-        JSON.stringify(
-          events.map((event, i) => [event.payload, identities[i]]),
-        ),
-        first.queue,
-        now + first.delayMs,
-        first.maxAttempts,
-      ])
-      : await this.#driver.query(this.#sql.insertAll, [
-        now,
-        JSON.stringify(events.map((event, i) => {
-          const { payload } = event;
-          const bytes = payload instanceof Uint8Array;
-          return [
-            event.queue,
-            bytes ? null : payload,
-            bytes ? hex(payload, 0, payload.length) : null,
-            event.dedupKey,
-            event.orderingKey,
-            now + event.delayMs,
-            event.maxAttempts,
-            identities[i],
-          ];
-        })),
-      ]);
-    const inserted = new Map(rows.map((row) => [String(row["identity"]), row]));
-    // A row is the first element's with its identity, queue and dedup key:
-    // an earlier element with all three the same would have been inserted
-    // instead, or skipped for a conflict the later one meets too.
-    const ids = events.map((event, i) => {
-      const row = inserted.get(identities[i]!);
-      if (
-        row === undefined || row["queue"] !== event.queue ||
-        (row["dedup_key"] ?? null) !== event.dedupKey
-      ) {
-        return undefined;
-      }
-      inserted.delete(identities[i]!);
-      return integerOf(row, "id");
-    });
-    const results: EnqueueResult[] = new Array(events.length);
-    const skipped: [string, string | null, string, number | null][] = [];
-    const skippedAt: number[] = [];
-    let bound: number | null = null;
-    for (let i = events.length - 1; i >= 0; i--) {
-      const id = ids[i];
-      if (id !== undefined) {
-        results[i] = {
-          eventId: id,
-          identity: identities[i]!,
-          deduplicated: false,
-        };
-        bound = id;
-        continue;
-      }
-      const event = events[i]!;
-      skipped.push([event.queue, event.dedupKey, identities[i]!, bound]);
-      skippedAt.push(i);
-    }
-    if (skipped.length === 0) return results;
-    const found = new Map(
-      (await this.#driver.query(this.#sql.existingAll, [
-        JSON.stringify(skipped),
-      ])).map((row) => [Number(row["n"]), row]),
-    );
-    skippedAt.forEach((i, n) => {
-      const row = found.get(n);
-      results[i] = {
-        eventId: integerOf(row ?? {}, "id"),
-        identity: String(row?.["identity"]),
-        deduplicated: true,
-      };
-    });
-    return results;
   }
 
   async #claim(
@@ -2674,19 +2504,6 @@ interface EnqueueGroup {
   readonly join: boolean;
 }
 
-/** How one call of a shared transaction ended. */
-type Settled<T> = { readonly value: T } | { readonly error: unknown };
-
-interface PreparedEnqueue {
-  readonly queue: string;
-  readonly payload: SqlValue;
-  readonly dedupKey: string | null;
-  readonly orderingKey: string | null;
-  readonly identity: string | null;
-  readonly delayMs: number;
-  readonly maxAttempts: number;
-}
-
 interface CheckedLease {
   readonly eventId: number;
   readonly token: string;
@@ -2719,31 +2536,6 @@ function randomBytes(n: number): Uint8Array {
  */
 function leasesJson(leases: readonly CheckedLease[]): string {
   return JSON.stringify(leases.map((l) => [l.eventId, l.fence, l.token]));
-}
-
-/** `length` bytes of `bytes` from `start` as lowercase hex. */
-function hex(bytes: Uint8Array, start: number, length: number): string {
-  if (length <= 64) {
-    let text = "";
-    for (let i = start; i < start + length; i++) text += HEX[bytes[i]!];
-    return text;
-  }
-  // A payload's bytes: the digits written as bytes and decoded once, since
-  // a string grown pair by pair took 6 s for 20 MiB.
-  const digits = new Uint8Array(2 * length);
-  for (let i = 0; i < length; i++) {
-    const byte = bytes[start + i]!;
-    digits[2 * i] = HEX_DIGITS[byte >> 4]!;
-    digits[2 * i + 1] = HEX_DIGITS[byte & 15]!;
-  }
-  return ascii.decode(digits);
-}
-
-/** A payload's size as the batch statement carries it, about. */
-function payloadSize(event: PreparedEnqueue): number {
-  return event.payload instanceof Uint8Array
-    ? 2 * event.payload.byteLength
-    : String(event.payload).length;
 }
 
 function encodePayload(

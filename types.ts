@@ -154,6 +154,19 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
   readonly version?: number;
 }
 
+/** What `Outbox.enqueue` reports. */
+export interface EnqueueResult {
+  /** The event's id in this database (the original one when deduplicated). */
+  readonly eventId: number;
+  /**
+   * The event's global identity, UUID text (the original one when
+   * deduplicated): what recipients dedupe on.
+   */
+  readonly identity: string;
+  /** `true` when `dedupKey` matched an existing event and nothing was inserted. */
+  readonly deduplicated: boolean;
+}
+
 /** The state of an event. */
 export type EventState = "pending" | "leased" | "done" | "dead";
 
