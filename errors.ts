@@ -499,3 +499,71 @@ export class StorageFullError extends SqliteError {
     this.name = "StorageFullError";
   }
 }
+
+/**
+ * The transaction a call belongs to has ended, or failed, at the engine:
+ * SQLite rolled it back (a trigger's `RAISE(ROLLBACK)`, `INSERT OR
+ * ROLLBACK`, some I/O, full-disk and out-of-memory errors), or PostgreSQL
+ * failed it (any error inside it; it then answers `COMMIT` with
+ * `ROLLBACK`). From then on, every call of that transaction throws it and
+ * runs nothing (never in autocommit), no `COMMIT` is sent, and
+ * `transaction()` or `accept()` rejects with it: nothing of the
+ * transaction was committed.
+ *
+ * @example Usage
+ * ```ts
+ * import { TransactionEndedError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const error = new TransactionEndedError("enqueue", "INSERT OR ROLLBACK INTO t VALUES (1)", "ended");
+ * assert.equal(error.statement, "INSERT OR ROLLBACK INTO t VALUES (1)");
+ * assert.equal(error.status, "ended");
+ * ```
+ */
+export class TransactionEndedError extends Error {
+  /**
+   * The statement after which the engine said the transaction had ended or
+   * failed, as sent (clipped to 200 characters); `""` when it is not known
+   * (a statement on the application's own handle, or a `COMMIT` that
+   * PostgreSQL answered with `ROLLBACK`).
+   */
+  readonly statement: string;
+  /**
+   * `ended`: the engine rolled the transaction back (SQLite's autocommit
+   * came back on). `failed`: it is still open but can only roll back
+   * (PostgreSQL's transaction status `E`, or a `COMMIT` it answered with
+   * `ROLLBACK`).
+   */
+  readonly status: "ended" | "failed";
+
+  /**
+   * Makes the error.
+   *
+   * @param op The call that found the transaction gone, e.g. `"enqueue"`.
+   * @param statement The statement that ended or failed it (`""`: unknown).
+   * @param status Whether it ended or failed.
+   * @param options `cause`: the statement's own error.
+   */
+  constructor(
+    op: string,
+    statement: string,
+    status: "ended" | "failed",
+    options?: ErrorOptions,
+  ) {
+    const clipped = statement.length <= 200
+      ? statement
+      : `${statement.slice(0, 197)}...`;
+    const after = clipped === ""
+      ? "an earlier statement"
+      : JSON.stringify(clipped);
+    super(
+      status === "ended"
+        ? `Cannot ${op} as the engine rolled the transaction back after ${after}: nothing of it commits`
+        : `Cannot ${op} as the transaction failed after ${after}: the engine will only roll it back, and nothing of it commits`,
+      options,
+    );
+    this.name = "TransactionEndedError";
+    this.statement = clipped;
+    this.status = status;
+  }
+}

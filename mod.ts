@@ -67,6 +67,7 @@ export type {
   RedriveOptions,
 } from "./admin.ts";
 export type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
+export type { TransactionStatus } from "./types.ts";
 export { isIdentity, uuidv7, uuidv7Time } from "./identity.ts";
 export {
   type AcceptResult,
@@ -78,6 +79,7 @@ export {
   INBOX_SCHEMA_SQL,
   type InboxOptions,
   type InboxTransaction,
+  isRetryStatus,
   readDeliveryHeaders,
 } from "./inbox.ts";
 export {
@@ -94,6 +96,7 @@ export {
   sqliteError,
   StatementTimeoutError,
   StorageFullError,
+  TransactionEndedError,
   UnsafeIntegerError,
 } from "./errors.ts";
 export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";

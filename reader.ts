@@ -26,8 +26,8 @@ import {
   queuesStatement,
 } from "./admin.ts";
 import type { Driver } from "./driver.ts";
-import { integerOf, untilNotBusy } from "./driver.ts";
-import { BusyError, SchemaVersionError } from "./errors.ts";
+import { integerOf } from "./driver.ts";
+import { SchemaVersionError } from "./errors.ts";
 import {
   decodePayload,
   type Dialect,
@@ -38,6 +38,7 @@ import {
 } from "./lease.ts";
 import { checkIdentity, checkInteger, checkOptions } from "./validate.ts";
 import { SQLITE } from "./dialects/sqlite.ts";
+import { TransactionRunner } from "./core/transaction.ts";
 import { SCHEMA_VERSION } from "./schema.ts";
 import { checkpointWal, type WalStats } from "./wal.ts";
 
@@ -82,16 +83,20 @@ export interface OutboxReaderOptions {
 export class OutboxReader implements AsyncDisposable {
   readonly #driver: Driver;
   readonly #sql: Dialect;
-  readonly #busyTimeoutMs: number;
-  // One transaction at a time on the connection; reads inside snapshot()
-  // join its transaction.
-  #tail: Promise<unknown> = Promise.resolve();
+  // One transaction at a time on the connection (the runner's line and
+  // mutex); reads inside snapshot() join its transaction.
+  readonly #runner: TransactionRunner;
   #inside = false;
 
   private constructor(driver: Driver, busyTimeoutMs: number) {
-    this.#driver = driver;
     this.#sql = driver.dialect ?? SQLITE;
-    this.#busyTimeoutMs = busyTimeoutMs;
+    this.#runner = new TransactionRunner(
+      driver,
+      this.#sql,
+      busyTimeoutMs,
+      "reads wait for it to end",
+    );
+    this.#driver = this.#runner.driver;
   }
 
   /**
@@ -267,9 +272,11 @@ export class OutboxReader implements AsyncDisposable {
    */
   async wal(): Promise<WalStats | null> {
     if (this.#sql !== SQLITE || this.#inside) return null;
-    const run = this.#tail.then(() => checkpointWal(this.#driver, "PASSIVE"));
-    this.#tail = run.catch(() => {});
-    return await run ?? null;
+    // In line with the reader's transactions, outside any.
+    const runner = this.#runner;
+    return await runner.line.run(() =>
+      runner.mutex.run(() => checkpointWal(this.#driver, "PASSIVE"))
+    ) ?? null;
   }
 
   /**
@@ -340,39 +347,22 @@ export class OutboxReader implements AsyncDisposable {
    * snapshot; a writer's lock met on the way makes it wait and start over.
    * Inside a transaction already (snapshot()), `fn` joins it.
    */
-  #read<T>(fn: () => Promise<T>): Promise<T> {
-    if (this.#inside) return fn();
-    const run = this.#tail.then(() => this.#transaction(fn));
-    this.#tail = run.catch(() => {});
-    return run;
-  }
-
-  #transaction<T>(fn: () => Promise<T>): Promise<T> {
-    const driver = this.#driver;
-    return untilNotBusy(this.#busyTimeoutMs, async () => {
-      await driver.run(this.#sql.readBegin);
+  async #read<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.#inside) return await fn();
+    return await this.#transaction(async () => {
       this.#inside = true;
       try {
-        const result = await fn();
-        await driver.run(this.#sql.commit);
-        return result;
-      } catch (error) {
-        await driver.run(this.#sql.rollback).catch(() => {});
-        throw error;
+        return await fn();
       } finally {
         this.#inside = false;
       }
-    }, (remainingMs) =>
-      driver.busyWait?.(remainingMs) ??
-        new Promise((resolve) =>
-          setTimeout(resolve, Math.min(remainingMs, 1 + Math.random() * 4))
-        )).catch((error) => {
-        if (!(error instanceof BusyError)) throw error;
-        throw new BusyError(
-          `Cannot read the outbox as the database stayed locked for ${this.#busyTimeoutMs} ms`,
-          error.code,
-          { cause: error },
-        );
-      });
+    });
+  }
+
+  #transaction<T>(fn: () => Promise<T>): Promise<T> {
+    return this.#runner.run("read the outbox", fn, {
+      begin: this.#sql.readBegin,
+      rerunBusy: true,
+    });
   }
 }

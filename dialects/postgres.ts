@@ -32,7 +32,7 @@
  */
 
 import { CANCELLED, LEASE_EXPIRED, PURGE_BATCH } from "../admin.ts";
-import type { Dialect } from "../lease.ts";
+import type { Dialect } from "../types.ts";
 
 /** The schema version this dialect creates, as SQLite's schema.sql does. */
 export const POSTGRES_SCHEMA_VERSION = 7;

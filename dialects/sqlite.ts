@@ -7,7 +7,7 @@
  * @module
  */
 import { ADMIN_SQL, LEASE_EXPIRED } from "../admin.ts";
-import type { Dialect } from "../lease.ts";
+import type { Dialect } from "../types.ts";
 import { SCHEMA_SQL } from "../schema.ts";
 
 const EVENT_COLUMNS =

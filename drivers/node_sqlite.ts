@@ -31,7 +31,9 @@ import {
 } from "../driver.ts";
 import { DatabaseMovedError, SqliteError, sqliteError } from "../errors.ts";
 import { JOURNAL_SIZE_LIMIT_BYTES } from "../wal.ts";
+import type { TransactionStatus } from "../types.ts";
 import { checkBoolean, checkOptions } from "../validate.ts";
+import { jitteredWait } from "../core/backoff.ts";
 
 /** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
 export type JournalMode =
@@ -239,10 +241,7 @@ export async function openNodeSqlite(
         }
       },
       // No lock to watch here: a short jittered sleep, as the core's.
-      (ms) =>
-        new Promise((resolve) =>
-          setTimeout(resolve, Math.min(ms, 1 + Math.random() * 3))
-        ),
+      (ms) => jitteredWait(ms, 3),
     );
     const mode = String(actual[0]?.["journal_mode"]);
     if (!readOnly && !keptMode && mode !== "memory" && mode !== journalMode) {
@@ -274,9 +273,9 @@ export interface NodeSqliteDriverOptions {
  * so an outbox shares its database, its connection and its transactions.
  * While the application has a transaction open on the handle (its own
  * `BEGIN`, or a query builder's `transaction()`), `Outbox.enqueue` and the
- * fenced `Outbox.acknowledge` run inside it without a `BEGIN` or `COMMIT`
- * of their own, and the application's `COMMIT` or `ROLLBACK` decides; other
- * calls wait for it to end. The handle's settings stay as the application
+ * fenced `Outbox.acknowledge` made inside `Outbox.within` run inside it
+ * without a `BEGIN` or `COMMIT` of their own, and the application's
+ * `COMMIT` or `ROLLBACK` decides; other calls wait for it to end. The handle's settings stay as the application
  * made them: its busy timeout (Deno's node:sqlite sets 5 s) blocks the
  * thread while a statement waits for a lock, as the application's own
  * statements do. Keep one driver per handle.
@@ -299,7 +298,7 @@ export interface NodeSqliteDriverOptions {
  * const outbox = await Outbox.open(nodeSqliteDriver(db));
  * db.exec("BEGIN IMMEDIATE");
  * db.prepare("INSERT INTO orders (total) VALUES (?)").run(4200);
- * await outbox.enqueue({ type: "order.placed" });
+ * await outbox.within(() => outbox.enqueue({ type: "order.placed" }));
  * db.exec("ROLLBACK"); // drops the order and its event
  * assert.equal((await outbox.stats()).pending, 0);
  * await outbox.close();
@@ -361,6 +360,15 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
   /** Whether a transaction is open on the connection (`sqlite3_get_autocommit()` is 0). */
   inTransaction(): boolean {
     return this.#db?.isTransaction ?? false;
+  }
+
+  /**
+   * The connection's transaction as SQLite reports it (`isTransaction`):
+   * `open` or `idle` (SQLite has no failed state: an error either leaves
+   * the transaction open or rolls it back).
+   */
+  transactionStatus(): TransactionStatus {
+    return this.inTransaction() ? "open" : "idle";
   }
 
   /** Runs one statement and returns its rows. */

@@ -16,6 +16,7 @@ import {
   type RunResult,
   type SqlValue,
 } from "../driver.ts";
+import type { TransactionStatus } from "../types.ts";
 import { sqliteError } from "../errors.ts";
 import { StatementCache } from "./statement_cache.ts";
 import { checkBoolean, checkOptions } from "../validate.ts";
@@ -142,9 +143,9 @@ export interface SqliteWasmDriverOptions {
  * outbox shares its database, its connection and its transactions. While
  * the application has a transaction open on `db` (its own `BEGIN`, or a
  * query builder's `transaction()`), `Outbox.enqueue` and the fenced
- * `Outbox.acknowledge` run inside it without a `BEGIN` or `COMMIT` of their
- * own, and the application's `COMMIT` or `ROLLBACK` decides; other calls
- * wait for it to end. Keep one driver per handle.
+ * `Outbox.acknowledge` made inside `Outbox.within` run inside it without a
+ * `BEGIN` or `COMMIT` of their own, and the application's `COMMIT` or
+ * `ROLLBACK` decides; other calls wait for it to end. Keep one driver per handle.
  *
  * It is asynchronous: await it. `db` must come from the module the driver
  * is given: by default the one `loadSqlite3()` loads (which this package's
@@ -169,7 +170,7 @@ export interface SqliteWasmDriverOptions {
  * const outbox = await Outbox.open(await sqliteWasmDriver(db, { sqlite3 }));
  * db.exec("BEGIN IMMEDIATE");
  * db.exec("INSERT INTO orders (total) VALUES (4200)");
- * await outbox.enqueue({ type: "order.placed" });
+ * await outbox.within(() => outbox.enqueue({ type: "order.placed" }));
  * db.exec("COMMIT"); // the order and its event, together
  * assert.equal((await outbox.stats()).pending, 1);
  * await outbox.close();
@@ -314,6 +315,15 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
   inTransaction(): boolean {
     return this.#db !== undefined &&
       this.#capi.sqlite3_get_autocommit(this.#pointer) === 0;
+  }
+
+  /**
+   * The connection's transaction as SQLite reports it: `open` while
+   * `sqlite3_get_autocommit()` is 0, `idle` otherwise (SQLite has no failed
+   * state: an error either leaves the transaction open or rolls it back).
+   */
+  transactionStatus(): TransactionStatus {
+    return this.inTransaction() ? "open" : "idle";
   }
 
   /** Runs one statement and returns its rows. */

@@ -172,11 +172,15 @@ for (const driver of DRIVERS) {
   test("concurrent enqueues inside the application's transaction join it and roll back with it", async ({ open, raw }) => {
     const [a] = await open();
     await raw.exec("BEGIN");
-    await Promise.all([a!.enqueue("x"), a!.enqueue("y", { dedupKey: "d" })]);
+    await a!.within(() =>
+      Promise.all([a!.enqueue("x"), a!.enqueue("y", { dedupKey: "d" })])
+    );
     await raw.exec("ROLLBACK");
     assert.deepEqual(await payloads(raw), []);
     await raw.exec("BEGIN");
-    const [x, y] = await Promise.all([a!.enqueue("x"), a!.enqueue("y")]);
+    const [x, y] = await a!.within(() =>
+      Promise.all([a!.enqueue("x"), a!.enqueue("y")])
+    );
     await raw.exec("COMMIT");
     assert.ok(x.eventId < y.eventId);
     assert.deepEqual(await payloads(raw), ["x", "y"]);
