@@ -11,7 +11,8 @@
  * @module
  */
 import { integerOf, type Row, type SqlValue } from "./driver.ts";
-import type { EventState } from "./lease.ts";
+import type { EventState } from "./types.ts";
+import type { Explanation, LedgerEntry } from "./core/shapes.ts";
 import { checkInteger, checkName, checkOptions } from "./validate.ts";
 
 /** Options of {@linkcode Outbox.list}. */
@@ -352,4 +353,54 @@ export function dedupKeyParameters(
 ): [string, string] {
   const op = "find event by dedup key";
   return [checkName(op, "queue", queue), checkName(op, "dedupKey", dedupKey)];
+}
+
+/**
+ * An event row (`Dialect.event`) and its ledger rows (`Dialect.history`) as an
+ * {@linkcode Explanation}.
+ *
+ * @ignore
+ * @param row The event's row.
+ * @param history Its ledger rows, oldest first.
+ * @returns The explanation.
+ */
+export function explanation(row: Row, history: readonly Row[]): Explanation {
+  return {
+    eventId: integerOf(row, "id"),
+    identity: String(row["identity"]),
+    queue: String(row["queue"]),
+    state: row["state"] as EventState,
+    attempt: integerOf(row, "attempt"),
+    maxAttempts: integerOf(row, "max_attempts"),
+    fence: integerOf(row, "fence"),
+    lastError: nullableString(row["last_error"]),
+    history: history.map((entry) => ({
+      kind: entry["kind"] as LedgerEntry["kind"],
+      fence: integerOf(entry, "fence"),
+      at: integerOf(entry, "at"),
+      token: nullableString(entry["token"]),
+      leaseUntil: entry["lease_until"] === null
+        ? null
+        : integerOf(entry, "lease_until"),
+      detail: nullableString(entry["detail"]),
+    })),
+  };
+}
+
+/**
+ * A stored payload as enqueued: JSON text parsed, a BLOB as a `Uint8Array`.
+ *
+ * @ignore
+ * @param value The `payload` column.
+ * @returns The payload.
+ */
+export function decodePayload(value: SqlValue | undefined): unknown {
+  if (value instanceof Uint8Array) return value;
+  if (typeof value === "string") return JSON.parse(value);
+  return value === undefined ? null : value;
+}
+
+/** A nullable column as a string or `null`. */
+export function nullableString(value: SqlValue | undefined): string | null {
+  return value === null || value === undefined ? null : String(value);
 }

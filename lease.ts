@@ -10,21 +10,9 @@
  *
  * @module
  */
-import {
-  type Driver,
-  integerOf,
-  type Row,
-  type RunResult,
-  type SqlValue,
-} from "./driver.ts";
-import {
-  BusyError,
-  LeaseLostError,
-  SchemaVersionError,
-  SqliteError,
-  UnsafeIntegerError,
-} from "./errors.ts";
-import type { Dialect, EnqueueResult, EventState } from "./types.ts";
+import { type Driver, integerOf, type Row } from "./driver.ts";
+import { LeaseLostError, UnsafeIntegerError } from "./errors.ts";
+import type { Dialect, EnqueueResult } from "./types.ts";
 export type {
   Dialect,
   EnqueueResult,
@@ -34,52 +22,31 @@ export type {
 import {
   checkBoolean,
   checkError,
-  checkEventId,
-  checkIdentity,
   checkInteger,
   checkName,
   checkOptions,
-  checkState,
   checkToken,
   describe,
   missing,
 } from "./validate.ts";
 import {
   type ActivityCount,
-  activityCounts,
-  activityParameters,
-  CANCELLED,
-  dedupKeyParameters,
+  decodePayload,
   type EventInfo,
-  eventInfo,
   LEASE_EXPIRED,
   type ListOptions,
-  PURGE_BATCH,
+  nullableString,
   type PurgeOptions,
   type QueueCounts,
-  queueCounts,
   type QueuesOptions,
-  queuesStatement,
   type RedriveOptions,
-  storedPayload,
 } from "./admin.ts";
-import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
-import { checkpointWal, type WalStats } from "./wal.ts";
+export { decodePayload, explanation } from "./admin.ts";
+import { hex, insertAll, randomBytes } from "./core/enqueue.ts";
+import { acknowledgeInOne, claimInOne } from "./core/one_statement.ts";
 import {
-  hex,
-  insertAll,
-  insertGroup,
-  insertOne,
-  payloadSize,
-  type PreparedEnqueue,
-  type Settled,
-} from "./core/enqueue.ts";
-import {
-  insideTransactionBody,
   type Mutex,
-  runTransactionBody,
   TransactionRunner,
-  transactionStatements,
   withinApplication,
 } from "./core/transaction.ts";
 export {
@@ -89,298 +56,45 @@ export {
   runTransactionBody,
   transactionStatements,
 } from "./core/transaction.ts";
-import { SQL, SQLITE, UPGRADES, VERSION_TABLE_SQL } from "./dialects/sqlite.ts";
-
-/** Milliseconds since the Unix epoch, from an injected clock. */
-export type Clock = () => number;
-
-/** The longest accepted `leaseMs` or `delayMs`: 365 days in milliseconds. */
-export const MAX_DURATION_MS = 31_536_000_000;
-/** The largest accepted `maxAttempts`. */
-export const MAX_ATTEMPTS = 1_000_000;
-/** The largest accepted `max` of a batch claim. */
-export const MAX_BATCH = 10_000;
-/**
- * The largest accepted `maxPayloadBytes`: what a claim can really read back.
- * Measured on the WASM build over a file (4 GiB heap): a 256 MiB payload
- * enqueues and claims; a 384 MiB one enqueues but its claim fails with "out
- * of memory", since reading it back needs the engine's copy and JavaScript's.
- */
-export const MAX_PAYLOAD_BYTES = 256 * 1024 * 1024;
-
-/** Options fixed when an {@linkcode Outbox} is opened. */
-export interface OutboxOptions {
-  /**
-   * The clock leases are judged by, in epoch milliseconds. Every worker
-   * sharing a database must agree on it. `"database"` reads the database
-   * server's clock at the start of each transaction, so workers on machines
-   * whose clocks disagree still agree (the default when the driver's dialect
-   * can read it: PostgreSQL's).
-   *
-   * @default {Date.now}
-   */
-  readonly now?: Clock | "database";
-  /** Queue used when a call names none. @default {"default"} */
-  readonly queue?: string;
-  /** Lease length when a claim names none, in milliseconds. @default {30000} */
-  readonly leaseMs?: number;
-  /** Attempts per event before it becomes a dead letter. @default {5} */
-  readonly maxAttempts?: number;
-  /**
-   * How long a call waits for the database write lock before it throws
-   * {@linkcode BusyError}, in milliseconds; also how long a claim, renewal,
-   * release or `transaction()` waits for a transaction the application
-   * holds open on a shared connection. `0` tries once.
-   *
-   * @default {5000}
-   */
-  readonly busyTimeoutMs?: number;
-  /** Largest payload accepted, in bytes (JSON text as UTF-8). @default {1048576} */
-  readonly maxPayloadBytes?: number;
-}
-
-/** Options of {@linkcode Outbox.enqueue}. */
-export interface EnqueueOptions {
-  /** Queue to add the event to. @default {OutboxOptions.queue} */
-  readonly queue?: string;
-  /** Delay before the event can be claimed, in milliseconds. @default {0} */
-  readonly delayMs?: number;
-  /** Attempts before the event becomes a dead letter. @default {OutboxOptions.maxAttempts} */
-  readonly maxAttempts?: number;
-  /**
-   * Idempotency key, unique per queue and kept after the event is done: a
-   * second enqueue with it returns the first event's id with
-   * `deduplicated: true` and inserts nothing.
-   */
-  readonly dedupKey?: string;
-  /**
-   * Per-key FIFO: the event is not claimable while an earlier event of the
-   * same queue with the same key is pending or leased.
-   */
-  readonly orderingKey?: string;
-  /**
-   * The event's global identity, canonical lowercase UUID text of any
-   * version, for example an upstream event's id carried on. Unique across
-   * queues: when an event has it already, the enqueue inserts nothing and
-   * returns that event with `deduplicated: true`, as a `dedupKey` does.
-   *
-   * @default {a new UUIDv7 stamped with the outbox's clock}
-   */
-  readonly identity?: string;
-}
-
-/**
- * One element of {@linkcode Outbox.enqueueBatch}: a payload with the options
- * {@linkcode Outbox.enqueue} takes for it.
- */
-export interface BatchEvent<P = unknown> extends EnqueueOptions {
-  /** As `enqueue`'s `payload`: a JSON-serializable value or a `Uint8Array`. */
-  readonly payload: P;
-}
-
-/** Options of {@linkcode Outbox.claim}. */
-export interface ClaimOptions {
-  /** Queue to claim from. @default {OutboxOptions.queue} */
-  readonly queue?: string;
-  /** Lease length, in milliseconds. @default {OutboxOptions.leaseMs} */
-  readonly leaseMs?: number;
-  /**
-   * The claim token, 1–128 characters of `A-Z a-z 0-9 . _ ~ -`. Minted with
-   * 128 bits of randomness when absent; a token this event was claimed with
-   * before is rejected, since reuse would let a stale worker act again.
-   */
-  readonly token?: string;
-}
-
-/** Options of a batch {@linkcode Outbox.claim}. */
-export interface BatchClaimOptions extends Omit<ClaimOptions, "token"> {
-  /** Most events to claim in one transaction, 1–10000. */
-  readonly max: number;
-}
-
-/**
- * What {@linkcode Outbox.acknowledgeAndClaim} resolves to.
- *
- * @typeParam P The payload type.
- */
-export interface AcknowledgedAndClaimed<P = unknown> {
-  /** Per lease given, in order: `true` when acknowledged, `false` when stale. */
-  readonly acknowledged: boolean[];
-  /** The new leases, in claim order, possibly none. */
-  readonly leases: Lease<P>[];
-}
-
-/** A claim on one event: who holds it (token, fence) and until when. */
-export interface Lease<P = unknown> {
-  /** The event's id, local to this database. */
-  readonly eventId: number;
-  /**
-   * The event's global identity, UUID text, the same on every claim of it:
-   * recipients dedupe external effects on it (the idempotency key).
-   */
-  readonly identity: string;
-  /** The queue the event is in. */
-  readonly queue: string;
-  /** The claim token that acknowledge, renew and release must present. */
-  readonly token: string;
-  /**
-   * The event's claim number, strictly increasing per event. It orders the
-   * attempts at one event, and is no idempotency key: a recipient may
-   * refuse an attempt whose fence is lower than one it already accepted.
-   */
-  readonly fence: number;
-  /** Attempt number of this claim, from 1. */
-  readonly attempt: number;
-  /** Attempts allowed before the event becomes a dead letter. */
-  readonly maxAttempts: number;
-  /** Deadline in epoch milliseconds: the lease is live while `now < leaseUntil`. */
-  readonly leaseUntil: number;
-  /** The payload as enqueued (JSON value, or `Uint8Array`). */
-  readonly payload: P;
-  /** The ordering key, or `null`. */
-  readonly orderingKey: string | null;
-  /** The error recorded by the previous release or expiry, or `null`. */
-  readonly lastError: string | null;
-}
-
-/** Options of {@linkcode Outbox.release}. */
-export interface ReleaseOptions {
-  /** Delay before the event can be claimed again, in milliseconds. @default {0} */
-  readonly delayMs?: number;
-  /** Why the attempt failed, kept as the event's last error. */
-  readonly error?: string;
-  /**
-   * Makes the event a dead letter now, whatever attempts it has left (the
-   * handler knows another attempt cannot succeed). @default {false}
-   */
-  readonly deadLetter?: boolean;
-}
-
-/** A dead letter: an event whose attempts ran out. */
-export interface DeadLetter<P = unknown> {
-  /** The event's id, local to this database. */
-  readonly eventId: number;
-  /** The event's global identity, UUID text. */
-  readonly identity: string;
-  /** The queue the event is in. */
-  readonly queue: string;
-  /**
-   * The payload as enqueued; the stored text itself when it is not JSON
-   * (a claim makes such an event a dead letter), so the list never fails on
-   * one row.
-   */
-  readonly payload: P;
-  /** Attempts made. */
-  readonly attempts: number;
-  /** The last error (`"lease expired"` when the last worker never came back). */
-  readonly lastError: string | null;
-  /** When the event was enqueued, epoch milliseconds. */
-  readonly createdAt: number;
-  /** When it became a dead letter, epoch milliseconds. */
-  readonly deadAt: number;
-}
-
-/** Counts per state of one queue, from {@linkcode Outbox.stats}. */
-export interface Stats {
-  /** Events waiting to be claimed (due or delayed). */
-  readonly pending: number;
-  /** Events under a lease, live or lapsed. */
-  readonly leased: number;
-  /** Acknowledged events not yet purged. */
-  readonly done: number;
-  /** Dead letters. */
-  readonly dead: number;
-  /** Age of the oldest pending event in milliseconds, `0` when none. */
-  readonly oldestPendingAgeMs: number;
-  /**
-   * The database's write-ahead log, on SQLite in WAL mode (absent otherwise,
-   * or while the connection is in the application's transaction).
-   */
-  readonly wal?: WalStats;
-}
-
-/** One row of the attempt ledger, from {@linkcode Outbox.explain}. */
-export interface LedgerEntry {
-  /** What happened. */
-  readonly kind:
-    | "claimed"
-    | "renewed"
-    | "released"
-    | "acknowledged"
-    | "stale_acknowledge"
-    | "stale_renew"
-    | "stale_release"
-    | "expired"
-    | "dead"
-    | "retried";
-  /** The fence the entry concerns. */
-  readonly fence: number;
-  /** When it happened, epoch milliseconds. */
-  readonly at: number;
-  /** The token presented or minted, or `null`. */
-  readonly token: string | null;
-  /** The lease deadline after the entry, or `null`. */
-  readonly leaseUntil: number | null;
-  /** Error text or reason, or `null`. */
-  readonly detail: string | null;
-}
-
-/** One event and its history, from {@linkcode Outbox.explain}. */
-export interface Explanation {
-  /** The event's id, local to this database. */
-  readonly eventId: number;
-  /** The event's global identity, UUID text. */
-  readonly identity: string;
-  /** The queue it is in. */
-  readonly queue: string;
-  /** Its state now. */
-  readonly state: EventState;
-  /** Attempts made since it was enqueued or retried. */
-  readonly attempt: number;
-  /** Attempts allowed. */
-  readonly maxAttempts: number;
-  /** Its latest fence (0 before the first claim). */
-  readonly fence: number;
-  /** Its last error, or `null`. */
-  readonly lastError: string | null;
-  /** Every ledger entry, oldest first. */
-  readonly history: readonly LedgerEntry[];
-}
-
-/**
- * A transaction of {@linkcode Outbox.transaction}: the caller's statements,
- * enqueues and fenced acknowledgements commit together or not at all.
- */
-export interface Transaction {
-  /**
-   * Runs one of the caller's statements inside the transaction. A
-   * statement that begins, ends or rolls back a transaction (`BEGIN`,
-   * `COMMIT`, `END`, `ROLLBACK`, `SAVEPOINT`, `RELEASE`) is refused with a
-   * `RangeError` before it runs: the transaction ends when `fn` does.
-   */
-  run(sql: string, params?: readonly SqlValue[]): Promise<RunResult>;
-  /** Runs one of the caller's queries inside the transaction (same refusal as `run`). */
-  query(sql: string, params?: readonly SqlValue[]): Promise<Row[]>;
-  /** Enqueues an event that commits with the caller's rows. */
-  enqueue(payload: unknown, options?: EnqueueOptions): Promise<EnqueueResult>;
-  /**
-   * Enqueues events that commit with the caller's rows, in one statement,
-   * as {@linkcode Outbox.enqueueBatch} does.
-   */
-  enqueueBatch(
-    events: readonly BatchEvent<unknown>[],
-  ): Promise<EnqueueResult[]>;
-  /**
-   * Acknowledges a lease in this transaction.
-   *
-   * @throws {LeaseLostError} When the lease is stale; the whole transaction
-   * then rolls back.
-   */
-  acknowledge(lease: Lease<unknown>): Promise<true>;
-}
-
-const MAX_DATE_MS = 8_640_000_000_000_000;
-const encoder = new TextEncoder();
+import { SQLITE } from "./dialects/sqlite.ts";
+import {
+  BATCH_CLAIM_OPTIONS,
+  checkLease,
+  CLAIM_OPTIONS,
+  OUTBOX_OPTIONS,
+  outboxSettings,
+  prepareBatch,
+  prepareEnqueue,
+  RELEASE_OPTIONS,
+} from "./core/arguments.ts";
+export { listParameters, OUTBOX_OPTIONS } from "./core/arguments.ts";
+import * as admin from "./core/admin.ts";
+import type { OutboxCore } from "./core/context.ts";
+import { GroupCommit } from "./core/group_commit.ts";
+import { type CheckedLease, Ledger, type LedgerRow } from "./core/ledger.ts";
+import { maintain, withWal } from "./core/maintenance.ts";
+import type { WalStats } from "./wal.ts";
+import { openSchema } from "./core/schema.ts";
+import { runTransaction } from "./core/tx_handle.ts";
+import { WritePath } from "./core/write_path.ts";
+import {
+  type AcknowledgedAndClaimed,
+  type BatchClaimOptions,
+  type BatchEvent,
+  type ClaimOptions,
+  type Clock,
+  type DeadLetter,
+  type EnqueueOptions,
+  type Explanation,
+  type Lease,
+  MAX_BATCH,
+  MAX_DURATION_MS,
+  type OutboxOptions,
+  type ReleaseOptions,
+  type Stats,
+  type Transaction,
+} from "./core/shapes.ts";
+export * from "./core/shapes.ts";
 
 /**
  * A transactional outbox with leases on one SQLite connection.
@@ -419,46 +133,22 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   readonly #busyTimeoutMs: number;
   readonly #maxPayloadBytes: number;
   readonly #enqueueListeners = new Set<() => void>();
-  // The enqueues waiting for the next transaction; closed (undefined) once
-  // that transaction holds the write lock.
-  #group: EnqueueGroup | undefined;
+  readonly #ledger: Ledger;
+  readonly #core: OutboxCore;
+  readonly #groups: GroupCommit;
+  readonly #path: WritePath;
   #closed = false;
 
   private constructor(driver: Driver, options: OutboxOptions) {
-    const op = "open outbox";
     this.#sql = driver.dialect ?? SQLITE;
-    this.#now = options.now ?? (this.#sql.now ? "database" : Date.now);
-    if (
-      typeof this.#now !== "function" &&
-      !(this.#now === "database" && this.#sql.now !== undefined)
-    ) {
-      throw new TypeError(
-        `Cannot ${op} as 'now' must be a function: current value is ${
-          describe(this.#now)
-        }`,
-      );
-    }
-    this.#queue = checkName(op, "queue", options.queue ?? "default");
-    this.#leaseMs =
-      checkInteger(op, "leaseMs", options.leaseMs, 1, MAX_DURATION_MS) ??
-        30_000;
-    this.#maxAttempts =
-      checkInteger(op, "maxAttempts", options.maxAttempts, 1, MAX_ATTEMPTS) ??
-        5;
-    this.#busyTimeoutMs = checkInteger(
-      op,
-      "busyTimeoutMs",
-      options.busyTimeoutMs,
-      0,
-      MAX_DURATION_MS,
-    ) ?? 5_000;
-    this.#maxPayloadBytes = checkInteger(
-      op,
-      "maxPayloadBytes",
-      options.maxPayloadBytes,
-      1,
-      MAX_PAYLOAD_BYTES,
-    ) ?? 1_048_576;
+    ({
+      now: this.#now,
+      queue: this.#queue,
+      leaseMs: this.#leaseMs,
+      maxAttempts: this.#maxAttempts,
+      busyTimeoutMs: this.#busyTimeoutMs,
+      maxPayloadBytes: this.#maxPayloadBytes,
+    } = outboxSettings(this.#sql, options));
     this.#runner = new TransactionRunner(
       driver,
       this.#sql,
@@ -467,6 +157,30 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     );
     this.#mutex = this.#runner.mutex;
     this.#driver = this.#runner.driver;
+    this.#ledger = new Ledger(this.#driver, this.#sql);
+    this.#path = new WritePath(
+      this.#runner,
+      this.#sql,
+      this.#now,
+      () => this.#closed,
+      (op, expire) => this.#start(op, expire),
+    );
+    this.#core = {
+      driver: this.#driver,
+      sql: this.#sql,
+      mutex: this.#mutex,
+      runner: this.#runner,
+      ledger: this.#ledger,
+      queue: this.#queue,
+      maxAttempts: this.#maxAttempts,
+      maxPayloadBytes: this.#maxPayloadBytes,
+      isClosed: () => this.#closed,
+      write: (op, fn, options) => this.#path.write(op, fn, options),
+      start: (op, expire) => this.#start(op, expire),
+      checkNow: (op, now) => this.#path.checkNow(op, now),
+      enqueued: () => this.#enqueued(),
+    };
+    this.#groups = new GroupCommit(this.#core);
   }
 
   /**
@@ -525,73 +239,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return outbox;
   }
 
-  /**
-   * Opens on an engine whose dialect sets its schema up itself (PostgreSQL):
-   * creates or upgrades it under the dialect's lock, then listens for other
-   * connections' enqueues when the driver can.
-   */
-  async #setUp(): Promise<void> {
-    const driver = this.#driver;
-    const sql = this.#sql;
-    await this.#write("open outbox", async () => {
-      const version = async () => {
-        const [present] = await driver.query(sql.schemaPresent!);
-        if (!present?.["present"]) return 0;
-        const [row] = await driver.query(sql.schemaVersion!);
-        return Number(row?.["version"] ?? 0);
-      };
-      // Set-up takes locks that stop running workers for a moment: only
-      // an opener that finds the schema missing or older takes them (one
-      // that finds it newer refuses it at once, waiting for nothing).
-      let found = await version();
-      if (found > sql.version!) {
-        throw new SchemaVersionError(found, sql.version!);
-      }
-      if (found < sql.version!) {
-        for (const statement of [sql.lock!].flat()) {
-          await driver.run(statement);
-        }
-        found = await version();
-        if (found < sql.version!) {
-          await driver.exec(sql.setup!);
-          found = await version();
-        }
-      }
-      if (found !== sql.version) {
-        throw new SchemaVersionError(found, sql.version!);
-      }
-    }, { expire: false });
-    if (driver.watchEnqueues !== undefined) {
-      this.#stopWatching = await driver.watchEnqueues(() => this.#enqueued());
-    }
-  }
-
   async #open(): Promise<void> {
-    const driver = this.#driver;
-    if (this.#sql.setup !== undefined) return await this.#setUp();
-    await this.#mutex.run(async () => {
-      try {
-        const [tables] = await driver.query(SQL.tableCount);
-        if (Number(tables?.["n"]) === 0) await driver.exec(SQL.autoVacuum);
-      } catch (error) {
-        // Locked: another connection is writing, so the database exists.
-        if (!(error instanceof BusyError)) throw error;
-      }
-    });
-    await this.#write("open outbox", async () => {
-      await migrate(driver);
-      try {
-        await driver.run(SQL.writable);
-      } catch (error) {
-        if (error instanceof SqliteError && error.primaryCode === 8) {
-          throw new Error(
-            "Cannot open outbox as the connection is read-only: its calls take the write lock (claims, acknowledgements and the admin calls first make lapsed last-attempt leases dead letters)",
-            { cause: error },
-          );
-        }
-        throw error;
-      }
-    }, { expire: false });
+    this.#stopWatching = await openSchema(this.#core);
   }
 
   /**
@@ -633,26 +282,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     options: EnqueueOptions = {},
   ): Promise<EnqueueResult> {
     const op = "enqueue";
-    const event = this.#prepareEnqueue(op, payload, options);
-    this.#checkOpen(op);
-    this.#notNested(op);
-    const bytes = payloadSize(event);
+    const event = prepareEnqueue(op, payload, options, this.#core);
+    this.#path.checkOpen(op);
+    this.#path.notNested(op);
     // Only a call made inside the application's transaction (within()) joins
     // it: any other waits for it to end, or a rollback would take back an
     // event whose call had resolved.
-    const join = this.#runner.joins();
-    return await new Promise((resolve, reject) => {
-      let group = this.#group;
-      if (
-        group === undefined || group.calls.length >= MAX_GROUP ||
-        group.bytes + bytes > MAX_GROUP_BYTES || group.join !== join
-      ) {
-        group = this.#group = { calls: [], bytes: 0, join };
-        this.#commitGroup(group);
-      }
-      group.calls.push({ event, resolve, reject });
-      group.bytes += bytes;
-    });
+    return await this.#groups.add(event, this.#runner.joins());
   }
 
   /**
@@ -693,12 +329,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     events: readonly BatchEvent<P>[],
   ): Promise<EnqueueResult[]> {
     const op = "enqueue batch";
-    const prepared = this.#prepareBatch(op, events);
-    this.#closeGroup();
+    const prepared = prepareBatch(op, events, this.#core);
+    this.#groups.close();
     // Joins the application's transaction only when called inside it (see
     // enqueue).
     const join = this.#runner.joins();
-    const results = await this.#write(
+    const results = await this.#path.write(
       op,
       (now) => insertAll(this.#driver, this.#sql, prepared, now),
       // An enqueue reads nothing that lapsed last-attempt leases decide, so
@@ -797,10 +433,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           "Cannot claim as 'token' cannot be supplied with 'max': each lease gets its own",
         );
       }
-      return await this.#write(
+      return await this.#path.write(
         op,
         (now) => this.#claim(op, queue, leaseMs, max, undefined, now),
-        { inOne: this.#claimInOne(op, queue, leaseMs, max) },
+        { inOne: claimInOne<P>(this.#core, op, queue, leaseMs, max) },
       );
     }
     const token = options.token === undefined
@@ -808,9 +444,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       : checkToken(op, "token", options.token);
     // A supplied token is first looked up in the ledger: the general path.
     const inOne = token === undefined
-      ? this.#claimInOne(op, queue, leaseMs, 1)
+      ? claimInOne<P>(this.#core, op, queue, leaseMs, 1)
       : undefined;
-    return await this.#write(
+    return await this.#path.write(
       op,
       async (now) => {
         const [lease] = await this.#claim(op, queue, leaseMs, 1, token, now);
@@ -869,18 +505,18 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         leases,
         (lease, i) => checkLease(op, `leases[${i}]`, lease),
       );
-      return await this.#write(
+      return await this.#path.write(
         op,
         (now) => this.#acknowledge(checked, now),
-        { inOne: this.#acknowledgeInOne(op, checked) },
+        { inOne: acknowledgeInOne(this.#core, op, checked) },
       );
     }
     const lease = checkLease(op, "lease", leases);
-    const inOne = this.#acknowledgeInOne(op, [lease]);
+    const inOne = acknowledgeInOne(this.#core, op, [lease]);
     // Joins the application's transaction only when called inside it (see
     // enqueue).
     const join = this.#runner.joins();
-    return await this.#write(
+    return await this.#path.write(
       op,
       async (now, joined) => {
         if (await this.#acknowledgeOne(lease, now)) return true;
@@ -949,8 +585,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const { queue, leaseMs } = this.#claimTarget(op, options);
     const max = checkInteger(op, "max", options.max, 1, MAX_BATCH) ??
       missing(op, "max");
-    const inOne = this.#claimInOne(op, queue, leaseMs, max, checked);
-    return await this.#write(
+    const inOne = claimInOne<P>(this.#core, op, queue, leaseMs, max, checked);
+    return await this.#path.write(
       op,
       async (now) => ({
         acknowledged: await this.#acknowledge(checked, now),
@@ -1001,8 +637,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const checked = checkLease(op, "lease", lease);
     const ms = checkInteger(op, "leaseMs", leaseMs, 1, MAX_DURATION_MS) ??
       this.#leaseMs;
-    return await this.#write(op, async (now) => {
-      await this.#writeUnwritten([checked.eventId], false);
+    return await this.#path.write(op, async (now) => {
+      await this.#ledger.writeUnwritten([checked.eventId], false);
       const [row] = await this.#driver.query(this.#sql.renew, [
         now + ms,
         now,
@@ -1011,11 +647,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         checked.fence,
       ]);
       if (row === undefined) {
-        await this.#stale(checked, "stale_renew", now);
+        await this.#ledger.stale(checked, "stale_renew", now);
         return false;
       }
       const leaseUntil = integerOf(row, "lease_until");
-      await this.#ledger(
+      await this.#ledger.entry(
         checked.eventId,
         checked.fence,
         "renewed",
@@ -1056,8 +692,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       options.deadLetter,
       false,
     );
-    return await this.#write(op, async (now) => {
-      await this.#writeUnwritten([checked.eventId], false);
+    return await this.#path.write(op, async (now) => {
+      await this.#ledger.writeUnwritten([checked.eventId], false);
       const [row] = await this.#driver.query(this.#sql.release, [
         now,
         now + delayMs,
@@ -1068,10 +704,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         deadLetter ? 1 : 0,
       ]);
       if (row === undefined) {
-        await this.#stale(checked, "stale_release", now);
+        await this.#ledger.stale(checked, "stale_release", now);
         return false;
       }
-      await this.#ledger(
+      await this.#ledger.entry(
         checked.eventId,
         checked.fence,
         "released",
@@ -1081,7 +717,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         error,
       );
       if (row["state"] === "dead") {
-        await this.#ledger(
+        await this.#ledger.entry(
           checked.eventId,
           checked.fence,
           "dead",
@@ -1106,28 +742,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   async deadLetters(
     options: { readonly queue?: string; readonly limit?: number } = {},
   ): Promise<DeadLetter<P>[]> {
-    const op = "list dead letters";
-    checkOptions(op, options, ["queue", "limit"]);
-    const queue = options.queue === undefined
-      ? this.#queue
-      : checkName(op, "queue", options.queue);
-    const limit = checkInteger(op, "limit", options.limit, 1, MAX_BATCH) ?? 100;
-    return await this.#write(op, async () => {
-      const rows = await this.#driver.query(this.#sql.deadLetters, [
-        queue,
-        limit,
-      ]);
-      return rows.map((row) => ({
-        eventId: integerOf(row, "id"),
-        identity: String(row["identity"]),
-        queue: String(row["queue"]),
-        payload: storedPayload(row, decodePayload) as P,
-        attempts: integerOf(row, "attempt"),
-        lastError: nullableString(row["last_error"]),
-        createdAt: integerOf(row, "created_at"),
-        deadAt: integerOf(row, "done_at"),
-      }));
-    });
+    return await admin.deadLetters<P>(this.#core, options);
   }
 
   /**
@@ -1154,12 +769,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * ```
    */
   async list(options: ListOptions): Promise<EventInfo<P>[]> {
-    const op = "list events";
-    const params = listParameters(op, options);
-    return await this.#write(op, async () => {
-      const rows = await this.#driver.query(this.#sql.list, params);
-      return rows.map((row) => eventInfo<P>(row, decodePayload));
-    });
+    return await admin.list<P>(this.#core, options);
   }
 
   /**
@@ -1218,40 +828,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   async cancel(
     eventIds: number | readonly number[],
   ): Promise<boolean | number[]> {
-    const op = "cancel";
-    const many = Array.isArray(eventIds);
-    if (many && eventIds.length > MAX_BATCH) {
-      throw new TypeError(
-        `Cannot ${op} as 'eventIds' must be an array of at most ${MAX_BATCH} event ids: current value has ${eventIds.length}`,
-      );
-    }
-    const ids = JSON.stringify(
-      many
-        ? Array.from(
-          eventIds,
-          (id, i) => checkEventId(op, id, `eventIds[${i}]`),
-        )
-        : [checkEventId(op, eventIds as number)],
-    );
-    const cancelled = await this.#write(op, async (now) => {
-      const rows = await this.#driver.query(this.#sql.cancel, [now, ids]);
-      const events = rows.map((row) =>
-        [integerOf(row, "id"), integerOf(row, "fence")] as const
-      ).sort(([a], [b]) => a - b);
-      await this.#ledgerAll(
-        events.map(([id, fence]): LedgerRow => [
-          id,
-          fence,
-          "dead",
-          null,
-          null,
-          CANCELLED,
-        ]),
-        now,
-      );
-      return events.map(([id]) => id);
-    });
-    return many ? cancelled : cancelled.length > 0;
+    return await admin.cancel(this.#core, eventIds);
   }
 
   /**
@@ -1281,43 +858,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * ```
    */
   async redrive(options: RedriveOptions = {}): Promise<number> {
-    const op = "redrive";
-    checkOptions(op, options, ["queue", "ids"]);
-    const queue = options.queue === undefined
-      ? null
-      : checkName(op, "queue", options.queue);
-    let ids: string | null = null;
-    if (options.ids !== undefined) {
-      if (!Array.isArray(options.ids) || options.ids.length > MAX_BATCH) {
-        throw new TypeError(
-          `Cannot ${op} as 'ids' must be an array of at most ${MAX_BATCH} event ids: current value is ${
-            describe(options.ids)
-          }`,
-        );
-      }
-      ids = JSON.stringify(
-        Array.from(options.ids, (id, i) => checkEventId(op, id, `ids[${i}]`)),
-      );
-    }
-    return await this.#write(op, async (now) => {
-      const rows = await this.#driver.query(this.#sql.redrive, [
-        now,
-        queue,
-        ids,
-      ]);
-      await this.#ledgerAll(
-        rows.map((row): LedgerRow => [
-          integerOf(row, "id"),
-          integerOf(row, "fence"),
-          "retried",
-          null,
-          null,
-          null,
-        ]),
-        now,
-      );
-      return rows.length;
-    });
+    return await admin.redrive(this.#core, options);
   }
 
   /**
@@ -1351,46 +892,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * ```
    */
   async purge(options: PurgeOptions): Promise<number> {
-    const op = "purge";
-    checkOptions(op, options, PURGE_OPTIONS);
-    const olderThanMs = checkInteger(
-      op,
-      "olderThanMs",
-      options.olderThanMs,
-      0,
-      Number.MAX_SAFE_INTEGER,
-    ) ?? missing(op, "olderThanMs");
-    const states = options.states ?? ["done", "dead"];
-    if (
-      !Array.isArray(states) || states.length === 0 ||
-      !states.every((state) => state === "done" || state === "dead")
-    ) {
-      throw new TypeError(
-        `Cannot ${op} as 'states' must be a non-empty array of "done" and "dead": current value is ${
-          describe(states)
-        }`,
-      );
-    }
-    let cutoff: number | undefined;
-    let deleted = 0;
-    for (const state of new Set(states)) {
-      for (;;) {
-        const n = await this.#write(op, async (now) => {
-          cutoff ??= now - olderThanMs;
-          const rows = await this.#driver.query(this.#sql.purgeable, [
-            state,
-            cutoff,
-          ]);
-          if (rows.length === 0) return 0;
-          const ids = JSON.stringify(rows.map((row) => integerOf(row, "id")));
-          await this.#driver.run(this.#sql.purgeLedger, [ids]);
-          return (await this.#driver.run(this.#sql.purge, [ids])).changes;
-        });
-        deleted += n;
-        if (n < PURGE_BATCH) break;
-      }
-    }
-    return deleted;
+    return await admin.purge(this.#core, options);
   }
 
   /**
@@ -1413,11 +915,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * ```
    */
   async queues(options: QueuesOptions = {}): Promise<QueueCounts[]> {
-    const [sql, params] = queuesStatement(this.#sql, options);
-    return await this.#write(
-      "count queues",
-      async () => queueCounts(await this.#driver.query(sql, params)),
-    );
+    return await admin.queues(this.#core, options);
   }
 
   /**
@@ -1432,12 +930,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async activity(sinceMs: number, bucketMs: number): Promise<ActivityCount[]> {
-    const params = activityParameters(sinceMs, bucketMs);
-    return await this.#write(
-      "count activity",
-      async () =>
-        activityCounts(await this.#driver.query(this.#sql.activity, params)),
-    );
+    return await admin.activity(this.#core, sinceMs, bucketMs);
   }
 
   /**
@@ -1453,12 +946,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     queue: string,
     dedupKey: string,
   ): Promise<number | null> {
-    const params = dedupKeyParameters(queue, dedupKey);
-    const [row] = await this.#write(
-      "find event by dedup key",
-      () => this.#driver.query(this.#sql.dedupKeyEvent, params),
-    );
-    return row === undefined ? null : integerOf(row, "id");
+    return await admin.eventIdByDedupKey(this.#core, queue, dedupKey);
   }
 
   /**
@@ -1489,26 +977,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   async nextDueInMs(
     options: { readonly queue?: string } = {},
   ): Promise<number | null> {
-    const op = "find the next due time";
-    checkOptions(op, options, ["queue"]);
-    const queue = options.queue === undefined
-      ? this.#queue
-      : checkName(op, "queue", options.queue);
-    const read = async (now: number | null) => {
-      const [row] = await this.#driver.query(this.#sql.nextDue, [queue, now]);
-      const at = this.#checkNow(op, row?.["now"]);
-      return row?.["due_at"] == null ? null : integerOf(row, "due_at") - at;
-    };
-    // A read alone: a lapsed last-attempt lease is due already, so making it
-    // a dead letter first would not change the answer.
-    return await this.#write(op, read, {
-      expire: false,
-      inOne: (now) =>
-        read(now).catch((error) => {
-          if (error instanceof BusyError) return undefined;
-          throw error;
-        }),
-    });
+    return await admin.nextDueInMs(this.#core, options);
   }
 
   /**
@@ -1553,43 +1022,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       wal?: WalStats;
     }
   > {
-    const op = "maintain";
-    checkOptions(op, options, ["vacuum"]);
-    checkBoolean(op, "vacuum", options.vacuum, false);
-    if (this.#closed) throw new Error(`Cannot ${op} as the outbox is closed`);
-    if (this.#sql !== SQLITE) {
-      // PostgreSQL's autovacuum returns freed space to the table itself.
-      throw new Error(
-        `Cannot ${op} as it concerns SQLite's free pages: PostgreSQL's autovacuum reclaims space itself`,
-      );
-    }
-    const driver = this.#driver;
-    const read = async (pragma: string) =>
-      Number(Object.values((await driver.query(pragma))[0] ?? {})[0]);
-    return await this.#mutex.run(async () => {
-      const pageSize = await read(SQL.pageSize);
-      const pagesBefore = await read(SQL.pageCount);
-      // Neither runs inside a transaction: VACUUM cannot, and
-      // incremental_vacuum takes the write lock itself.
-      if (options.vacuum) {
-        await driver.exec(`${SQL.autoVacuum}; VACUUM`);
-      } else {
-        // It frees one page per step: a query steps it to the end, where
-        // exec would stop after the first.
-        await driver.query(SQL.incrementalVacuum);
-      }
-      const mode = await read(SQL.autoVacuumMode);
-      const wal = await checkpointWal(driver, "TRUNCATE");
-      return {
-        reclaimedBytes: Math.max(
-          0,
-          (pagesBefore - await read(SQL.pageCount)) * pageSize,
-        ),
-        freePages: await read(SQL.freelistCount),
-        autoVacuum: mode === 2 ? "incremental" : mode === 1 ? "full" : "none",
-        ...(wal === undefined ? {} : { wal }),
-      };
-    });
+    return await maintain(this.#core, options);
   }
 
   /**
@@ -1603,38 +1036,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async stats(options: { readonly queue?: string } = {}): Promise<Stats> {
-    const op = "read stats";
-    checkOptions(op, options, ["queue"]);
-    const queue = options.queue === undefined
-      ? this.#queue
-      : checkName(op, "queue", options.queue);
-    const stats: Stats = await this.#write(op, async (now) => {
-      const counts: Record<string, number> = {
-        pending: 0,
-        leased: 0,
-        done: 0,
-        dead: 0,
-      };
-      let oldestPendingAgeMs = 0;
-      for (const row of await this.#driver.query(this.#sql.stats, [queue])) {
-        counts[String(row["state"])] = integerOf(row, "n");
-        if (row["state"] === "pending") {
-          oldestPendingAgeMs = Math.max(0, now - integerOf(row, "oldest"));
-        }
-      }
-      return {
-        pending: counts["pending"] ?? 0,
-        leased: counts["leased"] ?? 0,
-        done: counts["done"] ?? 0,
-        dead: counts["dead"] ?? 0,
-        oldestPendingAgeMs,
-      };
-    });
-    if (this.#sql !== SQLITE) return stats;
-    const wal = await this.#mutex.run(() =>
-      checkpointWal(this.#driver, "PASSIVE")
-    );
-    return wal === undefined ? stats : { ...stats, wal };
+    return await withWal(this.#core, await admin.stats(this.#core, options));
   }
 
   /**
@@ -1647,19 +1049,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async explain(event: number | string): Promise<Explanation | null> {
-    const [sql, key] = typeof event === "string"
-      ? [this.#sql.eventByIdentity, checkIdentity("explain", "event", event)]
-      : [
-        this.#sql.event,
-        checkInteger("explain", "event", event, 1, Number.MAX_SAFE_INTEGER) ??
-          missing("explain", "event"),
-      ];
-    return await this.#write("explain", async () => {
-      const [row] = await this.#driver.query(sql, [key]);
-      if (row === undefined) return null;
-      const history = await this.#driver.query(this.#sql.history, [row["id"]!]);
-      return explanation(row, history);
-    });
+    return await admin.explain(this.#core, event);
   }
 
   /**
@@ -1754,62 +1144,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         }`,
       );
     }
-    let enqueued = false;
-    let ended = false;
-    let lost: LeaseLostError | undefined;
-    const driver = this.#driver;
-    // Every call checks the handle is still inside its transaction: kept past
-    // it, the handle would run outside the mutex and outside any transaction.
-    const inside = (op: string) => {
-      if (ended) {
-        throw new Error(
-          `Cannot ${op} as the transaction this handle belongs to has ended`,
-        );
-      }
-      this.#runner.checkLive(op);
-    };
-    this.#closeGroup();
-    const result = await this.#write(
-      "run transaction",
-      async (now) => {
-        const tx: Transaction = {
-          ...transactionStatements(driver, inside),
-          enqueue: async (payload, options = {}) => {
-            inside("enqueue");
-            const event = this.#prepareEnqueue("enqueue", payload, options);
-            enqueued = true;
-            return await insertOne(this.#driver, this.#sql, event, now);
-          },
-          enqueueBatch: async (events) => {
-            const op = "enqueue batch";
-            inside(op);
-            const prepared = this.#prepareBatch(op, events);
-            enqueued = true;
-            return await insertAll(this.#driver, this.#sql, prepared, now);
-          },
-          acknowledge: async (lease) => {
-            inside("acknowledge");
-            const checked = checkLease("acknowledge", "lease", lease);
-            if (await this.#acknowledgeOne(checked, now)) return true;
-            lost = new LeaseLostError(checked.eventId, checked.fence);
-            throw lost;
-          },
-        };
-        try {
-          const value = await runTransactionBody(this.#mutex, () => fn(tx));
-          // Catching the LeaseLostError inside fn must not let the stale
-          // worker's writes commit.
-          if (lost !== undefined) throw lost;
-          return value;
-        } finally {
-          ended = true;
-        }
-      },
-      // Never run again after a deadlock: fn is the application's code.
-      { rerun: false },
+    return await runTransaction(
+      this.#core,
+      this.#groups,
+      (lease, now) => this.#acknowledgeOne(lease, now),
+      fn,
     );
-    if (enqueued) this.#enqueued();
-    return result;
   }
 
   /** The queue of calls that name none. */
@@ -1833,7 +1173,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    */
   close(): Promise<void> {
     try {
-      this.#notNested("close");
+      this.#path.notNested("close");
     } catch (error) {
       return Promise.reject(error);
     }
@@ -1859,175 +1199,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         reportError(error);
       }
     }
-  }
-
-  /**
-   * Validates one event's payload and options; `element` names an element
-   * of a batch (`"events[3]"`) in the messages.
-   */
-  #prepareEnqueue(
-    op: string,
-    payload: unknown,
-    options: EnqueueOptions,
-    element?: string,
-  ): PreparedEnqueue {
-    checkOptions(op, options, ENQUEUE_OPTIONS, element);
-    const f = (field: string) =>
-      element === undefined ? field : `${element}.${field}`;
-    const queue = options.queue === undefined
-      ? this.#queue
-      : checkName(op, f("queue"), options.queue);
-    const delayMs =
-      checkInteger(op, f("delayMs"), options.delayMs, 0, MAX_DURATION_MS) ??
-        0;
-    const maxAttempts = checkInteger(
-      op,
-      f("maxAttempts"),
-      options.maxAttempts,
-      1,
-      MAX_ATTEMPTS,
-    ) ?? this.#maxAttempts;
-    const dedupKey = options.dedupKey === undefined
-      ? null
-      : checkName(op, f("dedupKey"), options.dedupKey);
-    const orderingKey = options.orderingKey === undefined
-      ? null
-      : checkName(op, f("orderingKey"), options.orderingKey);
-    const identity = options.identity === undefined
-      ? null
-      : checkIdentity(op, f("identity"), options.identity);
-    const stored = encodePayload(
-      op,
-      f("payload"),
-      payload,
-      this.#maxPayloadBytes,
-    );
-    // Times are filled in under the write lock, from the clock at that moment.
-    return {
-      queue,
-      payload: stored,
-      dedupKey,
-      orderingKey,
-      identity,
-      delayMs,
-      maxAttempts,
-    };
-  }
-
-  /**
-   * Ends the open group of enqueues, so that a later `enqueue()` cannot join
-   * a transaction queued before a call that may enqueue too
-   * (`enqueueBatch`, `transaction`): ids, dedup winners and per-key order
-   * follow the order of the calls.
-   */
-  #closeGroup(): void {
-    this.#group = undefined;
-  }
-
-  /**
-   * Commits a group of enqueues in one transaction, then settles each
-   * call's promise: with its own result or error, or with the transaction's
-   * error when it failed.
-   */
-  async #commitGroup(group: EnqueueGroup): Promise<void> {
-    // Calls arriving from now on form the next group.
-    const close = () => {
-      if (this.#group === group) this.#group = undefined;
-    };
-    let settled: Settled<EnqueueResult>[];
-    try {
-      settled = await this.#write(
-        "enqueue",
-        (now) => {
-          close();
-          return insertGroup(
-            this.#driver,
-            this.#sql,
-            group.calls.map((call) => call.event),
-            now,
-          );
-        },
-        {
-          join: group.join,
-          // As for enqueueBatch.
-          expire: false,
-          // A deferred constraint one call broke refused the COMMIT of all:
-          // each runs again in a transaction of its own, in order and in
-          // this turn, so only that call fails.
-          commitRefused: group.calls.length === 1
-            ? undefined
-            : () => this.#eachAlone(group.calls),
-        },
-      );
-    } catch (error) {
-      close();
-      for (const call of group.calls) call.reject(error);
-      return;
-    }
-    group.calls.forEach((call, i) => {
-      const outcome = settled[i]!;
-      if ("value" in outcome) call.resolve(outcome.value);
-      else call.reject(outcome.error);
-    });
-    if (settled.some((outcome) => "value" in outcome)) this.#enqueued();
-  }
-
-  /** Commits each call of a group in a transaction of its own, in order. */
-  async #eachAlone(
-    calls: readonly EnqueueCall[],
-  ): Promise<Settled<EnqueueResult>[]> {
-    const settled: Settled<EnqueueResult>[] = [];
-    for (const { event } of calls) {
-      try {
-        settled.push({
-          value: await this.#runner.inTurn(
-            "enqueue",
-            async () =>
-              insertOne(
-                this.#driver,
-                this.#sql,
-                event,
-                await this.#start("enqueue", false),
-              ),
-            {},
-          ),
-        });
-      } catch (error) {
-        settled.push({ error });
-      }
-    }
-    return settled;
-  }
-
-  /** Validates the elements of a batch, naming each (`events[3]`). */
-  #prepareBatch(op: string, events: unknown): PreparedEnqueue[] {
-    if (!Array.isArray(events)) {
-      throw new TypeError(
-        `Cannot ${op} as 'events' must be an array: current value is ${
-          describe(events)
-        }`,
-      );
-    }
-    checkInteger(op, "events.length", events.length, 0, MAX_BATCH);
-    // Array.from visits holes, so a sparse array is refused by index.
-    const prepared = Array.from(events, (event: unknown, i) => {
-      const element = `events[${i}]`;
-      if (event === null || typeof event !== "object") {
-        // Refused with the message every options object gets.
-        checkOptions(op, event, ENQUEUE_OPTIONS, element);
-      }
-      const { payload, ...options } = event as BatchEvent;
-      return this.#prepareEnqueue(op, payload, options, element);
-    });
-    // The batch travels as one JSON text (bytes as hex), which a JavaScript
-    // string must hold: past about 512 MiB V8 refuses it, mid-call.
-    const bytes = prepared.reduce((sum, event) => sum + payloadSize(event), 0);
-    if (bytes > MAX_BATCH_BYTES) {
-      throw new RangeError(
-        `Cannot ${op} as 'events' must hold at most ${MAX_BATCH_BYTES} bytes of payload: current size is ${bytes} bytes (enqueue larger payloads one at a time)`,
-      );
-    }
-    return prepared;
   }
 
   async #claim(
@@ -2111,8 +1282,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       }
     }
     if (expired.length > 0) {
-      await this.#writeUnwritten(expired.map(([eventId]) => eventId));
-      await this.#ledgerAll(expired, now);
+      await this.#ledger.writeUnwritten(expired.map(([eventId]) => eventId));
+      await this.#ledger.all(expired, now);
     }
     // The claims' own entries stay unwritten (schema.sql's
     // outbox_unwritten_attempts).
@@ -2145,86 +1316,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   /**
-   * The claim as the dialect's one statement, when it has one: resolves to
-   * the leases, or to `undefined` when the statement refused an
-   * unclaimable candidate, having changed nothing of it (the general path
-   * then makes it a dead letter). With `acknowledge`, the statement first
-   * acknowledges those leases, all of them or, refusing, none.
-   */
-  #claimInOne(
-    op: string,
-    queue: string,
-    leaseMs: number,
-    max: number,
-    acknowledge?: readonly CheckedLease[],
-  ): ((now: number | null) => Promise<Lease<P>[] | undefined>) | undefined {
-    const sql = acknowledge === undefined
-      ? this.#sql.claimInOne
-      : this.#sql.acknowledgeAndClaimInOne;
-    if (sql === undefined) return undefined;
-    return async (now) => {
-      // 128 random bits per token, minted for every lease the claim may take.
-      const tokens = hex(randomBytes(16 * max), 0, 16 * max);
-      const rows = await this.#driver.query(sql, [
-        now,
-        queue,
-        max,
-        this.#maxPayloadBytes,
-        leaseMs,
-        tokens,
-        ...acknowledge === undefined ? [] : [
-          leasesJson(acknowledge),
-        ],
-      ]);
-      this.#checkNow(op, rows[0]?.["now"]);
-      if (rows[0]?.["refused"] === 1) return undefined;
-      return rows.filter((row) => row["id"] !== null).map((row) => ({
-        eventId: integerOf(row, "id"),
-        identity: String(row["identity"]),
-        queue,
-        token: String(row["token"]),
-        fence: integerOf(row, "fence"),
-        attempt: integerOf(row, "attempt"),
-        maxAttempts: integerOf(row, "max_attempts"),
-        leaseUntil: integerOf(row, "lease_until"),
-        payload: decodePayload(row["payload_bytes"] ?? row["payload"]) as P,
-        orderingKey: nullableString(row["ordering_key"]),
-        lastError: nullableString(row["last_error"]),
-      }));
-    };
-  }
-
-  /**
-   * The acknowledgement as the dialect's one statement, when it has one:
-   * resolves to `true` per lease, or to `undefined` when a lease was stale
-   * (or listed twice), having changed nothing: the general path then writes
-   * the stale entries in order.
-   */
-  #acknowledgeInOne(
-    op: string,
-    leases: readonly CheckedLease[],
-  ): ((now: number | null) => Promise<boolean[] | undefined>) | undefined {
-    const one = leases.length === 1;
-    const sql = one
-      ? this.#sql.acknowledgeInOne
-      : this.#sql.acknowledgeAllInOne;
-    if (sql === undefined) return undefined;
-    return async (now) => {
-      const [row] = await this.#driver.query(
-        sql,
-        one ? [now, leases[0]!.eventId, leases[0]!.token, leases[0]!.fence] : [
-          now,
-          leasesJson(leases),
-        ],
-      );
-      this.#checkNow(op, row?.["now"]);
-      return row?.["acknowledged"] === leases.length
-        ? leases.map(() => true)
-        : undefined;
-    };
-  }
-
-  /**
    * Decodes a candidate's payload into `payloads`; returns why the event
    * cannot be handed out instead, when it cannot.
    */
@@ -2249,12 +1340,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const fence = integerOf(row, "fence");
     const entries: LedgerRow[] = [];
     if (row["state"] === "leased") {
-      await this.#writeUnwritten([eventId]);
+      await this.#ledger.writeUnwritten([eventId]);
       entries.push([eventId, fence, "expired", null, null, LEASE_EXPIRED]);
     }
     entries.push([eventId, fence, "dead", null, null, reason]);
     await this.#driver.run(this.#sql.unclaimable, [now, reason, eventId]);
-    await this.#ledgerAll(entries, now);
+    await this.#ledger.all(entries, now);
   }
 
   /**
@@ -2269,8 +1360,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       lease.fence,
     ]);
     if (changes === 0) {
-      await this.#writeUnwritten([lease.eventId], false);
-      await this.#stale(lease, "stale_acknowledge", now);
+      await this.#ledger.writeUnwritten([lease.eventId], false);
+      await this.#ledger.stale(lease, "stale_acknowledge", now);
       return false;
     }
     return true;
@@ -2316,11 +1407,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   async #start(op: string, expire: boolean): Promise<number> {
     if (expire && this.#now === "database" && this.#sql.nowExhausted) {
       const rows = await this.#driver.query(this.#sql.nowExhausted);
-      const now = this.#checkNow(op, rows[0]?.["now"]);
+      const now = this.#path.checkNow(op, rows[0]?.["now"]);
       await this.#expire(rows.filter((row) => row["id"] !== null), now);
       return now;
     }
-    const now = await this.#clock(op);
+    const now = await this.#path.clock(op);
     if (expire) await this.#expireExhausted(now);
     return now;
   }
@@ -2336,9 +1427,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   async #expire(rows: readonly Row[], now: number): Promise<void> {
     if (rows.length === 0) return;
     const eventIds = rows.map((row) => integerOf(row, "id"));
-    await this.#writeUnwritten(eventIds);
+    await this.#ledger.writeUnwritten(eventIds);
     await this.#driver.run(this.#sql.expire, [now, JSON.stringify(eventIds)]);
-    await this.#ledgerAll(
+    await this.#ledger.all(
       rows.flatMap((row): LedgerRow[] => {
         const eventId = integerOf(row, "id");
         const fence = integerOf(row, "fence");
@@ -2350,447 +1441,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       now,
     );
   }
-
-  /**
-   * Writes the entries that events' rows still hold, before an entry that
-   * must follow them or a change to what they are read from. `locked`
-   * tells whether this transaction holds the rows already (claims' and
-   * expiry's candidates); if not, the dialect's `lockEvents` takes them
-   * first.
-   */
-  async #writeUnwritten(
-    eventIds: readonly number[],
-    locked = true,
-  ): Promise<void> {
-    const ids = JSON.stringify(eventIds);
-    if (!locked && this.#sql.lockEvents) {
-      await this.#driver.query(this.#sql.lockEvents, [ids]);
-    }
-    await this.#driver.run(this.#sql.writeUnwritten, [ids]);
-  }
-
-  /** Writes ledger entries at `at`, in order, in one statement. */
-  async #ledgerAll(entries: readonly LedgerRow[], at: number): Promise<void> {
-    await this.#driver.run(this.#sql.ledgerAll, [at, JSON.stringify(entries)]);
-  }
-
-  /**
-   * Records a stale call in the ledger, after the event's unwritten entries
-   * (the caller writes those); the event row itself is untouched.
-   */
-  async #stale(
-    lease: CheckedLease,
-    kind: LedgerEntry["kind"],
-    now: number,
-  ): Promise<void> {
-    await this.#driver.run(this.#sql.stale, [
-      lease.eventId,
-      lease.fence,
-      kind,
-      now,
-      lease.token,
-    ]);
-  }
-
-  async #ledger(
-    eventId: number,
-    fence: number,
-    kind: LedgerEntry["kind"],
-    at: number,
-    token: string | null = null,
-    leaseUntil: number | null = null,
-    detail: string | null = null,
-  ): Promise<void> {
-    await this.#driver.run(this.#sql.ledger, [
-      eventId,
-      fence,
-      kind,
-      at,
-      token,
-      leaseUntil,
-      detail,
-    ]);
-  }
-
-  /**
-   * Runs `fn` in a `BEGIN IMMEDIATE` transaction under the connection's
-   * mutex, retrying `SQLITE_BUSY` after the driver's `busyWait` (or with
-   * jittered exponential backoff when it has none) until `busyTimeoutMs`
-   * (measured by `performance.now()`, a monotonic clock that
-   * the injected lease clock must not stretch). `fn` sees the lease clock
-   * read once the write lock is held, after lapsed last-attempt leases became
-   * dead letters (`expire`, off only while the schema may not exist yet).
-   *
-   * Through the connection's {@linkcode TransactionRunner}: while the
-   * application has a transaction open on the connection, a `join` call
-   * (one made inside {@linkcode Outbox.within}) runs `fn` inside it under a
-   * savepoint (`joined` is then `true`), and any other call waits, outside
-   * the mutex, until the application's transaction ends: a claim or renewal
-   * committed or rolled back with the application's writes would leave a
-   * worker holding a lease the database never kept. A transaction the engine
-   * ended or failed commits nothing (`TransactionEndedError`).
-   *
-   * Outside a transaction, `inOne` (the dialect's one-statement form of
-   * the call, given the injected clock's `now` or null for the server's)
-   * runs instead of `fn` and its transaction, unless it resolves to
-   * `undefined`: it refused, having changed nothing `fn` must see undone.
-   *
-   * A transaction the server rolled back for contention alone (the
-   * dialect's `rerun` codes: a deadlock's victim) runs again, with `fn`,
-   * until `busyTimeoutMs`, unless `rerun` is false (`fn` runs the
-   * application's code, which may have done more than SQL).
-   */
-  async #write<T>(
-    op: string,
-    fn: (now: number, joined: boolean) => Promise<T>,
-    { expire = true, join = false, inOne, rerun = true, commitRefused }: {
-      expire?: boolean;
-      join?: boolean;
-      inOne?: ((now: number | null) => Promise<T | undefined>) | undefined;
-      rerun?: boolean;
-      commitRefused?: (() => Promise<T>) | undefined;
-    } = {},
-  ): Promise<T> {
-    this.#checkOpen(op);
-    this.#notNested(op);
-    const now = inOne && (() =>
-      inOne(
-        this.#now === "database" ? null : this.#checkNow(op, this.#now()),
-      ));
-    return await this.#runner.run(
-      op,
-      async (joined) => await fn(await this.#start(op, expire), joined),
-      { join, inOne: now, rerun, commitRefused },
-    );
-  }
-
-  #checkOpen(op: string): void {
-    if (this.#closed) throw new Error(`Cannot ${op} as the outbox is closed`);
-  }
-
-  /**
-   * Throws when called from inside `transaction(fn)` of an outbox on the
-   * same connection: the call would wait for the mutex that the
-   * transaction holds while it waits for the call.
-   */
-  #notNested(op: string): void {
-    if (insideTransactionBody(this.#mutex)) {
-      throw new Error(
-        `Cannot ${op} on the outbox inside its own transaction(fn): use the transaction's handle (tx.enqueue, tx.acknowledge, tx.run), or the call would wait for the transaction that waits for it`,
-      );
-    }
-  }
-
-  async #clock(op: string): Promise<number> {
-    if (this.#now === "database") {
-      const [row] = await this.#driver.query(this.#sql.now!);
-      return this.#checkNow(op, row?.["now"]);
-    }
-    return this.#checkNow(op, this.#now());
-  }
-
-  #checkNow(op: string, now: unknown): number {
-    // Date's own range keeps now + MAX_DURATION_MS an exact integer.
-    if (
-      typeof now !== "number" || !Number.isSafeInteger(now) || now < 0 ||
-      now > MAX_DATE_MS
-    ) {
-      throw new RangeError(
-        `Cannot ${op} as the clock must return a non-negative integer of milliseconds within Date's range: current value is ${
-          describe(now)
-        }`,
-      );
-    }
-    return now;
-  }
 }
 
-/**
- * Creates or upgrades the schema inside the opening transaction: concurrent
- * first opens take turns on the write lock, so each version is applied and
- * recorded once.
- */
-async function migrate(driver: Driver): Promise<void> {
-  const tables = new Set(
-    (await driver.query(SQL.tables)).map((row) => String(row["name"])),
-  );
-  let version: number;
-  if (tables.has("outbox_schema")) {
-    const [row] = await driver.query(SQL.schemaVersion);
-    version = row === undefined ? 0 : integerOf(row, "version");
-  } else if (tables.has("outbox_events")) {
-    const [shape] = await driver.query(SQL.legacyShape);
-    version = Number(shape?.["identity"]) > 0
-      ? 4
-      : Number(shape?.["claimed_at"]) > 0
-      ? 3
-      : Number(shape?.["triggers"]) > 0
-      ? 1
-      : 2;
-    // The older release wrote this user_version; one that differs is the
-    // application's, set after that release last opened the file.
-    const [row] = await driver.query(SQL.userVersion);
-    if (row !== undefined && integerOf(row, "user_version") === version) {
-      await driver.run(SQL.resetUserVersion);
-    }
-    await driver.exec(VERSION_TABLE_SQL);
-    await driver.run(SQL.recordVersion, [version]);
-  } else {
-    await driver.exec(SCHEMA_SQL);
-    return;
-  }
-  if (version > SCHEMA_VERSION) {
-    throw new SchemaVersionError(version, SCHEMA_VERSION);
-  }
-  for (; version < SCHEMA_VERSION; version++) {
-    const step = UPGRADES.get(version);
-    if (step === undefined) {
-      throw new SchemaVersionError(version, SCHEMA_VERSION);
-    }
-    await driver.exec(step);
-    await driver.run(SQL.recordVersion, [version + 1]);
-  }
-}
-
-// A group of enqueues closes at this many calls or bytes of payload: its
-// statement's JSON stays small enough to build and parse at once.
-const MAX_GROUP = 1_000;
-const MAX_GROUP_BYTES = 8 * 1024 * 1024;
-// The most payload (bytes counted twice: they travel as hex) one
-// enqueueBatch carries.
-const MAX_BATCH_BYTES = 128 * 1024 * 1024;
-
-interface EnqueueCall {
-  readonly event: PreparedEnqueue;
-  resolve(result: EnqueueResult): void;
-  reject(error: unknown): void;
-}
-
-interface EnqueueGroup {
-  readonly calls: EnqueueCall[];
-  bytes: number;
-  /** Whether its calls were made inside the application's transaction. */
-  readonly join: boolean;
-}
-
-interface CheckedLease {
-  readonly eventId: number;
-  readonly token: string;
-  readonly fence: number;
-}
-
-/** For `this.#sql.ledgerAll`: event id, fence, kind, token, lease_until, detail. */
-type LedgerRow = [
-  number,
-  number,
-  LedgerEntry["kind"],
-  string | null,
-  number | null,
-  string | null,
-];
-
-/** `n` bytes from the platform's CSPRNG. */
-function randomBytes(n: number): Uint8Array {
-  const bytes = new Uint8Array(n);
-  // getRandomValues fills at most 65,536 bytes per call.
-  for (let i = 0; i < n; i += 65_536) {
-    crypto.getRandomValues(bytes.subarray(i, i + 65_536));
-  }
-  return bytes;
-}
-
-/**
- * Leases as the one-statement acknowledgements take them: a JSON array of
- * [event id, fence, token].
- */
-function leasesJson(leases: readonly CheckedLease[]): string {
-  return JSON.stringify(leases.map((l) => [l.eventId, l.fence, l.token]));
-}
-
-function encodePayload(
-  op: string,
-  field: string,
-  payload: unknown,
-  maxBytes: number,
-): SqlValue {
-  if (payload instanceof Uint8Array) {
-    // Checked before any copy: an oversized buffer never reaches the WASM heap.
-    if (payload.byteLength > maxBytes) {
-      throw tooLarge(op, field, payload.byteLength, maxBytes);
-    }
-    return payload;
-  }
-  let json: string | undefined;
-  try {
-    json = JSON.stringify(payload);
-  } catch (error) {
-    throw new TypeError(
-      `Cannot ${op} as '${field}' must be JSON-serializable`,
-      {
-        cause: error,
-      },
-    );
-  }
-  if (json === undefined) {
-    throw new TypeError(
-      `Cannot ${op} as '${field}' must be JSON-serializable: current value is ${
-        describe(payload)
-      }`,
-    );
-  }
-  // UTF-8 is at most 3 bytes per UTF-16 unit, so short texts skip the count.
-  if (json.length * 3 > maxBytes) {
-    const bytes = encoder.encode(json).byteLength;
-    if (bytes > maxBytes) throw tooLarge(op, field, bytes, maxBytes);
-  }
-  return json;
-}
-
-/**
- * An event row (`this.#sql.event`) and its ledger rows (`this.#sql.history`) as an
- * {@linkcode Explanation}.
- *
- * @ignore
- * @param row The event's row.
- * @param history Its ledger rows, oldest first.
- * @returns The explanation.
- */
-export function explanation(row: Row, history: readonly Row[]): Explanation {
-  return {
-    eventId: integerOf(row, "id"),
-    identity: String(row["identity"]),
-    queue: String(row["queue"]),
-    state: row["state"] as EventState,
-    attempt: integerOf(row, "attempt"),
-    maxAttempts: integerOf(row, "max_attempts"),
-    fence: integerOf(row, "fence"),
-    lastError: nullableString(row["last_error"]),
-    history: history.map((entry) => ({
-      kind: entry["kind"] as LedgerEntry["kind"],
-      fence: integerOf(entry, "fence"),
-      at: integerOf(entry, "at"),
-      token: nullableString(entry["token"]),
-      leaseUntil: entry["lease_until"] === null
-        ? null
-        : integerOf(entry, "lease_until"),
-      detail: nullableString(entry["detail"]),
-    })),
-  };
-}
-
-/**
- * A stored payload as enqueued: JSON text parsed, a BLOB as a `Uint8Array`.
- *
- * @ignore
- * @param value The `payload` column.
- * @returns The payload.
- */
-export function decodePayload(value: SqlValue | undefined): unknown {
-  if (value instanceof Uint8Array) return value;
-  if (typeof value === "string") return JSON.parse(value);
-  return value === undefined ? null : value;
-}
-
-function tooLarge(
-  op: string,
-  field: string,
-  bytes: number,
-  maxBytes: number,
-): RangeError {
-  return new RangeError(
-    `Cannot ${op} as '${field}' must be at most ${maxBytes} bytes ('maxPayloadBytes'): current size is ${bytes} bytes`,
-  );
-}
-
-/**
- * An integer column of a row as a number. SQLite's integers have 64 bits;
- * past ±2^53 a number would round, and a rounded id or fence names another
- * event or lease.
- */
 /** `value + 1` for a fence or attempt a claim writes, refused past 2^53 - 1. */
 function successor(column: string, value: number): number {
   if (value >= Number.MAX_SAFE_INTEGER) {
     throw new UnsafeIntegerError(column, BigInt(value) + 1n);
   }
   return value + 1;
-}
-
-function nullableString(value: SqlValue | undefined): string | null {
-  return value === null || value === undefined ? null : String(value);
-}
-
-/** The options of {@linkcode Outbox.open}. @ignore */
-export const OUTBOX_OPTIONS: readonly string[] = [
-  "now",
-  "queue",
-  "leaseMs",
-  "maxAttempts",
-  "busyTimeoutMs",
-  "maxPayloadBytes",
-];
-const ENQUEUE_OPTIONS = [
-  "queue",
-  "delayMs",
-  "maxAttempts",
-  "dedupKey",
-  "orderingKey",
-  "identity",
-];
-const CLAIM_OPTIONS = ["queue", "leaseMs", "token", "max"];
-const BATCH_CLAIM_OPTIONS = ["queue", "leaseMs", "max"];
-const RELEASE_OPTIONS = ["delayMs", "error", "deadLetter"];
-const PURGE_OPTIONS = ["olderThanMs", "states"];
-
-function checkLease(op: string, field: string, lease: unknown): CheckedLease {
-  if (lease === null || typeof lease !== "object") {
-    throw new TypeError(
-      `Cannot ${op} as '${field}' must be a Lease: current value is ${
-        describe(lease)
-      }`,
-    );
-  }
-  const { eventId, token, fence } = lease as Record<string, unknown>;
-  return {
-    eventId: checkInteger(
-      op,
-      `${field}.eventId`,
-      eventId,
-      1,
-      Number.MAX_SAFE_INTEGER,
-    ) ??
-      missing(op, `${field}.eventId`),
-    token: checkToken(op, `${field}.token`, token),
-    fence:
-      checkInteger(op, `${field}.fence`, fence, 1, Number.MAX_SAFE_INTEGER) ??
-        missing(op, `${field}.fence`),
-  };
-}
-
-/**
- * Validates {@linkcode ListOptions} into the parameters of `this.#sql.list`.
- *
- * @ignore
- * @param op What was being done, for the message.
- * @param options The options as passed.
- * @returns State, queue (`null`: all), afterId and limit.
- * @throws {TypeError | RangeError} When an option is invalid, naming it.
- */
-export function listParameters(
-  op: string,
-  options: ListOptions,
-): [EventState, string | null, number, number] {
-  checkOptions(op, options, ["state", "queue", "limit", "afterId"]);
-  const state = checkState(op, options.state);
-  const queue = options.queue === undefined
-    ? null
-    : checkName(op, "queue", options.queue);
-  const limit = checkInteger(op, "limit", options.limit, 1, MAX_BATCH) ?? 100;
-  const afterId = checkInteger(
-    op,
-    "afterId",
-    options.afterId,
-    0,
-    Number.MAX_SAFE_INTEGER,
-  ) ?? 0;
-  return [state, queue, afterId, limit];
 }

@@ -160,6 +160,27 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
   readonly schemaPresent?: string;
   /** The schema version `setup` creates. */
   readonly version?: number;
+  /**
+   * For an engine that keeps freed pages in its file and may keep a
+   * write-ahead log beside it (SQLite): the statements with which
+   * `Outbox.maintain()` gives pages back, and the mark that `stats()`
+   * reports the WAL. Absent (PostgreSQL, whose autovacuum reclaims space
+   * itself): `maintain()` refuses and `stats()` reports no WAL.
+   */
+  readonly maintenance?: {
+    /** Answers the page size in bytes. */
+    readonly pageSize: string;
+    /** Answers the number of pages in the file. */
+    readonly pageCount: string;
+    /** Answers the number of free pages. */
+    readonly freelistCount: string;
+    /** Answers the auto_vacuum mode: 0 none, 1 full, 2 incremental. */
+    readonly autoVacuumMode: string;
+    /** Sets auto_vacuum to incremental (a full `VACUUM` after it applies it). */
+    readonly autoVacuum: string;
+    /** Frees the free pages, one per step. */
+    readonly incrementalVacuum: string;
+  };
 }
 
 /** What `Outbox.enqueue` reports. */

@@ -226,6 +226,16 @@ async function undoable<T>(
   }
 }
 
+/** `n` bytes from the platform's CSPRNG. */
+export function randomBytes(n: number): Uint8Array {
+  const bytes = new Uint8Array(n);
+  // getRandomValues fills at most 65,536 bytes per call.
+  for (let i = 0; i < n; i += 65_536) {
+    crypto.getRandomValues(bytes.subarray(i, i + 65_536));
+  }
+  return bytes;
+}
+
 /** `length` bytes of `bytes` from `start` as lowercase hex. */
 export function hex(bytes: Uint8Array, start: number, length: number): string {
   if (length <= 64) {

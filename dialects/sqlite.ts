@@ -288,4 +288,15 @@ export const SQL = {
 } as const;
 
 /** SQLite's dialect: the core's statements and the admin calls'. */
-export const SQLITE: Dialect = { ...SQL, ...ADMIN_SQL };
+export const SQLITE: Dialect = {
+  ...SQL,
+  ...ADMIN_SQL,
+  maintenance: {
+    pageSize: SQL.pageSize,
+    pageCount: SQL.pageCount,
+    freelistCount: SQL.freelistCount,
+    autoVacuumMode: SQL.autoVacuumMode,
+    autoVacuum: SQL.autoVacuum,
+    incrementalVacuum: SQL.incrementalVacuum,
+  },
+};

@@ -1,0 +1,320 @@
+/**
+ * The checks of the {@linkcode Outbox} calls' arguments, made before any
+ * SQL: the options each call knows, a lease's fields, an event's payload
+ * and options (encoded as stored), a batch, a listing's parameters.
+ *
+ * @module
+ */
+import type { SqlValue } from "../driver.ts";
+import type { Dialect, EventState } from "../types.ts";
+import {
+  checkIdentity,
+  checkInteger,
+  checkName,
+  checkOptions,
+  checkState,
+  checkToken,
+  describe,
+  missing,
+} from "../validate.ts";
+import type { ListOptions } from "../admin.ts";
+import { payloadSize, type PreparedEnqueue } from "./enqueue.ts";
+import type { CheckedLease } from "./ledger.ts";
+import {
+  type BatchEvent,
+  type Clock,
+  type EnqueueOptions,
+  MAX_ATTEMPTS,
+  MAX_BATCH,
+  MAX_DURATION_MS,
+  MAX_PAYLOAD_BYTES,
+  type OutboxOptions,
+} from "./shapes.ts";
+
+const encoder = new TextEncoder();
+
+// The most payload (bytes counted twice: they travel as hex) one
+// enqueueBatch carries.
+const MAX_BATCH_BYTES = 128 * 1024 * 1024;
+
+/** What an event takes from its outbox when its options name nothing. */
+export interface EnqueueDefaults {
+  readonly queue: string;
+  readonly maxAttempts: number;
+  readonly maxPayloadBytes: number;
+}
+
+/**
+ * Validates one event's payload and options; `element` names an element
+ * of a batch (`"events[3]"`) in the messages.
+ */
+export function prepareEnqueue(
+  op: string,
+  payload: unknown,
+  options: EnqueueOptions,
+  defaults: EnqueueDefaults,
+  element?: string,
+): PreparedEnqueue {
+  checkOptions(op, options, ENQUEUE_OPTIONS, element);
+  const f = (field: string) =>
+    element === undefined ? field : `${element}.${field}`;
+  const queue = options.queue === undefined
+    ? defaults.queue
+    : checkName(op, f("queue"), options.queue);
+  const delayMs =
+    checkInteger(op, f("delayMs"), options.delayMs, 0, MAX_DURATION_MS) ??
+      0;
+  const maxAttempts = checkInteger(
+    op,
+    f("maxAttempts"),
+    options.maxAttempts,
+    1,
+    MAX_ATTEMPTS,
+  ) ?? defaults.maxAttempts;
+  const dedupKey = options.dedupKey === undefined
+    ? null
+    : checkName(op, f("dedupKey"), options.dedupKey);
+  const orderingKey = options.orderingKey === undefined
+    ? null
+    : checkName(op, f("orderingKey"), options.orderingKey);
+  const identity = options.identity === undefined
+    ? null
+    : checkIdentity(op, f("identity"), options.identity);
+  const stored = encodePayload(
+    op,
+    f("payload"),
+    payload,
+    defaults.maxPayloadBytes,
+  );
+  // Times are filled in under the write lock, from the clock at that moment.
+  return {
+    queue,
+    payload: stored,
+    dedupKey,
+    orderingKey,
+    identity,
+    delayMs,
+    maxAttempts,
+  };
+}
+
+/** Validates the elements of a batch, naming each (`events[3]`). */
+export function prepareBatch(
+  op: string,
+  events: unknown,
+  defaults: EnqueueDefaults,
+): PreparedEnqueue[] {
+  if (!Array.isArray(events)) {
+    throw new TypeError(
+      `Cannot ${op} as 'events' must be an array: current value is ${
+        describe(events)
+      }`,
+    );
+  }
+  checkInteger(op, "events.length", events.length, 0, MAX_BATCH);
+  // Array.from visits holes, so a sparse array is refused by index.
+  const prepared = Array.from(events, (event: unknown, i) => {
+    const element = `events[${i}]`;
+    if (event === null || typeof event !== "object") {
+      // Refused with the message every options object gets.
+      checkOptions(op, event, ENQUEUE_OPTIONS, element);
+    }
+    const { payload, ...options } = event as BatchEvent;
+    return prepareEnqueue(op, payload, options, defaults, element);
+  });
+  // The batch travels as one JSON text (bytes as hex), which a JavaScript
+  // string must hold: past about 512 MiB V8 refuses it, mid-call.
+  const bytes = prepared.reduce((sum, event) => sum + payloadSize(event), 0);
+  if (bytes > MAX_BATCH_BYTES) {
+    throw new RangeError(
+      `Cannot ${op} as 'events' must hold at most ${MAX_BATCH_BYTES} bytes of payload: current size is ${bytes} bytes (enqueue larger payloads one at a time)`,
+    );
+  }
+  return prepared;
+}
+
+/** A payload as stored: JSON text, or bytes as they are; refused past `maxBytes`. */
+export function encodePayload(
+  op: string,
+  field: string,
+  payload: unknown,
+  maxBytes: number,
+): SqlValue {
+  if (payload instanceof Uint8Array) {
+    // Checked before any copy: an oversized buffer never reaches the WASM heap.
+    if (payload.byteLength > maxBytes) {
+      throw tooLarge(op, field, payload.byteLength, maxBytes);
+    }
+    return payload;
+  }
+  let json: string | undefined;
+  try {
+    json = JSON.stringify(payload);
+  } catch (error) {
+    throw new TypeError(
+      `Cannot ${op} as '${field}' must be JSON-serializable`,
+      {
+        cause: error,
+      },
+    );
+  }
+  if (json === undefined) {
+    throw new TypeError(
+      `Cannot ${op} as '${field}' must be JSON-serializable: current value is ${
+        describe(payload)
+      }`,
+    );
+  }
+  // UTF-8 is at most 3 bytes per UTF-16 unit, so short texts skip the count.
+  if (json.length * 3 > maxBytes) {
+    const bytes = encoder.encode(json).byteLength;
+    if (bytes > maxBytes) throw tooLarge(op, field, bytes, maxBytes);
+  }
+  return json;
+}
+
+function tooLarge(
+  op: string,
+  field: string,
+  bytes: number,
+  maxBytes: number,
+): RangeError {
+  return new RangeError(
+    `Cannot ${op} as '${field}' must be at most ${maxBytes} bytes ('maxPayloadBytes'): current size is ${bytes} bytes`,
+  );
+}
+
+/** The options of {@linkcode Outbox.open}. @ignore */
+export const OUTBOX_OPTIONS: readonly string[] = [
+  "now",
+  "queue",
+  "leaseMs",
+  "maxAttempts",
+  "busyTimeoutMs",
+  "maxPayloadBytes",
+];
+export const ENQUEUE_OPTIONS = [
+  "queue",
+  "delayMs",
+  "maxAttempts",
+  "dedupKey",
+  "orderingKey",
+  "identity",
+];
+export const CLAIM_OPTIONS = ["queue", "leaseMs", "token", "max"];
+export const BATCH_CLAIM_OPTIONS = ["queue", "leaseMs", "max"];
+export const RELEASE_OPTIONS = ["delayMs", "error", "deadLetter"];
+export const PURGE_OPTIONS = ["olderThanMs", "states"];
+
+/** A lease's event id, token and fence, checked; `field` names it in messages. */
+export function checkLease(
+  op: string,
+  field: string,
+  lease: unknown,
+): CheckedLease {
+  if (lease === null || typeof lease !== "object") {
+    throw new TypeError(
+      `Cannot ${op} as '${field}' must be a Lease: current value is ${
+        describe(lease)
+      }`,
+    );
+  }
+  const { eventId, token, fence } = lease as Record<string, unknown>;
+  return {
+    eventId: checkInteger(
+      op,
+      `${field}.eventId`,
+      eventId,
+      1,
+      Number.MAX_SAFE_INTEGER,
+    ) ??
+      missing(op, `${field}.eventId`),
+    token: checkToken(op, `${field}.token`, token),
+    fence:
+      checkInteger(op, `${field}.fence`, fence, 1, Number.MAX_SAFE_INTEGER) ??
+        missing(op, `${field}.fence`),
+  };
+}
+
+/**
+ * Validates {@linkcode ListOptions} into the parameters of `Dialect.list`.
+ *
+ * @ignore
+ * @param op What was being done, for the message.
+ * @param options The options as passed.
+ * @returns State, queue (`null`: all), afterId and limit.
+ * @throws {TypeError | RangeError} When an option is invalid, naming it.
+ */
+export function listParameters(
+  op: string,
+  options: ListOptions,
+): [EventState, string | null, number, number] {
+  checkOptions(op, options, ["state", "queue", "limit", "afterId"]);
+  const state = checkState(op, options.state);
+  const queue = options.queue === undefined
+    ? null
+    : checkName(op, "queue", options.queue);
+  const limit = checkInteger(op, "limit", options.limit, 1, MAX_BATCH) ?? 100;
+  const afterId = checkInteger(
+    op,
+    "afterId",
+    options.afterId,
+    0,
+    Number.MAX_SAFE_INTEGER,
+  ) ?? 0;
+  return [state, queue, afterId, limit];
+}
+
+/** An outbox's settings: {@linkcode OutboxOptions} checked, defaults filled. */
+export interface OutboxSettings {
+  readonly now: Clock | "database";
+  readonly queue: string;
+  readonly leaseMs: number;
+  readonly maxAttempts: number;
+  readonly busyTimeoutMs: number;
+  readonly maxPayloadBytes: number;
+}
+
+/**
+ * Checks the options of `Outbox.open` (their names are checked before) on
+ * an engine spelled by `sql`, filling in the defaults.
+ */
+export function outboxSettings(
+  sql: Dialect,
+  options: OutboxOptions,
+): OutboxSettings {
+  const op = "open outbox";
+  const now = options.now ?? (sql.now ? "database" : Date.now);
+  if (
+    typeof now !== "function" &&
+    !(now === "database" && sql.now !== undefined)
+  ) {
+    throw new TypeError(
+      `Cannot ${op} as 'now' must be a function: current value is ${
+        describe(now)
+      }`,
+    );
+  }
+  const queue = checkName(op, "queue", options.queue ?? "default");
+  const leaseMs =
+    checkInteger(op, "leaseMs", options.leaseMs, 1, MAX_DURATION_MS) ??
+      30_000;
+  const maxAttempts =
+    checkInteger(op, "maxAttempts", options.maxAttempts, 1, MAX_ATTEMPTS) ??
+      5;
+  const busyTimeoutMs = checkInteger(
+    op,
+    "busyTimeoutMs",
+    options.busyTimeoutMs,
+    0,
+    MAX_DURATION_MS,
+  ) ?? 5_000;
+  const maxPayloadBytes = checkInteger(
+    op,
+    "maxPayloadBytes",
+    options.maxPayloadBytes,
+    1,
+    MAX_PAYLOAD_BYTES,
+  ) ?? 1_048_576;
+  return { now, queue, leaseMs, maxAttempts, busyTimeoutMs, maxPayloadBytes };
+}

@@ -1,0 +1,155 @@
+/**
+ * Group commit of the producer path: `Outbox.enqueue` calls made while the
+ * outbox waits for the connection or its write lock share the next
+ * transaction (up to 1,000 calls or 8 MiB of payloads), each undone alone
+ * under its savepoint when it fails (`insertGroup` in `enqueue.ts`), and
+ * run again one per transaction when a deferred constraint refused the
+ * shared commit.
+ *
+ * @module
+ */
+import type { EnqueueResult } from "../types.ts";
+import type { OutboxCore } from "./context.ts";
+import {
+  insertGroup,
+  insertOne,
+  payloadSize,
+  type PreparedEnqueue,
+  type Settled,
+} from "./enqueue.ts";
+
+// A group of enqueues closes at this many calls or bytes of payload: its
+// statement's JSON stays small enough to build and parse at once.
+const MAX_GROUP = 1_000;
+const MAX_GROUP_BYTES = 8 * 1024 * 1024;
+
+interface EnqueueCall {
+  readonly event: PreparedEnqueue;
+  resolve(result: EnqueueResult): void;
+  reject(error: unknown): void;
+}
+
+interface EnqueueGroup {
+  readonly calls: EnqueueCall[];
+  bytes: number;
+  /** Whether its calls were made inside the application's transaction. */
+  readonly join: boolean;
+}
+
+/** The open group of enqueues of one outbox, and its commits. */
+export class GroupCommit {
+  readonly #core: OutboxCore;
+  // The enqueues waiting for the next transaction; closed (undefined) once
+  // that transaction holds the write lock.
+  #group: EnqueueGroup | undefined;
+
+  constructor(core: OutboxCore) {
+    this.#core = core;
+  }
+
+  /**
+   * Adds a checked event to the open group (a new one when it is full or
+   * was made on the other side of `join`), resolving once the commit that
+   * holds it returned.
+   */
+  add(event: PreparedEnqueue, join: boolean): Promise<EnqueueResult> {
+    const bytes = payloadSize(event);
+    return new Promise((resolve, reject) => {
+      let group = this.#group;
+      if (
+        group === undefined || group.calls.length >= MAX_GROUP ||
+        group.bytes + bytes > MAX_GROUP_BYTES || group.join !== join
+      ) {
+        group = this.#group = { calls: [], bytes: 0, join };
+        this.#commit(group);
+      }
+      group.calls.push({ event, resolve, reject });
+      group.bytes += bytes;
+    });
+  }
+
+  /**
+   * Ends the open group of enqueues, so that a later `enqueue()` cannot join
+   * a transaction queued before a call that may enqueue too
+   * (`enqueueBatch`, `transaction`): ids, dedup winners and per-key order
+   * follow the order of the calls.
+   */
+  close(): void {
+    this.#group = undefined;
+  }
+
+  /**
+   * Commits a group of enqueues in one transaction, then settles each
+   * call's promise: with its own result or error, or with the transaction's
+   * error when it failed.
+   */
+  async #commit(group: EnqueueGroup): Promise<void> {
+    // Calls arriving from now on form the next group.
+    const close = () => {
+      if (this.#group === group) this.#group = undefined;
+    };
+    let settled: Settled<EnqueueResult>[];
+    try {
+      settled = await this.#core.write(
+        "enqueue",
+        (now) => {
+          close();
+          return insertGroup(
+            this.#core.driver,
+            this.#core.sql,
+            group.calls.map((call) => call.event),
+            now,
+          );
+        },
+        {
+          join: group.join,
+          // As for enqueueBatch.
+          expire: false,
+          // A deferred constraint one call broke refused the COMMIT of all:
+          // each runs again in a transaction of its own, in order and in
+          // this turn, so only that call fails.
+          commitRefused: group.calls.length === 1
+            ? undefined
+            : () => this.#eachAlone(group.calls),
+        },
+      );
+    } catch (error) {
+      close();
+      for (const call of group.calls) call.reject(error);
+      return;
+    }
+    group.calls.forEach((call, i) => {
+      const outcome = settled[i]!;
+      if ("value" in outcome) call.resolve(outcome.value);
+      else call.reject(outcome.error);
+    });
+    if (settled.some((outcome) => "value" in outcome)) this.#core.enqueued();
+  }
+
+  /** Commits each call of a group in a transaction of its own, in order. */
+  async #eachAlone(
+    calls: readonly EnqueueCall[],
+  ): Promise<Settled<EnqueueResult>[]> {
+    const settled: Settled<EnqueueResult>[] = [];
+    for (const { event } of calls) {
+      try {
+        settled.push({
+          value: await this.#core.runner.inTurn(
+            "enqueue",
+            async () =>
+              insertOne(
+                this.#core.driver,
+                this.#core.sql,
+                event,
+                await this.#core.start("enqueue", false),
+              ),
+            {},
+          ),
+        });
+      } catch (error) {
+        settled.push({ error });
+      }
+    }
+    return settled;
+  }
+}

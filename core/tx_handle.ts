@@ -1,0 +1,85 @@
+/**
+ * The handle of `Outbox.transaction(fn)`: the caller's statements, enqueues
+ * and fenced acknowledgements in one transaction of the outbox's write
+ * path, every call refused once the transaction ended.
+ *
+ * @module
+ */
+import { LeaseLostError } from "../errors.ts";
+import { checkLease, prepareBatch, prepareEnqueue } from "./arguments.ts";
+import type { OutboxCore } from "./context.ts";
+import { insertAll, insertOne } from "./enqueue.ts";
+import type { GroupCommit } from "./group_commit.ts";
+import type { CheckedLease } from "./ledger.ts";
+import type { Transaction } from "./shapes.ts";
+import { runTransactionBody, transactionStatements } from "./transaction.ts";
+
+/**
+ * Runs `fn` with a {@linkcode Transaction} handle in one transaction of the
+ * outbox's write path (never run again after a deadlock: `fn` is the
+ * application's code). `acknowledgeOne` is the lease rules' fenced
+ * acknowledgement of one lease.
+ */
+export async function runTransaction<T>(
+  core: OutboxCore,
+  groups: GroupCommit,
+  acknowledgeOne: (lease: CheckedLease, now: number) => Promise<boolean>,
+  fn: (tx: Transaction) => Promise<T>,
+): Promise<T> {
+  let enqueued = false;
+  let ended = false;
+  let lost: LeaseLostError | undefined;
+  const driver = core.driver;
+  // Every call checks the handle is still inside its transaction: kept past
+  // it, the handle would run outside the mutex and outside any transaction.
+  const inside = (op: string) => {
+    if (ended) {
+      throw new Error(
+        `Cannot ${op} as the transaction this handle belongs to has ended`,
+      );
+    }
+    core.runner.checkLive(op);
+  };
+  groups.close();
+  const result = await core.write(
+    "run transaction",
+    async (now) => {
+      const tx: Transaction = {
+        ...transactionStatements(driver, inside),
+        enqueue: async (payload, options = {}) => {
+          inside("enqueue");
+          const event = prepareEnqueue("enqueue", payload, options, core);
+          enqueued = true;
+          return await insertOne(core.driver, core.sql, event, now);
+        },
+        enqueueBatch: async (events) => {
+          const op = "enqueue batch";
+          inside(op);
+          const prepared = prepareBatch(op, events, core);
+          enqueued = true;
+          return await insertAll(core.driver, core.sql, prepared, now);
+        },
+        acknowledge: async (lease) => {
+          inside("acknowledge");
+          const checked = checkLease("acknowledge", "lease", lease);
+          if (await acknowledgeOne(checked, now)) return true;
+          lost = new LeaseLostError(checked.eventId, checked.fence);
+          throw lost;
+        },
+      };
+      try {
+        const value = await runTransactionBody(core.mutex, () => fn(tx));
+        // Catching the LeaseLostError inside fn must not let the stale
+        // worker's writes commit.
+        if (lost !== undefined) throw lost;
+        return value;
+      } finally {
+        ended = true;
+      }
+    },
+    // Never run again after a deadlock: fn is the application's code.
+    { rerun: false },
+  );
+  if (enqueued) core.enqueued();
+  return result;
+}
