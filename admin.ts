@@ -1,8 +1,9 @@
 /**
  * The admin side of an outbox: listing events, cancelling, redriving and
- * purging them, counting queues. This file holds their shapes, SQL and row
- * mapping, apart from the lease rules; {@linkcode Outbox} runs them under its
- * write lock and validates their arguments with the lease rules' helpers.
+ * purging them, counting queues. This file holds their shapes, constants
+ * and row mapping; each dialect holds their SQL (SQLite's in
+ * `dialects/sqlite/admin.ts`), and `core/admin.ts` runs them under the
+ * outbox's write lock.
  *
  * The names follow the peers operators know: pg-boss's `redrive()` and SQS's
  * dead-letter redrive, and purge by age as a duration (`olderThanMs`), like
@@ -147,80 +148,6 @@ export const LEASE_EXPIRED = "lease expired";
  */
 export const PURGE_BATCH = 1_000;
 
-/** The admin statements, exported for the query-plan tests only. */
-export const ADMIN_SQL = {
-  // Acknowledgements per queue since ?1; the retention index
-  // (outbox_events_done) serves it.
-  acknowledgedSince: `SELECT queue, count(*) AS n FROM outbox_events
-    WHERE state = 'done' AND done_at >= ?1 GROUP BY queue`,
-  // Events acknowledged (the retention index outbox_events_done) and
-  // attempts failed (releases with an error, lapsed leases) since ?1, per
-  // ?2 milliseconds.
-  activity:
-    `SELECT (at / ?2) * ?2 AS at, sum(done) AS done, sum(failed) AS failed
-    FROM (SELECT done_at AS at, 1 AS done, 0 AS failed FROM outbox_events
-        WHERE state = 'done' AND done_at >= ?1
-      UNION ALL
-      SELECT at, 0, 1 FROM outbox_attempts WHERE at >= ?1
-        AND (kind = 'expired' OR kind = 'released' AND detail IS NOT NULL))
-    GROUP BY 1 ORDER BY 1`,
-  // The dedup index (queue, dedup_key) answers it with one seek.
-  dedupKeyEvent:
-    `SELECT id FROM outbox_events WHERE queue = ?1 AND dedup_key = ?2`,
-  // ?2 NULL: every queue. Paged by id, the primary key.
-  list:
-    `SELECT id, identity, queue, state, attempt, max_attempts, due_at, lease_until,
-      last_error, created_at, updated_at, payload, ordering_key, dedup_key
-    FROM outbox_events
-    WHERE state = ?1 AND (?2 IS NULL OR queue = ?2) AND id > ?3
-    ORDER BY id LIMIT ?4`,
-  // ?2 a JSON array of ids. Only a pending event: a leased one has a
-  // holder whose acknowledgement would be refused without telling it why.
-  cancel: `UPDATE outbox_events
-    SET state = 'dead', done_at = ?1, updated_at = ?1,
-      last_error = '${CANCELLED}'
-    WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'pending'
-    RETURNING id, fence`,
-  // ?2 NULL: every queue; ?3 NULL: every id, else a JSON array of ids.
-  redrive: `UPDATE outbox_events
-    SET state = 'pending', attempt = 0, due_at = ?1, updated_at = ?1,
-      done_at = NULL
-    WHERE state = 'dead' AND (?2 IS NULL OR queue = ?2)
-      AND (?3 IS NULL OR id IN (SELECT value FROM json_each(?3)))
-    RETURNING id, fence`,
-  // A done event's age counts from its done_at, as the outbox_events_done
-  // index has it; a dead letter's likewise.
-  purgeable: `SELECT id FROM outbox_events
-    WHERE state = ?1 AND done_at < ?2 LIMIT ${PURGE_BATCH}`,
-  purgeLedger: `DELETE FROM outbox_attempts
-    WHERE event_id IN (SELECT value FROM json_each(?1))`,
-  purge: `DELETE FROM outbox_events
-    WHERE id IN (SELECT value FROM json_each(?1))`,
-  // The state index (queue, state, created_at) covers it.
-  queues: `SELECT queue, state, count(*) AS n, min(created_at) AS oldest
-    FROM outbox_events GROUP BY queue, state ORDER BY queue`,
-  // Each queue by a seek past the last (a loose index scan of the state
-  // index), then each state's count up to ?1 and oldest event by seeks.
-  queuesUpTo: `WITH RECURSIVE q(queue) AS (
-      SELECT min(queue) FROM outbox_events
-      UNION ALL
-      SELECT (SELECT min(queue) FROM outbox_events WHERE queue > q.queue)
-      FROM q WHERE q.queue IS NOT NULL),
-    s(state) AS (VALUES ('pending'), ('leased'), ('done'), ('dead'))
-    SELECT * FROM (SELECT q.queue AS queue, s.state AS state,
-        (SELECT count(*) FROM (SELECT 1 FROM outbox_events AS e
-          WHERE e.queue = q.queue AND e.state = s.state LIMIT ?1)) AS n,
-        (SELECT min(created_at) FROM outbox_events AS e
-          WHERE e.queue = q.queue AND e.state = s.state) AS oldest
-      FROM q, s WHERE q.queue IS NOT NULL)
-    WHERE n > 0 ORDER BY queue`,
-  // The claim index (queue, due_at, id) answers it with one seek. Answers
-  // `now` (?2) and `due_at` (null when nothing is scheduled).
-  nextDue: `SELECT ?2 AS now, (SELECT due_at FROM outbox_events
-      WHERE queue = ?1 AND state IN ('pending', 'leased') AND due_at > ?2
-      ORDER BY due_at LIMIT 1) AS due_at`,
-} as const;
-
 /**
  * A stored payload read back for listing: decoded by `decode`, or the
  * stored text itself when that is not JSON (written by another program, or
@@ -243,7 +170,7 @@ export function storedPayload(
 }
 
 /**
- * Builds an {@linkcode EventInfo} from a row of `ADMIN_SQL.list`.
+ * Builds an {@linkcode EventInfo} from a row of `Dialect.list`.
  *
  * @param row The row.
  * @param decode Decodes a stored payload; its errors leave the text as is.
@@ -275,7 +202,7 @@ export function eventInfo<P>(
 }
 
 /**
- * Folds `ADMIN_SQL.queues` rows (one per queue and state) into one entry per
+ * Folds `Dialect.queues` rows (one per queue and state) into one entry per
  * queue, in name order.
  *
  * @param rows The rows.

@@ -10,7 +10,8 @@
 /**
  * The statements every engine spells: the keys of a {@linkcode Dialect}.
  * `SQL` in `dialects/sqlite.ts` (and, for the admin calls, `ADMIN_SQL` in
- * admin.ts) holds SQLite's text for each, with what its parameters mean.
+ * `dialects/sqlite/admin.ts`) holds SQLite's text for each, with what its
+ * parameters mean.
  */
 export type StatementName =
   | "begin"

@@ -6,7 +6,8 @@
  *
  * @module
  */
-import { ADMIN_SQL, LEASE_EXPIRED } from "../admin.ts";
+import { LEASE_EXPIRED } from "../admin.ts";
+import { ADMIN_SQL } from "./sqlite/admin.ts";
 import type { Dialect } from "../types.ts";
 import { SCHEMA_SQL } from "../schema.ts";
 
@@ -79,7 +80,7 @@ export const UPGRADES: ReadonlyMap<number, string> = new Map([
   ],
 ]);
 
-/** The statements of the core on SQLite (the admin calls' are `ADMIN_SQL`). */
+/** The statements of the core on SQLite (the admin calls' are `ADMIN_SQL`, in `sqlite/admin.ts`). */
 export const SQL = {
   begin: "BEGIN IMMEDIATE",
   commit: "COMMIT",

@@ -9,7 +9,7 @@ import { type Driver, type Lease, Outbox } from "../mod.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { DatabaseSync } from "node:sqlite";
 import { processEvents, type Timers } from "../worker.ts";
-import { ADMIN_SQL } from "../admin.ts";
+import { ADMIN_SQL } from "../dialects/sqlite/admin.ts";
 import { SQL } from "../dialects/sqlite.ts";
 import { fixture, ManualTimers } from "./worker_fixture.ts";
 import { ManualClock } from "./helpers.ts";

@@ -1,0 +1,82 @@
+/**
+ * SQLite's admin statements: listing, cancel, redrive, purge, queue
+ * counts, activity and the dedup lookup (`admin.ts` maps their rows;
+ * `core/admin.ts` runs them). Part of the `SQLITE` dialect.
+ *
+ * @module
+ */
+import { CANCELLED, PURGE_BATCH } from "../../admin.ts";
+
+/** The admin statements on SQLite, spread into `SQLITE`. */
+export const ADMIN_SQL = {
+  // Acknowledgements per queue since ?1; the retention index
+  // (outbox_events_done) serves it.
+  acknowledgedSince: `SELECT queue, count(*) AS n FROM outbox_events
+    WHERE state = 'done' AND done_at >= ?1 GROUP BY queue`,
+  // Events acknowledged (the retention index outbox_events_done) and
+  // attempts failed (releases with an error, lapsed leases) since ?1, per
+  // ?2 milliseconds.
+  activity:
+    `SELECT (at / ?2) * ?2 AS at, sum(done) AS done, sum(failed) AS failed
+    FROM (SELECT done_at AS at, 1 AS done, 0 AS failed FROM outbox_events
+        WHERE state = 'done' AND done_at >= ?1
+      UNION ALL
+      SELECT at, 0, 1 FROM outbox_attempts WHERE at >= ?1
+        AND (kind = 'expired' OR kind = 'released' AND detail IS NOT NULL))
+    GROUP BY 1 ORDER BY 1`,
+  // The dedup index (queue, dedup_key) answers it with one seek.
+  dedupKeyEvent:
+    `SELECT id FROM outbox_events WHERE queue = ?1 AND dedup_key = ?2`,
+  // ?2 NULL: every queue. Paged by id, the primary key.
+  list:
+    `SELECT id, identity, queue, state, attempt, max_attempts, due_at, lease_until,
+      last_error, created_at, updated_at, payload, ordering_key, dedup_key
+    FROM outbox_events
+    WHERE state = ?1 AND (?2 IS NULL OR queue = ?2) AND id > ?3
+    ORDER BY id LIMIT ?4`,
+  // ?2 a JSON array of ids. Only a pending event: a leased one has a
+  // holder whose acknowledgement would be refused without telling it why.
+  cancel: `UPDATE outbox_events
+    SET state = 'dead', done_at = ?1, updated_at = ?1,
+      last_error = '${CANCELLED}'
+    WHERE id IN (SELECT value FROM json_each(?2)) AND state = 'pending'
+    RETURNING id, fence`,
+  // ?2 NULL: every queue; ?3 NULL: every id, else a JSON array of ids.
+  redrive: `UPDATE outbox_events
+    SET state = 'pending', attempt = 0, due_at = ?1, updated_at = ?1,
+      done_at = NULL
+    WHERE state = 'dead' AND (?2 IS NULL OR queue = ?2)
+      AND (?3 IS NULL OR id IN (SELECT value FROM json_each(?3)))
+    RETURNING id, fence`,
+  // A done event's age counts from its done_at, as the outbox_events_done
+  // index has it; a dead letter's likewise.
+  purgeable: `SELECT id FROM outbox_events
+    WHERE state = ?1 AND done_at < ?2 LIMIT ${PURGE_BATCH}`,
+  purgeLedger: `DELETE FROM outbox_attempts
+    WHERE event_id IN (SELECT value FROM json_each(?1))`,
+  purge: `DELETE FROM outbox_events
+    WHERE id IN (SELECT value FROM json_each(?1))`,
+  // The state index (queue, state, created_at) covers it.
+  queues: `SELECT queue, state, count(*) AS n, min(created_at) AS oldest
+    FROM outbox_events GROUP BY queue, state ORDER BY queue`,
+  // Each queue by a seek past the last (a loose index scan of the state
+  // index), then each state's count up to ?1 and oldest event by seeks.
+  queuesUpTo: `WITH RECURSIVE q(queue) AS (
+      SELECT min(queue) FROM outbox_events
+      UNION ALL
+      SELECT (SELECT min(queue) FROM outbox_events WHERE queue > q.queue)
+      FROM q WHERE q.queue IS NOT NULL),
+    s(state) AS (VALUES ('pending'), ('leased'), ('done'), ('dead'))
+    SELECT * FROM (SELECT q.queue AS queue, s.state AS state,
+        (SELECT count(*) FROM (SELECT 1 FROM outbox_events AS e
+          WHERE e.queue = q.queue AND e.state = s.state LIMIT ?1)) AS n,
+        (SELECT min(created_at) FROM outbox_events AS e
+          WHERE e.queue = q.queue AND e.state = s.state) AS oldest
+      FROM q, s WHERE q.queue IS NOT NULL)
+    WHERE n > 0 ORDER BY queue`,
+  // The claim index (queue, due_at, id) answers it with one seek. Answers
+  // `now` (?2) and `due_at` (null when nothing is scheduled).
+  nextDue: `SELECT ?2 AS now, (SELECT due_at FROM outbox_events
+      WHERE queue = ?1 AND state IN ('pending', 'leased') AND due_at > ?2
+      ORDER BY due_at LIMIT 1) AS due_at`,
+} as const;
