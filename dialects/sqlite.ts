@@ -1,6 +1,6 @@
 /**
  * SQLite's dialect: the text of every statement the core runs on SQLite,
- * the schema's upgrade steps, and nothing that runs them (the rules that
+ * and nothing that runs them (the upgrade steps are sqlite/migrations/; the rules that
  * decide which statement runs, with what, are `lease.ts`'s; PostgreSQL's
  * text is `postgres.ts` beside this file).
  *
@@ -9,7 +9,6 @@
 import { LEASE_EXPIRED } from "../admin.ts";
 import { ADMIN_SQL } from "./sqlite/admin.ts";
 import type { Dialect } from "../types.ts";
-import { SCHEMA_SQL } from "../schema.ts";
 
 const EVENT_COLUMNS =
   "id, identity, queue, state, payload, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
@@ -18,67 +17,7 @@ const EVENT_COLUMNS =
 const CLAIM_SET = `state = 'leased', fence = fence + 1, attempt = attempt + 1,
       lease_until = ?1, due_at = ?1, updated_at = ?2, claimed_at = ?2,
       last_error = CASE state WHEN 'leased' THEN '${LEASE_EXPIRED}' ELSE last_error END`;
-// Version 3's views, as schema.sql creates them.
-const VIEWS_SQL: string = SCHEMA_SQL.slice(
-  SCHEMA_SQL.indexOf("CREATE VIEW"),
-  SCHEMA_SQL.indexOf("CREATE TABLE outbox_schema"),
-);
-// UUIDv7 identities stamped with each row's created_at: 74 random bits from
-// randomblob() (rand_a, rand_b and the variant's free bits), so they sort by
-// enqueue time as minted ones do. The subquery, correlated with the row,
-// draws new bits for each row.
-const FILL_IDENTITIES_SQL = `UPDATE outbox_events SET identity = (
-      SELECT substr(t, 1, 8) || '-' || substr(t, 9, 4) || '-7' || substr(r, 1, 3)
-        || '-' || substr('89ab89ab89ab89ab', instr('0123456789abcdef', substr(r, 4, 1)), 1)
-        || substr(r, 5, 3) || '-' || substr(r, 8, 12)
-      FROM (SELECT printf('%012x', created_at & 0xffffffffffff) AS t,
-        lower(hex(randomblob(10))) AS r))`;
-// Version 5's trigger, as schema.sql creates it.
-const IDENTITY_TRIGGER_SQL: string = SCHEMA_SQL.slice(
-  SCHEMA_SQL.indexOf("CREATE TRIGGER outbox_events_fill_identity"),
-  SCHEMA_SQL.indexOf("END;", SCHEMA_SQL.indexOf("CREATE TRIGGER")) + 4,
-);
-/** The version table, which databases of older releases lack. */
-export const VERSION_TABLE_SQL = SCHEMA_SQL.slice(
-  SCHEMA_SQL.indexOf("CREATE TABLE outbox_schema"),
-  SCHEMA_SQL.indexOf("INSERT INTO outbox_schema"),
-);
-/**
- * The schema upgrades, keyed by the version each starts from: step `n`
- * brings a version `n` database to version `n + 1`, inside the transaction
- * that opens it, and `outbox_schema` records `n + 1`. A new schema version
- * adds its step here and its table shape to schema.sql.
- *
- * @ignore
- */
-export const UPGRADES: ReadonlyMap<number, string> = new Map([
-  // lease.ts writes the ledger itself; left in place, version 1's triggers
-  // would write the entries of claims and acknowledgements again.
-  [
-    1,
-    `DROP TRIGGER IF EXISTS outbox_events_claimed;
-    DROP TRIGGER IF EXISTS outbox_events_acknowledged`,
-  ],
-  // Version 2 wrote every entry as a row, so none is left unwritten.
-  [2, `ALTER TABLE outbox_events ADD COLUMN claimed_at INTEGER; ${VIEWS_SQL}`],
-  // Existing events get UUIDv7 identities stamped with their created_at.
-  [
-    3,
-    `ALTER TABLE outbox_events ADD COLUMN identity TEXT;
-    ${FILL_IDENTITIES_SQL};
-    CREATE UNIQUE INDEX outbox_events_identity ON outbox_events (identity)`,
-  ],
-  // Rows other writers inserted without an identity get one now, and the
-  // trigger gives later ones theirs.
-  [4, `${FILL_IDENTITIES_SQL} WHERE identity IS NULL; ${IDENTITY_TRIGGER_SQL}`],
-  // queues() and the dashboard read counts from an index; the dashboard's
-  // chart reads the ledger by time.
-  [
-    5,
-    `CREATE INDEX outbox_events_state ON outbox_events (queue, state, created_at);
-    CREATE INDEX outbox_attempts_at ON outbox_attempts (at)`,
-  ],
-]);
+export { UPGRADES, VERSION_TABLE_SQL } from "./sqlite/migrations/mod.ts";
 
 /** The statements of the core on SQLite (the admin calls' are `ADMIN_SQL`, in `sqlite/admin.ts`). */
 export const SQL = {

@@ -1,6 +1,12 @@
 /** The schema as applied, and the core's query plans against it. */
 import assert from "node:assert/strict";
-import { Outbox, SCHEMA_SQL, SCHEMA_VERSION } from "../mod.ts";
+import {
+  type Driver,
+  type Lease,
+  Outbox,
+  SCHEMA_SQL,
+  SCHEMA_VERSION,
+} from "../mod.ts";
 import { SQL, UPGRADES } from "../dialects/sqlite.ts";
 import {
   loadSqlite3,
@@ -162,5 +168,212 @@ Deno.test("a version 3 file upgraded in place has the same columns, indexes and 
     assert.deepEqual(await shape(upgraded), await shape(join(dir, "fresh.db")));
   } finally {
     await Deno.remove(dir, { recursive: true });
+  }
+});
+
+/** The columns, indexes and views of a database's outbox schema. */
+async function shapeOf(driver: Driver) {
+  const columns = await driver.query(
+    "SELECT name, type, \"notnull\", dflt_value, pk FROM pragma_table_xinfo('outbox_events')",
+  );
+  const objects = await driver.query(
+    "SELECT type, name, tbl_name, sql FROM sqlite_schema WHERE type IN ('index', 'view', 'trigger') ORDER BY name",
+  );
+  const indexed = [];
+  for (const { name } of objects) {
+    indexed.push(
+      await driver.query(
+        "SELECT seqno, name, desc, key FROM pragma_index_xinfo(?)",
+        [String(name)],
+      ),
+    );
+  }
+  return { columns, objects, indexed };
+}
+
+/**
+ * Writes a database of an older schema `version` at `path`, from its
+ * fixture, holding one event in every state: pending, leased (a live lease
+ * of an older release's worker), done and dead, with the ledger entries
+ * that version kept (rows up to version 2; the row's claim and done times
+ * from version 3 on).
+ */
+async function olderDatabase(path: string, version: number): Promise<void> {
+  const db = new DatabaseSync(path);
+  try {
+    db.exec(
+      await Deno.readTextFile(
+        new URL(`./fixtures/schema_v${version}.sql`, import.meta.url),
+      ),
+    );
+    const identity = version >= 4;
+    const claimedAt = version >= 3;
+    const insert = (
+      n: number,
+      state: string,
+      extra: Record<string, string | number | null>,
+    ) => {
+      const columns: Record<string, string | number | null> = {
+        queue: "default",
+        state,
+        payload: JSON.stringify({ n }),
+        due_at: 0,
+        max_attempts: 5,
+        created_at: 10 * n,
+        updated_at: 10 * n,
+        ...(identity
+          ? { identity: `0190a8b0-0000-7000-8000-00000000000${n}` }
+          : {}),
+        ...extra,
+      };
+      const names = Object.keys(columns);
+      db.prepare(
+        `INSERT INTO outbox_events (${names.join(", ")}) VALUES (${
+          names.map(() => "?").join(", ")
+        })`,
+      ).run(...Object.values(columns));
+    };
+    const token = "a".repeat(32);
+    insert(1, "pending", {});
+    insert(2, "leased", {
+      fence: 1,
+      attempt: 1,
+      token,
+      lease_until: 9e12,
+      due_at: 9e12,
+      ...(claimedAt ? { claimed_at: 25 } : {}),
+    });
+    insert(3, "done", {
+      fence: 1,
+      attempt: 1,
+      token,
+      done_at: 36,
+      ...(claimedAt ? { claimed_at: 35 } : {}),
+    });
+    insert(4, "dead", {
+      fence: 1,
+      attempt: 5,
+      last_error: "receiver down",
+      done_at: 46,
+    });
+    if (!claimedAt) {
+      db.exec(
+        `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until)
+         VALUES (2, 1, 'claimed', 25, '${token}', 9000000000000),
+           (3, 1, 'claimed', 35, '${token}', 9000000000000),
+           (3, 1, 'acknowledged', 36, '${token}', NULL)`,
+      );
+    }
+    db.exec(
+      "INSERT INTO outbox_attempts (event_id, fence, kind, at, detail) VALUES (4, 1, 'dead', 46, 'receiver down')",
+    );
+  } finally {
+    db.close();
+  }
+}
+
+Deno.test("every older schema version has a fixture holding data, so each upgrade step is tested on a database with events", async () => {
+  for (let version = 1; version < SCHEMA_VERSION; version++) {
+    const dir = await Deno.makeTempDir({ prefix: "schema_fixture_" });
+    try {
+      await olderDatabase(join(dir, "old.db"), version);
+      const db = new DatabaseSync(join(dir, "old.db"));
+      const states = db.prepare(
+        "SELECT state FROM outbox_events ORDER BY id",
+      ).all().map((row) => row["state"]);
+      db.close();
+      assert.deepEqual(states, ["pending", "leased", "done", "dead"]);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  }
+});
+
+for (let version = 1; version < SCHEMA_VERSION; version++) {
+  Deno.test(`a version ${version} database with an event in every state upgrades to version ${SCHEMA_VERSION}, shaped as a fresh one, every event kept, claimable, acknowledgeable and explained`, async () => {
+    const dir = await Deno.makeTempDir({ prefix: "schema_every_version_" });
+    try {
+      const path = join(dir, "old.db");
+      await olderDatabase(path, version);
+      await using driver = await openSqliteFile(path);
+      await using outbox = await Outbox.open(driver, { now: () => 1_000 });
+      {
+        await using fresh = await openSqliteFile(join(dir, "fresh.db"));
+        await using _fresh = await Outbox.open(fresh);
+        assert.deepEqual(await shapeOf(driver), await shapeOf(fresh));
+      }
+      assert.deepEqual(
+        (await driver.query(
+          "SELECT version FROM outbox_schema ORDER BY version",
+        ))
+          .map((row) => row["version"]),
+        Array.from(
+          { length: SCHEMA_VERSION - version + 1 },
+          (_, i) => version + i,
+        ),
+      );
+      assert.deepEqual(await driver.query("PRAGMA user_version"), [{
+        user_version: 0,
+      }]);
+      const { oldestPendingAgeMs: _, ...counts } = await outbox.stats();
+      assert.deepEqual(counts, { pending: 1, leased: 1, done: 1, dead: 1 });
+      const kinds = async (id: number) =>
+        (await outbox.explain(id))?.history.map((entry) => entry.kind);
+      assert.deepEqual(await kinds(2), ["claimed"]);
+      assert.deepEqual(await kinds(3), ["claimed", "acknowledged"]);
+      assert.deepEqual(await kinds(4), ["dead"]);
+      const identities = await driver.query(
+        "SELECT identity FROM outbox_events ORDER BY id",
+      );
+      for (const { identity } of identities) {
+        assert.match(String(identity), /^[0-9a-f-]{36}$/);
+      }
+      const lease = await outbox.claim();
+      assert.deepEqual([lease?.eventId, lease?.payload], [1, { n: 1 }]);
+      assert.equal(await outbox.acknowledge(lease!), true);
+      // The older release's worker still holds its lease, and keeps it.
+      assert.equal(
+        await outbox.acknowledge(
+          {
+            eventId: 2,
+            token: "a".repeat(32),
+            fence: 1,
+          } as unknown as Lease,
+        ),
+        true,
+      );
+      assert.equal(await outbox.redrive({ ids: [4] }), 1);
+      assert.deepEqual((await outbox.claim())?.payload, { n: 4 });
+      const { oldestPendingAgeMs: __, ...after } = await outbox.stats();
+      assert.deepEqual(after, { pending: 0, leased: 1, done: 3, dead: 0 });
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  });
+}
+
+Deno.test("released upgrade steps are frozen: each step's text keeps the SHA-256 it was released with", async () => {
+  // A new step adds its line; a released one never changes (fix forward
+  // with a new step instead).
+  const released = new Map([
+    [1, "c0e0d38b42240ff2b718adc13f0673fd3df07375ddb2dcf94d15e0d675a59c63"],
+    [2, "22c326b606816be5d49470edb2df0e56cd86e54dbd886e38767b9f8471e16ea8"],
+    [3, "2d358d85a0b6d4cb3d16c509a78ca6d4eab76b6b82654464ddd0a89b235006d2"],
+    [4, "f817c506c1ece832d91959fbad7ce900515b90d54c93584878b6e12e5452b136"],
+    [5, "e0728db3caee1fa267baa79673ee0361aa452e32c015218788b387016d3d1cbc"],
+  ]);
+  for (const [version, hash] of released) {
+    const digest = await crypto.subtle.digest(
+      "SHA-256",
+      new TextEncoder().encode(UPGRADES.get(version)),
+    );
+    assert.equal(
+      Array.from(
+        new Uint8Array(digest),
+        (b) => b.toString(16).padStart(2, "0"),
+      ).join(""),
+      hash,
+      `step ${version}`,
+    );
   }
 });

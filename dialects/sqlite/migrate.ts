@@ -10,7 +10,8 @@ import { type Driver, integerOf } from "../../driver.ts";
 import { BusyError, SchemaVersionError, SqliteError } from "../../errors.ts";
 import { SCHEMA_SQL, SCHEMA_VERSION } from "../../schema.ts";
 import type { OutboxCore } from "../../core/context.ts";
-import { SQL, UPGRADES, VERSION_TABLE_SQL } from "../sqlite.ts";
+import { SQL } from "../sqlite.ts";
+import { UPGRADES, VERSION_TABLE_SQL } from "./migrations/mod.ts";
 
 /** Creates, upgrades or checks the schema of a SQLite outbox at open. */
 export async function openSqlite(core: OutboxCore): Promise<void> {
