@@ -99,7 +99,8 @@ export {
   TransactionEndedError,
   UnsafeIntegerError,
 } from "./errors.ts";
-export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
+export { SCHEMA_SQL, SCHEMA_VERSION, SQLITE_SCHEMA_VERSION } from "./schema.ts";
+export { POSTGRES_SCHEMA_VERSION } from "./dialects/postgres.ts";
 export type { WalStats } from "./wal.ts";
 export {
   type Handler,

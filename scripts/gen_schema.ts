@@ -21,8 +21,15 @@ const module = `/**
  */
 
 /**
- * The schema version \`Outbox.open()\` applies, stored in the table
- * \`outbox_schema\` (never in \`PRAGMA user_version\`, the application's).
+ * SQLite's schema version: what \`Outbox.open()\` applies on SQLite, stored
+ * in the table \`outbox_schema\` (never in \`PRAGMA user_version\`, the
+ * application's). PostgreSQL counts its own: \`POSTGRES_SCHEMA_VERSION\`.
+ */
+export const SQLITE_SCHEMA_VERSION = ${version};
+
+/**
+ * SQLite's schema version, under its first name: the same as
+ * \`SQLITE_SCHEMA_VERSION\` (PostgreSQL's is \`POSTGRES_SCHEMA_VERSION\`).
  */
 export const SCHEMA_VERSION = ${version};
 

@@ -4,9 +4,12 @@ import {
   type Driver,
   type Lease,
   Outbox,
+  POSTGRES_SCHEMA_VERSION,
   SCHEMA_SQL,
   SCHEMA_VERSION,
+  SQLITE_SCHEMA_VERSION,
 } from "../mod.ts";
+import { POSTGRES } from "../dialects/postgres.ts";
 import { SQL, UPGRADES } from "../dialects/sqlite.ts";
 import {
   loadSqlite3,
@@ -376,4 +379,15 @@ Deno.test("released upgrade steps are frozen: each step's text keeps the SHA-256
       `step ${version}`,
     );
   }
+});
+
+Deno.test("the main entry names each engine's schema version, and SCHEMA_VERSION is SQLite's", async () => {
+  assert.equal(SCHEMA_VERSION, SQLITE_SCHEMA_VERSION);
+  assert.equal(POSTGRES_SCHEMA_VERSION, POSTGRES.version);
+  await using driver = await openSqliteWasm(":memory:");
+  await using _outbox = await Outbox.open(driver);
+  assert.deepEqual(
+    await driver.query("SELECT max(version) AS version FROM outbox_schema"),
+    [{ version: SQLITE_SCHEMA_VERSION }],
+  );
 });
