@@ -19,16 +19,7 @@ export type {
   EventState,
   StatementName,
 } from "./types.ts";
-import {
-  checkBoolean,
-  checkError,
-  checkInteger,
-  checkName,
-  checkOptions,
-  checkToken,
-  describe,
-  missing,
-} from "./validate.ts";
+import { checkInteger, checkOptions, describe } from "./validate.ts";
 import {
   type ActivityCount,
   decodePayload,
@@ -44,11 +35,7 @@ import {
 export { decodePayload, explanation } from "./admin.ts";
 import { hex, insertAll, randomBytes } from "./core/enqueue.ts";
 import { acknowledgeInOne, claimInOne } from "./core/one_statement.ts";
-import {
-  type Mutex,
-  TransactionRunner,
-  withinApplication,
-} from "./core/transaction.ts";
+import { TransactionRunner, withinApplication } from "./core/transaction.ts";
 export {
   driverMutex,
   insideTransactionBody,
@@ -58,14 +45,16 @@ export {
 } from "./core/transaction.ts";
 import { SQLITE } from "./dialects/sqlite.ts";
 import {
-  BATCH_CLAIM_OPTIONS,
+  batchClaimArguments,
   checkLease,
-  CLAIM_OPTIONS,
+  checkLeases,
+  claimArguments,
   OUTBOX_OPTIONS,
+  type OutboxSettings,
   outboxSettings,
   prepareBatch,
   prepareEnqueue,
-  RELEASE_OPTIONS,
+  releaseArguments,
 } from "./core/arguments.ts";
 export { listParameters, OUTBOX_OPTIONS } from "./core/arguments.ts";
 import * as admin from "./core/admin.ts";
@@ -82,12 +71,10 @@ import {
   type BatchClaimOptions,
   type BatchEvent,
   type ClaimOptions,
-  type Clock,
   type DeadLetter,
   type EnqueueOptions,
   type Explanation,
   type Lease,
-  MAX_BATCH,
   MAX_DURATION_MS,
   type OutboxOptions,
   type ReleaseOptions,
@@ -122,82 +109,59 @@ export * from "./core/shapes.ts";
  */
 export class Outbox<P = unknown> implements AsyncDisposable {
   readonly #driver: Driver;
-  readonly #mutex: Mutex;
-  readonly #runner: TransactionRunner;
   readonly #sql: Dialect;
-  readonly #now: Clock | "database";
-  #stopWatching: (() => Promise<void>) | undefined;
-  readonly #queue: string;
-  readonly #leaseMs: number;
-  readonly #maxAttempts: number;
-  readonly #busyTimeoutMs: number;
-  readonly #maxPayloadBytes: number;
-  readonly #enqueueListeners = new Set<() => void>();
+  readonly #settings: OutboxSettings;
+  readonly #runner: TransactionRunner;
   readonly #ledger: Ledger;
+  readonly #path: WritePath;
   readonly #core: OutboxCore;
   readonly #groups: GroupCommit;
-  readonly #path: WritePath;
+  #stopWatching: (() => Promise<void>) | undefined;
   #closed = false;
 
   private constructor(driver: Driver, options: OutboxOptions) {
-    this.#sql = driver.dialect ?? SQLITE;
-    ({
-      now: this.#now,
-      queue: this.#queue,
-      leaseMs: this.#leaseMs,
-      maxAttempts: this.#maxAttempts,
-      busyTimeoutMs: this.#busyTimeoutMs,
-      maxPayloadBytes: this.#maxPayloadBytes,
-    } = outboxSettings(this.#sql, options));
+    const sql = this.#sql = driver.dialect ?? SQLITE;
+    const settings = this.#settings = outboxSettings(sql, options);
     this.#runner = new TransactionRunner(
       driver,
-      this.#sql,
-      this.#busyTimeoutMs,
+      sql,
+      settings.busyTimeoutMs,
       "only enqueue(), enqueueBatch() and acknowledge() of one lease made inside outbox.within() join it; claims, renewals, releases and the outbox's own transactions wait for it to end",
     );
-    this.#mutex = this.#runner.mutex;
     this.#driver = this.#runner.driver;
-    this.#ledger = new Ledger(this.#driver, this.#sql);
+    this.#ledger = new Ledger(this.#driver, sql);
     this.#path = new WritePath(
       this.#runner,
-      this.#sql,
-      this.#now,
+      sql,
+      settings.now,
       () => this.#closed,
       (op, expire) => this.#start(op, expire),
     );
     this.#core = {
+      ...settings,
       driver: this.#driver,
-      sql: this.#sql,
-      mutex: this.#mutex,
+      sql,
+      mutex: this.#runner.mutex,
       runner: this.#runner,
       ledger: this.#ledger,
-      queue: this.#queue,
-      maxAttempts: this.#maxAttempts,
-      maxPayloadBytes: this.#maxPayloadBytes,
       isClosed: () => this.#closed,
       write: (op, fn, options) => this.#path.write(op, fn, options),
       start: (op, expire) => this.#start(op, expire),
       checkNow: (op, now) => this.#path.checkNow(op, now),
-      enqueued: () => this.#enqueued(),
+      enqueued: () => this.#groups.notify(),
     };
     this.#groups = new GroupCommit(this.#core);
   }
 
   /**
    * Opens an outbox on a connection, creating the schema (`schema.sql`) when
-   * the database has none, upgrading an older one in the same transaction,
-   * and checking its version otherwise. The version lives in the outbox's
-   * own table `outbox_schema`, never in `PRAGMA user_version`, which the
-   * application may use for its own migrations; a database from a release
-   * that kept versions 1 to 4 in `user_version` is recognised by its tables'
-   * shape, its version moves to `outbox_schema`, and `user_version` goes
-   * back to `0` (an older release then refuses the file rather than run
-   * beside an upgrade it does not know). Opening never reads or writes
-   * `user_version` otherwise. The upgrade drops the triggers that wrote
-   * version 1's ledger, adds version 3's `claimed_at` and ledger views, and
-   * adds version 4's `identity`, giving every existing event a UUIDv7
-   * stamped with its `created_at`: stop processes running an older release
-   * first, or their claims and acknowledgements go unrecorded or out of
+   * the database has none, upgrading an older one in the same transaction
+   * (one frozen step per version, `dialects/sqlite/migrations/`), and
+   * checking its version otherwise. The version lives in the outbox's own
+   * table `outbox_schema`, never in the application's `PRAGMA user_version`
+   * (a file of a release that kept it there moves it: see
+   * docs/limits-and-faq.md). Stop processes running an older release before
+   * an upgrade, or their claims and acknowledgements go unrecorded or out of
    * order, and the events they enqueue have no identity.
    *
    * A new database gets `auto_vacuum = INCREMENTAL` before its first table,
@@ -253,17 +217,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * that transaction is open, it waits for it to end, then commits on its
    * own (joining follows the caller, not the handle).
    *
-   * Concurrent calls share transactions (group commit): a call made while
-   * the outbox waits for the connection or its write lock joins the next
-   * transaction, up to 1,000 calls (or 8 MiB of payloads) in one; a lone
-   * call commits at once. Each call still resolves only once the commit
-   * holding its event returned, and events get ids in the order of the
-   * calls. A call that fails inside the shared transaction is undone under
-   * its own savepoint and rejects alone. A commit a deferred constraint
-   * refuses (checked only then) runs the calls again, each in a transaction
-   * of its own and in order, so only the one that broke it rejects; when a
-   * commit fails otherwise, every call of that transaction rejects with its
-   * error and none of their events was written.
+   * Concurrent calls share transactions (group commit, up to 1,000 calls
+   * or 8 MiB of payloads; a lone call commits at once): each resolves once
+   * the commit holding its event returned, with its own result or error,
+   * and ids follow the order of the calls (docs/getting-started.md, Group
+   * commit, says what a failed commit does).
    *
    * @param payload A JSON-serializable value, stored as `JSON.stringify`
    * makes it (so `NaN` becomes `null` and a `Map` `{}`), or a `Uint8Array`
@@ -343,7 +301,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       // transaction holding one would stall every producer.
       { join, expire: false },
     );
-    if (results.length > 0) this.#enqueued();
+    if (results.length > 0) this.#groups.notify();
     return results;
   }
 
@@ -376,17 +334,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * ```
    */
   onEnqueue(listener: () => void): () => void {
-    if (typeof listener !== "function") {
-      throw new TypeError(
-        `Cannot listen for enqueues as 'listener' must be a function: current value is ${
-          describe(listener)
-        }`,
-      );
-    }
-    // A wrapper per call, so registering one function twice needs two removals.
-    const entry = () => listener();
-    this.#enqueueListeners.add(entry);
-    return () => this.#enqueueListeners.delete(entry);
+    return this.#groups.listen(listener);
   }
 
   /**
@@ -424,24 +372,18 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     options: ClaimOptions | BatchClaimOptions = {},
   ): Promise<Lease<P> | null | Lease<P>[]> {
     const op = "claim";
-    checkOptions(op, options, CLAIM_OPTIONS);
-    const { queue, leaseMs } = this.#claimTarget(op, options);
-    if ("max" in options) {
-      const max = checkInteger(op, "max", options.max, 1, MAX_BATCH) ?? 1;
-      if ("token" in options && options.token !== undefined) {
-        throw new TypeError(
-          "Cannot claim as 'token' cannot be supplied with 'max': each lease gets its own",
-        );
-      }
+    const { queue, leaseMs, max, token } = claimArguments(
+      op,
+      options,
+      this.#settings,
+    );
+    if (max !== undefined) {
       return await this.#path.write(
         op,
         (now) => this.#claim(op, queue, leaseMs, max, undefined, now),
         { inOne: claimInOne<P>(this.#core, op, queue, leaseMs, max) },
       );
     }
-    const token = options.token === undefined
-      ? undefined
-      : checkToken(op, "token", options.token);
     // A supplied token is first looked up in the ledger: the general path.
     const inOne = token === undefined
       ? claimInOne<P>(this.#core, op, queue, leaseMs, 1)
@@ -500,11 +442,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   ): Promise<boolean | boolean[]> {
     const op = "acknowledge";
     if (Array.isArray(leases)) {
-      // Array.from visits holes, so a sparse array is refused by index.
-      const checked = Array.from(
-        leases,
-        (lease, i) => checkLease(op, `leases[${i}]`, lease),
-      );
+      const checked = checkLeases(op, leases);
       return await this.#path.write(
         op,
         (now) => this.#acknowledge(checked, now),
@@ -570,21 +508,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     options: BatchClaimOptions,
   ): Promise<AcknowledgedAndClaimed<P>> {
     const op = "acknowledgeAndClaim";
-    if (!Array.isArray(leases)) {
-      throw new TypeError(
-        `Cannot ${op} as 'leases' must be an array of leases: current value is ${
-          describe(leases)
-        }`,
-      );
-    }
-    const checked = Array.from(
-      leases,
-      (lease, i) => checkLease(op, `leases[${i}]`, lease),
+    const checked = checkLeases(op, leases);
+    const { queue, leaseMs, max } = batchClaimArguments(
+      op,
+      options,
+      this.#settings,
     );
-    checkOptions(op, options, BATCH_CLAIM_OPTIONS);
-    const { queue, leaseMs } = this.#claimTarget(op, options);
-    const max = checkInteger(op, "max", options.max, 1, MAX_BATCH) ??
-      missing(op, "max");
     const inOne = claimInOne<P>(this.#core, op, queue, leaseMs, max, checked);
     return await this.#path.write(
       op,
@@ -599,21 +528,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         }),
       },
     );
-  }
-
-  /** The queue and lease length a claim's options name, checked. */
-  #claimTarget(
-    op: string,
-    options: ClaimOptions | BatchClaimOptions,
-  ): { queue: string; leaseMs: number } {
-    return {
-      queue: options.queue === undefined
-        ? this.#queue
-        : checkName(op, "queue", options.queue),
-      leaseMs:
-        checkInteger(op, "leaseMs", options.leaseMs, 1, MAX_DURATION_MS) ??
-          this.#leaseMs,
-    };
   }
 
   /**
@@ -636,7 +550,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const op = "renew";
     const checked = checkLease(op, "lease", lease);
     const ms = checkInteger(op, "leaseMs", leaseMs, 1, MAX_DURATION_MS) ??
-      this.#leaseMs;
+      this.#settings.leaseMs;
     return await this.#path.write(op, async (now) => {
       await this.#ledger.writeUnwritten([checked.eventId], false);
       const [row] = await this.#driver.query(this.#sql.renew, [
@@ -680,18 +594,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   ): Promise<boolean> {
     const op = "release";
     const checked = checkLease(op, "lease", lease);
-    checkOptions(op, options, RELEASE_OPTIONS);
-    const delayMs =
-      checkInteger(op, "delayMs", options.delayMs, 0, MAX_DURATION_MS) ?? 0;
-    const error = options.error === undefined
-      ? null
-      : checkError(op, options.error);
-    const deadLetter = checkBoolean(
-      op,
-      "deadLetter",
-      options.deadLetter,
-      false,
-    );
+    const { delayMs, error, deadLetter } = releaseArguments(op, options);
     return await this.#path.write(op, async (now) => {
       await this.#ledger.writeUnwritten([checked.eventId], false);
       const [row] = await this.#driver.query(this.#sql.release, [
@@ -1086,7 +989,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * ```
    */
   within<T>(fn: () => Promise<T>): Promise<T> {
-    return withinApplication("run within", this.#mutex, fn);
+    return withinApplication("run within", this.#runner.mutex, fn);
   }
 
   /**
@@ -1154,12 +1057,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   /** The queue of calls that name none. */
   get queue(): string {
-    return this.#queue;
+    return this.#settings.queue;
   }
 
   /** The default lease length of claims and renewals, in milliseconds. */
   get leaseMs(): number {
-    return this.#leaseMs;
+    return this.#settings.leaseMs;
   }
 
   /** Whether {@linkcode Outbox.close} was called: every later call rejects. */
@@ -1179,7 +1082,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     }
     this.#closed = true;
     return this.#runner.line.run(() =>
-      this.#mutex.run(async () => {
+      this.#runner.mutex.run(async () => {
         await this.#stopWatching?.().catch(() => {});
         await this.#driver.close();
       })
@@ -1189,16 +1092,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   /** Same as {@linkcode Outbox.close}, for `await using`. */
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
-  }
-
-  #enqueued(): void {
-    for (const listener of this.#enqueueListeners) {
-      try {
-        listener();
-      } catch (error) {
-        reportError(error);
-      }
-    }
   }
 
   async #claim(
@@ -1223,7 +1116,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         queue,
         now,
         max,
-        this.#maxPayloadBytes,
+        this.#settings.maxPayloadBytes,
       ]);
       for (const row of rows) {
         const reason = this.#unclaimable(row, payloads);
@@ -1321,8 +1214,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    */
   #unclaimable(row: Row, payloads: unknown[]): string | undefined {
     const bytes = integerOf(row, "bytes");
-    if (bytes > this.#maxPayloadBytes) {
-      return `unclaimable: its payload of ${bytes} bytes exceeds this outbox's maxPayloadBytes of ${this.#maxPayloadBytes}`;
+    if (bytes > this.#settings.maxPayloadBytes) {
+      return `unclaimable: its payload of ${bytes} bytes exceeds this outbox's maxPayloadBytes of ${this.#settings.maxPayloadBytes}`;
     }
     try {
       payloads.push(decodePayload(row["payload_bytes"] ?? row["payload"]));
@@ -1405,7 +1298,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * server's clock one statement does both when the dialect has it.
    */
   async #start(op: string, expire: boolean): Promise<number> {
-    if (expire && this.#now === "database" && this.#sql.nowExhausted) {
+    if (expire && this.#settings.now === "database" && this.#sql.nowExhausted) {
       const rows = await this.#driver.query(this.#sql.nowExhausted);
       const now = this.#path.checkNow(op, rows[0]?.["now"]);
       await this.#expire(rows.filter((row) => row["id"] !== null), now);

@@ -8,6 +8,8 @@
 import type { SqlValue } from "../driver.ts";
 import type { Dialect, EventState } from "../types.ts";
 import {
+  checkBoolean,
+  checkError,
   checkIdentity,
   checkInteger,
   checkName,
@@ -21,7 +23,9 @@ import type { ListOptions } from "../admin.ts";
 import { payloadSize, type PreparedEnqueue } from "./enqueue.ts";
 import type { CheckedLease } from "./ledger.ts";
 import {
+  type BatchClaimOptions,
   type BatchEvent,
+  type ClaimOptions,
   type Clock,
   type EnqueueOptions,
   MAX_ATTEMPTS,
@@ -29,6 +33,7 @@ import {
   MAX_DURATION_MS,
   MAX_PAYLOAD_BYTES,
   type OutboxOptions,
+  type ReleaseOptions,
 } from "./shapes.ts";
 
 const encoder = new TextEncoder();
@@ -317,4 +322,101 @@ export function outboxSettings(
     MAX_PAYLOAD_BYTES,
   ) ?? 1_048_576;
   return { now, queue, leaseMs, maxAttempts, busyTimeoutMs, maxPayloadBytes };
+}
+
+/** The queue and lease length a claim's options name, checked. */
+export function claimTarget(
+  op: string,
+  options: { readonly queue?: string; readonly leaseMs?: number },
+  defaults: { readonly queue: string; readonly leaseMs: number },
+): { queue: string; leaseMs: number } {
+  return {
+    queue: options.queue === undefined
+      ? defaults.queue
+      : checkName(op, "queue", options.queue),
+    leaseMs: checkInteger(op, "leaseMs", options.leaseMs, 1, MAX_DURATION_MS) ??
+      defaults.leaseMs,
+  };
+}
+
+/**
+ * Checks leases given as an array, naming each (`leases[3]`); a sparse
+ * array is refused by index, as `Array.from` visits holes.
+ */
+export function checkLeases(op: string, leases: unknown): CheckedLease[] {
+  if (!Array.isArray(leases)) {
+    throw new TypeError(
+      `Cannot ${op} as 'leases' must be an array of leases: current value is ${
+        describe(leases)
+      }`,
+    );
+  }
+  return Array.from(
+    leases,
+    (lease, i) => checkLease(op, `leases[${i}]`, lease),
+  );
+}
+
+/**
+ * Checks a claim's options (`Outbox.claim`): `max` (a batch) and `token`
+ * exclude each other.
+ */
+export function claimArguments(
+  op: string,
+  options: ClaimOptions | BatchClaimOptions,
+  defaults: { readonly queue: string; readonly leaseMs: number },
+): {
+  queue: string;
+  leaseMs: number;
+  max: number | undefined;
+  token: string | undefined;
+} {
+  checkOptions(op, options, CLAIM_OPTIONS);
+  const { queue, leaseMs } = claimTarget(op, options, defaults);
+  if ("max" in options) {
+    const max = checkInteger(op, "max", options.max, 1, MAX_BATCH) ?? 1;
+    if ("token" in options && options.token !== undefined) {
+      throw new TypeError(
+        "Cannot claim as 'token' cannot be supplied with 'max': each lease gets its own",
+      );
+    }
+    return { queue, leaseMs, max, token: undefined };
+  }
+  const token = options.token === undefined
+    ? undefined
+    : checkToken(op, "token", options.token);
+  return { queue, leaseMs, max: undefined, token };
+}
+
+/** Checks a batch claim's options, `max` required (`acknowledgeAndClaim`). */
+export function batchClaimArguments(
+  op: string,
+  options: BatchClaimOptions,
+  defaults: { readonly queue: string; readonly leaseMs: number },
+): { queue: string; leaseMs: number; max: number } {
+  checkOptions(op, options, BATCH_CLAIM_OPTIONS);
+  const { queue, leaseMs } = claimTarget(op, options, defaults);
+  const max = checkInteger(op, "max", options.max, 1, MAX_BATCH) ??
+    missing(op, "max");
+  return { queue, leaseMs, max };
+}
+
+/** Checks a release's options (`Outbox.release`), filling the defaults. */
+export function releaseArguments(
+  op: string,
+  options: ReleaseOptions,
+): { delayMs: number; error: string | null; deadLetter: boolean } {
+  checkOptions(op, options, RELEASE_OPTIONS);
+  const delayMs =
+    checkInteger(op, "delayMs", options.delayMs, 0, MAX_DURATION_MS) ?? 0;
+  const error = options.error === undefined
+    ? null
+    : checkError(op, options.error);
+  const deadLetter = checkBoolean(
+    op,
+    "deadLetter",
+    options.deadLetter,
+    false,
+  );
+  return { delayMs, error, deadLetter };
 }

@@ -4,11 +4,12 @@
  * transaction (up to 1,000 calls or 8 MiB of payloads), each undone alone
  * under its savepoint when it fails (`insertGroup` in `enqueue.ts`), and
  * run again one per transaction when a deferred constraint refused the
- * shared commit.
+ * shared commit; and the listeners told of each commit that enqueued.
  *
  * @module
  */
 import type { EnqueueResult } from "../types.ts";
+import { describe } from "../validate.ts";
 import type { OutboxCore } from "./context.ts";
 import {
   insertGroup,
@@ -43,8 +44,43 @@ export class GroupCommit {
   // that transaction holds the write lock.
   #group: EnqueueGroup | undefined;
 
+  readonly #listeners = new Set<() => void>();
+
   constructor(core: OutboxCore) {
     this.#core = core;
+  }
+
+  /**
+   * Adds an enqueue listener (`Outbox.onEnqueue`).
+   *
+   * @returns A function that removes it.
+   */
+  listen(listener: () => void): () => void {
+    if (typeof listener !== "function") {
+      throw new TypeError(
+        `Cannot listen for enqueues as 'listener' must be a function: current value is ${
+          describe(listener)
+        }`,
+      );
+    }
+    // A wrapper per call, so registering one function twice needs two removals.
+    const entry = () => listener();
+    this.#listeners.add(entry);
+    return () => this.#listeners.delete(entry);
+  }
+
+  /**
+   * Calls the enqueue listeners after a commit that enqueued events; what
+   * one throws is reported with `reportError`.
+   */
+  notify(): void {
+    for (const listener of this.#listeners) {
+      try {
+        listener();
+      } catch (error) {
+        reportError(error);
+      }
+    }
   }
 
   /**
