@@ -11,7 +11,7 @@
  * @module
  */
 import { type Driver, integerOf, type Row } from "./driver.ts";
-import { LeaseLostError, UnsafeIntegerError } from "./errors.ts";
+import { LeaseLostError } from "./errors.ts";
 import type { Dialect, EnqueueResult } from "./types.ts";
 export type {
   Dialect,
@@ -19,10 +19,9 @@ export type {
   EventState,
   StatementName,
 } from "./types.ts";
-import { checkInteger, checkOptions, describe } from "./validate.ts";
+import { checkInteger } from "./validate.ts";
 import {
   type ActivityCount,
-  decodePayload,
   type EventInfo,
   LEASE_EXPIRED,
   type ListOptions,
@@ -48,13 +47,15 @@ import {
   batchClaimArguments,
   checkLease,
   checkLeases,
+  checkOpenArguments,
   claimArguments,
-  OUTBOX_OPTIONS,
   type OutboxSettings,
   outboxSettings,
   prepareBatch,
   prepareEnqueue,
   releaseArguments,
+  successor,
+  unclaimableReason,
 } from "./core/arguments.ts";
 export { listParameters, OUTBOX_OPTIONS } from "./core/arguments.ts";
 import * as admin from "./core/admin.ts";
@@ -185,26 +186,15 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     driver: Driver,
     options: OutboxOptions = {},
   ): Promise<Outbox<P>> {
-    if (driver === null || typeof driver !== "object") {
-      throw new TypeError(
-        `Cannot open outbox as 'driver' must be a Driver: current value is ${
-          describe(driver)
-        }`,
-      );
-    }
-    checkOptions("open outbox", options, OUTBOX_OPTIONS);
+    checkOpenArguments(driver, options);
     const outbox = new Outbox<P>(driver, options);
     try {
-      await outbox.#open();
+      outbox.#stopWatching = await openSchema(outbox.#core);
     } catch (error) {
       await outbox.close().catch(() => {});
       throw error;
     }
     return outbox;
-  }
-
-  async #open(): Promise<void> {
-    this.#stopWatching = await openSchema(this.#core);
   }
 
   /**
@@ -1040,13 +1030,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * ```
    */
   async transaction<T>(fn: (tx: Transaction) => Promise<T>): Promise<T> {
-    if (typeof fn !== "function") {
-      throw new TypeError(
-        `Cannot run transaction as 'fn' must be a function: current value is ${
-          describe(fn)
-        }`,
-      );
-    }
     return await runTransaction(
       this.#core,
       this.#groups,
@@ -1074,14 +1057,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * Closes the connection once the calls made before it finish. Calls made
    * after it reject with an `Error` saying the outbox is closed.
    */
-  close(): Promise<void> {
-    try {
-      this.#path.notNested("close");
-    } catch (error) {
-      return Promise.reject(error);
-    }
+  async close(): Promise<void> {
+    this.#path.notNested("close");
     this.#closed = true;
-    return this.#runner.line.run(() =>
+    return await this.#runner.line.run(() =>
       this.#runner.mutex.run(async () => {
         await this.#stopWatching?.().catch(() => {});
         await this.#driver.close();
@@ -1119,7 +1098,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         this.#settings.maxPayloadBytes,
       ]);
       for (const row of rows) {
-        const reason = this.#unclaimable(row, payloads);
+        const reason = unclaimableReason(
+          row,
+          payloads,
+          this.#settings.maxPayloadBytes,
+        );
         if (reason === undefined) {
           candidates.push(row);
           continue;
@@ -1208,25 +1191,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return leases;
   }
 
-  /**
-   * Decodes a candidate's payload into `payloads`; returns why the event
-   * cannot be handed out instead, when it cannot.
-   */
-  #unclaimable(row: Row, payloads: unknown[]): string | undefined {
-    const bytes = integerOf(row, "bytes");
-    if (bytes > this.#settings.maxPayloadBytes) {
-      return `unclaimable: its payload of ${bytes} bytes exceeds this outbox's maxPayloadBytes of ${this.#settings.maxPayloadBytes}`;
-    }
-    try {
-      payloads.push(decodePayload(row["payload_bytes"] ?? row["payload"]));
-    } catch (error) {
-      return `unclaimable: its payload is text but not JSON (${
-        error instanceof Error ? error.message : "unreadable"
-      })`;
-    }
-    return undefined;
-  }
-
   /** Makes a candidate a dead letter with `reason`, in the ledger too. */
   async #deadLetter(row: Row, reason: string, now: number): Promise<void> {
     const eventId = integerOf(row, "id");
@@ -1305,15 +1269,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       return now;
     }
     const now = await this.#path.clock(op);
-    if (expire) await this.#expireExhausted(now);
+    if (expire) {
+      await this.#expire(
+        await this.#driver.query(this.#sql.exhausted, [now]),
+        now,
+      );
+    }
     return now;
-  }
-
-  async #expireExhausted(now: number): Promise<void> {
-    await this.#expire(
-      await this.#driver.query(this.#sql.exhausted, [now]),
-      now,
-    );
   }
 
   /** Makes the exhausted leases `rows` (id, fence) dead letters. */
@@ -1334,12 +1296,4 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       now,
     );
   }
-}
-
-/** `value + 1` for a fence or attempt a claim writes, refused past 2^53 - 1. */
-function successor(column: string, value: number): number {
-  if (value >= Number.MAX_SAFE_INTEGER) {
-    throw new UnsafeIntegerError(column, BigInt(value) + 1n);
-  }
-  return value + 1;
 }

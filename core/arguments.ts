@@ -5,7 +5,9 @@
  *
  * @module
  */
-import type { SqlValue } from "../driver.ts";
+import { integerOf, type Row, type SqlValue } from "../driver.ts";
+import { UnsafeIntegerError } from "../errors.ts";
+import { decodePayload } from "../admin.ts";
 import type { Dialect, EventState } from "../types.ts";
 import {
   checkBoolean,
@@ -419,4 +421,47 @@ export function releaseArguments(
     false,
   );
   return { delayMs, error, deadLetter };
+}
+
+/** Checks `Outbox.open`'s arguments: a driver object, known option names. */
+export function checkOpenArguments(driver: unknown, options: unknown): void {
+  if (driver === null || typeof driver !== "object") {
+    throw new TypeError(
+      `Cannot open outbox as 'driver' must be a Driver: current value is ${
+        describe(driver)
+      }`,
+    );
+  }
+  checkOptions("open outbox", options, OUTBOX_OPTIONS);
+}
+
+/**
+ * Decodes a candidate's payload into `payloads`; returns why the event
+ * cannot be handed out instead, when it cannot.
+ */
+export function unclaimableReason(
+  row: Row,
+  payloads: unknown[],
+  maxPayloadBytes: number,
+): string | undefined {
+  const bytes = integerOf(row, "bytes");
+  if (bytes > maxPayloadBytes) {
+    return `unclaimable: its payload of ${bytes} bytes exceeds this outbox's maxPayloadBytes of ${maxPayloadBytes}`;
+  }
+  try {
+    payloads.push(decodePayload(row["payload_bytes"] ?? row["payload"]));
+  } catch (error) {
+    return `unclaimable: its payload is text but not JSON (${
+      error instanceof Error ? error.message : "unreadable"
+    })`;
+  }
+  return undefined;
+}
+
+/** `value + 1` for a fence or attempt a claim writes, refused past 2^53 - 1. */
+export function successor(column: string, value: number): number {
+  if (value >= Number.MAX_SAFE_INTEGER) {
+    throw new UnsafeIntegerError(column, BigInt(value) + 1n);
+  }
+  return value + 1;
 }
