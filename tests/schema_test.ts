@@ -139,22 +139,7 @@ Deno.test("a version 3 file upgraded in place has the same columns, indexes and 
   const shape = async (path: string) => {
     await using driver = await openSqliteFile(path);
     await using _outbox = await Outbox.open(driver);
-    const columns = await driver.query(
-      "SELECT name, type, \"notnull\", dflt_value, pk FROM pragma_table_xinfo('outbox_events')",
-    );
-    const objects = await driver.query(
-      "SELECT type, name, tbl_name, sql FROM sqlite_schema WHERE type IN ('index', 'view') ORDER BY name",
-    );
-    const indexed = [];
-    for (const { name } of objects) {
-      indexed.push(
-        await driver.query(
-          "SELECT seqno, name, desc, key FROM pragma_index_xinfo(?)",
-          [String(name)],
-        ),
-      );
-    }
-    return { columns, objects, indexed };
+    return await shapeOf(driver);
   };
   try {
     const upgraded = join(dir, "upgraded.db");
