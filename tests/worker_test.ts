@@ -18,6 +18,7 @@ import {
   fixture,
   ManualTimers,
   settle,
+  withImmediate,
 } from "./worker_fixture.ts";
 
 Deno.test("processEvents() delivers each event once and acknowledges it", async () => {
@@ -529,6 +530,28 @@ Deno.test("without acknowledgeAndClaim, 64 events at concurrency 16 take four cl
   ]);
   assert.equal(processor.counters.acknowledged, 64);
   assert.equal((await f.outbox.stats()).done, 64);
+});
+
+Deno.test("handlers that finish in the same turn of the event loop share one write, however many promise jobs apart", async () => {
+  await using f = await fixture();
+  for (let n = 1; n <= 4; n++) await f.outbox.enqueue({ n });
+  const calls = recordWrites(f.outbox);
+  const gate = Promise.withResolvers<void>();
+  await using processor = processEvents(f.outbox, async (lease) => {
+    await gate.promise;
+    // Each handler finishes a different number of promise jobs after the
+    // gate opens, all in the same turn.
+    const { n } = lease.payload as { n: number };
+    for (let i = 0; i < 10 * n; i++) await null;
+  }, f.options({ concurrency: 4, timers: withImmediate(f.time) }));
+  await f.time.advance(0, f.wall);
+  gate.resolve();
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(
+    calls.filter((call) => call.startsWith("acknowledge")),
+    ["acknowledge 4 + claim 4"],
+  );
+  assert.equal(processor.counters.acknowledged, 4);
 });
 
 Deno.test("handlers that finish in separate turns while an acknowledgement with a claim is under way are acknowledged together by the next write", async () => {

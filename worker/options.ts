@@ -44,6 +44,19 @@ const PROCESS_OPTIONS = [
   "onError",
 ];
 
+const immediate = (globalThis as {
+  setImmediate?: (callback: () => void) => unknown;
+}).setImmediate;
+
+/** The runtime's timers, with `setImmediate` where it has one. */
+const DEFAULT_TIMERS: Timers = {
+  setTimeout: (callback, delayMs) => setTimeout(callback, delayMs),
+  clearTimeout: (handle) => clearTimeout(handle as number),
+  ...(immediate === undefined
+    ? {}
+    : { setImmediate: (callback: () => void) => void immediate(callback) }),
+};
+
 /** Every option of {@linkcode ProcessOptions} checked, with its default filled in. */
 export interface Settings {
   readonly queue: string | undefined;
@@ -154,10 +167,7 @@ export function settingsOf(
     random: fn("random", options.random) ?? Math.random,
     onError: fn("onError", options.onError) ?? console.error,
     onHandlerError: fn("onHandlerError", options.onHandlerError),
-    timers: options.timers ?? {
-      setTimeout: (callback, delayMs) => setTimeout(callback, delayMs),
-      clearTimeout: (handle) => clearTimeout(handle as number),
-    },
+    timers: options.timers ?? DEFAULT_TIMERS,
     signal: options.signal,
   };
 }

@@ -458,12 +458,29 @@ export class Processor<P = unknown> implements AsyncDisposable {
     const acknowledged = Promise.withResolvers<void>();
     this.#acknowledgements.push({ slot, resolve: acknowledged.resolve });
     if (this.#writerState === "idle") {
-      // Not at once: handlers finishing in this same turn (I/O completions
-      // delivered together, handlers awaiting one promise) join the write.
+      // Not at once: handlers finishing in this same turn join the write.
+      // Those awaiting one promise finish in this turn's promise jobs; while
+      // others still run, timers due at the same tick and I/O completions
+      // delivered together finish in the callbacks after this one, before
+      // the event loop's next turn.
       this.#writerTo("gathering");
-      queueMicrotask(() => this.#nextWrite());
+      const next = () => this.#nextWrite();
+      const { timers } = this.#o;
+      if (timers.setImmediate !== undefined && this.#running()) {
+        timers.setImmediate(next);
+      } else {
+        queueMicrotask(next);
+      }
     }
     return acknowledged.promise;
+  }
+
+  /** Whether any handler still runs. */
+  #running(): boolean {
+    for (const slot of this.#slots) {
+      if (slot.state === "running") return true;
+    }
+    return false;
   }
 
   /**

@@ -31,10 +31,12 @@
  * starts when it ends. No write waits for a timer.
  *
  * - `idle`: no write is under way.
- * - `gathering`: a handler finished while idle; the write starts once the
- *   promise jobs running now are done, so handlers finishing in the same
- *   turn (a batch of I/O completions, handlers awaiting one promise) go in
- *   the same commit.
+ * - `gathering`: a handler finished while idle; the write starts at the end
+ *   of the event loop's turn (`setImmediate`) while other handlers still
+ *   run, else once the promise jobs running now are done, so handlers
+ *   finishing in the same turn (timers due at the same tick, I/O completions
+ *   delivered together, handlers awaiting one promise) share its commit. Not
+ *   a wait: nothing of it depends on time.
  * - `claiming`: the loop's claim is writing.
  * - `acknowledging`: a batch of acknowledgements is writing alone (the outbox
  *   has no `acknowledgeAndClaim`, the processor is stopping, or a folded

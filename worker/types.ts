@@ -65,6 +65,18 @@ export interface Timers {
   setTimeout(callback: () => void, delayMs: number): unknown;
   /** Cancels a pending callback by its handle. */
   clearTimeout(handle: unknown): void;
+  /**
+   * Calls `callback` once the other callbacks of this turn of the event loop
+   * have run (the due timers and I/O completions delivered with the current
+   * one), as `setImmediate` does: no delay. A handler that finishes while
+   * others still run and no write is under way starts the next write there,
+   * so handlers finishing in the same turn share its commit. Without it the
+   * write starts once the promise jobs running now are done.
+   *
+   * @default {the runtime's setImmediate (Deno, Node, Bun) in the default
+   * timers; none in timers passed without it}
+   */
+  setImmediate?(callback: () => void): void;
 }
 
 /** What a {@linkcode Handler} receives besides the lease. */
