@@ -40,38 +40,8 @@ export async function alternate(
   warmup: number,
   blocks: number,
 ): Promise<Alternated> {
-  const time = async (side: Side) => {
-    await side.prepare?.();
-    const started = performance.now();
-    const events = await side.block();
-    return { events, ms: performance.now() - started };
-  };
-  for (let i = 0; i < warmup; i++) {
-    await time(ours);
-    await time(theirs);
-  }
-  const totals = { ours: { events: 0, ms: 0 }, theirs: { events: 0, ms: 0 } };
-  const ratios: number[] = [];
-  for (let b = 0; b < blocks; b++) {
-    let a, t;
-    if (b % 2 === 0) {
-      a = await time(ours);
-      t = await time(theirs);
-    } else {
-      t = await time(theirs);
-      a = await time(ours);
-    }
-    totals.ours.events += a.events;
-    totals.ours.ms += a.ms;
-    totals.theirs.events += t.events;
-    totals.theirs.ms += t.ms;
-    ratios.push((a.events / a.ms) / (t.events / t.ms));
-  }
-  return {
-    value: totals.ours.events / (totals.ours.ms / 1000),
-    anchorValue: totals.theirs.events / (totals.theirs.ms / 1000),
-    ratio: median(ratios),
-  };
+  const { values, ratios } = await alternateAll([ours, theirs], warmup, blocks);
+  return { value: values[0]!, anchorValue: values[1]!, ratio: ratios[0]! };
 }
 
 /** What {@linkcode alternateAll} measured. */

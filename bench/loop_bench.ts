@@ -55,36 +55,36 @@ const WORK: Record<Work, string> = {
 };
 const KV = "Deno KV file (WAL, fsync per commit)";
 
+/** Events per block, untimed blocks per side, timed blocks per side. */
+interface Blocks {
+  readonly units: number;
+  readonly warmup: number;
+  readonly blocks: number;
+}
+
+/** A SQLite store's file and Deno KV's, side by side. */
+interface Files {
+  readonly path: string;
+  readonly kvPath: string;
+}
+
 /** What one process measures. */
 export type LoopScenario =
-  | {
+  | Blocks & Files & {
     readonly kind: "sqliteLoop";
     readonly store: Store;
     readonly work: Work;
     readonly concurrency: number;
-    readonly units: number;
-    readonly warmup: number;
-    readonly blocks: number;
-    readonly path: string;
-    readonly kvPath: string;
   }
-  | {
+  | Blocks & {
     readonly kind: "postgresLoop";
     readonly url: string;
     readonly work: Work;
     readonly concurrency: number;
-    readonly units: number;
-    readonly warmup: number;
-    readonly blocks: number;
   }
-  | {
+  | Blocks & Files & {
     readonly kind: "singleEnqueue";
     readonly store: Store;
-    readonly units: number;
-    readonly warmup: number;
-    readonly blocks: number;
-    readonly path: string;
-    readonly kvPath: string;
   }
   | {
     /** Wake latency of an idle loop; `other`: enqueued by another process. */
