@@ -103,3 +103,24 @@ export function judge(
   }
   return { goal: parts.join(", "), met };
 }
+
+/**
+ * The goal a row's `goal` text states, as {@linkcode judge} writes it.
+ *
+ * @param text E.g. `">= 0.9"`, `"<= 1.3"`, `"value >= 50000, >= 0.85"`.
+ * @returns The goal; `undefined` for `"report"`.
+ * @throws {TypeError} When the text is not one {@linkcode judge} writes.
+ */
+export function parseGoal(text: string): Goal | undefined {
+  if (text === "report") return undefined;
+  const goal: { atLeast?: number; atMost?: number; minValue?: number } = {};
+  for (const part of text.split(", ")) {
+    const match = /^(value )?(>=|<=) ([\d.]+)$/.exec(part);
+    if (match === null) throw new TypeError(`Not a goal: ${text}`);
+    const figure = Number(match[3]);
+    if (match[1] !== undefined) goal.minValue = figure;
+    else if (match[2] === ">=") goal.atLeast = figure;
+    else goal.atMost = figure;
+  }
+  return goal;
+}

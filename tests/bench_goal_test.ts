@@ -1,6 +1,6 @@
 /** The bench's goal logic: which row a goal reads, and its direction. */
 import assert from "node:assert/strict";
-import { judge } from "../bench/table.ts";
+import { judge, parseGoal } from "../bench/table.ts";
 import { browserRowsOf } from "../bench/browser_bench.ts";
 import { loopGoal } from "../bench/loop_bench.ts";
 
@@ -91,4 +91,19 @@ Deno.test("the loop's goals hold the library's defaults to 1.0 of the anchor at 
   assert.deepEqual(loopGoal("node", 16), { atLeast: 1.5 });
   assert.deepEqual(loopGoal("postgres", 16), { atLeast: 1 });
   assert.equal(loopGoal("wasm-wal", 1), undefined);
+});
+
+Deno.test("a goal's text reads back as the goal judge() wrote it", () => {
+  for (
+    const goal of [
+      { atLeast: 1 },
+      { atLeast: 0.85 },
+      { atMost: 1.3 },
+      { atLeast: 0.85, minValue: 50_000 },
+    ]
+  ) {
+    assert.deepEqual(parseGoal(judge(goal, 1, 1).goal), goal);
+  }
+  assert.equal(parseGoal("report"), undefined);
+  assert.throws(() => parseGoal("fast"), TypeError);
 });
