@@ -94,6 +94,12 @@ export type LoopScenario =
     readonly samples: number;
   }
   | {
+    /** Deno KV's wake latency: `kv.enqueue` to its `listenQueue` handler. */
+    readonly kind: "kvLatency";
+    readonly kvPath: string;
+    readonly samples: number;
+  }
+  | {
     /** The other process of a latency scenario: enqueues `samples` events. */
     readonly kind: "enqueuer";
     readonly target: { readonly path: string } | { readonly url: string };
@@ -393,6 +399,30 @@ async function latency(
   return percentiles(committedAt.map((at, i) => startedAt.get(i)! - at));
 }
 
+/** Deno KV's wake latency, in the same process. */
+async function kvLatency(
+  scenario: Extract<LoopScenario, { kind: "kvLatency" }>,
+): Promise<{ p50: number; p99: number }> {
+  const kv = await Deno.openKv(scenario.kvPath);
+  const startedAt: number[] = [];
+  const started = new Map<number, () => void>();
+  const listening = kv.listenQueue((message: { i: number }) => {
+    startedAt[message.i] = epochNow();
+    started.get(message.i)?.();
+  });
+  const committedAt: number[] = [];
+  for (let i = 0; i < scenario.samples; i++) {
+    await pause();
+    const handled = new Promise<void>((resolve) => started.set(i, resolve));
+    await kv.enqueue({ i });
+    committedAt[i] = epochNow();
+    await handled;
+  }
+  kv.close();
+  await listening;
+  return percentiles(committedAt.map((at, i) => startedAt[i]! - at));
+}
+
 async function enqueuer(
   scenario: Extract<LoopScenario, { kind: "enqueuer" }>,
 ): Promise<number[]> {
@@ -450,6 +480,8 @@ export async function runLoopScenario(
     }
     case "latency":
       return await latency(scenario);
+    case "kvLatency":
+      return await kvLatency(scenario);
     case "enqueuer":
       return await enqueuer(scenario);
   }
@@ -640,6 +672,12 @@ export async function loopRows(
       ["WASM file (defaults)", { path: files().path }],
       [`PostgreSQL ${server.version}`, { url: await server.createDatabase() }],
     ] as const;
+    progress("idle-wake latency, Deno KV, same process");
+    const kvWake = await runKv<{ p50: number; p99: number }>({
+      kind: "kvLatency",
+      kvPath: files().kvPath,
+      samples: sizes.samples,
+    });
     for (const [label, target] of targets) {
       const measured: Record<string, { p50: number; p99: number }> = {};
       for (const from of ["same", "other"] as const) {
@@ -657,6 +695,15 @@ export async function loopRows(
       for (const p of ["p50", "p99"] as const) {
         const same = measured.same![p];
         const other = measured.other![p];
+        row(
+          `idle-wake latency ${p}, enqueue committed to handler start, same process, ${label}`,
+          "ms",
+          `${KV}, kv.enqueue() to its listenQueue() handler, same process`,
+          same,
+          kvWake[p],
+          same / kvWake[p],
+          undefined,
+        );
         row(
           `idle-wake latency ${p}, enqueue committed to handler start, another process, ${label}`,
           "ms",
