@@ -6,13 +6,17 @@
  * **The loop** decides when to claim:
  *
  * ```text
- *  starting ──► reading ──► claiming ──┬──► claiming   (leases came: claim for the rest)
- *     │            ▲            ▲      ├──► full       (every slot taken)
- *     │            │            │      ├──► reading    (empty, unread: read, then claim once more)
- *     └────────────┴── waiting ◄┴──────┼──► waiting    (empty after a read: sleep till due)
- *                          ▲           └──► backingOff (the claim threw)
- *            full ─────────┘ (a slot freed)      any ──► stopped
+ * starting, full, waiting, backingOff ──► full | reading | claiming | stopped
+ * reading                             ──► claiming
+ * claiming                            ──► full | reading | claiming | waiting
+ *                                         | backingOff | stopped
  * ```
+ *
+ * After each step it decides afresh: `full` when every slot is taken,
+ * `reading` when idle and not woken, else `claiming`. A claim that found
+ * leases claims again for the rest; one that came back empty with no read
+ * before it reads, then claims once more; empty after a read, it goes
+ * `waiting`; a claim that threw goes `backingOff`.
  *
  * - `starting`: the processor was just made.
  * - `full`: every slot is taken; it waits until one frees (a wake).
