@@ -30,8 +30,9 @@ Deno.test("the claim query uses the claim index with no temp B-tree sort", async
   const details = plan.map((row) => String(row["detail"]));
   assert.ok(
     details.some((d) =>
-      /SEARCH e USING INDEX outbox_events_claim \(queue=\? AND due_at<\?\)/
-        .test(d)
+      // Version 7's index leads with priority: the walk is in claim order
+      // (priority DESC, due_at, id), due_at checked in the index.
+      /SEARCH e USING INDEX outbox_events_claim \(queue=\?\)/.test(d)
     ),
     details.join("\n"),
   );
@@ -42,6 +43,13 @@ Deno.test("the claim query uses the claim index with no temp B-tree sort", async
   assert.ok(
     details.some((d) =>
       /SEARCH p USING (COVERING )?INDEX outbox_events_ordering/.test(d)
+    ),
+    details.join("\n"),
+  );
+  assert.ok(
+    details.some((d) =>
+      /SEARCH k USING COVERING INDEX outbox_events_concurrency \(queue=\? AND concurrency_key=\? AND due_at>\?\)/
+        .test(d)
     ),
     details.join("\n"),
   );
