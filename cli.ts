@@ -65,6 +65,15 @@ import { OutboxReader } from "./reader.ts";
 import { openNodeSqlite } from "./drivers/node_sqlite.ts";
 import { openSqliteWasm } from "./deno/sqlite_wasm.ts";
 import {
+  FLOW_OPTIONS_USAGE,
+  FLOW_USAGE,
+  type FlowContext,
+  flowNote,
+  limitsCommand,
+  pauseCommand,
+  schedulesCommand,
+} from "./cli/flow.ts";
+import {
   connectPostgres,
   isPostgresUrl,
   lockTimeoutFor,
@@ -98,6 +107,7 @@ Commands:
                                in one transaction: all of them or none
   purge <db> --older-than <d>  delete done events and dead letters older than d, 1,000 per
                                transaction (run it again to finish one that failed)
+${FLOW_USAGE}
 
 Options:
   --json                 machine-readable output (stats: one JSON object)
@@ -107,6 +117,7 @@ Options:
   --older-than <d>       purge: age, like 500ms, 30s, 15m, 12h, 7d or 1h30m
   --state <s,...>        purge: states to delete (done, dead; default both)
   --interval <d>         watch: refresh period (default 2s)
+${FLOW_OPTIONS_USAGE}
   --busy-timeout <d>     how long to wait for a writer's lock (default 5s)
   --schema <name>        PostgreSQL: the schema the outbox is in (default: where
                          the connection's search_path leads, usually public)
@@ -125,6 +136,8 @@ const OPTIONS = {
   "older-than": { type: "string" },
   state: { type: "string", multiple: true },
   interval: { type: "string" },
+  "per-key": { type: "string" },
+  "per-second": { type: "string" },
   "busy-timeout": { type: "string" },
   schema: { type: "string" },
   help: { type: "boolean", short: "h" },
@@ -138,6 +151,8 @@ const APPLIES_TO: Record<string, readonly string[]> = {
   "older-than": ["purge"],
   state: ["purge"],
   interval: ["watch"],
+  "per-key": ["limits"],
+  "per-second": ["limits"],
 };
 
 const RATE_WINDOW_MS = 60_000;
@@ -167,6 +182,8 @@ type Options = {
   "older-than"?: string;
   state?: string[];
   interval?: string;
+  "per-key"?: string;
+  "per-second"?: string;
   "busy-timeout"?: string;
   schema?: string;
   help?: boolean;
@@ -194,7 +211,24 @@ const COMMANDS: Record<string, (context: Context) => Promise<void>> = {
   redrive,
   cancel,
   purge,
+  pause: (context) => pauseCommand(flowContext(context), true),
+  resume: (context) => pauseCommand(flowContext(context), false),
+  limits: (context) => limitsCommand(flowContext(context)),
+  schedules: (context) => schedulesCommand(flowContext(context)),
 };
+
+/** What the flow commands (cli/flow.ts) take of a command line. */
+function flowContext(context: Context): FlowContext {
+  return {
+    rest: context.rest,
+    json: context.options.json === true,
+    perKey: context.options["per-key"],
+    perSecond: context.options["per-second"],
+    out: context.out,
+    open: () => openOutbox(context),
+    table: (headers, rows) => table(context, headers, rows, []),
+  };
+}
 
 /**
  * Runs one command line of the `outbox` tool.
@@ -320,6 +354,8 @@ async function stats(context: Context): Promise<void> {
 }
 
 function summaryTable(context: Context, summary: Summary): string {
+  // A queue paused or limited adds a column (cli/flow.ts's note).
+  const flow = summary.queues.some((q) => flowNote(q) !== "-");
   return table(
     context,
     [
@@ -330,6 +366,7 @@ function summaryTable(context: Context, summary: Summary): string {
       "dead",
       "oldest pending",
       "acks last 60 s",
+      ...flow ? ["flow"] : [],
     ],
     [...summary.queues, { ...summary, queue: "total" }].map((q) => [
       q.queue,
@@ -339,6 +376,7 @@ function summaryTable(context: Context, summary: Summary): string {
       q.dead,
       q.pending === 0 ? "-" : age(q.oldestPendingAgeMs),
       q.acknowledgedLastMinute,
+      ...flow ? ["queues" in q ? "" : flowNote(q)] : [],
     ]),
     [1, 2, 3, 4, 6],
   );
@@ -352,6 +390,9 @@ interface QueueSummary {
   readonly dead: number;
   readonly oldestPendingAgeMs: number;
   readonly acknowledgedLastMinute: number;
+  readonly paused?: true;
+  readonly perKey?: number;
+  readonly perSecond?: number;
 }
 
 interface Summary extends Omit<QueueSummary, "queue"> {
@@ -386,6 +427,9 @@ async function readSummary(
       ? 0
       : Math.max(0, now - q.oldestPendingAt),
     acknowledgedLastMinute: acknowledged.get(q.queue) ?? 0,
+    ...q.paused ? { paused: true as const } : {},
+    ...q.perKey === undefined ? {} : { perKey: q.perKey },
+    ...q.perSecond === undefined ? {} : { perSecond: q.perSecond },
   }));
   const sum = (key: "pending" | "leased" | "done" | "dead") =>
     rows.reduce((total, row) => total + row[key], 0);

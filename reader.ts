@@ -32,6 +32,7 @@ import {
 } from "./lease.ts";
 import { checkIdentity, checkInteger, checkOptions } from "./validate.ts";
 import { SQLITE } from "./dialects/sqlite.ts";
+import { allFlows, withFlows } from "./core/flow.ts";
 import { SCHEMA_VERSION } from "./schema.ts";
 
 /** Options of {@linkcode OutboxReader.open}. */
@@ -156,9 +157,14 @@ export class OutboxReader implements AsyncDisposable {
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async queues(): Promise<QueueCounts[]> {
-    return queueCounts(
-      await this.#read(() => this.#driver.query(this.#sql.queues)),
-    );
+    return await this.#read(async () => {
+      const counts = queueCounts(await this.#driver.query(this.#sql.queues));
+      const flow = this.#sql.flow;
+      // Paused and limited queues (core/flow.ts), as Outbox.queues() tells.
+      return flow === undefined
+        ? counts
+        : withFlows(counts, await allFlows(this.#driver, flow));
+    });
   }
 
   /**

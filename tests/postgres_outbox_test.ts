@@ -324,6 +324,7 @@ Deno.test("postgres: a claim locks only the ordering keys it takes, so a claim b
     Date.now() + 1_000,
     1,
     1_000,
+    null,
   ]);
   assert.equal(one?.["ordering_key"], "k1");
   const [{ n }] = await other.query(
@@ -755,7 +756,7 @@ Deno.test("postgres: opening a version 4 schema (identities as text) upgrades it
     await db.query("SELECT version FROM outbox_schema ORDER BY version"),
     [{ version: 4 }, { version: POSTGRES_SCHEMA_VERSION }],
   );
-  assert.equal(POSTGRES_SCHEMA_VERSION, 6);
+  assert.equal(POSTGRES_SCHEMA_VERSION, 7);
   assert.deepEqual(
     await db.query(
       "SELECT 1 AS present FROM pg_indexes WHERE indexname = 'outbox_events_ordering_leased' AND schemaname = current_schema()",
