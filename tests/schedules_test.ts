@@ -1,5 +1,6 @@
 /** Cron schedules (issue 40) on every driver, with the injected clock. */
 import assert from "node:assert/strict";
+import { processEvents } from "../mod.ts";
 import { driverTest, type Harness, snapshot } from "./helpers.ts";
 import { DRIVERS } from "./drivers.ts";
 
@@ -86,6 +87,29 @@ for (const driver of DRIVERS) {
     clock.set(T0 + 120 * MINUTE);
     assert.equal(await a!.runSchedules(), 0);
     assert.deepEqual((await a!.claim())?.payload, 2);
+  });
+
+  test("processEvents runs the schedules as part of its loop and delivers their events", async ({ clock, open }) => {
+    const [a, b] = await open();
+    clock.set(T0);
+    await a!.schedule("minute", "* * * * *", { kind: "tick" });
+    clock.set(T0 + MINUTE);
+    const delivered = Promise.withResolvers<unknown>();
+    const processors = [a!, b!].map((outbox) =>
+      processEvents(outbox, (lease) => delivered.resolve(lease.payload), {
+        pollMinMs: 10,
+        pollMaxMs: 20,
+      })
+    );
+    try {
+      assert.deepEqual(await delivered.promise, { kind: "tick" });
+    } finally {
+      await Promise.all(processors.map((p) => p.stop()));
+    }
+    assert.deepEqual(
+      (await a!.list({ state: "done" })).map((e) => e.dedupKey),
+      [`schedule:minute:${T0 + MINUTE}`],
+    );
   });
 
   test("bad schedule arguments throw naming the field before any SQL, and nothing changes", async ({ open, raw, sent }) => {
