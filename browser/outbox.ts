@@ -101,6 +101,12 @@ export type {
   QueueCounts,
   RedriveOptions,
 } from "../admin.ts";
+export type { QueueFlow, QueueLimits } from "../core/flow.ts";
+export type {
+  MissedTicks,
+  Schedule,
+  ScheduleOptions,
+} from "../core/schedules.ts";
 export type {
   BatchClaimOptions,
   ClaimOptions,
