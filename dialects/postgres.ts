@@ -589,9 +589,21 @@ export const POSTGRES = {
     FROM outbox_events GROUP BY queue, state ORDER BY queue`,
   // $2 now or null (the server's clock): one statement outside a
   // transaction, one round trip.
-  nextDue: `SELECT n.now, (SELECT due_at FROM outbox_events
-      WHERE queue = $1 AND state IN ('pending', 'leased') AND due_at > n.now
-      ORDER BY due_at LIMIT 1) AS due_at
+  // One seek per priority in use, as on SQLite: p walks the queue's
+  // distinct priorities down the claim index.
+  nextDue: `WITH RECURSIVE p(v) AS (
+      SELECT (SELECT priority FROM outbox_events
+        WHERE queue = $1 AND state IN ('pending', 'leased')
+        ORDER BY priority DESC LIMIT 1)
+      UNION ALL
+      SELECT (SELECT priority FROM outbox_events
+        WHERE queue = $1 AND state IN ('pending', 'leased') AND priority < p.v
+        ORDER BY priority DESC LIMIT 1)
+      FROM p WHERE p.v IS NOT NULL)
+    SELECT n.now, (SELECT min((SELECT due_at FROM outbox_events
+        WHERE queue = $1 AND state IN ('pending', 'leased') AND priority = p.v
+          AND due_at > n.now
+        ORDER BY due_at LIMIT 1)) FROM p WHERE p.v IS NOT NULL) AS due_at
     FROM (SELECT coalesce($2::bigint, ${NOW}) AS now) AS n`,
   stats: `SELECT state, count(*) AS n, min(created_at) AS oldest
     FROM outbox_events WHERE queue = $1 GROUP BY state`,

@@ -2,6 +2,7 @@
 import assert from "node:assert/strict";
 import { Outbox, SCHEMA_SQL, SCHEMA_VERSION } from "../mod.ts";
 import { SQL, UPGRADES } from "../dialects/sqlite.ts";
+import { ADMIN_SQL } from "../admin.ts";
 import {
   loadSqlite3,
   openSqliteWasm,
@@ -52,6 +53,24 @@ Deno.test("the claim query uses the claim index with no temp B-tree sort", async
         .test(d)
     ),
     details.join("\n"),
+  );
+});
+
+Deno.test("nextDue seeks the claim index once per priority in use, never sorting the queue's events", async () => {
+  await using driver = await openSqliteWasm(":memory:");
+  await using _outbox = await Outbox.open(driver);
+  const plan = await driver.query(`EXPLAIN QUERY PLAN ${ADMIN_SQL.nextDue}`, [
+    "default",
+    0,
+  ]);
+  const details = plan.map((row) => String(row["detail"]));
+  assert.deepEqual(
+    details.filter((d) => /outbox_events|TEMP B-TREE/.test(d)),
+    [
+      "SEARCH outbox_events USING INDEX outbox_events_claim (queue=?)",
+      "SEARCH outbox_events USING INDEX outbox_events_claim (queue=? AND priority<?)",
+      "SEARCH outbox_events USING INDEX outbox_events_claim (queue=? AND priority=? AND due_at>?)",
+    ],
   );
 });
 
