@@ -2663,6 +2663,21 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         `Cannot ${op} as the claim changed ${changes} event rows for ${leases.length} leases: the transaction was rolled back`,
       );
     }
+    // The per-key limit passed over candidates the batch had read in place
+    // of other keys' events: another round, which sees these leases, fills
+    // the batch with those.
+    if (gate.keyTrimmed && leases.length < max) {
+      leases.push(
+        ...await this.#claim(
+          op,
+          queue,
+          leaseMs,
+          max - leases.length,
+          token,
+          now,
+        ),
+      );
+    }
     return leases;
   }
 

@@ -204,6 +204,8 @@ export async function allFlows(
 export interface Gate {
   readonly max: number;
   readonly perKey: number | null;
+  /** Whether {@linkcode Gate.admit} passed over a candidate for its key. */
+  readonly keyTrimmed: boolean;
   admit(candidates: readonly Row[]): Promise<Row[]>;
 }
 
@@ -225,11 +227,21 @@ export async function openGate(
 ): Promise<Gate> {
   const [row] = await driver.query(sql.settings, [queue]);
   if (row === undefined) {
-    return { max, perKey: null, admit: (rows) => Promise.resolve([...rows]) };
+    return {
+      max,
+      perKey: null,
+      keyTrimmed: false,
+      admit: (rows) => Promise.resolve([...rows]),
+    };
   }
   const flow = queueFlow(row);
   if (flow.paused) {
-    return { max: 0, perKey: null, admit: () => Promise.resolve([]) };
+    return {
+      max: 0,
+      perKey: null,
+      keyTrimmed: false,
+      admit: () => Promise.resolve([]),
+    };
   }
   let tokens = Infinity;
   let refilledAt = now;
@@ -242,10 +254,11 @@ export async function openGate(
     );
   }
   const whole = Math.floor(tokens);
-  return {
+  const gate = {
     max: Math.min(max, whole),
     perKey: flow.perKey,
-    async admit(candidates) {
+    keyTrimmed: false,
+    async admit(candidates: readonly Row[]) {
       const taken = new Map<string, number>();
       const admitted = candidates.filter((row) => {
         const key = row["concurrency_key"];
@@ -254,7 +267,9 @@ export async function openGate(
         }
         const held = (taken.get(String(key)) ?? Number(row["held"] ?? 0)) + 1;
         taken.set(String(key), held);
-        return held <= flow.perKey;
+        if (held <= flow.perKey) return true;
+        gate.keyTrimmed = true;
+        return false;
       }).slice(0, whole);
       if (flow.perSecond !== null && admitted.length > 0) {
         await driver.run(sql.take, [
@@ -266,6 +281,7 @@ export async function openGate(
       return admitted;
     },
   };
+  return gate;
 }
 
 /**

@@ -141,6 +141,18 @@ for (const driver of DRIVERS) {
     }, { n: 7 }]);
   });
 
+  test("a batch claim passing over a key at its limit fills up with other keys' events", async ({ open }) => {
+    const [a] = await open();
+    await a!.setLimits("default", { perKey: 2 });
+    for (let n = 1; n <= 10; n++) {
+      await a!.enqueue(`a${n}`, { concurrencyKey: "a" });
+    }
+    await a!.enqueue("b1", { concurrencyKey: "b" });
+    await a!.enqueue("b2", { concurrencyKey: "b" });
+    const leases = await a!.claim({ max: 4 });
+    assert.deepEqual(leases.map((l) => l.payload), ["a1", "a2", "b1", "b2"]);
+  });
+
   test("clearing perKey lifts the limit; events without a key are never limited", async ({ open }) => {
     const [a] = await open();
     await a!.setLimits("default", { perKey: 1 });
