@@ -90,6 +90,28 @@ export {
   transactionStatements,
 } from "./core/transaction.ts";
 import { SQL, SQLITE, UPGRADES, VERSION_TABLE_SQL } from "./dialects/sqlite.ts";
+import {
+  allFlows,
+  checkLimits,
+  checkPriority,
+  type FlowStatements,
+  openGate,
+  type QueueFlow,
+  queueFlow,
+  type QueueLimits,
+  setLimits,
+  setPaused,
+  withFlows,
+} from "./core/flow.ts";
+import {
+  anyDue,
+  checkSchedule,
+  runDue,
+  saveSchedule,
+  type Schedule,
+  scheduleOf,
+  type ScheduleOptions,
+} from "./core/schedules.ts";
 
 /** Milliseconds since the Unix epoch, from an injected clock. */
 export type Clock = () => number;
@@ -167,6 +189,22 @@ export interface EnqueueOptions {
    * @default {a new UUIDv7 stamped with the outbox's clock}
    */
   readonly identity?: string;
+  /**
+   * An integer from -2147483647 to 2147483647: of the events due, a claim
+   * takes the highest priority first (then the earliest due, then the
+   * oldest). Inside an `orderingKey` FIFO wins: a later event of the key
+   * waits for the earlier ones whatever its priority.
+   *
+   * @default {0}
+   */
+  readonly priority?: number;
+  /**
+   * The key a per-key concurrency limit counts by
+   * ({@linkcode Outbox.setLimits}'s `perKey`): at most that many events of
+   * one key are leased at once, across every worker. Unlike `orderingKey`
+   * it keeps no order.
+   */
+  readonly concurrencyKey?: string;
 }
 
 /**
@@ -1416,7 +1454,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const [sql, params] = queuesStatement(this.#sql, options);
     return await this.#write(
       "count queues",
-      async () => queueCounts(await this.#driver.query(sql, params)),
+      async () =>
+        withFlows(
+          queueCounts(await this.#driver.query(sql, params)),
+          await allFlows(this.#driver, this.#flow),
+        ),
     );
   }
 
@@ -1459,6 +1501,265 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       () => this.#driver.query(this.#sql.dedupKeyEvent, params),
     );
     return row === undefined ? null : integerOf(row, "id");
+  }
+
+  /**
+   * Pauses a queue: from this call's commit on, a claim from it returns
+   * nothing, on every connection and in every process, until
+   * {@linkcode Outbox.resume}. Leases already held run to their end and can
+   * be acknowledged, renewed and released; enqueues go on.
+   * {@linkcode Outbox.queues} shows `paused: true`.
+   *
+   * @param queue The queue's name (it need not hold events yet).
+   * @throws {TypeError} When `queue` is not a valid name (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Pause and resume
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * await outbox.enqueue({ n: 1 });
+   * await outbox.pause("default");
+   * assert.equal(await outbox.claim(), null);
+   * await outbox.resume("default");
+   * assert.deepEqual((await outbox.claim())?.payload, { n: 1 });
+   * ```
+   */
+  async pause(queue: string): Promise<void> {
+    await this.#setPaused("pause", queue, true);
+  }
+
+  /**
+   * Resumes a paused queue: claims take its events again. Resuming a queue
+   * that is not paused changes nothing.
+   *
+   * @param queue The queue's name.
+   * @throws {TypeError} When `queue` is not a valid name (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async resume(queue: string): Promise<void> {
+    await this.#setPaused("resume", queue, false);
+    this.#enqueued();
+  }
+
+  /**
+   * Sets a queue's limits, stored in the database and honoured by every
+   * claim from the next one on, across every connection and process.
+   * `perKey`: at most that many events of one `concurrencyKey` leased at
+   * once (a saturated key never holds other keys back). `perSecond`: at
+   * most that many claims a second from the queue, a token bucket of
+   * `perSecond` tokens refilled continuously by the outbox's clock (on
+   * PostgreSQL the server's, unless `now` was injected); setting it fills
+   * the bucket. A field left out stays as it is; `null` clears it.
+   *
+   * @param queue The queue's name.
+   * @param limits See {@linkcode QueueLimits}.
+   * @throws {TypeError | RangeError} When `queue` is not a valid name or a
+   * limit is not a positive integer or `null`, naming it (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example A per-key limit
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * await outbox.setLimits("default", { perKey: 1 });
+   * await outbox.enqueue({ n: 1 }, { concurrencyKey: "tenant-a" });
+   * await outbox.enqueue({ n: 2 }, { concurrencyKey: "tenant-a" });
+   * await outbox.enqueue({ n: 3 }, { concurrencyKey: "tenant-b" });
+   * const leases = await outbox.claim({ max: 10 });
+   * assert.deepEqual(leases.map((l) => l.payload), [{ n: 1 }, { n: 3 }]);
+   * ```
+   */
+  async setLimits(queue: string, limits: QueueLimits): Promise<void> {
+    const op = "set limits";
+    const checked = checkLimits(op, queue, limits);
+    await this.#write(
+      op,
+      (now) => setLimits(this.#driver, this.#flow, checked, now),
+    );
+    this.#enqueued();
+  }
+
+  /**
+   * A queue's flow control: whether it is paused, and its limits.
+   *
+   * @param queue The queue's name.
+   * @returns `paused`, `perKey` and `perSecond` (`null`: no limit).
+   * @throws {TypeError} When `queue` is not a valid name (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async limits(queue: string): Promise<QueueFlow> {
+    const op = "read limits";
+    checkName(op, "queue", queue);
+    return await this.#write(op, async () => {
+      const [row] = await this.#driver.query(this.#flow.settings, [queue]);
+      return queueFlow(row);
+    }, { expire: false });
+  }
+
+  /**
+   * Stores a cron schedule (replacing one of the same name): from its first
+   * tick after now, each tick enqueues one event with `payload` when
+   * {@linkcode Outbox.runSchedules} runs ({@linkcode processEvents} runs it
+   * as part of its loop). Exactly one event per tick however many
+   * processes run the schedules: its dedup key is
+   * `schedule:<name>:<tick epoch ms>`. Ticks that passed while nothing ran
+   * are enqueued per `missed` (default `"latest"`: only the latest).
+   *
+   * @param name The schedule's name, unique in the database.
+   * @param cron A cron expression as `croner` reads it: 5 fields (minute to
+   * day of week), or 6 with seconds first, or 7 with a year.
+   * @param payload A JSON-serializable value (not bytes).
+   * @param options See {@linkcode ScheduleOptions}.
+   * @throws {TypeError | RangeError} When the name, the cron expression,
+   * the time zone, the payload or an option is invalid, naming it (before
+   * any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example A schedule at 09:00 in Paris
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * let now = Date.UTC(2026, 0, 1, 7, 0);
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"), { now: () => now });
+   * await outbox.schedule("report", "0 9 * * *", { kind: "report" }, { timezone: "Europe/Paris" });
+   * assert.equal(await outbox.runSchedules(), 0);
+   * now = Date.UTC(2026, 0, 1, 8, 0); // 09:00 in Paris
+   * assert.equal(await outbox.runSchedules(), 1);
+   * assert.equal(await outbox.runSchedules(), 0);
+   * assert.deepEqual((await outbox.claim())?.payload, { kind: "report" });
+   * ```
+   */
+  async schedule(
+    name: string,
+    cron: string,
+    payload: P,
+    options: ScheduleOptions = {},
+  ): Promise<void> {
+    const op = "schedule";
+    const checked = checkSchedule(op, name, cron, options);
+    const { timezone: _, missed: __, ...enqueueOptions } = options;
+    const event = this.#prepareEnqueue(op, payload, enqueueOptions);
+    if (typeof event.payload !== "string") {
+      throw new TypeError(
+        "Cannot schedule as 'payload' must be JSON-serializable: bytes cannot be scheduled",
+      );
+    }
+    const { queue: __q, ...stored } = enqueueOptions;
+    await this.#write(op, (now) =>
+      saveSchedule(this.#driver, this.#flow, {
+        ...checked,
+        queue: event.queue,
+        payload: event.payload as string,
+        options: stored,
+      }, now), { expire: false });
+  }
+
+  /**
+   * Removes a schedule; events it enqueued stay.
+   *
+   * @param name The schedule's name.
+   * @returns Whether there was one.
+   * @throws {TypeError} When `name` is not a valid name (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async unschedule(name: string): Promise<boolean> {
+    const op = "unschedule";
+    checkName(op, "name", name);
+    return await this.#write(
+      op,
+      async () =>
+        (await this.#driver.query(this.#flow.unschedule, [name])).length > 0,
+      { expire: false },
+    );
+  }
+
+  /**
+   * Lists the schedules by name.
+   *
+   * @returns Each schedule, its next and latest tick.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async schedules(): Promise<Schedule[]> {
+    return await this.#write(
+      "list schedules",
+      async () =>
+        (await this.#driver.query(this.#flow.schedules)).map(scheduleOf),
+      { expire: false },
+    );
+  }
+
+  /**
+   * Enqueues the ticks of every schedule that have come due by the
+   * outbox's clock, each once however many processes call this, and moves
+   * each schedule past now. A look that takes no write lock comes first,
+   * so calling it often costs one read while nothing is due.
+   *
+   * @returns How many events this call enqueued.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async runSchedules(): Promise<number> {
+    const op = "run schedules";
+    const flow = this.#flow;
+    const look = (now: number | null) => anyDue(this.#driver, flow, now);
+    const { due } = await this.#write(op, look, {
+      expire: false,
+      inOne: (now) =>
+        look(now).catch((error) => {
+          if (error instanceof BusyError) return undefined;
+          throw error;
+        }),
+    });
+    if (!due) return 0;
+    const n = await this.#write(
+      op,
+      (now) =>
+        runDue(this.#driver, flow, now, async (tick) => {
+          const event = this.#prepareEnqueue(op, null, {
+            ...tick.options,
+            queue: tick.queue,
+            dedupKey: tick.dedupKey,
+          });
+          const result = await insertOne(
+            this.#driver,
+            this.#sql,
+            { ...event, payload: tick.payload },
+            now,
+          );
+          return !result.deduplicated;
+        }),
+      { expire: false },
+    );
+    if (n > 0) this.#enqueued();
+    return n;
+  }
+
+  async #setPaused(op: string, queue: string, paused: boolean): Promise<void> {
+    checkName(op, "queue", queue);
+    await this.#write(
+      op,
+      (now) => setPaused(this.#driver, this.#flow, queue, paused, now),
+      { expire: false },
+    );
+  }
+
+  /** The dialect's flow statements. */
+  get #flow(): FlowStatements {
+    const flow = this.#sql.flow;
+    if (flow === undefined) {
+      throw new Error(
+        "Cannot control the flow of a queue as this driver's dialect spells no flow statements",
+      );
+    }
+    return flow;
   }
 
   /**
@@ -1896,6 +2197,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const identity = options.identity === undefined
       ? null
       : checkIdentity(op, f("identity"), options.identity);
+    const priority = checkPriority(op, f("priority"), options.priority);
+    const concurrencyKey = options.concurrencyKey === undefined
+      ? null
+      : checkName(op, f("concurrencyKey"), options.concurrencyKey);
     const stored = encodePayload(
       op,
       f("payload"),
@@ -1911,6 +2216,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       identity,
       delayMs,
       maxAttempts,
+      priority,
+      concurrencyKey,
     };
   }
 
@@ -2038,6 +2345,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     token: string | undefined,
     now: number,
   ): Promise<Lease<P>[]> {
+    const gate = await openGate(this.#driver, this.#flow, queue, now, max);
+    if (gate.max === 0) return [];
     let candidates: Row[] = [];
     let payloads: unknown[] = [];
     // An unclaimable row is a dead letter once seen, but the claimable rows
@@ -2051,8 +2360,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       const rows = await this.#driver.query(this.#sql.candidates, [
         queue,
         now,
-        max,
+        gate.max,
         this.#maxPayloadBytes,
+        gate.perKey,
       ]);
       for (const row of rows) {
         const reason = this.#unclaimable(row, payloads);
@@ -2063,6 +2373,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         unclaimable = true;
         await this.#deadLetter(row, reason, now);
       }
+    }
+    const admitted = await gate.admit(candidates);
+    if (admitted.length < candidates.length) {
+      const kept = new Set(admitted);
+      payloads = payloads.filter((_, i) => kept.has(candidates[i]!));
+      candidates = admitted;
     }
     if (candidates.length === 0) return [];
     const leaseUntil = now + leaseMs;
@@ -2139,6 +2455,21 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     if (changes !== leases.length) {
       throw new Error(
         `Cannot ${op} as the claim changed ${changes} event rows for ${leases.length} leases: the transaction was rolled back`,
+      );
+    }
+    // The per-key limit passed over candidates the batch had read in place
+    // of other keys' events: another round, which sees these leases, fills
+    // the batch with those.
+    if (gate.keyTrimmed && leases.length < max) {
+      leases.push(
+        ...await this.#claim(
+          op,
+          queue,
+          leaseMs,
+          max - leases.length,
+          token,
+          now,
+        ),
       );
     }
     return leases;
@@ -2735,6 +3066,8 @@ const ENQUEUE_OPTIONS = [
   "dedupKey",
   "orderingKey",
   "identity",
+  "priority",
+  "concurrencyKey",
 ];
 const CLAIM_OPTIONS = ["queue", "leaseMs", "token", "max"];
 const BATCH_CLAIM_OPTIONS = ["queue", "leaseMs", "max"];

@@ -69,6 +69,8 @@ export interface ProcessableOutbox<P> {
   explain(eventId: number): Promise<Explanation | null>;
   /** Time until the next event comes due, as {@linkcode Outbox.nextDueInMs} says. */
   nextDueInMs(options?: { readonly queue?: string }): Promise<number | null>;
+  /** Enqueues the due ticks of the schedules, as {@linkcode Outbox.runSchedules} does. */
+  runSchedules?(): Promise<number>;
   /** Calls `listener` after each local enqueue; returns its removal. */
   onEnqueue(listener: () => void): () => void;
   /** Whether the outbox was closed. */
@@ -443,6 +445,8 @@ export class Processor<P = unknown> implements AsyncDisposable {
   readonly #renewIntervalMs: number;
   readonly #marginMs: number;
   readonly #pollMinMs: number;
+  /** When the loop last ran the schedules, on the monotonic clock. */
+  #schedulesRunAt = -Infinity;
   readonly #pollMaxMs: number;
   readonly #backoffMinMs: number;
   readonly #backoffMaxMs: number;
@@ -678,6 +682,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       const read = idle && !wokenByWait && !this.#woken;
       wokenByWait = false;
       this.#woken = false;
+      await this.#runSchedules(read);
       const dueAt = read ? await this.#nextDueAt() : undefined;
       let claimed: Claimed<P>;
       try {
@@ -801,6 +806,22 @@ export class Processor<P = unknown> implements AsyncDisposable {
       void this.#acknowledgeBatch();
     } else {
       this.#writing = false;
+    }
+  }
+
+  /**
+   * Runs the outbox's schedules (issue 40) at an idle loop's read, and at
+   * least once a second while it is busy: one read while nothing is due.
+   */
+  async #runSchedules(idle: boolean): Promise<void> {
+    const now = this.#monotonicNow();
+    if (this.#outbox.runSchedules === undefined || this.#stopping) return;
+    if (!idle && now - this.#schedulesRunAt < 1_000) return;
+    this.#schedulesRunAt = now;
+    try {
+      await this.#outbox.runSchedules();
+    } catch (error) {
+      if (!this.#noteClosed(error)) this.#report(error);
     }
   }
 
