@@ -557,7 +557,7 @@ Deno.test("usage errors exit 2 with the reason and the usage on stderr", async (
     [[], "no command given"],
     [
       ["frobnicate", path],
-      "unknown command 'frobnicate' (commands: stats, list, explain, watch, redrive, retry, cancel, purge, ui); see outbox --help",
+      "unknown command 'frobnicate' (commands: stats, list, explain, watch, redrive, retry, cancel, purge, pause, resume, limits, schedules, ui); see outbox --help",
     ],
     [["stats"], "stats needs a database"],
     [
@@ -940,6 +940,6 @@ Deno.test("an unknown command is named as such, whatever follows it", async () =
   assert.equal(stdout, "");
   assert.equal(
     stderr,
-    "outbox: unknown command 'dashboard' (commands: stats, list, explain, watch, redrive, retry, cancel, purge, ui); see outbox --help\n",
+    "outbox: unknown command 'dashboard' (commands: stats, list, explain, watch, redrive, retry, cancel, purge, pause, resume, limits, schedules, ui); see outbox --help\n",
   );
 });
