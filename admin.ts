@@ -12,6 +12,7 @@
  */
 import { integerOf, type Row, type SqlValue } from "./driver.ts";
 import type { EventState } from "./lease.ts";
+import { checkInteger, checkName, checkOptions } from "./validate.ts";
 
 /** Options of {@linkcode Outbox.list}. */
 export interface ListOptions {
@@ -99,6 +100,44 @@ export interface QueueCounts {
   readonly dead: number;
   /** When the oldest pending event was enqueued, epoch milliseconds, or `null`. */
   readonly oldestPendingAt: number | null;
+  /** `true` while the queue is paused (`Outbox.pause`); absent otherwise. */
+  readonly paused?: true;
+  /** The queue's per-key concurrency limit (`Outbox.setLimits`), when set. */
+  readonly perKey?: number;
+  /** The queue's rate limit in claims per second, when set. */
+  readonly perSecond?: number;
+}
+
+/** Options of {@linkcode Outbox.queues} and `OutboxReader.queues`. */
+export interface QueuesOptions {
+  /**
+   * Counts stop at this many events per queue and state (a count equal to
+   * it means "at least"), so the call costs the same on a table of any
+   * size; the dashboard's overview passes 10,000. On PostgreSQL the counts
+   * are exact whatever it says. 1 to 2^53 - 1.
+   *
+   * @default {exact counts}
+   */
+  readonly countUpTo?: number;
+}
+
+/** The statement and parameters of `queues(options)`. */
+export function queuesStatement(
+  sql: { readonly queues: string; readonly queuesUpTo?: string },
+  options: QueuesOptions,
+): [string, SqlValue[]] {
+  const op = "count queues";
+  checkOptions(op, options, ["countUpTo"]);
+  const upTo = checkInteger(
+    op,
+    "countUpTo",
+    options.countUpTo,
+    1,
+    Number.MAX_SAFE_INTEGER,
+  );
+  return upTo === undefined || sql.queuesUpTo === undefined
+    ? [sql.queues, []]
+    : [sql.queuesUpTo, [upTo]];
 }
 
 /** The last error of a cancelled event: a dead letter, so it stays listed and can be redriven. */
@@ -119,6 +158,20 @@ export const ADMIN_SQL = {
   // (outbox_events_done) serves it.
   acknowledgedSince: `SELECT queue, count(*) AS n FROM outbox_events
     WHERE state = 'done' AND done_at >= ?1 GROUP BY queue`,
+  // Events acknowledged (the retention index outbox_events_done) and
+  // attempts failed (releases with an error, lapsed leases) since ?1, per
+  // ?2 milliseconds.
+  activity:
+    `SELECT (at / ?2) * ?2 AS at, sum(done) AS done, sum(failed) AS failed
+    FROM (SELECT done_at AS at, 1 AS done, 0 AS failed FROM outbox_events
+        WHERE state = 'done' AND done_at >= ?1
+      UNION ALL
+      SELECT at, 0, 1 FROM outbox_attempts WHERE at >= ?1
+        AND (kind = 'expired' OR kind = 'released' AND detail IS NOT NULL))
+    GROUP BY 1 ORDER BY 1`,
+  // The dedup index (queue, dedup_key) answers it with one seek.
+  dedupKeyEvent:
+    `SELECT id FROM outbox_events WHERE queue = ?1 AND dedup_key = ?2`,
   // ?2 NULL: every queue. Paged by id, the primary key.
   list:
     `SELECT id, identity, queue, state, attempt, max_attempts, due_at, lease_until,
@@ -148,13 +201,43 @@ export const ADMIN_SQL = {
     WHERE event_id IN (SELECT value FROM json_each(?1))`,
   purge: `DELETE FROM outbox_events
     WHERE id IN (SELECT value FROM json_each(?1))`,
+  // The state index (queue, state, created_at) covers it.
   queues: `SELECT queue, state, count(*) AS n, min(created_at) AS oldest
     FROM outbox_events GROUP BY queue, state ORDER BY queue`,
-  // The claim index (queue, due_at, id) answers it with one seek. Answers
-  // `now` (?2) and `due_at` (null when nothing is scheduled).
-  nextDue: `SELECT ?2 AS now, (SELECT due_at FROM outbox_events
-      WHERE queue = ?1 AND state IN ('pending', 'leased') AND due_at > ?2
-      ORDER BY due_at LIMIT 1) AS due_at`,
+  // Each queue by a seek past the last (a loose index scan of the state
+  // index), then each state's count up to ?1 and oldest event by seeks.
+  queuesUpTo: `WITH RECURSIVE q(queue) AS (
+      SELECT min(queue) FROM outbox_events
+      UNION ALL
+      SELECT (SELECT min(queue) FROM outbox_events WHERE queue > q.queue)
+      FROM q WHERE q.queue IS NOT NULL),
+    s(state) AS (VALUES ('pending'), ('leased'), ('done'), ('dead'))
+    SELECT * FROM (SELECT q.queue AS queue, s.state AS state,
+        (SELECT count(*) FROM (SELECT 1 FROM outbox_events AS e
+          WHERE e.queue = q.queue AND e.state = s.state LIMIT ?1)) AS n,
+        (SELECT min(created_at) FROM outbox_events AS e
+          WHERE e.queue = q.queue AND e.state = s.state) AS oldest
+      FROM q, s WHERE q.queue IS NOT NULL)
+    WHERE n > 0 ORDER BY queue`,
+  // The claim index (queue, priority DESC, due_at, id) answers it with one
+  // seek per priority in use: p walks the queue's distinct priorities, a
+  // seek each (a queue without priorities has one), and each level's
+  // first event due after now is a seek. Answers `now` (?2) and `due_at`
+  // (null when nothing is scheduled).
+  nextDue: `WITH RECURSIVE p(v) AS (
+      SELECT (SELECT priority FROM outbox_events INDEXED BY outbox_events_claim
+        WHERE queue = ?1 AND state IN ('pending', 'leased')
+        ORDER BY priority DESC LIMIT 1)
+      UNION ALL
+      SELECT (SELECT priority FROM outbox_events INDEXED BY outbox_events_claim
+        WHERE queue = ?1 AND state IN ('pending', 'leased') AND priority < p.v
+        ORDER BY priority DESC LIMIT 1)
+      FROM p WHERE p.v IS NOT NULL)
+    SELECT ?2 AS now, (SELECT min((SELECT due_at
+        FROM outbox_events INDEXED BY outbox_events_claim
+        WHERE queue = ?1 AND state IN ('pending', 'leased') AND priority = p.v
+          AND due_at > ?2
+        ORDER BY due_at LIMIT 1)) FROM p WHERE p.v IS NOT NULL) AS due_at`,
 } as const;
 
 /**
@@ -249,4 +332,44 @@ export function queueCounts(rows: readonly Row[]): QueueCounts[] {
 
 function text(value: SqlValue | undefined): string | null {
   return value === null || value === undefined ? null : String(value);
+}
+
+/** One bucket of {@linkcode OutboxReader.activity}. */
+export interface ActivityCount {
+  /** The bucket's start, epoch milliseconds (a multiple of its width). */
+  readonly at: number;
+  /** Events acknowledged in it. */
+  readonly done: number;
+  /** Attempts failed in it: releases with an error, lapsed leases. */
+  readonly failed: number;
+}
+
+/** Checks `activity()`'s arguments: `[sinceMs, bucketMs]` for its statement. */
+export function activityParameters(
+  sinceMs: unknown,
+  bucketMs: unknown,
+): [number, number] {
+  const op = "count activity";
+  return [
+    checkInteger(op, "sinceMs", sinceMs, 0, Number.MAX_SAFE_INTEGER) ?? 0,
+    checkInteger(op, "bucketMs", bucketMs, 1, 86_400_000) ?? 0,
+  ];
+}
+
+/** Maps the `activity` statement's rows. */
+export function activityCounts(rows: readonly Row[]): ActivityCount[] {
+  return rows.map((row) => ({
+    at: integerOf(row, "at"),
+    done: integerOf(row, "done"),
+    failed: integerOf(row, "failed"),
+  }));
+}
+
+/** Checks `eventIdByDedupKey()`'s arguments, for its statement. */
+export function dedupKeyParameters(
+  queue: unknown,
+  dedupKey: unknown,
+): [string, string] {
+  const op = "find event by dedup key";
+  return [checkName(op, "queue", queue), checkName(op, "dedupKey", dedupKey)];
 }

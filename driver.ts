@@ -10,7 +10,7 @@
  */
 
 import { BusyError, UnsafeIntegerError } from "./errors.ts";
-import type { Dialect } from "./lease.ts";
+import type { Dialect, TransactionStatus } from "./types.ts";
 
 /** A value SQLite stores or returns: `NULL`, `INTEGER`/`REAL`, `TEXT` or `BLOB`. */
 export type SqlValue = null | number | bigint | string | Uint8Array;
@@ -74,11 +74,23 @@ export interface Driver {
    * Whether a transaction is open on this connection now
    * (`sqlite3_get_autocommit()` is 0): outside the outbox's own
    * transactions, one the application began on the handle it shares with
-   * the outbox. `enqueue` and the fenced `acknowledge` then run inside it,
-   * and every other call waits for it to end. Optional: without it the
+   * the outbox. `enqueue` and the fenced `acknowledge` made inside
+   * `Outbox.within` then run inside it, and every other call waits for it
+   * to end. Optional: without it the
    * outbox assumes the connection is its own.
    */
   inTransaction?(): boolean;
+  /**
+   * The engine's own word on this connection's transaction: `idle` (none
+   * open: SQLite's `sqlite3_get_autocommit()` is 1, PostgreSQL's
+   * ReadyForQuery status `I`), `open` (`T`), or `failed` (PostgreSQL's
+   * `E`: open, but it will only roll back). The core asks after a
+   * statement inside its transaction fails, caught or not, and before each
+   * later statement and the `COMMIT`: once the transaction has ended or
+   * failed, nothing more of it runs. Optional: without it the core reads
+   * {@linkcode Driver.inTransaction}, and without both it cannot tell.
+   */
+  transactionStatus?(): TransactionStatus;
   /** Closes the connection; later calls reject. Closing twice is a no-op. */
   close(): Promise<void>;
 }

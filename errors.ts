@@ -265,7 +265,8 @@ export class UnsafeIntegerError extends Error {
  * @param code The extended result code.
  * @param cause The engine's own error object.
  * @returns A {@linkcode BusyError}, {@linkcode ConstraintError},
- *   {@linkcode DatabaseMovedError} or {@linkcode SqliteError}.
+ *   {@linkcode DatabaseMovedError}, {@linkcode StorageFullError} or
+ *   {@linkcode SqliteError}.
  */
 export function sqliteError(
   message: string,
@@ -287,6 +288,8 @@ export function sqliteError(
       return new BusyError(message, code, options);
     case 19:
       return new ConstraintError(message, code, options);
+    case 13: // SQLITE_FULL
+      return new StorageFullError(message, code, options);
     default:
       return new SqliteError(message, code, options);
   }
@@ -458,5 +461,109 @@ export class RetryAfterError extends Error {
     super(message ?? `retry after ${delayMs} ms`, options);
     this.name = "RetryAfterError";
     this.delayMs = delayMs;
+  }
+}
+
+/**
+ * The storage under the database is full, so a write failed and nothing of
+ * the call was stored: `SQLITE_FULL` (result code 13) from SQLite on a disk
+ * with no room left, or, in the browser, the origin's storage quota, which
+ * OPFS enforces by refusing a write (`QuotaExceededError`, which SQLite's
+ * OPFS VFS reports as a bare "disk I/O error"). The connection stays usable:
+ * once space is freed (the outbox's `purge` of done events and dead letters
+ * followed by `maintain`, other data of the origin cleared, or a larger
+ * quota granted), the same call succeeds, without reopening.
+ * `code` is 13 (`SQLITE_FULL`) and `cause` the error as reported.
+ *
+ * @example Usage
+ * ```ts
+ * import { SqliteError, StorageFullError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const error = new StorageFullError("database or disk is full");
+ * assert.ok(error instanceof SqliteError);
+ * assert.equal(error.code, 13);
+ * assert.equal(error.name, "StorageFullError");
+ * ```
+ */
+export class StorageFullError extends SqliteError {
+  /**
+   * Makes the error.
+   *
+   * @param message What happened and what to do.
+   * @param code The extended result code (default `13`, `SQLITE_FULL`).
+   * @param options `cause`: the error as reported.
+   */
+  constructor(message: string, code = 13, options?: ErrorOptions) {
+    super(message, code, options);
+    this.name = "StorageFullError";
+  }
+}
+
+/**
+ * The transaction a call belongs to has ended, or failed, at the engine:
+ * SQLite rolled it back (a trigger's `RAISE(ROLLBACK)`, `INSERT OR
+ * ROLLBACK`, some I/O, full-disk and out-of-memory errors), or PostgreSQL
+ * failed it (any error inside it; it then answers `COMMIT` with
+ * `ROLLBACK`). From then on, every call of that transaction throws it and
+ * runs nothing (never in autocommit), no `COMMIT` is sent, and
+ * `transaction()` or `accept()` rejects with it: nothing of the
+ * transaction was committed.
+ *
+ * @example Usage
+ * ```ts
+ * import { TransactionEndedError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const error = new TransactionEndedError("enqueue", "INSERT OR ROLLBACK INTO t VALUES (1)", "ended");
+ * assert.equal(error.statement, "INSERT OR ROLLBACK INTO t VALUES (1)");
+ * assert.equal(error.status, "ended");
+ * ```
+ */
+export class TransactionEndedError extends Error {
+  /**
+   * The statement after which the engine said the transaction had ended or
+   * failed, as sent (clipped to 200 characters); `""` when it is not known
+   * (a statement on the application's own handle, or a `COMMIT` that
+   * PostgreSQL answered with `ROLLBACK`).
+   */
+  readonly statement: string;
+  /**
+   * `ended`: the engine rolled the transaction back (SQLite's autocommit
+   * came back on). `failed`: it is still open but can only roll back
+   * (PostgreSQL's transaction status `E`, or a `COMMIT` it answered with
+   * `ROLLBACK`).
+   */
+  readonly status: "ended" | "failed";
+
+  /**
+   * Makes the error.
+   *
+   * @param op The call that found the transaction gone, e.g. `"enqueue"`.
+   * @param statement The statement that ended or failed it (`""`: unknown).
+   * @param status Whether it ended or failed.
+   * @param options `cause`: the statement's own error.
+   */
+  constructor(
+    op: string,
+    statement: string,
+    status: "ended" | "failed",
+    options?: ErrorOptions,
+  ) {
+    const clipped = statement.length <= 200
+      ? statement
+      : `${statement.slice(0, 197)}...`;
+    const after = clipped === ""
+      ? "an earlier statement"
+      : JSON.stringify(clipped);
+    super(
+      status === "ended"
+        ? `Cannot ${op} as the engine rolled the transaction back after ${after}: nothing of it commits`
+        : `Cannot ${op} as the transaction failed after ${after}: the engine will only roll it back, and nothing of it commits`,
+      options,
+    );
+    this.name = "TransactionEndedError";
+    this.statement = clipped;
+    this.status = status;
   }
 }

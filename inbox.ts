@@ -22,19 +22,17 @@ import {
   type Row,
   type RunResult,
   type SqlValue,
-  untilNotBusy,
 } from "./driver.ts";
-import { BusyError } from "./errors.ts";
+import { type Clock, type Lease, MAX_DURATION_MS } from "./lease.ts";
 import {
-  type Clock,
-  driverMutex,
   insideTransactionBody,
-  type Lease,
-  MAX_DURATION_MS,
   type Mutex,
   runTransactionBody,
+  TransactionRunner,
   transactionStatements,
-} from "./lease.ts";
+  withinApplication,
+} from "./core/transaction.ts";
+import { SQLITE } from "./dialects/sqlite.ts";
 import {
   checkIdentity,
   checkInteger,
@@ -72,9 +70,6 @@ export const INBOX_SCHEMA_SQL = `CREATE TABLE IF NOT EXISTS inbox_accepted (
 CREATE INDEX IF NOT EXISTS inbox_accepted_at ON inbox_accepted (accepted_at);`;
 
 const SQL = {
-  begin: "BEGIN IMMEDIATE",
-  commit: "COMMIT",
-  rollback: "ROLLBACK",
   accepted: "SELECT fence FROM inbox_accepted WHERE identity = ?",
   record:
     "INSERT INTO inbox_accepted (identity, fence, accepted_at) VALUES (?, ?, ?)",
@@ -82,7 +77,6 @@ const SQL = {
 } as const;
 
 const MAX_DATE_MS = 8_640_000_000_000_000;
-const MAX_BUSY_BACKOFF_MS = 4;
 
 /** Options fixed when an {@linkcode Inbox} is opened. */
 export interface InboxOptions {
@@ -164,13 +158,13 @@ export interface Delivery {
 export class Inbox implements AsyncDisposable {
   readonly #driver: Driver;
   readonly #mutex: Mutex;
+  readonly #runner: TransactionRunner;
   readonly #now: Clock;
   readonly #busyTimeoutMs: number;
   #closed = false;
 
   private constructor(driver: Driver, options: InboxOptions) {
     const op = "open inbox";
-    this.#driver = driver;
     this.#now = options.now ?? Date.now;
     if (typeof this.#now !== "function") {
       throw new TypeError(
@@ -186,7 +180,14 @@ export class Inbox implements AsyncDisposable {
       0,
       MAX_DURATION_MS,
     ) ?? 5_000;
-    this.#mutex = driverMutex(driver);
+    this.#runner = new TransactionRunner(
+      driver,
+      driver.dialect ?? SQLITE,
+      this.#busyTimeoutMs,
+      "only calls made inside inbox.within() or outbox.within() join it; the inbox's others wait for it to end",
+    );
+    this.#mutex = this.#runner.mutex;
+    this.#driver = this.#runner.driver;
   }
 
   /**
@@ -281,6 +282,7 @@ export class Inbox implements AsyncDisposable {
             `Cannot ${method} as the acceptance this handle belongs to has ended`,
           );
         }
+        this.#runner.checkLive(method);
       };
       let value: T;
       try {
@@ -293,7 +295,24 @@ export class Inbox implements AsyncDisposable {
       }
       await driver.run(SQL.record, [key, checkedFence, now]);
       return { status: "accepted", value };
-    });
+    }, this.#runner.joins());
+  }
+
+  /**
+   * Runs `fn` as part of the transaction the application has open on the
+   * connection this inbox shares: an {@linkcode Inbox.accept} made inside
+   * `fn` (and an outbox's calls on the same connection, as
+   * `Outbox.within` says) runs inside it under a savepoint, and
+   * the application's `COMMIT` or `ROLLBACK` decides whether the effect and
+   * the identity stay. Made anywhere else, it waits for that transaction to
+   * end, then runs in its own.
+   *
+   * @param fn The application's code that belongs to its transaction.
+   * @returns What `fn` returned.
+   * @throws {TypeError} When `fn` is not a function.
+   */
+  within<T>(fn: () => Promise<T>): Promise<T> {
+    return withinApplication("run within", this.#mutex, fn);
   }
 
   /**
@@ -301,9 +320,17 @@ export class Inbox implements AsyncDisposable {
    * from {@linkcode IDENTITY_HEADER} and the fence from
    * {@linkcode FENCE_HEADER}, then {@linkcode Inbox.accept}s it.
    *
+   * The answer `fn` returns decides, as the sender reads it: a final one
+   * (none, or any status but those below) commits the effect's writes with
+   * the identity. A status that asks for a retry
+   * ({@linkcode isRetryStatus}: any 5xx, 408 Request Timeout, 425 Too Early,
+   * 429 Too Many Requests) rolls the effect's writes back and records
+   * nothing, so the sender's retry runs the effect again; the response is
+   * still sent.
+   *
    * @param request The delivery.
-   * @param fn The effect's writes; a `Response` it returns is sent when the
-   * delivery is accepted.
+   * @param fn The effect's writes; a `Response` it returns is sent, and
+   * its status decides whether the delivery is accepted.
    * @returns `fn`'s response, or 200 when it returned none; 200 `duplicate`
    * for a duplicate, so the sender acknowledges; 409 `stale` for a stale
    * fence (the sender's lease was lost, a newer claim delivered); 400 when a
@@ -340,11 +367,23 @@ export class Inbox implements AsyncDisposable {
       if (!(error instanceof TypeError)) throw error;
       return new Response(error.message, { status: 400 });
     }
-    const result = await this.accept(
-      delivery.identity,
-      delivery.fence,
-      (tx) => fn(tx, request),
-    );
+    let result: AcceptResult<Response | void>;
+    try {
+      result = await this.accept(
+        delivery.identity,
+        delivery.fence,
+        async (tx) => {
+          const response = await fn(tx, request);
+          if (response instanceof Response && isRetryStatus(response.status)) {
+            throw new RetryAnswer(response);
+          }
+          return response;
+        },
+      );
+    } catch (error) {
+      if (error instanceof RetryAnswer) return error.response;
+      throw error;
+    }
     if (result.status === "accepted") {
       return result.value ?? new Response("accepted", { status: 200 });
     }
@@ -391,7 +430,9 @@ export class Inbox implements AsyncDisposable {
   /** Closes the connection once the calls made before it finish. */
   close(): Promise<void> {
     this.#closed = true;
-    return this.#mutex.run(() => this.#driver.close());
+    return this.#runner.line.run(() =>
+      this.#mutex.run(() => this.#driver.close())
+    );
   }
 
   /** Same as {@linkcode Inbox.close}, for `await using`. */
@@ -400,11 +441,15 @@ export class Inbox implements AsyncDisposable {
   }
 
   /**
-   * Runs `fn` in a `BEGIN IMMEDIATE` transaction under the connection's
-   * mutex, waiting out `SQLITE_BUSY` until `busyTimeoutMs`; `fn` sees the
-   * clock read once the write lock is held.
+   * Runs `fn` in a `BEGIN IMMEDIATE` transaction through the connection's
+   * transaction runner ({@linkcode TransactionRunner}); `fn` sees the clock
+   * read once the write lock is held.
    */
-  #write<T>(op: string, fn: (now: number) => Promise<T>): Promise<T> {
+  #write<T>(
+    op: string,
+    fn: (now: number) => Promise<T>,
+    join = false,
+  ): Promise<T> {
     if (this.#closed) {
       return Promise.reject(new Error(`Cannot ${op} as the inbox is closed`));
     }
@@ -415,62 +460,10 @@ export class Inbox implements AsyncDisposable {
         ),
       );
     }
-    return this.#mutex.run(async () => {
-      const deadline = performance.now() + this.#busyTimeoutMs;
-      try {
-        await this.#untilNotBusy(op, deadline, SQL.begin, true);
-        try {
-          const result = await fn(this.#clock(op));
-          await this.#untilNotBusy(op, deadline, SQL.commit);
-          return result;
-        } catch (error) {
-          await this.#driver.run(SQL.rollback).catch(() => {});
-          throw error;
-        }
-      } finally {
-        this.#mutex.transaction = false;
-      }
+    return this.#runner.run(op, () => fn(this.#clock(op)), {
+      join,
+      rerun: false,
     });
-  }
-
-  /**
-   * Runs `sql` (a BEGIN or COMMIT), retrying `SQLITE_BUSY` until
-   * `deadline`. `begins`: each try is the inbox's own BEGIN
-   * (`Mutex.begin`), so an outbox's call made meanwhile does not join it.
-   */
-  async #untilNotBusy(
-    op: string,
-    deadline: number,
-    sql: string,
-    begins = false,
-  ) {
-    let backoffMs = 1;
-    try {
-      await untilNotBusy(
-        Math.max(0, deadline - performance.now()),
-        () => {
-          const run = () => this.#driver.run(sql);
-          return begins ? this.#mutex.begin(run) : run();
-        },
-        async (remainingMs) => {
-          if (this.#driver.busyWait !== undefined) {
-            await this.#driver.busyWait(remainingMs);
-          } else {
-            // Full jitter keeps contending recipients apart.
-            const ms = Math.min(remainingMs, 1 + Math.random() * backoffMs);
-            backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS);
-            await new Promise((resolve) => setTimeout(resolve, ms));
-          }
-        },
-      );
-    } catch (error) {
-      if (!(error instanceof BusyError)) throw error;
-      throw new BusyError(
-        `Cannot ${op} as the database stayed locked for ${this.#busyTimeoutMs} ms`,
-        error.code,
-        { cause: error },
-      );
-    }
   }
 
   #clock(op: string): number {
@@ -483,6 +476,38 @@ export class Inbox implements AsyncDisposable {
       );
     }
     return now;
+  }
+}
+
+/**
+ * Whether an HTTP status asks the sender to deliver again later, so an
+ * inbox that answers it must not record the delivery as done: any 5xx
+ * (RFC 9110 §15.6, the server failed), 408 Request Timeout, 425 Too Early
+ * and 429 Too Many Requests (RFC 9110 §15.5.9, RFC 8470, RFC 6585: the
+ * same request may succeed later). Every other status is final: 2xx done,
+ * other 4xx refused for good.
+ *
+ * @param status The HTTP status.
+ * @returns Whether a retry is asked for.
+ *
+ * @example Usage
+ * ```ts
+ * import { isRetryStatus } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * assert.equal(isRetryStatus(503), true);
+ * assert.equal(isRetryStatus(429), true);
+ * assert.equal(isRetryStatus(422), false);
+ * ```
+ */
+export function isRetryStatus(status: number): boolean {
+  return status >= 500 || status === 408 || status === 425 || status === 429;
+}
+
+/** Carries a retry answer out of the acceptance, rolling it back. */
+class RetryAnswer extends Error {
+  constructor(readonly response: Response) {
+    super(`the effect answered ${response.status}`);
   }
 }
 

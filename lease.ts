@@ -16,18 +16,21 @@ import {
   type Row,
   type RunResult,
   type SqlValue,
-  transactionControl,
 } from "./driver.ts";
 import {
   BusyError,
-  ConstraintError,
   LeaseLostError,
-  PostgresError,
   SchemaVersionError,
   SqliteError,
   UnsafeIntegerError,
 } from "./errors.ts";
-import { uuidv7 } from "./identity.ts";
+import type { Dialect, EnqueueResult, EventState } from "./types.ts";
+export type {
+  Dialect,
+  EnqueueResult,
+  EventState,
+  StatementName,
+} from "./types.ts";
 import {
   checkBoolean,
   checkError,
@@ -42,7 +45,11 @@ import {
   missing,
 } from "./validate.ts";
 import {
+  type ActivityCount,
+  activityCounts,
+  activityParameters,
   CANCELLED,
+  dedupKeyParameters,
   type EventInfo,
   eventInfo,
   LEASE_EXPIRED,
@@ -51,161 +58,63 @@ import {
   type PurgeOptions,
   type QueueCounts,
   queueCounts,
+  type QueuesOptions,
+  queuesStatement,
   type RedriveOptions,
   storedPayload,
 } from "./admin.ts";
 import { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
+import { checkpointWal, type WalStats } from "./wal.ts";
+import {
+  hex,
+  insertAll,
+  insertGroup,
+  insertOne,
+  payloadSize,
+  type PreparedEnqueue,
+  type Settled,
+} from "./core/enqueue.ts";
+import {
+  insideTransactionBody,
+  type Mutex,
+  runTransactionBody,
+  TransactionRunner,
+  transactionStatements,
+  withinApplication,
+} from "./core/transaction.ts";
+export {
+  driverMutex,
+  insideTransactionBody,
+  Mutex,
+  runTransactionBody,
+  transactionStatements,
+} from "./core/transaction.ts";
 import { SQL, SQLITE, UPGRADES, VERSION_TABLE_SQL } from "./dialects/sqlite.ts";
+import {
+  allFlows,
+  checkLimits,
+  checkPriority,
+  type FlowStatements,
+  openGate,
+  type QueueFlow,
+  queueFlow,
+  type QueueLimits,
+  setLimits,
+  setPaused,
+  withFlows,
+} from "./core/flow.ts";
+import {
+  anyDue,
+  checkSchedule,
+  runDue,
+  saveSchedule,
+  type Schedule,
+  scheduleOf,
+  type ScheduleOptions,
+} from "./core/schedules.ts";
 
 /** Milliseconds since the Unix epoch, from an injected clock. */
 export type Clock = () => number;
-
-/**
- * The statements every engine spells: the keys of a {@linkcode Dialect}.
- * `SQL` in `dialects/sqlite.ts` (and, for the admin calls, `ADMIN_SQL` in
- * admin.ts) holds SQLite's text for each, with what its parameters mean.
- */
-export type StatementName =
-  | "begin"
-  | "commit"
-  | "rollback"
-  | "savepoint"
-  | "releaseSavepoint"
-  | "rollbackToSavepoint"
-  | "insert"
-  | "existing"
-  | "insertAll"
-  | "insertAlike"
-  | "existingAll"
-  | "exhausted"
-  | "expire"
-  | "candidates"
-  | "tokenUsed"
-  | "claim"
-  | "claimOne"
-  | "ledger"
-  | "writeUnwritten"
-  | "ledgerAll"
-  | "acknowledge"
-  | "acknowledgeAll"
-  | "renew"
-  | "release"
-  | "stale"
-  | "deadLetters"
-  | "stats"
-  | "event"
-  | "eventByIdentity"
-  | "history"
-  | "unclaimable"
-  | "list"
-  | "cancel"
-  | "redrive"
-  | "purgeable"
-  | "purgeLedger"
-  | "purge"
-  | "queues"
-  | "nextDue"
-  | "joinSavepoint"
-  | "releaseJoin"
-  | "rollbackJoin"
-  | "readBegin"
-  | "outboxPresent"
-  | "schemaVersion"
-  | "acknowledgedSince";
-
-/**
- * How the core's statements are spelled on one engine: SQL text only, no
- * I/O. The core decides which statement runs and with what; a dialect says
- * how it is written. SQLite's is `SQLITE` in `dialects/sqlite.ts` (its
- * schema steps are SQLite's own); PostgreSQL's is `POSTGRES` in
- * `dialects/postgres.ts`, each
- * statement taking the same parameters in the same order.
- */
-export interface Dialect extends Readonly<Record<StatementName, string>> {
-  /** Reads the database server's clock as `now`, epoch milliseconds. */
-  readonly now?: string;
-  /**
-   * `now` and `exhausted` in one statement, saving a round trip at the
-   * start of every transaction on the server's clock: a row with `now`,
-   * and `id` and `fence` of each exhausted lease (`null` when none).
-   */
-  readonly nowExhausted?: string;
-  /**
-   * Locks event rows (parameter: their ids as a JSON array), in id order,
-   * for engines whose transactions run side by side: a transaction writes
-   * an event's unwritten ledger entries only while it holds the event's
-   * row, so two never wait for each other's entries on the ledger's unique
-   * index while holding the rows each other needs (a deadlock). SQLite's
-   * one writer needs none.
-   */
-  readonly lockEvents?: string;
-  /**
-   * A claim as one statement, outside a transaction (autocommit is its
-   * transaction), for engines where every round trip costs: the clock, the
-   * candidates' locks and the claim. Parameters: now (null: the server's
-   * clock), queue, max, maxPayloadBytes, leaseMs, and one 32-character
-   * token per possible lease. Rows: `now`, `refused` and each lease's event
-   * row as claimed, in claim order (one row of nulls but `now` when none).
-   * It refuses (`refused` 1, nothing changed) whatever needs ledger entries
-   * or dead letters first: a lapsed lease to take over, a lapsed
-   * last-attempt lease, an unclaimable candidate; the general path then
-   * claims.
-   */
-  readonly claimInOne?: string;
-  /**
-   * `claimInOne` after the fenced acknowledgement of the leases in a JSON
-   * array of [event id, fence, token] (parameter 7), all or none, in the
-   * same statement: one round trip and one commit for the processing loop's
-   * acknowledge-then-claim. A stale lease, a lease listed twice, or
-   * whatever refuses the claim refuses the whole statement (`refused` 1,
-   * nothing changed).
-   */
-  readonly acknowledgeAndClaimInOne?: string;
-  /**
-   * The errors' `code`s with which a one-statement call (`claimInOne`,
-   * `acknowledgeInOne`, `acknowledgeAllInOne`, `acknowledgeAndClaimInOne`)
-   * refuses, having changed nothing, and the general path runs instead: a
-   * text payload that is not JSON; a serialization failure or deadlock,
-   * which a statement outside a transaction meets when the session's
-   * default isolation is above read committed, where the general path's
-   * transactions are not.
-   */
-  readonly refusedInOne?: readonly string[];
-  /**
-   * The errors' `code`s with which the server rolled a transaction back
-   * for contention alone (a deadlock's victim, a serialization failure):
-   * nothing in it changed, so the outbox's own transactions run again, until
-   * `busyTimeoutMs`. Not `transaction(fn)`, whose body is the application's
-   * code, nor a call joined to the application's transaction.
-   */
-  readonly rerun?: readonly string[];
-  /**
-   * The fenced acknowledgement of one lease as one statement, outside a
-   * transaction. Parameters: now (null: the server's clock), event id,
-   * token, fence. Rows: `now`, and `acknowledged`: 1, or 0 with nothing
-   * changed when the lease is stale or a lapsed last-attempt lease is to
-   * become a dead letter first (the general path then acknowledges).
-   */
-  readonly acknowledgeInOne?: string;
-  /**
-   * `acknowledgeInOne` for several leases, given as a JSON array of
-   * [event id, fence, token]: all of them, or none.
-   */
-  readonly acknowledgeAllInOne?: string;
-  /**
-   * Takes the lock that lines up openers setting the schema up, held to
-   * the end of the transaction (instead of SQLite's schema steps): one
-   * statement, or several run in order, which may also set what the wait
-   * and the set-up run under.
-   */
-  readonly lock?: string | readonly string[];
-  /** Creates what is missing of the schema, run under `lock`. */
-  readonly setup?: string;
-  /** Answers `present`: whether the schema's version table exists. */
-  readonly schemaPresent?: string;
-  /** The schema version `setup` creates. */
-  readonly version?: number;
-}
 
 /** The longest accepted `leaseMs` or `delayMs`: 365 days in milliseconds. */
 export const MAX_DURATION_MS = 31_536_000_000;
@@ -280,6 +189,22 @@ export interface EnqueueOptions {
    * @default {a new UUIDv7 stamped with the outbox's clock}
    */
   readonly identity?: string;
+  /**
+   * An integer from -2147483647 to 2147483647: of the events due, a claim
+   * takes the highest priority first (then the earliest due, then the
+   * oldest). Inside an `orderingKey` FIFO wins: a later event of the key
+   * waits for the earlier ones whatever its priority.
+   *
+   * @default {0}
+   */
+  readonly priority?: number;
+  /**
+   * The key a per-key concurrency limit counts by
+   * ({@linkcode Outbox.setLimits}'s `perKey`): at most that many events of
+   * one key are leased at once, across every worker. Unlike `orderingKey`
+   * it keeps no order.
+   */
+  readonly concurrencyKey?: string;
 }
 
 /**
@@ -289,19 +214,6 @@ export interface EnqueueOptions {
 export interface BatchEvent<P = unknown> extends EnqueueOptions {
   /** As `enqueue`'s `payload`: a JSON-serializable value or a `Uint8Array`. */
   readonly payload: P;
-}
-
-/** What {@linkcode Outbox.enqueue} reports. */
-export interface EnqueueResult {
-  /** The event's id in this database (the original one when deduplicated). */
-  readonly eventId: number;
-  /**
-   * The event's global identity, UUID text (the original one when
-   * deduplicated): what recipients dedupe on.
-   */
-  readonly identity: string;
-  /** `true` when `dedupKey` matched an existing event and nothing was inserted. */
-  readonly deduplicated: boolean;
 }
 
 /** Options of {@linkcode Outbox.claim}. */
@@ -418,10 +330,12 @@ export interface Stats {
   readonly dead: number;
   /** Age of the oldest pending event in milliseconds, `0` when none. */
   readonly oldestPendingAgeMs: number;
+  /**
+   * The database's write-ahead log, on SQLite in WAL mode (absent otherwise,
+   * or while the connection is in the application's transaction).
+   */
+  readonly wal?: WalStats;
 }
-
-/** The state of an event. */
-export type EventState = "pending" | "leased" | "done" | "dead";
 
 /** One row of the attempt ledger, from {@linkcode Outbox.explain}. */
 export interface LedgerEntry {
@@ -504,18 +418,7 @@ export interface Transaction {
 }
 
 const MAX_DATE_MS = 8_640_000_000_000_000;
-// SQLite queues no lock waiters: a waiter only wins if it polls in the gap
-// between another writer's transactions, so the poll interval stays short.
-const MAX_BUSY_BACKOFF_MS = 4;
 const encoder = new TextEncoder();
-// A batch mints a token per event: a table halves the cost of formatting.
-const HEX = Array.from(
-  { length: 256 },
-  (_, byte) => byte.toString(16).padStart(2, "0"),
-);
-const HEX_DIGITS = encoder.encode("0123456789abcdef");
-const ascii = new TextDecoder("latin1");
-const mutexes = new WeakMap<Driver, Mutex>();
 
 /**
  * A transactional outbox with leases on one SQLite connection.
@@ -544,12 +447,7 @@ const mutexes = new WeakMap<Driver, Mutex>();
 export class Outbox<P = unknown> implements AsyncDisposable {
   readonly #driver: Driver;
   readonly #mutex: Mutex;
-  // The calls that do not join the application's transaction, in the order
-  // they were made. One that gives the connection up to the application's
-  // transaction keeps its place: no later call commits before it (ids,
-  // dedup winners and per-key order follow the calls), and close() waits
-  // for it.
-  readonly #line = new Mutex();
+  readonly #runner: TransactionRunner;
   readonly #sql: Dialect;
   readonly #now: Clock | "database";
   #stopWatching: (() => Promise<void>) | undefined;
@@ -566,7 +464,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
 
   private constructor(driver: Driver, options: OutboxOptions) {
     const op = "open outbox";
-    this.#driver = driver;
     this.#sql = driver.dialect ?? SQLITE;
     this.#now = options.now ?? (this.#sql.now ? "database" : Date.now);
     if (
@@ -600,7 +497,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       1,
       MAX_PAYLOAD_BYTES,
     ) ?? 1_048_576;
-    this.#mutex = driverMutex(driver);
+    this.#runner = new TransactionRunner(
+      driver,
+      this.#sql,
+      this.#busyTimeoutMs,
+      "only enqueue(), enqueueBatch() and acknowledge() of one lease made inside outbox.within() join it; claims, renewals, releases and the outbox's own transactions wait for it to end",
+    );
+    this.#mutex = this.#runner.mutex;
+    this.#driver = this.#runner.driver;
   }
 
   /**
@@ -731,10 +635,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   /**
    * Adds a pending event. To commit it with business rows, use
    * {@linkcode Transaction.enqueue} inside {@linkcode Outbox.transaction},
-   * or call this inside a transaction the application began on the
-   * connection the outbox shares ({@linkcode Driver.inTransaction}): it then
-   * runs inside that transaction, with no `BEGIN` or `COMMIT` of its own,
-   * and the application's `COMMIT` or `ROLLBACK` decides.
+   * or call this inside {@linkcode Outbox.within} while the application has
+   * a transaction open on the connection the outbox shares: it then runs
+   * inside that transaction, with no `BEGIN` or `COMMIT` of its own, and the
+   * application's `COMMIT` or `ROLLBACK` decides. Called anywhere else while
+   * that transaction is open, it waits for it to end, then commits on its
+   * own (joining follows the caller, not the handle).
    *
    * Concurrent calls share transactions (group commit): a call made while
    * the outbox waits for the connection or its write lock joins the next
@@ -769,10 +675,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     this.#checkOpen(op);
     this.#notNested(op);
     const bytes = payloadSize(event);
-    // Only a call made inside the application's transaction joins it: one
-    // made before that transaction began waits for it to end, or a rollback
-    // would take back an event whose call had resolved.
-    const join = this.#inApplicationTransaction();
+    // Only a call made inside the application's transaction (within()) joins
+    // it: any other waits for it to end, or a rollback would take back an
+    // event whose call had resolved.
+    const join = this.#runner.joins();
     return await new Promise((resolve, reject) => {
       let group = this.#group;
       if (
@@ -792,8 +698,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * as {@linkcode Outbox.enqueue} would add it if called once per element in
    * order: its options apply to it alone, a `dedupKey` or `identity` may
    * match an earlier element of the batch, ids follow the array's order.
-   * Joins a transaction the application began on the connection the outbox
-   * shares, as `enqueue` does. All or none: when any element fails in SQL,
+   * Inside {@linkcode Outbox.within}, joins a transaction the application
+   * began on the connection the outbox shares, as `enqueue` does. All or none: when any element fails in SQL,
    * none is written.
    *
    * @param events The events, at most 10,000: each a `payload` (as for
@@ -829,10 +735,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     this.#closeGroup();
     // Joins the application's transaction only when called inside it (see
     // enqueue).
-    const join = this.#inApplicationTransaction();
+    const join = this.#runner.joins();
     const results = await this.#write(
       op,
-      (now) => this.#enqueueAll(prepared, now),
+      (now) => insertAll(this.#driver, this.#sql, prepared, now),
       // An enqueue reads nothing that lapsed last-attempt leases decide, so
       // it leaves making them dead letters to the next call that does: on
       // PostgreSQL that step waits for their row locks, and a long
@@ -963,8 +869,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * current one and the event is not done or dead. A stale lease changes
    * nothing but the ledger's `stale_acknowledge` entry.
    *
-   * Inside a transaction the application began on the connection the
-   * outbox shares ({@linkcode Driver.inTransaction}), it runs inside that
+   * Made inside {@linkcode Outbox.within} while the application has a
+   * transaction open on the connection the outbox shares, it runs inside that
    * transaction and commits with the application's writes; a stale lease
    * then throws {@linkcode LeaseLostError} having written nothing, so the
    * application rolls its effect back (as `tx.acknowledge` does).
@@ -1011,7 +917,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const inOne = this.#acknowledgeInOne(op, [lease]);
     // Joins the application's transaction only when called inside it (see
     // enqueue).
-    const join = this.#inApplicationTransaction();
+    const join = this.#runner.joins();
     return await this.#write(
       op,
       async (now, joined) => {
@@ -1544,11 +1450,316 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * ]);
    * ```
    */
-  async queues(): Promise<QueueCounts[]> {
+  async queues(options: QueuesOptions = {}): Promise<QueueCounts[]> {
+    const [sql, params] = queuesStatement(this.#sql, options);
     return await this.#write(
       "count queues",
-      async () => queueCounts(await this.#driver.query(this.#sql.queues)),
+      async () =>
+        withFlows(
+          queueCounts(await this.#driver.query(sql, params)),
+          await allFlows(this.#driver, this.#flow),
+        ),
     );
+  }
+
+  /**
+   * Counts events acknowledged and attempts failed per time bucket, as
+   * {@linkcode OutboxReader.activity} does (the dashboard's chart), under
+   * the write lock like the other admin reads.
+   *
+   * @param sinceMs Epoch milliseconds; what happened at or after it counts.
+   * @param bucketMs The buckets' width, 1 ms to 1 day.
+   * @returns The buckets that saw anything, oldest first.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async activity(sinceMs: number, bucketMs: number): Promise<ActivityCount[]> {
+    const params = activityParameters(sinceMs, bucketMs);
+    return await this.#write(
+      "count activity",
+      async () =>
+        activityCounts(await this.#driver.query(this.#sql.activity, params)),
+    );
+  }
+
+  /**
+   * Finds the event a queue holds under a dedup key, done ones included.
+   *
+   * @param queue The queue's name.
+   * @param dedupKey The dedup key the event was enqueued with.
+   * @returns The event's id, or `null` when none has that key.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async eventIdByDedupKey(
+    queue: string,
+    dedupKey: string,
+  ): Promise<number | null> {
+    const params = dedupKeyParameters(queue, dedupKey);
+    const [row] = await this.#write(
+      "find event by dedup key",
+      () => this.#driver.query(this.#sql.dedupKeyEvent, params),
+    );
+    return row === undefined ? null : integerOf(row, "id");
+  }
+
+  /**
+   * Pauses a queue: from this call's commit on, a claim from it returns
+   * nothing, on every connection and in every process, until
+   * {@linkcode Outbox.resume}. Leases already held run to their end and can
+   * be acknowledged, renewed and released; enqueues go on.
+   * {@linkcode Outbox.queues} shows `paused: true`.
+   *
+   * @param queue The queue's name (it need not hold events yet).
+   * @throws {TypeError} When `queue` is not a valid name (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Pause and resume
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * await outbox.enqueue({ n: 1 });
+   * await outbox.pause("default");
+   * assert.equal(await outbox.claim(), null);
+   * await outbox.resume("default");
+   * assert.deepEqual((await outbox.claim())?.payload, { n: 1 });
+   * ```
+   */
+  async pause(queue: string): Promise<void> {
+    await this.#setPaused("pause", queue, true);
+  }
+
+  /**
+   * Resumes a paused queue: claims take its events again. Resuming a queue
+   * that is not paused changes nothing.
+   *
+   * @param queue The queue's name.
+   * @throws {TypeError} When `queue` is not a valid name (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async resume(queue: string): Promise<void> {
+    await this.#setPaused("resume", queue, false);
+    this.#enqueued();
+  }
+
+  /**
+   * Sets a queue's limits, stored in the database and honoured by every
+   * claim from the next one on, across every connection and process.
+   * `perKey`: at most that many events of one `concurrencyKey` leased at
+   * once (a saturated key never holds other keys back). `perSecond`: at
+   * most that many claims a second from the queue, a token bucket of
+   * `perSecond` tokens refilled continuously by the outbox's clock (on
+   * PostgreSQL the server's, unless `now` was injected); setting it fills
+   * the bucket. A field left out stays as it is; `null` clears it.
+   *
+   * @param queue The queue's name.
+   * @param limits See {@linkcode QueueLimits}.
+   * @throws {TypeError | RangeError} When `queue` is not a valid name or a
+   * limit is not a positive integer or `null`, naming it (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example A per-key limit
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * await outbox.setLimits("default", { perKey: 1 });
+   * await outbox.enqueue({ n: 1 }, { concurrencyKey: "tenant-a" });
+   * await outbox.enqueue({ n: 2 }, { concurrencyKey: "tenant-a" });
+   * await outbox.enqueue({ n: 3 }, { concurrencyKey: "tenant-b" });
+   * const leases = await outbox.claim({ max: 10 });
+   * assert.deepEqual(leases.map((l) => l.payload), [{ n: 1 }, { n: 3 }]);
+   * ```
+   */
+  async setLimits(queue: string, limits: QueueLimits): Promise<void> {
+    const op = "set limits";
+    const checked = checkLimits(op, queue, limits);
+    await this.#write(
+      op,
+      (now) => setLimits(this.#driver, this.#flow, checked, now),
+    );
+    this.#enqueued();
+  }
+
+  /**
+   * A queue's flow control: whether it is paused, and its limits.
+   *
+   * @param queue The queue's name.
+   * @returns `paused`, `perKey` and `perSecond` (`null`: no limit).
+   * @throws {TypeError} When `queue` is not a valid name (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async limits(queue: string): Promise<QueueFlow> {
+    const op = "read limits";
+    checkName(op, "queue", queue);
+    return await this.#write(op, async () => {
+      const [row] = await this.#driver.query(this.#flow.settings, [queue]);
+      return queueFlow(row);
+    }, { expire: false });
+  }
+
+  /**
+   * Stores a cron schedule (replacing one of the same name): from its first
+   * tick after now, each tick enqueues one event with `payload` when
+   * {@linkcode Outbox.runSchedules} runs ({@linkcode processEvents} runs it
+   * as part of its loop). Exactly one event per tick however many
+   * processes run the schedules: its dedup key is
+   * `schedule:<name>:<tick epoch ms>`. Ticks that passed while nothing ran
+   * are enqueued per `missed` (default `"latest"`: only the latest).
+   *
+   * @param name The schedule's name, unique in the database.
+   * @param cron A cron expression as `croner` reads it: 5 fields (minute to
+   * day of week), or 6 with seconds first, or 7 with a year.
+   * @param payload A JSON-serializable value (not bytes).
+   * @param options See {@linkcode ScheduleOptions}.
+   * @throws {TypeError | RangeError} When the name, the cron expression,
+   * the time zone, the payload or an option is invalid, naming it (before
+   * any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example A schedule at 09:00 in Paris
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * let now = Date.UTC(2026, 0, 1, 7, 0);
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"), { now: () => now });
+   * await outbox.schedule("report", "0 9 * * *", { kind: "report" }, { timezone: "Europe/Paris" });
+   * assert.equal(await outbox.runSchedules(), 0);
+   * now = Date.UTC(2026, 0, 1, 8, 0); // 09:00 in Paris
+   * assert.equal(await outbox.runSchedules(), 1);
+   * assert.equal(await outbox.runSchedules(), 0);
+   * assert.deepEqual((await outbox.claim())?.payload, { kind: "report" });
+   * ```
+   */
+  async schedule(
+    name: string,
+    cron: string,
+    payload: P,
+    options: ScheduleOptions = {},
+  ): Promise<void> {
+    const op = "schedule";
+    const checked = checkSchedule(op, name, cron, options);
+    const { timezone: _, missed: __, ...enqueueOptions } = options;
+    const event = this.#prepareEnqueue(op, payload, enqueueOptions);
+    if (typeof event.payload !== "string") {
+      throw new TypeError(
+        "Cannot schedule as 'payload' must be JSON-serializable: bytes cannot be scheduled",
+      );
+    }
+    const { queue: __q, ...stored } = enqueueOptions;
+    await this.#write(op, (now) =>
+      saveSchedule(this.#driver, this.#flow, {
+        ...checked,
+        queue: event.queue,
+        payload: event.payload as string,
+        options: stored,
+      }, now), { expire: false });
+  }
+
+  /**
+   * Removes a schedule; events it enqueued stay.
+   *
+   * @param name The schedule's name.
+   * @returns Whether there was one.
+   * @throws {TypeError} When `name` is not a valid name (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async unschedule(name: string): Promise<boolean> {
+    const op = "unschedule";
+    checkName(op, "name", name);
+    return await this.#write(
+      op,
+      async () =>
+        (await this.#driver.query(this.#flow.unschedule, [name])).length > 0,
+      { expire: false },
+    );
+  }
+
+  /**
+   * Lists the schedules by name.
+   *
+   * @returns Each schedule, its next and latest tick.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async schedules(): Promise<Schedule[]> {
+    return await this.#write(
+      "list schedules",
+      async () =>
+        (await this.#driver.query(this.#flow.schedules)).map(scheduleOf),
+      { expire: false },
+    );
+  }
+
+  /**
+   * Enqueues the ticks of every schedule that have come due by the
+   * outbox's clock, each once however many processes call this, and moves
+   * each schedule past now. A look that takes no write lock comes first,
+   * so calling it often costs one read while nothing is due.
+   *
+   * @returns How many events this call enqueued.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async runSchedules(): Promise<number> {
+    const op = "run schedules";
+    const flow = this.#flow;
+    const look = (now: number | null) => anyDue(this.#driver, flow, now);
+    const { due } = await this.#write(op, look, {
+      expire: false,
+      inOne: (now) =>
+        look(now).catch((error) => {
+          if (error instanceof BusyError) return undefined;
+          throw error;
+        }),
+    });
+    if (!due) return 0;
+    const n = await this.#write(
+      op,
+      (now) =>
+        runDue(this.#driver, flow, now, async (tick) => {
+          const event = this.#prepareEnqueue(op, null, {
+            ...tick.options,
+            queue: tick.queue,
+            dedupKey: tick.dedupKey,
+          });
+          const result = await insertOne(
+            this.#driver,
+            this.#sql,
+            { ...event, payload: tick.payload },
+            now,
+          );
+          return !result.deduplicated;
+        }),
+      { expire: false },
+    );
+    if (n > 0) this.#enqueued();
+    return n;
+  }
+
+  async #setPaused(op: string, queue: string, paused: boolean): Promise<void> {
+    checkName(op, "queue", queue);
+    await this.#write(
+      op,
+      (now) => setPaused(this.#driver, this.#flow, queue, paused, now),
+      { expire: false },
+    );
+  }
+
+  /** The dialect's flow statements. */
+  get #flow(): FlowStatements {
+    const flow = this.#sql.flow;
+    if (flow === undefined) {
+      throw new Error(
+        "Cannot control the flow of a queue as this driver's dialect spells no flow statements",
+      );
+    }
+    return flow;
   }
 
   /**
@@ -1610,11 +1821,15 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * the result says: `vacuum: true` then runs a full `VACUUM` once, which
    * rewrites the file, switches it to incremental, and fails with
    * {@linkcode BusyError} while another connection uses the database.
+   * In WAL mode it then runs `PRAGMA wal_checkpoint(TRUNCATE)`: the WAL file
+   * goes back to zero bytes unless a reader or writer uses it at that moment
+   * (it is then checkpointed as far as the readers allow).
    *
    * @param options `vacuum`: run a full `VACUUM`. @default {false}
-   * @returns The bytes given back, the free pages left, and the database's
+   * @returns The bytes given back, the free pages left, the database's
    * `auto_vacuum` mode afterwards (`"none"`: nothing can be given back
-   * without `vacuum: true`).
+   * without `vacuum: true`), and in WAL mode the WAL after the checkpoint
+   * (`sizeBytes` `0` when it was truncated).
    * @throws {TypeError} When an option is invalid (before any SQL).
    * @throws {BusyError} When the database is locked.
    *
@@ -1636,6 +1851,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       reclaimedBytes: number;
       freePages: number;
       autoVacuum: "none" | "full" | "incremental";
+      wal?: WalStats;
     }
   > {
     const op = "maintain";
@@ -1664,6 +1880,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         await driver.query(SQL.incrementalVacuum);
       }
       const mode = await read(SQL.autoVacuumMode);
+      const wal = await checkpointWal(driver, "TRUNCATE");
       return {
         reclaimedBytes: Math.max(
           0,
@@ -1671,12 +1888,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         ),
         freePages: await read(SQL.freelistCount),
         autoVacuum: mode === 2 ? "incremental" : mode === 1 ? "full" : "none",
+        ...(wal === undefined ? {} : { wal }),
       };
     });
   }
 
   /**
-   * Counts the events of a queue per state.
+   * Counts the events of a queue per state. On SQLite in WAL mode, then
+   * runs a passive checkpoint (`PRAGMA wal_checkpoint(PASSIVE)`, which waits
+   * for nothing and copies nothing once the WAL is copied) to report the
+   * WAL's size and whether a reader holds its checkpoints back.
    *
    * @param options `queue`: default the outbox's.
    * @returns See {@linkcode Stats}.
@@ -1688,7 +1909,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const queue = options.queue === undefined
       ? this.#queue
       : checkName(op, "queue", options.queue);
-    return await this.#write(op, async (now) => {
+    const stats: Stats = await this.#write(op, async (now) => {
       const counts: Record<string, number> = {
         pending: 0,
         leased: 0,
@@ -1710,6 +1931,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         oldestPendingAgeMs,
       };
     });
+    if (this.#sql !== SQLITE) return stats;
+    const wal = await this.#mutex.run(() =>
+      checkpointWal(this.#driver, "PASSIVE")
+    );
+    return wal === undefined ? stats : { ...stats, wal };
   }
 
   /**
@@ -1738,6 +1964,43 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   /**
+   * Runs `fn` as part of the transaction the application has open on the
+   * connection this outbox shares (a `DatabaseSync` behind
+   * `nodeSqliteDriver`, an `oo1.DB` behind `sqliteWasmDriver`, or the
+   * driver itself): {@linkcode Outbox.enqueue}, {@linkcode Outbox.enqueueBatch}
+   * and the {@linkcode Outbox.acknowledge} of one lease made inside `fn`, on
+   * this outbox or any outbox or inbox on the same connection, run inside
+   * that transaction under a savepoint, and its `COMMIT` or `ROLLBACK`
+   * decides. With none open they run on their own. The same calls made
+   * anywhere else wait for the application's transaction to end (at most
+   * `busyTimeoutMs`), so a rollback never takes back an event whose call
+   * was not part of it. Where the runtime has no `AsyncLocalStorage`
+   * (browsers), every such call made while `fn` runs joins.
+   *
+   * @param fn The application's code that belongs to its transaction.
+   * @returns What `fn` returned.
+   * @throws {TypeError} When `fn` is not a function.
+   *
+   * @example The application's transaction on a shared node:sqlite handle
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { nodeSqliteDriver } from "@leased/outbox/node-sqlite";
+   * import { DatabaseSync } from "node:sqlite";
+   * import assert from "node:assert/strict";
+   *
+   * const db = new DatabaseSync(":memory:");
+   * await using outbox = await Outbox.open(nodeSqliteDriver(db));
+   * db.exec("BEGIN IMMEDIATE");
+   * await outbox.within(() => outbox.enqueue({ order: 1 })); // joins it
+   * db.exec("ROLLBACK");
+   * assert.equal((await outbox.stats()).pending, 0);
+   * ```
+   */
+  within<T>(fn: () => Promise<T>): Promise<T> {
+    return withinApplication("run within", this.#mutex, fn);
+  }
+
+  /**
    * Runs `fn` in one `BEGIN IMMEDIATE` transaction: the caller's statements,
    * enqueues and fenced acknowledgements commit together, or none of them
    * does. Throwing from `fn` rolls back and rethrows.
@@ -1755,6 +2018,11 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @param fn The work; its result is returned after the commit.
    * @returns What `fn` returned.
    * @throws {LeaseLostError} When `tx.acknowledge` found its lease stale.
+   * @throws {TransactionEndedError} When the engine ended or failed the
+   * transaction (a statement of `fn` failed in a way that ends it, caught or
+   * not, and `fn` went on), or PostgreSQL answered its `COMMIT` with
+   * `ROLLBACK`: nothing of `fn` was committed, and every `tx` call made
+   * after the end threw it too.
    * @throws {RangeError} When `tx.run` or `tx.query` is given a
    * transaction-control statement (before it runs).
    * @throws {TypeError} When `tx.run` or `tx.query` is given SQL that is not
@@ -1799,6 +2067,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           `Cannot ${op} as the transaction this handle belongs to has ended`,
         );
       }
+      this.#runner.checkLive(op);
     };
     this.#closeGroup();
     const result = await this.#write(
@@ -1810,14 +2079,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
             inside("enqueue");
             const event = this.#prepareEnqueue("enqueue", payload, options);
             enqueued = true;
-            return await this.#enqueue(event, now);
+            return await insertOne(this.#driver, this.#sql, event, now);
           },
           enqueueBatch: async (events) => {
             const op = "enqueue batch";
             inside(op);
             const prepared = this.#prepareBatch(op, events);
             enqueued = true;
-            return await this.#enqueueAll(prepared, now);
+            return await insertAll(this.#driver, this.#sql, prepared, now);
           },
           acknowledge: async (lease) => {
             inside("acknowledge");
@@ -1870,7 +2139,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       return Promise.reject(error);
     }
     this.#closed = true;
-    return this.#line.run(() =>
+    return this.#runner.line.run(() =>
       this.#mutex.run(async () => {
         await this.#stopWatching?.().catch(() => {});
         await this.#driver.close();
@@ -1928,6 +2197,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     const identity = options.identity === undefined
       ? null
       : checkIdentity(op, f("identity"), options.identity);
+    const priority = checkPriority(op, f("priority"), options.priority);
+    const concurrencyKey = options.concurrencyKey === undefined
+      ? null
+      : checkName(op, f("concurrencyKey"), options.concurrencyKey);
     const stored = encodePayload(
       op,
       f("payload"),
@@ -1943,40 +2216,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       identity,
       delayMs,
       maxAttempts,
-    };
-  }
-
-  async #enqueue(event: PreparedEnqueue, now: number): Promise<EnqueueResult> {
-    const identity = event.identity ?? uuidv7(now);
-    const bytes = event.payload instanceof Uint8Array;
-    const [inserted] = await this.#driver.query(this.#sql.insert, [
-      event.queue,
-      bytes ? null : event.payload,
-      event.dedupKey,
-      event.orderingKey,
-      now + event.delayMs,
-      event.maxAttempts,
-      now,
-      now,
-      identity,
-      bytes ? event.payload : null,
-    ]);
-    if (inserted !== undefined) {
-      return {
-        eventId: integerOf(inserted, "id"),
-        identity,
-        deduplicated: false,
-      };
-    }
-    const [row] = await this.#driver.query(this.#sql.existing, [
-      event.queue,
-      event.dedupKey,
-      identity,
-    ]);
-    return {
-      eventId: integerOf(row ?? {}, "id"),
-      identity: String(row?.["identity"]),
-      deduplicated: true,
+      priority,
+      concurrencyKey,
     };
   }
 
@@ -2006,7 +2247,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         "enqueue",
         (now) => {
           close();
-          return this.#enqueueGroup(group.calls, now);
+          return insertGroup(
+            this.#driver,
+            this.#sql,
+            group.calls.map((call) => call.event),
+            now,
+          );
         },
         {
           join: group.join,
@@ -2041,17 +2287,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     for (const { event } of calls) {
       try {
         settled.push({
-          value: await this.#inTurn(
+          value: await this.#runner.inTurn(
             "enqueue",
-            (now) => this.#enqueue(event, now),
-            {
-              expire: false,
-              join: false,
-              inOne: undefined,
-              rerun: true,
-              commitRefused: undefined,
-              deadline: performance.now() + this.#busyTimeoutMs,
-            },
+            async () =>
+              insertOne(
+                this.#driver,
+                this.#sql,
+                event,
+                await this.#start("enqueue", false),
+              ),
+            {},
           ),
         });
       } catch (error) {
@@ -2059,51 +2304,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       }
     }
     return settled;
-  }
-
-  /**
-   * The statements of a group of enqueues: a lone call as ever; several in
-   * one statement under a savepoint, and when that fails, each under a
-   * savepoint of its own, so that only the failing call's promise rejects.
-   */
-  async #enqueueGroup(
-    calls: readonly EnqueueCall[],
-    now: number,
-  ): Promise<Settled<EnqueueResult>[]> {
-    const events = calls.map((call) => call.event);
-    if (events.length === 1) {
-      return [{ value: await this.#enqueue(events[0]!, now) }];
-    }
-    const all = await this.#undoable(() => this.#enqueueAll(events, now));
-    if ("value" in all) return all.value.map((value) => ({ value }));
-    const settled: Settled<EnqueueResult>[] = [];
-    for (const event of events) {
-      settled.push(await this.#undoable(() => this.#enqueue(event, now)));
-    }
-    return settled;
-  }
-
-  /**
-   * Runs `fn` under a savepoint: its failure is undone and returned.
-   * Throws `fn`'s error when the savepoint cannot be rolled back to, as when
-   * the engine rolled the whole transaction back (SQLite does on an I/O
-   * error or a full disk): the transaction must then fail as a whole.
-   */
-  async #undoable<T>(fn: () => Promise<T>): Promise<Settled<T>> {
-    await this.#driver.run(this.#sql.savepoint);
-    try {
-      const value = await fn();
-      await this.#driver.run(this.#sql.releaseSavepoint);
-      return { value };
-    } catch (error) {
-      try {
-        await this.#driver.run(this.#sql.rollbackToSavepoint);
-        await this.#driver.run(this.#sql.releaseSavepoint);
-      } catch {
-        throw error;
-      }
-      return { error };
-    }
   }
 
   /** Validates the elements of a batch, naming each (`events[3]`). */
@@ -2137,100 +2337,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return prepared;
   }
 
-  /**
-   * Inserts `events` with one statement, each as {@linkcode Outbox.#enqueue}
-   * would in turn; the skipped ones' events are looked up with one more.
-   */
-  async #enqueueAll(
-    events: readonly PreparedEnqueue[],
-    now: number,
-  ): Promise<EnqueueResult[]> {
-    if (events.length === 0) return [];
-    const identities = events.map((event) => event.identity ?? uuidv7(now));
-    const [first] = events as [PreparedEnqueue];
-    const alike = events.every((event) =>
-      typeof event.payload === "string" && event.queue === first.queue &&
-      event.dedupKey === null && event.orderingKey === null &&
-      event.delayMs === first.delayMs && event.maxAttempts === first.maxAttempts
-    );
-    const rows = alike
-      ? await this.#driver.query(this.#sql.insertAlike, [
-        now,
-        JSON.stringify(
-          events.map((event, i) => [event.payload, identities[i]]),
-        ),
-        first.queue,
-        now + first.delayMs,
-        first.maxAttempts,
-      ])
-      : await this.#driver.query(this.#sql.insertAll, [
-        now,
-        JSON.stringify(events.map((event, i) => {
-          const { payload } = event;
-          const bytes = payload instanceof Uint8Array;
-          return [
-            event.queue,
-            bytes ? null : payload,
-            bytes ? hex(payload, 0, payload.length) : null,
-            event.dedupKey,
-            event.orderingKey,
-            now + event.delayMs,
-            event.maxAttempts,
-            identities[i],
-          ];
-        })),
-      ]);
-    const inserted = new Map(rows.map((row) => [String(row["identity"]), row]));
-    // A row is the first element's with its identity, queue and dedup key:
-    // an earlier element with all three the same would have been inserted
-    // instead, or skipped for a conflict the later one meets too.
-    const ids = events.map((event, i) => {
-      const row = inserted.get(identities[i]!);
-      if (
-        row === undefined || row["queue"] !== event.queue ||
-        (row["dedup_key"] ?? null) !== event.dedupKey
-      ) {
-        return undefined;
-      }
-      inserted.delete(identities[i]!);
-      return integerOf(row, "id");
-    });
-    const results: EnqueueResult[] = new Array(events.length);
-    const skipped: [string, string | null, string, number | null][] = [];
-    const skippedAt: number[] = [];
-    let bound: number | null = null;
-    for (let i = events.length - 1; i >= 0; i--) {
-      const id = ids[i];
-      if (id !== undefined) {
-        results[i] = {
-          eventId: id,
-          identity: identities[i]!,
-          deduplicated: false,
-        };
-        bound = id;
-        continue;
-      }
-      const event = events[i]!;
-      skipped.push([event.queue, event.dedupKey, identities[i]!, bound]);
-      skippedAt.push(i);
-    }
-    if (skipped.length === 0) return results;
-    const found = new Map(
-      (await this.#driver.query(this.#sql.existingAll, [
-        JSON.stringify(skipped),
-      ])).map((row) => [Number(row["n"]), row]),
-    );
-    skippedAt.forEach((i, n) => {
-      const row = found.get(n);
-      results[i] = {
-        eventId: integerOf(row ?? {}, "id"),
-        identity: String(row?.["identity"]),
-        deduplicated: true,
-      };
-    });
-    return results;
-  }
-
   async #claim(
     op: string,
     queue: string,
@@ -2239,6 +2345,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     token: string | undefined,
     now: number,
   ): Promise<Lease<P>[]> {
+    const gate = await openGate(this.#driver, this.#flow, queue, now, max);
+    if (gate.max === 0) return [];
     let candidates: Row[] = [];
     let payloads: unknown[] = [];
     // An unclaimable row is a dead letter once seen, but the claimable rows
@@ -2252,8 +2360,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       const rows = await this.#driver.query(this.#sql.candidates, [
         queue,
         now,
-        max,
+        gate.max,
         this.#maxPayloadBytes,
+        gate.perKey,
       ]);
       for (const row of rows) {
         const reason = this.#unclaimable(row, payloads);
@@ -2264,6 +2373,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         unclaimable = true;
         await this.#deadLetter(row, reason, now);
       }
+    }
+    const admitted = await gate.admit(candidates);
+    if (admitted.length < candidates.length) {
+      const kept = new Set(admitted);
+      payloads = payloads.filter((_, i) => kept.has(candidates[i]!));
+      candidates = admitted;
     }
     if (candidates.length === 0) return [];
     const leaseUntil = now + leaseMs;
@@ -2340,6 +2455,21 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     if (changes !== leases.length) {
       throw new Error(
         `Cannot ${op} as the claim changed ${changes} event rows for ${leases.length} leases: the transaction was rolled back`,
+      );
+    }
+    // The per-key limit passed over candidates the batch had read in place
+    // of other keys' events: another round, which sees these leases, fills
+    // the batch with those.
+    if (gate.keyTrimmed && leases.length < max) {
+      leases.push(
+        ...await this.#claim(
+          op,
+          queue,
+          leaseMs,
+          max - leases.length,
+          token,
+          now,
+        ),
       );
     }
     return leases;
@@ -2622,12 +2752,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * read once the write lock is held, after lapsed last-attempt leases became
    * dead letters (`expire`, off only while the schema may not exist yet).
    *
-   * While the application has a transaction open on the connection
-   * ({@linkcode Driver.inTransaction}), a `join` call runs `fn` inside it
-   * under a savepoint (`joined` is then `true`), and any other call waits,
-   * outside the mutex, until the application's transaction ends: a claim or
-   * renewal committed or rolled back with the application's writes would
-   * leave a worker holding a lease the database never kept.
+   * Through the connection's {@linkcode TransactionRunner}: while the
+   * application has a transaction open on the connection, a `join` call
+   * (one made inside {@linkcode Outbox.within}) runs `fn` inside it under a
+   * savepoint (`joined` is then `true`), and any other call waits, outside
+   * the mutex, until the application's transaction ends: a claim or renewal
+   * committed or rolled back with the application's writes would leave a
+   * worker holding a lease the database never kept. A transaction the engine
+   * ended or failed commits nothing (`TransactionEndedError`).
    *
    * Outside a transaction, `inOne` (the dialect's one-statement form of
    * the call, given the injected clock's `now` or null for the server's)
@@ -2652,169 +2784,19 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   ): Promise<T> {
     this.#checkOpen(op);
     this.#notNested(op);
-    // Counted from the call, so a wait in line for a call that waits for
-    // the application's transaction counts towards this one's wait for it.
-    const deadline = performance.now() + this.#busyTimeoutMs;
-    const options = { expire, join, inOne, rerun, commitRefused, deadline };
-    // A call made inside the application's transaction must not wait for
-    // one that waits for that transaction to end.
-    return join
-      ? await this.#inTurn(op, fn, options)
-      : await this.#line.run(() => this.#inTurn(op, fn, options));
-  }
-
-  /** {@linkcode Outbox.#write}, once the call's turn in line has come. */
-  async #inTurn<T>(
-    op: string,
-    fn: (now: number, joined: boolean) => Promise<T>,
-    { expire, join, inOne, rerun, commitRefused, deadline }: {
-      expire: boolean;
-      join: boolean;
-      inOne: ((now: number | null) => Promise<T | undefined>) | undefined;
-      rerun: boolean;
-      commitRefused: (() => Promise<T>) | undefined;
-      deadline: number;
-    },
-  ): Promise<T> {
-    for (let retried = false;; retried = true) {
-      // A held mutex may be this connection's own transaction, which a
-      // queued call just waits for; after a retry it is the application's.
-      if (
-        !join && (retried ||
-          !this.#mutex.held && this.#inApplicationTransaction())
-      ) {
-        await this.#untilApplicationCommits(op, deadline, retried);
-      }
-      const outcome = await this.#mutex.run(async (): Promise<
-        { value: T } | { refused: true } | null
-      > => {
-        if (this.#inApplicationTransaction()) {
-          return join ? { value: await this.#joined(op, fn, expire) } : null;
-        }
-        if (inOne !== undefined) {
-          const now = this.#now === "database"
-            ? null
-            : this.#checkNow(op, this.#now());
-          let value: T | undefined;
-          try {
-            value = await inOne(now);
-          } catch (error) {
-            if (!this.#sql.refusedInOne?.includes(errorCode(error))) {
-              throw error;
-            }
-          }
-          if (value !== undefined) return { value };
-        }
-        const busyDeadline = performance.now() + this.#busyTimeoutMs;
-        for (
-          let backoffMs = 1;;
-          backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS)
-        ) {
-          // The application may have begun a transaction on the connection
-          // while this call awaited (its one statement, a rerun's or a busy
-          // retry's backoff): a BEGIN now would run inside it, and COMMIT the
-          // application's writes. Wait for it to end, as a call that finds
-          // one does.
-          const began = await this.#untilNotBusy(
-            op,
-            busyDeadline,
-            this.#sql.begin,
-            () => this.#inApplicationTransaction(),
-            true,
-          );
-          if (!began) return null;
-          let committing = false;
-          try {
-            const now = await this.#start(op, expire);
-            const value = await fn(now, false);
-            committing = true;
-            await this.#untilNotBusy(op, busyDeadline, this.#sql.commit);
-            this.#mutex.transaction = false;
-            return { value };
-          } catch (error) {
-            await this.#driver.run(this.#sql.rollback).catch(() => {});
-            this.#mutex.transaction = false;
-            // A deferred constraint is checked at COMMIT, past every
-            // savepoint: the caller may run the work again otherwise.
-            if (
-              committing && commitRefused !== undefined &&
-              refusedByConstraint(error)
-            ) return { refused: true };
-            const remainingMs = busyDeadline - performance.now();
-            if (
-              !rerun || remainingMs <= 0 ||
-              !this.#sql.rerun?.includes(errorCode(error))
-            ) throw error;
-            // As for a busy database: the winner goes on.
-            await jitteredWait(remainingMs, backoffMs);
-          }
-        }
-      });
-      // Still this call's turn in line, out of the connection's mutex.
-      if (outcome !== null) {
-        return "refused" in outcome ? await commitRefused!() : outcome.value;
-      }
-    }
-  }
-
-  /**
-   * Runs `fn` inside the application's open transaction, under a savepoint
-   * so that a failure undoes the outbox's statements and nothing else; the
-   * application's `COMMIT` or `ROLLBACK` decides the rest. No retry on
-   * `SQLITE_BUSY`: inside a transaction that began deferred, waiting for the
-   * write lock can deadlock with the writer holding it.
-   */
-  async #joined<T>(
-    op: string,
-    fn: (now: number, joined: boolean) => Promise<T>,
-    expire: boolean,
-  ): Promise<T> {
-    await this.#driver.run(this.#sql.joinSavepoint);
-    try {
-      const now = await this.#start(op, expire);
-      const value = await fn(now, true);
-      await this.#driver.run(this.#sql.releaseJoin);
-      return value;
-    } catch (error) {
-      await this.#driver.run(this.#sql.rollbackJoin).catch(() => {});
-      await this.#driver.run(this.#sql.releaseJoin).catch(() => {});
-      throw error;
-    }
-  }
-
-  /**
-   * Waits, polling with jittered backoff, until no transaction the
-   * application began is open on the connection; after a retry (`pause`)
-   * it waits once in any case, so a call that keeps finding the
-   * application's transaction inside the mutex still meets its deadline.
-   */
-  async #untilApplicationCommits(
-    op: string,
-    deadline: number,
-    pause: boolean,
-  ): Promise<void> {
-    for (
-      let backoffMs = 1;
-      pause || this.#inApplicationTransaction();
-      backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS), pause = false
-    ) {
-      const remainingMs = deadline - performance.now();
-      if (remainingMs <= 0) {
-        throw new BusyError(
-          `Cannot ${op} as the application's transaction on this connection stayed open for ${this.#busyTimeoutMs} ms: only enqueue() and acknowledge() of one lease join it; claims, renewals, releases and the outbox's own transactions wait for it to end`,
-        );
-      }
-      await jitteredWait(remainingMs, backoffMs);
-    }
+    const now = inOne && (() =>
+      inOne(
+        this.#now === "database" ? null : this.#checkNow(op, this.#now()),
+      ));
+    return await this.#runner.run(
+      op,
+      async (joined) => await fn(await this.#start(op, expire), joined),
+      { join, inOne: now, rerun, commitRefused },
+    );
   }
 
   #checkOpen(op: string): void {
     if (this.#closed) throw new Error(`Cannot ${op} as the outbox is closed`);
-  }
-
-  /** Whether the application has a transaction open on the connection. */
-  #inApplicationTransaction(): boolean {
-    return this.#driver.inTransaction?.() === true && !this.#mutex.transaction;
   }
 
   /**
@@ -2827,48 +2809,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       throw new Error(
         `Cannot ${op} on the outbox inside its own transaction(fn): use the transaction's handle (tx.enqueue, tx.acknowledge, tx.run), or the call would wait for the transaction that waits for it`,
       );
-    }
-  }
-
-  /**
-   * Runs `sql` (a BEGIN or COMMIT), retrying `SQLITE_BUSY` until
-   * `deadline`. Resolves to `false`, having run nothing more, when `yieldTo`
-   * says so before a try (an application transaction opened meanwhile).
-   * `begins`: each try is the outbox's own BEGIN (`Mutex.begin`); the
-   * caller clears the mutex's `transaction` after its COMMIT or ROLLBACK.
-   */
-  async #untilNotBusy(
-    op: string,
-    deadline: number,
-    sql: string,
-    yieldTo?: () => boolean,
-    begins = false,
-  ): Promise<boolean> {
-    for (
-      let backoffMs = 1;;
-      backoffMs = Math.min(backoffMs * 2, MAX_BUSY_BACKOFF_MS)
-    ) {
-      if (yieldTo?.()) return false;
-      try {
-        const run = () => this.#driver.run(sql);
-        await (begins ? this.#mutex.begin(run) : run());
-        return true;
-      } catch (error) {
-        if (!(error instanceof BusyError)) throw error;
-        const remainingMs = deadline - performance.now();
-        if (remainingMs <= 0) {
-          throw new BusyError(
-            `Cannot ${op} as the database stayed locked for ${this.#busyTimeoutMs} ms`,
-            error.code,
-            { cause: error },
-          );
-        }
-        if (this.#driver.busyWait !== undefined) {
-          await this.#driver.busyWait(remainingMs);
-        } else {
-          await jitteredWait(remainingMs, backoffMs);
-        }
-      }
     }
   }
 
@@ -2964,19 +2904,6 @@ interface EnqueueGroup {
   readonly join: boolean;
 }
 
-/** How one call of a shared transaction ended. */
-type Settled<T> = { readonly value: T } | { readonly error: unknown };
-
-interface PreparedEnqueue {
-  readonly queue: string;
-  readonly payload: SqlValue;
-  readonly dedupKey: string | null;
-  readonly orderingKey: string | null;
-  readonly identity: string | null;
-  readonly delayMs: number;
-  readonly maxAttempts: number;
-}
-
 interface CheckedLease {
   readonly eventId: number;
   readonly token: string;
@@ -2992,158 +2919,6 @@ type LedgerRow = [
   number | null,
   string | null,
 ];
-
-/**
- * The mutex of a connection, shared by every outbox and inbox on it, so
- * their transactions never interleave.
- *
- * @ignore
- */
-export function driverMutex(driver: Driver): Mutex {
-  let mutex = mutexes.get(driver);
-  if (mutex === undefined) mutexes.set(driver, mutex = new Mutex());
-  return mutex;
-}
-
-/**
- * Serializes async sections: each runs after the previous one settles.
- *
- * @ignore
- */
-export class Mutex {
-  #tail: Promise<unknown> = Promise.resolve();
-  #sections = 0;
-  /**
-   * Whether the transaction open on the connection is an outbox's or an
-   * inbox's own (from its BEGIN to its COMMIT or ROLLBACK, when its holder
-   * clears it), not the application's: a call made meanwhile does not join
-   * it.
-   */
-  transaction = false;
-
-  /**
-   * Runs one try of a holder's BEGIN (`begin`) as its own transaction: from
-   * the try on, until it fails; between tries, a transaction the
-   * application opens is the application's.
-   */
-  async begin<T>(begin: () => Promise<T>): Promise<T> {
-    this.transaction = true;
-    try {
-      return await begin();
-    } catch (error) {
-      this.transaction = false;
-      throw error;
-    }
-  }
-
-  /** Whether a section is running or waiting to run. */
-  get held(): boolean {
-    return this.#sections > 0;
-  }
-
-  run<T>(fn: () => Promise<T>): Promise<T> {
-    this.#sections++;
-    const result = this.#tail.then(fn);
-    const settled = () => {
-      this.#sections--;
-    };
-    this.#tail = result.then(settled, settled);
-    return result;
-  }
-}
-
-/**
- * A running `transaction(fn)` or `accept`, as the async context of its `fn`
- * sees it.
- */
-interface Scope {
-  readonly mutex: Mutex;
-  open: boolean;
-  readonly outer: Scope | undefined;
-}
-
-/** The subset of `AsyncLocalStorage` the outbox uses. */
-interface AsyncContext<T> {
-  run<R>(store: T, fn: () => R): R;
-  getStore(): T | undefined;
-}
-
-/**
- * Which `transaction(fn)` calls the current async context runs inside,
- * through `AsyncLocalStorage` where the runtime has one (Deno, Node.js, Bun,
- * found by feature detection rather than an import, so the core stays
- * runtime-neutral). Where none exists (browsers), a nested call is not
- * detected and waits, as the documentation of `transaction` warns.
- */
-const scopes: AsyncContext<Scope> | undefined = (() => {
-  const process = (globalThis as {
-    process?: { getBuiltinModule?(id: string): unknown };
-  }).process;
-  const hooks = process?.getBuiltinModule?.("node:async_hooks") as
-    | { AsyncLocalStorage?: new () => AsyncContext<Scope> }
-    | undefined;
-  return hooks?.AsyncLocalStorage === undefined
-    ? undefined
-    : new hooks.AsyncLocalStorage();
-})();
-
-/**
- * Runs `fn`, the body of a transaction holding `mutex` (an outbox's
- * `transaction(fn)`, an inbox's `accept`), so that calls it makes on the
- * same connection can see, through {@linkcode insideTransactionBody}, that
- * they would wait for the transaction that waits for them.
- *
- * @ignore
- */
-export async function runTransactionBody<T>(
-  mutex: Mutex,
-  fn: () => Promise<T>,
-): Promise<T> {
-  const scope: Scope = { mutex, open: true, outer: scopes?.getStore() };
-  try {
-    return await (scopes?.run(scope, fn) ?? fn());
-  } finally {
-    scope.open = false;
-  }
-}
-
-/**
- * Whether the current async context runs inside the body of a transaction
- * holding `mutex` (always false where the runtime has no
- * `AsyncLocalStorage`).
- *
- * @ignore
- */
-export function insideTransactionBody(mutex: Mutex): boolean {
-  for (let scope = scopes?.getStore(); scope; scope = scope.outer) {
-    if (scope.open && scope.mutex === mutex) return true;
-  }
-  return false;
-}
-
-/**
- * Waits a random 1 to `1 + backoffMs` ms, at most `remainingMs`: full
- * jitter (AWS's backoff advice) keeps contending callers apart.
- */
-function jitteredWait(remainingMs: number, backoffMs: number): Promise<void> {
-  return sleep(Math.min(remainingMs, 1 + Math.random() * backoffMs));
-}
-
-/** Whether a constraint refused the statement, on either engine. */
-function refusedByConstraint(error: unknown): boolean {
-  return error instanceof ConstraintError ||
-    error instanceof PostgresError && error.code.startsWith("23");
-}
-
-/** An error's `code` (a SQLSTATE on PostgreSQL), as text, or "" when none. */
-function errorCode(error: unknown): string {
-  const code = (error as { code?: unknown } | null)?.code;
-  return typeof code === "string" ? code : "";
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
-}
 
 /** `n` bytes from the platform's CSPRNG. */
 function randomBytes(n: number): Uint8Array {
@@ -3161,31 +2936,6 @@ function randomBytes(n: number): Uint8Array {
  */
 function leasesJson(leases: readonly CheckedLease[]): string {
   return JSON.stringify(leases.map((l) => [l.eventId, l.fence, l.token]));
-}
-
-/** `length` bytes of `bytes` from `start` as lowercase hex. */
-function hex(bytes: Uint8Array, start: number, length: number): string {
-  if (length <= 64) {
-    let text = "";
-    for (let i = start; i < start + length; i++) text += HEX[bytes[i]!];
-    return text;
-  }
-  // A payload's bytes: the digits written as bytes and decoded once, since
-  // a string grown pair by pair took 6 s for 20 MiB.
-  const digits = new Uint8Array(2 * length);
-  for (let i = 0; i < length; i++) {
-    const byte = bytes[start + i]!;
-    digits[2 * i] = HEX_DIGITS[byte >> 4]!;
-    digits[2 * i + 1] = HEX_DIGITS[byte & 15]!;
-  }
-  return ascii.decode(digits);
-}
-
-/** A payload's size as the batch statement carries it, about. */
-function payloadSize(event: PreparedEnqueue): number {
-  return event.payload instanceof Uint8Array
-    ? 2 * event.payload.byteLength
-    : String(event.payload).length;
 }
 
 function encodePayload(
@@ -3316,74 +3066,13 @@ const ENQUEUE_OPTIONS = [
   "dedupKey",
   "orderingKey",
   "identity",
+  "priority",
+  "concurrencyKey",
 ];
 const CLAIM_OPTIONS = ["queue", "leaseMs", "token", "max"];
 const BATCH_CLAIM_OPTIONS = ["queue", "leaseMs", "max"];
 const RELEASE_OPTIONS = ["delayMs", "error", "deadLetter"];
 const PURGE_OPTIONS = ["olderThanMs", "states"];
-
-/**
- * The `run` and `query` of a transaction handle (the outbox's and the
- * inbox's): each checks that the handle's transaction is still live, then
- * refuses transaction control before the statement reaches the driver.
- *
- * @ignore
- * @param driver The connection the transaction runs on.
- * @param inside Throws when the handle's transaction has ended.
- * @returns The two methods.
- */
-export function transactionStatements(
-  driver: Driver,
-  inside: (method: string) => void,
-): Pick<Transaction, "run" | "query"> {
-  return {
-    run: async (sql, params) => {
-      inside("run");
-      checkStatement("run", sql, params);
-      return await driver.run(sql, params);
-    },
-    query: async (sql, params) => {
-      inside("query");
-      checkStatement("query", sql, params);
-      return await driver.query(sql, params);
-    },
-  };
-}
-
-/**
- * Refuses SQL that is not a string, parameters that are not an array, and
- * SQL whose first keyword begins, ends or rolls back a transaction, before
- * it runs: the one home of this check for the outbox's and the inbox's
- * transactions.
- *
- * @ignore
- */
-function checkStatement(
-  op: string,
-  sql: unknown,
-  params: unknown,
-): void {
-  if (typeof sql !== "string") {
-    throw new TypeError(
-      `Cannot ${op} as 'sql' must be a string: current value is ${
-        describe(sql)
-      }`,
-    );
-  }
-  if (params !== undefined && !Array.isArray(params)) {
-    throw new TypeError(
-      `Cannot ${op} as 'params' must be an array: current value is ${
-        describe(params)
-      }`,
-    );
-  }
-  const keyword = transactionControl(sql);
-  if (keyword !== "") {
-    throw new RangeError(
-      `Cannot ${op} as 'sql' must not control the transaction: found ${keyword}; the transaction commits when fn returns and rolls back when it throws`,
-    );
-  }
-}
 
 function checkLease(op: string, field: string, lease: unknown): CheckedLease {
   if (lease === null || typeof lease !== "object") {

@@ -58,13 +58,22 @@ export {
   type Transaction,
 } from "./lease.ts";
 export type {
+  ActivityCount,
   EventInfo,
   ListOptions,
   PurgeOptions,
   QueueCounts,
+  QueuesOptions,
   RedriveOptions,
 } from "./admin.ts";
+export type { QueueFlow, QueueLimits } from "./core/flow.ts";
+export type {
+  MissedTicks,
+  Schedule,
+  ScheduleOptions,
+} from "./core/schedules.ts";
 export type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
+export type { TransactionStatus } from "./types.ts";
 export { isIdentity, uuidv7, uuidv7Time } from "./identity.ts";
 export {
   type AcceptResult,
@@ -76,6 +85,7 @@ export {
   INBOX_SCHEMA_SQL,
   type InboxOptions,
   type InboxTransaction,
+  isRetryStatus,
   readDeliveryHeaders,
 } from "./inbox.ts";
 export {
@@ -91,9 +101,12 @@ export {
   SqliteError,
   sqliteError,
   StatementTimeoutError,
+  StorageFullError,
+  TransactionEndedError,
   UnsafeIntegerError,
 } from "./errors.ts";
 export { SCHEMA_SQL, SCHEMA_VERSION } from "./schema.ts";
+export type { WalStats } from "./wal.ts";
 export {
   type Handler,
   type HandlerContext,

@@ -13,15 +13,21 @@
  * @module
  */
 import {
+  type ActivityCount,
+  activityCounts,
+  activityParameters,
+  dedupKeyParameters,
   type EventInfo,
   eventInfo,
   type ListOptions,
   type QueueCounts,
   queueCounts,
+  type QueuesOptions,
+  queuesStatement,
 } from "./admin.ts";
 import type { Driver } from "./driver.ts";
-import { integerOf, untilNotBusy } from "./driver.ts";
-import { BusyError, SchemaVersionError } from "./errors.ts";
+import { integerOf } from "./driver.ts";
+import { SchemaVersionError } from "./errors.ts";
 import {
   decodePayload,
   type Dialect,
@@ -32,7 +38,10 @@ import {
 } from "./lease.ts";
 import { checkIdentity, checkInteger, checkOptions } from "./validate.ts";
 import { SQLITE } from "./dialects/sqlite.ts";
+import { TransactionRunner } from "./core/transaction.ts";
+import { allFlows, withFlows } from "./core/flow.ts";
 import { SCHEMA_VERSION } from "./schema.ts";
+import { checkpointWal, type WalStats } from "./wal.ts";
 
 /** Options of {@linkcode OutboxReader.open}. */
 export interface OutboxReaderOptions {
@@ -75,16 +84,20 @@ export interface OutboxReaderOptions {
 export class OutboxReader implements AsyncDisposable {
   readonly #driver: Driver;
   readonly #sql: Dialect;
-  readonly #busyTimeoutMs: number;
-  // One transaction at a time on the connection; reads inside snapshot()
-  // join its transaction.
-  #tail: Promise<unknown> = Promise.resolve();
+  // One transaction at a time on the connection (the runner's line and
+  // mutex); reads inside snapshot() join its transaction.
+  readonly #runner: TransactionRunner;
   #inside = false;
 
   private constructor(driver: Driver, busyTimeoutMs: number) {
-    this.#driver = driver;
     this.#sql = driver.dialect ?? SQLITE;
-    this.#busyTimeoutMs = busyTimeoutMs;
+    this.#runner = new TransactionRunner(
+      driver,
+      this.#sql,
+      busyTimeoutMs,
+      "reads wait for it to end",
+    );
+    this.#driver = this.#runner.driver;
   }
 
   /**
@@ -155,10 +168,16 @@ export class OutboxReader implements AsyncDisposable {
    * @returns One entry per queue that has events, by name.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
-  async queues(): Promise<QueueCounts[]> {
-    return queueCounts(
-      await this.#read(() => this.#driver.query(this.#sql.queues)),
-    );
+  async queues(options: QueuesOptions = {}): Promise<QueueCounts[]> {
+    const [sql, params] = queuesStatement(this.#sql, options);
+    return await this.#read(async () => {
+      const counts = queueCounts(await this.#driver.query(sql, params));
+      const flow = this.#sql.flow;
+      // Paused and limited queues (core/flow.ts), as Outbox.queues() tells.
+      return flow === undefined
+        ? counts
+        : withFlows(counts, await allFlows(this.#driver, flow));
+    });
   }
 
   /**
@@ -187,6 +206,48 @@ export class OutboxReader implements AsyncDisposable {
   }
 
   /**
+   * Counts what happened per time bucket since a time: events acknowledged
+   * (from their `done_at`, so purged events no longer count) and attempts
+   * that failed (a release with an error, a lapsed lease, from the ledger).
+   * The dashboard's chart reads it.
+   *
+   * @param sinceMs Epoch milliseconds; what happened at or after it counts.
+   * @param bucketMs The buckets' width in milliseconds, 1 to 1 day; buckets
+   * start at multiples of it.
+   * @returns The buckets that saw anything, oldest first: `at` (the
+   * bucket's start, epoch ms), `done` and `failed`.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async activity(sinceMs: number, bucketMs: number): Promise<ActivityCount[]> {
+    const params = activityParameters(sinceMs, bucketMs);
+    return activityCounts(
+      await this.#read(() => this.#driver.query(this.#sql.activity, params)),
+    );
+  }
+
+  /**
+   * Finds the event a queue holds under a dedup key (done ones included:
+   * the key stays after the event is done).
+   *
+   * @param queue The queue's name.
+   * @param dedupKey The dedup key the event was enqueued with.
+   * @returns The event's id, or `null` when none has that key.
+   * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async eventIdByDedupKey(
+    queue: string,
+    dedupKey: string,
+  ): Promise<number | null> {
+    const params = dedupKeyParameters(queue, dedupKey);
+    const [row] = await this.#read(() =>
+      this.#driver.query(this.#sql.dedupKeyEvent, params)
+    );
+    return row === undefined ? null : integerOf(row, "id");
+  }
+
+  /**
    * The database server's clock, where the engine has one that judges
    * leases (PostgreSQL, as `openPostgres` judges them by default), so ages
    * and windows agree with the workers' whatever the reader's own clock.
@@ -200,6 +261,28 @@ export class OutboxReader implements AsyncDisposable {
     if (sql === undefined) return null;
     const [row] = await this.#read(() => this.#driver.query(sql));
     return integerOf(row ?? {}, "now");
+  }
+
+  /**
+   * The database's write-ahead log: its size and whether a reader holds its
+   * checkpoints back, from a passive checkpoint
+   * (`PRAGMA wal_checkpoint(PASSIVE)`, as {@linkcode Outbox.stats} reads
+   * it). The checkpoint copies into the database file what no reader needs,
+   * which changes no row, and cannot run on a read-only connection.
+   *
+   * @returns The WAL's state, or `null` on PostgreSQL, on a database not in
+   * WAL mode, on a read-only connection, inside
+   * {@linkcode OutboxReader.snapshot}, or while another connection is
+   * checkpointing.
+   * @throws {SqliteError} When the checkpoint fails otherwise.
+   */
+  async wal(): Promise<WalStats | null> {
+    if (this.#sql !== SQLITE || this.#inside) return null;
+    // In line with the reader's transactions, outside any.
+    const runner = this.#runner;
+    return await runner.line.run(() =>
+      runner.mutex.run(() => checkpointWal(this.#driver, "PASSIVE"))
+    ) ?? null;
   }
 
   /**
@@ -270,39 +353,22 @@ export class OutboxReader implements AsyncDisposable {
    * snapshot; a writer's lock met on the way makes it wait and start over.
    * Inside a transaction already (snapshot()), `fn` joins it.
    */
-  #read<T>(fn: () => Promise<T>): Promise<T> {
-    if (this.#inside) return fn();
-    const run = this.#tail.then(() => this.#transaction(fn));
-    this.#tail = run.catch(() => {});
-    return run;
-  }
-
-  #transaction<T>(fn: () => Promise<T>): Promise<T> {
-    const driver = this.#driver;
-    return untilNotBusy(this.#busyTimeoutMs, async () => {
-      await driver.run(this.#sql.readBegin);
+  async #read<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.#inside) return await fn();
+    return await this.#transaction(async () => {
       this.#inside = true;
       try {
-        const result = await fn();
-        await driver.run(this.#sql.commit);
-        return result;
-      } catch (error) {
-        await driver.run(this.#sql.rollback).catch(() => {});
-        throw error;
+        return await fn();
       } finally {
         this.#inside = false;
       }
-    }, (remainingMs) =>
-      driver.busyWait?.(remainingMs) ??
-        new Promise((resolve) =>
-          setTimeout(resolve, Math.min(remainingMs, 1 + Math.random() * 4))
-        )).catch((error) => {
-        if (!(error instanceof BusyError)) throw error;
-        throw new BusyError(
-          `Cannot read the outbox as the database stayed locked for ${this.#busyTimeoutMs} ms`,
-          error.code,
-          { cause: error },
-        );
-      });
+    });
+  }
+
+  #transaction<T>(fn: () => Promise<T>): Promise<T> {
+    return this.#runner.run("read the outbox", fn, {
+      begin: this.#sql.readBegin,
+      rerunBusy: true,
+    });
   }
 }

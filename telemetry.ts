@@ -24,6 +24,8 @@
  * | `outbox.handler.duration` | histogram | `ms` |
  * | `outbox.queue.depth` (per `outbox.state`) | observable gauge | `{event}` |
  * | `outbox.queue.oldest_pending_age` | observable gauge | `ms` |
+ * | `outbox.wal.size` (SQLite in WAL mode) | observable gauge | `By` |
+ * | `outbox.wal.checkpoint_held_back` (1 while a reader holds it back) | observable gauge | `1` |
  *
  * @module
  */
@@ -41,9 +43,13 @@ import {
   SpanKind,
   SpanStatusCode,
   trace,
-  type Tracer,
 } from "@opentelemetry/api";
 import type { Lease, Stats } from "./lease.ts";
+import {
+  type GuardedSpan,
+  type GuardedTracer,
+  TelemetryGuard,
+} from "./telemetry_guard.ts";
 
 /** The instrumentation scope's name: the package's. */
 export const INSTRUMENTATION_SCOPE = "@leased/outbox";
@@ -86,8 +92,17 @@ export interface ObservedOutbox {
   stats(options?: { readonly queue?: string }): Promise<Stats>;
 }
 
+/** `String(value)`, or its tag when that throws (a null-prototype object). */
+function describe(value: unknown): string {
+  try {
+    return String(value);
+  } catch {
+    return Object.prototype.toString.call(value);
+  }
+}
+
 interface Handling {
-  readonly span: Span;
+  readonly span: GuardedSpan;
   readonly attributes: Attributes;
   outcome: Outcome;
 }
@@ -96,16 +111,25 @@ interface Handling {
  * The telemetry of one processor: its spans, counters and the gauges of its
  * queue. Created by the processor; every method is cheap without an SDK.
  *
+ * Nothing here may affect delivery: every call into the OpenTelemetry API
+ * (and so into the registered SDK: span processors, views, exporters) goes
+ * through a {@linkcode TelemetryGuard}, which skips a call that throws and
+ * writes the first fault of each kind to `console.error`; only what the
+ * handler itself throws or returns comes out of
+ * {@linkcode ProcessorTelemetry.handle}.
+ *
  * @ignore
  */
 export class ProcessorTelemetry {
   readonly #meter: Meter;
+  readonly #guard = new TelemetryGuard();
   // A proxy: it finds a tracer provider registered after it was made.
-  readonly #tracer: Tracer = trace.getTracer(INSTRUMENTATION_SCOPE, VERSION);
+  readonly #tracer: GuardedTracer;
   readonly #counters: Record<CounterName, Counter>;
   readonly #duration: Histogram;
   readonly #depth: ObservableGauge;
   readonly #oldest: ObservableGauge;
+  readonly #wal: readonly [size: ObservableGauge, heldBack: ObservableGauge];
   // Every entry is deleted by end(), which the processor calls for each
   // handled event.
   readonly #handling = new Map<object, Handling>();
@@ -123,7 +147,12 @@ export class ProcessorTelemetry {
    * no queue name).
    */
   constructor(outbox: ObservedOutbox, queue: string | undefined) {
-    this.#meter = metrics.getMeter(INSTRUMENTATION_SCOPE, VERSION);
+    this.#meter = this.#guard.meter(() =>
+      metrics.getMeter(INSTRUMENTATION_SCOPE, VERSION)
+    );
+    this.#tracer = this.#guard.tracer(() =>
+      trace.getTracer(INSTRUMENTATION_SCOPE, VERSION)
+    );
     const counter = (name: string, unit: string, description: string) =>
       this.#meter.createCounter(name, { unit, description });
     this.#counters = {
@@ -166,6 +195,16 @@ export class ProcessorTelemetry {
       "outbox.queue.oldest_pending_age",
       { unit: "ms", description: "Age of the queue's oldest pending event" },
     );
+    this.#wal = [
+      this.#meter.createObservableGauge("outbox.wal.size", {
+        unit: "By",
+        description: "Bytes in the SQLite database's write-ahead log",
+      }),
+      this.#meter.createObservableGauge("outbox.wal.checkpoint_held_back", {
+        unit: "1",
+        description: "1 while a reader holds the WAL's checkpoints back",
+      }),
+    ];
     const name = queue ?? outbox.queue;
     const attributes = name === undefined
       ? { "messaging.system": SYSTEM }
@@ -183,10 +222,19 @@ export class ProcessorTelemetry {
         });
       }
       result.observe(this.#oldest, stats.oldestPendingAgeMs, attributes);
+      if (stats.wal !== undefined) {
+        result.observe(this.#wal[0], stats.wal.sizeBytes, attributes);
+        result.observe(
+          this.#wal[1],
+          stats.wal.checkpointHeldBack ? 1 : 0,
+          attributes,
+        );
+      }
     };
     this.#meter.addBatchObservableCallback(this.#observe, [
       this.#depth,
       this.#oldest,
+      ...this.#wal,
     ]);
   }
 
@@ -230,9 +278,9 @@ export class ProcessorTelemetry {
       this.#duration.record(performance.now() - startedAt, attributes);
       if (error === undefined) return;
       span.recordException(
-        error instanceof Error ? error : new Error(String(error)),
+        error instanceof Error ? error : new Error(describe(error)),
       );
-      span.setStatus({ code: SpanStatusCode.ERROR, message: String(error) });
+      span.setStatus({ code: SpanStatusCode.ERROR, message: describe(error) });
       span.setAttribute(
         "error.type",
         error instanceof Error ? error.name : typeof error,
@@ -241,16 +289,14 @@ export class ProcessorTelemetry {
     let result: T;
     try {
       // A span that records nothing needs no context to be found in.
-      result = recording
-        ? context.with(trace.setSpan(context.active(), span), handler)
-        : handler();
+      result = recording ? this.#inContext(span.span, handler) : handler();
     } catch (error) {
-      settled(error ?? new Error(String(error)));
+      settled(error ?? new Error(describe(error)));
       throw error;
     }
     Promise.resolve(result).then(
       () => settled(),
-      (error) => settled(error ?? new Error(String(error))),
+      (error) => settled(error ?? new Error(describe(error))),
     );
     return result;
   }
@@ -289,7 +335,32 @@ export class ProcessorTelemetry {
     this.#meter.removeBatchObservableCallback(this.#observe, [
       this.#depth,
       this.#oldest,
+      ...this.#wal,
     ]);
+  }
+
+  /**
+   * Runs the handler with `span` as the active span; a context manager
+   * that throws before or after it changes nothing the handler did.
+   */
+  #inContext<T>(span: Span, handler: () => T): T {
+    let ran = false;
+    let outcome: { value: T } | { error: unknown } | undefined;
+    try {
+      context.with(trace.setSpan(context.active(), span), () => {
+        ran = true;
+        try {
+          outcome = { value: handler() };
+        } catch (error) {
+          outcome = { error };
+        }
+      });
+    } catch (error) {
+      this.#guard.fault("context", error);
+    }
+    if (!ran) return handler();
+    if (outcome === undefined || "error" in outcome) throw outcome?.error;
+    return outcome.value;
   }
 
   #attributesOf(queue: string): Attributes {

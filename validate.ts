@@ -8,7 +8,7 @@
  */
 
 import { isIdentity } from "./identity.ts";
-import type { EventState } from "./lease.ts";
+import type { EventState } from "./types.ts";
 
 const TOKEN = /^[A-Za-z0-9._~-]{1,128}$/;
 const MAX_NAME_LENGTH = 1024;

@@ -9,7 +9,7 @@
  *
  * @module
  */
-import { chromium, type Page } from "playwright-core";
+import { chromium, type Page } from "npm:playwright-core@1.65.1";
 import { buildBrowser } from "../examples/browser/build.ts";
 import { serveExample } from "../examples/browser/server.ts";
 import { Outbox } from "../lease.ts";

@@ -22,8 +22,8 @@
  * @module
  */
 import { join } from "node:path";
-import { Logger, makeWorkerUtils, run } from "graphile-worker";
-import { PgBoss } from "pg-boss";
+import { Logger, makeWorkerUtils, run } from "npm:graphile-worker@0.18.0";
+import { PgBoss } from "npm:pg-boss@12.38.0";
 import { type Outbox, processEvents } from "../mod.ts";
 import { Outbox as OutboxClass } from "../lease.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";

@@ -10,7 +10,7 @@
  *
  * @module
  */
-import { PgBoss } from "pg-boss";
+import { PgBoss } from "npm:pg-boss@12.38.0";
 import { openPostgres } from "../drivers/postgres.ts";
 import type { Lease, Outbox } from "../mod.ts";
 import { startPostgres } from "../scripts/postgres_server.ts";

@@ -11,12 +11,15 @@ import type { Driver } from "../driver.ts";
 import {
   type CallMessage,
   claimedLeases,
+  leaseKey,
   OpfsBusyError,
   OpfsUnavailableError,
   type ReplyMessage,
+  type StorageEstimate,
   TAB_CLOSED,
   toWireError,
 } from "./protocol.ts";
+import { SqliteError, StorageFullError } from "../errors.ts";
 import { loadSqlite3, SqliteWasmDriver } from "../drivers/sqlite_wasm.ts";
 
 /**
@@ -88,8 +91,92 @@ export const LOSSY_VFS = "opfs-wl";
 
 interface Opened {
   readonly outbox: HostedOutbox;
+  readonly driver: SqliteWasmDriver;
   readonly vfs: string;
   readonly release: () => void;
+}
+
+// OPFS enforces the origin's quota by throwing QuotaExceededError from a
+// sync access handle's write or truncate; the sahpool VFS turns that into a
+// bare SQLITE_IOERR and keeps the reason to itself. Counting those errors as
+// they pass lets a failed call say that the storage is full.
+let quotaErrors = 0;
+const QUOTA_WATCHED = Symbol.for("leased-outbox.quota-watched");
+
+function watchQuota(): void {
+  const handle = (globalThis as {
+    FileSystemSyncAccessHandle?: { prototype: Record<PropertyKey, unknown> };
+  }).FileSystemSyncAccessHandle;
+  if (handle === undefined || handle.prototype[QUOTA_WATCHED]) return;
+  handle.prototype[QUOTA_WATCHED] = true;
+  for (const name of ["write", "truncate", "flush"]) {
+    const original = handle.prototype[name];
+    if (typeof original !== "function") continue;
+    handle.prototype[name] = function (this: unknown, ...args: unknown[]) {
+      try {
+        return original.apply(this, args);
+      } catch (error) {
+        if (
+          error instanceof DOMException && error.name === "QuotaExceededError"
+        ) {
+          quotaErrors++;
+        }
+        throw error;
+      }
+    };
+  }
+}
+watchQuota();
+
+/** SQLite's primary result codes a refused OPFS write comes back as. */
+const SQLITE_IOERR = 10;
+const SQLITE_FULL = 13;
+
+/**
+ * The typed error for a call that failed because the origin's storage is
+ * full, or `error` itself when it failed otherwise.
+ */
+function storageError(error: unknown, quotaRefused: boolean): unknown {
+  if (
+    !(error instanceof SqliteError) || error instanceof StorageFullError ||
+    !(error.primaryCode === SQLITE_FULL ||
+      (quotaRefused && error.primaryCode === SQLITE_IOERR))
+  ) {
+    return error;
+  }
+  return new StorageFullError(
+    "The origin's storage quota is full: the browser refused to write the outbox's database, so nothing of this call was stored (the data stored before is intact). Free space and call again, no reload needed: purge done events and dead letters, then maintain(); or clear other data of this origin (in Firefox, persistent storage, navigator.storage.persist(), also raises the limit)",
+    SQLITE_FULL,
+    { cause: error },
+  );
+}
+
+/**
+ * Gives the write-ahead log's bytes back to the origin's quota: a truncating
+ * checkpoint, when no transaction is open (best effort: a failure leaves the
+ * log as it was).
+ */
+async function truncateWal(driver: SqliteWasmDriver): Promise<void> {
+  if (driver.inTransaction()) return;
+  try {
+    await driver.query("PRAGMA wal_checkpoint(TRUNCATE)");
+  } catch {
+    // Still full, or busy: the next maintain() tries again.
+  }
+}
+
+/** The origin's storage estimate, where the worker can read it. */
+async function estimate(): Promise<StorageEstimate | null> {
+  const storage = (globalThis as {
+    navigator?: { storage?: { estimate?(): Promise<StorageEstimate> } };
+  }).navigator?.storage;
+  if (typeof storage?.estimate !== "function") return null;
+  try {
+    const { usage = 0, quota = 0 } = await storage.estimate();
+    return { usage, quota };
+  } catch {
+    return null;
+  }
 }
 
 /**
@@ -145,15 +232,21 @@ export function serveOutbox(scope: WorkerScope, openOutbox: OutboxFactory) {
         ) !== 0;
     }
     if (opened === undefined) throw new Error("The outbox is not open");
-    const { outbox, release } = await opened;
+    const { outbox, driver, release } = await opened;
     switch (message.method) {
       case "close":
         await outbox.close();
         release();
         return undefined;
       case "hide": {
+        // The tab leaves the leases it knows of (args[0], their keys) to
+        // the next leader; those of calls still in flight are ours to give.
         hidden = true;
-        const leases = [...own.values()];
+        const left = new Set(
+          Array.isArray(message.args[0]) ? message.args[0].map(String) : [],
+        );
+        const leases = [...own.entries()].filter(([key]) => !left.has(key))
+          .map(([, lease]) => lease);
         own.clear();
         await handBack(outbox, leases);
         return undefined;
@@ -173,7 +266,21 @@ export function serveOutbox(scope: WorkerScope, openOutbox: OutboxFactory) {
         `Cannot call '${message.method}' as it is not an outbox method`,
       );
     }
-    const result = await method.apply(outbox, message.args);
+    const refusedBefore = quotaErrors;
+    let result: unknown;
+    try {
+      result = await method.apply(outbox, message.args);
+    } catch (error) {
+      const typed = storageError(error, quotaErrors !== refusedBefore);
+      // The log holds the bytes the refused write could not extend: hand
+      // them back, so that a purge (or the call again) has room to write.
+      if (typed instanceof StorageFullError) await truncateWal(driver);
+      throw typed;
+    }
+    if (message.method === "maintain") await truncateWal(driver);
+    if (message.method === "stats") {
+      result = { ...result as object, storage: await estimate() };
+    }
     if (message.own) {
       await track(outbox, message.method, message.args, result);
     }
@@ -195,11 +302,6 @@ export function serveOutbox(scope: WorkerScope, openOutbox: OutboxFactory) {
         }),
     );
   });
-}
-
-function leaseKey(lease: unknown): string {
-  const { eventId, token } = lease as { eventId?: unknown; token?: unknown };
-  return `${String(eventId)}:${String(token)}`;
 }
 
 function reply(scope: WorkerScope, message: ReplyMessage): void {
@@ -247,12 +349,19 @@ async function open(
       // no journal growing and shrinking (OPFS resizes are slow), which made
       // commits several times faster in headless Chromium here.
       db.exec("PRAGMA locking_mode=EXCLUSIVE");
+      // Before WAL, whose switch writes the header of a new file: after
+      // that auto_vacuum no longer changes without a VACUUM, and maintain()
+      // could give nothing back.
+      db.exec("PRAGMA auto_vacuum=INCREMENTAL");
       db.exec("PRAGMA journal_mode=WAL");
+      // A log reset after a checkpoint keeps at most 1 MiB of the origin's
+      // quota, instead of its high-water mark.
+      db.exec("PRAGMA journal_size_limit=1048576");
     }
     db.exec(`PRAGMA synchronous=${config.synchronous}`);
     driver = new SqliteWasmDriver(sqlite3, db);
     const outbox = await openOutbox(driver, config.outbox);
-    return { outbox, vfs, release };
+    return { outbox, driver, vfs, release };
   } catch (error) {
     if (driver === undefined) db.close();
     else await driver.close();

@@ -13,7 +13,9 @@ import {
   LeaseLostError,
   SchemaVersionError,
   SqliteError,
+  StorageFullError,
 } from "../errors.ts";
+import type { Stats } from "../lease.ts";
 
 /**
  * Another worker or tab holds the OPFS database (its sync access handles are
@@ -79,6 +81,31 @@ export class OpfsUnavailableError extends Error {
   }
 }
 
+/**
+ * The origin's storage as `navigator.storage.estimate()` reports it
+ * (https://storage.spec.whatwg.org/#dom-storagemanager-estimate), in bytes:
+ * what the origin uses (this database and anything else it stores: caches,
+ * IndexedDB) and the most it may use. Both are estimates the browser may
+ * round or pad; `quota` is what a write is checked against.
+ */
+export interface StorageEstimate {
+  /** Bytes the origin uses. */
+  readonly usage: number;
+  /** Bytes the origin may use. */
+  readonly quota: number;
+}
+
+/**
+ * {@linkcode Stats} of the browser outbox, with the origin's storage.
+ */
+export interface BrowserStats extends Stats {
+  /**
+   * `navigator.storage.estimate()` read in the database's worker, or `null`
+   * where the browser does not offer it.
+   */
+  readonly storage: StorageEstimate | null;
+}
+
 /** An error flattened for `postMessage`. */
 export interface WireError {
   readonly name: string;
@@ -104,6 +131,23 @@ export interface CallMessage {
    * worker hands the leases of such calls back when that tab goes away.
    */
   readonly own?: boolean;
+  /**
+   * Forwarded calls only: the sender's clock (epoch ms) past which it has
+   * given the call up with a `BusyError`; a leader that receives the call
+   * too late to acknowledge it in time does not run it.
+   */
+  readonly expiresAt?: number;
+}
+
+/**
+ * Sent by the leader as it takes a forwarded call on: the sender stops
+ * waiting for the leader to answer (the call's own run is bounded by the
+ * outbox's `busyTimeoutMs`), and waits for the reply.
+ */
+export interface ReceivedMessage {
+  readonly type: "received";
+  readonly id: string;
+  readonly to: string;
 }
 
 /** The answer to one {@linkcode CallMessage}. */
@@ -138,6 +182,7 @@ export interface VisibilityMessage {
 /** What travels on the tabs' `BroadcastChannel`. */
 export type ChannelMessage =
   | CallMessage
+  | ReceivedMessage
   | ReplyMessage
   | LeaderMessage
   | HelloMessage
@@ -161,6 +206,18 @@ export function claimedLeases(method: string, result: unknown): unknown[] {
     return (result as { leases: unknown[] }).leases;
   }
   return [];
+}
+
+/**
+ * A lease's key in the tab's and the worker's records of held leases: its
+ * event and token, which name one claim.
+ *
+ * @param lease A lease (or anything with `eventId` and `token`).
+ * @returns `"<eventId>:<token>"`.
+ */
+export function leaseKey(lease: unknown): string {
+  const { eventId, token } = lease as { eventId?: unknown; token?: unknown };
+  return `${String(eventId)}:${String(token)}`;
 }
 
 /**
@@ -215,6 +272,8 @@ export function fromWireError(wire: WireError): Error {
       return new ConstraintError(wire.message, wire.code ?? 19);
     case "SqliteError":
       return new SqliteError(wire.message, wire.code ?? 1);
+    case "StorageFullError":
+      return new StorageFullError(wire.message, wire.code ?? 13);
     case "LeaseLostError":
       return new LeaseLostError(wire.eventId ?? 0, wire.fence ?? 0);
     case "SchemaVersionError":

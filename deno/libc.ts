@@ -1,8 +1,10 @@
 /**
  * The libc calls the Deno file VFS makes through `Deno.dlopen`: `open(2)`
- * and I/O on the database file's own descriptors, and the open file
- * description byte-range locks (`F_OFD_SETLK`, `F_OFD_SETLKW`,
- * `F_OFD_GETLK`) that native SQLite's POSIX locks conflict with.
+ * and I/O on the database file's own descriptors, and byte-range locks
+ * that native SQLite's POSIX locks conflict with: Linux's open file
+ * description locks (`F_OFD_SETLK`, `F_OFD_SETLKW`, `F_OFD_GETLK`), or
+ * classic POSIX locks (`F_SETLK`, `F_GETLK`) on macOS and the BSDs. The
+ * numbers and layouts of each system are in `deno/platform.ts`.
  *
  * Deno exposes neither a file's descriptor nor byte-range locks, so the
  * database file is opened here, and so are its journals and WAL files (never
@@ -13,45 +15,89 @@
  * @module
  */
 
-const symbols = {
-  open: { parameters: ["buffer", "i32", "u32"], result: "i32" },
-  close: { parameters: ["i32"], result: "i32" },
-  pread64: { parameters: ["i32", "buffer", "usize", "i64"], result: "isize" },
-  pwrite64: { parameters: ["i32", "buffer", "usize", "i64"], result: "isize" },
-  fdatasync: { parameters: ["i32"], result: "i32" },
-  ftruncate64: { parameters: ["i32", "i64"], result: "i32" },
-  lseek64: { parameters: ["i32", "i64", "i32"], result: "i64" },
-  fstat: { parameters: ["i32", "buffer"], result: "i32" },
-  stat: { parameters: ["buffer", "buffer"], result: "i32" },
-  access: { parameters: ["buffer", "i32"], result: "i32" },
-  unlink: { parameters: ["buffer"], result: "i32" },
-  fcntl: { parameters: ["i32", "i32", "buffer"], result: "i32" },
-  fchmod: { parameters: ["i32", "u32"], result: "i32" },
-  fchown: { parameters: ["i32", "u32", "u32"], result: "i32" },
-  geteuid: { parameters: [], result: "u32" },
-  // The same fcntl on a thread of Deno's blocking pool: F_OFD_SETLKW
-  // sleeps in the kernel until the lock is granted, and the event loop
-  // goes on meanwhile.
-  fcntlBlocking: {
-    name: "fcntl",
-    parameters: ["i32", "i32", "buffer"],
-    result: "i32",
-    nonblocking: true,
-  },
-  mmap: {
-    parameters: ["pointer", "usize", "i32", "i32", "i32", "i64"],
-    result: "pointer",
-  },
-  __errno_location: { parameters: [], result: "pointer" },
-  strerror: { parameters: ["i32"], result: "pointer" },
-} as const;
+import {
+  encodeFlock,
+  type ErrnoName,
+  LOCKS_VARIABLE,
+  locksFor,
+  type LockStyle,
+  type Platform,
+  platformFor,
+  syncCall,
+} from "./platform.ts";
 
-type Symbols = Deno.DynamicLibrary<typeof symbols>["symbols"];
+/** The libc functions the VFS binds, under `platform`'s symbol names. */
+export function symbolsOf(platform: Platform) {
+  const names = platform.symbols;
+  // Fills the argument registers before a variadic argument (see
+  // Platform.variadicPadding); typed as fixed arguments of `open` and
+  // `fcntl` either way, the padding is passed by Libc's #open and #fcntl.
+  const pad = Array<"i64">(platform.variadicPadding).fill("i64");
+  return {
+    open: {
+      // The mode as 64 bits: a stack slot on Apple's arm64 is 8 bytes.
+      parameters: ["buffer", "i32", ...pad, "i64"] as ["buffer", "i32", "i64"],
+      result: "i32",
+    },
+    close: { parameters: ["i32"], result: "i32" },
+    pread: {
+      name: names.pread,
+      parameters: ["i32", "buffer", "usize", "i64"],
+      result: "isize",
+    },
+    pwrite: {
+      name: names.pwrite,
+      parameters: ["i32", "buffer", "usize", "i64"],
+      result: "isize",
+    },
+    sync: { name: names.sync, parameters: ["i32"], result: "i32" },
+    ftruncate: {
+      name: names.ftruncate,
+      parameters: ["i32", "i64"],
+      result: "i32",
+    },
+    lseek: {
+      name: names.lseek,
+      parameters: ["i32", "i64", "i32"],
+      result: "i64",
+    },
+    fstat: { name: names.fstat, parameters: ["i32", "buffer"], result: "i32" },
+    stat: { name: names.stat, parameters: ["buffer", "buffer"], result: "i32" },
+    access: { parameters: ["buffer", "i32"], result: "i32" },
+    unlink: { parameters: ["buffer"], result: "i32" },
+    fcntl: {
+      parameters: ["i32", "i32", ...pad, "buffer"] as ["i32", "i32", "buffer"],
+      result: "i32",
+    },
+    fchmod: { parameters: ["i32", "u32"], result: "i32" },
+    fchown: { parameters: ["i32", "u32", "u32"], result: "i32" },
+    geteuid: { parameters: [], result: "u32" },
+    // The same fcntl on a thread of Deno's blocking pool: F_OFD_SETLKW
+    // sleeps in the kernel until the lock is granted, and the event loop
+    // goes on meanwhile.
+    fcntlBlocking: {
+      name: "fcntl",
+      parameters: ["i32", "i32", ...pad, "buffer"] as [
+        "i32",
+        "i32",
+        "buffer",
+      ],
+      result: "i32",
+      nonblocking: true,
+    },
+    mmap: {
+      parameters: ["pointer", "usize", "i32", "i32", "i32", "i64"],
+      result: "pointer",
+    },
+    errnoLocation: { name: names.errno, parameters: [], result: "pointer" },
+    strerror: { parameters: ["i32"], result: "pointer" },
+  } as const;
+}
 
-// fcntl commands and lock types (Linux, asm-generic/fcntl.h).
-const F_OFD_GETLK = 36;
-const F_OFD_SETLK = 37;
-const F_OFD_SETLKW = 38;
+type Symbols = Deno.DynamicLibrary<ReturnType<typeof symbolsOf>>["symbols"];
+
+// The VFS's own lock types, which Libc turns into the platform's l_type
+// values (Linux's numbers; the BSDs' differ).
 /** A read (shared) byte-range lock. */
 export const F_RDLCK = 0;
 /** A write (exclusive) byte-range lock. */
@@ -59,63 +105,32 @@ export const F_WRLCK = 1;
 /** No lock: unlocks the range. */
 export const F_UNLCK = 2;
 
-// mmap's protection and flags (Linux).
-const PROT_READ_WRITE = 0x3;
-const MAP_SHARED = 0x01;
-const MAP_PRIVATE = 0x02;
-const MAP_FIXED = 0x10;
-const MAP_ANONYMOUS = 0x20;
-
-const O_RDONLY = 0;
-const O_RDWR = 2;
-const O_CREAT = 0o100;
-const O_EXCL = 0o200;
-const O_CLOEXEC = 0o2000000;
-// Unlike O_RDWR, O_CREAT, O_EXCL and O_CLOEXEC, Linux gives this one
-// other values on aarch64 than on x86-64.
-const O_NOFOLLOW = Deno.build.arch === "aarch64" ? 0o100000 : 0o400000;
 const SEEK_END = 2;
-// Where struct stat keeps st_mode: the two ABIs order st_nlink and st_mode
-// differently; st_size is at 48 in both.
-const ST_MODE = Deno.build.arch === "aarch64" ? 16 : 24;
-const ST_SIZE = 48;
 const S_IFMT = 0o170000;
 const S_IFREG = 0o100000;
 const R_OK = 4;
 const W_OK = 2;
 
-// errno values (Linux) the VFS tells apart.
-const ENOENT = 2;
-const EINTR = 4;
-const EAGAIN = 11;
-const EACCES = 13;
-const ENOTDIR = 20;
-const ENAMETOOLONG = 36;
-const EINVAL = 22;
+/**
+ * The `fcntl` lock commands this process's VFS has made, by name
+ * (`F_OFD_SETLK`, `F_SETLK`, `F_GETLK`, ...): for tests, which check that
+ * `LEASED_OUTBOX_VFS_LOCKS=posix` takes effect. Syncs count too, by what
+ * they called (`fdatasync`, `fsync`, `F_FULLFSYNC`), and `full` syncs asked for.
+ */
+export const libcCalls: Record<string, number> = {};
 
-const errnoNames: Record<number, string> = {
-  1: "EPERM",
-  2: "ENOENT",
-  5: "EIO",
-  9: "EBADF",
-  13: "EACCES",
-  17: "EEXIST",
-  20: "ENOTDIR",
-  21: "EISDIR",
-  22: "EINVAL",
-  28: "ENOSPC",
-  30: "EROFS",
-  122: "EDQUOT",
-};
+function count(name: string): void {
+  libcCalls[name] = (libcCalls[name] ?? 0) + 1;
+}
 
 /** A failed libc call: `code` is the errno's name, as in Deno's own errors. */
 export class LibcError extends Error {
   readonly errno: number;
   readonly code: string;
-  constructor(message: string, errno: number) {
+  constructor(message: string, errno: number, code = `errno ${errno}`) {
     super(message);
     this.errno = errno;
-    this.code = errnoNames[errno] ?? `errno ${errno}`;
+    this.code = code;
   }
 }
 
@@ -146,42 +161,87 @@ export interface FileId {
 
 const encoder = new TextEncoder();
 
-/** The libc functions, bound once per process. */
+/**
+ * The libc functions, bound once per process, speaking `platform`'s numbers,
+ * with byte-range locks of `style`: open file description locks (`"ofd"`,
+ * owned by the description: F_OFD_SETLK, F_OFD_GETLK, F_OFD_SETLKW), or
+ * classic POSIX locks (`"posix"`, owned by the process: F_SETLK, F_GETLK).
+ */
 export class Libc {
+  /** The system's facts (see `deno/platform.ts`). */
+  readonly platform: Platform;
+  /** Which locks `setLock`, `conflictingLock` and `waitLock` take. */
+  readonly lockStyle: LockStyle;
   readonly #c: Symbols;
-  readonly #flock = new Uint8Array(32);
-  readonly #flockView = new DataView(this.#flock.buffer);
-  readonly #stat = new Uint8Array(256);
-  readonly #statView = new DataView(this.#stat.buffer);
+  readonly #flock: Uint8Array;
+  readonly #flockView: DataView;
+  readonly #stat: Uint8Array;
+  readonly #statView: DataView;
+  readonly #setLk: number;
+  readonly #getLk: number;
+  readonly #setLkName: string;
+  readonly #getLkName: string;
+  /** The platform's l_type for each of the VFS's lock types (by index). */
+  readonly #types: readonly number[];
+  readonly #errnoNames: ReadonlyMap<number, ErrnoName>;
+  readonly #errno: Readonly<Record<ErrnoName, number>>;
+  /** Zeros for the argument registers before a variadic argument. */
+  readonly #pad: readonly bigint[];
 
-  constructor(c: Symbols) {
+  constructor(c: Symbols, platform: Platform, style: LockStyle) {
     this.#c = c;
+    this.#pad = Array<bigint>(platform.variadicPadding).fill(0n);
+    this.platform = platform;
+    this.lockStyle = style;
+    this.#flock = new Uint8Array(platform.flock.size);
+    this.#flockView = new DataView(this.#flock.buffer);
+    this.#stat = new Uint8Array(platform.stat.size);
+    this.#statView = new DataView(this.#stat.buffer);
+    const { fcntl, lockTypes } = platform;
+    const ofd = style === "ofd";
+    this.#setLk = ofd ? fcntl.F_OFD_SETLK! : fcntl.F_SETLK;
+    this.#getLk = ofd ? fcntl.F_OFD_GETLK! : fcntl.F_GETLK;
+    this.#setLkName = ofd ? "F_OFD_SETLK" : "F_SETLK";
+    this.#getLkName = ofd ? "F_OFD_GETLK" : "F_GETLK";
+    this.#types = [lockTypes.F_RDLCK, lockTypes.F_WRLCK, lockTypes.F_UNLCK];
+    this.#errno = platform.errno;
+    this.#errnoNames = new Map(
+      Object.entries(platform.errno).map(([name, value]) =>
+        [value, name as ErrnoName] as const
+      ),
+    );
   }
 
-  #errno(): number {
-    const pointer = this.#c.__errno_location();
+  #lastErrno(): number {
+    const pointer = this.#c.errnoLocation();
     return pointer === null
       ? 0
       : new Deno.UnsafePointerView(pointer).getInt32();
   }
 
-  #fail(what: string, errno = this.#errno()): LibcError {
+  #fail(what: string, errno = this.#lastErrno()): LibcError {
     const pointer = this.#c.strerror(errno);
     const text = pointer === null
       ? `errno ${errno}`
       : Deno.UnsafePointerView.getCString(pointer);
-    return new LibcError(`${text} (os error ${errno}): ${what}`, errno);
+    return new LibcError(
+      `${text} (os error ${errno}): ${what}`,
+      errno,
+      this.#errnoNames.get(errno),
+    );
   }
 
   /** Opens `path` close-on-exec and returns its descriptor. */
   open(path: string, mode: OpenMode): number {
-    const flags = (mode.write ? O_RDWR : O_RDONLY) | O_CLOEXEC |
-      (mode.create ? O_CREAT : 0) | (mode.createNew ? O_EXCL : 0) |
-      (mode.noFollow ? O_NOFOLLOW : 0);
-    const fd = this.#c.open(
+    const o = this.platform.open;
+    const flags = (mode.write ? o.O_RDWR : o.O_RDONLY) | o.O_CLOEXEC |
+      (mode.create ? o.O_CREAT : 0) | (mode.createNew ? o.O_EXCL : 0) |
+      (mode.noFollow ? o.O_NOFOLLOW : 0);
+    const fd = (this.#c.open as (...args: unknown[]) => number)(
       encoder.encode(`${path}\0`),
       flags,
-      mode.permissions ?? 0o644,
+      ...this.#pad,
+      BigInt(mode.permissions ?? 0o644),
     );
     if (fd < 0) throw this.#fail(`open '${path}'`);
     return fd;
@@ -196,7 +256,7 @@ export class Libc {
     let done = 0;
     while (done < into.length) {
       const n = Number(
-        this.#c.pread64(
+        this.#c.pread(
           fd,
           into.subarray(done),
           BigInt(into.length - done),
@@ -205,8 +265,8 @@ export class Libc {
       );
       if (n === 0) break;
       if (n < 0) {
-        const errno = this.#errno();
-        if (errno === EINTR) continue;
+        const errno = this.#lastErrno();
+        if (errno === this.#errno.EINTR) continue;
         throw this.#fail("pread", errno);
       }
       done += n;
@@ -218,7 +278,7 @@ export class Libc {
     let done = 0;
     while (done < from.length) {
       const n = Number(
-        this.#c.pwrite64(
+        this.#c.pwrite(
           fd,
           from.subarray(done),
           BigInt(from.length - done),
@@ -226,8 +286,8 @@ export class Libc {
         ),
       );
       if (n < 0) {
-        const errno = this.#errno();
-        if (errno === EINTR) continue;
+        const errno = this.#lastErrno();
+        if (errno === this.#errno.EINTR) continue;
         throw this.#fail("pwrite", errno);
       }
       done += n;
@@ -235,17 +295,33 @@ export class Libc {
   }
 
   truncate(fd: number, size: number): void {
-    if (this.#c.ftruncate64(fd, BigInt(size)) !== 0) {
+    if (this.#c.ftruncate(fd, BigInt(size)) !== 0) {
       throw this.#fail("ftruncate");
     }
   }
 
-  sync(fd: number): void {
-    if (this.#c.fdatasync(fd) !== 0) throw this.#fail("fdatasync");
+  /**
+   * Flushes `fd` to the disk: with `full` (SQLite's SQLITE_SYNC_FULL, from
+   * `PRAGMA fullfsync`), through the drive's cache with `F_FULLFSYNC` where
+   * the system has it (macOS), falling back to a plain sync if it fails, as
+   * os_unix.c's full_fsync does; else `fdatasync` on Linux (which also
+   * flushes the file's size, all SQLite needs) and `fsync` elsewhere.
+   */
+  sync(fd: number, full = false): void {
+    const call = syncCall(this.platform, full);
+    if (full) count("full");
+    count(call);
+    if (
+      call === "F_FULLFSYNC" &&
+      this.#fcntl(fd, this.platform.fcntl.F_FULLFSYNC!, null) === 0
+    ) {
+      return;
+    }
+    if (this.#c.sync(fd) !== 0) throw this.#fail(this.platform.symbols.sync);
   }
 
   size(fd: number): number {
-    const size = Number(this.#c.lseek64(fd, 0n, SEEK_END));
+    const size = Number(this.#c.lseek(fd, 0n, SEEK_END));
     if (size < 0) throw this.#fail("lseek");
     return size;
   }
@@ -275,14 +351,19 @@ export class Libc {
   #statPath(path: string): number {
     return this.#c.stat(encoder.encode(`${path}\0`), this.#stat) === 0
       ? 0
-      : this.#errno();
+      : this.#lastErrno();
   }
 
   /** The device and inode in the stat buffer. */
   #statId(): FileId {
-    // st_dev and st_ino lead struct stat on x86_64 and aarch64 alike.
     const view = this.#statView;
-    return { dev: view.getBigUint64(0, true), ino: view.getBigUint64(8, true) };
+    const { dev: [at, bytes], ino } = this.platform.stat;
+    return {
+      dev: bytes === 8
+        ? view.getBigUint64(at, true)
+        : BigInt(view.getUint32(at, true)),
+      ino: view.getBigUint64(ino, true),
+    };
   }
 
   /** Whether this process may read (and write) `path` (access(2)). */
@@ -305,14 +386,19 @@ export class Libc {
    */
   stat(path: string): PathInfo | undefined {
     const errno = this.#statPath(path);
+    const { ENOENT, ENOTDIR, ENAMETOOLONG } = this.#errno;
     if (errno === ENOENT || errno === ENOTDIR || errno === ENAMETOOLONG) {
       return undefined;
     }
     if (errno !== 0) throw this.#fail(`stat '${path}'`, errno);
     const view = this.#statView;
+    const { mode: [at, bytes], fileSize } = this.platform.stat;
+    const mode = bytes === 2
+      ? view.getUint16(at, true)
+      : view.getUint32(at, true);
     return {
-      regular: (view.getUint32(ST_MODE, true) & S_IFMT) === S_IFREG,
-      size: Number(view.getBigInt64(ST_SIZE, true)),
+      regular: (mode & S_IFMT) === S_IFREG,
+      size: Number(view.getBigInt64(fileSize, true)),
     };
   }
 
@@ -323,8 +409,8 @@ export class Libc {
    */
   unlink(path: string): boolean {
     if (this.#c.unlink(encoder.encode(`${path}\0`)) === 0) return true;
-    const errno = this.#errno();
-    if (errno === ENOENT) return false;
+    const errno = this.#lastErrno();
+    if (errno === this.#errno.ENOENT) return false;
     throw this.#fail(`unlink '${path}'`, errno);
   }
 
@@ -334,21 +420,25 @@ export class Libc {
   }
 
   /**
-   * Tries to set (or with `F_UNLCK`, clear) an open file description lock
-   * on `length` bytes from `start`; `false` when another owner's lock
-   * conflicts.
+   * Tries to set (or with `F_UNLCK`, clear) a lock of this Libc's style on
+   * `length` bytes from `start`; `false` when another owner's lock
+   * conflicts (another description's, or with classic locks another
+   * process's: a process never conflicts with itself).
    */
   setLock(fd: number, type: number, start: number, length: number): boolean {
     this.#fillFlock(type, start, length);
-    if (this.#c.fcntl(fd, F_OFD_SETLK, this.#flock) === 0) return true;
-    const errno = this.#errno();
-    if (errno === EAGAIN || errno === EACCES) return false;
+    count(this.#setLkName);
+    if (this.#fcntl(fd, this.#setLk, this.#flock) === 0) return true;
+    const errno = this.#lastErrno();
+    if (errno === this.#errno.EAGAIN || errno === this.#errno.EACCES) {
+      return false;
+    }
     throw this.#lockError(errno);
   }
 
   /**
    * Whether another owner holds a lock that would conflict with a `type`
-   * lock on `length` bytes from `start` (F_OFD_GETLK).
+   * lock on `length` bytes from `start` (F_OFD_GETLK, or F_GETLK).
    */
   conflicts(fd: number, type: number, start: number, length: number): boolean {
     return this.conflictingLock(fd, type, start, length) !== F_UNLCK;
@@ -357,7 +447,7 @@ export class Libc {
   /**
    * The type of a lock another owner holds that would conflict with a
    * `type` lock on `length` bytes from `start` (`F_RDLCK` or `F_WRLCK`), or
-   * `F_UNLCK` when none would (F_OFD_GETLK).
+   * `F_UNLCK` when none would (F_OFD_GETLK, or F_GETLK).
    */
   conflictingLock(
     fd: number,
@@ -366,10 +456,16 @@ export class Libc {
     length: number,
   ): number {
     this.#fillFlock(type, start, length);
-    if (this.#c.fcntl(fd, F_OFD_GETLK, this.#flock) !== 0) {
-      throw this.#lockError(this.#errno());
+    count(this.#getLkName);
+    if (this.#fcntl(fd, this.#getLk, this.#flock) !== 0) {
+      throw this.#lockError(this.#lastErrno());
     }
-    return this.#flockView.getInt16(0, true);
+    const found = this.#flockView.getInt16(this.platform.flock.type, true);
+    // The kernel wrote the holder's l_pid (and FreeBSD's l_sysid).
+    this.#flock.fill(0);
+    const ours = this.#types.indexOf(found);
+    if (ours < 0) throw this.#fail(`fcntl: lock type ${found}`, 0);
+    return ours;
   }
 
   /**
@@ -378,11 +474,13 @@ export class Libc {
    * process that maps the file sees each write at once.
    */
   mapShared(address: bigint, length: number, fd: number, offset: number): void {
+    const { MAP_SHARED } = this.platform.mmap;
     this.#map(address, length, MAP_SHARED, fd, offset, "mmap of the file");
   }
 
   /** Puts zeroed private memory at `address` in place of a file's mapping. */
   mapPrivate(address: bigint, length: number): void {
+    const { MAP_PRIVATE, MAP_ANONYMOUS } = this.platform.mmap;
     this.#map(
       address,
       length,
@@ -401,6 +499,7 @@ export class Libc {
     offset: number,
     what: string,
   ): void {
+    const { PROT_READ_WRITE, MAP_FIXED } = this.platform.mmap;
     const mapped = this.#c.mmap(
       Deno.UnsafePointer.create(address),
       BigInt(length),
@@ -413,9 +512,11 @@ export class Libc {
   }
 
   /**
-   * Sets a lock, waiting in the kernel on a pool thread until no other owner
-   * conflicts; resolves `true` once it is held, `false` when the wait failed
-   * (e.g. interrupted) and nothing is held. The call cannot be cancelled.
+   * Sets an open file description lock, waiting in the kernel on a pool
+   * thread until no other owner conflicts (F_OFD_SETLKW; the classic locks'
+   * wait would never see this process's own locks, so it is not offered);
+   * resolves `true` once it is held, `false` when the wait failed (e.g.
+   * interrupted) and nothing is held. The call cannot be cancelled.
    */
   async waitLock(
     fd: number,
@@ -423,9 +524,16 @@ export class Libc {
     start: number,
     length: number,
   ): Promise<boolean> {
-    const flock = new Uint8Array(32);
-    writeFlock(new DataView(flock.buffer), type, start, length);
-    const call = this.#c.fcntlBlocking(fd, F_OFD_SETLKW, flock);
+    const command = this.platform.fcntl.F_OFD_SETLKW;
+    if (this.lockStyle !== "ofd" || command === undefined) {
+      throw new Error("waitLock takes open file description locks only");
+    }
+    const flock = new Uint8Array(this.platform.flock.size);
+    this.#encode(new DataView(flock.buffer), type, start, length);
+    count("F_OFD_SETLKW");
+    const call = (this.#c.fcntlBlocking as (
+      ...args: unknown[]
+    ) => Promise<number>)(fd, command, ...this.#pad, flock);
     // The caller's timer keeps the process alive while it waits; a wait it
     // gave up on must not (the lock may never be let go). Deno has no public
     // way to unref an FFI call, so its core's is used when it is there;
@@ -434,12 +542,47 @@ export class Libc {
     return await call === 0;
   }
 
+  /** fcntl(2) with one pointer argument (see Platform.variadicPadding). */
+  #fcntl(fd: number, command: number, arg: Uint8Array | null): number {
+    // Without padding, a plain call: it keeps FFI's fast path (a spread
+    // call took twice as long per lock).
+    if (this.#pad.length === 0) return this.#c.fcntl(fd, command, arg);
+    return (this.#c.fcntl as (...args: unknown[]) => number)(
+      fd,
+      command,
+      ...this.#pad,
+      arg,
+    );
+  }
+
+  /**
+   * Fills the process's struct flock in place (the hot path of every lock
+   * call): its other bytes stay zero, but after F_GETLK, which may fill
+   * them (see conflictingLock).
+   */
   #fillFlock(type: number, start: number, length: number): void {
-    writeFlock(this.#flockView, type, start, length);
+    const view = this.#flockView;
+    const layout = this.platform.flock;
+    view.setInt16(layout.type, this.#types[type]!, true);
+    view.setInt16(layout.whence, 0, true);
+    view.setBigInt64(layout.start, BigInt(start), true);
+    view.setBigInt64(layout.len, BigInt(length), true);
+    view.setInt32(layout.pid, 0, true);
+  }
+
+  /** l_whence SEEK_SET; l_pid 0, as open file description locks require. */
+  #encode(view: DataView, type: number, start: number, length: number): void {
+    encodeFlock(this.platform.flock, view, {
+      type: this.#types[type]!,
+      whence: 0,
+      start,
+      len: length,
+      pid: 0,
+    });
   }
 
   #lockError(errno: number): LibcError {
-    if (errno === EINVAL) {
+    if (errno === this.#errno.EINVAL && this.lockStyle === "ofd") {
       return this.#fail(
         "fcntl: this kernel has no open file description locks (F_OFD_SETLK, Linux 3.15 and later), which the Deno file VFS needs",
         errno,
@@ -449,21 +592,6 @@ export class Libc {
   }
 }
 
-function writeFlock(
-  view: DataView,
-  type: number,
-  start: number,
-  length: number,
-): void {
-  // struct flock on Linux x86_64 and aarch64: l_type, l_whence (SEEK_SET),
-  // l_start, l_len, l_pid (0, as open file description locks require).
-  view.setInt16(0, type, true);
-  view.setInt16(2, 0, true);
-  view.setBigInt64(8, BigInt(start), true);
-  view.setBigInt64(16, BigInt(length), true);
-  view.setInt32(24, 0, true);
-}
-
 const unrefOpPromise = (Deno as unknown as {
   [key: symbol]: { core?: { unrefOpPromise?: (p: Promise<unknown>) => void } };
 })[(Deno as unknown as { internal: symbol }).internal]?.core?.unrefOpPromise;
@@ -471,25 +599,53 @@ const unrefOpPromise = (Deno as unknown as {
 let libc: Libc | undefined;
 
 /**
- * The process's libc binding, loaded on first use.
+ * The process's libc binding, loaded on first use: `Deno.build`'s system's
+ * C library (see `deno/platform.ts`), with open file description locks on
+ * Linux and classic POSIX locks on macOS and the BSDs, or on Linux too when
+ * `LEASED_OUTBOX_VFS_LOCKS=posix` (for tests; read only where
+ * `--allow-env` grants it).
  *
  * @param path The database that needs it, for the error message.
  * @throws {Deno.errors.NotCapable} Without `--allow-ffi`.
- * @throws {Error} Off Linux (no open file description locks), or when libc
- *   cannot be loaded.
+ * @throws {Error} On Windows (naming `openNodeSqlite`), on a system without
+ *   a row in the platform table, or when libc cannot be loaded.
  */
 export function loadLibc(path: string): Libc {
   if (libc !== undefined) return libc;
-  if (Deno.build.os !== "linux") {
-    throw new Error(
-      `Cannot open ${path}: the Deno file VFS locks the database with Linux's open file description locks, which ${Deno.build.os} does not have`,
-    );
+  let platform: Platform;
+  try {
+    platform = platformFor(Deno.build.os, Deno.build.arch);
+  } catch (error) {
+    throw new Error(`Cannot open ${path}: ${(error as Error).message}`);
   }
   if (Deno.permissions.querySync({ name: "ffi" }).state !== "granted") {
     throw new Deno.errors.NotCapable(
       `Cannot open ${path}: the Deno file VFS takes SQLite's POSIX locks on the database file through libc, which requires --allow-ffi`,
     );
   }
-  libc = new Libc(Deno.dlopen("libc.so.6", symbols).symbols);
+  libc = bindLibc(platform, locksFor(platform, forcedLocks()));
   return libc;
+}
+
+/**
+ * Binds `platform`'s C library with locks of `style`: `loadLibc`'s one for
+ * the process, or another (the classic lock tests on Linux).
+ */
+export function bindLibc(platform: Platform, style: LockStyle): Libc {
+  return new Libc(
+    Deno.dlopen(platform.library, symbolsOf(platform)).symbols,
+    platform,
+    style,
+  );
+}
+
+/** `LEASED_OUTBOX_VFS_LOCKS`, when the process may read it. */
+function forcedLocks(): string | undefined {
+  const permission = Deno.permissions.querySync({
+    name: "env",
+    variable: LOCKS_VARIABLE,
+  });
+  return permission.state === "granted"
+    ? Deno.env.get(LOCKS_VARIABLE)
+    : undefined;
 }

@@ -10,6 +10,11 @@
  * `sqlite3.wasm` is imported as a module, so it needs no permission;
  * `:memory:` needs none at all.
  *
+ * Systems: Linux (open file description locks), macOS and the BSDs (classic
+ * POSIX locks, as os_unix.c takes them); on Windows opening a file fails,
+ * naming `openNodeSqlite` (`@leased/outbox/node-sqlite`), which runs there.
+ * See docs/persistence-and-platforms.md.
+ *
  * @module
  */
 import type { Sqlite3Static } from "@sqlite.org/sqlite-wasm";
@@ -30,6 +35,7 @@ import {
 import { openBusyTimeoutMs, type Row, untilNotBusy } from "../driver.ts";
 import { BusyError, SqliteError, sqliteError } from "../errors.ts";
 import { checkOptions } from "../validate.ts";
+import { JOURNAL_SIZE_LIMIT_BYTES } from "../wal.ts";
 
 export {
   installDenoFileVfs,
@@ -61,15 +67,18 @@ export function loadSqlite3(): Promise<Sqlite3Static> {
  * How the database keeps its rollback journal (https://sqlite.org/pragma.html#pragma_journal_mode).
  *
  * - `"truncate"`: the journal file stays and is truncated at commit (the
- *   default, but for a file already in WAL mode).
+ *   default for an existing file not in WAL mode, and for new files off
+ *   x86-64).
  * - `"delete"`: the journal file is deleted at commit.
  * - `"persist"`: the journal file stays and its header is zeroed at commit.
  * - `"wal"`: write-ahead log (https://sqlite.org/wal.html), shared by
  *   connections in this and other processes, native SQLite's too: the VFS
  *   maps the `-shm` index into WASM memory and locks it as os_unix does.
- *   One sync per commit rather than the rollback journal's four. x86-64
- *   only: elsewhere asking for it fails with `TypeError`, and a file already
- *   in WAL mode fails to open (`SqliteError`) whatever mode is asked for.
+ *   One sync per commit rather than the rollback journal's four. The
+ *   default for new files (and files in WAL mode). x86-64 only: elsewhere
+ *   asking for it fails with `TypeError`, and a file already in WAL mode
+ *   fails to open (`SqliteError`) whatever mode is asked for. Not on a
+ *   network file system, whose hosts share no memory (see `docs/wal.md`).
  */
 export type JournalMode = "truncate" | "delete" | "persist" | "wal";
 
@@ -80,10 +89,13 @@ export type Synchronous = "off" | "normal" | "full" | "extra";
 export interface DenoSqliteWasmOptions extends SqliteWasmOptions {
   /**
    * The journal mode of file databases (ignored for in-memory ones). Unset,
-   * a file already in WAL mode stays in it, as its other users expect
-   * (`openNodeSqlite` defaults to WAL), and any other gets `"truncate"`.
+   * a new file gets `"wal"` (on x86-64; `"truncate"` elsewhere, or on a
+   * read-only connection), a file already in WAL mode stays in it, as its
+   * other users expect (`openNodeSqlite` defaults to WAL), and any other
+   * existing file keeps a rollback journal, `"truncate"`. Pass `"truncate"`
+   * for a file on a network file system (see `docs/wal.md`).
    *
-   * @default {"truncate", or "wal" for a file in WAL mode}
+   * @default {"wal" for a new file or a file in WAL mode, else "truncate"}
    */
   readonly journalMode?: JournalMode;
   /**
@@ -119,7 +131,11 @@ const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
  * Installs the Deno file VFS as the module's default VFS first, then applies
  * `journalMode` and `synchronous` to file databases. A new file gets
  * `page_size` 4096, native SQLite's default (the build's own is 8192);
- * `PRAGMA page_size` before the first write still chooses another. `":memory:"` and
+ * `PRAGMA page_size` before the first write still chooses another. A new
+ * file also gets `auto_vacuum = INCREMENTAL` (so `Outbox.maintain` can
+ * shrink it in any journal mode), and file connections `journal_size_limit`
+ * 8 MiB, so a WAL that grew behind a long reader shrinks once it is reset
+ * (see `docs/wal.md`). `":memory:"` and
  * `"file:/name?vfs=memdb"` stay in memory. A database in WAL mode stays in
  * it unless `journalMode` asks for a rollback mode; switching needs the
  * file to itself for a moment, so while other connections use it, opening
@@ -129,15 +145,18 @@ const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
  * @param path A file path, a `file:` URL or URI, or `":memory:"`.
  * @param options See {@linkcode DenoSqliteWasmOptions}.
  * @returns A driver for the connection.
- * @throws {TypeError} When `path` or an option has the wrong type or value.
+ * @throws {TypeError} When `path` or an option has the wrong type or value,
+ *   or `path` holds a NUL character (`"\0"`, or `%00` in a `file:` URL or
+ *   URI), which would open the file named by the text before it.
  * @throws {BusyError} When the database stays locked past `busyTimeoutMs`,
  *   e.g. `journalMode` switches a file in or out of WAL mode that another
  *   connection has open.
  * @throws {SqliteError} When SQLite cannot open the file (`SQLITE_CANTOPEN`,
- *   e.g. without `--allow-ffi`, or while a process of the earlier
- *   flock-sidecar release holds the file); later, writes to a file renamed
- *   or deleted under the connection fail with code 1032
- *   (`SQLITE_READONLY_DBMOVED`).
+ *   e.g. without `--allow-ffi`, on Windows, where the message names
+ *   `openNodeSqlite`, or while a process of the earlier flock-sidecar
+ *   release holds the file); later, in any journal mode, writes to a file
+ *   renamed, deleted or replaced under the connection fail with code 1032
+ *   (`SQLITE_READONLY_DBMOVED`, `DatabaseMovedError`).
  *
  * @example A database file that outlives its connection
  * ```ts
@@ -151,7 +170,7 @@ const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
  * }
  * await using again = await openSqliteWasm(new URL(`file://${dir}/app.db`));
  * assert.deepEqual(await again.query("SELECT x FROM t"), [{ x: 7 }]);
- * assert.deepEqual(await again.query("PRAGMA journal_mode"), [{ journal_mode: "truncate" }]);
+ * assert.deepEqual(await again.query("PRAGMA journal_mode"), [{ journal_mode: "wal" }]);
  * await again.close();
  * await Deno.remove(dir, { recursive: true });
  * ```
@@ -195,6 +214,18 @@ export async function openSqliteWasm(
   } else {
     name = path;
   }
+  // SQLite reads the name up to its first NUL, and a URI's %00 ends the
+  // text it decodes: either would open another file.
+  if (
+    typeof name === "string" &&
+    (name.includes("\0") || /^file:/i.test(name) && /%00/.test(name))
+  ) {
+    throw new TypeError(
+      `Cannot open database as 'path' must not contain a NUL character (SQLite would open the file named by the text before it): current value is ${
+        JSON.stringify(name)
+      }`,
+    );
+  }
   const sqlite3 = await loadSqlite3();
   installDenoFileVfs(sqlite3);
   takeDenoFileVfsError(sqlite3);
@@ -227,11 +258,18 @@ export async function openSqliteWasm(
         busyTimeoutMs,
         async () => {
           await driver.exec(`PRAGMA page_size=${PAGE_SIZE}`);
-          await expectJournalMode(driver, name, journalMode);
+          // Likewise auto_vacuum, before journal_mode=wal writes page 1.
+          const [pages] = await driver.query("PRAGMA page_count");
+          const isNew = pages?.["page_count"] === 0 &&
+            await writable(driver.exec("PRAGMA auto_vacuum=INCREMENTAL"));
+          await expectJournalMode(driver, name, journalMode, isNew);
         },
         (ms) => driver.busyWait!(ms),
       );
       await driver.exec(`PRAGMA synchronous=${synchronous}`);
+      await driver.exec(
+        `PRAGMA journal_size_limit=${JOURNAL_SIZE_LIMIT_BYTES}`,
+      );
     }
   } catch (error) {
     await driver.close();
@@ -259,36 +297,32 @@ function withVfsReason(sqlite3: Sqlite3Static, error: unknown): unknown {
   return error;
 }
 
+const SQLITE_READONLY = 8;
 const SQLITE_IOERR = 10;
 const SQLITE_CANTOPEN = 14;
 const PAGE_SIZE = 4096;
 
 /**
- * Applies `requested`, or unset, keeps a file's WAL mode and gives any
- * other file "truncate". A BusyError says so when leaving WAL waits for
- * the file's other users.
+ * Applies `requested`, or unset, keeps a file's WAL mode, gives a new file
+ * (one this connection may write) WAL where the VFS shares its index safely
+ * (x86-64), and any other file "truncate".
  */
 async function expectJournalMode(
   driver: SqliteWasmDriver,
   name: string,
   requested: JournalMode | undefined,
+  isNew: boolean,
 ): Promise<void> {
   // Reads the file's header: "wal" for a file in WAL mode.
   const [current] = await driver.query("PRAGMA journal_mode");
   const inWal = current?.journal_mode === "wal";
-  const journalMode = requested ?? (inWal ? "wal" : "truncate");
+  const journalMode = requested ??
+    (inWal || (isNew && Deno.build.arch === "x86_64") ? "wal" : "truncate");
   let row: Row | undefined;
   try {
     [row] = await driver.query(`PRAGMA journal_mode=${journalMode}`);
   } catch (error) {
-    if (error instanceof BusyError && inWal && journalMode !== "wal") {
-      throw new BusyError(
-        `Cannot open ${name} with journalMode "${journalMode}": the file is in WAL mode, and leaving WAL needs it alone, but another connection has it open (openNodeSqlite defaults to WAL); leave journalMode unset, or "wal", to share it`,
-        error.code,
-        { cause: error },
-      );
-    }
-    throw error;
+    throw withLeavingWal(error, name, inWal, journalMode);
   }
   const actual = row?.journal_mode;
   if (actual !== journalMode) {
@@ -299,4 +333,37 @@ async function expectJournalMode(
       1,
     );
   }
+}
+
+/**
+ * Whether a write went through: `false` when the connection is read-only
+ * (`SQLITE_READONLY`), which leaves a new file as it is.
+ */
+async function writable(write: Promise<unknown>): Promise<boolean> {
+  try {
+    await write;
+    return true;
+  } catch (error) {
+    if (error instanceof SqliteError && error.primaryCode === SQLITE_READONLY) {
+      return false;
+    }
+    throw error;
+  }
+}
+
+/** Says why, when leaving WAL waits for the file's other users. */
+function withLeavingWal(
+  error: unknown,
+  name: string,
+  inWal: boolean,
+  journalMode: JournalMode,
+): unknown {
+  if (error instanceof BusyError && inWal && journalMode !== "wal") {
+    return new BusyError(
+      `Cannot open ${name} with journalMode "${journalMode}": the file is in WAL mode, and leaving WAL needs it alone, but another connection has it open (openNodeSqlite defaults to WAL); leave journalMode unset, or "wal", to share it`,
+      error.code,
+      { cause: error },
+    );
+  }
+  return error;
 }

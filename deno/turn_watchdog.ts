@@ -15,6 +15,7 @@
  * @module
  */
 import { Worker } from "node:worker_threads";
+import { encodeFlock, type Platform } from "./platform.ts";
 
 /** No turn kept: the connection holds its locks, or none. */
 const FREE = 0;
@@ -37,22 +38,17 @@ export function monotonicMs(): number {
 // The worker, as a data: URL, so it loads wherever this module was loaded
 // from. It sleeps on the generation counter until the nearest deadline or a
 // change, and ends every turn past its deadline with one fcntl
-// (F_OFD_SETLK, F_UNLCK) over the turn.
+// (F_OFD_SETLK with the struct flock it is given: F_UNLCK over the turn).
 const WORKER_SOURCE = `
 import { parentPort, workerData } from "node:worker_threads";
-const { buffer, slots, start, length } = workerData;
+const { buffer, slots, library, command, flock } = workerData;
 const generation = new Int32Array(buffer, 0, 1);
 const states = new Int32Array(buffer, 4, slots);
 const fds = new Int32Array(buffer, 4 + 4 * slots, slots);
 const deadlines = new Float64Array(buffer, 8 * (1 + slots), slots);
-const libc = Deno.dlopen("libc.so.6", {
+const libc = Deno.dlopen(library, {
   fcntl: { parameters: ["i32", "i32", "buffer"], result: "i32" },
 });
-const flock = new Uint8Array(32);
-const view = new DataView(flock.buffer);
-view.setInt16(0, ${2 /* F_UNLCK */}, true);
-view.setBigInt64(8, BigInt(start), true);
-view.setBigInt64(16, BigInt(length), true);
 parentPort.postMessage("ready");
 for (;;) {
   const seen = Atomics.load(generation, 0);
@@ -63,7 +59,7 @@ for (;;) {
     if (deadlines[i] > now) {
       next = Math.min(next, deadlines[i]);
     } else if (Atomics.compareExchange(states, i, ${KEPT}, ${RELEASING}) === ${KEPT}) {
-      libc.symbols.fcntl(fds[i], ${37 /* F_OFD_SETLK */}, flock);
+      libc.symbols.fcntl(fds[i], command, flock);
       Atomics.store(states, i, ${FREE});
       Atomics.notify(states, i);
     }
@@ -85,10 +81,24 @@ export class TurnWatchdog {
   #ready = false;
 
   /**
+   * @param platform The system's facts: its C library, F_OFD_SETLK, F_UNLCK
+   *   and struct flock's layout (Linux: open file description locks only).
    * @param start The first byte of the range a turn holds.
    * @param length Its length in bytes.
    */
-  constructor(start: number, length: number) {
+  constructor(platform: Platform, start: number, length: number) {
+    const command = platform.fcntl.F_OFD_SETLK;
+    if (command === undefined) {
+      throw new Error(`${platform.os} has no open file description locks`);
+    }
+    const flock = new Uint8Array(platform.flock.size);
+    encodeFlock(platform.flock, new DataView(flock.buffer), {
+      type: platform.lockTypes.F_UNLCK,
+      whence: 0,
+      start,
+      len: length,
+      pid: 0,
+    });
     const buffer = new SharedArrayBuffer(8 * (1 + SLOTS) + 8 * SLOTS);
     this.#generation = new Int32Array(buffer, 0, 1);
     this.#states = new Int32Array(buffer, 4, SLOTS);
@@ -97,7 +107,15 @@ export class TurnWatchdog {
     for (let i = SLOTS - 1; i >= 0; i--) this.#free.push(i);
     const worker = new Worker(
       new URL(`data:text/javascript,${encodeURIComponent(WORKER_SOURCE)}`),
-      { workerData: { buffer, slots: SLOTS, start, length } },
+      {
+        workerData: {
+          buffer,
+          slots: SLOTS,
+          library: platform.library,
+          command,
+          flock,
+        },
+      },
     );
     worker.unref();
     worker.once("message", () => this.#ready = true);

@@ -16,7 +16,9 @@
  *
  * @module
  */
+import { statSync } from "node:fs";
 import { DatabaseSync, type StatementSync } from "node:sqlite";
+import { StatementCache } from "./statement_cache.ts";
 import {
   assertOneStatement,
   type Driver,
@@ -24,10 +26,14 @@ import {
   type Row,
   type RunResult,
   type SqlValue,
+  transactionControl,
   untilNotBusy,
 } from "../driver.ts";
-import { SqliteError, sqliteError } from "../errors.ts";
+import { DatabaseMovedError, SqliteError, sqliteError } from "../errors.ts";
+import { JOURNAL_SIZE_LIMIT_BYTES } from "../wal.ts";
+import type { TransactionStatus } from "../types.ts";
 import { checkBoolean, checkOptions } from "../validate.ts";
+import { jitteredWait } from "../core/backoff.ts";
 
 /** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
 export type JournalMode =
@@ -60,10 +66,13 @@ const SYNCHRONOUS_LEVELS: readonly Synchronous[] = [
 export interface NodeSqliteOptions {
   /**
    * Journal mode set when the connection opens. `"wal"` lets readers run
-   * beside the one writer across connections and processes. Ignored for
-   * in-memory databases, whose journal always lives in memory.
+   * beside the one writer across connections and processes. Unset, a new
+   * file gets `"wal"`, and an existing one keeps its mode (`"wal"`, or a
+   * rollback journal, SQLite's `"delete"`). Pass a rollback mode for a file on a
+   * network file system, whose hosts share no memory (see `docs/wal.md`).
+   * Ignored for in-memory databases, whose journal always lives in memory.
    *
-   * @default {"wal"}
+   * @default {"wal" for a new file or a file in WAL mode, else "delete"}
    */
   readonly journalMode?: JournalMode;
   /**
@@ -98,7 +107,11 @@ export interface NodeSqliteOptions {
 }
 
 /**
- * Opens one connection through `node:sqlite`.
+ * Opens one connection through `node:sqlite`. A new file gets
+ * `auto_vacuum = INCREMENTAL` before its first page is written (so
+ * `Outbox.maintain` can shrink it in any journal mode), and the connection
+ * `journal_size_limit` 8 MiB, so a WAL that grew behind a long reader
+ * shrinks once it is reset (see `docs/wal.md`).
  *
  * @param path A file path, a `file:` URL, or `":memory:"` for a private
  * in-memory database.
@@ -108,7 +121,11 @@ export interface NodeSqliteOptions {
  * @throws {RangeError} When an option names no known mode.
  * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
  * @throws {SqliteError} When SQLite cannot open the database or refuses the
- * journal mode (e.g. WAL on a file system without shared memory).
+ * journal mode (e.g. WAL on a file system without shared memory). Later, in
+ * any journal mode, a write transaction on a file renamed, deleted or
+ * replaced under the connection fails with {@linkcode DatabaseMovedError}
+ * (code 1032) and is rolled back: native SQLite checks this before a
+ * rollback journal only, the driver before each `COMMIT` it runs.
  *
  * @example Two connections to one file in WAL mode
  * ```ts
@@ -144,12 +161,10 @@ export async function openNodeSqlite(
     "busyTimeoutMs",
     "readOnly",
   ]);
-  const journalMode = oneOf(
-    "journalMode",
-    options.journalMode,
-    JOURNAL_MODES,
-    "wal",
-  );
+  const requested = options.journalMode === undefined
+    ? undefined
+    : oneOf("journalMode", options.journalMode, JOURNAL_MODES, "wal");
+  let journalMode: JournalMode = requested ?? "wal";
   const synchronous = oneOf(
     "synchronous",
     options.synchronous,
@@ -172,6 +187,7 @@ export async function openNodeSqlite(
     // Deno's node:sqlite installs a 5 s busy handler whatever `timeout`
     // says; the core retries SQLITE_BUSY itself without blocking the loop.
     db.exec("PRAGMA busy_timeout = 0");
+    db.exec(`PRAGMA journal_size_limit = ${JOURNAL_SIZE_LIMIT_BYTES}`);
     let keptMode = false;
     // Both read the schema first, which takes a shared lock.
     const actual = await untilNotBusy(
@@ -181,6 +197,30 @@ export async function openNodeSqlite(
           db!.exec(`PRAGMA synchronous = ${synchronous}`);
           if (readOnly) {
             return Promise.resolve(db!.prepare("PRAGMA journal_mode").all());
+          }
+          // A new file: auto_vacuum takes effect only before its first page
+          // is written, which journal_mode=wal does.
+          const [pages] = db!.prepare("PRAGMA page_count").all();
+          let isNew = Number(pages?.["page_count"]) === 0;
+          if (isNew) {
+            try {
+              db!.exec("PRAGMA auto_vacuum = INCREMENTAL");
+            } catch (error) {
+              // A file SQLite opened read-only: left as it is, below.
+              const mapped = toSqliteError(error);
+              if (
+                !(mapped instanceof SqliteError) || mapped.primaryCode !== 8
+              ) {
+                throw mapped;
+              }
+              isNew = false;
+            }
+          }
+          if (requested === undefined && !isNew) {
+            // An existing file keeps its mode: "wal" is stored in the file;
+            // a rollback journal is the connection's own ("delete").
+            const [current] = db!.prepare("PRAGMA journal_mode").all();
+            journalMode = String(current?.["journal_mode"]) as JournalMode;
           }
           try {
             return Promise.resolve(
@@ -201,10 +241,7 @@ export async function openNodeSqlite(
         }
       },
       // No lock to watch here: a short jittered sleep, as the core's.
-      (ms) =>
-        new Promise((resolve) =>
-          setTimeout(resolve, Math.min(ms, 1 + Math.random() * 3))
-        ),
+      (ms) => jitteredWait(ms, 3),
     );
     const mode = String(actual[0]?.["journal_mode"]);
     if (!readOnly && !keptMode && mode !== "memory" && mode !== journalMode) {
@@ -236,9 +273,9 @@ export interface NodeSqliteDriverOptions {
  * so an outbox shares its database, its connection and its transactions.
  * While the application has a transaction open on the handle (its own
  * `BEGIN`, or a query builder's `transaction()`), `Outbox.enqueue` and the
- * fenced `Outbox.acknowledge` run inside it without a `BEGIN` or `COMMIT`
- * of their own, and the application's `COMMIT` or `ROLLBACK` decides; other
- * calls wait for it to end. The handle's settings stay as the application
+ * fenced `Outbox.acknowledge` made inside `Outbox.within` run inside it
+ * without a `BEGIN` or `COMMIT` of their own, and the application's
+ * `COMMIT` or `ROLLBACK` decides; other calls wait for it to end. The handle's settings stay as the application
  * made them: its busy timeout (Deno's node:sqlite sets 5 s) blocks the
  * thread while a statement waits for a lock, as the application's own
  * statements do. Keep one driver per handle.
@@ -261,7 +298,7 @@ export interface NodeSqliteDriverOptions {
  * const outbox = await Outbox.open(nodeSqliteDriver(db));
  * db.exec("BEGIN IMMEDIATE");
  * db.prepare("INSERT INTO orders (total) VALUES (?)").run(4200);
- * await outbox.enqueue({ type: "order.placed" });
+ * await outbox.within(() => outbox.enqueue({ type: "order.placed" }));
  * db.exec("ROLLBACK"); // drops the order and its event
  * assert.equal((await outbox.stats()).pending, 0);
  * await outbox.close();
@@ -293,12 +330,17 @@ export function nodeSqliteDriver(
 
 /**
  * A {@linkcode Driver} over one `node:sqlite` connection. Statements are
- * prepared once per SQL text and kept until {@linkcode NodeSqliteDriver.close}.
+ * prepared once per SQL text and kept, the 256 most recently used, until
+ * {@linkcode NodeSqliteDriver.close}. `StatementSync` has no `finalize()`:
+ * one that leaves the cache is only let go, and Deno finalizes it when it is
+ * garbage-collected (or when the connection closes).
  */
 export class NodeSqliteDriver implements Driver, AsyncDisposable {
   #db: DatabaseSync | undefined;
   readonly #closeDatabase: boolean;
-  readonly #statements = new Map<string, StatementSync>();
+  readonly #statements = new StatementCache<StatementSync>(() => {});
+  /** The database file's path and identity at open; see #checkNotMoved. */
+  readonly #file: OpenedFile | undefined;
 
   /**
    * Wraps an open connection; {@linkcode openNodeSqlite} is the usual way in,
@@ -312,11 +354,21 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
   constructor(db: DatabaseSync, closeDatabase = true) {
     this.#db = db;
     this.#closeDatabase = closeDatabase;
+    this.#file = openedFile(db);
   }
 
   /** Whether a transaction is open on the connection (`sqlite3_get_autocommit()` is 0). */
   inTransaction(): boolean {
     return this.#db?.isTransaction ?? false;
+  }
+
+  /**
+   * The connection's transaction as SQLite reports it (`isTransaction`):
+   * `open` or `idle` (SQLite has no failed state: an error either leaves
+   * the transaction open or rolls it back).
+   */
+  transactionStatus(): TransactionStatus {
+    return this.inTransaction() ? "open" : "idle";
   }
 
   /** Runs one statement and returns its rows. */
@@ -332,6 +384,7 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
   /** Runs one statement and reports its changes. */
   run(sql: string, params: readonly SqlValue[] = []): Promise<RunResult> {
     try {
+      this.#checkNotMoved(sql);
       const result = this.#prepare("run", sql).run(...bindable(params));
       return Promise.resolve({
         changes: Number(result.changes),
@@ -346,6 +399,7 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
   exec(sql: string): Promise<void> {
     try {
       const db = this.#open();
+      this.#checkNotMoved(sql);
       // Scripts usually change the schema; see #prepare.
       this.#statements.clear();
       db.exec(sql);
@@ -372,6 +426,25 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
     return this.close();
   }
 
+  /**
+   * Before a COMMIT, fails with DatabaseMovedError (and rolls back) when the
+   * path no longer names the file opened: native SQLite checks this before
+   * a rollback journal only (os_unix.c's fileHasMoved), so in WAL mode a
+   * renamed, deleted or replaced file would take commits nobody can read.
+   * One stat per write transaction.
+   */
+  #checkNotMoved(sql: string): void {
+    const file = this.#file;
+    if (file === undefined || !this.#db?.isTransaction) return;
+    const keyword = transactionControl(sql);
+    if (keyword !== "COMMIT" && keyword !== "END") return;
+    if (sameFile(file)) return;
+    this.#db.exec("ROLLBACK");
+    throw new DatabaseMovedError(
+      `Cannot commit to ${file.path} as it was moved`,
+    );
+  }
+
   #open(): DatabaseSync {
     if (this.#db === undefined) throw new Error("Database is closed");
     return this.#db;
@@ -390,12 +463,37 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
     // cached `SELECT *` would drop new columns; schema changes made through
     // this connection start a fresh cache instead.
     if (SCHEMA_CHANGE.test(sql)) this.#statements.clear();
-    else this.#statements.set(sql, statement);
+    else this.#statements.add(sql, statement);
     return statement;
   }
 }
 
 const SCHEMA_CHANGE = /^\s*(?:CREATE|ALTER|DROP)\b/i;
+
+interface OpenedFile {
+  readonly path: string;
+  readonly dev: number;
+  readonly ino: number;
+}
+
+/** The main database file's path and identity, if it is a file we may stat. */
+function openedFile(db: DatabaseSync): OpenedFile | undefined {
+  try {
+    const [main] = db.prepare("PRAGMA database_list").all();
+    const path = main?.["file"];
+    if (typeof path !== "string" || path === "") return undefined;
+    const { dev, ino } = statSync(path);
+    return { path, dev, ino };
+  } catch {
+    // No read permission for the path, or not a file: nothing to compare.
+    return undefined;
+  }
+}
+
+function sameFile(file: OpenedFile): boolean {
+  const now = statSync(file.path, { throwIfNoEntry: false });
+  return now !== undefined && now.dev === file.dev && now.ino === file.ino;
+}
 
 type NodeValue = null | number | bigint | string | Uint8Array;
 

@@ -36,7 +36,9 @@ import {
   ConnectionLostError,
   PostgresError,
   StatementTimeoutError,
+  TransactionEndedError,
 } from "../errors.ts";
+import type { TransactionStatus } from "../types.ts";
 
 /** Options of {@linkcode connectPostgres}. */
 export interface PostgresDriverOptions {
@@ -141,10 +143,9 @@ const APPLICATION_NAME = /^[\x20-\x7e]{0,63}$/;
  * still commits after the application's `DEALLOCATE ALL`).
  */
 const PREPARED: ReadonlySet<string> = new Set(
-  Object.values(POSTGRES).filter((v): v is string =>
-    typeof v === "string" &&
-    transactionControl(v) === ""
-  ),
+  [...Object.values(POSTGRES), ...Object.values(POSTGRES.flow)].filter((
+    v,
+  ): v is string => typeof v === "string" && transactionControl(v) === ""),
 );
 /** A statement that ends the transaction, whatever its outcome. */
 const ENDS_TRANSACTION = /^\s*(ROLLBACK|ABORT|COMMIT|END)\s*;?\s*$/i;
@@ -171,6 +172,12 @@ interface PgClient {
   query(config: PgQueryConfig): Promise<PgResult>;
   end(): Promise<void>;
   getTransactionStatus(): "I" | "T" | "E" | null;
+  /** False from a query's start to the server's ReadyForQuery. */
+  readonly readyForQuery: boolean;
+  readonly connection: {
+    on(event: string, listener: () => void): void;
+    off(event: string, listener: () => void): void;
+  };
   on(event: "error", listener: (error: Error) => void): void;
   on(
     event: "notification",
@@ -186,6 +193,8 @@ interface PgQueryConfig {
 interface PgResult {
   rows: Row[];
   rowCount: number | null;
+  /** The command tag's verb (`ROLLBACK` for a failed transaction's COMMIT). */
+  command?: string;
 }
 interface PgClientConfig {
   connectionString: string;
@@ -381,6 +390,19 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     return this.#client !== undefined && openTransaction(this.#client);
   }
 
+  /**
+   * The connection's transaction as the server's last ReadyForQuery
+   * reported it: `idle` (`I`), `open` (`T`, or a `BEGIN` on its way) or
+   * `failed` (`E`: an error inside it, after which the server only rolls it
+   * back; also a connection lost inside it).
+   */
+  transactionStatus(): TransactionStatus {
+    if (this.#lostInTransaction) return "failed";
+    if (this.#beginning > 0) return "open";
+    const status = this.#client?.getTransactionStatus();
+    return status === "T" ? "open" : status === "E" ? "failed" : "idle";
+  }
+
   /** Closes the connection; later calls reject. Closing twice is a no-op. */
   async close(): Promise<void> {
     if (this.#closed) return;
@@ -411,7 +433,14 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     if (begins) this.#beginning++;
     if (ends) this.#ending++;
     try {
-      return await this.#send(method, sql, params, extended);
+      const result = await this.#send(method, sql, params, extended);
+      // A failed transaction's COMMIT succeeds as a ROLLBACK: nothing of
+      // it was committed, which the caller must not take for a commit.
+      if (
+        (keyword === "COMMIT" || keyword === "END") &&
+        result.command === "ROLLBACK"
+      ) throw new TransactionEndedError("commit", "", "failed");
+      return result;
     } finally {
       if (begins) this.#beginning--;
       if (ends) this.#ending--;
@@ -462,6 +491,7 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     } catch (error) {
       const mapped = mapError(error);
       if (mapped instanceof ConnectionLostError) this.#lost(client);
+      else await readyAfterError(client);
       if (
         extended && mapped instanceof PostgresError &&
         mapped.code === "42601" && /multiple commands/.test(mapped.message)
@@ -773,6 +803,25 @@ function checkDriverOptions(url: string, options: PostgresDriverOptions): void {
       }`,
     );
   }
+}
+
+/**
+ * Waits for the ReadyForQuery that follows a server's error: node-postgres
+ * rejects at the ErrorResponse, and the transaction status it reports
+ * (`E` after an error inside a transaction) only changes with the
+ * ReadyForQuery, which may come in a later packet.
+ */
+function readyAfterError(client: PgClient): Promise<void> {
+  if (client.readyForQuery) return Promise.resolve();
+  const connection = client.connection;
+  return new Promise((resolve) => {
+    const done = () => {
+      for (const event of EVENTS) connection.off(event, done);
+      resolve();
+    };
+    const EVENTS = ["readyForQuery", "end", "error"];
+    for (const event of EVENTS) connection.on(event, done);
+  });
 }
 
 /** Whether the server said the client is in a transaction, also a failed one. */

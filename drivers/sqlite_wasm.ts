@@ -16,7 +16,9 @@ import {
   type RunResult,
   type SqlValue,
 } from "../driver.ts";
+import type { TransactionStatus } from "../types.ts";
 import { sqliteError } from "../errors.ts";
+import { StatementCache } from "./statement_cache.ts";
 import { checkBoolean, checkOptions } from "../validate.ts";
 
 let sqlite3: Promise<Sqlite3Static> | undefined;
@@ -141,13 +143,18 @@ export interface SqliteWasmDriverOptions {
  * outbox shares its database, its connection and its transactions. While
  * the application has a transaction open on `db` (its own `BEGIN`, or a
  * query builder's `transaction()`), `Outbox.enqueue` and the fenced
- * `Outbox.acknowledge` run inside it without a `BEGIN` or `COMMIT` of their
- * own, and the application's `COMMIT` or `ROLLBACK` decides; other calls
- * wait for it to end. Keep one driver per handle.
+ * `Outbox.acknowledge` made inside `Outbox.within` run inside it without a
+ * `BEGIN` or `COMMIT` of their own, and the application's `COMMIT` or
+ * `ROLLBACK` decides; other calls wait for it to end. Keep one driver per handle.
+ *
+ * It is asynchronous: await it. `db` must come from the module the driver
+ * is given: by default the one `loadSqlite3()` loads (which this package's
+ * openers use); a handle opened with the module of the application's own
+ * `sqlite3InitModule()` call needs that module, as `{ sqlite3 }`.
  *
  * @param db An open oo1 connection; the application keeps it.
  * @param options See {@linkcode SqliteWasmDriverOptions}.
- * @returns A driver over `db`.
+ * @returns A promise of a driver over `db`.
  * @throws {TypeError} When `db` is not an open `oo1.DB` of the module, or an
  * option is unknown.
  *
@@ -163,7 +170,7 @@ export interface SqliteWasmDriverOptions {
  * const outbox = await Outbox.open(await sqliteWasmDriver(db, { sqlite3 }));
  * db.exec("BEGIN IMMEDIATE");
  * db.exec("INSERT INTO orders (total) VALUES (4200)");
- * await outbox.enqueue({ type: "order.placed" });
+ * await outbox.within(() => outbox.enqueue({ type: "order.placed" }));
  * db.exec("COMMIT"); // the order and its event, together
  * assert.equal((await outbox.stats()).pending, 1);
  * await outbox.close();
@@ -240,7 +247,9 @@ export type BusyWaitHook = (db: number, timeoutMs: number) => Promise<void>;
 
 /**
  * A {@linkcode Driver} over one oo1 connection. Statements are prepared once
- * per SQL text and kept until {@linkcode SqliteWasmDriver.close}.
+ * per SQL text and kept, the 256 most recently used, until
+ * {@linkcode SqliteWasmDriver.close}; those that leave the cache are
+ * finalized.
  *
  * oo1 opens and prepares; binding, stepping and reading columns call the
  * module's raw C exports, which skips oo1's per-call argument checks,
@@ -253,7 +262,9 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
   #db: Database | undefined;
   readonly #closeDatabase: boolean;
   readonly #pointer: number;
-  readonly #statements = new Map<string, CachedStatement>();
+  readonly #statements = new StatementCache<CachedStatement>(
+    ({ statement }) => statement.finalize(),
+  );
   readonly #alloc: (bytes: number) => number;
   readonly #dealloc: (pointer: number) => void;
   /** Scratch space in the WASM heap for text and blob parameters. */
@@ -306,10 +317,20 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
       this.#capi.sqlite3_get_autocommit(this.#pointer) === 0;
   }
 
+  /**
+   * The connection's transaction as SQLite reports it: `open` while
+   * `sqlite3_get_autocommit()` is 0, `idle` otherwise (SQLite has no failed
+   * state: an error either leaves the transaction open or rolls it back).
+   */
+  transactionStatus(): TransactionStatus {
+    return this.inTransaction() ? "open" : "idle";
+  }
+
   /** Runs one statement and returns its rows. */
   query(sql: string, params: readonly SqlValue[] = []): Promise<Row[]> {
+    let statement: CachedStatement | undefined;
     try {
-      const statement = this.#prepare("query", sql);
+      statement = this.#prepare("query", sql);
       const rows: Row[] = [];
       this.#bind(statement.pointer, params);
       const capi = this.#capi;
@@ -321,13 +342,16 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
       return Promise.resolve(rows);
     } catch (error) {
       return Promise.reject(toSqliteError(error));
+    } finally {
+      if (statement !== undefined) this.#statements.leave();
     }
   }
 
   /** Runs one statement and reports its changes. */
   run(sql: string, params: readonly SqlValue[] = []): Promise<RunResult> {
+    let statement: CachedStatement | undefined;
     try {
-      const statement = this.#prepare("run", sql);
+      statement = this.#prepare("run", sql);
       this.#bind(statement.pointer, params);
       const capi = this.#capi;
       let rc: number;
@@ -341,6 +365,8 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
       });
     } catch (error) {
       return Promise.reject(toSqliteError(error));
+    } finally {
+      if (statement !== undefined) this.#statements.leave();
     }
   }
 
@@ -361,9 +387,6 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
   close(): Promise<void> {
     const db = this.#db;
     this.#db = undefined;
-    for (const { statement } of this.#statements.values()) {
-      statement.finalize();
-    }
     this.#statements.clear();
     if (this.#scratch !== 0) this.#dealloc(this.#scratch);
     this.#scratch = 0;
@@ -382,6 +405,7 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
     return this.#db;
   }
 
+  /** The statement for `sql`, marked in use until the caller leaves it. */
   #prepare(method: "query" | "run", sql: string): CachedStatement {
     let cached = this.#statements.get(sql);
     if (cached === undefined) {
@@ -404,8 +428,9 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
         names: [],
         reprepares: -1,
       };
-      this.#statements.set(sql, cached);
+      this.#statements.add(sql, cached);
     }
+    this.#statements.enter(cached);
     return cached;
   }
 

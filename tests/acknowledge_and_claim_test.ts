@@ -175,68 +175,72 @@ for (const driver of DRIVERS) {
   });
 }
 
-Deno.test(`acknowledgeAndClaim crash: ${TRIALS} SIGKILLs mid-loop leave each call's acknowledgements and claim both on disk or neither, and every call that returned on disk`, async () => {
-  const dir = await Deno.makeTempDir({ prefix: "fold_crash_" });
-  try {
-    let calls = 0;
-    for (let trial = 0; trial < TRIALS; trial++) {
-      const path = join(dir, `outbox${trial}.db`);
-      await using child = new Child("fold", path);
-      const ready = await child.next();
-      if (ready !== "ready") assert.fail(`${ready}: ${await child.stderr()}`);
-      const returned: { acknowledged: number[]; claimed: number[] }[] = [];
-      const ids = (list: string | undefined) =>
-        list ? list.split(",").map(Number) : [];
-      const reading = (async () => {
-        for (let line; (line = await child.next()) !== undefined;) {
-          const [kind, acknowledged, claimed] = line.split(" ");
-          assert.equal(kind, "F", line);
-          returned.push({
-            acknowledged: ids(acknowledged),
-            claimed: ids(claimed),
-          });
-        }
-      })();
-      await new Promise((resolve) =>
-        setTimeout(resolve, 50 + Math.random() * 300)
-      );
-      child.kill();
-      assert.equal((await child.status()).signal, "SIGKILL");
-      await reading;
-      calls += returned.length;
+for (const journalMode of ["truncate", "wal"] as const) {
+  Deno.test(`acknowledgeAndClaim crash (${journalMode}): ${TRIALS} SIGKILLs mid-loop leave each call's acknowledgements and claim both on disk or neither, and every call that returned on disk`, async () => {
+    const dir = await Deno.makeTempDir({ prefix: "fold_crash_" });
+    try {
+      let calls = 0;
+      for (let trial = 0; trial < TRIALS; trial++) {
+        const path = join(dir, `outbox${trial}.db`);
+        await using child = new Child("fold", path, journalMode);
+        const ready = await child.next();
+        if (ready !== "ready") assert.fail(`${ready}: ${await child.stderr()}`);
+        const returned: { acknowledged: number[]; claimed: number[] }[] = [];
+        const ids = (list: string | undefined) =>
+          list ? list.split(",").map(Number) : [];
+        const reading = (async () => {
+          for (let line; (line = await child.next()) !== undefined;) {
+            const [kind, acknowledged, claimed] = line.split(" ");
+            assert.equal(kind, "F", line);
+            returned.push({
+              acknowledged: ids(acknowledged),
+              claimed: ids(claimed),
+            });
+          }
+        })();
+        await new Promise((resolve) =>
+          setTimeout(resolve, 50 + Math.random() * 300)
+        );
+        child.kill();
+        assert.equal((await child.status()).signal, "SIGKILL");
+        await reading;
+        calls += returned.length;
 
-      await using db = await openSqliteWasm(path);
-      const [integrity] = await db.query("PRAGMA integrity_check");
-      assert.equal(integrity?.["integrity_check"], "ok");
-      const state = new Map(
-        (await db.query("SELECT id, state FROM outbox_events")).map((row) => [
-          Number(row["id"]),
-          String(row["state"]),
-        ]),
-      );
-      for (const { acknowledged, claimed } of returned) {
-        for (const id of acknowledged) assert.equal(state.get(id), "done");
-        for (const id of claimed) {
-          assert.ok(["leased", "done"].includes(state.get(id)!), `${id}`);
+        await using db = await openSqliteWasm(path);
+        const [integrity] = await db.query("PRAGMA integrity_check");
+        assert.equal(integrity?.["integrity_check"], "ok");
+        const state = new Map(
+          (await db.query("SELECT id, state FROM outbox_events")).map((row) => [
+            Number(row["id"]),
+            String(row["state"]),
+          ]),
+        );
+        for (const { acknowledged, claimed } of returned) {
+          for (const id of acknowledged) assert.equal(state.get(id), "done");
+          for (const id of claimed) {
+            assert.ok(["leased", "done"].includes(state.get(id)!), `${id}`);
+          }
         }
+        // The calls claimed in id order, eight at a time: whatever the kill
+        // cut, the file holds done events, then exactly one claimed batch
+        // (acknowledgements without their claim would leave none, a claim
+        // without its acknowledgements two), then pending ones.
+        const states = [...state.entries()].sort(([x], [y]) => x - y).map((
+          [, s],
+        ) => s);
+        const done = states.indexOf("leased");
+        assert.ok(done >= 0 && done % 8 === 0, `first leased at ${done}`);
+        assert.ok(states.slice(0, done).every((s) => s === "done"));
+        assert.ok(states.slice(done, done + 8).every((s) => s === "leased"));
+        assert.ok(states.slice(done + 8).every((s) => s === "pending"));
+        assert.ok(done >= 8 * returned.length, "a returned call is lost");
       }
-      // The calls claimed in id order, eight at a time: whatever the kill
-      // cut, the file holds done events, then exactly one claimed batch
-      // (acknowledgements without their claim would leave none, a claim
-      // without its acknowledgements two), then pending ones.
-      const states = [...state.entries()].sort(([x], [y]) => x - y).map((
-        [, s],
-      ) => s);
-      const done = states.indexOf("leased");
-      assert.ok(done >= 0 && done % 8 === 0, `first leased at ${done}`);
-      assert.ok(states.slice(0, done).every((s) => s === "done"));
-      assert.ok(states.slice(done, done + 8).every((s) => s === "leased"));
-      assert.ok(states.slice(done + 8).every((s) => s === "pending"));
-      assert.ok(done >= 8 * returned.length, "a returned call is lost");
+      assert.ok(calls > 0, "the child made progress");
+      console.log(
+        `${journalMode}: ${TRIALS} kills after ${calls} returned calls`,
+      );
+    } finally {
+      await Deno.remove(dir, { recursive: true });
     }
-    assert.ok(calls > 0, "the child made progress");
-    console.log(`${TRIALS} kills after ${calls} returned calls`);
-  } finally {
-    await Deno.remove(dir, { recursive: true });
-  }
-});
+  });
+}

@@ -96,7 +96,7 @@ for (const driver of SQLITE_DRIVERS) {
     clock.set(100);
     await raw.run("BEGIN IMMEDIATE");
     await raw.run("INSERT INTO orders (total) VALUES (?)", [7]);
-    const { eventId } = await a!.enqueue({ order: 1 });
+    const { eventId } = await a!.within(() => a!.enqueue({ order: 1 }));
     // Still inside: the outbox issued no COMMIT of its own.
     assert.equal(raw.inTransaction?.(), true);
     await raw.run("COMMIT");
@@ -114,7 +114,7 @@ for (const driver of SQLITE_DRIVERS) {
     const before = await snapshot(raw);
     await raw.run("BEGIN");
     await raw.run("INSERT INTO orders (total) VALUES (?)", [7]);
-    await a!.enqueue({ order: 1 });
+    await a!.within(() => a!.enqueue({ order: 1 }));
     await raw.run("ROLLBACK");
     assert.deepEqual(await raw.query("SELECT * FROM orders"), []);
     const after = await snapshot(raw);
@@ -167,7 +167,10 @@ for (const driver of SQLITE_DRIVERS) {
     const before = await snapshot(raw);
     await raw.run("BEGIN IMMEDIATE");
     await raw.run("INSERT INTO effects DEFAULT VALUES");
-    await assert.rejects(() => a!.acknowledge(stale!), LeaseLostError);
+    await assert.rejects(
+      () => a!.within(() => a!.acknowledge(stale!)),
+      LeaseLostError,
+    );
     // The outbox's part is undone; the application's is its own to undo.
     assert.equal(raw.inTransaction?.(), true);
     await raw.run("ROLLBACK");
@@ -189,7 +192,7 @@ for (const driver of SQLITE_DRIVERS) {
     const lease = await a!.claim();
     await raw.run("BEGIN IMMEDIATE");
     await raw.run("INSERT INTO effects DEFAULT VALUES");
-    assert.equal(await a!.acknowledge(lease!), true);
+    assert.equal(await a!.within(() => a!.acknowledge(lease!)), true);
     await raw.run("COMMIT");
     assert.deepEqual(await raw.query("SELECT count(*) AS n FROM effects"), [{
       n: 1,
@@ -225,7 +228,7 @@ for (const driver of SQLITE_DRIVERS) {
     await assert.rejects(() => a!.claim(), {
       name: "BusyError",
       message:
-        /Cannot claim as the application's transaction on this connection stayed open for 30 ms: only enqueue\(\) and acknowledge\(\) of one lease join it/,
+        /Cannot claim as the application's transaction on this connection stayed open for 30 ms: only enqueue\(\), enqueueBatch\(\) and acknowledge\(\) of one lease made inside outbox.within\(\) join it/,
     });
     await assert.rejects(() =>
       a!.renew({
@@ -477,11 +480,11 @@ Deno.test("nodeSqliteDriver(db): an outbox over the application's DatabaseSync j
   db.exec("CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER)");
   db.exec("BEGIN IMMEDIATE");
   db.prepare("INSERT INTO orders (total) VALUES (?)").run(1);
-  await outbox.enqueue("kept");
+  await outbox.within(() => outbox.enqueue("kept"));
   db.exec("COMMIT");
   db.exec("BEGIN");
   db.prepare("INSERT INTO orders (total) VALUES (?)").run(2);
-  await outbox.enqueue("dropped");
+  await outbox.within(() => outbox.enqueue("dropped"));
   db.exec("ROLLBACK");
   // No transaction open: enqueue commits on its own, as before.
   await outbox.enqueue("alone");
@@ -514,12 +517,12 @@ Deno.test("sqliteWasmDriver(db): an outbox over the application's oo1.DB joins i
   const lease = (await outbox.claim())!;
   db.exec("BEGIN IMMEDIATE");
   db.exec("INSERT INTO orders (total) VALUES (1)");
-  await outbox.enqueue("kept");
-  assert.equal(await outbox.acknowledge(lease), true);
+  await outbox.within(() => outbox.enqueue("kept"));
+  assert.equal(await outbox.within(() => outbox.acknowledge(lease)), true);
   db.exec("COMMIT");
   db.exec("BEGIN");
   db.exec("INSERT INTO orders (total) VALUES (2)");
-  await outbox.enqueue("dropped");
+  await outbox.within(() => outbox.enqueue("dropped"));
   db.exec("ROLLBACK");
   assert.deepEqual(db.selectValues("SELECT total FROM orders"), [1]);
   assert.deepEqual(await outbox.stats(), {
@@ -688,9 +691,11 @@ Deno.test("node:sqlite: an enqueue made inside the application's transaction whi
     // Before, the inbox's retries counted the application's transaction as
     // the inbox's own: the enqueue did not join it, waited for it, and
     // failed with BusyError after busyTimeoutMs.
-    const { eventId } = await outbox.enqueue("x");
+    const { eventId } = await outbox.within(() => outbox.enqueue("x"));
     db.exec("ROLLBACK");
-    assert.match(await accepting, /within a transaction/);
+    // The inbox waits for the application's transaction, as the outbox
+    // does, then accepts in its own.
+    assert.equal(await accepting, "accepted");
     assert.equal(await outbox.explain(eventId), null);
   } finally {
     await Deno.remove(dir, { recursive: true });

@@ -1,8 +1,9 @@
 import assert from "node:assert/strict";
-import type { Page } from "playwright-core";
+import type { Page } from "npm:playwright-core@1.65.1";
 import {
   blankPage,
   browserTest,
+  mutedLeader,
   openSession,
   PATHS,
   type Session,
@@ -572,78 +573,82 @@ Deno.test(
   },
 );
 
-Deno.test(
-  {
-    name:
-      "an enqueue the old leader stored but never answered is stored once when the new leader runs it again",
-    ...browserTest,
-  },
-  async () => {
-    await using session = await openSession();
-    const leader = await blankPage(session);
-    await leader.evaluate(async (paths) => {
-      // The leader stores what it is sent but its replies never leave: as
-      // if the tab died between commit and reply.
-      const post = BroadcastChannel.prototype.postMessage;
-      BroadcastChannel.prototype.postMessage = function (message) {
-        if ((message as { type?: string })?.type !== "reply") {
-          post.call(this, message);
-        }
-      };
-      const m = await import(paths.bundle);
-      const outbox = await m.openSharedOutbox("once");
-      await outbox.stats();
-      Object.assign(globalThis, { outbox });
-    }, PATHS);
-    const follower = await blankPage(session);
-    await follower.evaluate(async (paths) => {
-      const m = await import(paths.bundle);
-      const outbox = await m.openSharedOutbox("once");
-      Object.assign(globalThis, {
-        outbox,
-        enqueued: outbox.enqueue({ job: 1 }),
-      });
-    }, PATHS);
-    await until(
-      () =>
-        leader.evaluate(async () =>
-          (await (globalThis as unknown as {
-            outbox: { stats(): Promise<{ pending: number }> };
-          }).outbox.stats()).pending === 1
-        ),
-      5_000,
-      "the leader to store the forwarded enqueue",
-    );
-    await leader.close();
-    const result = await follower.evaluate(async () => {
-      const { outbox, enqueued } = globalThis as unknown as {
-        outbox: {
-          isLeader: boolean;
-          stats(): Promise<{ pending: number }>;
+// The call's identity is minted in the follower's tab, or given by the
+// caller; either way the event is the call's own, so it is not reported as
+// deduplicated, while a later enqueue of a given identity is.
+for (const given of [false, true]) {
+  Deno.test(
+    {
+      name: given
+        ? "an enqueue with its own identity that the old leader stored but never answered says deduplicated false when the new leader runs it again; a later enqueue of that identity says true"
+        : "an enqueue the old leader stored but never answered is stored once when the new leader runs it again",
+      ...browserTest,
+    },
+    async () => {
+      await using session = await openSession();
+      const name = given ? "once-given" : "once";
+      const leader = await mutedLeader(session, name);
+      const follower = await blankPage(session);
+      const options = given
+        ? { identity: "0190a7d6-0000-7000-8000-000000000001" }
+        : {};
+      await follower.evaluate(async ({ paths, name, options }) => {
+        const m = await import(paths.bundle);
+        const outbox = await m.openSharedOutbox(name);
+        Object.assign(globalThis, {
+          outbox,
+          enqueued: outbox.enqueue({ job: 1 }, options),
+        });
+      }, { paths: PATHS, name, options });
+      await until(
+        () =>
+          leader.evaluate(async () =>
+            (await (globalThis as unknown as {
+              outbox: { stats(): Promise<{ pending: number }> };
+            }).outbox.stats()).pending === 1
+          ),
+        5_000,
+        "the leader to store the forwarded enqueue",
+      );
+      await leader.close();
+      const result = await follower.evaluate(async (options) => {
+        const { outbox, enqueued } = globalThis as unknown as {
+          outbox: {
+            isLeader: boolean;
+            enqueue(
+              payload: unknown,
+              options: unknown,
+            ): Promise<{ deduplicated: boolean }>;
+            stats(): Promise<{ pending: number }>;
+            explain(id: number): Promise<{ identity: string }>;
+          };
+          enqueued: Promise<
+            { eventId: number; identity: string; deduplicated: boolean }
+          >;
         };
-        enqueued: Promise<
-          { eventId: number; identity: string; deduplicated: boolean }
-        >;
-      };
-      const { identity, ...stored } = await enqueued;
-      return {
-        stored,
-        leader: outbox.isLeader,
-        pending: (await outbox.stats()).pending,
-        // The one stored event is the call's, under the identity it returned.
-        explained: (await (outbox as unknown as {
-          explain(id: number): Promise<{ identity: string }>;
-        }).explain(1)).identity === identity,
-      };
-    });
-    assert.deepEqual(result, {
-      stored: { eventId: 1, deduplicated: false },
-      leader: true,
-      pending: 1,
-      explained: true,
-    });
-  },
-);
+        const { identity, ...stored } = await enqueued;
+        return {
+          stored,
+          leader: outbox.isLeader,
+          pending: (await outbox.stats()).pending,
+          // The one stored event is the call's, under the identity it
+          // returned.
+          explained: (await outbox.explain(1)).identity === identity,
+          again: "identity" in options
+            ? (await outbox.enqueue({ job: 1 }, options)).deduplicated
+            : null,
+        };
+      }, options);
+      assert.deepEqual(result, {
+        stored: { eventId: 1, deduplicated: false },
+        leader: true,
+        pending: 1,
+        explained: true,
+        again: given ? true : null,
+      });
+    },
+  );
+}
 
 Deno.test(
   {

@@ -104,7 +104,7 @@ Deno.test("cli on PostgreSQL: redrive, cancel and purge change the outbox of the
   assert.equal((await jobs.stats()).pending, 2);
   assert.deepEqual(
     await json("cancel", url, String(pending), "--schema", "jobs"),
-    { cancelled: [pending] },
+    { cancelled: [pending], leftAlone: [] },
   );
   assert.equal((await jobs.explain(pending))?.state, "dead");
   const done = await jobs.claim();

@@ -1,6 +1,7 @@
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { main } from "../cli.ts";
+import { summaryText } from "../cli/stats.ts";
 import { Outbox } from "../lease.ts";
 import { openNodeSqlite } from "../drivers/node_sqlite.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
@@ -28,8 +29,12 @@ function liveRun(): Promise<LiveRun> {
   live ??= (async () => {
     const dir = await Deno.makeTempDir({ prefix: "cli-test-" });
     const path = join(dir, "outbox.db");
-    // Created first, so the CLI never meets a file without the schema.
-    await (await Outbox.open(await openSqliteWasm(path))).close();
+    // Created first, so the CLI never meets a file without the schema; in
+    // a rollback mode, whose locks and journal these tests are about (the
+    // CLI in WAL mode: wal_growth_test.ts and the WAL-mode tests below).
+    await (await Outbox.open(
+      await openSqliteWasm(path, { journalMode: "truncate" }),
+    )).close();
     const children = [1, 2].map(() =>
       new Deno.Command(Deno.execPath(), {
         args: ["run", "-A", child, path, String(EVENTS_PER_CHILD)],
@@ -165,7 +170,7 @@ Deno.test("list dead shows each dead letter's identity, attempts and last error,
   const lines = stdout.trimEnd().split("\n");
   assert.match(
     lines[0]!,
-    /^ *id +identity +queue +attempt +since +last error$/,
+    /^ *id +identity +queue +attempt +enqueued +since +payload +last error$/,
   );
   const mail = events.filter((e) => e["queue"] === "mail");
   mail.forEach((event, i) => {
@@ -174,13 +179,13 @@ Deno.test("list dead shows each dead letter's identity, attempts and last error,
       new RegExp(
         `^ *${event["id"]} +${
           event["identity"]
-        } +mail +2/2 +[\\d.]+ m?s ago +Error: receiver answered 422 for ${
+        } +mail +2/2 +[\\d.]+ m?s ago +[\\d.]+ m?s ago +\\{"n":\\d+,"poison":true\\} +Error: receiver answered 422 for ${
           event["id"]
         }$`,
       ),
     );
   });
-  assert.equal(lines.at(-1), "2 dead");
+  assert.equal(lines.at(-1), "showing 2 of 2 dead");
 });
 
 Deno.test("list pending shows when each event is due, and leased when its lease ends", async () => {
@@ -196,13 +201,16 @@ Deno.test("list pending shows when each event is due, and leased when its lease 
   assert.equal(pending.code, 0, pending.stderr);
   assert.match(
     pending.stdout,
-    /^ *1 +[0-9a-f-]{36} +default +0\/5 +in (59\.\d|60\.0) min +-$/m,
+    /^ *1 +[0-9a-f-]{36} +default +0\/5 +[\d.]+ m?s ago +in (59\.\d|60\.0) min +\{"n":1\} +-$/m,
   );
   const leased = await cli("list", path, "leased");
-  assert.match(leased.stdout, /^ *id +identity +queue +attempt +lease until/);
   assert.match(
     leased.stdout,
-    /^ *2 +[0-9a-f-]{36} +default +1\/5 +in (1\.\d|2\.0) h +-$/m,
+    /^ *id +identity +queue +attempt +enqueued +lease until +payload +last error$/m,
+  );
+  assert.match(
+    leased.stdout,
+    /^ *2 +[0-9a-f-]{36} +default +1\/5 +[\d.]+ m?s ago +in (1\.\d|2\.0) h +\{"n":2\} +-$/m,
   );
   await Deno.remove(dir, { recursive: true });
 });
@@ -233,11 +241,24 @@ Deno.test("explain prints an event's timeline, by id or by identity, as text and
       event!.id
     }"`,
   );
-  assert.match(lines[1]!, /^at +\+ +fence +what +token +detail$/);
-  assert.match(lines[2]!, /^\S+Z +0 ms +1 +claimed +[0-9a-f]{9}… +lease until/);
-  assert.match(lines[3]!, / +1 +released +[0-9a-f]{9}… +Error: receiver/);
-  assert.match(lines[6]!, / +2 +dead +- +Error: receiver/);
-  assert.equal(lines.length, 7);
+  assert.match(
+    lines[1]!,
+    /^enqueued \d{4}-\d\d-\d\dT\S+Z \([\d.]+ (ms|s|min) ago\)$/,
+  );
+  assert.equal(
+    new Date(lines[1]!.split(" ")[1]!).getTime(),
+    byId["createdAt"],
+  );
+  assert.equal(
+    lines[2],
+    `payload ${JSON.stringify(byId["payload"])}`,
+  );
+  assert.deepEqual(Object.keys(byId["payload"] as object), ["n", "poison"]);
+  assert.match(lines[3]!, /^at +\+ +fence +what +token +detail$/);
+  assert.match(lines[4]!, /^\S+Z +0 ms +1 +claimed +[0-9a-f]{9}… +lease until/);
+  assert.match(lines[5]!, / +1 +released +[0-9a-f]{9}… +Error: receiver/);
+  assert.match(lines[8]!, / +2 +dead +- +Error: receiver/);
+  assert.equal(lines.length, 9);
 });
 
 /** Starts `watch` on `path`, refreshing every 50 ms, its output piped. */
@@ -332,7 +353,12 @@ Deno.test("cancel makes pending events dead letters marked cancelled, and leaves
     String(done[0]!.id),
   );
   assert.equal(code, 0);
-  assert.equal(stdout, `cancelled 1 of 2: ${dead!.id}\n`);
+  assert.equal(
+    stdout,
+    `cancelled 1 of 2: ${dead!.id}\nleft alone, already delivered (done): ${
+      done[0]!.id
+    }\n`,
+  );
   const explained = await json("explain", path, String(dead!.id));
   assert.equal(explained["state"], "dead");
   assert.equal(explained["lastError"], "cancelled");
@@ -529,7 +555,10 @@ Deno.test("usage errors exit 2 with the reason and the usage on stderr", async (
   const { path } = await liveRun();
   const cases: [string[], string][] = [
     [[], "no command given"],
-    [["frobnicate", path], 'unknown command "frobnicate"'],
+    [
+      ["frobnicate", path],
+      "unknown command 'frobnicate' (commands: stats, list, explain, watch, redrive, retry, cancel, purge, pause, resume, limits, schedules, ui); see outbox --help",
+    ],
     [["stats"], "stats needs a database"],
     [
       ["list", path],
@@ -598,7 +627,10 @@ Deno.test("usage errors exit 2 with the reason and the usage on stderr", async (
     assert.equal(code, 2, args.join(" "));
     assert.equal(stdout, "");
     assert.ok(stderr.startsWith(`outbox: ${reason}`), stderr);
-    assert.match(stderr, /\n\nUsage: outbox <command> <database>/);
+    // The reason, and the command's synopsis when there is a command: not
+    // the whole usage.
+    assert.ok(stderr.trimEnd().endsWith("; see outbox --help"), stderr);
+    assert.ok(stderr.trimEnd().split("\n").length <= 2, stderr);
   }
   const help = await cli("--help");
   assert.equal(help.code, 0);
@@ -707,4 +739,207 @@ Deno.test("on a terminal the table's header is bold, and nothing else is coloure
   assert.ok(header!.startsWith(`${bold}queue `), header);
   assert.ok(header!.endsWith(`acks last 60 s${normal}`), header);
   assert.ok(rest.every((line) => !line.includes("\x1b")));
+});
+
+/** A fresh file with `count` pending events `{ n, text }`, in a temp dir. */
+async function pendingEvents(
+  count: number,
+  text = "x",
+): Promise<{ dir: string; path: string; ids: number[] }> {
+  const dir = await Deno.makeTempDir({ prefix: "cli-test-" });
+  const path = join(dir, "outbox.db");
+  await using outbox = await Outbox.open(await openSqliteWasm(path));
+  const ids: number[] = [];
+  for (let n = 1; n <= count; n++) {
+    ids.push((await outbox.enqueue({ n, text })).eventId);
+  }
+  return { dir, path, ids };
+}
+
+Deno.test("list --limit says how many of how many it shows, and where the next page starts", async () => {
+  const { dir, path, ids } = await pendingEvents(7);
+  try {
+    const first = await cli("list", path, "pending", "--limit", "5");
+    assert.equal(first.code, 0, first.stderr);
+    assert.equal(
+      first.stdout.trimEnd().split("\n").at(-1),
+      `showing 5 of 7 pending; next page: --after ${ids[4]}`,
+    );
+    const second = await cli(
+      "list",
+      path,
+      "pending",
+      "--limit",
+      "5",
+      "--after",
+      String(ids[4]),
+    );
+    assert.equal(
+      second.stdout.trimEnd().split("\n").at(-1),
+      `showing 2 of 7 pending after id ${ids[4]}`,
+    );
+    const page = await json("list", path, "pending", "--limit", "5");
+    assert.equal(page["total"], 7);
+    assert.equal(page["next"], ids[4]);
+    // A page that ends with the last event has no next page.
+    const whole = await cli("list", path, "pending", "--limit", "7");
+    assert.equal(
+      whole.stdout.trimEnd().split("\n").at(-1),
+      "showing 7 of 7 pending",
+    );
+    const last = await json(
+      "list",
+      path,
+      "pending",
+      "--after",
+      String(ids[4]),
+      "--limit",
+      "2",
+    );
+    assert.equal(last["next"], null);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("list and explain show the start of the payload, and --full all of it", async () => {
+  const long = "a".repeat(300);
+  const { dir, path, ids } = await pendingEvents(1, long);
+  try {
+    const whole = JSON.stringify({ n: 1, text: long });
+    const listed = await cli("list", path, "pending");
+    assert.equal(listed.code, 0, listed.stderr);
+    assert.match(listed.stdout, new RegExp(` ${whole.slice(0, 39)}… +-\n`));
+    const full = await cli("list", path, "pending", "--full");
+    assert.match(full.stdout, new RegExp(` ${whole} +-\n`));
+    const explained = await cli("explain", path, String(ids[0]));
+    assert.equal(explained.code, 0, explained.stderr);
+    const lines = explained.stdout.split("\n");
+    assert.equal(lines[2], `payload ${whole.slice(0, 199)}…`);
+    const explainedFull = await cli("explain", path, String(ids[0]), "--full");
+    assert.equal(explainedFull.stdout.split("\n")[2], `payload ${whole}`);
+    const asJson = await json("explain", path, String(ids[0]));
+    assert.deepEqual(asJson["payload"], { n: 1, text: long });
+    assert.equal(typeof asJson["createdAt"], "number");
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("cancel cancels the pending events named and says, for each one left alone, why", async () => {
+  const { dir, path, ids } = await pendingEvents(4);
+  try {
+    {
+      await using outbox = await Outbox.open(await openSqliteWasm(path));
+      // A worker holds the first; the second was delivered; the third
+      // failed once and is pending again.
+      const [claimed] = await outbox.claim({ max: 1 });
+      assert.equal(claimed?.eventId, ids[0]);
+      const [last] = await outbox.claim({ max: 1 });
+      await outbox.claim({ max: 1 }).then(async (leases) => {
+        assert.equal(leases.length, 1);
+        await outbox.release(leases[0]!);
+      });
+      assert.equal(await outbox.acknowledge(last!), true);
+    }
+    const named = [ids[0]!, ids[2]!, ids[3]!, ids[1]!, 999];
+    const { code, stdout, stderr } = await cli(
+      "cancel",
+      path,
+      ...named.map(String),
+    );
+    assert.equal(code, 0, stderr);
+    assert.equal(
+      stdout,
+      [
+        `cancelled 2 of 5: ${ids[2]} ${ids[3]}`,
+        `left alone, being delivered by a worker (leased; cancel it again if it comes back to pending): ${
+          ids[0]
+        }`,
+        `left alone, already delivered (done): ${ids[1]}`,
+        "left alone, no such event: 999",
+        "",
+      ].join("\n"),
+    );
+    const again = await json("cancel", path, String(ids[2]));
+    assert.deepEqual(again, {
+      cancelled: [],
+      leftAlone: [{
+        id: ids[2],
+        state: "dead",
+        reason: "already cancelled (dead)",
+      }],
+    });
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("stats, redrive and purge refuse a FIFO at once instead of waiting for a writer", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "cli-test-" });
+  try {
+    const fifo = join(dir, "outbox.db");
+    const made = await new Deno.Command("mkfifo", { args: [fifo] }).output();
+    assert.equal(made.code, 0);
+    for (
+      const args of [
+        ["stats", fifo],
+        ["redrive", fifo],
+        ["purge", fifo, "--older-than", "1d"],
+        ["stats", dir],
+      ]
+    ) {
+      // Before, the first read of the FIFO's header never returned: the
+      // signal ends such a run, which then fails on its exit code.
+      const { code, stdout, stderr, signal } = await new Deno.Command(
+        Deno.execPath(),
+        {
+          args: ["run", "-A", join(root, "cli.ts"), ...args],
+          stdout: "piped",
+          stderr: "piped",
+          signal: AbortSignal.timeout(60_000),
+        },
+      ).output();
+      assert.equal(signal, null, `${args.join(" ")} was still running`);
+      assert.equal(code, 1);
+      assert.equal(decoder.decode(stdout), "");
+      assert.equal(
+        decoder.decode(stderr),
+        `outbox: cannot open ${args[1]}: not a regular file (it is ${
+          args[1] === dir ? "a directory" : "a FIFO"
+        })\n`,
+      );
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("stats prints a field it does not know (a WAL's size) below its table", () => {
+  const context = {
+    color: false,
+  } as Parameters<typeof summaryText>[0];
+  const text = summaryText(context, {
+    at: "2026-01-01T00:00:00.000Z",
+    pending: 0,
+    leased: 0,
+    done: 0,
+    dead: 0,
+    oldestPendingAgeMs: 0,
+    acknowledgedLastMinute: 0,
+    queues: [],
+    wal: { bytes: 4096, frames: 1 },
+  });
+  assert.equal(text.split("\n").at(-1), 'wal: {"bytes":4096,"frames":1}');
+  assert.equal(text.split("\n").length, 3);
+});
+
+Deno.test("an unknown command is named as such, whatever follows it", async () => {
+  const { code, stdout, stderr } = await cli("dashboard", "x.db");
+  assert.equal(code, 2);
+  assert.equal(stdout, "");
+  assert.equal(
+    stderr,
+    "outbox: unknown command 'dashboard' (commands: stats, list, explain, watch, redrive, retry, cancel, purge, pause, resume, limits, schedules, ui); see outbox --help\n",
+  );
 });

@@ -4,7 +4,7 @@
  * node:sqlite is the oracle the WASM drivers are held to.
  */
 import assert from "node:assert/strict";
-import fc from "fast-check";
+import fc from "npm:fast-check@4.11.0";
 import type { Row, SqlValue } from "../driver.ts";
 import { SQLITE_DRIVERS as DRIVERS } from "./drivers.ts";
 

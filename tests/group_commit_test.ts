@@ -5,7 +5,7 @@
  * one would.
  */
 import assert from "node:assert/strict";
-import fc from "fast-check";
+import fc from "npm:fast-check@4.11.0";
 import type { Driver, Row } from "../driver.ts";
 import { BusyError, type EnqueueResult, Outbox } from "../mod.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
@@ -172,11 +172,15 @@ for (const driver of DRIVERS) {
   test("concurrent enqueues inside the application's transaction join it and roll back with it", async ({ open, raw }) => {
     const [a] = await open();
     await raw.exec("BEGIN");
-    await Promise.all([a!.enqueue("x"), a!.enqueue("y", { dedupKey: "d" })]);
+    await a!.within(() =>
+      Promise.all([a!.enqueue("x"), a!.enqueue("y", { dedupKey: "d" })])
+    );
     await raw.exec("ROLLBACK");
     assert.deepEqual(await payloads(raw), []);
     await raw.exec("BEGIN");
-    const [x, y] = await Promise.all([a!.enqueue("x"), a!.enqueue("y")]);
+    const [x, y] = await a!.within(() =>
+      Promise.all([a!.enqueue("x"), a!.enqueue("y")])
+    );
     await raw.exec("COMMIT");
     assert.ok(x.eventId < y.eventId);
     assert.deepEqual(await payloads(raw), ["x", "y"]);

@@ -6,6 +6,7 @@ import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
 import { PostgresDriver } from "../drivers/postgres.ts";
 import { type Dialect, Outbox, type OutboxOptions } from "../mod.ts";
 import type { DriverCase } from "./drivers.ts";
+import type { TransactionStatus } from "../types.ts";
 
 /** A clock tests move by hand: `clock.now` is the injected `now()`. */
 export class ManualClock {
@@ -83,6 +84,7 @@ class CountingDriver implements Driver {
   sent = 0;
   readonly busyWait?: (timeoutMs: number) => Promise<void>;
   readonly inTransaction?: () => boolean;
+  readonly transactionStatus?: () => TransactionStatus;
 
   readonly watchEnqueues?: (
     listener: () => void,
@@ -97,6 +99,9 @@ class CountingDriver implements Driver {
       this.watchEnqueues = (listener) => inner.watchEnqueues!(listener);
     }
     if (inner.inTransaction) this.inTransaction = () => inner.inTransaction!();
+    if (inner.transactionStatus) {
+      this.transactionStatus = () => inner.transactionStatus!();
+    }
   }
 
   query(sql: string, params?: readonly SqlValue[]): Promise<Row[]> {

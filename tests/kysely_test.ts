@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { DatabaseSync, type SQLInputValue } from "node:sqlite";
-import { type Generated, Kysely, SqliteDialect } from "kysely";
+import { type Generated, Kysely, SqliteDialect } from "npm:kysely@0.29.9";
 import { LeaseLostError, Outbox } from "../mod.ts";
 import { nodeSqliteDriver } from "../drivers/node_sqlite.ts";
 import { ManualClock } from "./helpers.ts";
@@ -73,7 +73,9 @@ Deno.test("Kysely: an order inserted through the builder and its event commit to
   const id = await app.kysely.transaction().execute(async (trx) => {
     const order = await trx.insertInto("orders").values({ total: 4200 })
       .returning("id").executeTakeFirstOrThrow();
-    await app.outbox.enqueue({ type: "order.placed", order: order.id });
+    await app.outbox.within(() =>
+      app.outbox.enqueue({ type: "order.placed", order: order.id })
+    );
     return order.id;
   });
   assert.deepEqual(
@@ -90,7 +92,9 @@ Deno.test("Kysely: a rollback of the builder's transaction drops the order and i
     () =>
       app.kysely.transaction().execute(async (trx) => {
         await trx.insertInto("orders").values({ total: 1 }).execute();
-        await app.outbox.enqueue({ type: "order.placed" });
+        await app.outbox.within(() =>
+          app.outbox.enqueue({ type: "order.placed" })
+        );
         throw new Error("payment declined");
       }),
     /payment declined/,
@@ -118,7 +122,7 @@ Deno.test("Kysely: a handler's effect and its fenced acknowledgement commit toge
     app.kysely.transaction().execute(async (trx) => {
       await trx.insertInto("effects").values({ event_id: lease.eventId })
         .execute();
-      await app.outbox.acknowledge(lease);
+      await app.outbox.within(() => app.outbox.acknowledge(lease));
     });
   await assert.rejects(() => effect(stale), LeaseLostError);
   assert.deepEqual(

@@ -4,7 +4,7 @@
  * at its bounds.
  */
 import assert from "node:assert/strict";
-import { openPostgres } from "../drivers/postgres.ts";
+import { connectPostgres, openPostgres } from "../drivers/postgres.ts";
 import type { Lease, Outbox } from "../mod.ts";
 import {
   drain,
@@ -178,6 +178,36 @@ Deno.test("edge example: a release that fails leaves that event to its lease and
   assert.equal((await outbox.explain(ids[1]!))?.state, "leased");
 });
 
+Deno.test("edge example: a delivery that rejects with an unprintable reason is released, and the batch's other deliveries are acknowledged", async () => {
+  const { outbox, post } = await shop();
+  await using _ = outbox;
+  const ids: number[] = [];
+  for (let i = 1; i <= 5; i++) {
+    ids.push((await (await post({ total: i })).json()).eventId);
+  }
+  const unprintable = Object.create(null);
+  assert.throws(() => String(unprintable), TypeError);
+  const report = await drain(
+    outbox,
+    (lease) =>
+      lease.eventId === ids[2]
+        ? Promise.reject(unprintable)
+        : Promise.resolve(),
+    { retryDelayMs: 60_000 },
+  );
+  // Before, the drain rejected and left the four delivered events leased,
+  // to be delivered again once their leases lapsed.
+  assert.deepEqual(report, { delivered: 4, failed: 1, stale: 0 });
+  const stats = await outbox.stats();
+  assert.deepEqual([stats.done, stats.pending, stats.leased], [4, 1, 0]);
+  const released = await outbox.explain(ids[2]!);
+  assert.equal(released?.state, "pending");
+  assert.equal(
+    released?.lastError,
+    "a delivery failure that cannot be printed",
+  );
+});
+
 Deno.test("edge example: a failed delivery is released with its error for a later retry", async () => {
   const { outbox, post } = await shop();
   await using _ = outbox;
@@ -223,6 +253,7 @@ Deno.test("edge example: main.ts serves orders and drains them to the webhook wi
     env: {
       DATABASE_URL: database,
       WEBHOOK_URL: `http://127.0.0.1:${webhook.addr.port}/`,
+      HOSTNAME: "127.0.0.1",
       PORT: String(port),
     },
     stdout: "null",
@@ -258,4 +289,145 @@ Deno.test("edge example: main.ts serves orders and drains them to the webhook wi
     child.kill();
     await child.status;
   }
+});
+
+/** A free port on the loopback interface. */
+function freePort(): number {
+  const probe = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = probe.addr.port;
+  probe.close();
+  return port;
+}
+
+/**
+ * Starts examples/edge/main.ts with only `env` (and what Deno needs), and
+ * waits until `base` answers `POST /orders`.
+ */
+async function startEdge(
+  env: Record<string, string>,
+  base: string,
+): Promise<{ child: Deno.ChildProcess; answer: Response }> {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      new URL("../examples/edge/main.ts", import.meta.url).pathname,
+    ],
+    clearEnv: true,
+    env: {
+      PATH: Deno.env.get("PATH") ?? "",
+      HOME: Deno.env.get("HOME") ?? "",
+      ...(Deno.env.get("DENO_DIR") === undefined
+        ? {}
+        : { DENO_DIR: Deno.env.get("DENO_DIR")! }),
+      ...env,
+    },
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  for (let i = 0;; i++) {
+    const answer = await fetch(`${base}/orders`, {
+      method: "POST",
+      body: JSON.stringify({ total: 4200 }),
+    }).catch((error) => error as Error);
+    if (answer instanceof Response) return { child, answer };
+    if (i === 600) {
+      child.kill();
+      await child.status;
+      throw answer;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+async function stopEdge(child: Deno.ChildProcess): Promise<string> {
+  child.kill();
+  await child.status;
+  return await new Response(child.stderr).text();
+}
+
+Deno.test("edge example: main.ts listens on 127.0.0.1 by default, and without DATABASE_URL answers and logs the variable's name", async () => {
+  const port = freePort();
+  const { child, answer } = await startEdge(
+    { PORT: String(port) },
+    `http://127.0.0.1:${port}`,
+  );
+  let stderr: string;
+  try {
+    assert.equal(answer.status, 500);
+    assert.deepEqual(await answer.json(), {
+      error:
+        "DATABASE_URL is not set: set it to the database's URL, e.g. postgres://postgres@127.0.0.1:5432/postgres",
+    });
+    // Bound to 127.0.0.1, not to every address: another loopback address
+    // of this machine finds nothing there.
+    await assert.rejects(
+      fetch(`http://127.0.0.2:${port}/orders`, { method: "POST" }),
+    );
+  } finally {
+    stderr = await stopEdge(child);
+  }
+  assert.match(stderr, /edge example: DATABASE_URL is not set/);
+});
+
+Deno.test("edge example: main.ts listens where HOSTNAME says", async () => {
+  const port = freePort();
+  const { child, answer } = await startEdge(
+    { PORT: String(port), HOSTNAME: "127.0.0.2" },
+    `http://127.0.0.2:${port}`,
+  );
+  try {
+    assert.equal(answer.status, 500);
+    await answer.body?.cancel();
+    await assert.rejects(
+      fetch(`http://127.0.0.1:${port}/orders`, { method: "POST" }),
+    );
+  } finally {
+    await stopEdge(child);
+  }
+});
+
+Deno.test("edge example: scripts/postgres_server.ts starts a throwaway server for it, prints its DATABASE_URL, and stops it on Ctrl-C", async () => {
+  const server = new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      new URL("../scripts/postgres_server.ts", import.meta.url).pathname,
+    ],
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const stdout = server.stdout.pipeThrough(new TextDecoderStream())
+    .getReader();
+  let printed = "";
+  while (!printed.includes("\n")) {
+    const { value, done } = await stdout.read();
+    if (done) break;
+    printed += value;
+  }
+  const url =
+    /^DATABASE_URL=(postgres:\/\/postgres@127\.0\.0\.1:\d+\/postgres)\n$/
+      .exec(printed)?.[1];
+  let edge: Deno.ChildProcess | undefined;
+  try {
+    assert.ok(url !== undefined, printed);
+    const port = freePort();
+    const started = await startEdge(
+      { DATABASE_URL: url, PORT: String(port) },
+      `http://127.0.0.1:${port}`,
+    );
+    edge = started.child;
+    assert.equal(started.answer.status, 201);
+    assert.equal((await started.answer.json()).order, 1);
+  } finally {
+    if (edge !== undefined) await stopEdge(edge);
+    server.kill("SIGINT");
+  }
+  const { code } = await server.status;
+  await stdout.cancel();
+  const stderr = await new Response(server.stderr).text();
+  assert.equal(code, 0, stderr);
+  assert.match(stderr, /^PostgreSQL \d+ on 127\.0\.0\.1:\d+, a throwaway/);
+  // Stopped: nothing answers at its address any more.
+  await assert.rejects(connectPostgres(url!, { connectTimeoutMs: 2_000 }));
 });

@@ -25,7 +25,7 @@ const config = fileURLToPath(new URL("../deno.json", import.meta.url));
 
 for (const kind of ["wasm", "node"] as const) {
   const open = kind === "node" ? openNodeSqlite : openSqliteWasm;
-  Deno.test(`R12: ${kind}: four processes opening one new file at once all return within 5 s, each schema version is recorded once, and a fifth open is not held up`, async () => {
+  Deno.test(`R12: ${kind}: four processes opening one new file at once all return within 5 s, each schema version is recorded once, and a fifth open, allowed no wait, finds nothing locked`, async () => {
     const dir = await Deno.makeTempDir({ prefix: "outbox_r12_" });
     const path = join(dir, "outbox.db");
     try {
@@ -55,18 +55,12 @@ for (const kind of ["wasm", "node"] as const) {
       });
       for (const ms of openMs) assert.ok(ms < 5_000, `an open took ${ms} ms`);
 
-      // Warmed up as the children were, so the bound below times the lock
-      // (a poisoned one would hold the open up), not a first run's compiling.
-      await (await Outbox.open(await open(join(dir, "warmup.db")))).close();
-      const started = performance.now();
+      // Allowed no wait at all: any lock left behind (a poisoned one) makes
+      // it throw BusyError, whatever the time it took.
       await using outbox = await Outbox.open(
-        await open(path, { busyTimeoutMs: 1_000 }),
-        {
-          busyTimeoutMs: 1_000,
-        },
+        await open(path, { busyTimeoutMs: 0 }),
+        { busyTimeoutMs: 0 },
       );
-      const fifthMs = performance.now() - started;
-      assert.ok(fifthMs < 1_000, `the fifth open took ${fifthMs} ms`);
       await using raw = await open(path);
       assert.deepEqual(
         await raw.query("SELECT version FROM outbox_schema ORDER BY version"),

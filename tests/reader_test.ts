@@ -11,11 +11,15 @@ async function fixture() {
   const dir = await Deno.makeTempDir({ prefix: "reader-test-" });
   const path = join(dir, "outbox.db");
   const clock = new ManualClock(1_000_000);
-  const outbox = await Outbox.open(await openSqliteWasm(path), {
-    now: clock.now,
-    maxAttempts: 1,
-    busyTimeoutMs: 100,
-  });
+  // A rollback journal: its snapshot holds writers back (see below).
+  const outbox = await Outbox.open(
+    await openSqliteWasm(path, { journalMode: "truncate" }),
+    {
+      now: clock.now,
+      maxAttempts: 1,
+      busyTimeoutMs: 100,
+    },
+  );
   const ids = [];
   for (const queue of ["mail", "mail", "mail", "webhooks"]) {
     ids.push((await outbox.enqueue({ queue }, { queue })).eventId);

@@ -7,6 +7,7 @@
 import assert from "node:assert/strict";
 import { type Driver, type Lease, Outbox } from "../mod.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { DatabaseSync } from "node:sqlite";
 import { processEvents, type Timers } from "../worker.ts";
 import { ADMIN_SQL } from "../admin.ts";
 import { SQL } from "../dialects/sqlite.ts";
@@ -302,9 +303,11 @@ Deno.test("R07: on a legacy database with auto_vacuum NONE, maintain() says so, 
   const dir = await Deno.makeTempDir();
   try {
     const path = `${dir}/legacy.db`;
-    const app = await openSqliteWasm(path);
-    await app.exec("CREATE TABLE app (x INTEGER)");
-    await app.close();
+    // Made by another program: openSqliteWasm gives a new file
+    // incremental auto-vacuum.
+    const app = new DatabaseSync(path);
+    app.exec("CREATE TABLE app (x INTEGER)");
+    app.close();
     await using outbox = await Outbox.open(await openSqliteWasm(path));
     for (let i = 0; i < 200; i++) {
       await outbox.enqueue({ pad: "x".repeat(4_000) });

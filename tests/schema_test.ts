@@ -2,6 +2,7 @@
 import assert from "node:assert/strict";
 import { Outbox, SCHEMA_SQL, SCHEMA_VERSION } from "../mod.ts";
 import { SQL, UPGRADES } from "../dialects/sqlite.ts";
+import { ADMIN_SQL } from "../admin.ts";
 import {
   loadSqlite3,
   openSqliteWasm,
@@ -30,8 +31,9 @@ Deno.test("the claim query uses the claim index with no temp B-tree sort", async
   const details = plan.map((row) => String(row["detail"]));
   assert.ok(
     details.some((d) =>
-      /SEARCH e USING INDEX outbox_events_claim \(queue=\? AND due_at<\?\)/
-        .test(d)
+      // Version 7's index leads with priority: the walk is in claim order
+      // (priority DESC, due_at, id), due_at checked in the index.
+      /SEARCH e USING INDEX outbox_events_claim \(queue=\?\)/.test(d)
     ),
     details.join("\n"),
   );
@@ -44,6 +46,31 @@ Deno.test("the claim query uses the claim index with no temp B-tree sort", async
       /SEARCH p USING (COVERING )?INDEX outbox_events_ordering/.test(d)
     ),
     details.join("\n"),
+  );
+  assert.ok(
+    details.some((d) =>
+      /SEARCH k USING COVERING INDEX outbox_events_concurrency \(queue=\? AND concurrency_key=\? AND due_at>\?\)/
+        .test(d)
+    ),
+    details.join("\n"),
+  );
+});
+
+Deno.test("nextDue seeks the claim index once per priority in use, never sorting the queue's events", async () => {
+  await using driver = await openSqliteWasm(":memory:");
+  await using _outbox = await Outbox.open(driver);
+  const plan = await driver.query(`EXPLAIN QUERY PLAN ${ADMIN_SQL.nextDue}`, [
+    "default",
+    0,
+  ]);
+  const details = plan.map((row) => String(row["detail"]));
+  assert.deepEqual(
+    details.filter((d) => /outbox_events|TEMP B-TREE/.test(d)),
+    [
+      "SEARCH outbox_events USING INDEX outbox_events_claim (queue=?)",
+      "SEARCH outbox_events USING INDEX outbox_events_claim (queue=? AND priority<?)",
+      "SEARCH outbox_events USING INDEX outbox_events_claim (queue=? AND priority=? AND due_at>?)",
+    ],
   );
 });
 

@@ -7,13 +7,13 @@ import {
   MeterProvider,
   type MetricData,
   PeriodicExportingMetricReader,
-} from "@opentelemetry/sdk-metrics";
+} from "npm:@opentelemetry/sdk-metrics@2.12.1";
 import {
   BasicTracerProvider,
   InMemorySpanExporter,
   type ReadableSpan,
   SimpleSpanProcessor,
-} from "@opentelemetry/sdk-trace-base";
+} from "npm:@opentelemetry/sdk-trace-base@2.12.1";
 import { Outbox } from "../lease.ts";
 import { openSqliteWasm } from "../drivers/sqlite_wasm.ts";
 import { type Handler, processEvents, type ProcessOptions } from "../worker.ts";

@@ -62,54 +62,63 @@ const OPERATIONS = {
   },
 } as const;
 
-for (const method of METHODS) {
-  for (const [name, operation] of Object.entries(OPERATIONS)) {
-    Deno.test(`an I/O error in any ${method} of ${name} fails only that call, and the connection sees what is on disk`, async () => {
-      const dir = await Deno.makeTempDir({ prefix: "vfs_io_error_" });
-      try {
-        let reached = true;
-        let failed = 0;
-        for (let n = 1; reached; n++) {
-          const path = join(dir, `${n}.db`);
-          const clock = new ManualClock();
-          await using outbox = await Outbox.open(await openSqliteWasm(path), {
-            now: clock.now,
-          });
-          for (let i = 0; i < 3; i++) await outbox.enqueue(i);
-          const leases = await outbox.claim({ max: 2 });
-          const before = await states(outbox);
-          const run = await failingNth(
-            method,
-            n,
-            () => operation(outbox, leases),
-          );
-          reached = run.reached;
-          if (run.error !== undefined) {
-            failed++;
-            assert.ok(
-              run.error instanceof SqliteError &&
-                run.error.primaryCode === SQLITE_IOERR,
-              `n=${n}: ${run.error}`,
+// A WAL commit appends and syncs; it truncates nothing.
+const MODES = [
+  ["truncate", METHODS],
+  ["wal", ["write", "sync"]],
+] as const;
+
+for (const [journalMode, methods] of MODES) {
+  for (const method of methods) {
+    for (const [name, operation] of Object.entries(OPERATIONS)) {
+      Deno.test(`in ${journalMode} mode, an I/O error in any ${method} of ${name} fails only that call, and the connection sees what is on disk`, async () => {
+        const dir = await Deno.makeTempDir({ prefix: "vfs_io_error_" });
+        try {
+          let reached = true;
+          let failed = 0;
+          for (let n = 1; reached; n++) {
+            const path = join(dir, `${n}.db`);
+            const clock = new ManualClock();
+            await using outbox = await Outbox.open(
+              await openSqliteWasm(path, { journalMode }),
+              { now: clock.now },
             );
-          } else assert.ok(!reached, `n=${n}: the failure went unreported`);
-          await using fresh = await Outbox.open(await openSqliteWasm(path), {
-            now: clock.now,
-          });
-          const seen = await states(outbox);
-          assert.equal(seen, await states(fresh), `n=${n}`);
-          if (run.error === undefined) assert.notEqual(seen, before);
-          const [check] = await (await fresh.transaction((tx) =>
-            tx.query("PRAGMA integrity_check")
-          ));
-          assert.deepEqual(check, { integrity_check: "ok" }, `n=${n}`);
-          // The next calls work, on the connection that saw the error.
-          await outbox.enqueue("next");
-          assert.notEqual(await outbox.claim(), null, `n=${n}`);
+            for (let i = 0; i < 3; i++) await outbox.enqueue(i);
+            const leases = await outbox.claim({ max: 2 });
+            const before = await states(outbox);
+            const run = await failingNth(
+              method,
+              n,
+              () => operation(outbox, leases),
+            );
+            reached = run.reached;
+            if (run.error !== undefined) {
+              failed++;
+              assert.ok(
+                run.error instanceof SqliteError &&
+                  run.error.primaryCode === SQLITE_IOERR,
+                `n=${n}: ${run.error}`,
+              );
+            } else assert.ok(!reached, `n=${n}: the failure went unreported`);
+            await using fresh = await Outbox.open(await openSqliteWasm(path), {
+              now: clock.now,
+            });
+            const seen = await states(outbox);
+            assert.equal(seen, await states(fresh), `n=${n}`);
+            if (run.error === undefined) assert.notEqual(seen, before);
+            const [check] = await (await fresh.transaction((tx) =>
+              tx.query("PRAGMA integrity_check")
+            ));
+            assert.deepEqual(check, { integrity_check: "ok" }, `n=${n}`);
+            // The next calls work, on the connection that saw the error.
+            await outbox.enqueue("next");
+            assert.notEqual(await outbox.claim(), null, `n=${n}`);
+          }
+          assert.ok(failed > 0);
+        } finally {
+          await Deno.remove(dir, { recursive: true });
         }
-        assert.ok(failed > 0);
-      } finally {
-        await Deno.remove(dir, { recursive: true });
-      }
-    });
+      });
+    }
   }
 }

@@ -3,7 +3,8 @@
  * asks the VFS whether the file moved (SQLITE_FCNTL_HAS_MOVED) before each
  * write transaction's journal, and fails the write with
  * SQLITE_READONLY_DBMOVED, as native SQLite does; nothing reported committed
- * is lost.
+ * is lost. In WAL mode, which the pager does not check, the VFS and the
+ * node:sqlite driver do.
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
@@ -31,7 +32,9 @@ Deno.test("after a rename, writes through the old name fail with SQLITE_READONLY
   await withDir(async (dir) => {
     const path = join(dir, "outbox.db");
     const renamed = join(dir, "renamed.db");
-    await using outbox = await Outbox.open(await openSqliteWasm(path));
+    await using outbox = await Outbox.open(
+      await openSqliteWasm(path, { journalMode: "truncate" }),
+    );
     for (let i = 0; i < 5; i++) await outbox.enqueue({ i });
     await Deno.rename(path, renamed);
     await assert.rejects(outbox.enqueue({ i: 5 }), isMoved);
@@ -47,7 +50,9 @@ Deno.test("after the file is deleted, writes fail with SQLITE_READONLY_DBMOVED i
   await withDir(async (dir) => {
     const path = join(dir, "outbox.db");
     const copy = join(dir, "copy.db");
-    await using outbox = await Outbox.open(await openSqliteWasm(path));
+    await using outbox = await Outbox.open(
+      await openSqliteWasm(path, { journalMode: "truncate" }),
+    );
     await outbox.enqueue({ before: true });
     await Deno.copyFile(path, copy);
     await Deno.remove(path);
@@ -57,7 +62,9 @@ Deno.test("after the file is deleted, writes fail with SQLITE_READONLY_DBMOVED i
     // A new file at the old name is not the open one either.
     await Deno.copyFile(copy, path);
     await assert.rejects(outbox.enqueue({ i: 5 }), isMoved);
-    await using fresh = await Outbox.open(await openSqliteWasm(path));
+    await using fresh = await Outbox.open(
+      await openSqliteWasm(path, { journalMode: "truncate" }),
+    );
     assert.equal((await fresh.stats()).pending, 1);
   });
 });
@@ -73,3 +80,83 @@ Deno.test("node:sqlite's own SQLITE_READONLY_DBMOVED after a rename is the same 
     await assert.rejects(outbox.enqueue({ i: 1 }), isMoved);
   });
 });
+
+/**
+ * In WAL mode the pager never asks whether the file moved: the VFS checks
+ * when a write transaction takes the WAL's write lock, and node:sqlite's
+ * driver before each COMMIT.
+ */
+const WAL_DRIVERS = [
+  [
+    "the WASM file driver",
+    (path: string) => openSqliteWasm(path, { journalMode: "wal" }),
+  ],
+  [
+    "node:sqlite",
+    (path: string) => openNodeSqlite(path, { journalMode: "wal" }),
+  ],
+] as const;
+
+for (const [name, open] of WAL_DRIVERS) {
+  Deno.test(`in WAL mode on ${name}, after a rename, enqueue and acknowledge fail with DatabaseMovedError and every reported commit is in the renamed file`, async () => {
+    await withDir(async (dir) => {
+      const path = join(dir, "outbox.db");
+      const renamed = join(dir, "renamed.db");
+      {
+        await using outbox = await Outbox.open(await open(path));
+        for (let i = 0; i < 5; i++) await outbox.enqueue({ i });
+        const lease = await outbox.claim();
+        assert.ok(lease !== null);
+        await Deno.rename(path, renamed);
+        await assert.rejects(outbox.enqueue({ i: 5 }), isMoved);
+        await assert.rejects(outbox.acknowledge(lease), isMoved);
+      }
+      // SQLite does not checkpoint a moved file at close: the commits made
+      // before the rename are in its WAL, which keeps the old name.
+      await Deno.rename(`${path}-wal`, `${renamed}-wal`);
+      await Deno.remove(`${path}-shm`);
+      await using again = await Outbox.open(await open(renamed));
+      const stats = await again.stats();
+      assert.deepEqual([stats.pending, stats.leased, stats.done], [4, 1, 0]);
+    });
+  });
+
+  Deno.test(`in WAL mode on ${name}, after the file is deleted, enqueues fail with DatabaseMovedError instead of reporting commits that nobody can read`, async () => {
+    await withDir(async (dir) => {
+      const path = join(dir, "outbox.db");
+      await using outbox = await Outbox.open(await open(path));
+      await outbox.enqueue({ before: true });
+      await Deno.remove(path);
+      for (let i = 0; i < 3; i++) {
+        await assert.rejects(outbox.enqueue({ i }), isMoved);
+      }
+      await assert.rejects(outbox.claim(), isMoved);
+    });
+  });
+
+  Deno.test(`in WAL mode on ${name}, after another file replaces it, writes fail with DatabaseMovedError`, async () => {
+    await withDir(async (dir) => {
+      const path = join(dir, "outbox.db");
+      const other = join(dir, "other.db");
+      {
+        await using replacement = await Outbox.open(
+          await open(other),
+        );
+        await replacement.enqueue({ replacement: true });
+      }
+      {
+        await using outbox = await Outbox.open(await open(path));
+        await outbox.enqueue({ before: true });
+        await Deno.rename(other, path);
+        await assert.rejects(outbox.enqueue({ after: true }), isMoved);
+      }
+      // The old connection's WAL keeps the path's name: it must go before
+      // the new file is opened (see docs/wal.md).
+      await Deno.remove(`${path}-wal`);
+      await Deno.remove(`${path}-shm`);
+      await using fresh = await Outbox.open(await open(path));
+      assert.deepEqual((await fresh.claim())?.payload, { replacement: true });
+      assert.equal(await fresh.claim(), null);
+    });
+  });
+}

@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { DatabaseSync } from "node:sqlite";
 import { BusyError, SqliteError } from "../errors.ts";
 import { locksOn } from "./fixtures/vfs_locks.ts";
+import { libcCalls } from "../deno/libc.ts";
 import {
   type DenoSqliteWasmOptions,
   openSqliteWasm,
@@ -22,11 +23,12 @@ async function withDir(fn: (dir: string) => Promise<void>): Promise<void> {
   }
 }
 
+/** Opens in a rollback-journal mode ("truncate" unless told): these tests are about its locks. */
 async function open(
   path: string | URL,
   options?: DenoSqliteWasmOptions,
 ): Promise<SqliteWasmDriver> {
-  return await openSqliteWasm(path, options);
+  return await openSqliteWasm(path, { journalMode: "truncate", ...options });
 }
 
 Deno.test("lock matrix over SQL: readers during RESERVED, one writer, COMMIT waits for readers, PENDING refuses new readers", async () => {
@@ -93,19 +95,46 @@ Deno.test("closing another connection to the file keeps this connection's locks 
   });
 });
 
-Deno.test("journal modes: truncate is the default, delete removes the journal, persist keeps it", async () => {
+Deno.test("journal modes: a new file defaults to WAL, an existing file not in WAL mode to truncate", async () => {
+  await withDir(async (dir) => {
+    const fresh = join(dir, "new.db");
+    {
+      await using db = await openSqliteWasm(fresh);
+      assert.deepEqual(await db.query("PRAGMA journal_mode"), [{
+        journal_mode: Deno.build.arch === "x86_64" ? "wal" : "truncate",
+      }]);
+      assert.deepEqual(await db.query("PRAGMA synchronous"), [{
+        synchronous: 2,
+      }]);
+      await db.exec("CREATE TABLE t(x); INSERT INTO t VALUES (1)");
+    }
+    const existing = join(dir, "existing.db");
+    const native = new DatabaseSync(existing);
+    native.exec("CREATE TABLE t(x); INSERT INTO t VALUES (1)");
+    native.close();
+    await using db = await openSqliteWasm(existing);
+    assert.deepEqual(await db.query("PRAGMA journal_mode"), [{
+      journal_mode: "truncate",
+    }]);
+    // Reopened, the new file keeps the mode it was made in.
+    await using again = await openSqliteWasm(fresh);
+    assert.deepEqual(await again.query("PRAGMA journal_mode"), [{
+      journal_mode: Deno.build.arch === "x86_64" ? "wal" : "truncate",
+    }]);
+    assert.deepEqual(await again.query("SELECT x FROM t"), [{ x: 1 }]);
+  });
+});
+
+Deno.test("journal modes: truncate truncates the journal, delete removes it, persist keeps it", async () => {
   await withDir(async (dir) => {
     const cases = [
-      { journalMode: undefined, expected: "truncate", journal: 0 },
+      { journalMode: "truncate", expected: "truncate", journal: 0 },
       { journalMode: "delete", expected: "delete", journal: null },
       { journalMode: "persist", expected: "persist", journal: "kept" },
     ] as const;
     for (const { journalMode, expected, journal } of cases) {
       const path = join(dir, `${expected}.db`);
-      await using db = await open(
-        path,
-        journalMode === undefined ? {} : { journalMode },
-      );
+      await using db = await open(path, { journalMode });
       assert.deepEqual(await db.query("PRAGMA journal_mode"), [{
         journal_mode: expected,
       }]);
@@ -145,11 +174,13 @@ Deno.test("the directory is fsynced when a journal is created and when SQLite as
       );
 
       const directorySyncs = async (synchronous: "full" | "extra") => {
-        synced.length = 0;
         await using db = await open(join(dir, `${synchronous}.db`), {
           journalMode: "delete",
           synchronous,
         });
+        // Counted from here: opening a new file writes its header (with
+        // auto_vacuum) in a transaction of its own.
+        synced.length = 0;
         await db.exec("CREATE TABLE t(x)");
         await db.exec("INSERT INTO t VALUES (1)");
         return synced.length;
@@ -176,6 +207,52 @@ Deno.test("synchronous can be chosen per connection", async () => {
         "Cannot open database as 'synchronous' must be one of off, normal, full, extra: current value is fast",
       ),
     );
+  });
+});
+
+Deno.test("PRAGMA fullfsync makes every sync a full one (F_FULLFSYNC where the system has it), as in os_unix; without it none is", async () => {
+  await withDir(async (dir) => {
+    await using db = await open(join(dir, "full.db"));
+    await db.exec("CREATE TABLE t(x)");
+    // Whatever each sync called (fdatasync, fsync or F_FULLFSYNC).
+    const made = () =>
+      ["fdatasync", "fsync", "F_FULLFSYNC"].reduce(
+        (sum, call) => sum + (libcCalls[call] ?? 0),
+        0,
+      );
+    /** The syncs asked full, and those made, by one committed INSERT. */
+    const commit = async (): Promise<[number, number]> => {
+      const [full, syncs] = [libcCalls.full ?? 0, made()];
+      await db.exec("INSERT INTO t VALUES (1)");
+      return [(libcCalls.full ?? 0) - full, made() - syncs];
+    };
+    const [plainFull, plainSyncs] = await commit();
+    assert.equal(plainFull, 0);
+    assert.ok(plainSyncs > 0);
+    await db.exec("PRAGMA fullfsync=ON");
+    // Every sync of the commit (journal, database) asks for a full one.
+    assert.deepEqual(await commit(), [plainSyncs, plainSyncs]);
+  });
+});
+
+Deno.test("a path with a NUL character is refused with a TypeError naming it, before anything is opened or created", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "a.db\0.hidden");
+    await assert.rejects(
+      open(path),
+      new TypeError(
+        `Cannot open database as 'path' must not contain a NUL character (SQLite would open the file named by the text before it): current value is ${
+          JSON.stringify(path)
+        }`,
+      ),
+    );
+    const url = new URL(`file://${dir}/b.db%00.hidden`);
+    await assert.rejects(open(url), {
+      name: "TypeError",
+      message: new RegExp(`current value is "file://${dir}/b.db%00.hidden"`),
+    });
+    await assert.rejects(open(`file:${dir}/c.db%00x`), TypeError);
+    assert.deepEqual([...Deno.readDirSync(dir)], []);
   });
 });
 
@@ -454,36 +531,5 @@ Deno.test("a database whose earlier-release flock sidecar is locked is refused w
     }
     await using db = await open(path);
     assert.deepEqual(await db.query("SELECT count(*) AS n FROM t"), [{ n: 0 }]);
-  });
-});
-
-Deno.test("closing a WASM connection while another stays open keeps node:sqlite's POSIX locks in the same process", async () => {
-  await withDir(async (dir) => {
-    const path = join(dir, "mixed.db");
-    await using keeper = await open(path);
-    await keeper.exec("CREATE TABLE t(x)");
-    const native = new DatabaseSync(path);
-    try {
-      native.exec("BEGIN IMMEDIATE; INSERT INTO t VALUES (1)");
-      const passerby = await open(path);
-      await passerby.query("SELECT count(*) FROM t");
-      await passerby.close();
-      // Another process still finds node:sqlite's RESERVED lock.
-      const output = await new Deno.Command("sqlite3", {
-        args: [path, "BEGIN IMMEDIATE; COMMIT;"],
-        stderr: "piped",
-      }).output();
-      assert.notEqual(output.code, 0);
-      assert.match(
-        new TextDecoder().decode(output.stderr),
-        /database is locked/,
-      );
-      native.exec("COMMIT");
-    } finally {
-      native.close();
-    }
-    assert.deepEqual(await keeper.query("SELECT count(*) AS n FROM t"), [{
-      n: 1,
-    }]);
   });
 });

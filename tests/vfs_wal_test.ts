@@ -1,6 +1,7 @@
 /**
  * WAL through the Deno file VFS: the `-shm` index mapped into WASM memory
- * and shared with other connections, other processes and native SQLite.
+ * and shared with other connections, other processes and native SQLite
+ * (node:sqlite in this process: vfs_same_process_test.ts).
  * (The crash trials are in vfs_crash_test.ts, the multi-process claim races
  * and the interop soak in vfs_process_test.ts and vfs_interop_test.ts.)
  */
@@ -10,27 +11,11 @@ import { fileURLToPath } from "node:url";
 import { DatabaseSync } from "node:sqlite";
 import { BusyError, SqliteError } from "../errors.ts";
 import { loadSqlite3, openSqliteWasm } from "../deno/sqlite_wasm.ts";
-import { openNodeSqlite } from "../drivers/node_sqlite.ts";
-import { Outbox } from "../mod.ts";
 import { lines } from "./fixtures/vfs_child.ts";
+import { nativeSql as sqlite3Cli } from "./fixtures/vfs_locks.ts";
 import { tempDir } from "./helpers.ts";
 
-/** Runs `sql` on `path` in the `sqlite3` CLI, in another process. */
-function sqlite3Cli(path: string, sql: string) {
-  const output = new Deno.Command("sqlite3", {
-    args: [path, sql],
-    stdout: "piped",
-    stderr: "piped",
-  }).outputSync();
-  const decoder = new TextDecoder();
-  return {
-    code: output.code,
-    stdout: decoder.decode(output.stdout).trim(),
-    stderr: decoder.decode(output.stderr).trim(),
-  };
-}
-
-/** As {@linkcode sqlite3Cli}, which must succeed; returns its output. */
+/** As `sqlite3Cli`, which must succeed; returns its output. */
 function sqlite3Ok(path: string, sql: string): string {
   const { code, stdout, stderr } = sqlite3Cli(path, sql);
   assert.equal(code, 0, stderr);
@@ -75,50 +60,6 @@ Deno.test("WAL is shared by connections: a reader keeps its snapshot while a wri
     "wal.db",
   ]);
   assert.equal(sqlite3Ok(path, "SELECT sum(x) FROM t"), "1325");
-});
-
-Deno.test("WAL with native SQLite: node:sqlite here and sqlite3 in another process read and write one WAL file with WASM connections, and a WASM close keeps node:sqlite's WAL lock", async () => {
-  await using tmp = await tempDir("vfs_wal_");
-  const dir = tmp.path;
-  const path = join(dir, "mixed_wal.db");
-  await using wasm = await openSqliteWasm(path, { journalMode: "wal" });
-  await wasm.exec("CREATE TABLE t(x INTEGER) STRICT");
-  const native = new DatabaseSync(path);
-  try {
-    for (let i = 0; i < 20; i++) {
-      await wasm.run("INSERT INTO t VALUES (?)", [i]);
-      native.prepare("INSERT INTO t VALUES (?)").run(100 + i);
-      sqlite3Ok(path, `INSERT INTO t VALUES (${200 + i})`);
-    }
-    const expected = 190 + 20 * 100 + 190 + 20 * 200 + 190;
-    assert.deepEqual(await wasm.query("SELECT sum(x) AS s FROM t"), [{
-      s: expected,
-    }]);
-    assert.deepEqual(
-      { ...native.prepare("SELECT sum(x) AS s FROM t").get() },
-      { s: expected },
-    );
-    // node:sqlite holds WAL's write lock, a POSIX lock on -shm; closing a
-    // WASM connection must not close a -shm descriptor (that would drop it).
-    native.exec("BEGIN IMMEDIATE; INSERT INTO t VALUES (1000)");
-    const passerby = await openSqliteWasm(path, { journalMode: "wal" });
-    assert.deepEqual(await passerby.query("SELECT count(*) AS n FROM t"), [{
-      n: 60,
-    }]);
-    await passerby.close();
-    const locked = sqlite3Cli(path, "BEGIN IMMEDIATE; COMMIT;");
-    assert.notEqual(locked.code, 0);
-    assert.match(locked.stderr, /database is locked/);
-    native.exec("COMMIT");
-  } finally {
-    native.close();
-  }
-  assert.deepEqual(await wasm.query("SELECT count(*) AS n FROM t"), [{
-    n: 61,
-  }]);
-  assert.deepEqual(await wasm.query("PRAGMA integrity_check"), [{
-    integrity_check: "ok",
-  }]);
 });
 
 Deno.test("the WAL index stays shared after WASM memory grows", async () => {
@@ -179,32 +120,6 @@ Deno.test("a file in WAL mode stays in it when journalMode is unset; asked to le
   assert.throws(() => Deno.statSync(`${path}-wal`), Deno.errors.NotFound);
 });
 
-Deno.test("with default options, an outbox on the WASM driver and one on node:sqlite (whose default is WAL) share a file, in either order", async () => {
-  await using tmp = await tempDir("vfs_wal_");
-  for (const first of ["node", "wasm"] as const) {
-    const path = join(tmp.path, `${first}_first.db`);
-    const open = (driver: "node" | "wasm") =>
-      driver === "node" ? openNodeSqlite(path) : openSqliteWasm(path);
-    await using a = await Outbox.open(await open(first));
-    await a.enqueue({ from: first });
-    await using b = await Outbox.open(
-      await open(first === "node" ? "wasm" : "node"),
-    );
-    await b.enqueue({ from: "second" });
-    const lease = await b.claim();
-    assert.deepEqual(lease?.payload, { from: first });
-    await b.acknowledge(lease!);
-    assert.deepEqual((await a.claim())?.payload, { from: "second" });
-    assert.deepEqual(await a.stats(), {
-      pending: 0,
-      leased: 1,
-      done: 1,
-      dead: 0,
-      oldestPendingAgeMs: 0,
-    });
-  }
-});
-
 for (const asRoot of [false, true]) {
   Deno.test({
     name: asRoot
@@ -214,7 +129,7 @@ for (const asRoot of [false, true]) {
     async fn() {
       await using tmp = await tempDir("vfs_wal_");
       const path = join(tmp.path, "shared.db");
-      (await openSqliteWasm(path)).close();
+      (await openSqliteWasm(path, { journalMode: "truncate" })).close();
       Deno.chmodSync(path, 0o660);
       if (asRoot) Deno.chownSync(path, 4321, 4322);
       const taken = (file: string) => {
@@ -733,7 +648,7 @@ Deno.test("an -shm deleted by its last user in another process is closed here at
   const path = join(dir, "churn.db");
   // A connection in a rollback mode keeps the file open here, so closed
   // WAL connections park their -shm descriptors.
-  const keeper = await openSqliteWasm(path);
+  const keeper = await openSqliteWasm(path, { journalMode: "truncate" });
   await keeper.exec("CREATE TABLE t(x)");
   try {
     for (let cycle = 0; cycle < 4; cycle++) {

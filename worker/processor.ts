@@ -81,6 +81,8 @@ export class Processor<P = unknown> implements AsyncDisposable {
   #loopState: LoopState = "starting";
   #writerState: WriterState = "idle";
   #stopping = false;
+  /** When the loop last ran the schedules, on the monotonic clock. */
+  #schedulesRunAt = -Infinity;
   #closed = false;
   #stopped: Promise<void> | undefined;
   /** A wake that found no wait: the next wait returns at once. */
@@ -217,6 +219,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         dueAt = await this.#nextDueAt();
       }
       this.#loopTo("claiming");
+      await this.#runSchedules(read);
       let claimed: Claimed<P>;
       try {
         claimed = await this.#claim(!read);
@@ -331,6 +334,23 @@ export class Processor<P = unknown> implements AsyncDisposable {
       void this.#acknowledgeBatch();
     } else {
       this.#writerTo("idle");
+    }
+  }
+
+  /**
+   * Runs the outbox's schedules (`Outbox.runSchedules`) as the loop claims:
+   * at an idle loop's read, and at most once a second while it is busy; one
+   * read while nothing is due.
+   */
+  async #runSchedules(idle: boolean): Promise<void> {
+    const now = this.#o.monotonicNow();
+    if (this.#outbox.runSchedules === undefined || this.#stopping) return;
+    if (!idle && now - this.#schedulesRunAt < 1_000) return;
+    this.#schedulesRunAt = now;
+    try {
+      await this.#outbox.runSchedules();
+    } catch (error) {
+      if (!this.#noteClosed(error)) this.#report(error);
     }
   }
 

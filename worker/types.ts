@@ -47,6 +47,8 @@ export interface ProcessableOutbox<P> {
   explain(eventId: number): Promise<Explanation | null>;
   /** Time until the next event comes due, as {@linkcode Outbox.nextDueInMs} says. */
   nextDueInMs(options?: { readonly queue?: string }): Promise<number | null>;
+  /** Enqueues the due ticks of the schedules, as {@linkcode Outbox.runSchedules} does. */
+  runSchedules?(): Promise<number>;
   /** Calls `listener` after each local enqueue; returns its removal. */
   onEnqueue(listener: () => void): () => void;
   /** Whether the outbox was closed. */

@@ -8,7 +8,7 @@
  *
  * @module
  */
-import type { Page } from "playwright-core";
+import type { Page } from "npm:playwright-core@1.65.1";
 import { openSession, until } from "../../tests/fixtures/browser/harness.ts";
 
 const out = new URL("./screenshot.png", import.meta.url);

@@ -91,9 +91,11 @@ export function serveExample(
   const state: { down: boolean } = { down: false };
   const deliveries: Delivery[] = [];
   const headers = (type: string): Headers => {
+    // no-cache (every use asks the server again), not no-store, which
+    // keeps pages out of the browser's back-forward cache.
     const result = new Headers({
       "content-type": type,
-      "cache-control": "no-store",
+      "cache-control": "no-cache",
     });
     if (options.isolated) {
       result.set("cross-origin-opener-policy", "same-origin");

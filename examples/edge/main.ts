@@ -11,9 +11,15 @@
  * transaction pooler (Supavisor's port 6543) it would not work. Prepared
  * statements are off for the same pooler.
  *
+ * Run locally (`docs/edge.md` starts a throwaway PostgreSQL for it):
+ *
  * ```sh
- * DATABASE_URL=postgres://… WEBHOOK_URL=https://… PORT=8000 deno run -A examples/edge/main.ts
+ * DATABASE_URL=postgres://… WEBHOOK_URL=http://127.0.0.1:9000/ deno run -A examples/edge/main.ts
  * ```
+ *
+ * It listens on `HOSTNAME` (default `127.0.0.1`: only this machine) and
+ * `PORT` (default 8000); edge platforms choose both themselves. A variable
+ * it needs and does not have is named in the answer (500) and on stderr.
  *
  * @module
  */
@@ -26,11 +32,31 @@ import {
   setUpOrders,
 } from "./orders.ts";
 
+/** A setting the function needs is missing from its environment. */
+class MissingSetting extends Error {
+  override name = "MissingSetting";
+  constructor(variable: string, example: string) {
+    super(`${variable} is not set: set it to ${example}`);
+  }
+}
+
+function setting(variable: string, example: string): string {
+  const value = Deno.env.get(variable);
+  if (value === undefined || value === "") {
+    throw new MissingSetting(variable, example);
+  }
+  return value;
+}
+
 let opened: Promise<Outbox<OrderPlaced>> | undefined;
 function outbox(): Promise<Outbox<OrderPlaced>> {
+  const url = setting(
+    "DATABASE_URL",
+    "the database's URL, e.g. postgres://postgres@127.0.0.1:5432/postgres",
+  );
   opened ??= (async () => {
     const outbox = await openPostgres<OrderPlaced>(
-      Deno.env.get("DATABASE_URL")!,
+      url,
       // Supavisor's transaction mode: no LISTEN, no named statements.
       { listen: false, prepare: false, statementTimeoutMs: 10_000 },
     );
@@ -41,11 +67,13 @@ function outbox(): Promise<Outbox<OrderPlaced>> {
   return opened;
 }
 
-// Edge platforms pick the port themselves; PORT serves local runs.
-Deno.serve({ port: Number(Deno.env.get("PORT") ?? 8000) }, async (request) => {
+async function handle(request: Request): Promise<Response> {
   const url = new URL(request.url);
   if (request.method === "POST" && url.pathname === "/drain") {
-    const webhook = Deno.env.get("WEBHOOK_URL")!;
+    const webhook = setting(
+      "WEBHOOK_URL",
+      "the URL that receives each event, e.g. http://127.0.0.1:9000/",
+    );
     const report = await drain(await outbox(), async (lease, signal) => {
       const response = await fetch(webhook, {
         method: "POST",
@@ -64,4 +92,19 @@ Deno.serve({ port: Number(Deno.env.get("PORT") ?? 8000) }, async (request) => {
     return Response.json(report);
   }
   return await ordersHandler(await outbox())(request);
+}
+
+// Edge platforms pick the address and port themselves; HOSTNAME and PORT
+// serve local runs, on this machine only unless HOSTNAME says otherwise.
+Deno.serve({
+  hostname: Deno.env.get("HOSTNAME") || "127.0.0.1",
+  port: Number(Deno.env.get("PORT") || 8000),
+}, async (request) => {
+  try {
+    return await handle(request);
+  } catch (error) {
+    if (!(error instanceof MissingSetting)) throw error;
+    console.error(`edge example: ${error.message}`);
+    return Response.json({ error: error.message }, { status: 500 });
+  }
 });

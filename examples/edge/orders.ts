@@ -183,7 +183,7 @@ async function drainUntil(
         failed++;
         await outbox.release(lease, {
           delayMs: options.retryDelayMs ?? 5_000,
-          error: String(outcome.reason).slice(0, 1_000),
+          error: errorText(outcome.reason),
         }).catch(() => {});
       }
     }
@@ -204,4 +204,20 @@ async function drainUntil(
     }
   }
   return { delivered, failed, stale };
+}
+
+/**
+ * The error text a released event keeps: whatever the delivery rejected
+ * with, as text the outbox accepts (at most 1,000 characters, no NUL, no
+ * lone surrogate). `String(reason)` throws for `Object.create(null)` or an
+ * error whose `message` getter throws: such a reason gets a fixed text.
+ */
+function errorText(reason: unknown): string {
+  let text: string;
+  try {
+    text = String(reason);
+  } catch {
+    text = "a delivery failure that cannot be printed";
+  }
+  return text.replaceAll("\0", "\uFFFD").slice(0, 1_000).toWellFormed();
 }

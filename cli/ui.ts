@@ -1,0 +1,82 @@
+/**
+ * `outbox ui <db> [--port N] [--hostname H] [--actions]`: serves the web
+ * dashboard over the database until Ctrl-C. Read-only through
+ * {@linkcode OutboxReader} unless `--actions`, which opens it read-write
+ * through {@linkcode Outbox} and enables redrive, cancel and purge. Binds
+ * 127.0.0.1 unless `--hostname` says otherwise: a dashboard is an admin door.
+ *
+ * @module
+ */
+import { count, noArguments } from "./args.ts";
+import {
+  type Command,
+  flagOption,
+  stringOption,
+  UsageError,
+} from "./command.ts";
+import { openOutbox, openReader } from "./open.ts";
+import { serveDashboard } from "../dashboard/serve.ts";
+
+export const ui: Command = {
+  name: "ui",
+  synopsis: "<db>",
+  summary:
+    "the web dashboard on http://127.0.0.1:8080/ until Ctrl-C (read-only unless --actions)",
+  options: {
+    port: {
+      type: "string",
+      value: "<n>",
+      help: "ui: the TCP port, 0 for any free one (default 8080)",
+    },
+    hostname: {
+      type: "string",
+      value: "<h>",
+      help: "ui: the address to bind (default 127.0.0.1)",
+    },
+    actions: {
+      type: "boolean",
+      help:
+        "ui: offer redrive, cancel and purge (opens the database read-write)",
+    },
+  },
+  async run(context) {
+    noArguments(context, "ui");
+    const portText = stringOption(context, "port");
+    const port = portText === undefined ? 8080 : count("--port", portText, 0);
+    if (port > 65_535) {
+      throw new UsageError(`--port must be at most 65535: got ${port}`);
+    }
+    const hostname = stringOption(context, "hostname") ?? "127.0.0.1";
+    if (hostname === "") throw new UsageError("--hostname must not be empty");
+    const actions = flagOption(context, "actions");
+    const controller = new AbortController();
+    const signal = context.signal ?? controller.signal;
+    const interrupt = () => controller.abort();
+    if (context.signal === undefined) {
+      Deno.addSignalListener("SIGINT", interrupt);
+    }
+    try {
+      await using source = actions
+        ? await openOutbox(context)
+        : await openReader(context);
+      await using server = serveDashboard(source, {
+        port,
+        hostname,
+        actions,
+        signal,
+      });
+      context.out(
+        context.json
+          ? JSON.stringify({ url: server.url, actions })
+          : `dashboard on ${server.url} (${
+            actions ? "actions on" : "read-only"
+          }; Ctrl-C to stop)`,
+      );
+      await server.finished;
+    } finally {
+      if (context.signal === undefined) {
+        Deno.removeSignalListener("SIGINT", interrupt);
+      }
+    }
+  },
+};

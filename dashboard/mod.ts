@@ -1,0 +1,562 @@
+/**
+ * A web dashboard for an outbox, as a `(request) => Promise<Response>`
+ * handler that mounts in `Deno.serve`, Hono (`app.mount`) or Fresh, with no
+ * framework of its own: the queues and their counts, what is stuck, why an
+ * event failed (its ledger's timeline), and, when enabled, one click to
+ * redrive it.
+ *
+ * It is an admin door, so it is read-only unless `actions` is true; every
+ * write is a POST that carries a CSRF token bound to a cookie and passes a
+ * same-origin check; an `authorize` hook sees every request; every stored
+ * text is escaped; and every response carries a strict
+ * Content-Security-Policy with no inline script or style.
+ *
+ * @example Serve it beside an outbox
+ * ```ts
+ * import { Outbox } from "@leased/outbox";
+ * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+ * import { dashboard } from "@leased/outbox/dashboard";
+ * import assert from "node:assert/strict";
+ *
+ * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+ * await outbox.enqueue({ to: "ada@example.com" }, { queue: "mail" });
+ * const handler = dashboard(outbox, { basePath: "/admin/outbox" });
+ * const response = await handler(new Request("http://localhost/admin/outbox/"));
+ * assert.equal(response.status, 200);
+ * assert.match(await response.text(), /mail/);
+ * // In an application: Deno.serve((request) => handler(request));
+ * ```
+ *
+ * @module
+ */
+import type { EventInfo, QueueCounts } from "../admin.ts";
+import type { EventState, Outbox } from "../lease.ts";
+import type { OutboxReader } from "../reader.ts";
+import { checkOptions, describe } from "../validate.ts";
+import { FAVICON, LIVE_SCRIPT, STYLESHEET } from "./assets.ts";
+import type { ActivityBucket } from "./chart.ts";
+import { cookie, CSRF_COOKIE, CsrfGuard, sameOrigin } from "./csrf.ts";
+import { type Html, html } from "./html.ts";
+import {
+  confirmPage,
+  COUNT_UP_TO,
+  deadPage,
+  donePage,
+  errorPage,
+  eventPage,
+  eventsPage,
+  overviewPage,
+  type PageContext,
+} from "./pages.ts";
+
+export type { Outbox } from "../lease.ts";
+export type { OutboxReader } from "../reader.ts";
+
+/** Options of {@linkcode dashboard}. */
+export interface DashboardOptions {
+  /**
+   * The path the dashboard is mounted under, e.g. `"/admin/outbox"`; requests
+   * outside it answer 404.
+   *
+   * @default {""}
+   */
+  readonly basePath?: string;
+  /**
+   * Whether the pages offer actions (redrive, cancel, purge by age). Needs
+   * an {@linkcode Outbox} as the source; off, every POST answers 405 and
+   * nothing changes.
+   *
+   * @default {false}
+   */
+  readonly actions?: boolean;
+  /**
+   * Sees every request first: `true` lets it through, `false` answers 403,
+   * and a `Response` (e.g. a 401 asking for basic auth) is answered as is.
+   *
+   * @default {every request is let through}
+   */
+  readonly authorize?: (
+    request: Request,
+  ) => boolean | Response | Promise<boolean | Response>;
+  /**
+   * The origin the browser's writes must come from (`Origin` header),
+   * when the dashboard runs behind a proxy that changes the request URL's.
+   *
+   * @default {the request URL's origin}
+   */
+  readonly origin?: string;
+  /**
+   * How often an open page updates itself, in milliseconds; `0` never.
+   *
+   * @default {5000}
+   */
+  readonly refreshMs?: number;
+  /** The pages' title. @default {"Outbox"} */
+  readonly title?: string;
+  /** The clock ages are counted by, epoch ms. @default {Date.now} */
+  readonly now?: () => number;
+}
+
+/** What the dashboard reads: an {@linkcode Outbox} or an {@linkcode OutboxReader}. */
+export type DashboardSource = Outbox | OutboxReader;
+
+/** Events per page. */
+const PAGE = 50;
+
+const STATES = new Set<string>(["pending", "leased", "done", "dead"]);
+const HOUR_MS = 3_600_000;
+const MINUTE_MS = 60_000;
+
+const SECURITY_HEADERS: Readonly<Record<string, string>> = {
+  "content-security-policy":
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+  "x-content-type-options": "nosniff",
+  // Not no-referrer: Chromium then sends `Origin: null` with a form POST.
+  "referrer-policy": "same-origin",
+  "x-frame-options": "DENY",
+  "cache-control": "no-store",
+};
+
+/**
+ * Makes the dashboard's request handler.
+ *
+ * Pages under `basePath`: `/` (the overview: counts per queue and state,
+ * the oldest pending age, events done and failed per minute over the last
+ * hour), `/events?state=&queue=&after=&q=` (a page of events in one state,
+ * or the event whose id, identity or dedup key is `q`), `/events/<id>` (one
+ * event: payload, identity, attempts, times, the ledger's timeline),
+ * `/dead` (dead letters with their last errors). With `actions`:
+ * `/confirm/<action>` asks, and a POST to `/actions/<action>` (`redrive`,
+ * `cancel`, `purge`) does it and shows what changed.
+ *
+ * @param source The outbox to show; an {@linkcode OutboxReader} never
+ * writes, so actions need an {@linkcode Outbox}.
+ * @param options See {@linkcode DashboardOptions}.
+ * @returns A handler; it never throws, answering 500 with the error's
+ * message for a failed read.
+ * @throws {TypeError} When an option is of the wrong type or unknown, or
+ * `actions` is true with a source that cannot write.
+ * @throws {RangeError} When `refreshMs` is negative or not an integer.
+ */
+export function dashboard(
+  source: DashboardSource,
+  options: DashboardOptions = {},
+): (request: Request) => Promise<Response> {
+  const op = "create dashboard";
+  checkOptions(op, options, [
+    "basePath",
+    "actions",
+    "authorize",
+    "origin",
+    "refreshMs",
+    "title",
+    "now",
+  ]);
+  if (
+    source === null || typeof source !== "object" ||
+    typeof (source as Partial<OutboxReader>).queues !== "function"
+  ) {
+    throw new TypeError(
+      `Cannot ${op} as 'source' must be an Outbox or an OutboxReader: current value is ${
+        describe(source)
+      }`,
+    );
+  }
+  const base = (options.basePath ?? "").replace(/\/+$/, "");
+  if (base !== "" && !/^\/[^?#]*$/.test(base)) {
+    throw new TypeError(
+      `Cannot ${op} as 'basePath' must be empty or a path starting with '/': current value is ${
+        describe(options.basePath)
+      }`,
+    );
+  }
+  const actions = options.actions ?? false;
+  if (typeof actions !== "boolean") {
+    throw new TypeError(
+      `Cannot ${op} as 'actions' must be a boolean: current value is ${
+        describe(actions)
+      }`,
+    );
+  }
+  const writer = source as Partial<Outbox>;
+  if (actions && typeof writer.redrive !== "function") {
+    throw new TypeError(
+      `Cannot ${op} as 'actions' needs an Outbox as 'source': an OutboxReader never writes`,
+    );
+  }
+  for (const name of ["authorize", "now"] as const) {
+    if (options[name] !== undefined && typeof options[name] !== "function") {
+      throw new TypeError(
+        `Cannot ${op} as '${name}' must be a function: current value is ${
+          describe(options[name])
+        }`,
+      );
+    }
+  }
+  for (const name of ["origin", "title"] as const) {
+    if (options[name] !== undefined && typeof options[name] !== "string") {
+      throw new TypeError(
+        `Cannot ${op} as '${name}' must be a string: current value is ${
+          describe(options[name])
+        }`,
+      );
+    }
+  }
+  const refreshMs = options.refreshMs ?? 5_000;
+  if (!Number.isSafeInteger(refreshMs) || refreshMs < 0) {
+    throw new RangeError(
+      `Cannot ${op} as 'refreshMs' must be a non-negative integer: current value is ${
+        describe(refreshMs)
+      }`,
+    );
+  }
+  const now = options.now ?? Date.now;
+  const title = options.title ?? "Outbox";
+  const guard = new CsrfGuard();
+
+  return async (request) => {
+    const url = new URL(request.url);
+    if (url.pathname !== base && !url.pathname.startsWith(`${base}/`)) {
+      return text(404, "Not found");
+    }
+    const path = url.pathname.slice(base.length) || "/";
+    try {
+      if (options.authorize !== undefined) {
+        const verdict = await options.authorize(request);
+        if (verdict instanceof Response) return verdict;
+        if (verdict !== true) return text(403, "Forbidden");
+      }
+      if (path === "/assets/dashboard.css") {
+        return asset(STYLESHEET, "text/css; charset=utf-8");
+      }
+      if (path === "/assets/favicon.svg") {
+        return asset(FAVICON, "image/svg+xml");
+      }
+      if (path === "/assets/live.js") {
+        return asset(LIVE_SCRIPT, "text/javascript; charset=utf-8");
+      }
+      let nonce = cookie(request, CSRF_COOKIE);
+      const fresh = nonce === undefined || !/^[0-9a-f]{64}$/.test(nonce);
+      if (fresh) nonce = CsrfGuard.nonce();
+      const context: PageContext = {
+        base,
+        title,
+        actions,
+        csrf: actions ? await guard.token(nonce!) : "",
+        refreshMs,
+        now: await clockOf(source, now),
+      };
+      let response: Response;
+      if (request.method === "POST") {
+        if (!actions) {
+          return text(405, "Actions are disabled on this dashboard", {
+            allow: "GET",
+          });
+        }
+        const form = await request.formData().catch(() => null);
+        const token = form?.get("csrf");
+        if (
+          fresh || form === null || typeof token !== "string" ||
+          !sameOrigin(request, options.origin ?? url.origin) ||
+          !(await guard.verify(nonce!, token))
+        ) {
+          return text(
+            403,
+            "Refused: the form's CSRF token or origin did not match; reload the page and try again",
+          );
+        }
+        response = await act(writer as Outbox, context, path, form);
+      } else if (request.method === "GET" || request.method === "HEAD") {
+        response = await show(source, context, path, url.searchParams);
+      } else {
+        return text(405, "Method not allowed", { allow: "GET, POST" });
+      }
+      if (fresh && actions) {
+        response.headers.append(
+          "set-cookie",
+          `${CSRF_COOKIE}=${nonce}; Path=${
+            base || "/"
+          }; HttpOnly; SameSite=Strict`,
+        );
+      }
+      return response;
+    } catch (error) {
+      return text(
+        500,
+        `The dashboard could not read the outbox: ${
+          error instanceof Error ? error.message : String(error)
+        }`,
+      );
+    }
+  };
+}
+
+/** Answers a GET. */
+async function show(
+  source: DashboardSource,
+  context: PageContext,
+  path: string,
+  query: URLSearchParams,
+): Promise<Response> {
+  if (path === "/") {
+    const [queues, activity] = await Promise.all([
+      source.queues({ countUpTo: COUNT_UP_TO }),
+      activityOf(source, context.now),
+    ]);
+    return page(overviewPage(context, queues, activity));
+  }
+  if (path === "/dead") {
+    const events = await source.list({ state: "dead", limit: PAGE });
+    return page(deadPage(context, events, PAGE));
+  }
+  if (path === "/events") {
+    const q = query.get("q")?.trim() ?? "";
+    if (q !== "") {
+      const found = await find(source, q);
+      if (found !== null) return redirect(`${context.base}/events/${found}`);
+    }
+    const state = query.get("state") ?? "pending";
+    const queue = query.get("queue") || undefined;
+    const after = Number(query.get("after") ?? 0);
+    if (!STATES.has(state) || !Number.isSafeInteger(after) || after < 0) {
+      return page(errorPage(context, "No such filter."), 400);
+    }
+    const queues = (await source.queues({ countUpTo: 1 })).map((
+      c: QueueCounts,
+    ) => c.queue);
+    const events = queue !== undefined && !queues.includes(queue)
+      ? []
+      : await source.list({
+        state: state as EventState,
+        limit: PAGE,
+        afterId: after,
+        ...(queue === undefined ? {} : { queue }),
+      });
+    return page(eventsPage(
+      context,
+      { state: state as EventState, queue, afterId: after },
+      queues,
+      events,
+      PAGE,
+      q === ""
+        ? undefined
+        : html`<p class="notice">No event has the id, identity or dedup key ${q}.</p>`,
+    ));
+  }
+  const match = /^\/events\/(\d{1,15})$/.exec(path);
+  if (match !== null) {
+    const info = await eventInfo(source, Number(match[1]));
+    return info === null
+      ? page(errorPage(context, `No event ${match[1]}.`), 404)
+      : page(eventPage(context, info.event, info.explanation));
+  }
+  const confirm = /^\/confirm\/(redrive|cancel|purge)$/.exec(path);
+  if (confirm !== null && context.actions) {
+    return page(confirmation(context, confirm[1]!, query));
+  }
+  return page(errorPage(context, "No such page."), 404);
+}
+
+/** The confirmation page of `action`. */
+function confirmation(
+  context: PageContext,
+  action: string,
+  query: URLSearchParams,
+): Html {
+  const id = query.get("id");
+  const ids = id !== null && /^\d{1,15}$/.test(id) ? { id } : {};
+  switch (action) {
+    case "redrive":
+      return confirmPage(
+        context,
+        "redrive",
+        "id" in ids
+          ? `Redrive dead letter ${id}? It becomes pending with its attempts reset.`
+          : "Redrive every dead letter? They become pending with their attempts reset.",
+        ids,
+      );
+    case "cancel":
+      return confirmPage(
+        context,
+        "cancel",
+        `Cancel pending event ${id}? It becomes a dead letter ("cancelled"), which can be redriven.`,
+        ids,
+      );
+    default:
+      return confirmPage(
+        context,
+        "purge",
+        "Delete finished events (done and dead) older than:",
+        {},
+        html`<p><label>Age<select name="olderThan"><option value="3600000">1 hour</option><option value="86400000" selected>1 day</option><option value="604800000">7 days</option><option value="2592000000">30 days</option></select></label></p>`,
+      );
+  }
+}
+
+/** Runs a confirmed POST and shows what it changed. */
+async function act(
+  outbox: Outbox,
+  context: PageContext,
+  path: string,
+  form: FormData,
+): Promise<Response> {
+  const id = form.get("id");
+  const one = typeof id === "string" && /^\d{1,15}$/.test(id)
+    ? Number(id)
+    : undefined;
+  switch (path) {
+    case "/actions/redrive": {
+      const n = await outbox.redrive(one === undefined ? {} : { ids: [one] });
+      return page(donePage(
+        context,
+        one === undefined
+          ? html`Redrove ${n} dead ${
+            n === 1 ? "letter" : "letters"
+          }: pending again.`
+          : n === 1
+          ? html`
+            Redrove event <a
+              href="${context.base}/events/${one}">${one}</a>: pending again.
+          `
+          : html`Event ${one} was not a dead letter: nothing changed.`,
+      ));
+    }
+    case "/actions/cancel": {
+      if (one === undefined) break;
+      const cancelled = await outbox.cancel(one);
+      return page(donePage(
+        context,
+        cancelled
+          ? html`
+            Cancelled event <a
+              href="${context
+                .base}/events/${one}">${one}</a>: a dead letter now.
+          `
+          : html`Event ${one} was not pending (a worker may hold it): nothing changed.`,
+      ));
+    }
+    case "/actions/purge": {
+      const olderThanMs = Number(form.get("olderThan"));
+      if (!Number.isSafeInteger(olderThanMs) || olderThanMs < 0) break;
+      const n = await outbox.purge({ olderThanMs });
+      return page(
+        donePage(
+          context,
+          html`Purged ${n} finished ${n === 1 ? "event" : "events"}.`,
+        ),
+      );
+    }
+  }
+  return page(errorPage(context, "No such action."), 400);
+}
+
+/** The event an id, identity or dedup key names, or `null`. */
+async function find(
+  source: DashboardSource,
+  q: string,
+): Promise<number | null> {
+  if (/^\d{1,15}$/.test(q)) {
+    const explanation = await source.explain(Number(q));
+    if (explanation !== null) return explanation.eventId;
+  }
+  if (
+    /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(q)
+  ) {
+    const explanation = await source.explain(q.toLowerCase());
+    if (explanation !== null) return explanation.eventId;
+  }
+  if (q.length > 1_000 || q.includes("\0") || !q.isWellFormed()) return null;
+  for (const { queue } of await source.queues({ countUpTo: 1 })) {
+    const id = await source.eventIdByDedupKey(queue, q);
+    if (id !== null) return id;
+  }
+  return null;
+}
+
+/** One event's listing and explanation, or `null` when it does not exist. */
+async function eventInfo(
+  source: DashboardSource,
+  id: number,
+): Promise<
+  {
+    event: EventInfo;
+    explanation: NonNullable<Awaited<ReturnType<DashboardSource["explain"]>>>;
+  } | null
+> {
+  const explanation = await source.explain(id);
+  if (explanation === null) return null;
+  const [event] = await source.list({
+    state: explanation.state,
+    queue: explanation.queue,
+    afterId: id - 1,
+    limit: 1,
+  });
+  return event?.id === id ? { event, explanation } : null;
+}
+
+/** The last hour's activity per minute, where the source can tell it. */
+async function activityOf(
+  source: DashboardSource,
+  now: number,
+): Promise<ActivityBucket[]> {
+  const since = Math.floor((now - HOUR_MS) / MINUTE_MS) * MINUTE_MS + MINUTE_MS;
+  const rows = await source.activity(since, MINUTE_MS);
+  const byMinute = new Map(rows.map((row) => [row.at, row]));
+  return Array.from({ length: 60 }, (_, i) => {
+    const at = since + i * MINUTE_MS;
+    return byMinute.get(at) ?? { at, done: 0, failed: 0 };
+  });
+}
+
+/** The clock ages are counted by: the server's, where the source has one. */
+async function clockOf(
+  source: DashboardSource,
+  now: () => number,
+): Promise<number> {
+  const databaseNow = (source as { databaseNow?: () => Promise<number | null> })
+    .databaseNow;
+  return (databaseNow === undefined ? null : await databaseNow.call(source)) ??
+    now();
+}
+
+function page(body: Html, status = 200): Response {
+  return new Response(body.text, {
+    status,
+    headers: {
+      ...SECURITY_HEADERS,
+      "content-type": "text/html; charset=utf-8",
+    },
+  });
+}
+
+function asset(body: string, type: string): Response {
+  return new Response(body, {
+    headers: {
+      ...SECURITY_HEADERS,
+      "content-type": type,
+      "cache-control": "public, max-age=300",
+    },
+  });
+}
+
+function redirect(location: string): Response {
+  return new Response(null, {
+    status: 303,
+    headers: { ...SECURITY_HEADERS, location },
+  });
+}
+
+function text(
+  status: number,
+  body: string,
+  headers: Record<string, string> = {},
+): Response {
+  return new Response(body, {
+    status,
+    headers: {
+      ...SECURITY_HEADERS,
+      "content-type": "text/plain; charset=utf-8",
+      ...headers,
+    },
+  });
+}

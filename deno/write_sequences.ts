@@ -1,0 +1,108 @@
+/**
+ * How the Deno file VFS's xWrite reaches the disk: each write before the
+ * call returns, but for two fixed sequences of writes, held and written as
+ * one by their last write.
+ *
+ * @module
+ */
+import { DiskFile, type OpenFile } from "./vfs_files.ts";
+
+/** SQLite's largest page size. */
+const MAX_PAGE_SIZE = 65536;
+/** The bytes of a WAL frame's header (wal.c's WAL_FRAME_HDRSIZE). */
+const WAL_FRAME_HEADER = 24;
+
+/**
+ * Each xWrite writes its bytes before it returns, so a failure fails the
+ * call that made it, within the SQLite call (the step) that needs it, and
+ * nothing is left for a later call to write: an earlier design held runs
+ * of contiguous writes in JS, and their later failures reached another
+ * connection's call, or a call whose error SQLite ignores (an unlock, a
+ * close), after the transaction had gone on (or, in WAL mode, after the
+ * index had told other processes the bytes were there).
+ *
+ * Two exceptions, each a fixed sequence of writes that SQLite makes from
+ * one function with no other call between, so the last write of it
+ * writes them all, and its error fails the whole as the first's would:
+ * - a WAL frame: a 24-byte header, then its page (wal.c's
+ *   walWriteOneFrame);
+ * - a rollback journal record: the 4-byte page number, the page, the
+ *   4-byte checksum (pager.c's pagerAddPageToRollbackJournal).
+ *
+ * A WAL sequence starts only at a header written where the last call (a
+ * write to that file) ended: so not at the headers SQLite rewrites at a
+ * commit, which follow a read of their frame. Every 4-byte write to a
+ * rollback journal is followed by another write from the same function
+ * (a record's page; in a super-journal pointer, the name, then the
+ * checksum and the magic), so any starts one: the first record after a
+ * lock change too. Should a sequence ever break off, the next call
+ * writes what is held first, in the same step.
+ */
+export class WriteSequences {
+  #held: { file: DiskFile; offset: number; length: number } | undefined;
+  readonly #pieces = new Uint8Array(WAL_FRAME_HEADER + MAX_PAGE_SIZE + 4);
+  /** Where the last call ended when it was an xWrite, else undefined. */
+  #wrote: { file: OpenFile; end: number } | undefined;
+
+  /**
+   * For the first line of every method but xWrite that touches files:
+   * writes out what is held, if anything.
+   *
+   * @throws What the held write throws.
+   */
+  flush(): void {
+    this.#wrote = undefined;
+    this.#writeHeld();
+  }
+
+  /**
+   * xWrite: `from` to `file` at `at`, now or (the start of a sequence) with
+   * the sequence's last write.
+   *
+   * @throws What the write (or a held one it writes first) throws.
+   */
+  write(file: OpenFile, from: Uint8Array, at: number): void {
+    const last = this.#wrote;
+    this.#wrote = undefined;
+    const pieces = this.#pieces;
+    const amount = from.length;
+    const sequence = this.#held;
+    if (
+      sequence !== undefined && sequence.file === file &&
+      at === sequence.offset + sequence.length &&
+      sequence.length + amount <= pieces.length &&
+      (sequence.file.wal || sequence.length === 4
+        ? amount >= 512 // the page
+        : amount === 4) // the checksum
+    ) {
+      pieces.set(from, sequence.length);
+      sequence.length += amount;
+      if (sequence.file.wal || amount === 4) this.#writeHeld();
+    } else {
+      this.#writeHeld();
+      if (
+        file instanceof DiskFile &&
+        (file.wal
+          ? amount === WAL_FRAME_HEADER && last?.file === file &&
+            last.end === at
+          : file.journal && amount === 4)
+      ) {
+        pieces.set(from, 0);
+        this.#held = { file, offset: at, length: amount };
+      } else {
+        file.write(from, at);
+      }
+    }
+    this.#wrote = { file, end: at + amount };
+  }
+
+  #writeHeld(): void {
+    const sequence = this.#held;
+    if (sequence === undefined) return;
+    this.#held = undefined;
+    sequence.file.write(
+      this.#pieces.subarray(0, sequence.length),
+      sequence.offset,
+    );
+  }
+}

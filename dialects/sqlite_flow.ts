@@ -1,0 +1,102 @@
+/**
+ * SQLite's text of the flow-control and schedule statements
+ * (`core/flow.ts`, `core/schedules.ts` run them), and schema version 7's
+ * frozen step, which adds what they read and write.
+ *
+ * @module
+ */
+import type { FlowStatements } from "../types.ts";
+
+/**
+ * Version 7's step, frozen as shipped: an event's `priority` and
+ * `concurrency_key`; the claim index led by priority, so "the best eligible
+ * event" stays one walk of one index (highest priority first, then due
+ * time, then id); an index of the live leases per concurrency key, which a
+ * claim under a per-key limit counts; the queues' settings (pause, limits
+ * and the rate limit's token bucket) and the schedules. The index and
+ * table texts are schema.sql's, so a fresh database and an upgraded one
+ * read the same.
+ *
+ * @ignore
+ */
+export const SQLITE_FLOW_STEP =
+  `ALTER TABLE outbox_events ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE outbox_events ADD COLUMN concurrency_key TEXT;
+DROP INDEX outbox_events_claim;
+CREATE INDEX outbox_events_claim ON outbox_events (queue, priority DESC, due_at, id)
+  WHERE state IN ('pending', 'leased');
+CREATE INDEX outbox_events_concurrency ON outbox_events (queue, concurrency_key, due_at)
+  WHERE state = 'leased' AND concurrency_key IS NOT NULL;
+CREATE TABLE outbox_queues (
+  queue TEXT PRIMARY KEY,
+  paused INTEGER NOT NULL DEFAULT 0,
+  per_key INTEGER,
+  per_second INTEGER,
+  tokens REAL,
+  refilled_at INTEGER,
+  updated_at INTEGER NOT NULL
+) STRICT;
+CREATE TABLE outbox_schedules (
+  name TEXT PRIMARY KEY,
+  cron TEXT NOT NULL,
+  timezone TEXT,
+  queue TEXT NOT NULL,
+  payload ANY,
+  options TEXT NOT NULL,
+  missed TEXT NOT NULL,
+  next_at INTEGER NOT NULL,
+  last_at INTEGER,
+  updated_at INTEGER NOT NULL
+) STRICT`;
+
+/** The flow statements on SQLite. */
+export const SQLITE_FLOW: FlowStatements = {
+  settings: `SELECT paused, per_key, per_second, tokens, refilled_at
+    FROM outbox_queues WHERE queue = ?1`,
+  allSettings: `SELECT queue, paused, per_key, per_second
+    FROM outbox_queues ORDER BY queue`,
+  // ?2: 1 paused, 0 running; ?3: now.
+  pause: `INSERT INTO outbox_queues (queue, paused, updated_at)
+    VALUES (?1, ?2, ?3)
+    ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused,
+      updated_at = excluded.updated_at`,
+  // ?2/?4: 1 when perKey/perSecond is given, ?3/?5 its value (null clears
+  // it), ?6 now. A new rate starts with a full bucket.
+  limits: `INSERT INTO outbox_queues
+      (queue, per_key, per_second, tokens, refilled_at, updated_at)
+    VALUES (?1, ?3, ?5, ?5, ?6, ?6)
+    ON CONFLICT (queue) DO UPDATE SET
+      per_key = CASE WHEN ?2 THEN ?3 ELSE per_key END,
+      per_second = CASE WHEN ?4 THEN ?5 ELSE per_second END,
+      tokens = CASE WHEN ?4 THEN ?5 ELSE tokens END,
+      refilled_at = CASE WHEN ?4 THEN ?6 ELSE refilled_at END,
+      updated_at = ?6`,
+  // A queue with nothing set keeps no row: a claim then reads none.
+  prune: `DELETE FROM outbox_queues
+    WHERE queue = ?1 AND paused = 0 AND per_key IS NULL AND per_second IS NULL`,
+  // ?2: tokens left, ?3: when.
+  take: `UPDATE outbox_queues SET tokens = ?2, refilled_at = ?3
+    WHERE queue = ?1`,
+  schedule: `INSERT INTO outbox_schedules
+      (name, cron, timezone, queue, payload, options, missed, next_at, updated_at)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+    ON CONFLICT (name) DO UPDATE SET cron = excluded.cron,
+      timezone = excluded.timezone, queue = excluded.queue,
+      payload = excluded.payload, options = excluded.options,
+      missed = excluded.missed, next_at = excluded.next_at,
+      updated_at = excluded.updated_at`,
+  unschedule: "DELETE FROM outbox_schedules WHERE name = ?1 RETURNING name",
+  schedules: `SELECT name, cron, timezone, queue, payload, options, missed,
+      next_at, last_at
+    FROM outbox_schedules ORDER BY name`,
+  // ?1: now. Outside a transaction: the processing loop's cheap look.
+  anyDue: `SELECT ?1 AS now,
+    EXISTS (SELECT 1 FROM outbox_schedules WHERE next_at <= ?1) AS due`,
+  due: `SELECT name, cron, timezone, queue, payload, options, missed,
+      next_at, last_at
+    FROM outbox_schedules WHERE next_at <= ?1 ORDER BY name`,
+  // ?2: the next tick, ?3: the latest tick enqueued, ?4: now.
+  advance: `UPDATE outbox_schedules
+    SET next_at = ?2, last_at = ?3, updated_at = ?4
+    WHERE name = ?1`,
+};

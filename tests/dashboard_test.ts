@@ -1,0 +1,479 @@
+/**
+ * The dashboard handler (dashboard/mod.ts) without a browser: its pages,
+ * its escaping, its guards on writes, its options, and the plans of the
+ * statements it reads with. tests/dashboard_browser_test.ts drives it in
+ * Chromium.
+ */
+import assert from "node:assert/strict";
+import { Outbox } from "../mod.ts";
+import { OutboxReader } from "../reader.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { dashboard } from "../dashboard/mod.ts";
+import { SQLITE } from "../dialects/sqlite.ts";
+import { CSRF_COOKIE } from "../dashboard/csrf.ts";
+import { connectPostgres, openPostgres } from "../drivers/postgres.ts";
+import { sharedPostgres } from "../scripts/postgres_server.ts";
+
+const XSS = `<img src=x onerror="globalThis.pwned=1">`;
+
+async function withOutbox(
+  fn: (outbox: Outbox, clock: { now: number }) => Promise<void>,
+): Promise<void> {
+  const clock = { now: 1_700_000_000_000 };
+  await using outbox = await Outbox.open(await openSqliteWasm(":memory:"), {
+    now: () => clock.now,
+  });
+  await fn(outbox, clock);
+}
+
+/** A dead letter in queue "mail" whose last error is `error`. */
+async function deadLetter(outbox: Outbox, error: string): Promise<number> {
+  const { eventId: id } = await outbox.enqueue({ n: 1 }, {
+    queue: "mail",
+    maxAttempts: 1,
+  });
+  const lease = await outbox.claim({ queue: "mail" });
+  assert.equal(lease?.eventId, id);
+  assert.equal(await outbox.release(lease!, { error }), true);
+  return id;
+}
+
+/** GETs `path` and returns the response's cookie and the form's token. */
+async function formOf(
+  handler: (r: Request) => Promise<Response>,
+  path: string,
+): Promise<{ cookie: string; csrf: string }> {
+  const response = await handler(new Request(`http://localhost${path}`));
+  assert.equal(response.status, 200);
+  const cookie = response.headers.get("set-cookie")?.split(";")[0];
+  assert.ok(cookie !== undefined && cookie.startsWith(`${CSRF_COOKIE}=`));
+  const csrf = /name="csrf" value="([0-9a-f]{64})"/.exec(
+    await response.text(),
+  )?.[1];
+  assert.ok(csrf !== undefined);
+  return { cookie, csrf };
+}
+
+/** The page's markup with whitespace between and inside tags collapsed. */
+async function flat(response: Response): Promise<string> {
+  return (await response.text()).replace(/\s+/g, " ").replace(/> </g, "><")
+    .replace(/ >/g, ">").replace(/< /g, "<");
+}
+
+function post(
+  path: string,
+  fields: Record<string, string>,
+  headers: Record<string, string>,
+): Request {
+  return new Request(`http://localhost${path}`, {
+    method: "POST",
+    body: new URLSearchParams(fields),
+    headers: { origin: "http://localhost", ...headers },
+  });
+}
+
+Deno.test("the dashboard's overview lists each queue's counts by state, with a strict CSP", async () => {
+  await withOutbox(async (outbox) => {
+    await deadLetter(outbox, "smtp down");
+    await outbox.enqueue({ n: 1 }, { queue: "mail" });
+    await outbox.enqueue({ n: 2 }, { queue: "mail" });
+    const handler = dashboard(outbox, { basePath: "/admin" });
+    const response = await handler(new Request("http://localhost/admin/"));
+    assert.equal(response.status, 200);
+    const csp = response.headers.get("content-security-policy") ?? "";
+    assert.match(csp, /default-src 'none'/);
+    assert.match(csp, /script-src 'self'/);
+    assert.doesNotMatch(csp, /unsafe-inline/);
+    const body = await flat(response);
+    assert.match(
+      body,
+      /<td><a href="\/admin\/events\?queue=mail">mail<\/a><\/td><td class="num"><a class="state-pending"[^>]*>2<\/a><\/td><td class="num"><a class="state-leased"[^>]*>0<\/a><\/td><td class="num"><a class="state-done"[^>]*>0<\/a><\/td><td class="num"><a class="state-dead"[^>]*>1<\/a>/,
+    );
+    assert.doesNotMatch(body, /<script>|style=/);
+    assert.equal(
+      (await handler(new Request("http://localhost/elsewhere"))).status,
+      404,
+    );
+  });
+});
+
+Deno.test("the dashboard shows stored markup as text: payloads, errors and queue names", async () => {
+  await withOutbox(async (outbox) => {
+    const { eventId: id } = await outbox.enqueue({ html: XSS }, { queue: XSS });
+    const lease = await outbox.claim({ queue: XSS });
+    await outbox.release(lease!, { error: `<script>alert(1)</script>` });
+    const handler = dashboard(outbox);
+    for (
+      const path of [
+        "/",
+        `/events?state=pending&queue=${encodeURIComponent(XSS)}`,
+        `/events/${id}`,
+      ]
+    ) {
+      const body = await (await handler(
+        new Request(`http://localhost${path}`),
+      )).text();
+      assert.doesNotMatch(body, /<img src=x/, path);
+      assert.doesNotMatch(body, /<script>alert/, path);
+      assert.match(body, /&lt;img src=x onerror=/, path);
+    }
+    const event = await (await handler(
+      new Request(`http://localhost/events/${id}`),
+    )).text();
+    assert.match(event, /&lt;script&gt;alert\(1\)&lt;\/script&gt;/);
+  });
+});
+
+Deno.test("the dashboard's event page shows the payload, identity, times and the ledger's timeline", async () => {
+  await withOutbox(async (outbox, clock) => {
+    const { eventId: id, identity } = await outbox.enqueue({ to: "ada" }, {
+      dedupKey: "order-7",
+    });
+    clock.now += 1_000;
+    const lease = await outbox.claim();
+    await outbox.acknowledge(lease!);
+    const handler = dashboard(outbox, { now: () => clock.now });
+    const body = await (await handler(
+      new Request(`http://localhost/events/${id}`),
+    )).text();
+    assert.match(body, new RegExp(identity));
+    assert.match(body, /&quot;to&quot;: &quot;ada&quot;/);
+    assert.match(body, /2023-11-14 22:13:20/);
+    assert.match(body, /<td>claimed<\/td>/);
+    assert.match(body, /<td>acknowledged<\/td>/);
+    for (const q of [String(id), identity, "order-7"]) {
+      const found = await handler(
+        new Request(`http://localhost/events?q=${encodeURIComponent(q)}`),
+      );
+      assert.equal(found.status, 303, q);
+      assert.equal(found.headers.get("location"), `/events/${id}`);
+    }
+    const missing = await (await handler(
+      new Request("http://localhost/events?q=nothing"),
+    )).text();
+    assert.match(missing, /No event has the id, identity or dedup key nothing/);
+    assert.equal(
+      (await handler(new Request("http://localhost/events/999"))).status,
+      404,
+    );
+  });
+});
+
+Deno.test("with actions off, a POST is refused and nothing changes", async () => {
+  await withOutbox(async (outbox) => {
+    const id = await deadLetter(outbox, "boom");
+    const handler = dashboard(outbox);
+    const response = await handler(
+      post("/actions/redrive", { id: String(id) }, {}),
+    );
+    assert.equal(response.status, 405);
+    assert.equal((await outbox.stats({ queue: "mail" })).dead, 1);
+    const dead = await (await handler(new Request("http://localhost/dead")))
+      .text();
+    assert.doesNotMatch(dead, /Redrive/);
+    assert.match(dead, /boom/);
+  });
+});
+
+Deno.test("with actions on, a POST without the cookie's CSRF token or from another origin is refused and nothing changes", async () => {
+  await withOutbox(async (outbox) => {
+    const id = await deadLetter(outbox, "boom");
+    const handler = dashboard(outbox, { actions: true });
+    const { cookie, csrf } = await formOf(handler, `/confirm/redrive?id=${id}`);
+    const other = await formOf(handler, "/confirm/purge");
+    const refused = [
+      post("/actions/redrive", { id: String(id) }, { cookie }),
+      post("/actions/redrive", { id: String(id), csrf }, {}),
+      post("/actions/redrive", { id: String(id), csrf: other.csrf }, {
+        cookie,
+      }),
+      post("/actions/redrive", { id: String(id), csrf }, {
+        cookie,
+        origin: "http://evil.example",
+      }),
+    ];
+    for (const request of refused) {
+      assert.equal((await handler(request)).status, 403);
+    }
+    assert.equal((await outbox.stats({ queue: "mail" })).dead, 1);
+    const done = await handler(
+      post("/actions/redrive", { id: String(id), csrf }, { cookie }),
+    );
+    assert.equal(done.status, 200);
+    assert.match(await flat(done), /Redrove event <a [^>]*>\d+<\/a>/);
+    const stats = await outbox.stats({ queue: "mail" });
+    assert.equal(stats.dead, 0);
+    assert.equal(stats.pending, 1);
+  });
+});
+
+Deno.test("the dashboard cancels a pending event and purges by age, each after a confirmation", async () => {
+  await withOutbox(async (outbox, clock) => {
+    const { eventId: id } = await outbox.enqueue({ n: 1 });
+    const handler = dashboard(outbox, { actions: true });
+    const { cookie, csrf } = await formOf(handler, `/confirm/cancel?id=${id}`);
+    const cancel = await handler(
+      post("/actions/cancel", { id: String(id), csrf }, { cookie }),
+    );
+    assert.match(await cancel.text(), /Cancelled event/);
+    assert.equal((await outbox.stats()).dead, 1);
+    clock.now += 2 * 86_400_000;
+    const purge = await handler(
+      post("/actions/purge", { olderThan: "86400000", csrf }, { cookie }),
+    );
+    assert.match(await purge.text(), /Purged 1 finished event\./);
+    assert.equal((await outbox.stats()).dead, 0);
+  });
+});
+
+Deno.test("authorize() sees every request: false answers 403, a Response is answered as is", async () => {
+  await withOutbox(async (outbox) => {
+    const challenge = new Response("who?", {
+      status: 401,
+      headers: { "www-authenticate": 'Basic realm="outbox"' },
+    });
+    const handler = dashboard(outbox, {
+      authorize: (request) =>
+        request.headers.get("authorization") === `Basic ${btoa("ada:pw")}`
+          ? true
+          : request.headers.has("authorization")
+          ? false
+          : challenge,
+    });
+    assert.equal((await handler(new Request("http://localhost/"))).status, 401);
+    assert.equal(
+      (await handler(
+        new Request("http://localhost/", {
+          headers: { authorization: "Basic eA==" },
+        }),
+      )).status,
+      403,
+    );
+    assert.equal(
+      (await handler(
+        new Request("http://localhost/assets/live.js", {
+          headers: { authorization: "Basic eA==" },
+        }),
+      )).status,
+      403,
+    );
+    assert.equal(
+      (await handler(
+        new Request("http://localhost/", {
+          headers: { authorization: `Basic ${btoa("ada:pw")}` },
+        }),
+      )).status,
+      200,
+    );
+  });
+});
+
+Deno.test("dashboard() refuses bad options naming the field", async () => {
+  await withOutbox(async (outbox) => {
+    const dir = await Deno.makeTempDir();
+    try {
+      {
+        await using _ = await Outbox.open(
+          await openSqliteWasm(`${dir}/o.db`),
+        );
+      }
+      await using reader = await OutboxReader.open(
+        await openSqliteWasm(`${dir}/o.db`),
+      );
+      assert.throws(
+        () => dashboard(reader, { actions: true }),
+        /'actions' needs an Outbox as 'source'/,
+      );
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+    assert.throws(
+      () => dashboard(null as never),
+      /'source' must be an Outbox or an OutboxReader/,
+    );
+    assert.throws(
+      () => dashboard(outbox, { basePath: "admin" }),
+      /'basePath' must be empty or a path starting with '\/'/,
+    );
+    assert.throws(
+      () => dashboard(outbox, { refreshMs: -1 }),
+      RangeError,
+    );
+    assert.throws(
+      () => dashboard(outbox, { actions: "yes" as never }),
+      /'actions' must be a boolean/,
+    );
+    assert.throws(
+      () => dashboard(outbox, { colour: "red" } as never),
+      /colour/,
+    );
+  });
+});
+
+Deno.test("the dashboard's chart counts the last hour's acknowledgements and failures per minute", async () => {
+  await withOutbox(async (outbox, clock) => {
+    await outbox.enqueue({ n: 1 });
+    await outbox.enqueue({ n: 2 });
+    const first = await outbox.claim();
+    await outbox.acknowledge(first!);
+    clock.now += 60_000;
+    const second = await outbox.claim();
+    await outbox.release(second!, { error: "nope" });
+    const minute = Math.floor(clock.now / 60_000) * 60_000;
+    assert.deepEqual(await outbox.activity(minute - 60_000, 60_000), [
+      { at: minute - 60_000, done: 1, failed: 0 },
+      { at: minute, done: 0, failed: 1 },
+    ]);
+    const body = await (await dashboard(outbox, { now: () => clock.now })(
+      new Request("http://localhost/"),
+    )).text();
+    assert.match(body, /1 done, 1 failed in the last hour/);
+    await assert.rejects(() => outbox.activity(0, 0), RangeError);
+  });
+});
+
+Deno.test("every statement the dashboard reads with uses an index on SQLite", async () => {
+  await withOutbox(async (outbox) => {
+    await outbox.transaction(async (tx) => {
+      const plans: Record<string, string> = {};
+      for (
+        const [name, params] of [
+          ["queues", []],
+          ["queuesUpTo", [10_000]],
+          ["list", ["dead", "mail", 0, 50]],
+          ["event", [1]],
+          ["eventByIdentity", ["x"]],
+          ["history", [1]],
+          ["activity", [0, 60_000]],
+          ["dedupKeyEvent", ["mail", "k"]],
+        ] as const
+      ) {
+        const rows = await tx.query(
+          `EXPLAIN QUERY PLAN ${SQLITE[name]!}`,
+          [...params],
+        );
+        plans[name] = rows.map((row) => String(row["detail"])).join("; ");
+      }
+      for (const [name, plan] of Object.entries(plans)) {
+        assert.doesNotMatch(
+          plan,
+          /SCAN outbox_(events|attempts)(?! USING)/,
+          `${name}: ${plan}`,
+        );
+      }
+    });
+  });
+});
+
+Deno.test("queues({ countUpTo }) stops each count at the limit and keeps the oldest pending time; bad limits are refused before any SQL", async () => {
+  await withOutbox(async (outbox, clock) => {
+    for (let i = 0; i < 5; i++) {
+      await outbox.enqueue({ i }, { queue: "mail" });
+      clock.now += 1;
+    }
+    await outbox.enqueue({ i: 5 }, { queue: "sms" });
+    assert.deepEqual(await outbox.queues({ countUpTo: 3 }), [
+      {
+        queue: "mail",
+        pending: 3,
+        leased: 0,
+        done: 0,
+        dead: 0,
+        oldestPendingAt: 1_700_000_000_000,
+      },
+      {
+        queue: "sms",
+        pending: 1,
+        leased: 0,
+        done: 0,
+        dead: 0,
+        oldestPendingAt: 1_700_000_000_005,
+      },
+    ]);
+    assert.equal((await outbox.queues())[0]?.pending, 5);
+    for (const countUpTo of [0, 1.5, -1]) {
+      await assert.rejects(
+        () => outbox.queues({ countUpTo }),
+        /'countUpTo'/,
+      );
+    }
+    await assert.rejects(
+      () => outbox.queues({ limit: 3 } as never),
+      /limit/,
+    );
+  });
+});
+
+Deno.test("on PostgreSQL, the dashboard shows the overview, the chart, an event found by dedup key, and redrives with actions on", async () => {
+  const server = await sharedPostgres();
+  const url = server.url;
+  const schema = await server.createSchema();
+  await using outbox = await openPostgres(url, { schema });
+  const { eventId } = await outbox.enqueue({ to: XSS }, {
+    queue: "mail",
+    dedupKey: "order-9",
+    maxAttempts: 1,
+  });
+  const lease = await outbox.claim({ queue: "mail" });
+  await outbox.release(lease!, { error: "smtp down" });
+  const handler = dashboard(outbox, { actions: true });
+  const overview = await flat(
+    await handler(new Request("http://localhost/")),
+  );
+  assert.match(
+    overview,
+    /mail<\/a><\/td><td class="num"><a class="state-pending"[^>]*>0<\/a>/,
+  );
+  assert.match(overview, /0 done, 1 failed in the last hour/);
+  const found = await handler(
+    new Request("http://localhost/events?q=order-9"),
+  );
+  assert.equal(found.headers.get("location"), `/events/${eventId}`);
+  const event = await (await handler(
+    new Request(`http://localhost/events/${eventId}`),
+  )).text();
+  assert.match(event, /&lt;img src=x/);
+  assert.match(event, /smtp down/);
+  const { cookie, csrf } = await formOf(
+    handler,
+    `/confirm/redrive?id=${eventId}`,
+  );
+  const done = await handler(
+    post("/actions/redrive", { id: String(eventId), csrf }, { cookie }),
+  );
+  assert.match(await flat(done), /Redrove event/);
+  assert.equal((await outbox.stats({ queue: "mail" })).pending, 1);
+  await using reader = await OutboxReader.open(
+    await connectPostgres(url, { schema }),
+  );
+  const read = await flat(
+    await dashboard(reader)(
+      new Request("http://localhost/"),
+    ),
+  );
+  assert.match(read, /state-pending[^>]*>1<\/a>/);
+});
+
+Deno.test("bench:dashboard prints the overview's row and its anchor, on a small database", async () => {
+  const { success, stdout } = await new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      new URL("../bench/dashboard_bench.ts", import.meta.url).pathname,
+      "--events",
+      "2000",
+      "--runs",
+      "2",
+    ],
+    stdout: "piped",
+    stderr: "inherit",
+  }).output();
+  assert.equal(success, true);
+  const text = new TextDecoder().decode(stdout);
+  assert.match(text, /dashboard on 2,000 events, 2 runs/);
+  assert.match(
+    text,
+    /\| overview \(GET \/\), goal: median ≤ 200 ms \| \d+\.\d ms \|/,
+  );
+  assert.match(text, /\| anchor: exact queues\(\) .* \| \d+\.\d ms \|/);
+});
