@@ -100,6 +100,12 @@ export interface DashboardOptions {
 /** What the dashboard reads: an {@linkcode Outbox} or an {@linkcode OutboxReader}. */
 export type DashboardSource = Outbox | OutboxReader;
 
+/**
+ * The longest delay browsers' `setInterval` keeps (2^31 - 1 ms); past it
+ * they run the timer every millisecond.
+ */
+const MAX_TIMER_MS = 2_147_483_647;
+
 /** Events per page. */
 const PAGE = 50;
 
@@ -203,9 +209,12 @@ export function dashboard(
     }
   }
   const refreshMs = options.refreshMs ?? 5_000;
-  if (!Number.isSafeInteger(refreshMs) || refreshMs < 0) {
+  if (
+    !Number.isSafeInteger(refreshMs) || refreshMs < 0 ||
+    refreshMs > MAX_TIMER_MS
+  ) {
     throw new RangeError(
-      `Cannot ${op} as 'refreshMs' must be a non-negative integer: current value is ${
+      `Cannot ${op} as 'refreshMs' must be an integer from 0 to ${MAX_TIMER_MS}: current value is ${
         describe(refreshMs)
       }`,
     );
@@ -220,12 +229,19 @@ export function dashboard(
       return text(404, "Not found");
     }
     const path = url.pathname.slice(base.length) || "/";
-    try {
-      if (options.authorize !== undefined) {
-        const verdict = await options.authorize(request);
-        if (verdict instanceof Response) return verdict;
-        if (verdict !== true) return text(403, "Forbidden");
+    if (options.authorize !== undefined) {
+      let verdict: boolean | Response;
+      try {
+        verdict = await options.authorize(request);
+      } catch {
+        // Not its message: the client may not be signed in, and a hook's
+        // error may name its directory, its URL or a credential.
+        return text(500, "The dashboard's authorize hook failed");
       }
+      if (verdict instanceof Response) return verdict;
+      if (verdict !== true) return text(403, "Forbidden");
+    }
+    try {
       if (path === "/assets/dashboard.css") {
         return asset(STYLESHEET, "text/css; charset=utf-8");
       }
@@ -317,8 +333,9 @@ async function show(
     }
     const state = query.get("state") ?? "pending";
     const queue = query.get("queue") || undefined;
-    const after = Number(query.get("after") ?? 0);
-    if (!STATES.has(state) || !Number.isSafeInteger(after) || after < 0) {
+    const afterText = query.get("after") || "0";
+    const after = /^\d{1,15}$/.test(afterText) ? Number(afterText) : -1;
+    if (!STATES.has(state) || after < 0) {
       return page(errorPage(context, "No such filter."), 400);
     }
     const queues = (await source.queues({ countUpTo: 1 })).map((
@@ -345,13 +362,17 @@ async function show(
   }
   const match = /^\/events\/(\d{1,15})$/.exec(path);
   if (match !== null) {
-    const info = await eventInfo(source, Number(match[1]));
+    const id = idOf(match[1]!);
+    const info = id === undefined ? null : await eventInfo(source, id);
     return info === null
       ? page(errorPage(context, `No event ${match[1]}.`), 404)
       : page(eventPage(context, info.event, info.explanation));
   }
   const confirm = /^\/confirm\/(redrive|cancel|purge)$/.exec(path);
   if (confirm !== null && context.actions) {
+    if (confirm[1] === "cancel" && idOf(query.get("id")) === undefined) {
+      return page(errorPage(context, "Cancel which event? No id given."), 400);
+    }
     return page(confirmation(context, confirm[1]!, query));
   }
   return page(errorPage(context, "No such page."), 404);
@@ -363,8 +384,8 @@ function confirmation(
   action: string,
   query: URLSearchParams,
 ): Html {
-  const id = query.get("id");
-  const ids = id !== null && /^\d{1,15}$/.test(id) ? { id } : {};
+  const id = idOf(query.get("id"));
+  const ids = id === undefined ? {} : { id: String(id) };
   switch (action) {
     case "redrive":
       return confirmPage(
@@ -400,10 +421,7 @@ async function act(
   path: string,
   form: FormData,
 ): Promise<Response> {
-  const id = form.get("id");
-  const one = typeof id === "string" && /^\d{1,15}$/.test(id)
-    ? Number(id)
-    : undefined;
+  const one = idOf(form.get("id"));
   switch (path) {
     case "/actions/redrive": {
       const n = await outbox.redrive(one === undefined ? {} : { ids: [one] });
@@ -450,13 +468,25 @@ async function act(
   return page(errorPage(context, "No such action."), 400);
 }
 
+/**
+ * An event id written as decimal digits (1 to 999,999,999,999,999, so
+ * always a safe integer), or `undefined` for anything else: `0`, a sign,
+ * hex, an exponent, blanks, a form's file.
+ */
+function idOf(text: FormDataEntryValue | null): number | undefined {
+  if (typeof text !== "string" || !/^\d{1,15}$/.test(text)) return undefined;
+  const id = Number(text);
+  return id > 0 ? id : undefined;
+}
+
 /** The event an id, identity or dedup key names, or `null`. */
 async function find(
   source: DashboardSource,
   q: string,
 ): Promise<number | null> {
-  if (/^\d{1,15}$/.test(q)) {
-    const explanation = await source.explain(Number(q));
+  const id = idOf(q);
+  if (id !== undefined) {
+    const explanation = await source.explain(id);
     if (explanation !== null) return explanation.eventId;
   }
   if (

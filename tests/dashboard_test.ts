@@ -477,3 +477,92 @@ Deno.test("bench:dashboard prints the overview's row and its anchor, on a small 
   );
   assert.match(text, /\| anchor: exact queues\(\) .* \| \d+\.\d ms \|/);
 });
+
+Deno.test("an authorize hook that throws answers 500 without its message, so an unsigned-in client learns nothing of it", async () => {
+  await withOutbox(async (outbox) => {
+    const handler = dashboard(outbox, {
+      authorize: () => {
+        throw new Error(
+          "cannot reach ldap://admin:hunter2@directory.internal",
+        );
+      },
+    });
+    for (const path of ["/", "/assets/live.js", "/events?q=1"]) {
+      const response = await handler(new Request(`http://localhost${path}`));
+      assert.equal(response.status, 500);
+      assert.match(
+        response.headers.get("content-security-policy") ?? "",
+        /default-src 'none'/,
+      );
+      const body = await response.text();
+      assert.doesNotMatch(body, /hunter2|ldap|directory\.internal/);
+      assert.match(body, /authorize/);
+    }
+  });
+});
+
+Deno.test("dashboard() refuses a refreshMs past the browsers' timer limit, which they would run every millisecond", async () => {
+  await withOutbox(async (outbox) => {
+    assert.throws(
+      () => dashboard(outbox, { refreshMs: 2 ** 31 }),
+      (error: unknown) =>
+        error instanceof RangeError && /'refreshMs'/.test(error.message),
+    );
+    const handler = dashboard(outbox, { refreshMs: 2 ** 31 - 1 });
+    const page = await (await handler(new Request("http://localhost/")))
+      .text();
+    assert.match(page, /data-live="2147483647"/);
+  });
+});
+
+Deno.test("the dashboard answers 404 for event 0 and finds no event for q=0, rather than failing with 500", async () => {
+  await withOutbox(async (outbox) => {
+    await outbox.enqueue({ n: 1 }, { queue: "mail" });
+    const handler = dashboard(outbox);
+    const zero = await handler(new Request("http://localhost/events/0"));
+    assert.equal(zero.status, 404);
+    assert.match(await zero.text(), /No event 0\./);
+    const search = await handler(new Request("http://localhost/events?q=0"));
+    assert.equal(search.status, 200);
+    assert.match(
+      await search.text(),
+      /No event has the id, identity or dedup key 0\./,
+    );
+  });
+});
+
+Deno.test("the events page reads after as a plain decimal id only: hex, blanks and exponents answer 400", async () => {
+  await withOutbox(async (outbox) => {
+    await outbox.enqueue({ n: 1 }, { queue: "mail" });
+    const handler = dashboard(outbox);
+    for (const after of ["0x10", "%20", "1e3", "-1", "1e309", "1.5", "+1"]) {
+      const response = await handler(
+        new Request(`http://localhost/events?after=${after}`),
+      );
+      assert.equal(response.status, 400, after);
+      await response.body?.cancel();
+    }
+    for (const after of ["", "0", "1"]) {
+      const response = await handler(
+        new Request(`http://localhost/events?after=${after}`),
+      );
+      assert.equal(response.status, 200, after);
+      await response.body?.cancel();
+    }
+  });
+});
+
+Deno.test("the cancel confirmation without an event id answers 400 rather than asking to cancel event undefined", async () => {
+  await withOutbox(async (outbox) => {
+    const handler = dashboard(outbox, { actions: true });
+    for (const query of ["", "?id=", "?id=0", "?id=abc"]) {
+      const response = await handler(
+        new Request(`http://localhost/confirm/cancel${query}`),
+      );
+      assert.equal(response.status, 400, query);
+      const body = await response.text();
+      assert.doesNotMatch(body, /undefined|null/, query);
+      assert.doesNotMatch(body, /name="csrf"/, query);
+    }
+  });
+});
