@@ -33,6 +33,7 @@ import type { EventInfo, QueueCounts } from "../admin.ts";
 import type { EventState, Outbox } from "../lease.ts";
 import type { OutboxReader } from "../reader.ts";
 import { checkOptions, describe } from "../validate.ts";
+import { basePathOf } from "./base_path.ts";
 import { FAVICON, LIVE_SCRIPT, STYLESHEET } from "./assets.ts";
 import type { ActivityBucket } from "./chart.ts";
 import { cookie, CSRF_COOKIE, CsrfGuard, sameOrigin } from "./csrf.ts";
@@ -168,14 +169,7 @@ export function dashboard(
       }`,
     );
   }
-  const base = (options.basePath ?? "").replace(/\/+$/, "");
-  if (base !== "" && !/^\/[^?#]*$/.test(base)) {
-    throw new TypeError(
-      `Cannot ${op} as 'basePath' must be empty or a path starting with '/': current value is ${
-        describe(options.basePath)
-      }`,
-    );
-  }
+  const base = basePathOf(op, options.basePath);
   const actions = options.actions ?? false;
   if (typeof actions !== "boolean") {
     throw new TypeError(

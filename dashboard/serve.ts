@@ -14,6 +14,7 @@ import {
   type DashboardOptions,
   type DashboardSource,
 } from "./mod.ts";
+import { basePathOf } from "./base_path.ts";
 
 /** Options of {@linkcode serveDashboard}. */
 export interface ServeDashboardOptions extends DashboardOptions {
@@ -107,7 +108,7 @@ export function serveDashboard(
   const host = address.hostname.includes(":")
     ? `[${address.hostname}]`
     : address.hostname;
-  const base = (rest.basePath ?? "").replace(/\/+$/, "");
+  const base = basePathOf("serve dashboard", rest.basePath);
   return {
     url: `http://${host}:${address.port}${base}/`,
     finished: server.finished,

@@ -566,3 +566,43 @@ Deno.test("the cancel confirmation without an event id answers 400 rather than a
     }
   });
 });
+
+Deno.test("a basePath with a space or a non-ASCII letter is served at its percent-encoded path, and one the browser would resolve away or that ends a cookie's Path is refused", async () => {
+  await withOutbox(async (outbox) => {
+    await outbox.enqueue({ n: 1 }, { queue: "mail" });
+    for (const basePath of ["/ops team/outbox", "/ädmin/"]) {
+      const handler = dashboard(outbox, { basePath, actions: true });
+      const url = new URL(basePath, "http://localhost");
+      const response = await handler(
+        new Request(`${url.href.replace(/\/$/, "")}/`),
+      );
+      assert.equal(response.status, 200, basePath);
+      const path = url.pathname.replace(/\/$/, "");
+      assert.match(
+        response.headers.get("set-cookie") ?? "",
+        new RegExp(`; Path=${path.replace(/[.%]/g, "\\$&")};`),
+      );
+      assert.match(await response.text(), new RegExp(`href="${path}/events"`));
+    }
+    for (
+      const basePath of [
+        "/a/../b",
+        "/a/./b",
+        "/a/%2e%2e/b",
+        "//evil.example",
+        "/a//b",
+        "/a;Domain=evil.example",
+        "/a\\b",
+        "/a\nb",
+        42,
+      ]
+    ) {
+      assert.throws(
+        () => dashboard(outbox, { basePath: basePath as string }),
+        (error: unknown) =>
+          error instanceof TypeError && /'basePath'/.test(error.message),
+        String(basePath),
+      );
+    }
+  });
+});
