@@ -59,12 +59,13 @@ export const ui: Command = {
       await using source = actions
         ? await openOutbox(context)
         : await openReader(context);
-      await using server = serveDashboard(source, {
-        port,
-        hostname,
-        actions,
-        signal,
-      });
+      await using server = listen(
+        () => serveDashboard(source, { port, hostname, actions, signal }),
+        {
+          port,
+          hostname,
+        },
+      );
       context.out(
         context.json
           ? JSON.stringify({ url: server.url, actions })
@@ -80,3 +81,37 @@ export const ui: Command = {
     }
   },
 };
+
+/**
+ * Runs `serve`, saying which address failed and what to do where Deno's
+ * own message names neither ("Address already in use (os error 98)").
+ */
+function listen<T>(
+  serve: () => T,
+  { port, hostname }: { port: number; hostname: string },
+): T {
+  try {
+    return serve();
+  } catch (error) {
+    const where = `${hostname}:${port}`;
+    if (error instanceof Deno.errors.AddrInUse) {
+      throw new Error(
+        `cannot listen on ${where}: the port is in use (another outbox ui?); pick another with --port, or --port 0 for any free one`,
+        { cause: error },
+      );
+    }
+    if (error instanceof Deno.errors.AddrNotAvailable) {
+      throw new Error(
+        `cannot listen on ${where}: --hostname is not an address of this machine`,
+        { cause: error },
+      );
+    }
+    if (error instanceof Error && /lookup address/.test(error.message)) {
+      throw new Error(
+        `cannot listen on ${where}: --hostname is not a name this machine can resolve`,
+        { cause: error },
+      );
+    }
+    throw error;
+  }
+}

@@ -159,3 +159,42 @@ Deno.test("outbox ui answers only requests addressed to its own host, so a DNS-r
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("outbox ui on a port in use, an address not of this machine or a name that does not resolve says which and what to do", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    {
+      await using _ = await Outbox.open(await openSqliteWasm(`${dir}/o.db`));
+    }
+    using taken = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+    const port = (taken.addr as Deno.NetAddr).port;
+    const cases: [string[], RegExp][] = [
+      [
+        ["--port", String(port)],
+        new RegExp(
+          `^outbox: cannot listen on 127\\.0\\.0\\.1:${port}: the port is in use .*--port 0`,
+        ),
+      ],
+      [
+        ["--port", "0", "--hostname", "192.0.2.1"],
+        /^outbox: cannot listen on 192\.0\.2\.1:0: --hostname is not an address of this machine$/,
+      ],
+      [
+        ["--port", "0", "--hostname", "no-such-host.invalid"],
+        /^outbox: cannot listen on no-such-host\.invalid:0: --hostname is not a name this machine can resolve$/,
+      ],
+    ];
+    for (const [args, expected] of cases) {
+      const errors: string[] = [];
+      const code = await main(["ui", `${dir}/o.db`, ...args], {
+        stdout: (line) => errors.push(`stdout: ${line}`),
+        stderr: (line) => errors.push(line),
+        signal: AbortSignal.abort(),
+      });
+      assert.equal(code, 1, errors.join("\n"));
+      assert.match(errors.join("\n"), expected);
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
