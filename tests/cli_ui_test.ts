@@ -134,7 +134,14 @@ Deno.test("outbox ui answers only requests addressed to its own host, so a DNS-r
       await outbox.enqueue({ secret: "s3cr3t-payload" }, { queue: "mail" });
     }
     const code = await withUi(
-      [`${dir}/o.db`, "--port", "0", "--actions"],
+      [
+        `${dir}/o.db`,
+        "--port",
+        "0",
+        "--actions",
+        "--allow-host",
+        "outbox.internal",
+      ],
       async (url) => {
         const port = Number(new URL(url).port);
         const rebound = await rawGet(
@@ -146,7 +153,12 @@ Deno.test("outbox ui answers only requests addressed to its own host, so a DNS-r
         assert.doesNotMatch(rebound.text, /s3cr3t-payload/);
         assert.doesNotMatch(rebound.text, /set-cookie/i);
         for (
-          const host of [`127.0.0.1:${port}`, `localhost:${port}`, "localhost"]
+          const host of [
+            `127.0.0.1:${port}`,
+            `localhost:${port}`,
+            "localhost",
+            `outbox.internal:${port}`,
+          ]
         ) {
           const own = await rawGet(port, "/events?state=pending", host);
           assert.equal(own.status, 200, host);
