@@ -107,6 +107,9 @@ export type DashboardSource = Outbox | OutboxReader;
  */
 const MAX_TIMER_MS = 2_147_483_647;
 
+/** The most bytes a POST's form may have: the dashboard's are tiny. */
+const MAX_FORM_BYTES = 16_384;
+
 /** Events per page. */
 const PAGE = 50;
 
@@ -263,17 +266,26 @@ export function dashboard(
             allow: "GET",
           });
         }
-        const form = await request.formData().catch(() => null);
-        const token = form?.get("csrf");
-        if (
-          fresh || form === null || typeof token !== "string" ||
-          !sameOrigin(request, options.origin ?? url.origin) ||
-          !(await guard.verify(nonce!, token))
-        ) {
-          return text(
+        const refused = () =>
+          text(
             403,
             "Refused: the form's CSRF token or origin did not match; reload the page and try again",
           );
+        // What needs no body first: a refused request is not read at all.
+        if (fresh || !sameOrigin(request, options.origin ?? url.origin)) {
+          await request.body?.cancel().catch(() => {});
+          return refused();
+        }
+        const form = await formOf(request);
+        if (form === "too large") {
+          return text(413, `A form is at most ${MAX_FORM_BYTES} bytes`);
+        }
+        const token = form?.get("csrf");
+        if (
+          form === null || typeof token !== "string" ||
+          !(await guard.verify(nonce!, token))
+        ) {
+          return refused();
         }
         response = await act(writer as Outbox, context, path, form);
       } else if (request.method === "GET" || request.method === "HEAD") {
@@ -299,6 +311,45 @@ export function dashboard(
       );
     }
   };
+}
+
+/**
+ * The request's form, read up to {@linkcode MAX_FORM_BYTES} (then the body
+ * is cancelled, so a client cannot make the dashboard buffer a body of any
+ * size), or `null` when it is no form.
+ */
+async function formOf(
+  request: Request,
+): Promise<FormData | null | "too large"> {
+  const declared = Number(request.headers.get("content-length"));
+  if (declared > MAX_FORM_BYTES) {
+    await request.body?.cancel().catch(() => {});
+    return "too large";
+  }
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  if (request.body !== null) {
+    const reader = request.body.getReader();
+    try {
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        size += value.byteLength;
+        if (size > MAX_FORM_BYTES) {
+          await reader.cancel().catch(() => {});
+          return "too large";
+        }
+        chunks.push(value);
+      }
+    } catch {
+      return null;
+    }
+  }
+  const type = request.headers.get("content-type");
+  return await new Response(
+    new Blob(chunks as BlobPart[]),
+    type === null ? {} : { headers: { "content-type": type } },
+  ).formData().catch(() => null);
 }
 
 /** Answers a GET. */

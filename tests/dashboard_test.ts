@@ -606,3 +606,50 @@ Deno.test("a basePath with a space or a non-ASCII letter is served at its percen
     }
   });
 });
+
+Deno.test("with actions on, a POST's body is read only up to 16 KiB, and not at all from another origin, so no client makes the dashboard buffer a body of any size", async () => {
+  await withOutbox(async (outbox) => {
+    const handler = dashboard(outbox, { actions: true });
+    const { cookie, csrf } = await formOf(handler, "/confirm/purge");
+    /** A form body of `bytes` bytes, counting what was read of it. */
+    const body = (bytes: number) => {
+      const read = { bytes: 0 };
+      const chunk = new TextEncoder().encode("a".repeat(65_536));
+      let sent = 0;
+      const stream = new ReadableStream<Uint8Array>({
+        pull(controller) {
+          if (sent === 0) {
+            controller.enqueue(new TextEncoder().encode(`csrf=${csrf}&x=`));
+          }
+          if (sent >= bytes) return controller.close();
+          sent += chunk.byteLength;
+          read.bytes = sent;
+          controller.enqueue(chunk);
+        },
+      });
+      return { stream, read };
+    };
+    const post = (stream: ReadableStream<Uint8Array>, origin: string) =>
+      handler(
+        new Request("http://localhost/actions/purge", {
+          method: "POST",
+          body: stream,
+          headers: {
+            cookie,
+            origin,
+            "content-type": "application/x-www-form-urlencoded",
+          },
+        }),
+      );
+    const big = body(64 * 1024 * 1024);
+    const answer = await post(big.stream, "http://localhost");
+    assert.equal(answer.status, 413);
+    await answer.body?.cancel();
+    assert.ok(big.read.bytes <= 2 * 65_536, String(big.read.bytes));
+    const foreign = body(64 * 1024 * 1024);
+    const refused = await post(foreign.stream, "https://evil.example");
+    assert.equal(refused.status, 403);
+    await refused.body?.cancel();
+    assert.ok(foreign.read.bytes <= 65_536, String(foreign.read.bytes));
+  });
+});
