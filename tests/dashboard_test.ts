@@ -653,3 +653,23 @@ Deno.test("with actions on, a POST's body is read only up to 16 KiB, and not at 
     assert.ok(foreign.read.bytes <= 65_536, String(foreign.read.bytes));
   });
 });
+
+Deno.test("an event whose times lie past what a Date holds (written by another program) shows them as stored, rather than failing its pages with 500", async () => {
+  const driver = await openSqliteWasm(":memory:");
+  await using outbox = await Outbox.open(driver);
+  const { eventId } = await outbox.enqueue({ n: 1 }, { queue: "mail" });
+  await driver.run(
+    "UPDATE outbox_events SET due_at = ?1, created_at = ?1, updated_at = ?1",
+    [9_000_000_000_000_000],
+  );
+  const handler = dashboard(outbox, { now: () => 1_700_000_000_000 });
+  for (const path of ["/events", `/events/${eventId}`]) {
+    const response = await handler(new Request(`http://localhost${path}`));
+    assert.equal(response.status, 200, path);
+    assert.match(
+      await response.text(),
+      /9000000000000000 ms since the epoch/,
+      path,
+    );
+  }
+});
