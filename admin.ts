@@ -102,6 +102,12 @@ export interface QueueCounts {
   readonly dead: number;
   /** When the oldest pending event was enqueued, epoch milliseconds, or `null`. */
   readonly oldestPendingAt: number | null;
+  /** `true` while the queue is paused (`Outbox.pause`); absent otherwise. */
+  readonly paused?: true;
+  /** The queue's per-key concurrency limit (`Outbox.setLimits`), when set. */
+  readonly perKey?: number;
+  /** The queue's rate limit in claims per second, when set. */
+  readonly perSecond?: number;
 }
 
 /** Options of {@linkcode Outbox.queues} and `OutboxReader.queues`. */

@@ -59,9 +59,24 @@ import {
 } from "./core/arguments.ts";
 export { listParameters, OUTBOX_OPTIONS } from "./core/arguments.ts";
 import * as admin from "./core/admin.ts";
+import {
+  acknowledgeAll,
+  acknowledgeOne,
+  deadLetter,
+  expireLeases,
+} from "./core/lease_ends.ts";
+import * as flow from "./core/flow_calls.ts";
+import {
+  admit,
+  flowOf,
+  openGate,
+  type QueueFlow,
+  type QueueLimits,
+} from "./core/flow.ts";
+import type { Schedule, ScheduleOptions } from "./core/schedules.ts";
 import type { OutboxCore } from "./core/context.ts";
 import { GroupCommit } from "./core/group_commit.ts";
-import { type CheckedLease, Ledger, type LedgerRow } from "./core/ledger.ts";
+import { Ledger, type LedgerRow } from "./core/ledger.ts";
 import { maintain, withWal } from "./core/maintenance.ts";
 import type { WalStats } from "./wal.ts";
 import { openSchema } from "./core/schema.ts";
@@ -435,7 +450,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       const checked = checkLeases(op, leases);
       return await this.#path.write(
         op,
-        (now) => this.#acknowledge(checked, now),
+        (now) => acknowledgeAll(this.#core, checked, now),
         { inOne: acknowledgeInOne(this.#core, op, checked) },
       );
     }
@@ -447,7 +462,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return await this.#path.write(
       op,
       async (now, joined) => {
-        if (await this.#acknowledgeOne(lease, now)) return true;
+        if (await acknowledgeOne(this.#core, lease, now)) return true;
         // In the application's transaction, a stale lease must roll its
         // writes back, as in transaction(fn).
         if (joined) throw new LeaseLostError(lease.eventId, lease.fence);
@@ -508,7 +523,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return await this.#path.write(
       op,
       async (now) => ({
-        acknowledged: await this.#acknowledge(checked, now),
+        acknowledged: await acknowledgeAll(this.#core, checked, now),
         leases: await this.#claim(op, queue, leaseMs, max, undefined, now),
       }),
       {
@@ -873,6 +888,51 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return await admin.nextDueInMs(this.#core, options);
   }
 
+  /** Pauses a queue's claims everywhere until `resume` (docs/flow-control.md). */
+  pause(queue: string): Promise<void> {
+    return flow.pause(this.#core, queue, true);
+  }
+
+  /** Resumes a paused queue: claims take its events again. */
+  resume(queue: string): Promise<void> {
+    return flow.pause(this.#core, queue, false);
+  }
+
+  /** Sets a queue's `perKey` and `perSecond` limits, stored in the database. */
+  setLimits(queue: string, limits: QueueLimits): Promise<void> {
+    return flow.setLimits(this.#core, queue, limits);
+  }
+
+  /** A queue's flow control: whether it is paused, and its limits. */
+  limits(queue: string): Promise<QueueFlow> {
+    return flow.limits(this.#core, queue);
+  }
+
+  /** Stores a cron schedule that enqueues `payload` at each tick. */
+  schedule(
+    name: string,
+    cron: string,
+    payload: P,
+    options: ScheduleOptions = {},
+  ): Promise<void> {
+    return flow.schedule(this.#core, name, cron, payload, options);
+  }
+
+  /** Removes a schedule (its events stay); answers whether there was one. */
+  unschedule(name: string): Promise<boolean> {
+    return flow.unschedule(this.#core, name);
+  }
+
+  /** The schedules by name, each with its next and latest tick. */
+  schedules(): Promise<Schedule[]> {
+    return flow.schedules(this.#core);
+  }
+
+  /** Enqueues each schedule's due ticks once; answers how many it enqueued. */
+  runSchedules(): Promise<number> {
+    return flow.runSchedules(this.#core);
+  }
+
   /**
    * Gives the pages that deleted rows freed back to the file system, so the
    * file shrinks after {@linkcode Outbox.purge} (SQLite keeps freed pages on
@@ -1033,7 +1093,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return await runTransaction(
       this.#core,
       this.#groups,
-      (lease, now) => this.#acknowledgeOne(lease, now),
+      (lease, now) => acknowledgeOne(this.#core, lease, now),
       fn,
     );
   }
@@ -1081,6 +1141,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     token: string | undefined,
     now: number,
   ): Promise<Lease<P>[]> {
+    const gate = await openGate(
+      this.#driver,
+      flowOf(this.#sql),
+      queue,
+      now,
+      max,
+    );
+    if (gate.max === 0) return [];
     let candidates: Row[] = [];
     let payloads: unknown[] = [];
     // An unclaimable row is a dead letter once seen, but the claimable rows
@@ -1094,8 +1162,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       const rows = await this.#driver.query(this.#sql.candidates, [
         queue,
         now,
-        max,
+        gate.max,
         this.#settings.maxPayloadBytes,
+        gate.perKey,
       ]);
       for (const row of rows) {
         const reason = unclaimableReason(
@@ -1108,9 +1177,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
           continue;
         }
         unclaimable = true;
-        await this.#deadLetter(row, reason, now);
+        await deadLetter(this.#core, row, reason, now);
       }
     }
+    [candidates, payloads] = await admit(gate, candidates, payloads);
     if (candidates.length === 0) return [];
     const leaseUntil = now + leaseMs;
     const expired: LedgerRow[] = [];
@@ -1188,72 +1258,14 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         `Cannot ${op} as the claim changed ${changes} event rows for ${leases.length} leases: the transaction was rolled back`,
       );
     }
+    // The per-key limit passed over candidates the batch had read in place
+    // of other keys' events: another round, which sees these leases, fills
+    // the batch with those.
+    if (gate.keyTrimmed && leases.length < max) {
+      const more = max - leases.length;
+      leases.push(...await this.#claim(op, queue, leaseMs, more, token, now));
+    }
     return leases;
-  }
-
-  /** Makes a candidate a dead letter with `reason`, in the ledger too. */
-  async #deadLetter(row: Row, reason: string, now: number): Promise<void> {
-    const eventId = integerOf(row, "id");
-    const fence = integerOf(row, "fence");
-    const entries: LedgerRow[] = [];
-    if (row["state"] === "leased") {
-      await this.#ledger.writeUnwritten([eventId]);
-      entries.push([eventId, fence, "expired", null, null, LEASE_EXPIRED]);
-    }
-    entries.push([eventId, fence, "dead", null, null, reason]);
-    await this.#driver.run(this.#sql.unclaimable, [now, reason, eventId]);
-    await this.#ledger.all(entries, now);
-  }
-
-  /**
-   * Acknowledges one lease with plain statements: the batch's JSON would
-   * cost a lone call more than its SQL does.
-   */
-  async #acknowledgeOne(lease: CheckedLease, now: number): Promise<boolean> {
-    const { changes } = await this.#driver.run(this.#sql.acknowledge, [
-      now,
-      lease.eventId,
-      lease.token,
-      lease.fence,
-    ]);
-    if (changes === 0) {
-      await this.#ledger.writeUnwritten([lease.eventId], false);
-      await this.#ledger.stale(lease, "stale_acknowledge", now);
-      return false;
-    }
-    return true;
-  }
-
-  async #acknowledge(
-    leases: readonly CheckedLease[],
-    now: number,
-  ): Promise<boolean[]> {
-    if (leases.length === 0) return [];
-    // Usually every lease is current and listed once, and then the count
-    // of changed rows says so: reading them back (RETURNING) cost a fifth of
-    // the batch. A lease listed twice leaves one key in the object.
-    await this.#driver.run(this.#sql.savepoint);
-    const { changes } = await this.#driver.run(this.#sql.acknowledgeAll, [
-      now,
-      JSON.stringify(
-        Object.fromEntries(
-          leases.map((l) => [l.eventId, `${l.fence}:${l.token}`]),
-        ),
-      ),
-    ]);
-    if (changes === leases.length) {
-      await this.#driver.run(this.#sql.releaseSavepoint);
-      return leases.map(() => true);
-    }
-    // Some lease is stale, or listed twice (stale the second time): one at
-    // a time, in the order of the calls, as the ledger records them.
-    await this.#driver.run(this.#sql.rollbackToSavepoint);
-    await this.#driver.run(this.#sql.releaseSavepoint);
-    const results = [];
-    for (const lease of leases) {
-      results.push(await this.#acknowledgeOne(lease, now));
-    }
-    return results;
   }
 
   /**
@@ -1265,35 +1277,21 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     if (expire && this.#settings.now === "database" && this.#sql.nowExhausted) {
       const rows = await this.#driver.query(this.#sql.nowExhausted);
       const now = this.#path.checkNow(op, rows[0]?.["now"]);
-      await this.#expire(rows.filter((row) => row["id"] !== null), now);
+      await expireLeases(
+        this.#core,
+        rows.filter((row) => row["id"] !== null),
+        now,
+      );
       return now;
     }
     const now = await this.#path.clock(op);
     if (expire) {
-      await this.#expire(
+      await expireLeases(
+        this.#core,
         await this.#driver.query(this.#sql.exhausted, [now]),
         now,
       );
     }
     return now;
-  }
-
-  /** Makes the exhausted leases `rows` (id, fence) dead letters. */
-  async #expire(rows: readonly Row[], now: number): Promise<void> {
-    if (rows.length === 0) return;
-    const eventIds = rows.map((row) => integerOf(row, "id"));
-    await this.#ledger.writeUnwritten(eventIds);
-    await this.#driver.run(this.#sql.expire, [now, JSON.stringify(eventIds)]);
-    await this.#ledger.all(
-      rows.flatMap((row): LedgerRow[] => {
-        const eventId = integerOf(row, "id");
-        const fence = integerOf(row, "fence");
-        return [
-          [eventId, fence, "expired", null, null, LEASE_EXPIRED],
-          [eventId, fence, "dead", null, null, LEASE_EXPIRED],
-        ];
-      }),
-      now,
-    );
   }
 }

@@ -66,6 +66,12 @@ export type {
   QueuesOptions,
   RedriveOptions,
 } from "./admin.ts";
+export type { QueueFlow, QueueLimits } from "./core/flow.ts";
+export type {
+  MissedTicks,
+  Schedule,
+  ScheduleOptions,
+} from "./core/schedules.ts";
 export type { Driver, Row, RunResult, SqlValue } from "./driver.ts";
 export type { TransactionStatus } from "./types.ts";
 export { isIdentity, uuidv7, uuidv7Time } from "./identity.ts";

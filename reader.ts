@@ -39,6 +39,7 @@ import {
 import { checkIdentity, checkInteger, checkOptions } from "./validate.ts";
 import { SQLITE } from "./dialects/sqlite.ts";
 import { TransactionRunner } from "./core/transaction.ts";
+import { allFlows, withFlows } from "./core/flow.ts";
 import { SCHEMA_VERSION } from "./schema.ts";
 import { checkpointWal, type WalStats } from "./wal.ts";
 
@@ -169,9 +170,14 @@ export class OutboxReader implements AsyncDisposable {
    */
   async queues(options: QueuesOptions = {}): Promise<QueueCounts[]> {
     const [sql, params] = queuesStatement(this.#sql, options);
-    return queueCounts(
-      await this.#read(() => this.#driver.query(sql, params)),
-    );
+    return await this.#read(async () => {
+      const counts = queueCounts(await this.#driver.query(sql, params));
+      const flow = this.#sql.flow;
+      // Paused and limited queues (core/flow.ts), as Outbox.queues() tells.
+      return flow === undefined
+        ? counts
+        : withFlows(counts, await allFlows(this.#driver, flow));
+    });
   }
 
   /**

@@ -10,13 +10,13 @@
  * in the table `outbox_schema` (never in `PRAGMA user_version`, the
  * application's). PostgreSQL counts its own: `POSTGRES_SCHEMA_VERSION`.
  */
-export const SQLITE_SCHEMA_VERSION = 6;
+export const SQLITE_SCHEMA_VERSION = 7;
 
 /**
  * SQLite's schema version, under its first name: the same as
  * `SQLITE_SCHEMA_VERSION` (PostgreSQL's is `POSTGRES_SCHEMA_VERSION`).
  */
-export const SCHEMA_VERSION = 6;
+export const SCHEMA_VERSION = 7;
 
 /**
  * The text of `schema.sql`: STRICT tables `outbox_events` and
@@ -25,7 +25,7 @@ export const SCHEMA_VERSION = 6;
  * `outbox_schema`.
  */
 export const SCHEMA_SQL: string =
-  `-- leased-outbox schema, version 6 (stored in the table outbox_schema).
+  `-- leased-outbox schema, version 7 (stored in the table outbox_schema).
 -- Applied once by Outbox.open() inside one BEGIN IMMEDIATE transaction.
 
 -- One row per event. \`identity\` is the event's global identity, UUID text
@@ -65,7 +65,9 @@ CREATE TABLE outbox_events (
   updated_at INTEGER NOT NULL,
   done_at INTEGER,
   claimed_at INTEGER,
-  identity TEXT
+  identity TEXT,
+  priority INTEGER NOT NULL DEFAULT 0,
+  concurrency_key TEXT
 ) STRICT;
 
 -- Identities are unique across queues: a supplied identity that exists
@@ -73,9 +75,18 @@ CREATE TABLE outbox_events (
 CREATE UNIQUE INDEX outbox_events_identity ON outbox_events (identity);
 
 -- Matches the claim query exactly (queue =, state IN, due_at <=, ORDER BY
--- due_at, id): done and dead rows are not in it, so they cost claims nothing.
-CREATE INDEX outbox_events_claim ON outbox_events (queue, due_at, id)
+-- priority DESC, due_at, id): done and dead rows are not in it, so they cost
+-- claims nothing. Version 7 put priority first (events keep 0 unless given
+-- one, so a queue without priorities walks it as version 6's (queue,
+-- due_at, id)); a claim passes over the not yet due events of higher
+-- priorities.
+CREATE INDEX outbox_events_claim ON outbox_events (queue, priority DESC, due_at, id)
   WHERE state IN ('pending', 'leased');
+
+-- The live leases of each concurrency key, which a claim under a per-key
+-- limit counts (version 7 added it).
+CREATE INDEX outbox_events_concurrency ON outbox_events (queue, concurrency_key, due_at)
+  WHERE state = 'leased' AND concurrency_key IS NOT NULL;
 
 -- Leases on an event's last attempt: once lapsed they are dead letters.
 CREATE INDEX outbox_events_last_attempt ON outbox_events (due_at)
@@ -144,6 +155,34 @@ CREATE INDEX outbox_attempts_event ON outbox_attempts (event_id, id);
 -- unwritten, so it costs a claim+ack cycle nothing.
 CREATE INDEX outbox_attempts_at ON outbox_attempts (at);
 
+-- Flow control per queue (version 7 added it; core/flow.ts): a row only
+-- while something is set. \`tokens\` and \`refilled_at\` are the rate limit's
+-- token bucket, judged by the outbox's clock.
+CREATE TABLE outbox_queues (
+  queue TEXT PRIMARY KEY,
+  paused INTEGER NOT NULL DEFAULT 0,
+  per_key INTEGER,
+  per_second INTEGER,
+  tokens REAL,
+  refilled_at INTEGER,
+  updated_at INTEGER NOT NULL
+) STRICT;
+
+-- Cron schedules (version 7 added it; core/schedules.ts): \`next_at\` is the
+-- next tick to enqueue, \`options\` the events' enqueue options as JSON.
+CREATE TABLE outbox_schedules (
+  name TEXT PRIMARY KEY,
+  cron TEXT NOT NULL,
+  timezone TEXT,
+  queue TEXT NOT NULL,
+  payload ANY,
+  options TEXT NOT NULL,
+  missed TEXT NOT NULL,
+  next_at INTEGER NOT NULL,
+  last_at INTEGER,
+  updated_at INTEGER NOT NULL
+) STRICT;
+
 -- The entries of an event's latest claim that its row still holds. Most
 -- events are claimed once and acknowledged, and writing those two entries
 -- as rows cost a batch a third of its time, so lease.ts leaves them in the row
@@ -184,4 +223,5 @@ CREATE TABLE outbox_schema (
 ) STRICT;
 
 INSERT INTO outbox_schema (version, applied_at)
-  VALUES (6, CAST(unixepoch('subsec') * 1000 AS INTEGER));`;
+  VALUES (7, CAST(unixepoch('subsec') * 1000 AS INTEGER));
+`;

@@ -348,6 +348,10 @@ export class ProcessorTelemetry {
     let outcome: { value: T } | { error: unknown } | undefined;
     try {
       context.with(trace.setSpan(context.active(), span), () => {
+        // Once only, and only now: a context manager that calls back twice,
+        // or after with() returned (when the handler has run without it),
+        // must not deliver the event again.
+        if (ran) return;
         ran = true;
         try {
           outcome = { value: handler() };
@@ -358,7 +362,10 @@ export class ProcessorTelemetry {
     } catch (error) {
       this.#guard.fault("context", error);
     }
-    if (!ran) return handler();
+    if (!ran) {
+      ran = true;
+      return handler();
+    }
     if (outcome === undefined || "error" in outcome) throw outcome?.error;
     return outcome.value;
   }

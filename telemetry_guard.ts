@@ -257,38 +257,34 @@ class GuardedMeter implements Meter {
   }
 
   createCounter(name: string, options?: MetricOptions): Counter {
-    const counter = this.#create(
-      () => this.#meter.createCounter(name, options),
-      () => NOOP_METER.createCounter(name, options),
+    const add = this.#create(
+      () => method(this.#meter.createCounter(name, options), "add"),
+      () => method(NOOP_METER.createCounter(name, options), "add"),
     );
-    const add = counter.add.bind(counter);
     return { add: (...args) => this.#record("counter", add, args) };
   }
 
   createUpDownCounter(name: string, options?: MetricOptions): UpDownCounter {
-    const counter = this.#create(
-      () => this.#meter.createUpDownCounter(name, options),
-      () => NOOP_METER.createUpDownCounter(name, options),
+    const add = this.#create(
+      () => method(this.#meter.createUpDownCounter(name, options), "add"),
+      () => method(NOOP_METER.createUpDownCounter(name, options), "add"),
     );
-    const add = counter.add.bind(counter);
     return { add: (...args) => this.#record("counter", add, args) };
   }
 
   createHistogram(name: string, options?: MetricOptions): Histogram {
-    const histogram = this.#create(
-      () => this.#meter.createHistogram(name, options),
-      () => NOOP_METER.createHistogram(name, options),
+    const record = this.#create(
+      () => method(this.#meter.createHistogram(name, options), "record"),
+      () => method(NOOP_METER.createHistogram(name, options), "record"),
     );
-    const record = histogram.record.bind(histogram);
     return { record: (...args) => this.#record("histogram", record, args) };
   }
 
   createGauge(name: string, options?: MetricOptions): Gauge {
-    const gauge = this.#create(
-      () => this.#meter.createGauge(name, options),
-      () => NOOP_METER.createGauge(name, options),
+    const record = this.#create(
+      () => method(this.#meter.createGauge(name, options), "record"),
+      () => method(NOOP_METER.createGauge(name, options), "record"),
     );
-    const record = gauge.record.bind(gauge);
     return { record: (...args) => this.#record("gauge", record, args) };
   }
 
@@ -375,4 +371,24 @@ class GuardedMeter implements Meter {
       this.#guard.fault(kind, error);
     }
   }
+}
+
+/**
+ * An instrument's `add` or `record`, bound to it; what an SDK returned is
+ * checked here, where its creation is guarded, so that an instrument
+ * without the method (or not an object) counts as one that cannot be made.
+ */
+function method<I extends object, K extends keyof I>(
+  instrument: I,
+  name: K,
+): I[K] {
+  const fn = instrument[name];
+  if (typeof fn !== "function") {
+    throw new TypeError(
+      `The SDK's instrument has no ${String(name)}(): it is ${
+        instrument === null ? "null" : typeof instrument
+      }`,
+    );
+  }
+  return fn.bind(instrument);
 }

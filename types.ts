@@ -135,6 +135,8 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    * exact whatever the limit.
    */
   readonly queuesUpTo?: string;
+  /** The flow-control and schedule statements (`core/flow.ts`). */
+  readonly flow?: FlowStatements;
   /**
    * The fenced acknowledgement of one lease as one statement, outside a
    * transaction. Parameters: now (null: the server's clock), event id,
@@ -208,3 +210,26 @@ export type EventState = "pending" | "leased" | "done" | "dead";
  * but the server will only roll it back (PostgreSQL's `E`, after an error).
  */
 export type TransactionStatus = "idle" | "open" | "failed";
+
+/**
+ * The flow and schedule statements one engine spells (SQLite's are
+ * `SQLITE_FLOW` in `dialects/sqlite_flow.ts`, PostgreSQL's
+ * `POSTGRES_FLOW` in `dialects/postgres_flow.ts`).
+ *
+ * @ignore
+ */
+export interface FlowStatements {
+  /** A queue's row (none when nothing is set). On PostgreSQL it locks it. */
+  readonly settings: string;
+  readonly allSettings: string;
+  readonly pause: string;
+  readonly limits: string;
+  readonly prune: string;
+  readonly take: string;
+  readonly schedule: string;
+  readonly unschedule: string;
+  readonly schedules: string;
+  readonly anyDue: string;
+  readonly due: string;
+  readonly advance: string;
+}

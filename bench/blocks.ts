@@ -40,6 +40,36 @@ export async function alternate(
   warmup: number,
   blocks: number,
 ): Promise<Alternated> {
+  const { values, ratios } = await alternateAll([ours, theirs], warmup, blocks);
+  return { value: values[0]!, anchorValue: values[1]!, ratio: ratios[0]! };
+}
+
+/** What {@linkcode alternateAll} measured. */
+export interface AlternatedAll {
+  /** Events per second of each side, over all its blocks. */
+  readonly values: number[];
+  /**
+   * For each side after the first, the median over blocks of the first
+   * side's rate over that side's (`ratios[0]` is side 1's).
+   */
+  readonly ratios: number[];
+}
+
+/**
+ * {@linkcode alternate} for more than two sides: `warmup` untimed blocks of
+ * each, then `blocks` timed blocks of each, the order rotating by one side
+ * per block.
+ *
+ * @param sides The measured side first, then its anchors.
+ * @param warmup Untimed blocks per side.
+ * @param blocks Timed blocks per side.
+ * @returns Each side's rate and the first side's ratio to each other.
+ */
+export async function alternateAll(
+  sides: readonly Side[],
+  warmup: number,
+  blocks: number,
+): Promise<AlternatedAll> {
   const time = async (side: Side) => {
     await side.prepare?.();
     const started = performance.now();
@@ -47,29 +77,25 @@ export async function alternate(
     return { events, ms: performance.now() - started };
   };
   for (let i = 0; i < warmup; i++) {
-    await time(ours);
-    await time(theirs);
+    for (const side of sides) await time(side);
   }
-  const totals = { ours: { events: 0, ms: 0 }, theirs: { events: 0, ms: 0 } };
-  const ratios: number[] = [];
+  const totals = sides.map(() => ({ events: 0, ms: 0 }));
+  const ratios: number[][] = sides.slice(1).map(() => []);
   for (let b = 0; b < blocks; b++) {
-    let a, t;
-    if (b % 2 === 0) {
-      a = await time(ours);
-      t = await time(theirs);
-    } else {
-      t = await time(theirs);
-      a = await time(ours);
+    const rates: number[] = [];
+    for (let k = 0; k < sides.length; k++) {
+      const i = (b + k) % sides.length;
+      const { events, ms } = await time(sides[i]!);
+      totals[i]!.events += events;
+      totals[i]!.ms += ms;
+      rates[i] = events / ms;
     }
-    totals.ours.events += a.events;
-    totals.ours.ms += a.ms;
-    totals.theirs.events += t.events;
-    totals.theirs.ms += t.ms;
-    ratios.push((a.events / a.ms) / (t.events / t.ms));
+    for (let i = 1; i < sides.length; i++) {
+      ratios[i - 1]!.push(rates[0]! / rates[i]!);
+    }
   }
   return {
-    value: totals.ours.events / (totals.ours.ms / 1000),
-    anchorValue: totals.theirs.events / (totals.theirs.ms / 1000),
-    ratio: median(ratios),
+    values: totals.map(({ events, ms }) => events / (ms / 1000)),
+    ratios: ratios.map(median),
   };
 }

@@ -14,11 +14,11 @@
  * @module
  */
 import { join } from "node:path";
-import { Outbox, processEvents } from "../mod.ts";
+import { Outbox } from "../mod.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { alternate, type Alternated, type Side } from "./blocks.ts";
 import { runJsonProcess } from "./process.ts";
-import { type BenchRow, markdown } from "./table.ts";
+import { type BenchRow, judge, markdown } from "./table.ts";
 
 /** Deno KV's limit on mutations (enqueues included) in one atomic operation. */
 const KV_MAX_MUTATIONS = 1_000;
@@ -39,20 +39,10 @@ export type KvScenario =
     | {
       /**
        * `callers` concurrent callers of `outbox.enqueue`, `units` calls each,
-       * against as many sequential `kv.enqueue` calls.
+       * against as many concurrent callers of `kv.enqueue`.
        */
       readonly work: "concurrentEnqueue";
       readonly callers: number;
-      readonly units: number;
-    }
-    | {
-      /**
-       * `processEvents` at `concurrency` with a handler that does nothing,
-       * draining `units` queued events, against `kv.listenQueue` draining as
-       * many (queued before the block, untimed).
-       */
-      readonly work: "workerLoop";
-      readonly concurrency: number;
       readonly units: number;
     }
     | {
@@ -117,34 +107,11 @@ function outboxSide(outbox: Outbox, scenario: KvScenario): Side {
         },
       };
     }
-    case "workerLoop": {
-      const { concurrency, units } = scenario;
-      return {
-        async prepare() {
-          block++;
-          await outbox.enqueueBatch(
-            range(units, block).map((payload) => ({ payload })),
-          );
-        },
-        async block() {
-          let handled = 0;
-          const drained = Promise.withResolvers<void>();
-          const processor = processEvents(outbox, () => {
-            if (++handled === units) drained.resolve();
-          }, { concurrency });
-          await drained.promise;
-          // Stopping waits for the last acknowledgements' commit.
-          await processor.stop();
-          return units;
-        },
-      };
-    }
   }
 }
 
 function kvSide(kvPath: string, scenario: KvScenario): Side & Disposable {
   let kv: Deno.Kv | undefined;
-  let listening: Promise<void> | undefined;
   let block = 0;
   const open = async () => kv ??= await Deno.openKv(kvPath);
   const close = () => {
@@ -157,13 +124,21 @@ function kvSide(kvPath: string, scenario: KvScenario): Side & Disposable {
   });
   switch (scenario.work) {
     case "concurrentEnqueue": {
-      const count = scenario.callers * scenario.units;
+      // As many concurrent callers as the outbox gets: Deno KV commits each
+      // enqueue on its own thread, so calls overlap there too.
+      const { callers, units } = scenario;
       return side({
         async block() {
           const db = await open();
           block++;
-          for (let n = 0; n < count; n++) await db.enqueue({ block, n });
-          return count;
+          await Promise.all(
+            Array.from({ length: callers }, async (_, caller) => {
+              for (let n = 0; n < units; n++) {
+                await db.enqueue({ block, caller, n });
+              }
+            }),
+          );
+          return callers * units;
         },
       });
     }
@@ -177,33 +152,6 @@ function kvSide(kvPath: string, scenario: KvScenario): Side & Disposable {
             await kvEnqueueMany(db, range(max, block));
           }
           return max * units;
-        },
-      });
-    }
-    case "workerLoop": {
-      const { units } = scenario;
-      return side({
-        // A Deno.Kv listens once: each block opens the file anew, queues
-        // its events, then listens.
-        async prepare() {
-          close();
-          await listening;
-          block++;
-          await kvEnqueueMany(await open(), range(units, block));
-        },
-        async block() {
-          const current = block;
-          let handled = 0;
-          const drained = Promise.withResolvers<void>();
-          listening = kv!.listenQueue((message: { block: number }) => {
-            if (message.block === current && ++handled === units) {
-              drained.resolve();
-            }
-          });
-          // Ends when the last handler returns, before Deno KV commits its
-          // last messages as finished: in Deno KV's favour.
-          await drained.promise;
-          return units;
         },
       });
     }
@@ -243,12 +191,6 @@ interface Sizes {
     warmup: number;
     blocks: number;
   };
-  readonly workerLoop: {
-    concurrency: number;
-    units: number;
-    warmup: number;
-    blocks: number;
-  };
   readonly batchEnqueue: {
     max: number;
     units: number;
@@ -259,7 +201,6 @@ interface Sizes {
 
 const FULL: Sizes = {
   concurrentEnqueue: { callers: 64, units: 4, warmup: 1, blocks: 10 },
-  workerLoop: { concurrency: 16, units: 1_000, warmup: 1, blocks: 6 },
   // Warmup of 40 batches: V8 optimizes SQLite's WASM only after a while.
   // Blocks of 8 batches (about 50 ms): at 4, one slow fsync swung a
   // block's ratio by a tenth.
@@ -268,7 +209,6 @@ const FULL: Sizes = {
 
 const SMOKE: Sizes = {
   concurrentEnqueue: { callers: 4, units: 2, warmup: 1, blocks: 2 },
-  workerLoop: { concurrency: 4, units: 20, warmup: 1, blocks: 2 },
   batchEnqueue: { max: 8, units: 1, warmup: 1, blocks: 2 },
 };
 
@@ -276,7 +216,7 @@ const SCRIPT = new URL(import.meta.url).pathname;
 const ANCHOR = "Deno KV file (WAL, fsync per commit)";
 
 /**
- * Measures the four Deno KV rows, each in its own process.
+ * Measures the three Deno KV rows, each in its own process.
  *
  * @param smoke Toy sizes, to keep the script working.
  * @param dir A directory for the database files.
@@ -306,8 +246,11 @@ export async function denoKvRows(
     anchor,
     anchorValue: m.anchorValue,
     ratio: m.ratio,
-    goal: goal === undefined ? "report" : `>= ${goal.toFixed(1)}`,
-    met: goal === undefined ? null : m.ratio >= goal,
+    ...judge(
+      goal === undefined ? undefined : { atLeast: goal },
+      m.ratio,
+      m.value,
+    ),
   });
 
   const { callers } = sizes.concurrentEnqueue;
@@ -315,12 +258,6 @@ export async function denoKvRows(
     work: "concurrentEnqueue",
     ...files("enqueue", "truncate"),
     ...sizes.concurrentEnqueue,
-  });
-  const { concurrency } = sizes.workerLoop;
-  const loop = await run({
-    work: "workerLoop",
-    ...files("loop", "truncate"),
-    ...sizes.workerLoop,
   });
   const { max } = sizes.batchEnqueue;
   const batch = await run({
@@ -336,15 +273,9 @@ export async function denoKvRows(
   return [
     row(
       `concurrent enqueue events/s, ${callers} callers of enqueue(), WASM file (truncate, full)`,
-      `${ANCHOR}, sequential kv.enqueue()`,
+      `${ANCHOR}, ${callers} callers of kv.enqueue()`,
       1.5,
       enqueue,
-    ),
-    row(
-      `worker loop events/s, processEvents at concurrency ${concurrency}, handler does nothing, WASM file (truncate, full)`,
-      `${ANCHOR}, kv.listenQueue()`,
-      1.0,
-      loop,
     ),
     // Like for like with Deno KV's WAL: this row holds the goal.
     row(

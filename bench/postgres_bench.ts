@@ -15,7 +15,7 @@ import { openPostgres } from "../drivers/postgres.ts";
 import type { Lease, Outbox } from "../mod.ts";
 import { startPostgres } from "../scripts/postgres_server.ts";
 import { alternate, type Alternated } from "./blocks.ts";
-import { type BenchRow, markdown } from "./table.ts";
+import { type BenchRow, judge, markdown } from "./table.ts";
 
 interface Sizes {
   readonly warmup: number;
@@ -178,8 +178,11 @@ export async function postgresRows(smoke: boolean): Promise<BenchRow[]> {
           anchor: "pg-boss 12 fetch+complete, same server",
           anchorValue: m.anchorValue,
           ratio: m.ratio,
-          goal: goal === undefined ? "report" : `>= ${goal.toFixed(1)}`,
-          met: goal === undefined ? null : m.ratio >= goal,
+          ...judge(
+            goal === undefined ? undefined : { atLeast: goal },
+            m.ratio,
+            m.value,
+          ),
         });
       }
       return rows;

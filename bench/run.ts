@@ -16,8 +16,9 @@ import type {
 } from "./scenario.ts";
 import { browserRows } from "./browser_bench.ts";
 import { denoKvRows } from "./deno_kv_bench.ts";
+import { loopRows } from "./loop_bench.ts";
 import { postgresRows } from "./postgres_bench.ts";
-import { type BenchRow, markdown, median } from "./table.ts";
+import { type BenchRow, judge, markdown, median } from "./table.ts";
 import { runJsonProcess } from "./process.ts";
 
 const SCENARIO = new URL("./scenario.ts", import.meta.url).pathname;
@@ -83,12 +84,13 @@ async function pairRow(
     anchor,
     anchorValue: rate(result, 1),
     ratio,
-    goal: goal === undefined
-      ? "report"
-      : `${minValue === undefined ? "" : `value >= ${minValue}, `}>= ${goal}`,
-    met: goal === undefined
-      ? null
-      : ratio >= goal && (minValue === undefined || value >= minValue),
+    ...judge(
+      goal === undefined
+        ? undefined
+        : { atLeast: goal, ...(minValue === undefined ? {} : { minValue }) },
+      ratio,
+      value,
+    ),
   };
 }
 
@@ -374,8 +376,7 @@ async function bench(sizes: Sizes, dir: string): Promise<BenchRow[]> {
       anchor: `${small} pending`,
       anchorValue: microseconds(0),
       ratio,
-      goal: "<= 1.3",
-      met: ratio <= 1.3,
+      ...judge({ atMost: 1.3 }, ratio, microseconds(i)),
     });
   }
   // Peak memory is a process's own: one process per size.
@@ -479,8 +480,7 @@ export async function contentionRow(
     anchor: "1 process",
     anchorValue: one,
     ratio,
-    goal: ">= 0.7",
-    met: ratio >= 0.7,
+    ...judge({ atLeast: 0.7 }, ratio, many),
   };
 }
 
@@ -489,8 +489,12 @@ if (import.meta.main) {
   const dir = await Deno.makeTempDir({ prefix: "outbox_bench_" });
   try {
     const rows = await bench(smoke ? SMOKE : FULL, dir);
-    progress("concurrent enqueue, worker loop and batch enqueue vs Deno KV");
+    progress("concurrent and batch enqueue vs Deno KV");
     rows.push(...await denoKvRows(smoke, dir));
+    progress(
+      "processEvents vs Deno KV, graphile-worker and pg-boss; single enqueues; wake latency",
+    );
+    rows.push(...await loopRows(smoke, dir));
     progress("PostgreSQL claim+acknowledge, single and batch, vs pg-boss");
     rows.push(...await postgresRows(smoke));
     // The browser rows need Chromium; the smoke run leaves them to

@@ -89,3 +89,9 @@ export type {
 } from "../lease.ts";
 export type { OpfsVfs, Synchronous } from "./host.ts";
 export type { Row, RunResult, SqlValue } from "../driver.ts";
+export type { QueueFlow, QueueLimits } from "../core/flow.ts";
+export type {
+  MissedTicks,
+  Schedule,
+  ScheduleOptions,
+} from "../core/schedules.ts";

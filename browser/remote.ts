@@ -18,6 +18,8 @@ import type {
   ReleaseOptions,
 } from "../lease.ts";
 import { type BrowserStats, leaseKey } from "./protocol.ts";
+import type { QueueFlow, QueueLimits } from "../core/flow.ts";
+import type { Schedule, ScheduleOptions } from "../core/schedules.ts";
 import type {
   EventInfo,
   ListOptions,
@@ -307,6 +309,91 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
     options: { readonly queue?: string } = {},
   ): Promise<number | null> {
     return await this.invoke("nextDueInMs", [options]) as number | null;
+  }
+
+  /**
+   * Pauses a queue for every tab and worker of the database; see
+   * `Outbox.pause`.
+   *
+   * @param queue The queue's name.
+   */
+  async pause(queue: string): Promise<void> {
+    await this.invoke("pause", [queue]);
+  }
+
+  /**
+   * Resumes a paused queue; see `Outbox.resume`.
+   *
+   * @param queue The queue's name.
+   */
+  async resume(queue: string): Promise<void> {
+    await this.invoke("resume", [queue]);
+  }
+
+  /**
+   * Sets a queue's per-key and rate limits; see `Outbox.setLimits`.
+   *
+   * @param queue The queue's name.
+   * @param limits `perKey`, `perSecond` (`null` clears one).
+   */
+  async setLimits(queue: string, limits: QueueLimits): Promise<void> {
+    await this.invoke("setLimits", [queue, limits]);
+  }
+
+  /**
+   * A queue's flow control; see `Outbox.limits`.
+   *
+   * @param queue The queue's name.
+   * @returns `paused`, `perKey`, `perSecond`.
+   */
+  async limits(queue: string): Promise<QueueFlow> {
+    return await this.invoke("limits", [queue]) as QueueFlow;
+  }
+
+  /**
+   * Stores a cron schedule; see `Outbox.schedule`.
+   *
+   * @param name The schedule's name.
+   * @param cron The cron expression.
+   * @param payload What each tick enqueues (JSON).
+   * @param options `queue`, `timezone`, `missed` and the events' options.
+   */
+  async schedule(
+    name: string,
+    cron: string,
+    payload: P,
+    options: ScheduleOptions = {},
+  ): Promise<void> {
+    await this.invoke("schedule", [name, cron, payload, options]);
+  }
+
+  /**
+   * Removes a schedule; see `Outbox.unschedule`.
+   *
+   * @param name The schedule's name.
+   * @returns Whether there was one.
+   */
+  async unschedule(name: string): Promise<boolean> {
+    return await this.invoke("unschedule", [name]) as boolean;
+  }
+
+  /**
+   * Lists the schedules; see `Outbox.schedules`.
+   *
+   * @returns Each schedule.
+   */
+  async schedules(): Promise<Schedule[]> {
+    return await this.invoke("schedules", []) as Schedule[];
+  }
+
+  /**
+   * Enqueues the schedules' due ticks once each; see `Outbox.runSchedules`
+   * (`processEvents` calls it).
+   *
+   * @returns How many events were enqueued.
+   */
+  async runSchedules(): Promise<number> {
+    return await this.invoke("runSchedules", []) as number;
   }
 
   /**

@@ -12,6 +12,7 @@ import { list } from "./list.ts";
 import { purge } from "./purge.ts";
 import { redrive, retry } from "./redrive.ts";
 import { stats } from "./stats.ts";
+import { limits, pause, resume, schedules } from "./flow_commands.ts";
 import { ui } from "./ui.ts";
 import { watch } from "./watch.ts";
 
@@ -25,5 +26,9 @@ export const COMMANDS: readonly Command[] = [
   retry,
   cancel,
   purge,
+  pause,
+  resume,
+  limits,
+  schedules,
   ui,
 ];

@@ -10,6 +10,7 @@ import { type Command, flagOption, UsageError } from "./command.ts";
 import {
   age,
   clip,
+  isoTime,
   payloadText,
   printable,
   relative,
@@ -62,7 +63,7 @@ export const explain: Command = {
     context.out(describeEvent(event));
     if (event.createdAt !== null) {
       context.out(
-        `enqueued ${new Date(event.createdAt).toISOString()} (${
+        `enqueued ${isoTime(event.createdAt)} (${
           relative(event.createdAt, now ?? context.now())
         })`,
       );
@@ -78,14 +79,14 @@ export const explain: Command = {
         context.color,
         ["at", "+", "fence", "what", "token", "detail"],
         event.history.map((entry) => [
-          new Date(entry.at).toISOString(),
+          isoTime(entry.at),
           age(entry.at - start),
           entry.fence,
           entry.kind,
           entry.token === null ? "-" : clip(entry.token, 10),
           entry.leaseUntil === null
             ? clip(entry.detail ?? "", 60)
-            : `lease until ${new Date(entry.leaseUntil).toISOString()}`,
+            : `lease until ${isoTime(entry.leaseUntil)}`,
         ]),
         [1, 2],
       ),

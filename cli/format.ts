@@ -6,6 +6,17 @@
  * @module
  */
 
+/**
+ * An instant as ISO 8601 text, or, past what a Date holds (±8.64e15 ms, a
+ * time another program wrote), the number stored: never a throw.
+ */
+export function isoTime(at: number): string {
+  const date = new Date(at);
+  return Number.isFinite(date.getTime())
+    ? date.toISOString()
+    : `${at} ms since the epoch`;
+}
+
 /** A duration for people: `850 ms`, `4.2 s`, `3.5 min`, `2.1 h`, `3.0 d`. */
 export function age(ms: number): string {
   if (ms < 1_000) return `${Math.round(ms)} ms`;

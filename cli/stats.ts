@@ -10,6 +10,7 @@ import type { OutboxReader } from "../reader.ts";
 import { noArguments } from "./args.ts";
 import { type Command, type Context, stringOption } from "./command.ts";
 import { age, printable, table } from "./format.ts";
+import { flowNote } from "./flow.ts";
 import { openReader, readWal } from "./open.ts";
 import { QUEUE } from "./options.ts";
 
@@ -24,6 +25,10 @@ export interface QueueSummary {
   readonly dead: number;
   readonly oldestPendingAgeMs: number;
   readonly acknowledgedLastMinute: number;
+  /** Flow control (`outbox pause`, `outbox limits`), when set. */
+  readonly paused?: true;
+  readonly perKey?: number;
+  readonly perSecond?: number;
 }
 
 /**
@@ -74,6 +79,8 @@ export const stats: Command = {
 
 /** The table of a summary, then a `name: value` line per extra field. */
 export function summaryText(context: Context, summary: Summary): string {
+  // A queue paused or limited adds a column (cli/flow.ts's note).
+  const flow = summary.queues.some((q) => flowNote(q) !== "-");
   const extras = Object.entries(summary).filter(([key, value]) =>
     !FIELDS.has(key) && value !== undefined
   ).map(([key, value]) =>
@@ -92,6 +99,7 @@ export function summaryText(context: Context, summary: Summary): string {
         "dead",
         "oldest pending",
         "acks last 60 s",
+        ...flow ? ["flow"] : [],
       ],
       [...summary.queues, { ...summary, queue: "total" }].map((q) => [
         q.queue,
@@ -101,6 +109,7 @@ export function summaryText(context: Context, summary: Summary): string {
         q.dead,
         q.pending === 0 ? "-" : age(q.oldestPendingAgeMs),
         q.acknowledgedLastMinute,
+        ...flow ? ["queues" in q ? "" : flowNote(q)] : [],
       ]),
       [1, 2, 3, 4, 6],
     ),
@@ -135,6 +144,9 @@ export async function readSummary(
       ? 0
       : Math.max(0, now - q.oldestPendingAt),
     acknowledgedLastMinute: acknowledged.get(q.queue) ?? 0,
+    ...q.paused ? { paused: true as const } : {},
+    ...q.perKey === undefined ? {} : { perKey: q.perKey },
+    ...q.perSecond === undefined ? {} : { perSecond: q.perSecond },
   }));
   const sum = (key: "pending" | "leased" | "done" | "dead") =>
     rows.reduce((total, row) => total + row[key], 0);

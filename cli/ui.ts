@@ -1,5 +1,6 @@
 /**
- * `outbox ui <db> [--port N] [--hostname H] [--actions]`: serves the web
+ * `outbox ui <db> [--port N] [--hostname H] [--allow-host NAME] [--actions]`:
+ * serves the web
  * dashboard over the database until Ctrl-C. Read-only through
  * {@linkcode OutboxReader} unless `--actions`, which opens it read-write
  * through {@linkcode Outbox} and enables redrive, cancel and purge. Binds
@@ -12,6 +13,7 @@ import {
   type Command,
   flagOption,
   stringOption,
+  stringsOption,
   UsageError,
 } from "./command.ts";
 import { openOutbox, openReader } from "./open.ts";
@@ -33,6 +35,13 @@ export const ui: Command = {
       value: "<h>",
       help: "ui: the address to bind (default 127.0.0.1)",
     },
+    "allow-host": {
+      type: "string",
+      multiple: true,
+      value: "<name>",
+      help:
+        "ui: also answer requests addressed to this host name (IP addresses, localhost and --hostname always are)",
+    },
     actions: {
       type: "boolean",
       help:
@@ -49,6 +58,16 @@ export const ui: Command = {
     const hostname = stringOption(context, "hostname") ?? "127.0.0.1";
     if (hostname === "") throw new UsageError("--hostname must not be empty");
     const actions = flagOption(context, "actions");
+    const allowedHosts = stringsOption(context, "allow-host") ?? [];
+    for (const host of allowedHosts) {
+      if (!/^[a-z0-9.-]+$/i.test(host)) {
+        throw new UsageError(
+          `--allow-host must be a host name (letters, digits, '.', '-'): got ${
+            JSON.stringify(host)
+          }`,
+        );
+      }
+    }
     const controller = new AbortController();
     const signal = context.signal ?? controller.signal;
     const interrupt = () => controller.abort();
@@ -59,12 +78,20 @@ export const ui: Command = {
       await using source = actions
         ? await openOutbox(context)
         : await openReader(context);
-      await using server = serveDashboard(source, {
-        port,
-        hostname,
-        actions,
-        signal,
-      });
+      await using server = listen(
+        () =>
+          serveDashboard(source, {
+            port,
+            hostname,
+            actions,
+            signal,
+            allowedHosts,
+          }),
+        {
+          port,
+          hostname,
+        },
+      );
       context.out(
         context.json
           ? JSON.stringify({ url: server.url, actions })
@@ -80,3 +107,37 @@ export const ui: Command = {
     }
   },
 };
+
+/**
+ * Runs `serve`, saying which address failed and what to do where Deno's
+ * own message names neither ("Address already in use (os error 98)").
+ */
+function listen<T>(
+  serve: () => T,
+  { port, hostname }: { port: number; hostname: string },
+): T {
+  try {
+    return serve();
+  } catch (error) {
+    const where = `${hostname}:${port}`;
+    if (error instanceof Deno.errors.AddrInUse) {
+      throw new Error(
+        `cannot listen on ${where}: the port is in use (another outbox ui?); pick another with --port, or --port 0 for any free one`,
+        { cause: error },
+      );
+    }
+    if (error instanceof Deno.errors.AddrNotAvailable) {
+      throw new Error(
+        `cannot listen on ${where}: --hostname is not an address of this machine`,
+        { cause: error },
+      );
+    }
+    if (error instanceof Error && /lookup address/.test(error.message)) {
+      throw new Error(
+        `cannot listen on ${where}: --hostname is not a name this machine can resolve`,
+        { cause: error },
+      );
+    }
+    throw error;
+  }
+}

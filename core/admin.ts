@@ -9,6 +9,7 @@
  */
 import { integerOf } from "../driver.ts";
 import { BusyError } from "../errors.ts";
+import { allFlows, flowOf, withFlows } from "./flow.ts";
 import {
   checkEventId,
   checkIdentity,
@@ -231,7 +232,11 @@ export async function queues(
   const [sql, params] = queuesStatement(core.sql, options);
   return await core.write(
     "count queues",
-    async () => queueCounts(await core.driver.query(sql, params)),
+    async () =>
+      withFlows(
+        queueCounts(await core.driver.query(sql, params)),
+        await allFlows(core.driver, flowOf(core.sql)),
+      ),
   );
 }
 

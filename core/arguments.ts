@@ -24,6 +24,7 @@ import {
 import type { ListOptions } from "../admin.ts";
 import { payloadSize, type PreparedEnqueue } from "./enqueue.ts";
 import type { CheckedLease } from "./ledger.ts";
+import { checkPriority } from "./flow.ts";
 import {
   type BatchClaimOptions,
   type BatchEvent,
@@ -87,6 +88,10 @@ export function prepareEnqueue(
   const identity = options.identity === undefined
     ? null
     : checkIdentity(op, f("identity"), options.identity);
+  const priority = checkPriority(op, f("priority"), options.priority);
+  const concurrencyKey = options.concurrencyKey === undefined
+    ? null
+    : checkName(op, f("concurrencyKey"), options.concurrencyKey);
   const stored = encodePayload(
     op,
     f("payload"),
@@ -102,6 +107,8 @@ export function prepareEnqueue(
     identity,
     delayMs,
     maxAttempts,
+    priority,
+    concurrencyKey,
   };
 }
 
@@ -207,6 +214,8 @@ export const ENQUEUE_OPTIONS = [
   "dedupKey",
   "orderingKey",
   "identity",
+  "priority",
+  "concurrencyKey",
 ];
 export const CLAIM_OPTIONS = ["queue", "leaseMs", "token", "max"];
 export const BATCH_CLAIM_OPTIONS = ["queue", "leaseMs", "max"];

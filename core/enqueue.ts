@@ -26,6 +26,8 @@ export interface PreparedEnqueue {
   readonly identity: string | null;
   readonly delayMs: number;
   readonly maxAttempts: number;
+  readonly priority: number;
+  readonly concurrencyKey: string | null;
 }
 
 /** How one call of a shared transaction ended. */
@@ -54,6 +56,8 @@ export async function insertOne(
     now,
     identity,
     bytes ? event.payload : null,
+    event.priority,
+    event.concurrencyKey,
   ]);
   if (inserted !== undefined) {
     return {
@@ -90,6 +94,7 @@ export async function insertAll(
   const alike = events.every((event) =>
     typeof event.payload === "string" && event.queue === first.queue &&
     event.dedupKey === null && event.orderingKey === null &&
+    event.priority === 0 && event.concurrencyKey === null &&
     event.delayMs === first.delayMs && event.maxAttempts === first.maxAttempts
   );
   const rows = alike
@@ -116,6 +121,8 @@ export async function insertAll(
           now + event.delayMs,
           event.maxAttempts,
           identities[i],
+          event.priority,
+          event.concurrencyKey,
         ];
       })),
     ]);

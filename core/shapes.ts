@@ -85,6 +85,22 @@ export interface EnqueueOptions {
    * @default {a new UUIDv7 stamped with the outbox's clock}
    */
   readonly identity?: string;
+  /**
+   * An integer from -2147483647 to 2147483647: of the events due, a claim
+   * takes the highest priority first (then the earliest due, then the
+   * oldest). Inside an `orderingKey` FIFO wins: a later event of the key
+   * waits for the earlier ones whatever its priority.
+   *
+   * @default {0}
+   */
+  readonly priority?: number;
+  /**
+   * The key a per-key concurrency limit counts by
+   * ({@linkcode Outbox.setLimits}'s `perKey`): at most that many events of
+   * one key are leased at once, across every worker. Unlike `orderingKey`
+   * it keeps no order.
+   */
+  readonly concurrencyKey?: string;
 }
 
 /**

@@ -33,6 +33,7 @@ import type { EventInfo, QueueCounts } from "../admin.ts";
 import type { EventState, Outbox } from "../lease.ts";
 import type { OutboxReader } from "../reader.ts";
 import { checkOptions, describe } from "../validate.ts";
+import { basePathOf } from "./base_path.ts";
 import { FAVICON, LIVE_SCRIPT, STYLESHEET } from "./assets.ts";
 import type { ActivityBucket } from "./chart.ts";
 import { cookie, CSRF_COOKIE, CsrfGuard, sameOrigin } from "./csrf.ts";
@@ -100,6 +101,15 @@ export interface DashboardOptions {
 /** What the dashboard reads: an {@linkcode Outbox} or an {@linkcode OutboxReader}. */
 export type DashboardSource = Outbox | OutboxReader;
 
+/**
+ * The longest delay browsers' `setInterval` keeps (2^31 - 1 ms); past it
+ * they run the timer every millisecond.
+ */
+const MAX_TIMER_MS = 2_147_483_647;
+
+/** The most bytes a POST's form may have: the dashboard's are tiny. */
+const MAX_FORM_BYTES = 16_384;
+
 /** Events per page. */
 const PAGE = 50;
 
@@ -162,14 +172,7 @@ export function dashboard(
       }`,
     );
   }
-  const base = (options.basePath ?? "").replace(/\/+$/, "");
-  if (base !== "" && !/^\/[^?#]*$/.test(base)) {
-    throw new TypeError(
-      `Cannot ${op} as 'basePath' must be empty or a path starting with '/': current value is ${
-        describe(options.basePath)
-      }`,
-    );
-  }
+  const base = basePathOf(op, options.basePath);
   const actions = options.actions ?? false;
   if (typeof actions !== "boolean") {
     throw new TypeError(
@@ -203,9 +206,12 @@ export function dashboard(
     }
   }
   const refreshMs = options.refreshMs ?? 5_000;
-  if (!Number.isSafeInteger(refreshMs) || refreshMs < 0) {
+  if (
+    !Number.isSafeInteger(refreshMs) || refreshMs < 0 ||
+    refreshMs > MAX_TIMER_MS
+  ) {
     throw new RangeError(
-      `Cannot ${op} as 'refreshMs' must be a non-negative integer: current value is ${
+      `Cannot ${op} as 'refreshMs' must be an integer from 0 to ${MAX_TIMER_MS}: current value is ${
         describe(refreshMs)
       }`,
     );
@@ -220,12 +226,19 @@ export function dashboard(
       return text(404, "Not found");
     }
     const path = url.pathname.slice(base.length) || "/";
-    try {
-      if (options.authorize !== undefined) {
-        const verdict = await options.authorize(request);
-        if (verdict instanceof Response) return verdict;
-        if (verdict !== true) return text(403, "Forbidden");
+    if (options.authorize !== undefined) {
+      let verdict: boolean | Response;
+      try {
+        verdict = await options.authorize(request);
+      } catch {
+        // Not its message: the client may not be signed in, and a hook's
+        // error may name its directory, its URL or a credential.
+        return text(500, "The dashboard's authorize hook failed");
       }
+      if (verdict instanceof Response) return verdict;
+      if (verdict !== true) return text(403, "Forbidden");
+    }
+    try {
       if (path === "/assets/dashboard.css") {
         return asset(STYLESHEET, "text/css; charset=utf-8");
       }
@@ -253,17 +266,26 @@ export function dashboard(
             allow: "GET",
           });
         }
-        const form = await request.formData().catch(() => null);
-        const token = form?.get("csrf");
-        if (
-          fresh || form === null || typeof token !== "string" ||
-          !sameOrigin(request, options.origin ?? url.origin) ||
-          !(await guard.verify(nonce!, token))
-        ) {
-          return text(
+        const refused = () =>
+          text(
             403,
             "Refused: the form's CSRF token or origin did not match; reload the page and try again",
           );
+        // What needs no body first: a refused request is not read at all.
+        if (fresh || !sameOrigin(request, options.origin ?? url.origin)) {
+          await request.body?.cancel().catch(() => {});
+          return refused();
+        }
+        const form = await formOf(request);
+        if (form === "too large") {
+          return text(413, `A form is at most ${MAX_FORM_BYTES} bytes`);
+        }
+        const token = form?.get("csrf");
+        if (
+          form === null || typeof token !== "string" ||
+          !(await guard.verify(nonce!, token))
+        ) {
+          return refused();
         }
         response = await act(writer as Outbox, context, path, form);
       } else if (request.method === "GET" || request.method === "HEAD") {
@@ -289,6 +311,45 @@ export function dashboard(
       );
     }
   };
+}
+
+/**
+ * The request's form, read up to {@linkcode MAX_FORM_BYTES} (then the body
+ * is cancelled, so a client cannot make the dashboard buffer a body of any
+ * size), or `null` when it is no form.
+ */
+async function formOf(
+  request: Request,
+): Promise<FormData | null | "too large"> {
+  const declared = Number(request.headers.get("content-length"));
+  if (declared > MAX_FORM_BYTES) {
+    await request.body?.cancel().catch(() => {});
+    return "too large";
+  }
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  if (request.body !== null) {
+    const reader = request.body.getReader();
+    try {
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        size += value.byteLength;
+        if (size > MAX_FORM_BYTES) {
+          await reader.cancel().catch(() => {});
+          return "too large";
+        }
+        chunks.push(value);
+      }
+    } catch {
+      return null;
+    }
+  }
+  const type = request.headers.get("content-type");
+  return await new Response(
+    new Blob(chunks as BlobPart[]),
+    type === null ? {} : { headers: { "content-type": type } },
+  ).formData().catch(() => null);
 }
 
 /** Answers a GET. */
@@ -317,8 +378,9 @@ async function show(
     }
     const state = query.get("state") ?? "pending";
     const queue = query.get("queue") || undefined;
-    const after = Number(query.get("after") ?? 0);
-    if (!STATES.has(state) || !Number.isSafeInteger(after) || after < 0) {
+    const afterText = query.get("after") || "0";
+    const after = /^\d{1,15}$/.test(afterText) ? Number(afterText) : -1;
+    if (!STATES.has(state) || after < 0) {
       return page(errorPage(context, "No such filter."), 400);
     }
     const queues = (await source.queues({ countUpTo: 1 })).map((
@@ -345,13 +407,17 @@ async function show(
   }
   const match = /^\/events\/(\d{1,15})$/.exec(path);
   if (match !== null) {
-    const info = await eventInfo(source, Number(match[1]));
+    const id = idOf(match[1]!);
+    const info = id === undefined ? null : await eventInfo(source, id);
     return info === null
       ? page(errorPage(context, `No event ${match[1]}.`), 404)
       : page(eventPage(context, info.event, info.explanation));
   }
   const confirm = /^\/confirm\/(redrive|cancel|purge)$/.exec(path);
   if (confirm !== null && context.actions) {
+    if (confirm[1] === "cancel" && idOf(query.get("id")) === undefined) {
+      return page(errorPage(context, "Cancel which event? No id given."), 400);
+    }
     return page(confirmation(context, confirm[1]!, query));
   }
   return page(errorPage(context, "No such page."), 404);
@@ -363,8 +429,8 @@ function confirmation(
   action: string,
   query: URLSearchParams,
 ): Html {
-  const id = query.get("id");
-  const ids = id !== null && /^\d{1,15}$/.test(id) ? { id } : {};
+  const id = idOf(query.get("id"));
+  const ids = id === undefined ? {} : { id: String(id) };
   switch (action) {
     case "redrive":
       return confirmPage(
@@ -400,10 +466,7 @@ async function act(
   path: string,
   form: FormData,
 ): Promise<Response> {
-  const id = form.get("id");
-  const one = typeof id === "string" && /^\d{1,15}$/.test(id)
-    ? Number(id)
-    : undefined;
+  const one = idOf(form.get("id"));
   switch (path) {
     case "/actions/redrive": {
       const n = await outbox.redrive(one === undefined ? {} : { ids: [one] });
@@ -450,13 +513,25 @@ async function act(
   return page(errorPage(context, "No such action."), 400);
 }
 
+/**
+ * An event id written as decimal digits (1 to 999,999,999,999,999, so
+ * always a safe integer), or `undefined` for anything else: `0`, a sign,
+ * hex, an exponent, blanks, a form's file.
+ */
+function idOf(text: FormDataEntryValue | null): number | undefined {
+  if (typeof text !== "string" || !/^\d{1,15}$/.test(text)) return undefined;
+  const id = Number(text);
+  return id > 0 ? id : undefined;
+}
+
 /** The event an id, identity or dedup key names, or `null`. */
 async function find(
   source: DashboardSource,
   q: string,
 ): Promise<number | null> {
-  if (/^\d{1,15}$/.test(q)) {
-    const explanation = await source.explain(Number(q));
+  const id = idOf(q);
+  if (id !== undefined) {
+    const explanation = await source.explain(id);
     if (explanation !== null) return explanation.eventId;
   }
   if (

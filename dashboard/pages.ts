@@ -432,6 +432,11 @@ function clip(text: string, length: number): string {
 
 /** An instant as ISO time with its age: "2026-12-06 21:04:05 (3 min ago)". */
 function when(at: number, now: number): Html {
+  // A time another program wrote may lie outside what a Date can hold
+  // (±8.64e15 ms): shown as it is stored, rather than failing the page.
+  if (!Number.isFinite(new Date(at).getTime())) {
+    return html`<span class="muted">${at} ms since the epoch</span>`;
+  }
   const iso = new Date(at).toISOString();
   const delta = now - at;
   return html`

@@ -1,6 +1,11 @@
 /**
  * Serves the dashboard on its own port: what `outbox ui` runs. Binds
- * 127.0.0.1 unless told otherwise, since the dashboard is an admin door.
+ * 127.0.0.1 unless told otherwise, since the dashboard is an admin door,
+ * and answers only requests addressed to it by an IP address, `localhost`
+ * or the name it was told to bind: a page whose DNS name an attacker
+ * rebinds to 127.0.0.1 is its own origin to the browser, so neither the
+ * same-origin check nor the cookie would stop it reading every payload or
+ * posting a purge.
  *
  * @module
  */
@@ -9,6 +14,7 @@ import {
   type DashboardOptions,
   type DashboardSource,
 } from "./mod.ts";
+import { basePathOf } from "./base_path.ts";
 
 /** Options of {@linkcode serveDashboard}. */
 export interface ServeDashboardOptions extends DashboardOptions {
@@ -18,6 +24,14 @@ export interface ServeDashboardOptions extends DashboardOptions {
   readonly hostname?: string;
   /** Stops the server when it aborts. */
   readonly signal?: AbortSignal;
+  /**
+   * Further host names requests may be addressed to (their `Host` header),
+   * e.g. `["outbox.internal"]`; IP addresses, `localhost`, `*.localhost`
+   * and `hostname` always may. Any other answers 421 and reads nothing.
+   *
+   * @default {[]}
+   */
+  readonly allowedHosts?: readonly string[];
 }
 
 /** A running dashboard server. */
@@ -43,13 +57,47 @@ export function serveDashboard(
   source: DashboardSource,
   options: ServeDashboardOptions = {},
 ): DashboardServer {
-  const { port = 8080, hostname = "127.0.0.1", signal, ...rest } = options;
+  const {
+    port = 8080,
+    hostname = "127.0.0.1",
+    signal,
+    allowedHosts = [],
+    ...rest
+  } = options;
   if (!Number.isInteger(port) || port < 0 || port > 65_535) {
     throw new RangeError(
       `Cannot serve dashboard as 'port' must be an integer from 0 to 65535: current value is ${port}`,
     );
   }
-  const handler = dashboard(source, rest);
+  if (
+    !Array.isArray(allowedHosts) ||
+    !allowedHosts.every((host) => typeof host === "string")
+  ) {
+    throw new TypeError(
+      "Cannot serve dashboard as 'allowedHosts' must be an array of host names",
+    );
+  }
+  const names = new Set(
+    [hostname, ...allowedHosts].map((host) => host.toLowerCase()),
+  );
+  const dashboardHandler = dashboard(source, rest);
+  const handler = (request: Request) =>
+    addressedHere(new URL(request.url).hostname, names)
+      ? dashboardHandler(request)
+      : Promise.resolve(
+        new Response(
+          "Misdirected: this dashboard answers requests to its IP address, localhost, or --hostname only",
+          {
+            status: 421,
+            headers: {
+              "content-type": "text/plain; charset=utf-8",
+              "content-security-policy": "default-src 'none'",
+              "x-content-type-options": "nosniff",
+              "cache-control": "no-store",
+            },
+          },
+        ),
+      );
   const server = Deno.serve({
     port,
     hostname,
@@ -60,11 +108,21 @@ export function serveDashboard(
   const host = address.hostname.includes(":")
     ? `[${address.hostname}]`
     : address.hostname;
-  const base = (rest.basePath ?? "").replace(/\/+$/, "");
+  const base = basePathOf("serve dashboard", rest.basePath);
   return {
     url: `http://${host}:${address.port}${base}/`,
     finished: server.finished,
     shutdown: () => server.shutdown(),
     [Symbol.asyncDispose]: () => server.shutdown(),
   };
+}
+
+/**
+ * Whether a request's host (the URL parser's form of its `Host` header)
+ * names this server in a way no DNS answer can redirect: an IP address,
+ * `localhost` or a name under it, or one of `names`.
+ */
+function addressedHere(host: string, names: ReadonlySet<string>): boolean {
+  return /^\d{1,3}(\.\d{1,3}){3}$/.test(host) || host.startsWith("[") ||
+    host === "localhost" || host.endsWith(".localhost") || names.has(host);
 }

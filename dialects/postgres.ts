@@ -33,6 +33,7 @@
 
 import { CANCELLED, LEASE_EXPIRED, PURGE_BATCH } from "../admin.ts";
 import type { Dialect } from "../types.ts";
+import { POSTGRES_FLOW, POSTGRES_FLOW_STEP } from "./postgres_flow.ts";
 
 /** The schema version this dialect creates, as SQLite's schema.sql does. */
 export const POSTGRES_SCHEMA_VERSION = 7;
@@ -168,6 +169,8 @@ DROP TRIGGER IF EXISTS outbox_events_notify ON outbox_events;
 CREATE TRIGGER outbox_events_notify AFTER INSERT ON outbox_events
   FOR EACH STATEMENT EXECUTE FUNCTION outbox_events_notify();
 
+-- Version 7: flow control and schedules (dialects/postgres_flow.ts).
+${POSTGRES_FLOW_STEP}
 CREATE TABLE IF NOT EXISTS outbox_schema (
   version integer PRIMARY KEY,
   applied_at bigint NOT NULL
@@ -224,6 +227,11 @@ const freeKey = (c: string) =>
       hashtext(length(${c}.queue) || ':' || ${c}.queue || ${c}.ordering_key)))`;
 // The largest integer a JavaScript number holds exactly (2^53 - 1).
 const MAX_SAFE = "9007199254740991";
+// The live leases of a candidate's concurrency key.
+const HELD = `(SELECT count(*) FROM outbox_events AS k
+          WHERE k.queue = e.queue AND k.concurrency_key = e.concurrency_key
+            AND k.state = 'leased' AND k.concurrency_key IS NOT NULL
+            AND k.due_at > $2)`;
 // The clock of a one-statement call: $1, or the server's when $1 is null.
 const CLOCK = `n AS MATERIALIZED (SELECT coalesce($1::bigint, ${NOW}) AS now)`;
 // A lapsed last-attempt lease the core's transaction would first make a
@@ -287,7 +295,7 @@ function claimInOne(acknowledge?: string): string {
   return `WITH ${CLOCK},${acknowledged}
   candidates AS MATERIALIZED (
     SELECT e.id, e.state, e.fence, e.due_at, ${PAYLOAD_BYTES} AS bytes,
-      e.queue, e.ordering_key
+      e.queue, e.ordering_key, e.priority
     FROM outbox_events AS e
     WHERE e.queue = $2 AND e.state IN ('pending', 'leased')
       AND e.due_at <= (SELECT now FROM n)${
@@ -305,16 +313,17 @@ function claimInOne(acknowledge?: string): string {
           AND p.id NOT IN (SELECT id FROM matched)`,
     )
   }
-    ORDER BY e.due_at, e.id LIMIT $3
+    ORDER BY e.priority DESC, e.due_at, e.id LIMIT $3
     FOR UPDATE OF e SKIP LOCKED),
   t AS MATERIALIZED (SELECT decode($6, 'hex') AS bytes),
   numbered AS MATERIALIZED (SELECT c.*,
-      row_number() OVER (ORDER BY c.due_at, c.id) AS k
+      row_number() OVER (ORDER BY c.priority DESC, c.due_at, c.id) AS k
     FROM candidates AS c WHERE ${freeKey("c")}),
   refused AS MATERIALIZED (SELECT 1 FROM numbered
     WHERE state = 'leased' OR bytes > $4 OR id > ${MAX_SAFE}
       OR fence >= ${MAX_SAFE}
-    UNION ALL ${EXHAUSTED_DUE}${
+    UNION ALL ${EXHAUSTED_DUE}
+    UNION ALL SELECT 1 FROM outbox_queues WHERE queue = $2${
     acknowledge === undefined ? "" : `
     UNION ALL SELECT 1 WHERE ${INCOMPLETE}`
   }
@@ -408,8 +417,9 @@ export const POSTGRES = {
       ORDER BY id FOR UPDATE) AS e ON true`,
   insert: `INSERT INTO outbox_events
     (queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at,
-      max_attempts, created_at, updated_at, identity)
-    VALUES ($1, 'pending', $2, $10, $3, $4, $5, $6, $7, $8, $9)
+      max_attempts, created_at, updated_at, identity, priority,
+      concurrency_key)
+    VALUES ($1, 'pending', $2, $10, $3, $4, $5, $6, $7, $8, $9, $11, $12)
     ON CONFLICT DO NOTHING
     RETURNING id`,
   existing: `SELECT id, identity FROM outbox_events
@@ -417,11 +427,13 @@ export const POSTGRES = {
     ORDER BY dedup_key IS DISTINCT FROM $2 LIMIT 1`,
   insertAll: `INSERT INTO outbox_events
     (queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at,
-      max_attempts, created_at, updated_at, identity)
+      max_attempts, created_at, updated_at, identity, priority,
+      concurrency_key)
     SELECT e.value ->> 0, 'pending', e.value ->> 1,
       decode(e.value ->> 2, 'hex'), e.value ->> 3, e.value ->> 4,
       (e.value ->> 5)::bigint, (e.value ->> 6)::integer, $1::bigint,
-      $1::bigint, (e.value ->> 7)::uuid
+      $1::bigint, (e.value ->> 7)::uuid, (e.value ->> 8)::integer,
+      e.value ->> 9
     FROM json_array_elements($2::json) WITH ORDINALITY AS e (value, n)
     ORDER BY e.n
     ON CONFLICT DO NOTHING
@@ -451,20 +463,26 @@ export const POSTGRES = {
     WHERE id IN (${IDS}($2::jsonb))`,
   // Only a payload within $4 bytes is read; a bigger one's size says why
   // the event is unclaimable.
+  // $5: the queue's per-key limit or null, as on SQLite.
   candidates: `SELECT c.id, c.identity, c.state, c.fence, c.attempt,
       c.max_attempts, c.payload, c.payload_bytes, c.bytes, c.ordering_key,
-      c.last_error
+      c.last_error, c.concurrency_key, c.held
     FROM (SELECT id, identity, state, fence, attempt, max_attempts,
         CASE WHEN ${PAYLOAD_BYTES} <= $4 THEN payload END AS payload,
         CASE WHEN ${PAYLOAD_BYTES} <= $4 THEN payload_bytes END AS payload_bytes,
-        ${PAYLOAD_BYTES} AS bytes, queue, ordering_key, last_error, due_at
+        ${PAYLOAD_BYTES} AS bytes, queue, ordering_key, last_error, due_at,
+        priority, concurrency_key,
+        CASE WHEN concurrency_key IS NOT NULL AND $5::integer IS NOT NULL
+          THEN ${HELD} END AS held
       FROM outbox_events AS e
       WHERE queue = $1 AND state IN ('pending', 'leased') AND due_at <= $2
         AND ${claimableInOrder("$2")}
-      ORDER BY due_at, id LIMIT $3
+        AND (concurrency_key IS NULL OR $5::integer IS NULL
+          OR ${HELD} < $5::integer)
+      ORDER BY priority DESC, due_at, id LIMIT $3
       FOR UPDATE OF e SKIP LOCKED) AS c
     WHERE ${freeKey("c")}
-    ORDER BY c.due_at, c.id`,
+    ORDER BY c.priority DESC, c.due_at, c.id`,
   // $1 now or null (the server's clock), $2 queue, $3 max, $4 the largest
   // payload in bytes, $5 leaseMs, $6 one 32-character token per lease, in
   // claim order. Refuses (claims nothing) when a candidate is a lapsed
@@ -586,9 +604,21 @@ export const POSTGRES = {
     FROM outbox_events GROUP BY queue, state ORDER BY queue`,
   // $2 now or null (the server's clock): one statement outside a
   // transaction, one round trip.
-  nextDue: `SELECT n.now, (SELECT due_at FROM outbox_events
-      WHERE queue = $1 AND state IN ('pending', 'leased') AND due_at > n.now
-      ORDER BY due_at LIMIT 1) AS due_at
+  // One seek per priority in use, as on SQLite: p walks the queue's
+  // distinct priorities down the claim index.
+  nextDue: `WITH RECURSIVE p(v) AS (
+      SELECT (SELECT priority FROM outbox_events
+        WHERE queue = $1 AND state IN ('pending', 'leased')
+        ORDER BY priority DESC LIMIT 1)
+      UNION ALL
+      SELECT (SELECT priority FROM outbox_events
+        WHERE queue = $1 AND state IN ('pending', 'leased') AND priority < p.v
+        ORDER BY priority DESC LIMIT 1)
+      FROM p WHERE p.v IS NOT NULL)
+    SELECT n.now, (SELECT min((SELECT due_at FROM outbox_events
+        WHERE queue = $1 AND state IN ('pending', 'leased') AND priority = p.v
+          AND due_at > n.now
+        ORDER BY due_at LIMIT 1)) FROM p WHERE p.v IS NOT NULL) AS due_at
     FROM (SELECT coalesce($2::bigint, ${NOW}) AS now) AS n`,
   stats: `SELECT state, count(*) AS n, min(created_at) AS oldest
     FROM outbox_events WHERE queue = $1 GROUP BY state`,
@@ -597,4 +627,5 @@ export const POSTGRES = {
     `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE identity = $1`,
   history: `SELECT kind, fence, at, token, lease_until, detail
     FROM outbox_ledger WHERE event_id = $1 ORDER BY seq`,
+  flow: POSTGRES_FLOW,
 } as const satisfies Dialect;

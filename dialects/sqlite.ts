@@ -9,6 +9,7 @@
 import { LEASE_EXPIRED } from "../admin.ts";
 import { ADMIN_SQL } from "./sqlite/admin.ts";
 import type { Dialect } from "../types.ts";
+import { SQLITE_FLOW } from "./sqlite_flow.ts";
 
 const EVENT_COLUMNS =
   "id, identity, queue, state, payload, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
@@ -18,6 +19,12 @@ const CLAIM_SET = `state = 'leased', fence = fence + 1, attempt = attempt + 1,
       lease_until = ?1, due_at = ?1, updated_at = ?2, claimed_at = ?2,
       last_error = CASE state WHEN 'leased' THEN '${LEASE_EXPIRED}' ELSE last_error END`;
 export { UPGRADES, VERSION_TABLE_SQL } from "./sqlite/migrations/mod.ts";
+// The live leases of a candidate's concurrency key (the index
+// outbox_events_concurrency counts them).
+const HELD = `(SELECT count(*) FROM outbox_events AS k
+        WHERE k.queue = e.queue AND k.concurrency_key = e.concurrency_key
+          AND k.state = 'leased' AND k.concurrency_key IS NOT NULL
+          AND k.due_at > ?2)`;
 
 /** The statements of the core on SQLite (the admin calls' are `ADMIN_SQL`, in `sqlite/admin.ts`). */
 export const SQL = {
@@ -60,9 +67,10 @@ export const SQL = {
   // A conflict on the dedup key or the identity inserts nothing.
   // ?10: the payload when it is bytes (?2 when JSON text): PostgreSQL keeps
   // the two in columns of their own.
+  // ?11: priority, ?12: concurrency key.
   insert: `INSERT INTO outbox_events
-    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity)
-    VALUES (?1, 'pending', coalesce(?2, ?10), ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity, priority, concurrency_key)
+    VALUES (?1, 'pending', coalesce(?2, ?10), ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?11, ?12)
     ON CONFLICT DO NOTHING
     RETURNING id`,
   // The dedup key's event first: it is the one the caller's key names.
@@ -73,13 +81,15 @@ export const SQL = {
   // `insert` would be, in array order, so ids follow it and a later row
   // meets the keys of earlier ones. ?1: now; ?2: a JSON array of [queue,
   // payload JSON text or null, payload bytes as hex or null, dedup key,
-  // ordering key, due_at, max_attempts, identity]. (WHERE true: SQLite's
-  // upsert after INSERT … SELECT needs a WHERE clause to parse.)
+  // ordering key, due_at, max_attempts, identity, priority, concurrency
+  // key]. (WHERE true: SQLite's upsert after INSERT … SELECT needs a WHERE
+  // clause to parse.)
   insertAll: `INSERT INTO outbox_events
-    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity)
+    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity, priority, concurrency_key)
     SELECT e.value ->> 0, 'pending',
       coalesce(e.value ->> 1, unhex(e.value ->> 2)), e.value ->> 3,
-      e.value ->> 4, e.value ->> 5, e.value ->> 6, ?1, ?1, e.value ->> 7
+      e.value ->> 4, e.value ->> 5, e.value ->> 6, ?1, ?1, e.value ->> 7,
+      e.value ->> 8, e.value ->> 9
     FROM json_each(?2) AS e WHERE true ORDER BY e.key
     ON CONFLICT DO NOTHING
     RETURNING id, identity, queue, dedup_key`,
@@ -130,16 +140,24 @@ export const SQL = {
   // ?4: the claiming outbox's maxPayloadBytes. octet_length reads a
   // payload's size from its record header, so a payload too large to read
   // back is never loaded: its event becomes a dead letter instead.
+  // ?5: the queue's per-key limit, or null: an event whose concurrency key
+  // holds that many live leases is passed over (so other keys are not held
+  // back), and `held` tells core/flow.ts how many each key holds. Highest
+  // priority first; an ordering key's later events wait for its first
+  // whatever their priority.
   candidates: `SELECT id, identity, state, fence, attempt, max_attempts,
       CASE WHEN octet_length(payload) <= ?4 THEN payload END AS payload,
-      octet_length(payload) AS bytes, ordering_key, last_error
+      octet_length(payload) AS bytes, ordering_key, last_error,
+      concurrency_key, CASE WHEN concurrency_key IS NOT NULL AND +?5 IS NOT NULL
+        THEN ${HELD} END AS held
     FROM outbox_events AS e
     WHERE queue = +?1 AND state IN ('pending', 'leased') AND due_at <= ?2
       AND (ordering_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM outbox_events AS p
         WHERE p.queue = e.queue AND p.ordering_key = e.ordering_key
           AND p.id < e.id AND p.state IN ('pending', 'leased')))
-    ORDER BY due_at, id LIMIT +?3`,
+      AND (concurrency_key IS NULL OR +?5 IS NULL OR ${HELD} < +?5)
+    ORDER BY priority DESC, due_at, id LIMIT +?3`,
   tokenUsed:
     "SELECT 1 FROM outbox_ledger WHERE event_id = ? AND kind = 'claimed' AND token = ?",
   // ?3: a JSON object from each candidate's id to its token: an object's
@@ -231,6 +249,7 @@ export const SQL = {
 export const SQLITE: Dialect = {
   ...SQL,
   ...ADMIN_SQL,
+  flow: SQLITE_FLOW,
   maintenance: {
     pageSize: SQL.pageSize,
     pageCount: SQL.pageCount,

@@ -373,25 +373,33 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
 
   /** Runs one statement and returns its rows. */
   query(sql: string, params: readonly SqlValue[] = []): Promise<Row[]> {
+    let statement: StatementSync | undefined;
     try {
-      const rows = this.#prepare("query", sql).all(...bindable(params));
+      statement = this.#prepare("query", sql);
+      const rows = statement.all(...bindable(params));
       return Promise.resolve(rows.map(toRow));
     } catch (error) {
       return Promise.reject(toSqliteError(error));
+    } finally {
+      if (statement !== undefined) this.#statements.leave();
     }
   }
 
   /** Runs one statement and reports its changes. */
   run(sql: string, params: readonly SqlValue[] = []): Promise<RunResult> {
+    let statement: StatementSync | undefined;
     try {
       this.#checkNotMoved(sql);
-      const result = this.#prepare("run", sql).run(...bindable(params));
+      statement = this.#prepare("run", sql);
+      const result = statement.run(...bindable(params));
       return Promise.resolve({
         changes: Number(result.changes),
         lastInsertRowid: exactInteger(result.lastInsertRowid),
       });
     } catch (error) {
       return Promise.reject(toSqliteError(error));
+    } finally {
+      if (statement !== undefined) this.#statements.leave();
     }
   }
 
@@ -450,9 +458,13 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
     return this.#db;
   }
 
+  /** The statement for `sql`, marked in use until the caller leaves it. */
   #prepare(method: "query" | "run", sql: string): StatementSync {
     const cached = this.#statements.get(sql);
-    if (cached !== undefined) return cached;
+    if (cached !== undefined) {
+      this.#statements.enter(cached);
+      return cached;
+    }
     const statement = this.#open().prepare(sql);
     // prepare() compiles only the first statement; sourceSQL is its text.
     assertOneStatement(method, sql, () => statement.sourceSQL);
@@ -464,6 +476,7 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
     // this connection start a fresh cache instead.
     if (SCHEMA_CHANGE.test(sql)) this.#statements.clear();
     else this.#statements.add(sql, statement);
+    this.#statements.enter(statement);
     return statement;
   }
 }

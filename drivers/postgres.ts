@@ -143,10 +143,9 @@ const APPLICATION_NAME = /^[\x20-\x7e]{0,63}$/;
  * still commits after the application's `DEALLOCATE ALL`).
  */
 const PREPARED: ReadonlySet<string> = new Set(
-  Object.values(POSTGRES).filter((v): v is string =>
-    typeof v === "string" &&
-    transactionControl(v) === ""
-  ),
+  [...Object.values(POSTGRES), ...Object.values(POSTGRES.flow)].filter((
+    v,
+  ): v is string => typeof v === "string" && transactionControl(v) === ""),
 );
 /** A statement that ends the transaction, whatever its outcome. */
 const ENDS_TRANSACTION = /^\s*(ROLLBACK|ABORT|COMMIT|END)\s*;?\s*$/i;

@@ -72,10 +72,20 @@ export class StatementCache<S> {
     return this.#finalized;
   }
 
-  /** The statement cached for `sql`, now marked used. */
+  /**
+   * The statement cached for `sql`, now marked used; `undefined` when there
+   * is none, or when it is in use ({@linkcode StatementCache.enter}): a run
+   * of the same text inside its step (an application's SQL function) needs
+   * a statement of its own, since binding or resetting the running one would
+   * restart the outer run. The driver prepares one and
+   * {@linkcode StatementCache.add}s it in place of the running one, which is
+   * finalized when it is left.
+   */
   get(sql: string): S | undefined {
     const entry = this.#statements.get(sql);
-    if (entry === undefined) return undefined;
+    if (entry === undefined || this.#running.includes(entry.statement)) {
+      return undefined;
+    }
     entry.used = true;
     return entry.statement;
   }

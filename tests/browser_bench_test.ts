@@ -18,8 +18,8 @@ Deno.test(
       rows.map((row) => row.name),
       [
         "claim+ack, Chromium opfs-sahpool via worker (wal, full)",
-        "claim+ack, Chromium opfs-sahpool via worker (wal, normal)",
         "claim+ack, Chromium opfs-sahpool via worker (wal, full)",
+        "claim+ack, Chromium opfs-sahpool via worker (wal, normal)",
       ],
     );
     for (const row of rows) {

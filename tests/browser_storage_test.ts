@@ -144,6 +144,7 @@ Deno.test(
       "oldestPendingAgeMs",
       "pending",
       "storage",
+      "wal",
     ]);
     assert.ok(seen.before.storage.usage > 0);
     assert.ok(seen.before.storage.quota >= seen.before.storage.usage);

@@ -30,6 +30,12 @@ async function run(
   const output = await new Deno.Command(command, {
     args,
     ...options,
+    // A shell in `cwd`: `deno task` keeps an INIT_CWD it inherits (this
+    // test's own, under `deno task test`), which the CLI resolves paths by.
+    env: {
+      ...options.env,
+      ...(options.cwd === undefined ? {} : { INIT_CWD: options.cwd }),
+    },
     stdin: "null",
     stdout: "piped",
     stderr: "piped",

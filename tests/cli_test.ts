@@ -557,7 +557,7 @@ Deno.test("usage errors exit 2 with the reason and the usage on stderr", async (
     [[], "no command given"],
     [
       ["frobnicate", path],
-      "unknown command 'frobnicate' (commands: stats, list, explain, watch, redrive, retry, cancel, purge, ui); see outbox --help",
+      "unknown command 'frobnicate' (commands: stats, list, explain, watch, redrive, retry, cancel, purge, pause, resume, limits, schedules, ui); see outbox --help",
     ],
     [["stats"], "stats needs a database"],
     [
@@ -940,6 +940,39 @@ Deno.test("an unknown command is named as such, whatever follows it", async () =
   assert.equal(stdout, "");
   assert.equal(
     stderr,
-    "outbox: unknown command 'dashboard' (commands: stats, list, explain, watch, redrive, retry, cancel, purge, ui); see outbox --help\n",
+    "outbox: unknown command 'dashboard' (commands: stats, list, explain, watch, redrive, retry, cancel, purge, pause, resume, limits, schedules, ui); see outbox --help\n",
   );
+});
+
+Deno.test("explain prints a time past what a Date holds (written by another program) as the number stored, and exits 0", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const path = join(dir, "o.db");
+    {
+      const driver = await openSqliteWasm(path);
+      await using outbox = await Outbox.open(driver);
+      await outbox.enqueue({ n: 1 }, { queue: "mail" });
+      const lease = await outbox.claim({ queue: "mail" });
+      await outbox.release(lease!, { error: "boom" });
+      await driver.run("UPDATE outbox_events SET created_at = ?1", [
+        9_000_000_000_000_000,
+      ]);
+      await driver.run("UPDATE outbox_attempts SET at = ?1", [
+        -9_000_000_000_000_000,
+      ]);
+    }
+    const errors: string[] = [];
+    const lines: string[] = [];
+    const code = await main(["explain", path, "1"], {
+      stdout: (line) => lines.push(line),
+      stderr: (line) => errors.push(line),
+      now: () => 1_700_000_000_000,
+    });
+    assert.equal(code, 0, errors.join("\n"));
+    const text = lines.join("\n");
+    assert.match(text, /enqueued 9000000000000000 ms since the epoch/);
+    assert.match(text, /-9000000000000000 ms since the epoch/);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });

@@ -104,3 +104,109 @@ Deno.test("outbox ui refuses a port past 65535 and an argument after the databas
   assert.match(lines[0]!, /--port must be at most 65535: got 70000/);
   assert.match(lines.join("\n"), /ui takes no argument after the database/);
 });
+
+/** Sends one raw HTTP/1.1 GET of `path` with `host` as its Host header. */
+async function rawGet(port: number, path: string, host: string) {
+  const connection = await Deno.connect({ hostname: "127.0.0.1", port });
+  try {
+    await connection.write(
+      new TextEncoder().encode(
+        `GET ${path} HTTP/1.1\r\nhost: ${host}\r\nconnection: close\r\n\r\n`,
+      ),
+    );
+    const text = new TextDecoder().decode(
+      await new Response(connection.readable).arrayBuffer(),
+    );
+    return { status: Number(text.split(" ")[1]), text };
+  } catch (error) {
+    connection.close();
+    throw error;
+  }
+}
+
+Deno.test("outbox ui answers only requests addressed to its own host, so a DNS-rebound page cannot read or act", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    {
+      await using outbox = await Outbox.open(
+        await openSqliteWasm(`${dir}/o.db`),
+      );
+      await outbox.enqueue({ secret: "s3cr3t-payload" }, { queue: "mail" });
+    }
+    const code = await withUi(
+      [
+        `${dir}/o.db`,
+        "--port",
+        "0",
+        "--actions",
+        "--allow-host",
+        "outbox.internal",
+      ],
+      async (url) => {
+        const port = Number(new URL(url).port);
+        const rebound = await rawGet(
+          port,
+          "/events?state=pending",
+          `rebind.attacker.example:${port}`,
+        );
+        assert.equal(rebound.status, 421);
+        assert.doesNotMatch(rebound.text, /s3cr3t-payload/);
+        assert.doesNotMatch(rebound.text, /set-cookie/i);
+        for (
+          const host of [
+            `127.0.0.1:${port}`,
+            `localhost:${port}`,
+            "localhost",
+            `outbox.internal:${port}`,
+          ]
+        ) {
+          const own = await rawGet(port, "/events?state=pending", host);
+          assert.equal(own.status, 200, host);
+          assert.match(own.text, /s3cr3t-payload/);
+        }
+      },
+    );
+    assert.equal(code, 0);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("outbox ui on a port in use, an address not of this machine or a name that does not resolve says which and what to do", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    {
+      await using _ = await Outbox.open(await openSqliteWasm(`${dir}/o.db`));
+    }
+    using taken = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+    const port = (taken.addr as Deno.NetAddr).port;
+    const cases: [string[], RegExp][] = [
+      [
+        ["--port", String(port)],
+        new RegExp(
+          `^outbox: cannot listen on 127\\.0\\.0\\.1:${port}: the port is in use .*--port 0`,
+        ),
+      ],
+      [
+        ["--port", "0", "--hostname", "192.0.2.1"],
+        /^outbox: cannot listen on 192\.0\.2\.1:0: --hostname is not an address of this machine$/,
+      ],
+      [
+        ["--port", "0", "--hostname", "no-such-host.invalid"],
+        /^outbox: cannot listen on no-such-host\.invalid:0: --hostname is not a name this machine can resolve$/,
+      ],
+    ];
+    for (const [args, expected] of cases) {
+      const errors: string[] = [];
+      const code = await main(["ui", `${dir}/o.db`, ...args], {
+        stdout: (line) => errors.push(`stdout: ${line}`),
+        stderr: (line) => errors.push(line),
+        signal: AbortSignal.abort(),
+      });
+      assert.equal(code, 1, errors.join("\n"));
+      assert.match(errors.join("\n"), expected);
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});

@@ -477,3 +477,199 @@ Deno.test("bench:dashboard prints the overview's row and its anchor, on a small 
   );
   assert.match(text, /\| anchor: exact queues\(\) .* \| \d+\.\d ms \|/);
 });
+
+Deno.test("an authorize hook that throws answers 500 without its message, so an unsigned-in client learns nothing of it", async () => {
+  await withOutbox(async (outbox) => {
+    const handler = dashboard(outbox, {
+      authorize: () => {
+        throw new Error(
+          "cannot reach ldap://admin:hunter2@directory.internal",
+        );
+      },
+    });
+    for (const path of ["/", "/assets/live.js", "/events?q=1"]) {
+      const response = await handler(new Request(`http://localhost${path}`));
+      assert.equal(response.status, 500);
+      assert.match(
+        response.headers.get("content-security-policy") ?? "",
+        /default-src 'none'/,
+      );
+      const body = await response.text();
+      assert.doesNotMatch(body, /hunter2|ldap|directory\.internal/);
+      assert.match(body, /authorize/);
+    }
+  });
+});
+
+Deno.test("dashboard() refuses a refreshMs past the browsers' timer limit, which they would run every millisecond", async () => {
+  await withOutbox(async (outbox) => {
+    assert.throws(
+      () => dashboard(outbox, { refreshMs: 2 ** 31 }),
+      (error: unknown) =>
+        error instanceof RangeError && /'refreshMs'/.test(error.message),
+    );
+    const handler = dashboard(outbox, { refreshMs: 2 ** 31 - 1 });
+    const page = await (await handler(new Request("http://localhost/")))
+      .text();
+    assert.match(page, /data-live="2147483647"/);
+  });
+});
+
+Deno.test("the dashboard answers 404 for event 0 and finds no event for q=0, rather than failing with 500", async () => {
+  await withOutbox(async (outbox) => {
+    await outbox.enqueue({ n: 1 }, { queue: "mail" });
+    const handler = dashboard(outbox);
+    const zero = await handler(new Request("http://localhost/events/0"));
+    assert.equal(zero.status, 404);
+    assert.match(await zero.text(), /No event 0\./);
+    const search = await handler(new Request("http://localhost/events?q=0"));
+    assert.equal(search.status, 200);
+    assert.match(
+      await search.text(),
+      /No event has the id, identity or dedup key 0\./,
+    );
+  });
+});
+
+Deno.test("the events page reads after as a plain decimal id only: hex, blanks and exponents answer 400", async () => {
+  await withOutbox(async (outbox) => {
+    await outbox.enqueue({ n: 1 }, { queue: "mail" });
+    const handler = dashboard(outbox);
+    for (const after of ["0x10", "%20", "1e3", "-1", "1e309", "1.5", "+1"]) {
+      const response = await handler(
+        new Request(`http://localhost/events?after=${after}`),
+      );
+      assert.equal(response.status, 400, after);
+      await response.body?.cancel();
+    }
+    for (const after of ["", "0", "1"]) {
+      const response = await handler(
+        new Request(`http://localhost/events?after=${after}`),
+      );
+      assert.equal(response.status, 200, after);
+      await response.body?.cancel();
+    }
+  });
+});
+
+Deno.test("the cancel confirmation without an event id answers 400 rather than asking to cancel event undefined", async () => {
+  await withOutbox(async (outbox) => {
+    const handler = dashboard(outbox, { actions: true });
+    for (const query of ["", "?id=", "?id=0", "?id=abc"]) {
+      const response = await handler(
+        new Request(`http://localhost/confirm/cancel${query}`),
+      );
+      assert.equal(response.status, 400, query);
+      const body = await response.text();
+      assert.doesNotMatch(body, /undefined|null/, query);
+      assert.doesNotMatch(body, /name="csrf"/, query);
+    }
+  });
+});
+
+Deno.test("a basePath with a space or a non-ASCII letter is served at its percent-encoded path, and one the browser would resolve away or that ends a cookie's Path is refused", async () => {
+  await withOutbox(async (outbox) => {
+    await outbox.enqueue({ n: 1 }, { queue: "mail" });
+    for (const basePath of ["/ops team/outbox", "/ädmin/"]) {
+      const handler = dashboard(outbox, { basePath, actions: true });
+      const url = new URL(basePath, "http://localhost");
+      const response = await handler(
+        new Request(`${url.href.replace(/\/$/, "")}/`),
+      );
+      assert.equal(response.status, 200, basePath);
+      const path = url.pathname.replace(/\/$/, "");
+      assert.match(
+        response.headers.get("set-cookie") ?? "",
+        new RegExp(`; Path=${path.replace(/[.%]/g, "\\$&")};`),
+      );
+      assert.match(await response.text(), new RegExp(`href="${path}/events"`));
+    }
+    for (
+      const basePath of [
+        "/a/../b",
+        "/a/./b",
+        "/a/%2e%2e/b",
+        "//evil.example",
+        "/a//b",
+        "/a;Domain=evil.example",
+        "/a\\b",
+        "/a\nb",
+        42,
+      ]
+    ) {
+      assert.throws(
+        () => dashboard(outbox, { basePath: basePath as string }),
+        (error: unknown) =>
+          error instanceof TypeError && /'basePath'/.test(error.message),
+        String(basePath),
+      );
+    }
+  });
+});
+
+Deno.test("with actions on, a POST's body is read only up to 16 KiB, and not at all from another origin, so no client makes the dashboard buffer a body of any size", async () => {
+  await withOutbox(async (outbox) => {
+    const handler = dashboard(outbox, { actions: true });
+    const { cookie, csrf } = await formOf(handler, "/confirm/purge");
+    /** A form body of `bytes` bytes, counting what was read of it. */
+    const body = (bytes: number) => {
+      const read = { bytes: 0 };
+      const chunk = new TextEncoder().encode("a".repeat(65_536));
+      let sent = 0;
+      const stream = new ReadableStream<Uint8Array>({
+        pull(controller) {
+          if (sent === 0) {
+            controller.enqueue(new TextEncoder().encode(`csrf=${csrf}&x=`));
+          }
+          if (sent >= bytes) return controller.close();
+          sent += chunk.byteLength;
+          read.bytes = sent;
+          controller.enqueue(chunk);
+        },
+      });
+      return { stream, read };
+    };
+    const post = (stream: ReadableStream<Uint8Array>, origin: string) =>
+      handler(
+        new Request("http://localhost/actions/purge", {
+          method: "POST",
+          body: stream,
+          headers: {
+            cookie,
+            origin,
+            "content-type": "application/x-www-form-urlencoded",
+          },
+        }),
+      );
+    const big = body(64 * 1024 * 1024);
+    const answer = await post(big.stream, "http://localhost");
+    assert.equal(answer.status, 413);
+    await answer.body?.cancel();
+    assert.ok(big.read.bytes <= 2 * 65_536, String(big.read.bytes));
+    const foreign = body(64 * 1024 * 1024);
+    const refused = await post(foreign.stream, "https://evil.example");
+    assert.equal(refused.status, 403);
+    await refused.body?.cancel();
+    assert.ok(foreign.read.bytes <= 65_536, String(foreign.read.bytes));
+  });
+});
+
+Deno.test("an event whose times lie past what a Date holds (written by another program) shows them as stored, rather than failing its pages with 500", async () => {
+  const driver = await openSqliteWasm(":memory:");
+  await using outbox = await Outbox.open(driver);
+  const { eventId } = await outbox.enqueue({ n: 1 }, { queue: "mail" });
+  await driver.run(
+    "UPDATE outbox_events SET due_at = ?1, created_at = ?1, updated_at = ?1",
+    [9_000_000_000_000_000],
+  );
+  const handler = dashboard(outbox, { now: () => 1_700_000_000_000 });
+  for (const path of ["/events", `/events/${eventId}`]) {
+    const response = await handler(new Request(`http://localhost${path}`));
+    assert.equal(response.status, 200, path);
+    assert.match(
+      await response.text(),
+      /9000000000000000 ms since the epoch/,
+      path,
+    );
+  }
+});

@@ -267,7 +267,7 @@ Deno.test("the demo stopped with SIGTERM midway stops its processes and removes 
   assert.deepEqual(await entries(tmp.path), []);
 });
 
-Deno.test("the demo and its processes load only the npm packages they import (the WASM build, the OpenTelemetry API)", async () => {
+Deno.test("the demo and its processes load only the npm packages they import (the WASM build, the OpenTelemetry API, croner)", async () => {
   // A Deno cache holding those packages and no way out to the registry:
   // any other package the run needed would fail to download.
   await using denoDir = await tempDir();
@@ -283,6 +283,8 @@ Deno.test("the demo and its processes load only the npm packages they import (th
       "-R",
       join(npmCache, "registry.npmjs.org", "@sqlite.org"),
       join(npmCache, "registry.npmjs.org", "@opentelemetry"),
+      // The schedules' cron parser (core/schedules.ts).
+      join(npmCache, "registry.npmjs.org", "croner"),
       registry,
     ],
   }).output();
@@ -302,7 +304,7 @@ Deno.test("the demo and its processes load only the npm packages they import (th
   assert.doesNotMatch(errors, /Download/);
   assert.deepEqual(
     await entries(join(denoDir.path, "npm", "registry.npmjs.org")),
-    ["@opentelemetry", "@sqlite.org"],
+    ["@opentelemetry", "@sqlite.org", "croner"],
   );
 });
 

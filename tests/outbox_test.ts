@@ -658,7 +658,13 @@ for (const driver of DRIVERS) {
         after.events.map(({ identity: _, ...row }) => row),
         after.attempts,
       ], [
-        before.events.map((row) => ({ ...row, claimed_at: null })),
+        // Version 7's columns read as an event enqueued without them.
+        before.events.map((row) => ({
+          ...row,
+          claimed_at: null,
+          priority: 0,
+          concurrency_key: null,
+        })),
         before.attempts,
       ]);
       // Each existing event got a UUIDv7 identity stamped with its
@@ -784,7 +790,7 @@ for (const driver of DRIVERS) {
     }]);
     assert.deepEqual(
       await raw.query("SELECT version FROM outbox_schema ORDER BY version"),
-      [{ version: 4 }, { version: 5 }, { version: 6 }],
+      [{ version: 4 }, { version: 5 }, { version: 6 }, { version: 7 }],
     );
     const lease = await a!.claim();
     assert.equal(lease?.payload, "legacy");
@@ -849,7 +855,9 @@ for (const driver of DRIVERS) {
     }]);
     assert.deepEqual(
       await raw.query("SELECT version FROM outbox_schema ORDER BY version"),
-      [{ version: 3 }, { version: 4 }, { version: 5 }, { version: 6 }],
+      [{ version: 3 }, { version: 4 }, { version: 5 }, { version: 6 }, {
+        version: 7,
+      }],
     );
   });
 }

@@ -49,7 +49,7 @@ console.log(JSON.stringify({ acknowledged: await outbox.acknowledge(lease!) }));
   }).output();
   const { npmCache } = JSON.parse(new TextDecoder().decode(info.stdout));
   // The npm scopes the outbox's modules import (the WASM build, the
-  // OpenTelemetry API), nothing else.
+  // OpenTelemetry API, the schedules' cron parser), nothing else.
   const registry = join(denoDir.path, "npm", "registry.npmjs.org");
   await Deno.mkdir(registry, { recursive: true });
   const copy = await new Deno.Command("cp", {
@@ -57,6 +57,7 @@ console.log(JSON.stringify({ acknowledged: await outbox.acknowledge(lease!) }));
       "-R",
       join(npmCache, "registry.npmjs.org", "@sqlite.org"),
       join(npmCache, "registry.npmjs.org", "@opentelemetry"),
+      join(npmCache, "registry.npmjs.org", "croner"),
       registry,
     ],
   }).output();

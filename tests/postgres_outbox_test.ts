@@ -324,6 +324,7 @@ Deno.test("postgres: a claim locks only the ordering keys it takes, so a claim b
     Date.now() + 1_000,
     1,
     1_000,
+    null,
   ]);
   assert.equal(one?.["ordering_key"], "k1");
   const [{ n }] = await other.query(

@@ -11,6 +11,7 @@ import {
 } from "../mod.ts";
 import { POSTGRES } from "../dialects/postgres.ts";
 import { SQL, UPGRADES } from "../dialects/sqlite.ts";
+import { ADMIN_SQL } from "../dialects/sqlite/admin.ts";
 import {
   loadSqlite3,
   openSqliteWasm,
@@ -39,8 +40,9 @@ Deno.test("the claim query uses the claim index with no temp B-tree sort", async
   const details = plan.map((row) => String(row["detail"]));
   assert.ok(
     details.some((d) =>
-      /SEARCH e USING INDEX outbox_events_claim \(queue=\? AND due_at<\?\)/
-        .test(d)
+      // Version 7's index leads with priority: the walk is in claim order
+      // (priority DESC, due_at, id), due_at checked in the index.
+      /SEARCH e USING INDEX outbox_events_claim \(queue=\?\)/.test(d)
     ),
     details.join("\n"),
   );
@@ -53,6 +55,31 @@ Deno.test("the claim query uses the claim index with no temp B-tree sort", async
       /SEARCH p USING (COVERING )?INDEX outbox_events_ordering/.test(d)
     ),
     details.join("\n"),
+  );
+  assert.ok(
+    details.some((d) =>
+      /SEARCH k USING COVERING INDEX outbox_events_concurrency \(queue=\? AND concurrency_key=\? AND due_at>\?\)/
+        .test(d)
+    ),
+    details.join("\n"),
+  );
+});
+
+Deno.test("nextDue seeks the claim index once per priority in use, never sorting the queue's events", async () => {
+  await using driver = await openSqliteWasm(":memory:");
+  await using _outbox = await Outbox.open(driver);
+  const plan = await driver.query(`EXPLAIN QUERY PLAN ${ADMIN_SQL.nextDue}`, [
+    "default",
+    0,
+  ]);
+  const details = plan.map((row) => String(row["detail"]));
+  assert.deepEqual(
+    details.filter((d) => /outbox_events|TEMP B-TREE/.test(d)),
+    [
+      "SEARCH outbox_events USING INDEX outbox_events_claim (queue=?)",
+      "SEARCH outbox_events USING INDEX outbox_events_claim (queue=? AND priority<?)",
+      "SEARCH outbox_events USING INDEX outbox_events_claim (queue=? AND priority=? AND due_at>?)",
+    ],
   );
 });
 
@@ -349,6 +376,7 @@ Deno.test("released upgrade steps are frozen: each step's text keeps the SHA-256
     [3, "2d358d85a0b6d4cb3d16c509a78ca6d4eab76b6b82654464ddd0a89b235006d2"],
     [4, "f817c506c1ece832d91959fbad7ce900515b90d54c93584878b6e12e5452b136"],
     [5, "e0728db3caee1fa267baa79673ee0361aa452e32c015218788b387016d3d1cbc"],
+    [6, "4c28542874be8eec1753dc72c8fa5c7b2249e66b7030744b8471248dae1c5d6b"],
   ]);
   for (const [version, hash] of released) {
     const digest = await crypto.subtle.digest(

@@ -154,3 +154,73 @@ Deno.test("the node:sqlite driver still answers a statement that left its cache,
   }
   assert.deepEqual(await driver.query("SELECT 0 AS n"), [{ n: 0 }]);
 });
+
+/**
+ * Runs `SQL` on `driver` while an application's SQL function `nested`,
+ * called by its own step, runs the same text once more; a function called
+ * past 100 times throws, so a statement that restarts its step fails
+ * rather than loops.
+ */
+async function runNested(
+  driver: { query(sql: string, params?: unknown[]): Promise<unknown[]> },
+  createFunction: (fn: (n: number) => number) => void,
+): Promise<{ outer: unknown; inner: unknown[] }> {
+  const SQL = "SELECT nested(?1 + column1) AS n FROM (VALUES (1), (2), (3))";
+  let depth = 0;
+  let calls = 0;
+  const inner: unknown[] = [];
+  createFunction((n) => {
+    if (++calls > 100) throw new Error("the outer statement restarted");
+    if (depth === 0) {
+      depth++;
+      driver.query(SQL, [1000]).then(
+        (rows) => inner.push(rows),
+        (error) => inner.push(String(error)),
+      );
+      depth--;
+    }
+    return n;
+  });
+  const outer = await driver.query(SQL, [10]).catch((error) => String(error));
+  await Promise.resolve();
+  return { outer, inner };
+}
+
+const NESTED = {
+  outer: [{ n: 11 }, { n: 12 }, { n: 13 }],
+  // One inner run per outer row.
+  inner: Array.from({ length: 3 }, () => [
+    { n: 1001 },
+    { n: 1002 },
+    { n: 1003 },
+  ]),
+};
+
+Deno.test("the WASM driver runs a statement's own SQL text inside its step (an application's SQL function) on a second statement, so neither restarts the other", async () => {
+  const sqlite3 = await loadSqlite3();
+  const db = new sqlite3.oo1.DB(":memory:");
+  try {
+    await using driver = await sqliteWasmDriver(db, { sqlite3 });
+    const result = await runNested(
+      driver as never,
+      (fn) =>
+        db.createFunction(
+          "nested",
+          (_context: number, n: unknown) => fn(Number(n)),
+        ),
+    );
+    assert.deepEqual(result, NESTED);
+  } finally {
+    db.close();
+  }
+});
+
+Deno.test("the node:sqlite driver runs a statement's own SQL text inside its step (an application's SQL function) on a second statement, so neither restarts the other", async () => {
+  const db = new DatabaseSync(":memory:");
+  await using driver = nodeSqliteDriver(db, { closeDatabase: true });
+  const result = await runNested(
+    driver as never,
+    (fn) => db.function("nested", (n) => fn(Number(n))),
+  );
+  assert.deepEqual(result, NESTED);
+});

@@ -7,8 +7,11 @@
 import assert from "node:assert/strict";
 import {
   type Attributes,
+  context,
+  type ContextManager,
   type Meter,
   metrics,
+  ROOT_CONTEXT,
   trace,
 } from "@opentelemetry/api";
 import {
@@ -70,6 +73,8 @@ interface Setup {
   firstAttemptRejects?: unknown;
   /** Collects the metrics once while the handlers run. */
   collectWhileHandling?: boolean;
+  /** Registered as the global context manager. */
+  contextManager?: ContextManager;
 }
 
 /**
@@ -93,6 +98,9 @@ async function deliver(setup: Setup) {
     views: setup.views ?? [],
   });
   trace.setGlobalTracerProvider(tracerProvider);
+  if (setup.contextManager !== undefined) {
+    context.setGlobalContextManager(setup.contextManager);
+  }
   const wrapMeter = setup.meter;
   metrics.setGlobalMeterProvider(
     wrapMeter === undefined ? meterProvider : {
@@ -148,6 +156,7 @@ async function deliver(setup: Setup) {
     await tracerProvider.shutdown().catch(() => {});
     trace.disable();
     metrics.disable();
+    context.disable();
   }
 }
 
@@ -276,4 +285,65 @@ Deno.test("a process whose span processor throws in onEnd lives: it delivers all
   assert.equal(code, 0, err);
   assert.equal(new TextDecoder().decode(stdout), "12 acknowledged\n");
   assert.equal(err.match(/telemetry's span end failed/g)?.length, 1, err);
+});
+
+/** A context manager whose `with` runs its callback as `run` says. */
+function contextManager(
+  run: (fn: () => unknown) => unknown,
+): ContextManager {
+  return {
+    active: () => ROOT_CONTEXT,
+    with:
+      ((_context: unknown, fn: () => unknown) =>
+        run(fn)) as unknown as ContextManager["with"],
+    bind: <T>(_context: unknown, target: T) => target,
+    enable() {
+      return this;
+    },
+    disable() {
+      return this;
+    },
+  };
+}
+
+Deno.test("a context manager that runs its callback twice, or later instead of now, leaves each of the 12 events handled once", async () => {
+  for (
+    const [name, run] of [
+      ["twice", (fn: () => unknown) => {
+        fn();
+        return fn();
+      }],
+      ["later", (fn: () => unknown) => {
+        queueMicrotask(() => fn());
+        return undefined;
+      }],
+    ] as const
+  ) {
+    const result = await deliver({ contextManager: contextManager(run) });
+    assert.deepEqual(result.handled, [...Array(EVENTS).keys()], name);
+    assert.equal(result.stats.done, EVENTS, name);
+    assert.deepEqual(result.unhandled, [], name);
+  }
+});
+
+Deno.test("a meter whose instruments lack their add or record leaves all 12 events delivered and acknowledged, and is reported once", async () => {
+  const result = await deliver({
+    meter: (meter) =>
+      new Proxy(meter, {
+        get(target, key) {
+          if (key === "createCounter" || key === "createHistogram") {
+            return () => ({});
+          }
+          const value = Reflect.get(target, key, target);
+          return typeof value === "function" ? value.bind(target) : value;
+        },
+      }),
+  });
+  assertDelivered(result);
+  assert.equal(result.reported.length, 1, String(result.reported));
+  assert.match(
+    String(result.reported[0]![0]),
+    /telemetry's instruments failed/,
+  );
+  assert.ok(result.reported[0]![1] instanceof TypeError);
 });

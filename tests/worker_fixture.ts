@@ -58,6 +58,19 @@ export class ManualTimers implements Timers {
   }
 }
 
+/**
+ * `time`, with the runtime's `setImmediate` as well (the default timers
+ * have it): a write waits for the end of the event loop's turn while
+ * handlers still run.
+ */
+export function withImmediate(time: ManualTimers): Timers {
+  return {
+    setTimeout: (callback, delayMs) => time.setTimeout(callback, delayMs),
+    clearTimeout: (handle) => time.clearTimeout(handle),
+    setImmediate: (callback) => void setImmediate(callback),
+  };
+}
+
 /** Lets every pending promise chain run (one macrotask turn). */
 export function settle(): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, 0));

@@ -18,6 +18,7 @@ import {
   fixture,
   ManualTimers,
   settle,
+  withImmediate,
 } from "./worker_fixture.ts";
 
 Deno.test("processEvents() delivers each event once and acknowledges it", async () => {
@@ -531,28 +532,61 @@ Deno.test("without acknowledgeAndClaim, 64 events at concurrency 16 take four cl
   assert.equal((await f.outbox.stats()).done, 64);
 });
 
-Deno.test("handlers woken by separate timer callbacks at the same moment are acknowledged in one transaction", async () => {
+Deno.test("handlers that finish in the same turn of the event loop share one write, however many promise jobs apart", async () => {
   await using f = await fixture();
-  for (let n = 0; n < 16; n++) await f.outbox.enqueue({ n });
+  for (let n = 1; n <= 4; n++) await f.outbox.enqueue({ n });
   const calls = recordWrites(f.outbox);
-  // Each timer callback runs with its promise jobs before the next: without
-  // waiting for the timers due, each handler would be acknowledged alone.
+  const gate = Promise.withResolvers<void>();
+  await using processor = processEvents(f.outbox, async (lease) => {
+    await gate.promise;
+    // Each handler finishes a different number of promise jobs after the
+    // gate opens, all in the same turn.
+    const { n } = lease.payload as { n: number };
+    for (let i = 0; i < 10 * n; i++) await null;
+  }, f.options({ concurrency: 4, timers: withImmediate(f.time) }));
+  await f.time.advance(0, f.wall);
+  gate.resolve();
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(
+    calls.filter((call) => call.startsWith("acknowledge")),
+    ["acknowledge 4 + claim 4"],
+  );
+  assert.equal(processor.counters.acknowledged, 4);
+});
+
+Deno.test("handlers that finish in separate turns while an acknowledgement with a claim is under way are acknowledged together by the next write", async () => {
+  await using f = await fixture();
+  for (let n = 1; n <= 8; n++) await f.outbox.enqueue({ n });
+  // The first stays under way until the test lets it go.
+  const letFold = holdCall(f.outbox, "acknowledgeAndClaim", 1);
+  const calls = recordWrites(f.outbox);
+  const gates = handlerGates(f.time);
   await using processor = processEvents(
     f.outbox,
-    () => new Promise<void>((resolve) => f.time.setTimeout(resolve, 5)),
-    f.options({ concurrency: 16 }),
+    gates.handler,
+    f.options({ concurrency: 4 }),
   );
+  await using _gates = gates;
   await f.time.advance(0, f.wall);
-  await f.time.advance(5, f.wall);
+  gates.open(1);
+  await f.time.advance(0, f.wall);
+  for (const n of [2, 3, 4]) {
+    gates.open(n);
+    await settle();
+  }
+  assert.deepEqual(calls, ["claim 4", "claimed 4", "acknowledge 1 + claim 1"]);
+  letFold();
+  await f.time.advance(0, f.wall);
   assert.deepEqual(calls, [
-    "claim 16",
-    "claimed 16",
-    "acknowledge 16 + claim 16",
-    "claimed 0",
-    "claim 16",
-    "claimed 0",
+    "claim 4",
+    "claimed 4",
+    "acknowledge 1 + claim 1",
+    "claimed 1",
+    "acknowledge 3 + claim 3",
+    "claimed 3",
   ]);
-  assert.equal(processor.counters.acknowledged, 16);
+  assert.equal(processor.counters.acknowledged, 4);
+  assert.equal(processor.inFlight, 4);
 });
 
 Deno.test("without acknowledgeAndClaim, handlers that finish while a claim is under way are acknowledged together, and the next claim takes every slot they freed", async () => {
@@ -658,10 +692,12 @@ Deno.test("each handler in one acknowledgement batch keeps its own outcome", asy
   await f.time.advance(0, f.wall);
   gate.resolve();
   await f.time.advance(0, f.wall);
-  // 1 and 4 in one transaction; 2 was released, 3 acknowledged itself.
+  // 1 and 4 in one transaction, with a claim for their slots (2's release
+  // and 3's transaction were under way); 2 was released, 3 acknowledged
+  // itself.
   assert.deepEqual(
     calls.filter((call) => call.startsWith("acknowledge")),
-    ["acknowledge 2 + claim 4"],
+    ["acknowledge 2 + claim 2"],
   );
   assert.deepEqual(processor.counters, {
     claimed: 4,

@@ -74,9 +74,23 @@ export const ADMIN_SQL = {
           WHERE e.queue = q.queue AND e.state = s.state) AS oldest
       FROM q, s WHERE q.queue IS NOT NULL)
     WHERE n > 0 ORDER BY queue`,
-  // The claim index (queue, due_at, id) answers it with one seek. Answers
-  // `now` (?2) and `due_at` (null when nothing is scheduled).
-  nextDue: `SELECT ?2 AS now, (SELECT due_at FROM outbox_events
-      WHERE queue = ?1 AND state IN ('pending', 'leased') AND due_at > ?2
-      ORDER BY due_at LIMIT 1) AS due_at`,
+  // The claim index (queue, priority DESC, due_at, id) answers it with one
+  // seek per priority in use: p walks the queue's distinct priorities, a
+  // seek each (a queue without priorities has one), and each level's
+  // first event due after now is a seek. Answers `now` (?2) and `due_at`
+  // (null when nothing is scheduled).
+  nextDue: `WITH RECURSIVE p(v) AS (
+      SELECT (SELECT priority FROM outbox_events INDEXED BY outbox_events_claim
+        WHERE queue = ?1 AND state IN ('pending', 'leased')
+        ORDER BY priority DESC LIMIT 1)
+      UNION ALL
+      SELECT (SELECT priority FROM outbox_events INDEXED BY outbox_events_claim
+        WHERE queue = ?1 AND state IN ('pending', 'leased') AND priority < p.v
+        ORDER BY priority DESC LIMIT 1)
+      FROM p WHERE p.v IS NOT NULL)
+    SELECT ?2 AS now, (SELECT min((SELECT due_at
+        FROM outbox_events INDEXED BY outbox_events_claim
+        WHERE queue = ?1 AND state IN ('pending', 'leased') AND priority = p.v
+          AND due_at > ?2
+        ORDER BY due_at LIMIT 1)) FROM p WHERE p.v IS NOT NULL) AS due_at`,
 } as const;

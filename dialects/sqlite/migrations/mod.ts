@@ -14,6 +14,7 @@ import { MIGRATION_0002 } from "./0002_claimed_at_and_ledger_views.ts";
 import { MIGRATION_0003 } from "./0003_identity.ts";
 import { MIGRATION_0004 } from "./0004_identity_trigger.ts";
 import { MIGRATION_0005 } from "./0005_dashboard_indexes.ts";
+import { MIGRATION_0006 } from "./0006_flow_control.ts";
 
 /**
  * The version table, which databases of releases that kept their version
@@ -37,4 +38,5 @@ export const UPGRADES: ReadonlyMap<number, string> = new Map([
   [3, MIGRATION_0003],
   [4, MIGRATION_0004],
   [5, MIGRATION_0005],
+  [6, MIGRATION_0006],
 ]);

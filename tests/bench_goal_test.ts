@@ -1,0 +1,109 @@
+/** The bench's goal logic: which row a goal reads, and its direction. */
+import assert from "node:assert/strict";
+import { judge, parseGoal } from "../bench/table.ts";
+import { browserRowsOf } from "../bench/browser_bench.ts";
+import { loopGoal } from "../bench/loop_bench.ts";
+
+Deno.test("a goal of at least a ratio is met at or above it and missed below", () => {
+  assert.deepEqual(judge({ atLeast: 1 }, 1, 10), { goal: ">= 1.0", met: true });
+  assert.deepEqual(judge({ atLeast: 1 }, 0.99, 10), {
+    goal: ">= 1.0",
+    met: false,
+  });
+  assert.deepEqual(judge({ atLeast: 0.85 }, 0.9, 10), {
+    goal: ">= 0.85",
+    met: true,
+  });
+});
+
+Deno.test("a goal of at most a ratio (a cost) is met at or below it and missed above", () => {
+  assert.deepEqual(judge({ atMost: 1.3 }, 1.3, 130), {
+    goal: "<= 1.3",
+    met: true,
+  });
+  assert.deepEqual(judge({ atMost: 1.3 }, 1.31, 130), {
+    goal: "<= 1.3",
+    met: false,
+  });
+});
+
+Deno.test("a goal with a least value needs both the value and the ratio", () => {
+  const goal = { atLeast: 0.85, minValue: 50_000 };
+  assert.deepEqual(judge(goal, 0.9, 60_000), {
+    goal: "value >= 50000, >= 0.85",
+    met: true,
+  });
+  assert.equal(judge(goal, 0.9, 49_999).met, false);
+  assert.equal(judge(goal, 0.8, 60_000).met, false);
+});
+
+Deno.test("a row without a goal is a report row, neither met nor missed", () => {
+  assert.deepEqual(judge(undefined, 0.1, 1), { goal: "report", met: null });
+});
+
+Deno.test("the browser's goal reads the like-for-like row, WAL and synchronous=FULL on both sides", () => {
+  // The browser at full is 0.6 of the Deno file in truncate mode and 0.3 of
+  // it in WAL: only the WAL anchor is like for like.
+  const rows = browserRowsOf({
+    truncate: [100, 100, 100],
+    wal: [200, 200, 200],
+    full: [60, 60, 60],
+    normal: [300, 300, 300],
+  });
+  assert.deepEqual(
+    rows.map(({ name, anchor, ratio, goal, met }) => ({
+      name,
+      anchor,
+      ratio,
+      goal,
+      met,
+    })),
+    [
+      {
+        name: "claim+ack, Chromium opfs-sahpool via worker (wal, full)",
+        anchor: "WASM driver, Deno file (wal, full)",
+        ratio: 0.3,
+        goal: ">= 0.5",
+        met: false,
+      },
+      {
+        name: "claim+ack, Chromium opfs-sahpool via worker (wal, full)",
+        anchor: "WASM driver, Deno file (truncate, full)",
+        ratio: 0.6,
+        goal: "report",
+        met: null,
+      },
+      {
+        name: "claim+ack, Chromium opfs-sahpool via worker (wal, normal)",
+        anchor: "WASM driver, Deno file (wal, full)",
+        ratio: 1.5,
+        goal: "report",
+        met: null,
+      },
+    ],
+  );
+});
+
+Deno.test("the loop's goals hold the library's defaults to 1.0 of the anchor at concurrency 1 and 4, 1.5 at 16, and report WAL", () => {
+  assert.deepEqual(loopGoal("wasm", 1), { atLeast: 1 });
+  assert.deepEqual(loopGoal("wasm", 4), { atLeast: 1 });
+  assert.deepEqual(loopGoal("wasm", 16), { atLeast: 1.5 });
+  assert.deepEqual(loopGoal("node", 16), { atLeast: 1.5 });
+  assert.deepEqual(loopGoal("postgres", 16), { atLeast: 1 });
+  assert.equal(loopGoal("wasm-wal", 1), undefined);
+});
+
+Deno.test("a goal's text reads back as the goal judge() wrote it", () => {
+  for (
+    const goal of [
+      { atLeast: 1 },
+      { atLeast: 0.85 },
+      { atMost: 1.3 },
+      { atLeast: 0.85, minValue: 50_000 },
+    ]
+  ) {
+    assert.deepEqual(parseGoal(judge(goal, 1, 1).goal), goal);
+  }
+  assert.equal(parseGoal("report"), undefined);
+  assert.throws(() => parseGoal("fast"), TypeError);
+});

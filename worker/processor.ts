@@ -1,0 +1,791 @@
+/**
+ * The {@linkcode Processor}: the processing loop's three state machines
+ * (`./states.ts`) at work. The loop claims for free slots, the writer takes
+ * the loop's writes one at a time, and each slot runs one handler under a
+ * lease that renews itself and fences itself by the local clocks.
+ *
+ * @module
+ */
+import type {
+  BatchClaimOptions,
+  Lease,
+  ReleaseOptions,
+  Transaction,
+} from "../lease.ts";
+import {
+  DatabaseMovedError,
+  LeaseLostError,
+  PermanentError,
+  RetryAfterError,
+} from "../errors.ts";
+import { type CounterName, ProcessorTelemetry } from "../telemetry.ts";
+import {
+  clearLongTimeout,
+  describeError,
+  type LongTimer,
+  setLongTimeout,
+  type Settings,
+  settingsOf,
+} from "./options.ts";
+import { LeaseKeeper, type Slot } from "./lease_keeper.ts";
+import {
+  LOOP,
+  type LoopState,
+  SLOT,
+  type SlotState,
+  step,
+  WRITER,
+  type WriterState,
+} from "./states.ts";
+import type {
+  Handler,
+  HandlerContext,
+  ProcessableOutbox,
+  ProcessOptions,
+  ProcessorCounters,
+} from "./types.ts";
+
+/** What one claim of the loop returned, with when it was sent by both clocks. */
+interface Claimed<P> {
+  readonly leases: Lease<P>[];
+  readonly claimedAt: number;
+  readonly claimedAtWall: number;
+}
+
+/**
+ * A running processing loop, from {@linkcode processEvents}.
+ *
+ * Stopping it stops claiming, waits up to `stopTimeoutMs` for running
+ * handlers, then aborts the signals of the rest and releases their leases.
+ * Their claims counted as attempts (as an SQS receive does), so an event
+ * released at its last attempt becomes a dead letter.
+ */
+export class Processor<P = unknown> implements AsyncDisposable {
+  readonly #outbox: ProcessableOutbox<P>;
+  readonly #handler: Handler<P>;
+  readonly #o: Settings;
+  readonly #slots = new Set<Slot<P>>();
+  readonly #counters = {
+    claimed: 0,
+    acknowledged: 0,
+    staleAcknowledgements: 0,
+    leasesLost: 0,
+    released: 0,
+    dead: 0,
+    failed: 0,
+  };
+  readonly #telemetry: ProcessorTelemetry;
+  readonly #keeper: LeaseKeeper<P>;
+  readonly #loop: Promise<void>;
+  readonly #unsubscribe: () => void;
+  #loopState: LoopState = "starting";
+  #writerState: WriterState = "idle";
+  #stopping = false;
+  /** When the loop last ran the schedules, on the monotonic clock. */
+  #schedulesRunAt = -Infinity;
+  #closed = false;
+  #stopped: Promise<void> | undefined;
+  /** A wake that found no wait: the next wait returns at once. */
+  #woken = false;
+  /** Lets the loop's claim, waiting for its turn to write, go ahead. */
+  #claimTurn: (() => void) | undefined;
+  /** The write acknowledging and claiming in one call, while under way. */
+  #folding: Promise<void> | undefined;
+  /**
+   * Leases the loop's claim returned that it has not started yet: the
+   * write after the claim starts before they do, and must count their
+   * slots as taken.
+   */
+  #unstarted = 0;
+  /**
+   * The last acknowledgement with a claim found fewer events than free
+   * slots, so a claim right after it would most likely find none either.
+   */
+  #drained = false;
+  readonly #acknowledgements: { slot: Slot<P>; resolve: () => void }[] = [];
+  #waiter: (() => void) | undefined;
+
+  /**
+   * Starts the loop at once; {@linkcode processEvents} is the usual way in.
+   * Every option is checked here, so a bad one fails at start rather than
+   * in every claim or release later.
+   *
+   * @param outbox The outbox to claim from.
+   * @param handler Does the work of one event.
+   * @param options See {@linkcode ProcessOptions}.
+   * @throws {TypeError | RangeError} When an option is invalid, naming it.
+   */
+  constructor(
+    outbox: ProcessableOutbox<P>,
+    handler: Handler<P>,
+    options: ProcessOptions = {},
+  ) {
+    this.#o = settingsOf(outbox, handler, options);
+    this.#outbox = outbox;
+    this.#handler = handler;
+    this.#telemetry = new ProcessorTelemetry(outbox, options.queue);
+    this.#keeper = new LeaseKeeper(this.#o, {
+      renew: (lease, leaseMs) => outbox.renew(lease, leaseMs),
+      noteClosed: (error) => this.#noteClosed(error),
+      report: (error) => this.#report(error),
+      lost: (slot) => this.#count(slot, "leasesLost"),
+      timedOut: (slot) => this.#timeOut(slot),
+    });
+    this.#unsubscribe = outbox.onEnqueue(() => this.#wake());
+    this.#o.signal?.addEventListener("abort", this.#onAbort);
+    this.#loop = this.#run();
+    if (this.#o.signal?.aborted) void this.stop();
+  }
+
+  /** A snapshot of the counters. */
+  get counters(): ProcessorCounters {
+    return { ...this.#counters };
+  }
+
+  /**
+   * Handlers running (or finishing their acknowledgement) now, timed-out
+   * ones that have not settled included: each holds its slot.
+   */
+  get inFlight(): number {
+    return this.#slots.size;
+  }
+
+  /**
+   * Stops claiming, waits up to `stopTimeoutMs` for running handlers, then
+   * aborts the signals of the others and releases their leases. Calling it
+   * again returns the same promise. The processor also stops on its own when
+   * it finds its outbox closed; then it aborts running handlers' signals at
+   * once and releases nothing, the connection being gone. Handlers that ran
+   * past `handlerTimeoutMs` were released already: it does not wait for them.
+   *
+   * @returns Resolves when no handler's lease is held any more.
+   */
+  stop(): Promise<void> {
+    this.#stopped ??= this.#stop();
+    return this.#stopped;
+  }
+
+  /** Same as {@linkcode Processor.stop}, for `await using`. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.stop();
+  }
+
+  readonly #onAbort = () => void this.stop();
+
+  /** Moves the loop to `to`, asserting the transition (`./states.ts`). */
+  #loopTo(to: LoopState): void {
+    this.#loopState = step(LOOP, this.#loopState, to);
+  }
+
+  /** Moves the writer to `to`, asserting the transition (`./states.ts`). */
+  #writerTo(to: WriterState): void {
+    this.#writerState = step(WRITER, this.#writerState, to);
+  }
+
+  /** Moves a slot to `to`, asserting the transition (`./states.ts`). */
+  #slotTo(slot: Slot<P>, to: SlotState): void {
+    slot.state = step(SLOT, slot.state, to);
+  }
+
+  /** The loop: one state per turn, chosen afresh after each step. */
+  async #run(): Promise<void> {
+    const o = this.#o;
+    let idleMs = o.pollMinMs;
+    // Whether the last claim came back empty.
+    let idle = true;
+    // Whether the last wait was ended by a wake rather than its timer.
+    let wokenByWait = false;
+    while (!this.#stopping) {
+      if (this.#slots.size >= o.concurrency) {
+        this.#loopTo("full");
+        wokenByWait = await this.#wait(undefined);
+        continue;
+      }
+      // An idle loop reads when the next event comes due before it claims,
+      // not after: the read counts only events not yet due, so one coming
+      // due between an empty claim and the read would be seen by neither,
+      // and the loop would sleep a whole poll interval past it. Read first,
+      // each event is due at the claim or counted by the read. Woken (an
+      // enqueue, a freed slot), it claims at once and reads only if that
+      // claim comes back empty. The wake is taken before the read, so one
+      // landing during it (a NOTIFY for an event the read missed) ends the
+      // next wait at once.
+      const read = idle && !wokenByWait && !this.#woken;
+      wokenByWait = false;
+      this.#woken = false;
+      let dueAt: number | undefined;
+      if (read) {
+        this.#loopTo("reading");
+        dueAt = await this.#nextDueAt();
+      }
+      this.#loopTo("claiming");
+      await this.#runSchedules(read);
+      let claimed: Claimed<P>;
+      try {
+        claimed = await this.#claim(!read);
+      } catch (error) {
+        if (this.#noteClosed(error)) break;
+        this.#report(error);
+        this.#loopTo("backingOff");
+        wokenByWait = await this.#wait(idleMs);
+        idleMs = Math.min(idleMs * 2, o.pollMaxMs);
+        continue;
+      }
+      const { leases, claimedAt, claimedAtWall } = claimed;
+      this.#unstarted = 0;
+      for (const lease of leases) {
+        this.#start(lease, claimedAt, claimedAtWall);
+      }
+      // Slots filled by a write that acknowledged and claimed: not idle.
+      if (leases.length > 0 || this.#slots.size >= o.concurrency) {
+        idle = false;
+        idleMs = o.pollMinMs;
+        continue;
+      }
+      idle = true;
+      // An empty claim with no read before it (or none at all, skipped):
+      // claim again after one.
+      if (!read) continue;
+      this.#loopTo("waiting");
+      wokenByWait = await this.#wait(
+        dueAt === undefined
+          ? idleMs
+          : Math.min(idleMs, Math.max(1, dueAt - o.monotonicNow())),
+      );
+      idleMs = Math.min(idleMs * 2, o.pollMaxMs);
+    }
+    this.#loopTo("stopped");
+  }
+
+  /**
+   * Claims for every free slot when the loop's other writes are done. Sized
+   * when it runs rather than when asked, so slots that acknowledgements
+   * committed meanwhile free join the claim: one transaction for all of them
+   * instead of one per slot as slots free one at a time. `unread`: no read
+   * of the next due time came before this claim, so an empty answer sends
+   * the loop to read it and claim again; the claim is then skipped when the
+   * last acknowledgement with a claim found too few events.
+   */
+  async #claim(unread: boolean): Promise<Claimed<P>> {
+    if (this.#writerState === "idle") {
+      this.#writerTo("claiming");
+    } else {
+      // #nextWrite moves the writer to "claiming" when it gives the turn.
+      const turn = Promise.withResolvers<void>();
+      this.#claimTurn = turn.resolve;
+      await turn.promise;
+    }
+    try {
+      const claimedAt = this.#o.monotonicNow();
+      const claimedAtWall = this.#o.now();
+      // None when a write that acknowledged and claimed filled the slots,
+      // or (when `unread`) found too few events to fill them.
+      const max = this.#o.concurrency - this.#slots.size;
+      const drained = unread && this.#drained;
+      this.#drained = false;
+      const leases = this.#stopping || max <= 0 || drained
+        ? []
+        : await this.#outbox.claim({ max, ...this.#claimOptions() });
+      this.#unstarted = leases.length;
+      return { leases, claimedAt, claimedAtWall };
+    } finally {
+      this.#nextWrite();
+    }
+  }
+
+  /** The lease length and queue of the loop's claims. */
+  #claimOptions(): Omit<BatchClaimOptions, "max"> {
+    return {
+      leaseMs: this.#o.leaseMs,
+      ...(this.#o.queue === undefined ? {} : { queue: this.#o.queue }),
+    };
+  }
+
+  /**
+   * Ends one of the loop's writes by starting the next, at once: it takes
+   * every acknowledgement that became ready while this one was under way.
+   * Waiting acknowledgements go with a claim for the slots they free and
+   * every other free one, in one call, when the outbox has
+   * {@linkcode ProcessableOutbox.acknowledgeAndClaim}: one commit instead of
+   * two. Without it, acknowledgements go first, as they free slots for the
+   * claim, unless at least half the slots are free already and the claim is
+   * waiting (keeping handlers busy). With nothing to write the writer goes
+   * idle, and the next finished handler starts a write itself.
+   */
+  #nextWrite(): void {
+    const acknowledgements = this.#acknowledgements.length > 0;
+    const claim = this.#claimTurn;
+    if (
+      acknowledgements && !this.#stopping &&
+      this.#outbox.acknowledgeAndClaim !== undefined
+    ) {
+      this.#writerTo("folding");
+      this.#folding = this.#acknowledgeAndClaim();
+    } else if (
+      claim !== undefined &&
+      (!acknowledgements ||
+        2 * (this.#o.concurrency - this.#slots.size) >= this.#o.concurrency)
+    ) {
+      this.#writerTo("claiming");
+      this.#claimTurn = undefined;
+      claim();
+    } else if (acknowledgements) {
+      this.#writerTo("acknowledging");
+      void this.#acknowledgeBatch();
+    } else {
+      this.#writerTo("idle");
+    }
+  }
+
+  /**
+   * Runs the outbox's schedules (`Outbox.runSchedules`) as the loop claims:
+   * at an idle loop's read, and at most once a second while it is busy; one
+   * read while nothing is due.
+   */
+  async #runSchedules(idle: boolean): Promise<void> {
+    const now = this.#o.monotonicNow();
+    if (this.#outbox.runSchedules === undefined || this.#stopping) return;
+    if (!idle && now - this.#schedulesRunAt < 1_000) return;
+    this.#schedulesRunAt = now;
+    try {
+      await this.#outbox.runSchedules();
+    } catch (error) {
+      if (!this.#noteClosed(error)) this.#report(error);
+    }
+  }
+
+  /**
+   * When, on the monotonic clock, the queue's next delayed event, backoff
+   * or lease deadline comes due, so an idle loop wakes for it rather than on
+   * its next poll; `undefined` when there is none or it cannot be read.
+   */
+  async #nextDueAt(): Promise<number | undefined> {
+    if (this.#stopping) return undefined;
+    const readAt = this.#o.monotonicNow();
+    try {
+      const dueInMs = await this.#outbox.nextDueInMs(
+        this.#o.queue === undefined ? {} : { queue: this.#o.queue },
+      );
+      return dueInMs === null ? undefined : readAt + dueInMs;
+    } catch (error) {
+      if (!this.#noteClosed(error)) this.#report(error);
+      return undefined;
+    }
+  }
+
+  /**
+   * Waits for `delayMs` (forever when `undefined`) or until woken; true when
+   * a wake ended it.
+   */
+  #wait(delayMs: number | undefined): Promise<boolean> {
+    if (this.#woken || this.#stopping) {
+      this.#woken = false;
+      return Promise.resolve(true);
+    }
+    return new Promise((resolve) => {
+      let timer: LongTimer | undefined;
+      const end = (woken: boolean) => {
+        clearLongTimeout(this.#o.timers, timer);
+        this.#waiter = undefined;
+        this.#woken = false;
+        resolve(woken);
+      };
+      this.#waiter = () => end(true);
+      if (delayMs !== undefined) {
+        timer = setLongTimeout(this.#o.timers, () => end(false), delayMs);
+      }
+    });
+  }
+
+  /** Ends the current wait; a wake that finds no wait makes the next one return at once. */
+  #wake(): void {
+    if (this.#waiter === undefined) this.#woken = true;
+    else this.#waiter();
+  }
+
+  #start(lease: Lease<P>, claimedAt: number, claimedAtWall: number): void {
+    this.#counters.claimed++;
+    const slot = this.#keeper.open(lease, claimedAt, claimedAtWall);
+    this.#slots.add(slot);
+    const context: HandlerContext = {
+      signal: slot.controller.signal,
+      throwIfLost: () => {
+        this.#keeper.checkOverdue(slot);
+        slot.controller.signal.throwIfAborted();
+      },
+      transaction: (fn) => this.#transaction(slot, fn),
+    };
+    let outcome: Promise<unknown>;
+    try {
+      outcome = Promise.resolve(
+        this.#telemetry.handle(
+          slot,
+          lease,
+          () => this.#handler(lease, context),
+        ),
+      );
+    } catch (error) {
+      outcome = Promise.reject(error);
+    }
+    // Neither path rejects: #succeed and #fail report what goes wrong.
+    slot.done = outcome
+      .then(() => this.#succeed(slot), (error) => this.#fail(slot, error))
+      .finally(() => {
+        this.#telemetry.end(slot);
+        this.#free(slot);
+      });
+  }
+
+  async #transaction<T>(
+    slot: Slot<P>,
+    fn: (tx: Transaction) => Promise<T>,
+  ): Promise<T> {
+    const outbox = this.#outbox;
+    if (outbox.transaction === undefined) {
+      throw new TypeError(
+        "Cannot run transaction as this outbox has none (the browser's shared outbox forwards single calls only)",
+      );
+    }
+    let result: T;
+    try {
+      result = await outbox.transaction(async (tx) => {
+        const value = await fn(tx);
+        await tx.acknowledge(slot.lease);
+        // Before the commit, so a renewal refused because of it is not a loss.
+        slot.acknowledged = true;
+        return value;
+      });
+    } catch (error) {
+      slot.acknowledged = false;
+      if (error instanceof LeaseLostError) {
+        this.#count(slot, "staleAcknowledgements");
+        // Its current holder owns the event: no acknowledgement, no release.
+        if (slot.state === "running") this.#keeper.finish(slot);
+        this.#keeper.lose(slot, error);
+      } else {
+        this.#noteClosed(error);
+      }
+      throw error;
+    }
+    this.#count(slot, "acknowledged");
+    if (slot.state === "running") this.#keeper.finish(slot);
+    return result;
+  }
+
+  #succeed(slot: Slot<P>): Promise<void> {
+    if (slot.state !== "running" || this.#closed) return Promise.resolve();
+    this.#keeper.finish(slot);
+    const acknowledged = Promise.withResolvers<void>();
+    this.#acknowledgements.push({ slot, resolve: acknowledged.resolve });
+    if (this.#writerState === "idle") {
+      // Not at once: handlers finishing in this same turn join the write.
+      // Those awaiting one promise finish in this turn's promise jobs; while
+      // others still run, timers due at the same tick and I/O completions
+      // delivered together finish in the callbacks after this one, before
+      // the event loop's next turn.
+      this.#writerTo("gathering");
+      const next = () => this.#nextWrite();
+      const { timers } = this.#o;
+      if (timers.setImmediate !== undefined && this.#running()) {
+        timers.setImmediate(next);
+      } else {
+        queueMicrotask(next);
+      }
+    }
+    return acknowledged.promise;
+  }
+
+  /** Whether any handler still runs. */
+  #running(): boolean {
+    for (const slot of this.#slots) {
+      if (slot.state === "running") return true;
+    }
+    return false;
+  }
+
+  /**
+   * Acknowledges the leases of every finished handler waiting, in one
+   * transaction, and counts each lease by its own result. When the batch
+   * throws, nothing of it was committed: its events stay leased until their
+   * leases lapse and are delivered again, and none is counted.
+   */
+  async #acknowledgeBatch(
+    batch = this.#acknowledgements.splice(0),
+  ): Promise<void> {
+    try {
+      await this.#countAcknowledged(
+        batch,
+        await this.#outbox.acknowledge(batch.map(({ slot }) => slot.lease)),
+      );
+    } catch (error) {
+      if (!this.#noteClosed(error)) this.#report(error);
+    }
+    this.#freeAcknowledged(batch);
+    this.#nextWrite();
+  }
+
+  /**
+   * Acknowledges the leases of every finished handler waiting and claims
+   * for the slots they free and every other free one, in one call, and
+   * starts the handlers of the leases it claimed. When the call throws,
+   * nothing of it was committed: the error is reported, and the
+   * acknowledgements go alone.
+   */
+  async #acknowledgeAndClaim(): Promise<void> {
+    const batch = this.#acknowledgements.splice(0);
+    const claimedAt = this.#o.monotonicNow();
+    const claimedAtWall = this.#o.now();
+    const max = this.#o.concurrency - this.#slots.size - this.#unstarted +
+      batch.length;
+    let leases: Lease<P>[];
+    try {
+      const result = await this.#outbox.acknowledgeAndClaim!(
+        batch.map(({ slot }) => slot.lease),
+        { max, ...this.#claimOptions() },
+      );
+      await this.#countAcknowledged(batch, result.acknowledged);
+      leases = result.leases;
+      this.#drained = leases.length < max;
+    } catch (error) {
+      if (this.#noteClosed(error)) {
+        this.#freeAcknowledged(batch);
+        this.#nextWrite();
+      } else {
+        this.#report(error);
+        this.#writerTo("acknowledging");
+        await this.#acknowledgeBatch(batch);
+      }
+      return;
+    }
+    this.#freeAcknowledged(batch);
+    for (const lease of leases) this.#start(lease, claimedAt, claimedAtWall);
+    this.#nextWrite();
+  }
+
+  /** Counts each lease of an acknowledgement batch by its own result. */
+  async #countAcknowledged(
+    batch: readonly { slot: Slot<P> }[],
+    results: readonly boolean[],
+  ): Promise<void> {
+    for (const [i, acknowledged] of results.entries()) {
+      const { slot } = batch[i]!;
+      this.#count(
+        slot,
+        acknowledged || await this.#acknowledgedBySelf(slot.lease)
+          ? "acknowledged"
+          : "staleAcknowledgements",
+      );
+    }
+  }
+
+  /** Frees the slots of an acknowledgement batch, so a claim next counts them. */
+  #freeAcknowledged(
+    batch: readonly { slot: Slot<P>; resolve: () => void }[],
+  ): void {
+    for (const { slot, resolve } of batch) {
+      this.#free(slot);
+      resolve();
+    }
+  }
+
+  /** Gives a slot back to the loop. */
+  #free(slot: Slot<P>): void {
+    if (this.#slots.delete(slot)) this.#wake();
+  }
+
+  /**
+   * Whether a refused acknowledgement was refused because the handler
+   * acknowledged its own lease already: the event is done at this lease's
+   * fence, which only this lease's token could do.
+   */
+  async #acknowledgedBySelf(lease: Lease<P>): Promise<boolean> {
+    try {
+      const event = await this.#outbox.explain(lease.eventId);
+      return event?.state === "done" && event.fence === lease.fence;
+    } catch (error) {
+      if (!this.#noteClosed(error)) this.#report(error);
+      return false;
+    }
+  }
+
+  async #fail(slot: Slot<P>, error: unknown): Promise<void> {
+    // A timed-out handler was counted and reported when it timed out.
+    if (slot.state === "abandoned") return;
+    this.#counters.failed++;
+    this.#handlerError(error, slot.lease);
+    if (slot.state !== "running" || this.#closed) return;
+    this.#keeper.finish(slot);
+    const text = describeError(error);
+    if (error instanceof PermanentError) {
+      await this.#release(slot, { error: text, deadLetter: true });
+    } else if (error instanceof RetryAfterError) {
+      await this.#release(slot, { error: text, delayMs: error.delayMs });
+    } else {
+      await this.#release(slot, {
+        error: text,
+        delayMs: this.#backoffMs(slot),
+      });
+    }
+  }
+
+  /**
+   * A handler past `handlerTimeoutMs`: its signal aborts, its lease is given
+   * back after the backoff, and its slot stays taken until it settles.
+   */
+  #timeOut(slot: Slot<P>): void {
+    if (slot.state !== "running") return;
+    this.#keeper.finish(slot);
+    this.#slotTo(slot, "abandoned");
+    const error = new DOMException(
+      `Handler of event ${slot.lease.eventId} (fence ${slot.lease.fence}) ran past handlerTimeoutMs (${this.#o.handlerTimeoutMs} ms)`,
+      "TimeoutError",
+    );
+    this.#counters.failed++;
+    slot.controller.abort(error);
+    this.#handlerError(error, slot.lease);
+    slot.released = this.#release(slot, {
+      error: describeError(error),
+      delayMs: this.#backoffMs(slot),
+    });
+  }
+
+  /** Exponential backoff with jitter, as in Deno std's `retry`. */
+  #backoffMs(slot: Slot<P>): number {
+    const exponent = Math.max(0, slot.lease.attempt - 1);
+    const capped = Math.min(
+      this.#o.backoffMaxMs,
+      this.#o.backoffMinMs * this.#o.backoffMultiplier ** exponent,
+    );
+    return Math.round(capped * (1 - this.#o.backoffJitter * this.#o.random()));
+  }
+
+  async #release(slot: Slot<P>, options: ReleaseOptions): Promise<void> {
+    try {
+      if (await this.#outbox.release(slot.lease, options)) {
+        this.#count(
+          slot,
+          options.deadLetter || slot.lease.attempt >= slot.lease.maxAttempts
+            ? "dead"
+            : "released",
+        );
+      }
+    } catch (releaseError) {
+      if (!this.#noteClosed(releaseError)) this.#report(releaseError);
+    }
+  }
+
+  /** Reports an error the loop survives; a throwing `onError` cannot stop it. */
+  #report(error: unknown): void {
+    try {
+      this.#o.onError(error);
+    } catch (hookError) {
+      console.error("processEvents: the onError hook threw", hookError);
+    }
+  }
+
+  #handlerError(error: unknown, lease: Lease<P>): void {
+    if (this.#o.onHandlerError === undefined) return;
+    try {
+      this.#o.onHandlerError(error, lease);
+    } catch (hookError) {
+      this.#report(hookError);
+    }
+  }
+
+  /** Counts for `counters` and for OpenTelemetry. */
+  #count(slot: Slot<P>, name: Exclude<CounterName, "claimed">): void {
+    this.#counters[name]++;
+    this.#telemetry.count(slot, name);
+  }
+
+  /**
+   * Whether the outbox can write no more, stopping the loop as for a
+   * closed one if so: closed (by the caller, so nothing is reported), or
+   * its database file renamed or deleted (`error` a
+   * {@linkcode DatabaseMovedError}, reported once: every claim, renewal and
+   * acknowledgement would fail the same way).
+   */
+  #noteClosed(error?: unknown): boolean {
+    const moved = error instanceof DatabaseMovedError;
+    if (!moved && !this.#outbox.closed) return false;
+    if (!this.#closed) {
+      if (moved) this.#report(error);
+      this.#closed = true;
+      void this.stop();
+    }
+    return true;
+  }
+
+  async #stop(): Promise<void> {
+    this.#stopping = true;
+    this.#unsubscribe();
+    this.#telemetry.close();
+    this.#o.signal?.removeEventListener("abort", this.#onAbort);
+    this.#wake();
+    await this.#loop;
+    // Its leases start handlers that stopping must wait for, or release.
+    await this.#folding;
+    if (this.#closed) {
+      // Nothing can be renewed, acknowledged or released any more: the
+      // leases will lapse, and handlers must stop acting on them now.
+      const finishing: Promise<void>[] = [];
+      for (const slot of this.#slots) {
+        if (slot.state === "abandoned") continue;
+        if (slot.state !== "running") {
+          finishing.push(slot.done);
+          continue;
+        }
+        this.#keeper.finish(slot);
+        this.#slotTo(slot, "released");
+        this.#keeper.lose(
+          slot,
+          new DOMException("The outbox is closed", "AbortError"),
+        );
+        this.#slots.delete(slot);
+      }
+      await Promise.all(finishing);
+      return;
+    }
+    const held = () =>
+      [...this.#slots].filter((slot) => slot.state !== "abandoned");
+    if (held().some((slot) => slot.state === "running")) {
+      await new Promise<void>((resolve) => {
+        const timer = setLongTimeout(
+          this.#o.timers,
+          resolve,
+          this.#o.stopTimeoutMs,
+        );
+        void Promise.all(held().map((slot) => slot.done)).then(() => {
+          clearLongTimeout(this.#o.timers, timer);
+          resolve();
+        });
+      });
+    }
+    const pending: Promise<void>[] = [];
+    for (const slot of this.#slots) {
+      if (slot.state === "abandoned") {
+        pending.push(slot.released);
+        continue;
+      }
+      if (slot.state !== "running") {
+        pending.push(slot.done);
+        continue;
+      }
+      this.#keeper.finish(slot);
+      this.#slotTo(slot, "released");
+      slot.controller.abort(
+        new DOMException("The processor stopped", "AbortError"),
+      );
+      pending.push(
+        this.#release(slot, {
+          delayMs: 0,
+          error: "processor stopped before the handler finished",
+        }),
+      );
+    }
+    await Promise.all(pending);
+    for (const slot of this.#slots) {
+      if (slot.state === "released") this.#slots.delete(slot);
+    }
+  }
+}
