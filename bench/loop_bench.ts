@@ -6,8 +6,9 @@
  * - `processEvents` at concurrency 1, 4 and 16, with a handler that does
  *   nothing and one that awaits a 1 ms timer (about 2 ms on Deno, whose
  *   timers fire on the next millisecond tick or later), draining the events
- *   queued before each block: on the WASM file (its default, the rollback
- *   journal in truncate mode, and WAL), on `node:sqlite` (its default, WAL)
+ *   queued before each block: on the WASM file (its default, WAL for a new
+ *   file since issue 36, and WAL set explicitly), on `node:sqlite` (its
+ *   default, WAL)
  *   against Deno KV's `listenQueue` (WAL, fsync per commit) with the same
  *   handler; on PostgreSQL against graphile-worker's `run()` and pg-boss's
  *   `fetch` + `complete` (as many loops as the concurrency) on the same
@@ -45,7 +46,7 @@ export type Store = "wasm" | "wasm-wal" | "node";
 export type Work = "noop" | "io";
 
 const STORES: Record<Store, string> = {
-  wasm: "WASM file (defaults: truncate, full)",
+  wasm: "WASM file (defaults: wal, full)",
   "wasm-wal": "WASM file (wal, full)",
   node: "node:sqlite file (defaults: wal, full)",
 };

@@ -33,6 +33,7 @@ td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 .state { font-weight: 600; }
 .state-pending { color: var(--pending); } .state-leased { color: var(--leased); }
 .state-done { color: var(--done); } .state-dead { color: var(--dead); }
+.state-paused { color: var(--paused); font-weight: 600; }
 .muted { color: var(--muted); }
 pre { background: var(--panel); border: 1px solid var(--line); padding: 0.75rem;
   overflow-x: auto; white-space: pre-wrap; word-break: break-word; }

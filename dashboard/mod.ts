@@ -413,7 +413,7 @@ async function show(
       ? page(errorPage(context, `No event ${match[1]}.`), 404)
       : page(eventPage(context, info.event, info.explanation));
   }
-  const confirm = /^\/confirm\/(redrive|cancel|purge)$/.exec(path);
+  const confirm = /^\/confirm\/(redrive|cancel|purge|pause|resume)$/.exec(path);
   if (confirm !== null && context.actions) {
     if (confirm[1] === "cancel" && idOf(query.get("id")) === undefined) {
       return page(errorPage(context, "Cancel which event? No id given."), 400);
@@ -432,6 +432,18 @@ function confirmation(
   const id = idOf(query.get("id"));
   const ids = id === undefined ? {} : { id: String(id) };
   switch (action) {
+    case "pause":
+    case "resume": {
+      const queue = query.get("queue") ?? "";
+      return confirmPage(
+        context,
+        action,
+        action === "pause"
+          ? `Pause queue ${queue}? Claims from it return nothing, in every process, until it is resumed; leases already held run to their end.`
+          : `Resume queue ${queue}? Claims take its events again.`,
+        { queue },
+      );
+    }
     case "redrive":
       return confirmPage(
         context,
@@ -496,6 +508,19 @@ async function act(
                 .base}/events/${one}">${one}</a>: a dead letter now.
           `
           : html`Event ${one} was not pending (a worker may hold it): nothing changed.`,
+      ));
+    }
+    case "/actions/pause":
+    case "/actions/resume": {
+      const queue = form.get("queue");
+      if (typeof queue !== "string" || queue === "") break;
+      const pause = path === "/actions/pause";
+      await (pause ? outbox.pause(queue) : outbox.resume(queue));
+      return page(donePage(
+        context,
+        pause
+          ? html`Paused queue ${queue}: claims from it return nothing until it is resumed.`
+          : html`Resumed queue ${queue}: claims take its events again.`,
       ));
     }
     case "/actions/purge": {

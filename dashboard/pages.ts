@@ -89,7 +89,7 @@ export function overviewPage(
       )
     }<td class="num">${
       q.oldestPendingAt === null ? "–" : age(context.now - q.oldestPendingAt)
-    }</td></tr>`
+    }</td><td>${flowCell(context, q)}</td></tr>`
   );
   const table = queues.length === 0
     ? html`<p class="muted">No events yet.</p>`
@@ -99,7 +99,7 @@ export function overviewPage(
           <thead>
             <tr><th>Queue</th>${STATES.map((s) =>
               html`<th class="num state-${s}">${s}</th>`
-            )}<th class="num">Oldest pending</th></tr>
+            )}<th class="num">Oldest pending</th><th>Flow</th></tr>
           </thead>
           <tbody>${rows}</tbody>
         </table>
@@ -114,6 +114,30 @@ export function overviewPage(
         : html`<h2>Last hour</h2>${activityChart(activity)}`
     }`,
   );
+}
+
+/**
+ * A queue's flow control (`Outbox.pause`, `Outbox.setLimits`): "paused",
+ * its limits, and with actions a link to pause or resume it.
+ */
+function flowCell(context: PageContext, q: QueueCounts): Html {
+  const notes = [
+    ...q.paused ? ["paused"] : [],
+    ...q.perKey === undefined ? [] : [`${q.perKey} per key`],
+    ...q.perSecond === undefined ? [] : [`${q.perSecond}/s`],
+  ];
+  const action = q.paused ? "resume" : "pause";
+  return html`<span class="${q.paused ? "state-paused" : "muted"}">${
+    notes.join(", ")
+  }</span>${
+    context.actions
+      ? html`
+        <a href="${context.base}/confirm/${action}?queue=${encodeURIComponent(
+          q.queue,
+        )}">${q.paused ? "Resume…" : "Pause…"}</a>
+      `
+      : ""
+  }`;
 }
 
 /** Filters of the events page. */

@@ -78,7 +78,7 @@ export function sqliteEngine(path: string): Engine {
   const seedPath = `${path.replace(/[^/]*$/, "")}seed.db`;
   return {
     name:
-      "SQLite WASM 3.54.1 + Deno file VFS (journal_mode=truncate, synchronous=full)",
+      "SQLite WASM 3.54.1 + Deno file VFS (journal_mode=wal, synchronous=full)",
     where: path,
     seedWhere: seedPath,
     argsFor: () => ["--db", path],

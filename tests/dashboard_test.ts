@@ -673,3 +673,42 @@ Deno.test("an event whose times lie past what a Date holds (written by another p
     );
   }
 });
+
+Deno.test("the overview shows a paused queue and its limits, and with actions on pauses and resumes a queue after a confirmation", async () => {
+  await withOutbox(async (outbox) => {
+    await outbox.enqueue({ n: 1 }, { queue: "mail" });
+    await outbox.setLimits("mail", { perKey: 2, perSecond: 50 });
+    const readOnly = await flat(
+      await dashboard(outbox)(new Request("http://localhost/")),
+    );
+    assert.match(readOnly, /2 per key, 50\/s/);
+    assert.doesNotMatch(readOnly, /Pause…/);
+    const handler = dashboard(outbox, { actions: true });
+    const { cookie, csrf } = await formOf(
+      handler,
+      "/confirm/pause?queue=mail",
+    );
+    const paused = await handler(
+      post("/actions/pause", { queue: "mail", csrf }, { cookie }),
+    );
+    assert.match(await flat(paused), /Paused queue mail/);
+    assert.equal(await outbox.claim({ queue: "mail" }), null);
+    const overview = await flat(
+      await handler(new Request("http://localhost/")),
+    );
+    assert.match(overview, /paused, 2 per key, 50\/s/);
+    assert.match(overview, /confirm\/resume\?queue=mail/);
+    const resumed = await handler(
+      post("/actions/resume", { queue: "mail", csrf }, { cookie }),
+    );
+    assert.match(await flat(resumed), /Resumed queue mail/);
+    assert.deepEqual((await outbox.claim({ queue: "mail" }))?.payload, {
+      n: 1,
+    });
+    const refused = await dashboard(outbox)(
+      post("/actions/pause", { queue: "mail", csrf }, { cookie }),
+    );
+    assert.equal(refused.status, 405);
+    assert.equal((await outbox.limits("mail")).paused, false);
+  });
+});
