@@ -86,3 +86,22 @@ export function stringsOption(
   const value = context.options[name];
   return Array.isArray(value) ? value : undefined;
 }
+
+/**
+ * The signal a long-running command (`watch`, `ui`) stops at: the
+ * context's, or else Ctrl-C (SIGINT), listened to until disposed.
+ */
+export function interruption(context: Context): Disposable & {
+  readonly signal: AbortSignal;
+} {
+  if (context.signal !== undefined) {
+    return { signal: context.signal, [Symbol.dispose]() {} };
+  }
+  const controller = new AbortController();
+  const interrupt = () => controller.abort();
+  Deno.addSignalListener("SIGINT", interrupt);
+  return {
+    signal: controller.signal,
+    [Symbol.dispose]: () => Deno.removeSignalListener("SIGINT", interrupt),
+  };
+}

@@ -12,6 +12,7 @@ import { count, noArguments } from "./args.ts";
 import {
   type Command,
   flagOption,
+  interruption,
   stringOption,
   stringsOption,
   UsageError,
@@ -68,13 +69,9 @@ export const ui: Command = {
         );
       }
     }
-    const controller = new AbortController();
-    const signal = context.signal ?? controller.signal;
-    const interrupt = () => controller.abort();
-    if (context.signal === undefined) {
-      Deno.addSignalListener("SIGINT", interrupt);
-    }
-    try {
+    using interrupted = interruption(context);
+    const { signal } = interrupted;
+    {
       await using source = actions
         ? await openOutbox(context)
         : await openReader(context);
@@ -100,10 +97,6 @@ export const ui: Command = {
           }; Ctrl-C to stop)`,
       );
       await server.finished;
-    } finally {
-      if (context.signal === undefined) {
-        Deno.removeSignalListener("SIGINT", interrupt);
-      }
     }
   },
 };

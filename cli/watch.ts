@@ -6,7 +6,7 @@
  */
 import { duration, noArguments } from "./args.ts";
 import type { Command } from "./command.ts";
-import { stringOption } from "./command.ts";
+import { interruption, stringOption } from "./command.ts";
 import { age } from "./format.ts";
 import { openReader } from "./open.ts";
 import { QUEUE } from "./options.ts";
@@ -34,13 +34,9 @@ export const watch: Command = {
     const intervalMs = interval === undefined
       ? 2_000
       : duration("--interval", interval, { min: 1, max: MAX_INTERVAL_MS });
-    const controller = new AbortController();
-    const signal = context.signal ?? controller.signal;
-    const interrupt = () => controller.abort();
-    if (context.signal === undefined) {
-      Deno.addSignalListener("SIGINT", interrupt);
-    }
-    try {
+    using interrupted = interruption(context);
+    const { signal } = interrupted;
+    {
       await using reader = await openReader(context);
       const live = context.color && !context.json;
       let previous: { at: number; done: number } | undefined;
@@ -74,10 +70,6 @@ export const watch: Command = {
           );
         }
         await abortableSleep(intervalMs, signal);
-      }
-    } finally {
-      if (context.signal === undefined) {
-        Deno.removeSignalListener("SIGINT", interrupt);
       }
     }
   },
