@@ -307,7 +307,9 @@ export function explanation(row: Row, history: readonly Row[]): Explanation {
     maxAttempts: integerOf(row, "max_attempts"),
     fence: integerOf(row, "fence"),
     lastError: nullableString(row["last_error"]),
-    history: history.map((entry) => ({
+    // An entry another program's row leaves without a time (a done row
+    // written with no claimed_at) has nothing to tell: left out.
+    history: history.filter((entry) => entry["at"] != null).map((entry) => ({
       kind: entry["kind"] as LedgerEntry["kind"],
       fence: integerOf(entry, "fence"),
       at: integerOf(entry, "at"),

@@ -712,3 +712,25 @@ Deno.test("the overview shows a paused queue and its limits, and with actions on
     assert.equal((await outbox.limits("mail")).paused, false);
   });
 });
+
+Deno.test("an event another program stored as done without its claim's time is explained without that entry, and its page answers", async () => {
+  await withOutbox(async (outbox) => {
+    await outbox.transaction((tx) =>
+      tx.run(
+        `INSERT INTO outbox_events (queue, state, payload, due_at, max_attempts,
+          created_at, updated_at, done_at, attempt, fence)
+        VALUES ('mail', 'done', '{"n":1}', 5, 5, 5, 5, 7, 1, 1)`,
+      )
+    );
+    const explained = await outbox.explain(1);
+    assert.deepEqual(
+      explained?.history.map((entry) => [entry.kind, entry.at]),
+      [["acknowledged", 7]],
+    );
+    const page = await dashboard(outbox)(
+      new Request("http://localhost/events/1"),
+    );
+    assert.equal(page.status, 200);
+    assert.match(await page.text(), /acknowledged/);
+  });
+});
