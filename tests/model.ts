@@ -133,6 +133,14 @@ const LEASE_EXPIRED = "lease expired";
  * transaction).
  */
 export class ReferenceOutbox {
+  /**
+   * Whether a live lease of an ordering key holds back every other event of
+   * that key, an earlier one included (PostgreSQL's claim, since ids follow
+   * inserts, not commits: one event of a key in flight at a time). SQLite's
+   * claim holds back only events after an unfinished earlier one, so a
+   * redriven earlier event goes out beside a later one's live lease.
+   */
+  liveLeaseHoldsKey = false;
   #events = new Map<number, ModelEvent>();
   /** Ids are never reused, even after purge: `${eventId}:${fence}` must stay unique. */
   #lastId = 0;
@@ -361,6 +369,7 @@ export class ReferenceOutbox {
   /** An independent copy, to try one serial order of concurrent calls. */
   clone(): ReferenceOutbox {
     const copy = new ReferenceOutbox();
+    copy.liveLeaseHoldsKey = this.liveLeaseHoldsKey;
     copy.#events = structuredClone(this.#events);
     copy.#lastId = this.#lastId;
     copy.#minted = this.#minted;
@@ -474,8 +483,11 @@ export class ReferenceOutbox {
         e.queue === queue && unfinished(e) && due(e) <= now &&
         e.attempt < e.maxAttempts && !skip.has(e.id) &&
         !(e.orderingKey !== null && events.some((p) =>
-          p.queue === queue && p.orderingKey === e.orderingKey &&
-          p.id < e.id && unfinished(p)
+          p.queue === queue && p.orderingKey === e.orderingKey && (
+            p.id < e.id && unfinished(p) ||
+            this.liveLeaseHoldsKey && p.id !== e.id &&
+              p.state === "leased" && p.leaseUntil > now
+          )
         ))
       )
       .sort((a, b) => due(a) - due(b) || a.id - b.id)[0];
@@ -1110,6 +1122,7 @@ class Run {
     /** Claims skip rows other transactions hold (PostgreSQL's SKIP LOCKED). */
     readonly skipLocked: boolean,
   ) {
+    this.#model.liveLeaseHoldsKey = skipLocked;
     this.#books = {
       realIds: new Map(),
       modelIds: new Map(),

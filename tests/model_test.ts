@@ -57,3 +57,14 @@ Deno.test("model-based, a found counterexample: on PostgreSQL a claim refused fo
   });
   assert.ok(report.runs > 0, JSON.stringify(report));
 });
+
+Deno.test("model-based, a found counterexample: on PostgreSQL a live lease of an ordering key holds back an earlier event of the key that a retry made pending again", async () => {
+  const postgres = DRIVERS.find((driver) => driver.engine === "postgres")!;
+  const report = await runModelTest(() => postgres.open(3), {
+    numRuns: 1,
+    seed: -157851307,
+    path:
+      "17:0:0:0:0:0:0:0:4:2:6:6:7:9:12:13:12:13:13:15:21:21:22:23:27:28:29:29:35:36:40:42:44:44:43:43:44:44",
+  });
+  assert.ok(report.runs > 0, JSON.stringify(report));
+});

@@ -511,7 +511,10 @@ test("a kept turn is given back by the watchdog thread while the event loop is b
       handedOver = !blockedOn(path);
     }
     assert.ok(handedOver, "the turn was handed over while the loop blocked");
-    assert.deepEqual(locksOn(path), [QUEUED, TURN]);
+    // Not the lock table again: the kernel's wait can also end without the
+    // grant (fcntl interrupted, EINTR, seen once in a loaded CI run), and the
+    // waiter's retry then takes the turn itself. What matters follows: the
+    // waiter gets in, and the holder waits in its place.
     await waiting;
     await assert.rejects(holder!.exec("BEGIN IMMEDIATE"), BusyError);
     await waiter!.exec("COMMIT");
