@@ -6,6 +6,8 @@
  * @module
  */
 
+import { hex } from "../core/enqueue.ts";
+
 /** The cookie holding the browser's random nonce. */
 export const CSRF_COOKIE = "outbox_dashboard_csrf";
 
@@ -25,7 +27,7 @@ export class CsrfGuard {
 
   /** A fresh random nonce for a new browser's cookie. */
   static nonce(): string {
-    return hex(crypto.getRandomValues(new Uint8Array(32)));
+    return hex(crypto.getRandomValues(new Uint8Array(32)), 0, 32);
   }
 
   /** The token a form carries for the cookie's `nonce`. */
@@ -35,7 +37,8 @@ export class CsrfGuard {
       await this.#key,
       encoder.encode(nonce),
     );
-    return hex(new Uint8Array(mac));
+    const bytes = new Uint8Array(mac);
+    return hex(bytes, 0, bytes.length);
   }
 
   /** Whether `token` was made by {@linkcode CsrfGuard.token} for `nonce`. */
@@ -71,10 +74,6 @@ export function cookie(request: Request, name: string): string | undefined {
     if (key === name) return value.join("=");
   }
   return undefined;
-}
-
-function hex(bytes: Uint8Array): string {
-  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
 function unhex(text: string): Uint8Array<ArrayBuffer> {
