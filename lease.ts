@@ -599,7 +599,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   ): Promise<boolean> {
     const op = "release";
     const checked = checkLease(op, "lease", lease);
-    const { delayMs, error, deadLetter } = releaseArguments(op, options);
+    const { delayMs, error, deadLetter, attempted } = releaseArguments(
+      op,
+      options,
+    );
     return await this.#path.write(op, async (now) => {
       await this.#ledger.writeUnwritten([checked.eventId], false);
       const [row] = await this.#driver.query(this.#sql.release, [
@@ -610,6 +613,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
         checked.token,
         checked.fence,
         deadLetter ? 1 : 0,
+        attempted ? 0 : 1,
       ]);
       if (row === undefined) {
         await this.#ledger.stale(checked, "stale_release", now);

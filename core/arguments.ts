@@ -219,7 +219,7 @@ export const ENQUEUE_OPTIONS = [
 ];
 export const CLAIM_OPTIONS = ["queue", "leaseMs", "token", "max"];
 export const BATCH_CLAIM_OPTIONS = ["queue", "leaseMs", "max"];
-export const RELEASE_OPTIONS = ["delayMs", "error", "deadLetter"];
+export const RELEASE_OPTIONS = ["delayMs", "error", "deadLetter", "attempted"];
 export const PURGE_OPTIONS = ["olderThanMs", "states"];
 
 /** A lease's event id, token and fence, checked; `field` names it in messages. */
@@ -416,7 +416,12 @@ export function batchClaimArguments(
 export function releaseArguments(
   op: string,
   options: ReleaseOptions,
-): { delayMs: number; error: string | null; deadLetter: boolean } {
+): {
+  delayMs: number;
+  error: string | null;
+  deadLetter: boolean;
+  attempted: boolean;
+} {
   checkOptions(op, options, RELEASE_OPTIONS);
   const delayMs =
     checkInteger(op, "delayMs", options.delayMs, 0, MAX_DURATION_MS) ?? 0;
@@ -429,7 +434,8 @@ export function releaseArguments(
     options.deadLetter,
     false,
   );
-  return { delayMs, error, deadLetter };
+  const attempted = checkBoolean(op, "attempted", options.attempted, true);
+  return { delayMs, error, deadLetter, attempted };
 }
 
 /** Checks `Outbox.open`'s arguments: a driver object, known option names. */

@@ -188,6 +188,15 @@ export interface ReleaseOptions {
    * handler knows another attempt cannot succeed). @default {false}
    */
   readonly deadLetter?: boolean;
+  /**
+   * Whether the claim counts as an attempt. `false` gives back a lease whose
+   * work never began (the processing loop's prefetched leases, on stop or
+   * before their renewal falls due): the event's attempt count goes back by
+   * one, so giving it back can never make it a dead letter, as
+   * graphile-worker's local queue returns the jobs it fetched but never
+   * ran. Its fence stays, so the lease stays stale. @default {true}
+   */
+  readonly attempted?: boolean;
 }
 
 /** A dead letter: an event whose attempts ran out. */

@@ -559,12 +559,13 @@ export const POSTGRES = {
     WHERE id = $3 AND token = $4 AND fence = $5 AND state = 'leased'
       AND lease_until > $2
     RETURNING lease_until`,
+  // $8: 1 takes the claim's attempt back (a lease whose work never began).
   release: `UPDATE outbox_events
-    SET state = CASE WHEN $7::int = 1 OR attempt >= max_attempts
+    SET state = CASE WHEN $7::int = 1 OR attempt - $8::int >= max_attempts
         THEN 'dead' ELSE 'pending' END,
-      done_at = CASE WHEN $7::int = 1 OR attempt >= max_attempts
+      done_at = CASE WHEN $7::int = 1 OR attempt - $8::int >= max_attempts
         THEN $1::bigint END,
-      token = NULL, lease_until = NULL, due_at = $2, updated_at = $1,
+      attempt = attempt - $8::int, token = NULL, lease_until = NULL, due_at = $2, updated_at = $1,
       last_error = coalesce($3, last_error)
     WHERE id = $4 AND token = $5 AND fence = $6 AND state = 'leased'
     RETURNING state`,

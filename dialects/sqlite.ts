@@ -206,11 +206,12 @@ export const SQL = {
     WHERE id = ?3 AND token = ?4 AND fence = ?5 AND state = 'leased'
       AND lease_until > ?2
     RETURNING lease_until`,
-  // ?7: 1 makes it a dead letter whatever attempts are left.
+  // ?7: 1 makes it a dead letter whatever attempts are left. ?8: 1 takes
+  // the claim's attempt back (a lease whose work never began).
   release: `UPDATE outbox_events
-    SET state = CASE WHEN ?7 OR attempt >= max_attempts THEN 'dead' ELSE 'pending' END,
-      done_at = CASE WHEN ?7 OR attempt >= max_attempts THEN ?1 END,
-      token = NULL, lease_until = NULL, due_at = ?2, updated_at = ?1,
+    SET state = CASE WHEN ?7 OR attempt - ?8 >= max_attempts THEN 'dead' ELSE 'pending' END,
+      done_at = CASE WHEN ?7 OR attempt - ?8 >= max_attempts THEN ?1 END,
+      attempt = attempt - ?8, token = NULL, lease_until = NULL, due_at = ?2, updated_at = ?1,
       last_error = coalesce(?3, last_error)
     WHERE id = ?4 AND token = ?5 AND fence = ?6 AND state = 'leased'
     RETURNING state`,

@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { judge, parseGoal } from "../bench/table.ts";
 import { browserRowsOf } from "../bench/browser_bench.ts";
-import { loopGoal } from "../bench/loop_bench.ts";
+import { kvLoopRowsOf, loopGoal } from "../bench/loop_bench.ts";
 
 Deno.test("a goal of at least a ratio is met at or above it and missed below", () => {
   assert.deepEqual(judge({ atLeast: 1 }, 1, 10), { goal: ">= 1.0", met: true });
@@ -84,13 +84,56 @@ Deno.test("the browser's goal reads the like-for-like row, WAL and synchronous=F
   );
 });
 
-Deno.test("the loop's goals hold the library's defaults to 1.0 of the anchor at concurrency 1 and 4, 1.5 at 16, and report WAL", () => {
-  assert.deepEqual(loopGoal("wasm", 1), { atLeast: 1 });
-  assert.deepEqual(loopGoal("wasm", 4), { atLeast: 1 });
-  assert.deepEqual(loopGoal("wasm", 16), { atLeast: 1.5 });
-  assert.deepEqual(loopGoal("node", 16), { atLeast: 1.5 });
-  assert.deepEqual(loopGoal("postgres", 16), { atLeast: 1 });
-  assert.equal(loopGoal("wasm-wal", 1), undefined);
+Deno.test("the loop's goals hold the library's defaults to 1.0 of Deno KV gated to the same concurrency at 1 and 4, 1.5 at 16, and report WAL and Deno KV as it dispatches", () => {
+  assert.deepEqual(loopGoal("wasm", 1, "kvGated"), { atLeast: 1 });
+  assert.deepEqual(loopGoal("wasm", 4, "kvGated"), { atLeast: 1 });
+  assert.deepEqual(loopGoal("wasm", 16, "kvGated"), { atLeast: 1.5 });
+  assert.deepEqual(loopGoal("node", 16, "kvGated"), { atLeast: 1.5 });
+  // Up to 100 handlers at once, whatever the loop's concurrency: reported.
+  assert.equal(loopGoal("wasm", 1, "kvUngated"), undefined);
+  assert.equal(loopGoal("node", 16, "kvUngated"), undefined);
+  assert.equal(loopGoal("wasm-wal", 1, "kvGated"), undefined);
+});
+
+Deno.test("a SQLite loop row's goal reads Deno KV gated to the loop's concurrency, and the ungated Deno KV row is a report", () => {
+  // One handler at a time against Deno KV's up to 100: 0.3 of the ungated
+  // rate, 1.2 of the gated one.
+  const rows = kvLoopRowsOf("wasm", "io", 1, {
+    values: [360, 300, 1_200],
+    ratios: [1.2, 0.3],
+  });
+  assert.deepEqual(
+    rows.map(({ anchor, anchorValue, ratio, goal, met }) => ({
+      anchor,
+      anchorValue,
+      ratio,
+      goal,
+      met,
+    })),
+    [
+      {
+        anchor:
+          "Deno KV file (WAL, fsync per commit), kv.listenQueue(), same handler, 1 at once",
+        anchorValue: 300,
+        ratio: 1.2,
+        goal: ">= 1.0",
+        met: true,
+      },
+      {
+        anchor:
+          "Deno KV file (WAL, fsync per commit), kv.listenQueue(), same handler, up to 100 at once",
+        anchorValue: 1_200,
+        ratio: 0.3,
+        goal: "report",
+        met: null,
+      },
+    ],
+  );
+});
+
+Deno.test("the loop's goals on PostgreSQL hold it to 1.0 of graphile-worker and of pg-boss at every concurrency", () => {
+  assert.deepEqual(loopGoal("postgres", 1, "graphile"), { atLeast: 1 });
+  assert.deepEqual(loopGoal("postgres", 16, "boss"), { atLeast: 1 });
 });
 
 Deno.test("a goal's text reads back as the goal judge() wrote it", () => {

@@ -109,10 +109,12 @@ Deno.test("R02: a handler that ignores its signal past handlerTimeoutMs is abort
   assert.match(e1Info?.lastError ?? "", /ran past handlerTimeoutMs/);
   await f.time.advance(100, f.wall);
   // Another worker takes e1 (attempt 2, next fence) and e2; W's one slot is
-  // still the zombie's, so W claimed nothing.
+  // still the zombie's, so W started nothing. W had claimed e2 ahead and gave
+  // it back unstarted when its renewal fell due (400 ms): its first attempt,
+  // at the next fence.
   const b = await f.outbox.claim({ max: 2, leaseMs: 60_000 });
   assert.deepEqual(b.map((l) => [l.eventId, l.attempt, l.fence]), [
-    [e2, 1, 1],
+    [e2, 1, 2],
     [e1, 2, 2],
   ]);
   assert.equal(processor.counters.claimed, 1);
@@ -172,7 +174,7 @@ Deno.test("R04: per-key FIFO claims one head per key in a batch, a retrying key 
   assert.deepEqual(names(await outbox.claim({ max: 3 })), ["a2", "d1"]);
 });
 
-Deno.test("R05: a long run keeps at most concurrency events claimed, one listener on the stop signal, and a bounded number of timers (5,000 events, reduced from 100,000)", async () => {
+Deno.test("R05: a long run keeps at most concurrency events running and as many claimed ahead, one listener on the stop signal, and a bounded number of timers (5,000 events, reduced from 100,000)", async () => {
   await using f = await fixture();
   const total = 5_000;
   await f.outbox.transaction(async (tx) => {
@@ -237,12 +239,13 @@ Deno.test("R05: a long run keeps at most concurrency events claimed, one listene
   stop.abort();
   await processor.stop();
   assert.equal(processor.counters.acknowledged, total);
-  assert.ok(maxClaimed <= concurrency, `claimed at once: ${maxClaimed}`);
+  assert.ok(maxClaimed <= 2 * concurrency, `claimed at once: ${maxClaimed}`);
   assert.equal(maxListeners, 1);
   assert.equal(listeners, 0);
-  // A renewal and a watchdog timer per running handler, plus the loop's wait.
+  // A renewal and a watchdog timer per running handler, one per lease
+  // claimed ahead (its give-back), plus the loop's wait.
   assert.ok(
-    maxTimers <= 2 * concurrency + 1,
+    maxTimers <= 3 * concurrency + 1,
     `timers pending at once: ${maxTimers}`,
   );
 });

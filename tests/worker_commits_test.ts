@@ -26,23 +26,75 @@ function countingCommits(driver: Driver): Driver & { commits: number } {
 
 const EVENTS = 64;
 
-for (const immediate of [false, true]) {
-  for (
-    const [concurrency, commits] of [
-      // A claim of one, then one acknowledgement with the next claim per
-      // event; the last one's claim comes back empty, and so does the idle
-      // loop's claim after its read.
-      [1, 1 + EVENTS + 1],
-      // A claim of four, then each batch of four acknowledged with the next
-      // claim of four, and the idle loop's claim.
-      [4, 1 + EVENTS / 4 + 1],
-      [16, 1 + EVENTS / 16 + 1],
-    ] as const
-  ) {
+/** Commits to drain EVENTS at each concurrency, by how the loop runs. */
+const COMMITS: {
+  prefetch: boolean;
+  immediate: boolean;
+  commits: Record<1 | 4 | 16, number>;
+  why: string;
+}[] = [
+  {
+    prefetch: false,
+    immediate: false,
+    // A claim of c, then each batch of c acknowledged with the next claim of
+    // c (c = 1: one commit per event); the last one's claim comes back
+    // empty, and so does the idle loop's claim after its read.
+    commits: {
+      1: 1 + EVENTS + 1,
+      4: 1 + EVENTS / 4 + 1,
+      16: 1 + EVENTS / 16 + 1,
+    },
+    why: "",
+  },
+  {
+    prefetch: false,
+    immediate: true,
+    commits: {
+      1: 1 + EVENTS + 1,
+      4: 1 + EVENTS / 4 + 1,
+      16: 1 + EVENTS / 16 + 1,
+    },
+    why: ", with setImmediate",
+  },
+  {
+    prefetch: true,
+    immediate: true,
+    // A claim of 2c: c handlers run, c leases wait for them. As each handler
+    // finishes, the next starts at once on a lease claimed ahead, and it
+    // finishes in the same turn of the event loop, so one write takes 2c
+    // acknowledgements with a claim of 2c: half the commits of the loop
+    // without prefetch. Then the idle loop's claim after its read.
+    commits: {
+      1: 1 + EVENTS / 2 + 1,
+      4: 1 + EVENTS / 8 + 1,
+      16: 1 + EVENTS / 32 + 1,
+    },
+    why: ", claiming ahead, with setImmediate",
+  },
+  {
+    prefetch: true,
+    immediate: false,
+    // Without setImmediate a write starts once the promise jobs running now
+    // are done. At c = 1 the handler started on the lease claimed ahead
+    // settles in them: 2 acknowledgements per write, as with setImmediate.
+    // At 4 and 16 the last of those handlers settle in later jobs, so the
+    // writes take c + 1 and c - 1 acknowledgements in turn (5 and 3, 17 and
+    // 15): one write per c events, as without prefetch; and the loop, woken
+    // between the last two writes, claims once more and finds none.
+    commits: {
+      1: 1 + EVENTS / 2 + 1,
+      4: 1 + EVENTS / 4 + 1 + 1,
+      16: 1 + EVENTS / 16 + 1 + 1,
+    },
+    why: ", claiming ahead",
+  },
+];
+
+for (const { prefetch, immediate, commits: byConcurrency, why } of COMMITS) {
+  for (const concurrency of [1, 4, 16] as const) {
+    const commits = byConcurrency[concurrency];
     Deno.test(
-      `at concurrency ${concurrency} the loop drains ${EVENTS} events in ${commits} commits without a timer firing${
-        immediate ? ", with setImmediate" : ""
-      }`,
+      `at concurrency ${concurrency} the loop drains ${EVENTS} events in ${commits} commits without a timer firing${why}`,
       async () => {
         const driver = countingCommits(await openSqliteWasm(":memory:"));
         await using f = await fixture(driver);
@@ -61,6 +113,7 @@ for (const immediate of [false, true]) {
           },
           f.options({
             concurrency,
+            prefetch,
             pollMinMs: 60_000,
             pollMaxMs: 60_000,
             ...(immediate ? { timers: withImmediate(f.time) } : {}),

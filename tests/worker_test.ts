@@ -363,7 +363,8 @@ Deno.test("the concurrency limit holds while handlers run", async () => {
   }, f.options({ concurrency: 3 }));
   await f.time.advance(0, f.wall);
   assert.equal(processor.counters.claimed, 3);
-  assert.equal((await f.outbox.stats()).leased, 3);
+  // Three handlers running, three leases claimed ahead of them.
+  assert.equal((await f.outbox.stats()).leased, 6);
   for (let i = 0; i < 10; i++) {
     gates[i]!.resolve();
     await f.time.advance(0, f.wall);
@@ -381,7 +382,7 @@ Deno.test("handlers that finish together are acknowledged in one transaction", a
   await using processor = processEvents(
     f.outbox,
     () => gate.promise,
-    f.options({ concurrency: 3 }),
+    f.options({ concurrency: 3, prefetch: false }),
   );
   await f.time.advance(0, f.wall);
   gate.resolve();
@@ -457,6 +458,11 @@ function holdCall(
 /**
  * Records the claims and acknowledgements an outbox is asked for, in order
  * (an acknowledgement with a claim as "acknowledge n + claim max").
+ *
+ * The writer's tests that count each write's acknowledgements and claims
+ * against the slots handlers hold turn `prefetch` off: claiming ahead only
+ * adds `concurrency` to each claim, and starts the next handler before the
+ * write (its own tests are in `worker_prefetch_test.ts`).
  */
 function recordWrites(outbox: Outbox): string[] {
   const calls: string[] = [];
@@ -492,7 +498,7 @@ Deno.test("64 events at concurrency 16 take one claim of 16, then each acknowled
   await using processor = processEvents(
     f.outbox,
     () => {},
-    f.options({ concurrency: 16 }),
+    f.options({ concurrency: 16, prefetch: false }),
   );
   await f.time.advance(0, f.wall);
   assert.deepEqual(calls, [
@@ -516,7 +522,7 @@ Deno.test("without acknowledgeAndClaim, 64 events at concurrency 16 take four cl
   await using processor = processEvents(
     f.outbox,
     () => {},
-    f.options({ concurrency: 16 }),
+    f.options({ concurrency: 16, prefetch: false }),
   );
   await f.time.advance(0, f.wall);
   assert.deepEqual(calls, [
@@ -537,13 +543,21 @@ Deno.test("handlers that finish in the same turn of the event loop share one wri
   for (let n = 1; n <= 4; n++) await f.outbox.enqueue({ n });
   const calls = recordWrites(f.outbox);
   const gate = Promise.withResolvers<void>();
-  await using processor = processEvents(f.outbox, async (lease) => {
-    await gate.promise;
-    // Each handler finishes a different number of promise jobs after the
-    // gate opens, all in the same turn.
-    const { n } = lease.payload as { n: number };
-    for (let i = 0; i < 10 * n; i++) await null;
-  }, f.options({ concurrency: 4, timers: withImmediate(f.time) }));
+  await using processor = processEvents(
+    f.outbox,
+    async (lease) => {
+      await gate.promise;
+      // Each handler finishes a different number of promise jobs after the
+      // gate opens, all in the same turn.
+      const { n } = lease.payload as { n: number };
+      for (let i = 0; i < 10 * n; i++) await null;
+    },
+    f.options({
+      concurrency: 4,
+      prefetch: false,
+      timers: withImmediate(f.time),
+    }),
+  );
   await f.time.advance(0, f.wall);
   gate.resolve();
   await f.time.advance(0, f.wall);
@@ -564,7 +578,7 @@ Deno.test("handlers that finish in separate turns while an acknowledgement with 
   await using processor = processEvents(
     f.outbox,
     gates.handler,
-    f.options({ concurrency: 4 }),
+    f.options({ concurrency: 4, prefetch: false }),
   );
   await using _gates = gates;
   await f.time.advance(0, f.wall);
@@ -599,7 +613,7 @@ Deno.test("without acknowledgeAndClaim, handlers that finish while a claim is un
   await using processor = processEvents(
     f.outbox,
     gates.handler,
-    f.options({ concurrency: 4 }),
+    f.options({ concurrency: 4, prefetch: false }),
   );
   await using _gates = gates;
   await f.time.advance(0, f.wall);
@@ -635,7 +649,7 @@ Deno.test("without acknowledgeAndClaim, a claim waiting behind an acknowledgemen
   await using processor = processEvents(f.outbox, async (lease) => {
     await gates.handler(lease);
     if ((lease.payload as { n: number }).n <= 2) throw new Error("refused");
-  }, f.options({ concurrency: 4 }));
+  }, f.options({ concurrency: 4, prefetch: false }));
   await using _gates = gates;
   await f.time.advance(0, f.wall);
   gates.open(3);
@@ -688,7 +702,7 @@ Deno.test("each handler in one acknowledgement batch keeps its own outcome", asy
     await gate.promise;
     if (n === 2) throw new Error("refused");
     if (n === 3) await context.transaction(() => Promise.resolve());
-  }, f.options({ concurrency: 4 }));
+  }, f.options({ concurrency: 4, prefetch: false }));
   await f.time.advance(0, f.wall);
   gate.resolve();
   await f.time.advance(0, f.wall);
@@ -761,7 +775,7 @@ Deno.test("an acknowledgement with a claim that throws is reported, and the ackn
   const deliveries: string[] = [];
   await using processor = processEvents(f.outbox, (lease) => {
     deliveries.push(`${lease.eventId}:${lease.fence}`);
-  }, f.options({ concurrency: 2 }));
+  }, f.options({ concurrency: 2, prefetch: false }));
   await f.time.advance(0, f.wall);
   assert.equal(f.errors.length, 1);
   assert.ok(f.errors[0] instanceof BusyError);
@@ -794,7 +808,7 @@ Deno.test("a claim waiting for its turn behind an acknowledgement with a claim c
     started.push(n);
     await gates.handler(lease);
     if (n === 1) throw new Error("refused");
-  }, f.options({ concurrency: 4 }));
+  }, f.options({ concurrency: 4, prefetch: false }));
   await using _gates = gates;
   await f.time.advance(0, f.wall);
   gates.open(2);
@@ -843,7 +857,7 @@ Deno.test("a handler that finishes while the loop's claim is under way is acknow
     } finally {
       running--;
     }
-  }, f.options({ concurrency: 2, stopTimeoutMs: 0 }));
+  }, f.options({ concurrency: 2, prefetch: false, stopTimeoutMs: 0 }));
   await f.time.advance(0, f.wall);
   assert.deepEqual(calls, ["claim 2", "claimed 1", "claim 1"]);
   for (let n = 2; n <= 4; n++) await f.outbox.enqueue({ n });

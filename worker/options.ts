@@ -11,6 +11,7 @@ import {
   MAX_DURATION_MS,
 } from "../lease.ts";
 import {
+  checkBoolean,
   checkInteger,
   checkName,
   checkOptions,
@@ -25,6 +26,7 @@ const PROCESS_OPTIONS = [
   "signal",
   "queue",
   "concurrency",
+  "prefetch",
   "leaseMs",
   "renewIntervalMs",
   "marginMs",
@@ -61,6 +63,8 @@ const DEFAULT_TIMERS: Timers = {
 export interface Settings {
   readonly queue: string | undefined;
   readonly concurrency: number;
+  /** Leases claimed ahead of free handler slots: `concurrency`, or 0. */
+  readonly prefetch: number;
   readonly leaseMs: number;
   readonly renewIntervalMs: number;
   readonly marginMs: number;
@@ -141,9 +145,13 @@ export function settingsOf(
   const backoffMinMs = integer("backoffMinMs", 0, MAX_DURATION_MS) ?? 1_000;
   const backoffMaxMs = integer("backoffMaxMs", backoffMinMs, MAX_DURATION_MS) ??
     Math.max(60_000, backoffMinMs);
+  const prefetch = checkBoolean(OP, "prefetch", options.prefetch, true)
+    ? concurrency
+    : 0;
   return {
     queue,
     concurrency,
+    prefetch,
     leaseMs,
     renewIntervalMs,
     marginMs,

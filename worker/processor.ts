@@ -53,6 +53,17 @@ interface Claimed<P> {
 }
 
 /**
+ * A lease claimed ahead of a free handler slot (`prefetch`), with when it
+ * was claimed by both clocks and the timer that gives it back unstarted.
+ */
+interface Prefetched<P> {
+  readonly lease: Lease<P>;
+  readonly claimedAt: number;
+  readonly claimedAtWall: number;
+  timer: LongTimer | undefined;
+}
+
+/**
  * A running processing loop, from {@linkcode processEvents}.
  *
  * Stopping it stops claiming, waits up to `stopTimeoutMs` for running
@@ -104,6 +115,17 @@ export class Processor<P = unknown> implements AsyncDisposable {
   #drained = false;
   readonly #acknowledgements: { slot: Slot<P>; resolve: () => void }[] = [];
   #waiter: (() => void) | undefined;
+  /** Leases claimed ahead of a free handler slot, oldest first. */
+  readonly #prefetched: Prefetched<P>[] = [];
+  /** Handlers that have not settled, timed-out ones included. */
+  #handlers = 0;
+  /**
+   * Whether the loop claims ahead: not after a lease claimed ahead had to
+   * be given back unstarted, until a handler finishes.
+   */
+  #prefetching = true;
+  /** Leases claimed ahead being given back. */
+  readonly #givingBack = new Set<Promise<void>>();
 
   /**
    * Starts the loop at once; {@linkcode processEvents} is the usual way in.
@@ -196,7 +218,9 @@ export class Processor<P = unknown> implements AsyncDisposable {
     // Whether the last wait was ended by a wake rather than its timer.
     let wokenByWait = false;
     while (!this.#stopping) {
-      if (this.#slots.size >= o.concurrency) {
+      // Every handler slot taken: leases claimed ahead are topped up by the
+      // acknowledgements' writes, not by polling while handlers run.
+      if (this.#slots.size >= o.concurrency || this.#held() >= this.#budget()) {
         this.#loopTo("full");
         wokenByWait = await this.#wait(undefined);
         continue;
@@ -233,11 +257,9 @@ export class Processor<P = unknown> implements AsyncDisposable {
       }
       const { leases, claimedAt, claimedAtWall } = claimed;
       this.#unstarted = 0;
-      for (const lease of leases) {
-        this.#start(lease, claimedAt, claimedAtWall);
-      }
+      this.#take(leases, claimedAt, claimedAtWall);
       // Slots filled by a write that acknowledged and claimed: not idle.
-      if (leases.length > 0 || this.#slots.size >= o.concurrency) {
+      if (leases.length > 0 || this.#held() >= this.#budget()) {
         idle = false;
         idleMs = o.pollMinMs;
         continue;
@@ -280,7 +302,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       const claimedAtWall = this.#o.now();
       // None when a write that acknowledged and claimed filled the slots,
       // or (when `unread`) found too few events to fill them.
-      const max = this.#o.concurrency - this.#slots.size;
+      const max = this.#budget() - this.#held();
       const drained = unread && this.#drained;
       this.#drained = false;
       const leases = this.#stopping || max <= 0 || drained
@@ -324,7 +346,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     } else if (
       claim !== undefined &&
       (!acknowledgements ||
-        2 * (this.#o.concurrency - this.#slots.size) >= this.#o.concurrency)
+        2 * (this.#budget() - this.#held()) >= this.#budget())
     ) {
       this.#writerTo("claiming");
       this.#claimTurn = undefined;
@@ -403,6 +425,88 @@ export class Processor<P = unknown> implements AsyncDisposable {
     else this.#waiter();
   }
 
+  /**
+   * The most leases the loop holds: one per handler slot, and as many
+   * again claimed ahead while it prefetches.
+   */
+  #budget(): number {
+    return this.#o.concurrency + (this.#prefetching ? this.#o.prefetch : 0);
+  }
+
+  /** Leases held: slots (running, acknowledging, timed out) and claimed ahead. */
+  #held(): number {
+    return this.#slots.size + this.#prefetched.length;
+  }
+
+  /**
+   * Starts a handler for each claimed lease while a handler slot is free
+   * (after the leases claimed ahead before them); the rest wait for one,
+   * each until its first renewal would fall due.
+   */
+  #take(leases: Lease<P>[], claimedAt: number, claimedAtWall: number): void {
+    const o = this.#o;
+    for (const lease of leases) {
+      if (this.#prefetched.length === 0 && this.#handlers < o.concurrency) {
+        this.#start(lease, claimedAt, claimedAtWall);
+        continue;
+      }
+      const ahead: Prefetched<P> = {
+        lease,
+        claimedAt,
+        claimedAtWall,
+        timer: undefined,
+      };
+      ahead.timer = setLongTimeout(o.timers, () => {
+        const at = this.#prefetched.indexOf(ahead);
+        if (at < 0) return;
+        this.#prefetched.splice(at, 1);
+        this.#giveBack(ahead);
+      }, claimedAt + o.renewIntervalMs - o.monotonicNow());
+      this.#prefetched.push(ahead);
+    }
+  }
+
+  /**
+   * A handler settled: its slot is free for the next lease claimed ahead,
+   * started at once (its acknowledgement commits beside it). One claimed
+   * too long ago for its lease to go unrenewed is given back instead.
+   */
+  #settled(): void {
+    const o = this.#o;
+    this.#handlers--;
+    this.#prefetching = true;
+    while (
+      !this.#stopping && this.#handlers < o.concurrency &&
+      this.#prefetched.length > 0
+    ) {
+      const ahead = this.#prefetched.shift()!;
+      clearLongTimeout(o.timers, ahead.timer);
+      if (
+        o.monotonicNow() >= ahead.claimedAt + o.renewIntervalMs ||
+        o.now() >= ahead.claimedAtWall + o.renewIntervalMs
+      ) {
+        this.#giveBack(ahead);
+        continue;
+      }
+      this.#start(ahead.lease, ahead.claimedAt, ahead.claimedAtWall);
+    }
+  }
+
+  /**
+   * Gives back a lease claimed ahead that no handler started, its attempt
+   * not counted, and claims ahead no more until a handler finishes: handlers
+   * this slow gain nothing from it.
+   */
+  #giveBack(ahead: Prefetched<P>): void {
+    this.#prefetching = false;
+    const given = this.#outbox.release(ahead.lease, { attempted: false })
+      .then(() => {}, (error) => {
+        if (!this.#noteClosed(error)) this.#report(error);
+      })
+      .finally(() => this.#givingBack.delete(given));
+    this.#givingBack.add(given);
+  }
+
   #start(lease: Lease<P>, claimedAt: number, claimedAtWall: number): void {
     this.#counters.claimed++;
     const slot = this.#keeper.open(lease, claimedAt, claimedAtWall);
@@ -427,9 +531,16 @@ export class Processor<P = unknown> implements AsyncDisposable {
     } catch (error) {
       outcome = Promise.reject(error);
     }
+    this.#handlers++;
     // Neither path rejects: #succeed and #fail report what goes wrong.
     slot.done = outcome
-      .then(() => this.#succeed(slot), (error) => this.#fail(slot, error))
+      .then(() => {
+        this.#settled();
+        return this.#succeed(slot);
+      }, (error) => {
+        this.#settled();
+        return this.#fail(slot, error);
+      })
       .finally(() => {
         this.#telemetry.end(slot);
         this.#free(slot);
@@ -486,21 +597,13 @@ export class Processor<P = unknown> implements AsyncDisposable {
       this.#writerTo("gathering");
       const next = () => this.#nextWrite();
       const { timers } = this.#o;
-      if (timers.setImmediate !== undefined && this.#running()) {
+      if (timers.setImmediate !== undefined && this.#handlers > 0) {
         timers.setImmediate(next);
       } else {
         queueMicrotask(next);
       }
     }
     return acknowledged.promise;
-  }
-
-  /** Whether any handler still runs. */
-  #running(): boolean {
-    for (const slot of this.#slots) {
-      if (slot.state === "running") return true;
-    }
-    return false;
   }
 
   /**
@@ -535,7 +638,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     const batch = this.#acknowledgements.splice(0);
     const claimedAt = this.#o.monotonicNow();
     const claimedAtWall = this.#o.now();
-    const max = this.#o.concurrency - this.#slots.size - this.#unstarted +
+    const max = this.#budget() - this.#held() - this.#unstarted +
       batch.length;
     let leases: Lease<P>[];
     try {
@@ -558,7 +661,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       return;
     }
     this.#freeAcknowledged(batch);
-    for (const lease of leases) this.#start(lease, claimedAt, claimedAtWall);
+    this.#take(leases, claimedAt, claimedAtWall);
     this.#nextWrite();
   }
 
@@ -725,6 +828,12 @@ export class Processor<P = unknown> implements AsyncDisposable {
     await this.#loop;
     // Its leases start handlers that stopping must wait for, or release.
     await this.#folding;
+    // Leases claimed ahead go back at once, unstarted, their attempts not
+    // counted; with the outbox closed they lapse.
+    for (const ahead of this.#prefetched.splice(0)) {
+      clearLongTimeout(this.#o.timers, ahead.timer);
+      if (!this.#closed) this.#giveBack(ahead);
+    }
     if (this.#closed) {
       // Nothing can be renewed, acknowledged or released any more: the
       // leases will lapse, and handlers must stop acting on them now.
@@ -743,7 +852,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         );
         this.#slots.delete(slot);
       }
-      await Promise.all(finishing);
+      await Promise.all([...finishing, ...this.#givingBack]);
       return;
     }
     const held = () =>
@@ -783,7 +892,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         }),
       );
     }
-    await Promise.all(pending);
+    await Promise.all([...pending, ...this.#givingBack]);
     for (const slot of this.#slots) {
       if (slot.state === "released") this.#slots.delete(slot);
     }

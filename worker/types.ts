@@ -172,6 +172,22 @@ export interface ProcessOptions {
   readonly queue?: string;
   /** Most handlers running at once; claims are batched up to the free slots. @default {1} */
   readonly concurrency?: number;
+  /**
+   * Whether the loop claims up to `concurrency` leases ahead of its free
+   * handler slots, so a handler that finishes is followed at once by the
+   * next, while its acknowledgement (with the claim of the one after) commits
+   * beside it: time per event is the longer of the handler and the write,
+   * not their sum. A c=1 loop then holds at most 2 leases. A lease claimed
+   * ahead is never started past its first renewal time (`renewIntervalMs`
+   * after its claim): it is given back then, without counting an attempt
+   * (`release` with `attempted: false`), as it is at stop, and the loop
+   * claims ahead again when a handler finishes. Turn it off when several
+   * processes share a queue whose handlers run long, so that a busy process
+   * does not hold events others could start.
+   *
+   * @default {true}
+   */
+  readonly prefetch?: boolean;
   /** Lease length of each claim and renewal. @default {the outbox's leaseMs} */
   readonly leaseMs?: number;
   /** Time between renewals of a running handler's lease. @default {leaseMs / 3} */
