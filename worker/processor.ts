@@ -66,10 +66,11 @@ interface Prefetched<P> {
 /**
  * A running processing loop, from {@linkcode processEvents}.
  *
- * Stopping it stops claiming, waits up to `stopTimeoutMs` for running
- * handlers, then aborts the signals of the rest and releases their leases.
- * Their claims counted as attempts (as an SQS receive does), so an event
- * released at its last attempt becomes a dead letter.
+ * Stopping it stops claiming, gives back the leases claimed ahead (their
+ * attempts not counted: no handler saw them), waits up to `stopTimeoutMs`
+ * for running handlers, then aborts the signals of the rest and releases
+ * their leases. Their claims counted as attempts (as an SQS receive does),
+ * so an event released at its last attempt becomes a dead letter.
  */
 export class Processor<P = unknown> implements AsyncDisposable {
   readonly #outbox: ProcessableOutbox<P>;
@@ -173,7 +174,8 @@ export class Processor<P = unknown> implements AsyncDisposable {
   }
 
   /**
-   * Stops claiming, waits up to `stopTimeoutMs` for running handlers, then
+   * Stops claiming, gives back the leases claimed ahead unstarted (their
+   * attempts not counted), waits up to `stopTimeoutMs` for running handlers, then
    * aborts the signals of the others and releases their leases. Calling it
    * again returns the same promise. The processor also stops on its own when
    * it finds its outbox closed; then it aborts running handlers' signals at

@@ -19,7 +19,10 @@
  * `waiting`; a claim that threw goes `backingOff`.
  *
  * - `starting`: the processor was just made.
- * - `full`: every slot is taken; it waits until one frees (a wake).
+ * - `full`: every handler slot is taken, or every lease the loop may hold
+ *   (one per slot, and as many claimed ahead with `prefetch`) is held; it
+ *   waits until one frees (a wake). Leases claimed ahead are topped up by the
+ *   acknowledgements' writes, not by polling.
  * - `reading`: idle, it reads when the next event comes due
  *   ({@linkcode ProcessableOutbox.nextDueInMs}), a read outside any
  *   transaction, before it claims: an event coming due between an empty claim

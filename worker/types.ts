@@ -277,7 +277,10 @@ export interface ProcessOptions {
 
 /** Counts since the processor started, from {@linkcode Processor.counters}. */
 export interface ProcessorCounters {
-  /** Leases claimed. */
+  /**
+   * Leases claimed whose handler started (a lease claimed ahead and given
+   * back unstarted is not counted).
+   */
   readonly claimed: number;
   /** Events acknowledged. */
   readonly acknowledged: number;
