@@ -1406,7 +1406,7 @@ Deno.test("postgres: transaction(fn) that a deadlock rolls back fails with Postg
   });
 });
 
-Deno.test("postgres: processEvents at concurrency 4, with events trickling in and handlers of 0-2 ms, never runs more than 4 handlers and acknowledges each event once", async () => {
+Deno.test("postgres: processEvents at concurrency 4, with events trickling in and handlers of 0-2 ms, never runs more than 4 handlers (with at most 4 acknowledgements under way beside them) and acknowledges each event once", async () => {
   const { url, schema } = await fresh();
   const events = 2_000;
   const outbox = await openPostgres<{ n: number }>(url, { schema });
@@ -1455,7 +1455,9 @@ Deno.test("postgres: processEvents at concurrency 4, with events trickling in an
   await outbox.close();
   assert.deepEqual(errors, []);
   assert.ok(most <= 4, `${most} handlers at once`);
-  assert.ok(mostInFlight <= 4, `inFlight up to ${mostInFlight}`);
+  // A slot's acknowledgement may still be under way while the next handler
+  // runs on a lease claimed ahead: at most one of each per slot.
+  assert.ok(mostInFlight <= 8, `inFlight up to ${mostInFlight}`);
   assert.equal(stats.done, events);
   assert.equal(processor.counters.acknowledged, events);
   assert.equal(processor.counters.claimed, events);
