@@ -27,6 +27,7 @@ import {
   type Settings,
   settingsOf,
 } from "./options.ts";
+import { LeasesAhead } from "./ahead.ts";
 import { LeaseKeeper, type Slot } from "./lease_keeper.ts";
 import {
   LOOP,
@@ -50,17 +51,6 @@ interface Claimed<P> {
   readonly leases: Lease<P>[];
   readonly claimedAt: number;
   readonly claimedAtWall: number;
-}
-
-/**
- * A lease claimed ahead of a free handler slot (`prefetch`), with when it
- * was claimed by both clocks and the timer that gives it back unstarted.
- */
-interface Prefetched<P> {
-  readonly lease: Lease<P>;
-  readonly claimedAt: number;
-  readonly claimedAtWall: number;
-  timer: LongTimer | undefined;
 }
 
 /**
@@ -116,17 +106,10 @@ export class Processor<P = unknown> implements AsyncDisposable {
   #drained = false;
   readonly #acknowledgements: { slot: Slot<P>; resolve: () => void }[] = [];
   #waiter: (() => void) | undefined;
-  /** Leases claimed ahead of a free handler slot, oldest first. */
-  readonly #prefetched: Prefetched<P>[] = [];
+  /** Leases claimed ahead of a free handler slot (`prefetch`). */
+  readonly #ahead: LeasesAhead<P>;
   /** Handlers that have not settled, timed-out ones included. */
   #handlers = 0;
-  /**
-   * Whether the loop claims ahead: not after a lease claimed ahead had to
-   * be given back unstarted, until a handler finishes.
-   */
-  #prefetching = true;
-  /** Leases claimed ahead being given back. */
-  readonly #givingBack = new Set<Promise<void>>();
 
   /**
    * Starts the loop at once; {@linkcode processEvents} is the usual way in.
@@ -154,6 +137,13 @@ export class Processor<P = unknown> implements AsyncDisposable {
       lost: (slot) => this.#count(slot, "leasesLost"),
       timedOut: (slot) => this.#timeOut(slot),
     });
+    this.#ahead = new LeasesAhead(
+      this.#o,
+      (lease) =>
+        outbox.release(lease, { attempted: false }).then(() => {}, (error) => {
+          if (!this.#noteClosed(error)) this.#report(error);
+        }),
+    );
     this.#unsubscribe = outbox.onEnqueue(() => this.#wake());
     this.#o.signal?.addEventListener("abort", this.#onAbort);
     this.#loop = this.#run();
@@ -432,81 +422,40 @@ export class Processor<P = unknown> implements AsyncDisposable {
    * again claimed ahead while it prefetches.
    */
   #budget(): number {
-    return this.#o.concurrency + (this.#prefetching ? this.#o.prefetch : 0);
+    return this.#o.concurrency + this.#ahead.room;
   }
 
   /** Leases held: slots (running, acknowledging, timed out) and claimed ahead. */
   #held(): number {
-    return this.#slots.size + this.#prefetched.length;
+    return this.#slots.size + this.#ahead.length;
   }
 
   /**
    * Starts a handler for each claimed lease while a handler slot is free
-   * (after the leases claimed ahead before them); the rest wait for one,
-   * each until its first renewal would fall due.
+   * (after the leases claimed ahead before them); the rest wait for one.
    */
   #take(leases: Lease<P>[], claimedAt: number, claimedAtWall: number): void {
-    const o = this.#o;
     for (const lease of leases) {
-      if (this.#prefetched.length === 0 && this.#handlers < o.concurrency) {
+      if (this.#ahead.length === 0 && this.#handlers < this.#o.concurrency) {
         this.#start(lease, claimedAt, claimedAtWall);
-        continue;
+      } else {
+        this.#ahead.hold({ lease, claimedAt, claimedAtWall });
       }
-      const ahead: Prefetched<P> = {
-        lease,
-        claimedAt,
-        claimedAtWall,
-        timer: undefined,
-      };
-      ahead.timer = setLongTimeout(o.timers, () => {
-        const at = this.#prefetched.indexOf(ahead);
-        if (at < 0) return;
-        this.#prefetched.splice(at, 1);
-        this.#giveBack(ahead);
-      }, claimedAt + o.renewIntervalMs - o.monotonicNow());
-      this.#prefetched.push(ahead);
     }
   }
 
   /**
    * A handler settled: its slot is free for the next lease claimed ahead,
-   * started at once (its acknowledgement commits beside it). One claimed
-   * too long ago for its lease to go unrenewed is given back instead.
+   * started at once (its acknowledgement commits beside it).
    */
   #settled(): void {
-    const o = this.#o;
     this.#handlers--;
-    this.#prefetching = true;
-    while (
-      !this.#stopping && this.#handlers < o.concurrency &&
-      this.#prefetched.length > 0
-    ) {
-      const ahead = this.#prefetched.shift()!;
-      clearLongTimeout(o.timers, ahead.timer);
-      if (
-        o.monotonicNow() >= ahead.claimedAt + o.renewIntervalMs ||
-        o.now() >= ahead.claimedAtWall + o.renewIntervalMs
-      ) {
-        this.#giveBack(ahead);
-        continue;
-      }
+    this.#ahead.handlerFinished();
+    while (!this.#stopping && this.#handlers < this.#o.concurrency) {
+      const ahead = this.#ahead.next();
+      if (ahead === undefined) break;
       this.#start(ahead.lease, ahead.claimedAt, ahead.claimedAtWall);
     }
-  }
-
-  /**
-   * Gives back a lease claimed ahead that no handler started, its attempt
-   * not counted, and claims ahead no more until a handler finishes: handlers
-   * this slow gain nothing from it.
-   */
-  #giveBack(ahead: Prefetched<P>): void {
-    this.#prefetching = false;
-    const given = this.#outbox.release(ahead.lease, { attempted: false })
-      .then(() => {}, (error) => {
-        if (!this.#noteClosed(error)) this.#report(error);
-      })
-      .finally(() => this.#givingBack.delete(given));
-    this.#givingBack.add(given);
   }
 
   #start(lease: Lease<P>, claimedAt: number, claimedAtWall: number): void {
@@ -832,10 +781,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     await this.#folding;
     // Leases claimed ahead go back at once, unstarted, their attempts not
     // counted; with the outbox closed they lapse.
-    for (const ahead of this.#prefetched.splice(0)) {
-      clearLongTimeout(this.#o.timers, ahead.timer);
-      if (!this.#closed) this.#giveBack(ahead);
-    }
+    this.#ahead.returnAll(this.#closed);
     if (this.#closed) {
       // Nothing can be renewed, acknowledged or released any more: the
       // leases will lapse, and handlers must stop acting on them now.
@@ -854,7 +800,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         );
         this.#slots.delete(slot);
       }
-      await Promise.all([...finishing, ...this.#givingBack]);
+      await Promise.all([...finishing, this.#ahead.returned()]);
       return;
     }
     const held = () =>
@@ -894,7 +840,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         }),
       );
     }
-    await Promise.all([...pending, ...this.#givingBack]);
+    await Promise.all([...pending, this.#ahead.returned()]);
     for (const slot of this.#slots) {
       if (slot.state === "released") this.#slots.delete(slot);
     }
