@@ -272,7 +272,8 @@ export class Processor<P = unknown> implements AsyncDisposable {
   }
 
   /**
-   * Claims for every free slot when the loop's other writes are done. Sized
+   * Claims for every free slot (and the leases ahead, with `prefetch`) when
+   * the loop's other writes are done. Sized
    * when it runs rather than when asked, so slots that acknowledgements
    * committed meanwhile free join the claim: one transaction for all of them
    * instead of one per slot as slots free one at a time. `unread`: no read
