@@ -163,6 +163,32 @@ test(
 
 test(
   POSTGRES,
+  "an inbox effect whose statement fails PostgreSQL's transaction, caught by fn, records no identity, so the redelivery applies the effect",
+  async (db) => {
+    await using inbox = await Inbox.open(db);
+    await assert.rejects(
+      inbox.accept(IDENTITY, 1, async (tx) => {
+        await tx.run("INSERT INTO effects (id) VALUES (1)");
+        await tx.run("INSERT INTO effects (id) VALUES (1)").catch(() => {});
+      }),
+      (error: unknown) =>
+        error instanceof TransactionEndedError && error.status === "failed" &&
+        error.statement === "INSERT INTO effects (id) VALUES (1)",
+    );
+    assert.equal(db.transactionStatus?.(), "idle");
+    assert.equal(await count(db, "inbox_accepted"), 0);
+    assert.equal(await count(db, "effects"), 0);
+    const again = await inbox.accept(IDENTITY, 1, async (tx) => {
+      await tx.run("INSERT INTO effects (id) VALUES (1)");
+    });
+    assert.equal(again.status, "accepted");
+    assert.equal(await count(db, "effects"), 1);
+    assert.equal(await count(db, "inbox_accepted"), 1);
+  },
+);
+
+test(
+  POSTGRES,
   "the driver's COMMIT of a failed transaction, which the server answers with ROLLBACK, rejects with TransactionEndedError",
   async (db) => {
     await db.exec("BEGIN");
@@ -214,11 +240,11 @@ test(
 );
 
 test(
-  SQLITE,
+  CASES,
   "an inbox beside the application's transaction on a shared handle waits for it to end, then accepts in its own transaction",
-  async (db) => {
+  async (db, driver) => {
     await using inbox = await Inbox.open(db);
-    await db.exec("BEGIN IMMEDIATE");
+    await db.exec(begin(driver));
     await db.run("INSERT INTO orders (id) VALUES (1)");
     const accepting = inbox.accept(IDENTITY, 1, async (tx) => {
       await tx.run("INSERT INTO effects (id) VALUES (1)");
@@ -233,11 +259,11 @@ test(
 );
 
 test(
-  SQLITE,
+  CASES,
   "an accept made inside inbox.within joins the application's transaction: its ROLLBACK takes back the effect and the identity",
-  async (db) => {
+  async (db, driver) => {
     await using inbox = await Inbox.open(db);
-    await db.exec("BEGIN IMMEDIATE");
+    await db.exec(begin(driver));
     const result = await inbox.within(() =>
       inbox.accept(IDENTITY, 1, async (tx) => {
         await tx.run("INSERT INTO effects (id) VALUES (1)");
@@ -253,7 +279,7 @@ test(
 
 for (const status of [503, 500, 429, 408]) {
   test(
-    SQLITE,
+    CASES,
     `acceptRequest's fn answering ${status} rolls its effect back and records nothing, so the sender's retry applies it`,
     async (db) => {
       await using inbox = await Inbox.open(db);
@@ -281,7 +307,7 @@ for (const status of [503, 500, 429, 408]) {
 }
 
 test(
-  SQLITE,
+  CASES,
   "acceptRequest's fn answering a final 4xx commits its effect and records the identity",
   async (db) => {
     await using inbox = await Inbox.open(db);
