@@ -1,6 +1,7 @@
 /** The inbox on every driver, SQLite and PostgreSQL: accept once, refuse duplicates and stale fences, purge by age. */
 import assert from "node:assert/strict";
 import {
+  BusyError,
   deliveryHeaders,
   type Driver,
   FENCE_HEADER,
@@ -20,6 +21,8 @@ interface InboxHarness {
   open(options?: InboxOptions): Promise<Inbox[]>;
   /** The first connection, for reading rows as stored. */
   readonly raw: Driver;
+  /** Every connection, in the order `open` opens inboxes on them. */
+  readonly drivers: readonly Driver[];
 }
 
 /** The effects table and its insert, in each engine's SQL. */
@@ -54,6 +57,7 @@ for (const driver of DRIVERS) {
         await fn({
           clock,
           raw: connections.drivers[0]!,
+          drivers: connections.drivers,
           open: async (options = {}) => {
             const inboxes = [];
             for (const d of connections.drivers) {
@@ -241,6 +245,41 @@ for (const driver of DRIVERS) {
         );
       }
     }
+  });
+
+  test("a delivery that waits for another acceptance of its identity past the wait limit throws BusyError and records nothing; the first's effect commits once", async ({ open, raw, drivers }) => {
+    if (driver.engine === "postgres") {
+      // PostgreSQL's lock waits end at the connection's lock_timeout
+      // (connectPostgres's lockTimeoutMs).
+      await drivers[1]!.exec("SET lock_timeout = 50");
+    }
+    const [a, b] = await open({ busyTimeoutMs: 50 });
+    const identity = uuidv7();
+    const entered = Promise.withResolvers<void>();
+    const finish = Promise.withResolvers<void>();
+    const first = a!.accept(identity, 1, async (tx) => {
+      await effect(identity, 1)(tx);
+      entered.resolve();
+      await finish.promise;
+      return 1;
+    });
+    await entered.promise;
+    let secondRan = false;
+    await assert.rejects(
+      b!.accept(identity, 2, async (tx) => {
+        secondRan = true;
+        return await effect(identity, 2)(tx);
+      }),
+      BusyError,
+    );
+    finish.resolve();
+    assert.deepEqual(await first, { status: "accepted", value: 1 });
+    assert.equal(secondRan, false);
+    assert.deepEqual(await effects(raw), [`${identity}@1`]);
+    assert.deepEqual(await b!.accept(identity, 2, effect(identity, 2)), {
+      status: "duplicate",
+      acceptedFence: 1,
+    });
   });
 
   test("many deliveries of each identity at once on two connections apply each effect exactly once", async ({ open, raw }) => {
