@@ -517,3 +517,25 @@ Deno.test("readDeliveryHeaders() refuses a missing or malformed header, naming i
     /'Idempotency-Fence' must be a positive decimal integer: current value is undefined$/,
   );
 });
+
+Deno.test("Inbox.open() refuses a driver whose dialect has no inbox statements, naming the driver, before any SQL", async () => {
+  const { openSqliteWasm } = await import("../deno/sqlite_wasm.ts");
+  const { SQLITE } = await import("../dialects/sqlite.ts");
+  await using db = await openSqliteWasm(":memory:");
+  const { inbox: _, ...dialect } = SQLITE;
+  const sent: string[] = [];
+  const driver: Driver = {
+    query: (sql, params) => (sent.push(sql), db.query(sql, params)),
+    run: (sql, params) => (sent.push(sql), db.run(sql, params)),
+    exec: (sql) => (sent.push(sql), db.exec(sql)),
+    close: () => Promise.resolve(),
+    dialect,
+  };
+  await assert.rejects(
+    Inbox.open(driver),
+    new TypeError(
+      "Cannot open inbox as 'driver' must speak a dialect with the inbox's statements (SQLite's or PostgreSQL's)",
+    ),
+  );
+  assert.deepEqual(sent, []);
+});
