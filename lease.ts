@@ -387,9 +387,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   /**
    * Claims the oldest eligible event of a queue under a new lease: pending
    * and due, or its previous lease lapsed (`now >= leaseUntil`), with
-   * attempts left and no earlier unfinished event of its ordering key. Runs
-   * in one `BEGIN IMMEDIATE` transaction; lapsed leases with no attempts left
-   * become dead letters on the way.
+   * attempts left, no earlier unfinished event of its ordering key and no
+   * live lease on another event of that key. Runs in one `BEGIN IMMEDIATE`
+   * transaction; lapsed leases with no attempts left become dead letters on
+   * the way.
    *
    * @param options See {@linkcode ClaimOptions}; with `max`, claims a batch.
    * @returns The lease, or `null` when nothing is eligible (with `max`: the
