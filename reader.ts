@@ -16,6 +16,8 @@ import {
   type ActivityCount,
   activityCounts,
   activityParameters,
+  type CountQueuesOptions,
+  countQueuesStatement,
   dedupKeyParameters,
   type EventInfo,
   eventInfo,
@@ -33,7 +35,7 @@ import {
   type Dialect,
   type Explanation,
   explanation,
-  listParameters,
+  listStatement,
   MAX_DURATION_MS,
 } from "./lease.ts";
 import { checkIdentity, checkInteger, checkOptions } from "./validate.ts";
@@ -181,6 +183,21 @@ export class OutboxReader implements AsyncDisposable {
   }
 
   /**
+   * Counts the queues that have events, by a name prefix, as
+   * {@linkcode Outbox.countQueues} does.
+   *
+   * @param options See {@linkcode CountQueuesOptions}.
+   * @returns How many queues, at most `upTo`.
+   * @throws {TypeError | RangeError} When an option is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async countQueues(options: CountQueuesOptions = {}): Promise<number> {
+    const [sql, params] = countQueuesStatement(this.#sql, options);
+    const [row] = await this.#read(() => this.#driver.query(sql, params));
+    return row === undefined ? 0 : integerOf(row, "n");
+  }
+
+  /**
    * Counts acknowledgements per queue since a time (from the events' `done_at`,
    * so purged events no longer count).
    *
@@ -286,7 +303,8 @@ export class OutboxReader implements AsyncDisposable {
   }
 
   /**
-   * Lists the events in one state, by id, a page at a time.
+   * Lists the events in one state, by id (or by enqueue time), a page at a
+   * time.
    *
    * @param options See {@linkcode ListOptions}.
    * @returns Up to `limit` events with ids above `afterId`.
@@ -294,10 +312,8 @@ export class OutboxReader implements AsyncDisposable {
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async list(options: ListOptions): Promise<EventInfo[]> {
-    const params = listParameters("list events", options);
-    const rows = await this.#read(() =>
-      this.#driver.query(this.#sql.list, params)
-    );
+    const [sql, params] = listStatement(this.#sql, "list events", options);
+    const rows = await this.#read(() => this.#driver.query(sql, params));
     return rows.map((row) => eventInfo(row, decodePayload));
   }
 

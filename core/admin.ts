@@ -24,6 +24,8 @@ import {
   activityCounts,
   activityParameters,
   CANCELLED,
+  type CountQueuesOptions,
+  countQueuesStatement,
   decodePayload,
   dedupKeyParameters,
   type EventInfo,
@@ -40,7 +42,7 @@ import {
   type RedriveOptions,
   storedPayload,
 } from "../admin.ts";
-import { listParameters, PURGE_OPTIONS } from "./arguments.ts";
+import { listStatement, PURGE_OPTIONS } from "./arguments.ts";
 import type { OutboxCore } from "./context.ts";
 import type { LedgerRow } from "./ledger.ts";
 import {
@@ -85,9 +87,9 @@ export async function list<P>(
   options: ListOptions,
 ): Promise<EventInfo<P>[]> {
   const op = "list events";
-  const params = listParameters(op, options);
+  const [sql, params] = listStatement(core.sql, op, options);
   return await core.write(op, async () => {
-    const rows = await core.driver.query(core.sql.list, params);
+    const rows = await core.driver.query(sql, params);
     return rows.map((row) => eventInfo<P>(row, decodePayload));
   });
 }
@@ -238,6 +240,18 @@ export async function queues(
         await allFlows(core.driver, flowOf(core.sql)),
       ),
   );
+}
+
+/** Counts the queues by a name prefix (`Outbox.countQueues`). */
+export async function countQueues(
+  core: OutboxCore,
+  options: CountQueuesOptions,
+): Promise<number> {
+  const [sql, params] = countQueuesStatement(core.sql, options);
+  return await core.write("count queues", async () => {
+    const [row] = await core.driver.query(sql, params);
+    return row === undefined ? 0 : integerOf(row, "n");
+  });
 }
 
 /** Counts acknowledgements and failures per time bucket (`Outbox.activity`). */

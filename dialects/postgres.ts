@@ -185,6 +185,12 @@ INSERT INTO outbox_schema (version, applied_at)
 
 const EVENT_COLUMNS =
   "id, identity, queue, state, payload, payload_bytes, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
+const LIST_COLUMNS =
+  "id, identity, queue, state, attempt, max_attempts, due_at, lease_until, last_error, created_at, updated_at, payload, payload_bytes, ordering_key, dedup_key";
+// The enqueue time of a page's cursor $3: that event's, or (gone) its
+// nearest predecessor's by id.
+const CURSOR_AT = `coalesce((SELECT created_at FROM outbox_events
+      WHERE id <= $3 ORDER BY id DESC LIMIT 1), -9223372036854775808)`;
 const claimSet = (leaseUntil: string, now: string) =>
   `state = 'leased', fence = e.fence + 1,
       attempt = e.attempt + 1, lease_until = ${leaseUntil}, due_at = ${leaseUntil},
@@ -579,12 +585,20 @@ export const POSTGRES = {
     SET state = 'dead', done_at = $1, updated_at = $1, lease_until = NULL,
       token = NULL, last_error = $2
     WHERE id = $3`,
-  list: `SELECT id, identity, queue, state, attempt, max_attempts, due_at,
-      lease_until, last_error, created_at, updated_at, payload, payload_bytes,
-      ordering_key, dedup_key
+  list: `SELECT ${LIST_COLUMNS}
     FROM outbox_events
     WHERE state = $1 AND ($2::text IS NULL OR queue = $2) AND id > $3
     ORDER BY id LIMIT $4`,
+  // The dashboard's pages by (created_at, id), as on SQLite: $3 the last
+  // event of the previous page. An index seek each once an index of
+  // (queue, state, created_at, id) exists; until then a scan.
+  listEnqueuedInQueue: `SELECT ${LIST_COLUMNS} FROM outbox_events
+    WHERE queue = $2 AND state = $1 AND (created_at, id) > (${CURSOR_AT}, $3)
+    ORDER BY created_at, id LIMIT $4`,
+  listEnqueued: `SELECT ${LIST_COLUMNS} FROM outbox_events
+    WHERE $2::text IS NULL AND state = $1
+      AND (created_at, id) > (${CURSOR_AT}, $3)
+    ORDER BY created_at, id LIMIT $4`,
   cancel: `UPDATE outbox_events
     SET state = 'dead', done_at = $1, updated_at = $1,
       last_error = '${CANCELLED}'
@@ -603,6 +617,16 @@ export const POSTGRES = {
   purge: `DELETE FROM outbox_events WHERE id IN (${IDS}($1::jsonb))`,
   queues: `SELECT queue, state, count(*) AS n, min(created_at) AS oldest
     FROM outbox_events GROUP BY queue, state ORDER BY queue`,
+  // A page of queues ($2 a name prefix, $3 the last queue of the previous
+  // page, $4 queues at most); the counts are exact, whatever $1 says.
+  queuesPage: `SELECT queue, state, count(*) AS n, min(created_at) AS oldest
+    FROM outbox_events
+    WHERE queue IN (SELECT DISTINCT queue FROM outbox_events
+        WHERE starts_with(queue, $2) AND queue > $3 ORDER BY queue LIMIT $4)
+      AND coalesce($1::bigint, 0) >= 0
+    GROUP BY queue, state ORDER BY queue`,
+  queueCount: `SELECT count(*) AS n FROM (SELECT DISTINCT queue
+      FROM outbox_events WHERE starts_with(queue, $1) LIMIT $2) AS q`,
   // $2 now or null (the server's clock): one statement outside a
   // transaction, one round trip.
   // One seek per priority in use, as on SQLite: p walks the queue's
