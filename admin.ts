@@ -358,9 +358,23 @@ export function activityCounts(rows: readonly Row[]): ActivityCount[] {
 export function dedupKeyParameters(
   queue: unknown,
   dedupKey: unknown,
-): [string, string] {
+): [string | null, string] {
   const op = "find event by dedup key";
-  return [checkName(op, "queue", queue), checkName(op, "dedupKey", dedupKey)];
+  return [
+    queue === undefined ? null : checkName(op, "queue", queue),
+    checkName(op, "dedupKey", dedupKey),
+  ];
+}
+
+/** The statement of `eventIdByDedupKey(queue, key)`: one queue, or any. */
+export function dedupKeyStatement(
+  sql: {
+    readonly dedupKeyEvent: string;
+    readonly dedupKeyEventAnyQueue: string;
+  },
+  params: readonly [string | null, string],
+): string {
+  return params[0] === null ? sql.dedupKeyEventAnyQueue : sql.dedupKeyEvent;
 }
 
 /**

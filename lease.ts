@@ -877,14 +877,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   /**
    * Finds the event a queue holds under a dedup key, done ones included.
    *
-   * @param queue The queue's name.
+   * @param queue The queue's name, or `undefined` for any queue (the first
+   * by name that holds the key: a seek of the dedup index per queue on
+   * SQLite).
    * @param dedupKey The dedup key the event was enqueued with.
    * @returns The event's id, or `null` when none has that key.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async eventIdByDedupKey(
-    queue: string,
+    queue: string | undefined,
     dedupKey: string,
   ): Promise<number | null> {
     return await admin.eventIdByDedupKey(this.#core, queue, dedupKey);

@@ -19,6 +19,7 @@ import {
   type CountQueuesOptions,
   countQueuesStatement,
   dedupKeyParameters,
+  dedupKeyStatement,
   type EventInfo,
   eventInfo,
   type ListOptions,
@@ -247,19 +248,21 @@ export class OutboxReader implements AsyncDisposable {
    * Finds the event a queue holds under a dedup key (done ones included:
    * the key stays after the event is done).
    *
-   * @param queue The queue's name.
+   * @param queue The queue's name, or `undefined` for any queue (the first
+   * by name that holds the key: a seek of the dedup index per queue on
+   * SQLite).
    * @param dedupKey The dedup key the event was enqueued with.
    * @returns The event's id, or `null` when none has that key.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async eventIdByDedupKey(
-    queue: string,
+    queue: string | undefined,
     dedupKey: string,
   ): Promise<number | null> {
     const params = dedupKeyParameters(queue, dedupKey);
     const [row] = await this.#read(() =>
-      this.#driver.query(this.#sql.dedupKeyEvent, params)
+      this.#driver.query(dedupKeyStatement(this.#sql, params), params)
     );
     return row === undefined ? null : integerOf(row, "id");
   }

@@ -65,7 +65,8 @@ export type StatementName =
   | "schemaVersion"
   | "acknowledgedSince"
   | "activity"
-  | "dedupKeyEvent";
+  | "dedupKeyEvent"
+  | "dedupKeyEventAnyQueue";
 
 /**
  * How the core's statements are spelled on one engine: SQL text only, no

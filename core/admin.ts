@@ -28,6 +28,7 @@ import {
   countQueuesStatement,
   decodePayload,
   dedupKeyParameters,
+  dedupKeyStatement,
   type EventInfo,
   eventInfo,
   explanation,
@@ -271,13 +272,13 @@ export async function activity(
 /** Finds the event a queue holds under a dedup key (`Outbox.eventIdByDedupKey`). */
 export async function eventIdByDedupKey(
   core: OutboxCore,
-  queue: string,
+  queue: string | undefined,
   dedupKey: string,
 ): Promise<number | null> {
   const params = dedupKeyParameters(queue, dedupKey);
   const [row] = await core.write(
     "find event by dedup key",
-    () => core.driver.query(core.sql.dedupKeyEvent, params),
+    () => core.driver.query(dedupKeyStatement(core.sql, params), params),
   );
   return row === undefined ? null : integerOf(row, "id");
 }

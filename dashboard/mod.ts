@@ -48,6 +48,7 @@ import {
   eventsPage,
   overviewPage,
   type PageContext,
+  QUEUES_UP_TO,
 } from "./pages.ts";
 
 export type { Outbox } from "../lease.ts";
@@ -380,7 +381,7 @@ async function show(
           ...filter,
         }),
         source.countQueues({
-          upTo: COUNT_UP_TO,
+          upTo: QUEUES_UP_TO,
           ...filter.prefix === undefined ? {} : { prefix },
         }),
       ]);
@@ -603,11 +604,7 @@ async function find(
     if (explanation !== null) return explanation.eventId;
   }
   if (q.length > 1_000 || q.includes("\0") || !q.isWellFormed()) return null;
-  for (const { queue } of await source.queues({ countUpTo: 1 })) {
-    const id = await source.eventIdByDedupKey(queue, q);
-    if (id !== null) return id;
-  }
-  return null;
+  return await source.eventIdByDedupKey(undefined, q);
 }
 
 /** One event's listing and explanation, or `null` when it does not exist. */

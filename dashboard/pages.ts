@@ -12,6 +12,12 @@ import { type Html, html } from "./html.ts";
 /** Where the overview's counts stop: see `COUNT_UP_TO` in mod.ts. */
 export const COUNT_UP_TO = 10_000;
 
+/**
+ * Where the overview's count of queues stops: a seek per queue counted, so
+ * 20,000 queues cost no more than 1,000.
+ */
+export const QUEUES_UP_TO = 1_000;
+
 /** What every page needs to link and to guard its forms. */
 export interface PageContext {
   /** The path the dashboard is mounted under, without a trailing slash. */
@@ -72,7 +78,7 @@ export function page(
 export interface QueuesShown {
   /** The queues on this page, by name. */
   readonly queues: readonly QueueCounts[];
-  /** How many queues match the filter, counted up to `COUNT_UP_TO`. */
+  /** How many queues match the filter, counted up to `QUEUES_UP_TO`. */
   readonly total: number;
   /** The name prefix filtered by, `""` for none. */
   readonly prefix: string;
@@ -103,11 +109,11 @@ export function overviewPage(
     : "";
   const search = html`<form class="filters" action="${base}/" method="get">
 <label>Queue name starts with<input name="prefix" value="${prefix}" size="20"></label><button>Filter</button></form>`;
-  const said = `Showing ${queues.length} of ${count(shown.total)} ${
-    shown.total === 1 ? "queue" : "queues"
-  }${prefix === "" ? "" : ` starting with “${prefix}”`}${
-    after === undefined ? "" : ` after “${after}”`
-  }.`;
+  const said = `Showing ${queues.length} of ${
+    count(shown.total, QUEUES_UP_TO)
+  } ${shown.total === 1 ? "queue" : "queues"}${
+    prefix === "" ? "" : ` starting with “${prefix}”`
+  }${after === undefined ? "" : ` after “${after}”`}.`;
   const first = after === undefined
     ? ""
     : html`<a href="${base}/${
@@ -461,9 +467,9 @@ function finishedOrDue(info: EventInfo): number {
     : info.dueAt;
 }
 
-/** A count, or "10,000+" where the overview's counting stopped. */
-function count(n: number): string {
-  return n >= COUNT_UP_TO ? `${COUNT_UP_TO.toLocaleString("en")}+` : String(n);
+/** A count, or e.g. "10,000+" where the overview's counting stopped. */
+function count(n: number, upTo = COUNT_UP_TO): string {
+  return n >= upTo ? `${upTo.toLocaleString("en")}+` : String(n);
 }
 
 function payloadText(payload: unknown): string {

@@ -413,6 +413,10 @@ export const POSTGRES = {
       SELECT at, 0, 1 FROM outbox_attempts WHERE at >= $1
         AND (kind = 'expired' OR kind = 'released' AND detail IS NOT NULL)) AS a
     GROUP BY 1 ORDER BY 1`,
+  // $1 NULL: any queue holding key $2 (the dedup index leads with the
+  // queue: a scan).
+  dedupKeyEventAnyQueue: `SELECT id FROM outbox_events
+    WHERE $1::text IS NULL AND dedup_key = $2 ORDER BY queue LIMIT 1`,
   dedupKeyEvent:
     "SELECT id FROM outbox_events WHERE queue = $1 AND dedup_key = $2",
   version: POSTGRES_SCHEMA_VERSION,

@@ -71,6 +71,7 @@ Deno.test("every page the dashboard serves reads events by an index seek on SQLi
       "/events?state=done&after=500",
       "/events?state=pending&queue=q-00003",
       "/events?state=dead&queue=q-00000&after=700",
+      "/events?q=no-such-key",
     ]
   ) {
     seen.length = 0;
@@ -174,7 +175,7 @@ Deno.test("with 20,000 queues the overview shows 50 of them, says of how many, f
     );
   const first = await get("/");
   assert.ok(first.length < 100_000, `${first.length} bytes`);
-  assert.match(first, /Showing 50 of 10,000\+ queues/);
+  assert.match(first, /Showing 50 of 1,000\+ queues/);
   const names = queuesOf(first);
   assert.equal(names.length, 50);
   assert.equal(names[0], "q-00000");
@@ -197,6 +198,16 @@ Deno.test("with 20,000 queues the overview shows 50 of them, says of how many, f
       q.queue
     ),
     ["q-19999"],
+  );
+  // A dedup key in any queue: one statement, not one call per queue.
+  await outbox.enqueue({}, { queue: "q-19999", dedupKey: "order-1" });
+  const found = await handler(
+    new Request("http://localhost/events?q=order-1"),
+  );
+  assert.equal(found.status, 303);
+  assert.equal(
+    await outbox.eventIdByDedupKey(undefined, "order-1"),
+    Number(found.headers.get("location")?.split("/").at(-1)),
   );
   const events = await get("/events?state=dead");
   assert.ok(events.length < 100_000, `${events.length} bytes`);

@@ -36,6 +36,17 @@ export const ADMIN_SQL = {
   // The dedup index (queue, dedup_key) answers it with one seek.
   dedupKeyEvent:
     `SELECT id FROM outbox_events WHERE queue = ?1 AND dedup_key = ?2`,
+  // ?1 NULL: the first queue by name holding key ?2, a seek of the dedup
+  // index per queue (each queue by a seek past the last).
+  dedupKeyEventAnyQueue: `WITH RECURSIVE q(queue) AS (
+      SELECT min(queue) FROM outbox_events
+      UNION ALL
+      SELECT (SELECT min(queue) FROM outbox_events WHERE queue > q.queue)
+      FROM q WHERE q.queue IS NOT NULL)
+    SELECT e.id AS id FROM q, outbox_events AS e
+    WHERE q.queue IS NOT NULL AND ?1 IS NULL AND e.queue = q.queue
+      AND e.dedup_key = ?2
+    LIMIT 1`,
   // ?2 NULL: every queue. Paged by id, the primary key.
   list: `SELECT ${LIST_COLUMNS}
     FROM outbox_events
