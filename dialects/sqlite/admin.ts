@@ -16,6 +16,14 @@ const LIST_COLUMNS =
 const CURSOR_AT = `coalesce((SELECT created_at FROM outbox_events
       WHERE id <= ?3 ORDER BY id DESC LIMIT 1), -9223372036854775808)`;
 
+// Every queue, by name, each by a seek past the last (a loose index scan
+// of the state index, which leads with the queue).
+const EVERY_QUEUE = `q(queue) AS (
+      SELECT min(queue) FROM outbox_events
+      UNION ALL
+      SELECT (SELECT min(queue) FROM outbox_events WHERE queue > q.queue)
+      FROM q WHERE q.queue IS NOT NULL)`;
+
 /** The admin statements on SQLite, spread into `SQLITE`. */
 export const ADMIN_SQL = {
   // Acknowledgements per queue since ?1; the retention index
@@ -38,11 +46,7 @@ export const ADMIN_SQL = {
     `SELECT id FROM outbox_events WHERE queue = ?1 AND dedup_key = ?2`,
   // ?1 NULL: the first queue by name holding key ?2, a seek of the dedup
   // index per queue (each queue by a seek past the last).
-  dedupKeyEventAnyQueue: `WITH RECURSIVE q(queue) AS (
-      SELECT min(queue) FROM outbox_events
-      UNION ALL
-      SELECT (SELECT min(queue) FROM outbox_events WHERE queue > q.queue)
-      FROM q WHERE q.queue IS NOT NULL)
+  dedupKeyEventAnyQueue: `WITH RECURSIVE ${EVERY_QUEUE}
     SELECT e.id AS id FROM q, outbox_events AS e
     WHERE q.queue IS NOT NULL AND ?1 IS NULL AND e.queue = q.queue
       AND e.dedup_key = ?2
@@ -78,11 +82,7 @@ export const ADMIN_SQL = {
   // seek, so a page reads at most ?4 entries per queue, never a walk of
   // the table (the state index leads with the queue). Each queue by a seek
   // past the last, as in queuesUpTo.
-  listEnqueued: `WITH RECURSIVE q(queue) AS (
-      SELECT min(queue) FROM outbox_events
-      UNION ALL
-      SELECT (SELECT min(queue) FROM outbox_events WHERE queue > q.queue)
-      FROM q WHERE q.queue IS NOT NULL),
+  listEnqueued: `WITH RECURSIVE ${EVERY_QUEUE},
     c(at) AS (SELECT ${CURSOR_AT})
     SELECT ${LIST_COLUMNS.replace(/(\w+)/g, "e.$1")}
     FROM q, outbox_events AS e
@@ -139,11 +139,7 @@ export const ADMIN_SQL = {
     FROM outbox_events GROUP BY queue, state ORDER BY queue`,
   // Each queue by a seek past the last (a loose index scan of the state
   // index), then each state's count up to ?1 and oldest event by seeks.
-  queuesUpTo: `WITH RECURSIVE q(queue) AS (
-      SELECT min(queue) FROM outbox_events
-      UNION ALL
-      SELECT (SELECT min(queue) FROM outbox_events WHERE queue > q.queue)
-      FROM q WHERE q.queue IS NOT NULL),
+  queuesUpTo: `WITH RECURSIVE ${EVERY_QUEUE},
     s(state) AS (VALUES ('pending'), ('leased'), ('done'), ('dead'))
     SELECT * FROM (SELECT q.queue AS queue, s.state AS state,
         (SELECT count(*) FROM (SELECT 1 FROM outbox_events AS e
