@@ -139,6 +139,8 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
   readonly queuesUpTo?: string;
   /** The flow-control and schedule statements (`core/flow.ts`). */
   readonly flow?: FlowStatements;
+  /** The inbox's statements (`inbox.ts`). */
+  readonly inbox?: InboxStatements;
   /**
    * The fenced acknowledgement of one lease as one statement, outside a
    * transaction. Parameters: now (null: the server's clock), event id,
@@ -212,6 +214,27 @@ export type EventState = "pending" | "leased" | "done" | "dead";
  * but the server will only roll it back (PostgreSQL's `E`, after an error).
  */
 export type TransactionStatus = "idle" | "open" | "failed";
+
+/**
+ * The inbox's statements one engine spells (SQLite's are `SQLITE_INBOX` in
+ * `dialects/sqlite_inbox.ts`, PostgreSQL's `POSTGRES_INBOX` in
+ * `dialects/postgres_inbox.ts`).
+ *
+ * @ignore
+ */
+export interface InboxStatements {
+  /** Creates the inbox's table and index when missing (several statements). */
+  readonly schema: string;
+  /**
+   * Records an identity (identity, fence, now) unless it is recorded
+   * already: answers the row's `fence` when it inserted, no row when not.
+   */
+  readonly record: string;
+  /** Answers `fence` of an identity's record (identity). */
+  readonly accepted: string;
+  /** Deletes the records accepted before a time (epoch milliseconds). */
+  readonly purge: string;
+}
 
 /**
  * The flow and schedule statements one engine spells (SQLite's are

@@ -40,6 +40,7 @@ import {
   POSTGRES_FLOW_STEP,
   spend,
 } from "./postgres_flow.ts";
+import { POSTGRES_INBOX } from "./postgres_inbox.ts";
 
 /** The schema version this dialect creates, as SQLite's schema.sql does. */
 export const POSTGRES_SCHEMA_VERSION = 7;
@@ -664,4 +665,5 @@ export const POSTGRES = {
   history: `SELECT kind, fence, at, token, lease_until, detail
     FROM outbox_ledger WHERE event_id = $1 ORDER BY seq`,
   flow: POSTGRES_FLOW,
+  inbox: POSTGRES_INBOX,
 } as const satisfies Dialect;

@@ -10,6 +10,7 @@ import { LEASE_EXPIRED } from "../admin.ts";
 import { ADMIN_SQL } from "./sqlite/admin.ts";
 import type { Dialect } from "../types.ts";
 import { SQLITE_FLOW } from "./sqlite_flow.ts";
+import { SQLITE_INBOX } from "./sqlite_inbox.ts";
 
 const EVENT_COLUMNS =
   "id, identity, queue, state, payload, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
@@ -250,6 +251,7 @@ export const SQLITE: Dialect = {
   ...SQL,
   ...ADMIN_SQL,
   flow: SQLITE_FLOW,
+  inbox: SQLITE_INBOX,
   maintenance: {
     pageSize: SQL.pageSize,
     pageCount: SQL.pageCount,
