@@ -81,6 +81,7 @@ import {
 import type { Schedule, ScheduleOptions } from "./core/schedules.ts";
 import type { OutboxCore } from "./core/context.ts";
 import { GroupCommit } from "./core/group_commit.ts";
+import { IdleWatch } from "./core/idle_watch.ts";
 import { Ledger, type LedgerRow } from "./core/ledger.ts";
 import { maintain, withWal } from "./core/maintenance.ts";
 import type { WalStats } from "./wal.ts";
@@ -138,6 +139,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   readonly #core: OutboxCore;
   readonly #groups: GroupCommit;
   #stopWatching: (() => Promise<void>) | undefined;
+  readonly #idleWatch: IdleWatch;
   #closed = false;
 
   private constructor(driver: Driver, options: OutboxOptions) {
@@ -172,6 +174,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       enqueued: () => this.#groups.notify(),
     };
     this.#groups = new GroupCommit(this.#core);
+    // PostgreSQL listens from opening (core/schema.ts).
+    this.#idleWatch = new IdleWatch(async () =>
+      sql.setup === undefined
+        ? await this.#driver.watchEnqueues?.(() => this.#groups.notify())
+        : undefined
+    );
   }
 
   /**
@@ -319,7 +327,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * Calls `listener` after each commit that enqueued events through this
    * outbox ({@linkcode Outbox.enqueue} or a transaction's `enqueue`), so a
    * processing loop in the same process can claim at once instead of waiting
-   * for its next poll. Other processes are not notified: they poll. An
+   * for its next poll. Other connections' enqueues call it too where the
+   * driver can tell: PostgreSQL's `NOTIFY` from opening, and the Deno file
+   * driver's watch of the database's files while a loop waits idle (see
+   * {@linkcode Outbox.watchWhileIdle}); elsewhere they are found by polls. An
    * enqueue inside the application's transaction calls it when it returns,
    * before the application commits (a claim on the same connection then
    * waits for that commit).
@@ -345,6 +356,37 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    */
   onEnqueue(listener: () => void): () => void {
     return this.#groups.listen(listener);
+  }
+
+  /**
+   * Says that a consumer waits idle for events, until the returned function
+   * is called: while any does, a driver whose watch for other connections'
+   * enqueues costs something on every commit (the Deno file driver of
+   * `openSqliteWasm` watches the database's files, and so sees this
+   * process's own commits too) keeps it, and calls the
+   * {@linkcode Outbox.onEnqueue} listeners when another connection, of this
+   * process or another, enqueues. `processEvents` calls it around its idle
+   * waits. Where the watch cannot start (no file, the system's watch limit
+   * reached), nothing changes: consumers find events at their polls.
+   *
+   * @returns Ends this consumer's wait; a second call does nothing.
+   *
+   * @example Usage
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   *
+   * const dir = await Deno.makeTempDir();
+   * const outbox = await Outbox.open(await openSqliteWasm(`${dir}/app.db`));
+   * const done = outbox.watchWhileIdle();
+   * // ... until the consumer has work again:
+   * done();
+   * await outbox.close();
+   * await Deno.remove(dir, { recursive: true });
+   * ```
+   */
+  watchWhileIdle(): () => void {
+    return this.#idleWatch.begin();
   }
 
   /**
@@ -1158,6 +1200,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return await this.#runner.line.run(() =>
       this.#runner.mutex.run(async () => {
         await this.#stopWatching?.().catch(() => {});
+        await this.#idleWatch.close();
         await this.#driver.close();
       })
     );

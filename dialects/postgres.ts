@@ -33,7 +33,13 @@
 
 import { CANCELLED, LEASE_EXPIRED, PURGE_BATCH } from "../admin.ts";
 import type { Dialect } from "../types.ts";
-import { POSTGRES_FLOW, POSTGRES_FLOW_STEP } from "./postgres_flow.ts";
+import {
+  claimGate,
+  held,
+  POSTGRES_FLOW,
+  POSTGRES_FLOW_STEP,
+  spend,
+} from "./postgres_flow.ts";
 import { POSTGRES_INBOX } from "./postgres_inbox.ts";
 
 /** The schema version this dialect creates, as SQLite's schema.sql does. */
@@ -235,10 +241,7 @@ const freeKey = (c: string) =>
 // The largest integer a JavaScript number holds exactly (2^53 - 1).
 const MAX_SAFE = "9007199254740991";
 // The live leases of a candidate's concurrency key.
-const HELD = `(SELECT count(*) FROM outbox_events AS k
-          WHERE k.queue = e.queue AND k.concurrency_key = e.concurrency_key
-            AND k.state = 'leased' AND k.concurrency_key IS NOT NULL
-            AND k.due_at > $2)`;
+const HELD = held("$2");
 // The clock of a one-statement call: $1, or the server's when $1 is null.
 const CLOCK = `n AS MATERIALIZED (SELECT coalesce($1::bigint, ${NOW}) AS now)`;
 // A lapsed last-attempt lease the core's transaction would first make a
@@ -299,38 +302,61 @@ function claimInOne(acknowledge?: string): string {
   const acknowledged = acknowledge === undefined ? "" : `
   l AS MATERIALIZED (${acknowledge}),
   ${MATCHED},`;
+  // The leases the statement acknowledges, which its snapshot still shows
+  // leased.
+  const except = (p: string) =>
+    acknowledge === undefined ? "" : `
+          AND ${p}.id NOT IN (SELECT id FROM matched)`;
+  const now = "(SELECT now FROM n)";
+  const perKey = "(SELECT per_key FROM g)";
+  // The LIMIT is computed before the scan locks a row, so the queue's row
+  // lock (which may wait) and, before it, the leases' (likewise; in the
+  // order the general path takes them: its acknowledgement, then its
+  // claim) are all taken before the candidates', which never wait (SKIP
+  // LOCKED). Taken while holding candidates, they let two such statements
+  // wait for each other when each one's lapsed lease was the other's
+  // candidate (a deadlock PostgreSQL broke after a second).
+  //
+  // The per-key limit: a candidate whose key's live leases (the held
+  // column, counted in the snapshot, which `moved` vouches for) and the
+  // batch's earlier leases of it (r) reach the limit is passed over; when
+  // that leaves the batch short, the statement refuses, and the general
+  // path's next round claims others in place of those.
   return `WITH ${CLOCK},${acknowledged}
+  ${
+    claimGate(
+      acknowledge === undefined ? "" : `
+      AND (SELECT count(*) FROM matched) >= 0`,
+    )
+  },
   candidates AS MATERIALIZED (
     SELECT e.id, e.state, e.fence, e.due_at, ${PAYLOAD_BYTES} AS bytes,
-      e.queue, e.ordering_key, e.priority
+      e.queue, e.ordering_key, e.priority, e.concurrency_key,
+      CASE WHEN e.concurrency_key IS NOT NULL AND ${perKey} IS NOT NULL
+        THEN ${held(now, except("k"))} END AS held
     FROM outbox_events AS e
     WHERE e.queue = $2 AND e.state IN ('pending', 'leased')
-      AND e.due_at <= (SELECT now FROM n)${
-    // Evaluated once, before the scan locks a row: the leases' row locks,
-    // which may wait, are all taken before the candidates', which never
-    // wait (SKIP LOCKED). Taken while holding candidates, they let two such
-    // statements wait for each other when each one's lapsed lease was the
-    // other's candidate (a deadlock PostgreSQL broke after a second).
-    acknowledge === undefined ? "" : `
-      AND (SELECT count(*) FROM matched) >= 0`}
-      AND ${
-    claimableInOrder(
-      "(SELECT now FROM n)",
-      acknowledge === undefined ? "" : `
-          AND p.id NOT IN (SELECT id FROM matched)`,
-    )
-  }
-    ORDER BY e.priority DESC, e.due_at, e.id LIMIT $3
+      AND e.due_at <= ${now}
+      AND ${claimableInOrder(now, except("p"))}
+      AND (e.concurrency_key IS NULL OR ${perKey} IS NULL
+        OR ${held(now, except("k"))} < ${perKey})
+    ORDER BY e.priority DESC, e.due_at, e.id LIMIT (SELECT allowed FROM g)
     FOR UPDATE OF e SKIP LOCKED),
   t AS MATERIALIZED (SELECT decode($6, 'hex') AS bytes),
-  numbered AS MATERIALIZED (SELECT c.*,
-      row_number() OVER (ORDER BY c.priority DESC, c.due_at, c.id) AS k
+  free AS MATERIALIZED (SELECT c.*, row_number() OVER (
+        PARTITION BY c.concurrency_key
+        ORDER BY c.priority DESC, c.due_at, c.id) AS r
     FROM candidates AS c WHERE ${freeKey("c")}),
-  refused AS MATERIALIZED (SELECT 1 FROM numbered
+  numbered AS MATERIALIZED (SELECT f.*,
+      row_number() OVER (ORDER BY f.priority DESC, f.due_at, f.id) AS k
+    FROM free AS f WHERE f.held IS NULL OR f.held + f.r <= ${perKey}),
+  refused AS MATERIALIZED (SELECT 1 FROM free
     WHERE state = 'leased' OR bytes > $4 OR id > ${MAX_SAFE}
       OR fence >= ${MAX_SAFE}
     UNION ALL ${EXHAUSTED_DUE}
-    UNION ALL SELECT 1 FROM outbox_queues WHERE queue = $2${
+    UNION ALL SELECT 1 FROM g WHERE moved
+    UNION ALL SELECT 1 WHERE (SELECT count(*) FROM numbered) < $3
+      AND (SELECT count(*) FROM numbered) < (SELECT count(*) FROM free)${
     acknowledge === undefined ? "" : `
     UNION ALL SELECT 1 WHERE ${INCOMPLETE}`
   }
@@ -343,6 +369,12 @@ function claimInOne(acknowledge?: string): string {
       AND NOT EXISTS (SELECT 1 FROM refused)
     RETURNING e.id),`
   }
+  spent AS (${
+    spend(
+      "(SELECT count(*) FROM numbered)",
+      "EXISTS (SELECT 1 FROM numbered) AND NOT EXISTS (SELECT 1 FROM refused)",
+    )
+  }),
   claimed AS (UPDATE outbox_events AS e
     SET ${claimSet("n.now + $5", "n.now")},
       token = encode(substring(t.bytes FROM c.k::integer * 16 - 15 FOR 16), 'hex')
@@ -499,7 +531,11 @@ export const POSTGRES = {
   // claim order. Refuses (claims nothing) when a candidate is a lapsed
   // lease to take over, is unclaimable by size or is past 2^53, or when a
   // lapsed last-attempt lease waits to become a dead letter: the ledger
-  // entries those need are the general path's. The cast in the last WHERE
+  // entries those need are the general path's. Flow control as the general
+  // path's gate (core/flow.ts) applies it, after the queue's row is locked
+  // (claimGate in dialects/postgres_flow.ts); refuses when the per-key limit
+  // left a batch short, or when a claim of the queue committed after the
+  // statement's snapshot, whose leases that snapshot cannot count. The cast in the last WHERE
   // makes the server refuse the whole statement (refusedInOne) when a
   // claimed text payload is not JSON. The `= ANY` repeats the join, so the
   // rows are looked up by id rather than the table scanned. The tokens are
