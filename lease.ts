@@ -22,6 +22,7 @@ export type {
 import { checkInteger } from "./validate.ts";
 import {
   type ActivityCount,
+  type CountQueuesOptions,
   type EventInfo,
   LEASE_EXPIRED,
   type ListOptions,
@@ -57,7 +58,11 @@ import {
   successor,
   unclaimableReason,
 } from "./core/arguments.ts";
-export { listParameters, OUTBOX_OPTIONS } from "./core/arguments.ts";
+export {
+  listParameters,
+  listStatement,
+  OUTBOX_OPTIONS,
+} from "./core/arguments.ts";
 import * as admin from "./core/admin.ts";
 import {
   acknowledgeAll,
@@ -870,6 +875,34 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   /**
+   * Counts the queues that have events, by a name prefix: with
+   * `queues({ prefix, limit, after })`, what a page of queues shows "of".
+   *
+   * @param options See {@linkcode CountQueuesOptions}.
+   * @returns How many queues, at most `upTo`.
+   * @throws {TypeError | RangeError} When an option is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Usage
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * for (const queue of ["mail-a", "mail-b", "sms"]) await outbox.enqueue(1, { queue });
+   * assert.equal(await outbox.countQueues({ prefix: "mail-" }), 2);
+   * assert.deepEqual(
+   *   (await outbox.queues({ prefix: "mail-", after: "mail-a", limit: 1 })).map((q) => q.queue),
+   *   ["mail-b"],
+   * );
+   * ```
+   */
+  async countQueues(options: CountQueuesOptions = {}): Promise<number> {
+    return await admin.countQueues(this.#core, options);
+  }
+
+  /**
    * Counts events acknowledged and attempts failed per time bucket, as
    * {@linkcode OutboxReader.activity} does (the dashboard's chart), under
    * the write lock like the other admin reads.
@@ -887,14 +920,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   /**
    * Finds the event a queue holds under a dedup key, done ones included.
    *
-   * @param queue The queue's name.
+   * @param queue The queue's name, or `undefined` for any queue (the first
+   * by name that holds the key: a seek of the dedup index per queue on
+   * SQLite).
    * @param dedupKey The dedup key the event was enqueued with.
    * @returns The event's id, or `null` when none has that key.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async eventIdByDedupKey(
-    queue: string,
+    queue: string | undefined,
     dedupKey: string,
   ): Promise<number | null> {
     return await admin.eventIdByDedupKey(this.#core, queue, dedupKey);

@@ -46,12 +46,16 @@ export type StatementName =
   | "history"
   | "unclaimable"
   | "list"
+  | "listEnqueued"
+  | "listEnqueuedInQueue"
   | "cancel"
   | "redrive"
   | "purgeable"
   | "purgeLedger"
   | "purge"
   | "queues"
+  | "queuesPage"
+  | "queueCount"
   | "nextDue"
   | "joinSavepoint"
   | "releaseJoin"
@@ -61,7 +65,8 @@ export type StatementName =
   | "schemaVersion"
   | "acknowledgedSince"
   | "activity"
-  | "dedupKeyEvent";
+  | "dedupKeyEvent"
+  | "dedupKeyEventAnyQueue";
 
 /**
  * How the core's statements are spelled on one engine: SQL text only, no
@@ -96,10 +101,12 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    * clock), queue, max, maxPayloadBytes, leaseMs, and one 32-character
    * token per possible lease. Rows: `now`, `refused` and each lease's event
    * row as claimed, in claim order (one row of nulls but `now` when none).
+   * It honours the queue's flow control as the general path does (`flow`).
    * It refuses (`refused` 1, nothing changed) whatever needs ledger entries
    * or dead letters first: a lapsed lease to take over, a lapsed
-   * last-attempt lease, an unclaimable candidate; the general path then
-   * claims.
+   * last-attempt lease, an unclaimable candidate; and what it cannot count
+   * exactly: a batch the per-key limit left short, a claim of the queue
+   * that committed after its snapshot. The general path then claims.
    */
   readonly claimInOne?: string;
   /**
@@ -248,6 +255,10 @@ export interface FlowStatements {
   readonly pause: string;
   readonly limits: string;
   readonly prune: string;
+  /**
+   * A claim that took leases under a limit writes the queue's row: the
+   * tokens left (null without a rate limit) and when.
+   */
   readonly take: string;
   readonly schedule: string;
   readonly unschedule: string;
