@@ -25,10 +25,20 @@ export interface ListOptions {
   /** Most events to return, 1–10000. @default {100} */
   readonly limit?: number;
   /**
-   * Paging cursor: only events with a larger id. Pass the last id of the
-   * previous page. @default {0}
+   * Paging cursor: the last id of the previous page. By id, only events
+   * with a larger id; by enqueue time, only events after that one in that
+   * order (an event since purged stands at its nearest predecessor's
+   * place). @default {0}
    */
   readonly afterId?: number;
+  /**
+   * The listing's order: `"id"`, or `"enqueued"` (enqueue time, then id),
+   * which on SQLite reads a page with one seek per queue of the state index
+   * however large the table, as the dashboard's pages do.
+   *
+   * @default {"id"}
+   */
+  readonly order?: "id" | "enqueued";
 }
 
 /** One event as {@linkcode Outbox.list} reports it. */
@@ -121,15 +131,46 @@ export interface QueuesOptions {
    * @default {exact counts}
    */
   readonly countUpTo?: number;
+  /** Only queues whose name starts with this. @default {every queue} */
+  readonly prefix?: string;
+  /**
+   * Paging cursor: only queues named after this one (in the engine's
+   * order of names). Pass the last queue of the previous page.
+   *
+   * @default {from the first queue}
+   */
+  readonly after?: string;
+  /** Most queues to return, 1–10000. @default {every queue} */
+  readonly limit?: number;
 }
+
+/** Options of {@linkcode Outbox.countQueues} and `OutboxReader.countQueues`. */
+export interface CountQueuesOptions {
+  /** Only queues whose name starts with this. @default {every queue} */
+  readonly prefix?: string;
+  /**
+   * The count stops here (a count equal to it means "at least"), so the
+   * call costs the same however many queues there are. 1 to 2^53 - 1.
+   *
+   * @default {exact}
+   */
+  readonly upTo?: number;
+}
+
+/** The most queues one page of `queues()` may ask for. */
+const MAX_QUEUES_PAGE = 10_000;
 
 /** The statement and parameters of `queues(options)`. */
 export function queuesStatement(
-  sql: { readonly queues: string; readonly queuesUpTo?: string },
+  sql: {
+    readonly queues: string;
+    readonly queuesUpTo?: string;
+    readonly queuesPage: string;
+  },
   options: QueuesOptions,
 ): [string, SqlValue[]] {
   const op = "count queues";
-  checkOptions(op, options, ["countUpTo"]);
+  checkOptions(op, options, ["countUpTo", "prefix", "after", "limit"]);
   const upTo = checkInteger(
     op,
     "countUpTo",
@@ -137,9 +178,43 @@ export function queuesStatement(
     1,
     Number.MAX_SAFE_INTEGER,
   );
+  const prefix = prefixOf(op, options.prefix);
+  const after = options.after === undefined
+    ? ""
+    : checkName(op, "after", options.after);
+  const limit = checkInteger(op, "limit", options.limit, 1, MAX_QUEUES_PAGE);
+  if (prefix !== "" || after !== "" || limit !== undefined) {
+    return [sql.queuesPage, [
+      upTo ?? null,
+      prefix,
+      after,
+      limit ?? Number.MAX_SAFE_INTEGER,
+    ]];
+  }
   return upTo === undefined || sql.queuesUpTo === undefined
     ? [sql.queues, []]
     : [sql.queuesUpTo, [upTo]];
+}
+
+/** The statement and parameters of `countQueues(options)`. */
+export function countQueuesStatement(
+  sql: { readonly queueCount: string },
+  options: CountQueuesOptions,
+): [string, SqlValue[]] {
+  const op = "count queues";
+  checkOptions(op, options, ["prefix", "upTo"]);
+  return [sql.queueCount, [
+    prefixOf(op, options.prefix),
+    checkInteger(op, "upTo", options.upTo, 1, Number.MAX_SAFE_INTEGER) ??
+      Number.MAX_SAFE_INTEGER,
+  ]];
+}
+
+/** A queue name prefix: `""` for every queue, else a valid name's start. */
+function prefixOf(op: string, prefix: unknown): string {
+  return prefix === undefined || prefix === ""
+    ? ""
+    : checkName(op, "prefix", prefix);
 }
 
 /** The last error of a cancelled event: a dead letter, so it stays listed and can be redriven. */
@@ -283,9 +358,23 @@ export function activityCounts(rows: readonly Row[]): ActivityCount[] {
 export function dedupKeyParameters(
   queue: unknown,
   dedupKey: unknown,
-): [string, string] {
+): [string | null, string] {
   const op = "find event by dedup key";
-  return [checkName(op, "queue", queue), checkName(op, "dedupKey", dedupKey)];
+  return [
+    queue === undefined ? null : checkName(op, "queue", queue),
+    checkName(op, "dedupKey", dedupKey),
+  ];
+}
+
+/** The statement of `eventIdByDedupKey(queue, key)`: one queue, or any. */
+export function dedupKeyStatement(
+  sql: {
+    readonly dedupKeyEvent: string;
+    readonly dedupKeyEventAnyQueue: string;
+  },
+  params: readonly [string | null, string],
+): string {
+  return params[0] === null ? sql.dedupKeyEventAnyQueue : sql.dedupKeyEvent;
 }
 
 /**

@@ -22,7 +22,9 @@
  * `--postgres` runs the outbox on PostgreSQL: at `DATABASE_URL` when set, in
  * a new schema (and one for the seed scenario) dropped at exit; otherwise on
  * a server the demo starts and stops, as the tests do
- * (`scripts/postgres_server.ts`). The recipient keeps its SQLite file.
+ * (`scripts/postgres_server.ts`). The recipient's inbox is then on
+ * PostgreSQL too, in a schema of its own beside the outbox's, dropped at
+ * exit.
  *
  * @module
  */
@@ -30,13 +32,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { BusyError, type Outbox, type Row } from "./mod.ts";
-import {
-  type Engine,
-  lazy,
-  openDatabase,
-  postgresEngine,
-  sqliteEngine,
-} from "./demo/db.ts";
+import { type Engine, lazy, postgresEngine, sqliteEngine } from "./demo/db.ts";
 import { startReceiver } from "./demo/receiver.ts";
 
 const root = dirname(fileURLToPath(import.meta.url));
@@ -120,7 +116,6 @@ globalThis.addEventListener("unhandledrejection", cleanUp);
 Deno.addSignalListener("SIGINT", () => Deno.exit(130));
 Deno.addSignalListener("SIGTERM", () => Deno.exit(143));
 const dbPath = path ?? join(tempDir!, "outbox.db");
-const recipientPath = `${dbPath}.recipient.db`;
 
 const databaseUrl = postgres ? Deno.env.get("DATABASE_URL") : undefined;
 const server = postgres && databaseUrl === undefined
@@ -151,7 +146,7 @@ console.log(
       : " (removed at exit)"
   }`,
 );
-console.log(`recipient database ${recipientPath}\n`);
+console.log(`recipient database ${engine.recipient.where}\n`);
 
 // 1. The seed scenario, on two connections to one file.
 {
@@ -192,7 +187,7 @@ console.log(`recipient database ${recipientPath}\n`);
 }
 
 // 2. The run: a producer, three workers, a recipient, a crash and a pause.
-const receiver = await startReceiver(recipientPath, latencyMs);
+const receiver = await startReceiver(engine.recipient, latencyMs);
 const setup = await engine.openOutbox({ busyTimeoutMs: 1_000 });
 await setup.transaction(async (tx) => {
   for (const sql of engine.setupSql) await tx.run(sql);
@@ -424,7 +419,7 @@ const rows = await read(
 );
 // How many times each identity's effect was applied, from the recipient's
 // own database.
-const recipient = await openDatabase(recipientPath);
+const recipient = await engine.recipient.open();
 const applied = new Map(
   (await recipient.query("SELECT identity, applied FROM shipments")).map((
     row,
@@ -433,9 +428,7 @@ const applied = new Map(
 const [{ n: inboxRecords = 0 } = {}] = await recipient.query(
   "SELECT count(*) AS n FROM inbox_accepted",
 );
-const recipientIntegrity = String(
-  (await recipient.query("PRAGMA integrity_check"))[0]?.["integrity_check"],
-);
+const recipientIntegrity = await engine.recipient.integrity(recipient);
 await recipient.close();
 let appliedTwice = 0;
 for (const times of applied.values()) if (times > 1) appliedTwice++;

@@ -65,7 +65,11 @@ export interface Driver {
   /**
    * Calls `listener` after another connection commits new events, so an
    * idle worker claims at once instead of at its next poll (PostgreSQL's
-   * `LISTEN`/`NOTIFY`). Optional: without it workers only poll.
+   * `LISTEN`/`NOTIFY`; the Deno file driver's watch of the database's
+   * files). The outbox keeps it from opening on PostgreSQL, and on SQLite
+   * only while a processing loop waits idle (`Outbox.watchWhileIdle`),
+   * since a file watch costs something on every commit of its own process.
+   * Optional: without it workers only poll.
    *
    * @returns Stops the calls.
    */

@@ -5,14 +5,17 @@
  * The sender delivers an event with its identity (the idempotency key) and
  * the fence of the claim delivering it, {@linkcode deliveryHeaders} puts
  * both in HTTP headers. {@linkcode Inbox.accept} runs the effect's writes
- * and records the identity in one `BEGIN IMMEDIATE` transaction: a second
- * delivery of the identity runs nothing and reports `duplicate`, and one
- * whose fence is lower than the accepted one reports `stale`. The write
- * lock is taken before the identity is looked up, so two processes
- * delivering one identity at once apply its effect once.
+ * and records the identity in one transaction: a second delivery of the
+ * identity runs nothing and reports `duplicate`, and one whose fence is
+ * lower than the accepted one reports `stale`. The identity is recorded
+ * before the effect runs, under SQLite's write lock (`BEGIN IMMEDIATE`) or
+ * on PostgreSQL's unique index (a second insert waits for the first
+ * transaction to end), so two processes delivering one identity at once
+ * apply its effect once.
  *
- * Runtime-neutral, on the same drivers as the outbox: it may share the
- * application's database (and a connection) with an outbox.
+ * Runtime-neutral, on the same drivers as the outbox, SQLite and
+ * PostgreSQL alike (each engine's statements are in `dialects/`): it may
+ * share the application's database (and a connection) with an outbox.
  *
  * @module
  */
@@ -33,6 +36,8 @@ import {
   withinApplication,
 } from "./core/transaction.ts";
 import { SQLITE } from "./dialects/sqlite.ts";
+import { SQLITE_INBOX } from "./dialects/sqlite_inbox.ts";
+import type { InboxStatements } from "./types.ts";
 import {
   checkIdentity,
   checkInteger,
@@ -57,24 +62,15 @@ export const IDENTITY_HEADER = "Idempotency-Key";
 export const FENCE_HEADER = "Idempotency-Fence";
 
 /**
- * The inbox's table, created by {@linkcode Inbox.open} when missing: one
- * row per accepted identity, with the fence that was accepted and when.
- * It lives beside the application's tables and never touches
- * `PRAGMA user_version`.
+ * The inbox's table on SQLite, created by {@linkcode Inbox.open} when
+ * missing: one row per accepted identity, with the fence that was accepted
+ * and when. It lives beside the application's tables and never touches
+ * `PRAGMA user_version`. On PostgreSQL the inbox creates the same table
+ * (`identity text`, `fence bigint`, `accepted_at bigint`) in the
+ * connection's schema, under an advisory lock so that two openers never
+ * collide.
  */
-export const INBOX_SCHEMA_SQL = `CREATE TABLE IF NOT EXISTS inbox_accepted (
-  identity TEXT PRIMARY KEY,
-  fence INTEGER NOT NULL,
-  accepted_at INTEGER NOT NULL
-) STRICT, WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS inbox_accepted_at ON inbox_accepted (accepted_at);`;
-
-const SQL = {
-  accepted: "SELECT fence FROM inbox_accepted WHERE identity = ?",
-  record:
-    "INSERT INTO inbox_accepted (identity, fence, accepted_at) VALUES (?, ?, ?)",
-  purge: "DELETE FROM inbox_accepted WHERE accepted_at < ?",
-} as const;
+export const INBOX_SCHEMA_SQL: string = SQLITE_INBOX.schema;
 
 const MAX_DATE_MS = 8_640_000_000_000_000;
 
@@ -159,6 +155,7 @@ export class Inbox implements AsyncDisposable {
   readonly #driver: Driver;
   readonly #mutex: Mutex;
   readonly #runner: TransactionRunner;
+  readonly #sql: InboxStatements;
   readonly #now: Clock;
   readonly #busyTimeoutMs: number;
   #closed = false;
@@ -180,9 +177,16 @@ export class Inbox implements AsyncDisposable {
       0,
       MAX_DURATION_MS,
     ) ?? 5_000;
+    const dialect = driver.dialect ?? SQLITE;
+    if (dialect.inbox === undefined) {
+      throw new TypeError(
+        `Cannot ${op} as 'driver' must speak a dialect with the inbox's statements (SQLite's or PostgreSQL's)`,
+      );
+    }
+    this.#sql = dialect.inbox;
     this.#runner = new TransactionRunner(
       driver,
-      driver.dialect ?? SQLITE,
+      dialect,
       this.#busyTimeoutMs,
       "only calls made inside inbox.within() or outbox.within() join it; the inbox's others wait for it to end",
     );
@@ -192,7 +196,8 @@ export class Inbox implements AsyncDisposable {
 
   /**
    * Opens an inbox on a connection, creating its table
-   * ({@linkcode INBOX_SCHEMA_SQL}) when missing.
+   * ({@linkcode INBOX_SCHEMA_SQL} on SQLite, its twin on PostgreSQL) when
+   * missing.
    *
    * @param driver The connection; the inbox owns it and closes it.
    * @param options See {@linkcode InboxOptions}.
@@ -213,16 +218,21 @@ export class Inbox implements AsyncDisposable {
     }
     checkOptions("open inbox", options, ["now", "busyTimeoutMs"]);
     const inbox = new Inbox(driver, options);
-    await inbox.#write("open inbox", () => driver.exec(INBOX_SCHEMA_SQL));
+    await inbox.#write(
+      "open inbox",
+      () => inbox.#driver.exec(inbox.#sql.schema),
+    );
     return inbox;
   }
 
   /**
    * Applies a delivery's effect unless its identity was accepted before.
-   * In one `BEGIN IMMEDIATE` transaction: looks the identity up, runs `fn`
-   * when it is new, and records it with `fence`. Holding the write lock
-   * before the lookup is what makes two processes that accept one identity
-   * at once run its effect once: the second waits, then finds it.
+   * In one transaction: records the identity with `fence` unless it is
+   * recorded already, and runs `fn` when it was new. The record is what
+   * makes two processes that accept one identity at once run its effect
+   * once: the second waits for the first's transaction (SQLite's write
+   * lock, taken by `BEGIN IMMEDIATE`; the identity's unique index on
+   * PostgreSQL, where transactions are `READ COMMITTED`), then finds it.
    * Throwing from `fn` rolls its writes back, records nothing, and rethrows,
    * so the sender's retry runs the effect again.
    *
@@ -242,7 +252,11 @@ export class Inbox implements AsyncDisposable {
    * before at this fence or a lower one) or `stale` (accepted at a higher
    * fence), with the accepted fence, and `fn` did not run.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
-   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`
+   * (on PostgreSQL, the wait for another acceptance of the identity ends at
+   * the connection's `lock_timeout`: `connectPostgres`'s `lockTimeoutMs`).
+   * @throws {TransactionEndedError} When a statement of `fn` ended or
+   * failed the transaction (even one `fn` caught): nothing was recorded.
    * @throws {RangeError} When `tx.run` or `tx.query` is given a
    * transaction-control statement (before it runs).
    * @throws {Error} When called from inside `fn` of an acceptance or a
@@ -266,9 +280,15 @@ export class Inbox implements AsyncDisposable {
       );
     }
     const driver = this.#driver;
+    const sql = this.#sql;
     return await this.#write(op, async (now) => {
-      const [row] = await driver.query(SQL.accepted, [key]);
-      if (row !== undefined) {
+      // A record purged between the two statements leaves neither: try again.
+      for (;;) {
+        if ((await driver.query(sql.record, [key, checkedFence, now])).length) {
+          break;
+        }
+        const [row] = await driver.query(sql.accepted, [key]);
+        if (row === undefined) continue;
         const acceptedFence = integerOf(row, "fence");
         return {
           status: checkedFence < acceptedFence ? "stale" : "duplicate",
@@ -293,7 +313,6 @@ export class Inbox implements AsyncDisposable {
       } finally {
         ended = true;
       }
-      await driver.run(SQL.record, [key, checkedFence, now]);
       return { status: "accepted", value };
     }, this.#runner.joins());
   }
@@ -415,7 +434,7 @@ export class Inbox implements AsyncDisposable {
       Number.MAX_SAFE_INTEGER,
     ) ?? missing(op, "olderThanMs");
     return await this.#write(op, async (now) => {
-      const { changes } = await this.#driver.run(SQL.purge, [
+      const { changes } = await this.#driver.run(this.#sql.purge, [
         now - olderThanMs,
       ]);
       return changes;
@@ -441,9 +460,9 @@ export class Inbox implements AsyncDisposable {
   }
 
   /**
-   * Runs `fn` in a `BEGIN IMMEDIATE` transaction through the connection's
-   * transaction runner ({@linkcode TransactionRunner}); `fn` sees the clock
-   * read once the write lock is held.
+   * Runs `fn` in a transaction of the connection's transaction runner
+   * ({@linkcode TransactionRunner}: `BEGIN IMMEDIATE` on SQLite, `READ
+   * COMMITTED` on PostgreSQL); `fn` sees the clock read once it began.
    */
   #write<T>(
     op: string,

@@ -22,6 +22,7 @@ export type {
 import { checkInteger } from "./validate.ts";
 import {
   type ActivityCount,
+  type CountQueuesOptions,
   type EventInfo,
   LEASE_EXPIRED,
   type ListOptions,
@@ -57,7 +58,11 @@ import {
   successor,
   unclaimableReason,
 } from "./core/arguments.ts";
-export { listParameters, OUTBOX_OPTIONS } from "./core/arguments.ts";
+export {
+  listParameters,
+  listStatement,
+  OUTBOX_OPTIONS,
+} from "./core/arguments.ts";
 import * as admin from "./core/admin.ts";
 import {
   acknowledgeAll,
@@ -76,6 +81,7 @@ import {
 import type { Schedule, ScheduleOptions } from "./core/schedules.ts";
 import type { OutboxCore } from "./core/context.ts";
 import { GroupCommit } from "./core/group_commit.ts";
+import { IdleWatch } from "./core/idle_watch.ts";
 import { Ledger, type LedgerRow } from "./core/ledger.ts";
 import { maintain, withWal } from "./core/maintenance.ts";
 import type { WalStats } from "./wal.ts";
@@ -133,6 +139,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   readonly #core: OutboxCore;
   readonly #groups: GroupCommit;
   #stopWatching: (() => Promise<void>) | undefined;
+  readonly #idleWatch: IdleWatch;
   #closed = false;
 
   private constructor(driver: Driver, options: OutboxOptions) {
@@ -167,6 +174,12 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       enqueued: () => this.#groups.notify(),
     };
     this.#groups = new GroupCommit(this.#core);
+    // PostgreSQL listens from opening (core/schema.ts).
+    this.#idleWatch = new IdleWatch(async () =>
+      sql.setup === undefined
+        ? await this.#driver.watchEnqueues?.(() => this.#groups.notify())
+        : undefined
+    );
   }
 
   /**
@@ -314,7 +327,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * Calls `listener` after each commit that enqueued events through this
    * outbox ({@linkcode Outbox.enqueue} or a transaction's `enqueue`), so a
    * processing loop in the same process can claim at once instead of waiting
-   * for its next poll. Other processes are not notified: they poll. An
+   * for its next poll. Other connections' enqueues call it too where the
+   * driver can tell: PostgreSQL's `NOTIFY` from opening, and the Deno file
+   * driver's watch of the database's files while a loop waits idle (see
+   * {@linkcode Outbox.watchWhileIdle}); elsewhere they are found by polls. An
    * enqueue inside the application's transaction calls it when it returns,
    * before the application commits (a claim on the same connection then
    * waits for that commit).
@@ -343,11 +359,43 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   /**
+   * Says that a consumer waits idle for events, until the returned function
+   * is called: while any does, a driver whose watch for other connections'
+   * enqueues costs something on every commit (the Deno file driver of
+   * `openSqliteWasm` watches the database's files, and so sees this
+   * process's own commits too) keeps it, and calls the
+   * {@linkcode Outbox.onEnqueue} listeners when another connection, of this
+   * process or another, enqueues. `processEvents` calls it around its idle
+   * waits. Where the watch cannot start (no file, the system's watch limit
+   * reached), nothing changes: consumers find events at their polls.
+   *
+   * @returns Ends this consumer's wait; a second call does nothing.
+   *
+   * @example Usage
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   *
+   * const dir = await Deno.makeTempDir();
+   * const outbox = await Outbox.open(await openSqliteWasm(`${dir}/app.db`));
+   * const done = outbox.watchWhileIdle();
+   * // ... until the consumer has work again:
+   * done();
+   * await outbox.close();
+   * await Deno.remove(dir, { recursive: true });
+   * ```
+   */
+  watchWhileIdle(): () => void {
+    return this.#idleWatch.begin();
+  }
+
+  /**
    * Claims the oldest eligible event of a queue under a new lease: pending
    * and due, or its previous lease lapsed (`now >= leaseUntil`), with
-   * attempts left and no earlier unfinished event of its ordering key. Runs
-   * in one `BEGIN IMMEDIATE` transaction; lapsed leases with no attempts left
-   * become dead letters on the way.
+   * attempts left, no earlier unfinished event of its ordering key and no
+   * live lease on another event of that key. Runs in one `BEGIN IMMEDIATE`
+   * transaction; lapsed leases with no attempts left become dead letters on
+   * the way.
    *
    * @param options See {@linkcode ClaimOptions}; with `max`, claims a batch.
    * @returns The lease, or `null` when nothing is eligible (with `max`: the
@@ -831,6 +879,34 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   }
 
   /**
+   * Counts the queues that have events, by a name prefix: with
+   * `queues({ prefix, limit, after })`, what a page of queues shows "of".
+   *
+   * @param options See {@linkcode CountQueuesOptions}.
+   * @returns How many queues, at most `upTo`.
+   * @throws {TypeError | RangeError} When an option is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   *
+   * @example Usage
+   * ```ts
+   * import { Outbox } from "@leased/outbox";
+   * import { openSqliteWasm } from "@leased/outbox/sqlite-wasm";
+   * import assert from "node:assert/strict";
+   *
+   * await using outbox = await Outbox.open(await openSqliteWasm(":memory:"));
+   * for (const queue of ["mail-a", "mail-b", "sms"]) await outbox.enqueue(1, { queue });
+   * assert.equal(await outbox.countQueues({ prefix: "mail-" }), 2);
+   * assert.deepEqual(
+   *   (await outbox.queues({ prefix: "mail-", after: "mail-a", limit: 1 })).map((q) => q.queue),
+   *   ["mail-b"],
+   * );
+   * ```
+   */
+  async countQueues(options: CountQueuesOptions = {}): Promise<number> {
+    return await admin.countQueues(this.#core, options);
+  }
+
+  /**
    * Counts events acknowledged and attempts failed per time bucket, as
    * {@linkcode OutboxReader.activity} does (the dashboard's chart), under
    * the write lock like the other admin reads.
@@ -848,14 +924,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   /**
    * Finds the event a queue holds under a dedup key, done ones included.
    *
-   * @param queue The queue's name.
+   * @param queue The queue's name, or `undefined` for any queue (the first
+   * by name that holds the key: a seek of the dedup index per queue on
+   * SQLite).
    * @param dedupKey The dedup key the event was enqueued with.
    * @returns The event's id, or `null` when none has that key.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async eventIdByDedupKey(
-    queue: string,
+    queue: string | undefined,
     dedupKey: string,
   ): Promise<number | null> {
     return await admin.eventIdByDedupKey(this.#core, queue, dedupKey);
@@ -1127,6 +1205,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return await this.#runner.line.run(() =>
       this.#runner.mutex.run(async () => {
         await this.#stopWatching?.().catch(() => {});
+        await this.#idleWatch.close();
         await this.#driver.close();
       })
     );

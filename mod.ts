@@ -59,6 +59,7 @@ export {
 } from "./lease.ts";
 export type {
   ActivityCount,
+  CountQueuesOptions,
   EventInfo,
   ListOptions,
   PurgeOptions,

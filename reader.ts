@@ -16,7 +16,10 @@ import {
   type ActivityCount,
   activityCounts,
   activityParameters,
+  type CountQueuesOptions,
+  countQueuesStatement,
   dedupKeyParameters,
+  dedupKeyStatement,
   type EventInfo,
   eventInfo,
   type ListOptions,
@@ -33,7 +36,7 @@ import {
   type Dialect,
   type Explanation,
   explanation,
-  listParameters,
+  listStatement,
   MAX_DURATION_MS,
 } from "./lease.ts";
 import { checkIdentity, checkInteger, checkOptions } from "./validate.ts";
@@ -181,6 +184,21 @@ export class OutboxReader implements AsyncDisposable {
   }
 
   /**
+   * Counts the queues that have events, by a name prefix, as
+   * {@linkcode Outbox.countQueues} does.
+   *
+   * @param options See {@linkcode CountQueuesOptions}.
+   * @returns How many queues, at most `upTo`.
+   * @throws {TypeError | RangeError} When an option is invalid (before any SQL).
+   * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   */
+  async countQueues(options: CountQueuesOptions = {}): Promise<number> {
+    const [sql, params] = countQueuesStatement(this.#sql, options);
+    const [row] = await this.#read(() => this.#driver.query(sql, params));
+    return row === undefined ? 0 : integerOf(row, "n");
+  }
+
+  /**
    * Counts acknowledgements per queue since a time (from the events' `done_at`,
    * so purged events no longer count).
    *
@@ -230,19 +248,21 @@ export class OutboxReader implements AsyncDisposable {
    * Finds the event a queue holds under a dedup key (done ones included:
    * the key stays after the event is done).
    *
-   * @param queue The queue's name.
+   * @param queue The queue's name, or `undefined` for any queue (the first
+   * by name that holds the key: a seek of the dedup index per queue on
+   * SQLite).
    * @param dedupKey The dedup key the event was enqueued with.
    * @returns The event's id, or `null` when none has that key.
    * @throws {TypeError | RangeError} When an argument is invalid (before any SQL).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async eventIdByDedupKey(
-    queue: string,
+    queue: string | undefined,
     dedupKey: string,
   ): Promise<number | null> {
     const params = dedupKeyParameters(queue, dedupKey);
     const [row] = await this.#read(() =>
-      this.#driver.query(this.#sql.dedupKeyEvent, params)
+      this.#driver.query(dedupKeyStatement(this.#sql, params), params)
     );
     return row === undefined ? null : integerOf(row, "id");
   }
@@ -286,7 +306,8 @@ export class OutboxReader implements AsyncDisposable {
   }
 
   /**
-   * Lists the events in one state, by id, a page at a time.
+   * Lists the events in one state, by id (or by enqueue time), a page at a
+   * time.
    *
    * @param options See {@linkcode ListOptions}.
    * @returns Up to `limit` events with ids above `afterId`.
@@ -294,10 +315,8 @@ export class OutboxReader implements AsyncDisposable {
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    */
   async list(options: ListOptions): Promise<EventInfo[]> {
-    const params = listParameters("list events", options);
-    const rows = await this.#read(() =>
-      this.#driver.query(this.#sql.list, params)
-    );
+    const [sql, params] = listStatement(this.#sql, "list events", options);
+    const rows = await this.#read(() => this.#driver.query(sql, params));
     return rows.map((row) => eventInfo(row, decodePayload));
   }
 

@@ -1,4 +1,4 @@
--- leased-outbox schema, version 7 (stored in the table outbox_schema).
+-- leased-outbox schema, version 8 (stored in the table outbox_schema).
 -- Applied once by Outbox.open() inside one BEGIN IMMEDIATE transaction.
 
 -- One row per event. `identity` is the event's global identity, UUID text
@@ -88,6 +88,12 @@ CREATE UNIQUE INDEX outbox_events_dedup ON outbox_events (queue, dedup_key)
 -- Per-key FIFO: finds an earlier unfinished event with the same ordering key.
 CREATE INDEX outbox_events_ordering ON outbox_events (queue, ordering_key, id)
   WHERE state IN ('pending', 'leased') AND ordering_key IS NOT NULL;
+
+-- The live leases of each ordering key, which hold back every other event of
+-- their key, an earlier one a redrive or retry made pending included: one
+-- event of a key in flight at a time, as on PostgreSQL (version 8 added it).
+CREATE INDEX outbox_events_ordering_leased ON outbox_events (queue, ordering_key, due_at)
+  WHERE state = 'leased' AND ordering_key IS NOT NULL;
 
 -- Counts per queue and state, and each state's oldest event, without
 -- reading the table: queues() and the dashboard's overview (version 6 added
@@ -196,4 +202,4 @@ CREATE TABLE outbox_schema (
 ) STRICT;
 
 INSERT INTO outbox_schema (version, applied_at)
-  VALUES (7, CAST(unixepoch('subsec') * 1000 AS INTEGER));
+  VALUES (8, CAST(unixepoch('subsec') * 1000 AS INTEGER));

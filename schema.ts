@@ -10,13 +10,13 @@
  * in the table `outbox_schema` (never in `PRAGMA user_version`, the
  * application's). PostgreSQL counts its own: `POSTGRES_SCHEMA_VERSION`.
  */
-export const SQLITE_SCHEMA_VERSION = 7;
+export const SQLITE_SCHEMA_VERSION = 8;
 
 /**
  * SQLite's schema version, under its first name: the same as
  * `SQLITE_SCHEMA_VERSION` (PostgreSQL's is `POSTGRES_SCHEMA_VERSION`).
  */
-export const SCHEMA_VERSION = 7;
+export const SCHEMA_VERSION = 8;
 
 /**
  * The text of `schema.sql`: STRICT tables `outbox_events` and
@@ -25,7 +25,7 @@ export const SCHEMA_VERSION = 7;
  * `outbox_schema`.
  */
 export const SCHEMA_SQL: string =
-  `-- leased-outbox schema, version 7 (stored in the table outbox_schema).
+  `-- leased-outbox schema, version 8 (stored in the table outbox_schema).
 -- Applied once by Outbox.open() inside one BEGIN IMMEDIATE transaction.
 
 -- One row per event. \`identity\` is the event's global identity, UUID text
@@ -115,6 +115,12 @@ CREATE UNIQUE INDEX outbox_events_dedup ON outbox_events (queue, dedup_key)
 -- Per-key FIFO: finds an earlier unfinished event with the same ordering key.
 CREATE INDEX outbox_events_ordering ON outbox_events (queue, ordering_key, id)
   WHERE state IN ('pending', 'leased') AND ordering_key IS NOT NULL;
+
+-- The live leases of each ordering key, which hold back every other event of
+-- their key, an earlier one a redrive or retry made pending included: one
+-- event of a key in flight at a time, as on PostgreSQL (version 8 added it).
+CREATE INDEX outbox_events_ordering_leased ON outbox_events (queue, ordering_key, due_at)
+  WHERE state = 'leased' AND ordering_key IS NOT NULL;
 
 -- Counts per queue and state, and each state's oldest event, without
 -- reading the table: queues() and the dashboard's overview (version 6 added
@@ -223,5 +229,5 @@ CREATE TABLE outbox_schema (
 ) STRICT;
 
 INSERT INTO outbox_schema (version, applied_at)
-  VALUES (7, CAST(unixepoch('subsec') * 1000 AS INTEGER));
+  VALUES (8, CAST(unixepoch('subsec') * 1000 AS INTEGER));
 `;

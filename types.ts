@@ -46,12 +46,16 @@ export type StatementName =
   | "history"
   | "unclaimable"
   | "list"
+  | "listEnqueued"
+  | "listEnqueuedInQueue"
   | "cancel"
   | "redrive"
   | "purgeable"
   | "purgeLedger"
   | "purge"
   | "queues"
+  | "queuesPage"
+  | "queueCount"
   | "nextDue"
   | "joinSavepoint"
   | "releaseJoin"
@@ -61,7 +65,8 @@ export type StatementName =
   | "schemaVersion"
   | "acknowledgedSince"
   | "activity"
-  | "dedupKeyEvent";
+  | "dedupKeyEvent"
+  | "dedupKeyEventAnyQueue";
 
 /**
  * How the core's statements are spelled on one engine: SQL text only, no
@@ -96,10 +101,12 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    * clock), queue, max, maxPayloadBytes, leaseMs, and one 32-character
    * token per possible lease. Rows: `now`, `refused` and each lease's event
    * row as claimed, in claim order (one row of nulls but `now` when none).
+   * It honours the queue's flow control as the general path does (`flow`).
    * It refuses (`refused` 1, nothing changed) whatever needs ledger entries
    * or dead letters first: a lapsed lease to take over, a lapsed
-   * last-attempt lease, an unclaimable candidate; the general path then
-   * claims.
+   * last-attempt lease, an unclaimable candidate; and what it cannot count
+   * exactly: a batch the per-key limit left short, a claim of the queue
+   * that committed after its snapshot. The general path then claims.
    */
   readonly claimInOne?: string;
   /**
@@ -137,6 +144,8 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
   readonly queuesUpTo?: string;
   /** The flow-control and schedule statements (`core/flow.ts`). */
   readonly flow?: FlowStatements;
+  /** The inbox's statements (`inbox.ts`). */
+  readonly inbox?: InboxStatements;
   /**
    * The fenced acknowledgement of one lease as one statement, outside a
    * transaction. Parameters: now (null: the server's clock), event id,
@@ -212,6 +221,27 @@ export type EventState = "pending" | "leased" | "done" | "dead";
 export type TransactionStatus = "idle" | "open" | "failed";
 
 /**
+ * The inbox's statements one engine spells (SQLite's are `SQLITE_INBOX` in
+ * `dialects/sqlite_inbox.ts`, PostgreSQL's `POSTGRES_INBOX` in
+ * `dialects/postgres_inbox.ts`).
+ *
+ * @ignore
+ */
+export interface InboxStatements {
+  /** Creates the inbox's table and index when missing (several statements). */
+  readonly schema: string;
+  /**
+   * Records an identity (identity, fence, now) unless it is recorded
+   * already: answers the row's `fence` when it inserted, no row when not.
+   */
+  readonly record: string;
+  /** Answers `fence` of an identity's record (identity). */
+  readonly accepted: string;
+  /** Deletes the records accepted before a time (epoch milliseconds). */
+  readonly purge: string;
+}
+
+/**
  * The flow and schedule statements one engine spells (SQLite's are
  * `SQLITE_FLOW` in `dialects/sqlite_flow.ts`, PostgreSQL's
  * `POSTGRES_FLOW` in `dialects/postgres_flow.ts`).
@@ -225,6 +255,10 @@ export interface FlowStatements {
   readonly pause: string;
   readonly limits: string;
   readonly prune: string;
+  /**
+   * A claim that took leases under a limit writes the queue's row: the
+   * tokens left (null without a rate limit) and when.
+   */
   readonly take: string;
   readonly schedule: string;
   readonly unschedule: string;

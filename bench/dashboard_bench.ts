@@ -5,7 +5,11 @@
  * the default WASM driver by an OutboxReader, as `outbox ui` reads it.
  * Prints the median and the slowest of 20 overviews, and, as the anchor in
  * the same run, the exact `queues()` the overview no longer runs. The goal:
- * the overview's median within 200 ms.
+ * the overview's median within 200 ms. Then a page of dead letters over
+ * every queue, the first and one 90% into the table (by enqueue time, a
+ * seek per queue of the state index), and as their anchor the page by id
+ * that walked the primary key; and a page of a state no event is in
+ * (leased), which by id walked every row.
  *
  * Flags: `--events N` (default 1000000), `--runs N` (default 20).
  *
@@ -73,6 +77,22 @@ try {
     await response.text();
   });
   const exact = await time(() => reader.queues());
+  const get = (path: string) => async () => {
+    const response = await handler(new Request(`http://localhost${path}`));
+    if (response.status !== 200) throw new Error(await response.text());
+    await response.text();
+  };
+  const deadPage = await time(get("/events?state=dead"));
+  // A page deep in the table: after the dead letter 90% of the way in.
+  const deepPage = await time(
+    get(`/events?state=dead&after=${Math.floor(events * 0.009) * 100}`),
+  );
+  // No event is leased: by id, that page walked the whole table.
+  const leasedPage = await time(get("/events?state=leased"));
+  const byId = await time(() => reader.list({ state: "dead", limit: 50 }));
+  const leasedById = await time(() =>
+    reader.list({ state: "leased", limit: 50 })
+  );
   const row = (name: string, t: { median: number; slowest: number }) =>
     `| ${name} | ${t.median.toFixed(1)} ms | ${t.slowest.toFixed(1)} ms |`;
   console.log(
@@ -84,6 +104,25 @@ try {
   console.log("|---|---:|---:|");
   console.log(row("overview (GET /), goal: median ≤ 200 ms", overview));
   console.log(row("anchor: exact queues() (the counts it replaced)", exact));
+  console.log(
+    row(
+      "events page, state=dead, every queue (GET /events?state=dead)",
+      deadPage,
+    ),
+  );
+  console.log(
+    row("events page, state=dead, every queue, 90% in (&after=)", deepPage),
+  );
+  console.log(
+    row('anchor: list({ state: "dead" }) by id (the walk it replaced)', byId),
+  );
+  console.log(row("events page, state=leased (none), every queue", leasedPage));
+  console.log(
+    row(
+      'anchor: list({ state: "leased" }) by id (a walk of every row)',
+      leasedById,
+    ),
+  );
 } finally {
   await Deno.remove(dir, { recursive: true });
 }

@@ -161,9 +161,8 @@ async function limitedOverPlain(outbox: Opened): Promise<number> {
 }
 
 if (values.postgres) {
-  // PostgreSQL: a queue with flow control takes the general path (the
-  // one-statement claim cannot count leases another claimer committed
-  // while it waited for the queue's row), so its claim costs round trips.
+  // PostgreSQL: a claim from a queue with flow control is one statement,
+  // as one from a queue without is (dialects/postgres_flow.ts claimGate).
   const { startPostgres } = await import("../scripts/postgres_server.ts");
   const { openPostgres } = await import("../drivers/postgres.ts");
   const server = await startPostgres();

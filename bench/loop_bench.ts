@@ -37,7 +37,6 @@
  */
 import { join } from "node:path";
 import { Logger, makeWorkerUtils, run } from "npm:graphile-worker@0.18.0";
-import { PgBoss } from "npm:pg-boss@12.38.0";
 import { type Outbox, processEvents } from "../mod.ts";
 import { Outbox as OutboxClass } from "../lease.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
@@ -51,6 +50,7 @@ import {
   type AlternatedAll,
   type Side,
 } from "./blocks.ts";
+import { startBoss } from "./pg_boss.ts";
 import { runJsonProcess } from "./process.ts";
 import { type BenchRow, type Goal, judge, markdown, median } from "./table.ts";
 
@@ -259,14 +259,19 @@ function kvLoopSide(
 
 /**
  * graphile-worker's `run()` at `concurrency`, its other options its
- * defaults, draining the jobs queued before each block (`add_jobs`, one
- * statement).
+ * defaults unless `worker` sets them (its preset's `worker` options: the
+ * PostgreSQL batch rows set `localQueue` and `completeJobBatchDelay`),
+ * draining the jobs queued before each block (`add_jobs`, one statement).
  */
-async function graphileSide(
+export async function graphileSide(
   url: string,
   work: Work,
   concurrency: number,
   units: number,
+  worker: {
+    readonly localQueue?: { readonly size: number };
+    readonly completeJobBatchDelay?: number;
+  } = {},
 ): Promise<Side & AsyncDisposable> {
   const handler = handlerOf(work);
   const logger = new Logger(() => () => {});
@@ -292,6 +297,7 @@ async function graphileSide(
         concurrency,
         noHandleSignals: true,
         logger,
+        preset: { worker },
         taskList: {
           bench: async () => {
             await handler();
@@ -319,13 +325,7 @@ async function bossSide(
   units: number,
 ): Promise<Side & AsyncDisposable> {
   const handler = handlerOf(work);
-  const boss = new PgBoss({
-    connectionString: url,
-    schedule: false,
-    supervise: false,
-  });
-  boss.on("error", () => {});
-  await boss.start();
+  const boss = await startBoss(url);
   const queue = "bench_loop";
   await boss.createQueue(queue);
   return {

@@ -495,7 +495,9 @@ if (import.meta.main) {
       "processEvents vs Deno KV, graphile-worker and pg-boss; single enqueues; wake latency",
     );
     rows.push(...await loopRows(smoke, dir));
-    progress("PostgreSQL claim+acknowledge, single and batch, vs pg-boss");
+    progress(
+      "PostgreSQL claim+acknowledge, enqueue and WAL per event, vs graphile-worker and pg-boss",
+    );
     rows.push(...await postgresRows(smoke));
     // The browser rows need Chromium; the smoke run leaves them to
     // tests/browser_bench_test.ts.

@@ -46,6 +46,12 @@ interface ForwardedCall extends PendingCall {
   sends: number;
   /** Gives the call up with a BusyError unless the leader takes it on. */
   timer?: ReturnType<typeof setTimeout>;
+  /**
+   * A leader took it on once (its receipt came), or this tab's own worker
+   * had it when it ended: it may have run, so giving up a later send must
+   * not say it did not.
+   */
+  takenOn?: boolean;
 }
 
 // A call's reply settles it with this, which says whether it was sent more
@@ -92,7 +98,9 @@ const WORKER_ONLY = new Set(["open", "close", "hide", "show", "hasVfs"]);
  * a follower on `resume`/`pageshow`. A leaving leader's leases are released
  * by the next leader (kept in `localStorage` meanwhile). A call forwarded to
  * a leader that does not take it on within `busyTimeoutMs` (at least
- * 250 ms) fails with `BusyError`, and does not run. See `docs/browser.md`.
+ * 250 ms) fails with `BusyError`, and does not run; one a leader took on
+ * before and that is sent again (to a leader announced since) fails the
+ * same way, saying it may have run. See `docs/browser.md`.
  */
 export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
   /** This tab's id on the channel. */
@@ -319,7 +327,9 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
         this.#pending.delete(id);
         call.reject(
           new BusyError(
-            `Cannot ${call.method} as the leader tab did not take the call on within ${this.#receiptWaitMs} ms (busyTimeoutMs): it may be frozen, hung or going away; the call did not run, and calling again is safe`,
+            call.takenOn
+              ? `Cannot ${call.method} as the leader tab did not take the call on again within ${this.#receiptWaitMs} ms (busyTimeoutMs) after it was sent again: it may be frozen, hung or going away; a leader took it on before, so it may have run (check, e.g. with explain(), before calling again)`
+              : `Cannot ${call.method} as the leader tab did not take the call on within ${this.#receiptWaitMs} ms (busyTimeoutMs): it may be frozen, hung or going away; the call did not run, and calling again is safe`,
           ),
         );
       }, this.#receiptWaitMs);
@@ -428,6 +438,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
         // It may have run in the ended worker: its answer says so.
         resolve: (value) => call.resolve(new Resent(value)),
         sends: 1,
+        takenOn: true,
       });
     }
     this.#stopLeading?.();
@@ -481,6 +492,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
         const call = this.#pending.get(message.id);
         if (message.to === this.tab && call !== undefined) {
           clearTimeout(call.timer);
+          call.takenOn = true;
         }
         return;
       }

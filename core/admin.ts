@@ -24,8 +24,11 @@ import {
   activityCounts,
   activityParameters,
   CANCELLED,
+  type CountQueuesOptions,
+  countQueuesStatement,
   decodePayload,
   dedupKeyParameters,
+  dedupKeyStatement,
   type EventInfo,
   eventInfo,
   explanation,
@@ -40,7 +43,7 @@ import {
   type RedriveOptions,
   storedPayload,
 } from "../admin.ts";
-import { listParameters, PURGE_OPTIONS } from "./arguments.ts";
+import { listStatement, PURGE_OPTIONS } from "./arguments.ts";
 import type { OutboxCore } from "./context.ts";
 import type { LedgerRow } from "./ledger.ts";
 import {
@@ -85,9 +88,9 @@ export async function list<P>(
   options: ListOptions,
 ): Promise<EventInfo<P>[]> {
   const op = "list events";
-  const params = listParameters(op, options);
+  const [sql, params] = listStatement(core.sql, op, options);
   return await core.write(op, async () => {
-    const rows = await core.driver.query(core.sql.list, params);
+    const rows = await core.driver.query(sql, params);
     return rows.map((row) => eventInfo<P>(row, decodePayload));
   });
 }
@@ -240,6 +243,18 @@ export async function queues(
   );
 }
 
+/** Counts the queues by a name prefix (`Outbox.countQueues`). */
+export async function countQueues(
+  core: OutboxCore,
+  options: CountQueuesOptions,
+): Promise<number> {
+  const [sql, params] = countQueuesStatement(core.sql, options);
+  return await core.write("count queues", async () => {
+    const [row] = await core.driver.query(sql, params);
+    return row === undefined ? 0 : integerOf(row, "n");
+  });
+}
+
 /** Counts acknowledgements and failures per time bucket (`Outbox.activity`). */
 export async function activity(
   core: OutboxCore,
@@ -257,13 +272,13 @@ export async function activity(
 /** Finds the event a queue holds under a dedup key (`Outbox.eventIdByDedupKey`). */
 export async function eventIdByDedupKey(
   core: OutboxCore,
-  queue: string,
+  queue: string | undefined,
   dedupKey: string,
 ): Promise<number | null> {
   const params = dedupKeyParameters(queue, dedupKey);
   const [row] = await core.write(
     "find event by dedup key",
-    () => core.driver.query(core.sql.dedupKeyEvent, params),
+    () => core.driver.query(dedupKeyStatement(core.sql, params), params),
   );
   return row === undefined ? null : integerOf(row, "id");
 }

@@ -265,7 +265,17 @@ export function listParameters(
   op: string,
   options: ListOptions,
 ): [EventState, string | null, number, number] {
-  checkOptions(op, options, ["state", "queue", "limit", "afterId"]);
+  checkOptions(op, options, ["state", "queue", "limit", "afterId", "order"]);
+  if (
+    options.order !== undefined && options.order !== "id" &&
+    options.order !== "enqueued"
+  ) {
+    throw new TypeError(
+      `Cannot ${op} as 'order' must be "id" or "enqueued": current value is ${
+        describe(options.order)
+      }`,
+    );
+  }
   const state = checkState(op, options.state);
   const queue = options.queue === undefined
     ? null
@@ -279,6 +289,31 @@ export function listParameters(
     Number.MAX_SAFE_INTEGER,
   ) ?? 0;
   return [state, queue, afterId, limit];
+}
+
+/**
+ * The statement and parameters of `list(options)`: by id (`Dialect.list`),
+ * or by enqueue time with a queue or without (`listEnqueuedInQueue`,
+ * `listEnqueued`).
+ *
+ * @ignore
+ * @param sql The engine's statements.
+ * @param op What was being done, for the message.
+ * @param options The options as passed.
+ * @returns The statement and its parameters.
+ * @throws {TypeError | RangeError} When an option is invalid, naming it.
+ */
+export function listStatement(
+  sql: Dialect,
+  op: string,
+  options: ListOptions,
+): [string, SqlValue[]] {
+  const params = listParameters(op, options);
+  if (options.order !== "enqueued") return [sql.list, params];
+  return [
+    params[1] === null ? sql.listEnqueued : sql.listEnqueuedInQueue,
+    params,
+  ];
 }
 
 /** An outbox's settings: {@linkcode OutboxOptions} checked, defaults filled. */

@@ -267,10 +267,13 @@ export async function openGate(
         gate.keyTrimmed = true;
         return false;
       }).slice(0, whole);
-      if (flow.perSecond !== null && admitted.length > 0) {
+      // Written under a per-key limit too: on PostgreSQL, a one-statement
+      // claim waiting for the row learns from its new version that its
+      // snapshot misses these leases (dialects/postgres_flow.ts).
+      if (admitted.length > 0) {
         await driver.run(sql.take, [
           queue,
-          tokens - admitted.length,
+          flow.perSecond === null ? null : tokens - admitted.length,
           refilledAt,
         ]);
       }

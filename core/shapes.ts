@@ -72,8 +72,11 @@ export interface EnqueueOptions {
    */
   readonly dedupKey?: string;
   /**
-   * Per-key FIFO: the event is not claimable while an earlier event of the
-   * same queue with the same key is pending or leased.
+   * Per-key FIFO, one event of a key in flight at a time: the event is not
+   * claimable while an earlier event of the same queue with the same key is
+   * pending or leased, nor while any other event of the key holds a live
+   * lease (so an earlier event a redrive or retry made pending again waits
+   * for a later one's lease to end). The same rule on SQLite and PostgreSQL.
    */
   readonly orderingKey?: string;
   /**

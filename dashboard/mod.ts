@@ -48,6 +48,7 @@ import {
   eventsPage,
   overviewPage,
   type PageContext,
+  QUEUES_UP_TO,
 } from "./pages.ts";
 
 export type { Outbox } from "../lease.ts";
@@ -113,6 +114,9 @@ const MAX_FORM_BYTES = 16_384;
 /** Events per page. */
 const PAGE = 50;
 
+/** Queues per page of the overview. */
+const QUEUES_PAGE = 50;
+
 const STATES = new Set<string>(["pending", "leased", "done", "dead"]);
 const HOUR_MS = 3_600_000;
 const MINUTE_MS = 60_000;
@@ -130,10 +134,12 @@ const SECURITY_HEADERS: Readonly<Record<string, string>> = {
 /**
  * Makes the dashboard's request handler.
  *
- * Pages under `basePath`: `/` (the overview: counts per queue and state,
- * the oldest pending age, events done and failed per minute over the last
- * hour), `/events?state=&queue=&after=&q=` (a page of events in one state,
- * or the event whose id, identity or dedup key is `q`), `/events/<id>` (one
+ * Pages under `basePath`: `/?prefix=&after=` (the overview: 50 queues at a
+ * time by name, filtered by a name prefix, with their counts per state and
+ * the oldest pending age, and events done and failed per minute over the
+ * last hour), `/events?state=&queue=&after=&q=` (a page of events in one
+ * state by enqueue time, or the event whose id, identity or dedup key is
+ * `q`), `/events/<id>` (one
  * event: payload, identity, attempts, times, the ledger's timeline),
  * `/dead` (dead letters with their last errors). With `actions`:
  * `/confirm/<action>` asks, and a POST to `/actions/<action>` (`redrive`,
@@ -360,14 +366,45 @@ async function show(
   query: URLSearchParams,
 ): Promise<Response> {
   if (path === "/") {
-    const [queues, activity] = await Promise.all([
-      source.queues({ countUpTo: COUNT_UP_TO }),
-      activityOf(source, context.now),
-    ]);
-    return page(overviewPage(context, queues, activity));
+    const prefix = query.get("prefix") ?? "";
+    const after = query.get("after") || undefined;
+    const filter = {
+      ...prefix === "" ? {} : { prefix },
+      ...after === undefined ? {} : { after },
+    };
+    let counted: [QueueCounts[], number];
+    try {
+      counted = await Promise.all([
+        source.queues({
+          countUpTo: COUNT_UP_TO,
+          limit: QUEUES_PAGE,
+          ...filter,
+        }),
+        source.countQueues({
+          upTo: QUEUES_UP_TO,
+          ...filter.prefix === undefined ? {} : { prefix },
+        }),
+      ]);
+    } catch (error) {
+      if (!(error instanceof TypeError)) throw error;
+      return page(errorPage(context, "No such queue filter."), 400);
+    }
+    const [queues, total] = counted;
+    const activity = await activityOf(source, context.now);
+    return page(overviewPage(context, {
+      queues,
+      total,
+      prefix,
+      after,
+      limit: QUEUES_PAGE,
+    }, activity));
   }
   if (path === "/dead") {
-    const events = await source.list({ state: "dead", limit: PAGE });
+    const events = await source.list({
+      state: "dead",
+      limit: PAGE,
+      order: "enqueued",
+    });
     return page(deadPage(context, events, PAGE));
   }
   if (path === "/events") {
@@ -383,21 +420,22 @@ async function show(
     if (!STATES.has(state) || after < 0) {
       return page(errorPage(context, "No such filter."), 400);
     }
-    const queues = (await source.queues({ countUpTo: 1 })).map((
-      c: QueueCounts,
-    ) => c.queue);
-    const events = queue !== undefined && !queues.includes(queue)
-      ? []
-      : await source.list({
+    let events: EventInfo[];
+    try {
+      events = await source.list({
         state: state as EventState,
         limit: PAGE,
         afterId: after,
+        order: "enqueued",
         ...(queue === undefined ? {} : { queue }),
       });
+    } catch (error) {
+      if (!(error instanceof TypeError)) throw error;
+      return page(errorPage(context, "No such queue."), 400);
+    }
     return page(eventsPage(
       context,
       { state: state as EventState, queue, afterId: after },
-      queues,
       events,
       PAGE,
       q === ""
@@ -566,11 +604,7 @@ async function find(
     if (explanation !== null) return explanation.eventId;
   }
   if (q.length > 1_000 || q.includes("\0") || !q.isWellFormed()) return null;
-  for (const { queue } of await source.queues({ countUpTo: 1 })) {
-    const id = await source.eventIdByDedupKey(queue, q);
-    if (id !== null) return id;
-  }
-  return null;
+  return await source.eventIdByDedupKey(undefined, q);
 }
 
 /** One event's listing and explanation, or `null` when it does not exist. */

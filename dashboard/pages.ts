@@ -12,6 +12,12 @@ import { type Html, html } from "./html.ts";
 /** Where the overview's counts stop: see `COUNT_UP_TO` in mod.ts. */
 export const COUNT_UP_TO = 10_000;
 
+/**
+ * Where the overview's count of queues stops: a seek per queue counted, so
+ * 20,000 queues cost no more than 1,000.
+ */
+export const QUEUES_UP_TO = 1_000;
+
 /** What every page needs to link and to guard its forms. */
 export interface PageContext {
   /** The path the dashboard is mounted under, without a trailing slash. */
@@ -68,13 +74,52 @@ export function page(
   `;
 }
 
-/** The overview: each queue's counts, the oldest pending age, the chart. */
+/** One page of the overview's queues. */
+export interface QueuesShown {
+  /** The queues on this page, by name. */
+  readonly queues: readonly QueueCounts[];
+  /** How many queues match the filter, counted up to `QUEUES_UP_TO`. */
+  readonly total: number;
+  /** The name prefix filtered by, `""` for none. */
+  readonly prefix: string;
+  /** The last queue of the previous page, if this is not the first. */
+  readonly after: string | undefined;
+  /** Queues per page. */
+  readonly limit: number;
+}
+
+/**
+ * The overview: each queue's counts, the oldest pending age, the chart. Its
+ * queues are one page at a time, filtered by a name prefix, so it stays
+ * small however many queues there are.
+ */
 export function overviewPage(
   context: PageContext,
-  queues: readonly QueueCounts[],
+  shown: QueuesShown,
   activity: readonly ActivityBucket[] | null,
 ): Html {
   const { base } = context;
+  const { queues, prefix, after, limit } = shown;
+  const filtered = prefix === "" ? "" : `prefix=${encodeURIComponent(prefix)}`;
+  const last = queues.at(-1);
+  const next = queues.length === limit && last !== undefined
+    ? html`<a href="${base}/?${filtered === "" ? "" : `${filtered}&`}after=${
+      encodeURIComponent(last.queue)
+    }">Next queues →</a>`
+    : "";
+  const search = html`<form class="filters" action="${base}/" method="get">
+<label>Queue name starts with<input name="prefix" value="${prefix}" size="20"></label><button>Filter</button></form>`;
+  const said = `Showing ${queues.length} of ${
+    count(shown.total, QUEUES_UP_TO)
+  } ${shown.total === 1 ? "queue" : "queues"}${
+    prefix === "" ? "" : ` starting with “${prefix}”`
+  }${after === undefined ? "" : ` after “${after}”`}.`;
+  const first = after === undefined
+    ? ""
+    : html`<a href="${base}/${
+      filtered === "" ? "" : `?${filtered}`
+    }">First queues</a>`;
+  const summary = html`<p class="muted">${said} ${first} ${next}</p>`;
   const rows = queues.map((q) =>
     html`<tr><td><a href="${base}/events?queue=${
       encodeURIComponent(q.queue)
@@ -92,7 +137,9 @@ export function overviewPage(
     }</td><td>${flowCell(context, q)}</td></tr>`
   );
   const table = queues.length === 0
-    ? html`<p class="muted">No events yet.</p>`
+    ? html`<p class="muted">${
+      prefix === "" && after === undefined ? "No events yet." : "No queues."
+    }</p>`
     : html`
       <div class="table-wrap">
         <table>
@@ -108,7 +155,7 @@ export function overviewPage(
   return page(
     context,
     "Overview",
-    html`${table}${
+    html`${search}${summary}${table}${
       activity === null
         ? ""
         : html`<h2>Last hour</h2>${activityChart(activity)}`
@@ -147,11 +194,13 @@ export interface EventFilter {
   readonly afterId: number;
 }
 
-/** One page of events in a state, with filters and the next page's link. */
+/**
+ * One page of events in a state, by enqueue time, with filters and the next
+ * page's link.
+ */
 export function eventsPage(
   context: PageContext,
   filter: EventFilter,
-  queues: readonly string[],
   events: readonly EventInfo[],
   limit: number,
   notice?: Html,
@@ -175,17 +224,8 @@ export function eventsPage(
       }>${s}</option>`
     )
   }</select></label>
-<label>Queue<select name="queue"><option value="">every queue</option>${
-    queues.map((q) =>
-      html`<option${
-        q === filter.queue
-          ? html`
-            selected
-          `
-          : ""
-      }>${q}</option>`
-    )
-  }</select></label><button>Show</button></form>`;
+<label>Queue<input name="queue" value="${filter.queue ?? ""}"
+  placeholder="every queue" size="20"></label><button>Show</button></form>`;
   const rows = events.map((e) =>
     html`
       <tr>
@@ -427,9 +467,9 @@ function finishedOrDue(info: EventInfo): number {
     : info.dueAt;
 }
 
-/** A count, or "10,000+" where the overview's counting stopped. */
-function count(n: number): string {
-  return n >= COUNT_UP_TO ? `${COUNT_UP_TO.toLocaleString("en")}+` : String(n);
+/** A count, or e.g. "10,000+" where the overview's counting stopped. */
+function count(n: number, upTo = COUNT_UP_TO): string {
+  return n >= upTo ? `${upTo.toLocaleString("en")}+` : String(n);
 }
 
 function payloadText(payload: unknown): string {

@@ -2,7 +2,9 @@
  * The demo's seam between engines: every process (the demo, the producer,
  * the workers) reaches its database through an {@linkcode Engine}, which
  * holds the little SQL that differs between SQLite and PostgreSQL. The
- * recipient always keeps its own SQLite file ({@linkcode openDatabase}).
+ * recipient keeps a database of its own on the same engine
+ * ({@linkcode Engine.recipient}): a SQLite file beside the outbox's, or a
+ * PostgreSQL schema beside the outbox's schema.
  *
  * PostgreSQL's modules load only when the demo runs on it, so the SQLite
  * demo fetches no `pg`.
@@ -51,8 +53,28 @@ export interface Engine {
   hold(name: string, outbox: Outbox, monitor: Driver): Promise<Hold>;
   /** The engine's own check of the outbox's storage: `"ok"` when sound. */
   integrity(monitor: Driver): Promise<string>;
+  /** The recipient's own database, on the same engine. */
+  readonly recipient: Recipient;
   /** Drops what the demo made, unless it was asked to keep it. */
   close(): Promise<void>;
+}
+
+/** The recipient's database: a second one, with its inbox. */
+export interface Recipient {
+  /** Where it is, for the header. */
+  readonly where: string;
+  /** Opens a connection to it. */
+  open(): Promise<Driver>;
+  /** The recipient's business table: one row per shipped order. */
+  readonly shipmentsSql: string;
+  /**
+   * Records an order's shipment (identity, order id, fence), counting
+   * applications rather than inserting once, so that the demo would see an
+   * effect applied twice if the inbox ever let one through.
+   */
+  readonly shipSql: string;
+  /** The engine's own check of the recipient's storage: `"ok"` when sound. */
+  integrity(db: Driver): Promise<string>;
 }
 
 /** What {@linkcode Engine.hold} holds. */
@@ -76,6 +98,9 @@ export function openDatabase(path: string): Promise<Driver> {
 /** The demo on a SQLite file at `path`, the seed scenario beside it. */
 export function sqliteEngine(path: string): Engine {
   const seedPath = `${path.replace(/[^/]*$/, "")}seed.db`;
+  const recipientPath = `${path}.recipient.db`;
+  const integrity = async (db: Driver) =>
+    String((await db.query("PRAGMA integrity_check"))[0]?.["integrity_check"]);
   return {
     name:
       "SQLite WASM 3.54.1 + Deno file VFS (journal_mode=wal, synchronous=full)",
@@ -134,10 +159,20 @@ export function sqliteEngine(path: string): Engine {
         resume() {},
       };
     },
-    async integrity(monitor) {
-      return String(
-        (await monitor.query("PRAGMA integrity_check"))[0]?.["integrity_check"],
-      );
+    integrity,
+    recipient: {
+      where: recipientPath,
+      open: () => openDatabase(recipientPath),
+      shipmentsSql: `CREATE TABLE IF NOT EXISTS shipments (
+        identity TEXT PRIMARY KEY,
+        order_id INTEGER NOT NULL,
+        fence INTEGER NOT NULL,
+        applied INTEGER NOT NULL
+      ) STRICT`,
+      shipSql:
+        `INSERT INTO shipments (identity, order_id, fence, applied) VALUES (?, ?, ?, 1)
+        ON CONFLICT (identity) DO UPDATE SET applied = applied + 1`,
+      integrity,
     },
     close: async () => {},
   };
@@ -145,8 +180,8 @@ export function sqliteEngine(path: string): Engine {
 
 /**
  * The demo on PostgreSQL at `url`, in the schema `schema` (created when
- * missing) and the seed scenario in `${schema}_seed`; `close` drops both
- * unless `keep`.
+ * missing), the seed scenario in `${schema}_seed` and the recipient in
+ * `${schema}_recipient`; `close` drops the three unless `keep`.
  */
 export async function postgresEngine(
   url: string,
@@ -157,6 +192,7 @@ export async function postgresEngine(
     typeof import("../drivers/postgres.ts")
   >("../drivers/postgres.ts");
   const seedSchema = `${schema}_seed`;
+  const recipientSchema = `${schema}_recipient`;
   const application = (name: string) => `leased-outbox-demo-${name}`;
   const gates = new Map<string, Gate>();
   const shown = new URL(url);
@@ -219,36 +255,68 @@ export async function postgresEngine(
         resume: () => gate.resume(),
       });
     },
-    async integrity(monitor) {
-      // amcheck's B-tree check, every index entry matched to its row; made
-      // in the demo's schema, and dropped with it, unless it exists.
-      try {
-        await monitor.exec(
-          `CREATE EXTENSION IF NOT EXISTS amcheck SCHEMA ${schema}`,
-        );
-        const [home] = await monitor.query(
-          "SELECT extnamespace::regnamespace::text AS name FROM pg_extension WHERE extname = 'amcheck'",
-        );
-        const rows = await monitor.query(
-          `SELECT ${home?.["name"]}.bt_index_check(c.oid, true)
-           FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
-           JOIN pg_am AS a ON a.oid = c.relam
-           WHERE c.relnamespace = $1::regnamespace AND a.amname = 'btree'`,
-          [schema],
-        );
-        return rows.length > 0 ? "ok" : "no indexes";
-      } catch (error) {
-        return `failed: ${(error as Error).message}`;
-      }
+    integrity: (monitor) => btreeCheck(monitor, schema, schema),
+    recipient: {
+      where: `${shown.href} schema ${recipientSchema}`,
+      async open() {
+        // The connection's schema is created by the outbox's set-up alone.
+        await admin(`CREATE SCHEMA IF NOT EXISTS ${recipientSchema}`);
+        return await connectPostgres(url, {
+          schema: recipientSchema,
+          listen: false,
+          applicationName: application("recipient"),
+          // The wait for another acceptance of one identity ends here.
+          lockTimeoutMs: 10_000,
+        });
+      },
+      shipmentsSql: `CREATE TABLE IF NOT EXISTS shipments (
+        identity text PRIMARY KEY,
+        order_id bigint NOT NULL,
+        fence bigint NOT NULL,
+        applied integer NOT NULL
+      )`,
+      shipSql:
+        `INSERT INTO shipments (identity, order_id, fence, applied) VALUES ($1, $2, $3, 1)
+        ON CONFLICT (identity) DO UPDATE SET applied = shipments.applied + 1`,
+      // amcheck made in the outbox's schema (by `integrity`) when missing.
+      integrity: (db) => btreeCheck(db, recipientSchema, schema),
     },
     async close() {
       for (const gate of gates.values()) gate.close();
       if (keep) return;
-      for (const name of [schema, seedSchema]) {
+      for (const name of [schema, seedSchema, recipientSchema]) {
         await admin(`DROP SCHEMA IF EXISTS ${name} CASCADE`);
       }
     },
   };
+}
+
+/**
+ * amcheck's B-tree check of every index of the schema `schema`, every
+ * index entry matched to its row: `"ok"` when sound. The extension is made
+ * in the schema `home` (and dropped with it) unless it exists.
+ */
+async function btreeCheck(
+  db: Driver,
+  schema: string,
+  home: string,
+): Promise<string> {
+  try {
+    await db.exec(`CREATE EXTENSION IF NOT EXISTS amcheck SCHEMA ${home}`);
+    const [found] = await db.query(
+      "SELECT extnamespace::regnamespace::text AS name FROM pg_extension WHERE extname = 'amcheck'",
+    );
+    const rows = await db.query(
+      `SELECT ${found?.["name"]}.bt_index_check(c.oid, true)
+       FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid
+       JOIN pg_am AS a ON a.oid = c.relam
+       WHERE c.relnamespace = $1::regnamespace AND a.amname = 'btree'`,
+      [schema],
+    );
+    return rows.length > 0 ? "ok" : "no indexes";
+  } catch (error) {
+    return `failed: ${(error as Error).message}`;
+  }
 }
 
 /**

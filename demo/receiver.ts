@@ -1,5 +1,6 @@
 /**
- * The demo's recipient on 127.0.0.1: a second real database with an inbox.
+ * The demo's recipient on 127.0.0.1: a second real database with an inbox,
+ * on the outbox's engine (a SQLite file, or a PostgreSQL schema).
  * Each delivery's effect (recording the shipment of an order) commits with
  * its identity in one transaction, so a redelivery, under any fence, is
  * refused as a duplicate and a lower fence than the accepted one as stale.
@@ -8,15 +9,7 @@
  * @module
  */
 import { Inbox } from "../mod.ts";
-import { openDatabase, type OrderPlaced } from "./db.ts";
-
-/** The recipient's business table: one row per shipped order. */
-export const SHIPMENTS_SQL = `CREATE TABLE IF NOT EXISTS shipments (
-  identity TEXT PRIMARY KEY,
-  order_id INTEGER NOT NULL,
-  fence INTEGER NOT NULL,
-  applied INTEGER NOT NULL
-) STRICT`;
+import type { OrderPlaced, Recipient } from "./db.ts";
 
 /** What the recipient has seen. */
 export interface Receiver extends AsyncDisposable {
@@ -37,18 +30,18 @@ export interface Receiver extends AsyncDisposable {
 }
 
 /**
- * Starts the recipient on a free port of 127.0.0.1, with its database at
- * `path`.
+ * Starts the recipient on a free port of 127.0.0.1, with its database
+ * `database`.
  *
- * @param path The recipient's database file.
+ * @param database The recipient's database.
  * @param latencyMs How long each delivery takes, like a real endpoint.
  */
 export async function startReceiver(
-  path: string,
+  database: Recipient,
   latencyMs: number,
 ): Promise<Receiver> {
-  const driver = await openDatabase(path);
-  await driver.exec(SHIPMENTS_SQL);
+  const driver = await database.open();
+  await driver.exec(database.shipmentsSql);
   const inbox = await Inbox.open(driver, { busyTimeoutMs: 10_000 });
   const server = Deno.serve({
     hostname: "127.0.0.1",
@@ -65,13 +58,7 @@ export async function startReceiver(
     const response = await inbox.acceptRequest(request, async (tx) => {
       const identity = request.headers.get("idempotency-key");
       const fence = Number(request.headers.get("idempotency-fence"));
-      // Counting applications, rather than inserting once, lets the demo
-      // see an effect applied twice if the inbox ever let one through.
-      await tx.run(
-        `INSERT INTO shipments (identity, order_id, fence, applied) VALUES (?, ?, ?, 1)
-         ON CONFLICT (identity) DO UPDATE SET applied = applied + 1`,
-        [identity, order.orderId, fence],
-      );
+      await tx.run(database.shipSql, [identity, order.orderId, fence]);
     });
     const identity = request.headers.get("idempotency-key") ?? "";
     const fences = receiver.fences.get(identity) ?? [];

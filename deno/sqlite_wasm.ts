@@ -35,6 +35,7 @@ import {
 import { openBusyTimeoutMs, type Row, untilNotBusy } from "../driver.ts";
 import { BusyError, SqliteError, sqliteError } from "../errors.ts";
 import { checkOptions } from "../validate.ts";
+import { type EnqueueCounter, watchFileEnqueues } from "./enqueue_watch.ts";
 import { JOURNAL_SIZE_LIMIT_BYTES } from "../wal.ts";
 
 export {
@@ -234,7 +235,7 @@ export async function openSqliteWasm(
     denoFileBusyWait(sqlite3, db, timeoutMs);
   let driver: SqliteWasmDriver;
   try {
-    driver = new SqliteWasmDriver(
+    driver = new DenoFileDriver(
       sqlite3,
       openDatabase(sqlite3, name, options),
       busyWait,
@@ -277,6 +278,33 @@ export async function openSqliteWasm(
     throw withVfsReason(sqlite3, error);
   }
   return driver;
+}
+
+/**
+ * The driver {@linkcode openSqliteWasm} returns: a file database's idle
+ * workers also wake when another process enqueues (see
+ * `deno/enqueue_watch.ts`), not only at their polls.
+ */
+class DenoFileDriver extends SqliteWasmDriver {
+  readonly #counter: EnqueueCounter = { seen: undefined };
+
+  /**
+   * Calls `listener` after another connection, of this process or another,
+   * commits new events to the database file, and once at the start when
+   * events were enqueued since the last watch ended (by any connection,
+   * this one included); nothing for `:memory:`. The outbox keeps this watch
+   * only while a loop waits idle (`Outbox.watchWhileIdle`): it
+   * also sees this process's own commits, each a few file-system events.
+   *
+   * @param listener Called with no arguments.
+   * @returns Stops the calls.
+   */
+  async watchEnqueues(listener: () => void): Promise<() => Promise<void>> {
+    const [main] = await this.query("PRAGMA database_list");
+    const file = main?.["file"];
+    if (typeof file !== "string" || file === "") return () => Promise.resolve();
+    return watchFileEnqueues(this, file, this.#counter, listener);
+  }
 }
 
 /**

@@ -150,7 +150,9 @@ export function createVfs(
       if (flushRc !== OK) return flushRc;
       try {
         const into = heap(pDest, amount);
-        const done = fileOf(pFile).read(into, Number(offset));
+        const file = fileOf(pFile);
+        sequences.read(file, Number(offset));
+        const done = file.read(into, Number(offset));
         if (done < amount) {
           // SQLite requires the unread tail zero-filled on a short read.
           into.fill(0, done);

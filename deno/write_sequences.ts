@@ -29,9 +29,12 @@ const WAL_FRAME_HEADER = 24;
  * - a rollback journal record: the 4-byte page number, the page, the
  *   4-byte checksum (pager.c's pagerAddPageToRollbackJournal).
  *
- * A WAL sequence starts only at a header written where the last call (a
- * write to that file) ended: so not at the headers SQLite rewrites at a
- * commit, which follow a read of their frame. Every 4-byte write to a
+ * A WAL sequence starts at any 24-byte write to the WAL but one that
+ * follows a read of the same file at the same offset: the headers SQLite
+ * rewrites at a commit (wal.c's walRewriteChecksums), each after a read of
+ * its frame, with no page after them. The first frame of a commit follows
+ * a lock call (or nothing), not a write, and is held like the others: its
+ * header and page were two pwrites per commit. Every 4-byte write to a
  * rollback journal is followed by another write from the same function
  * (a record's page; in a super-journal pointer, the name, then the
  * checksum and the magic), so any starts one: the first record after a
@@ -41,8 +44,8 @@ const WAL_FRAME_HEADER = 24;
 export class WriteSequences {
   #held: { file: DiskFile; offset: number; length: number } | undefined;
   readonly #pieces = new Uint8Array(WAL_FRAME_HEADER + MAX_PAGE_SIZE + 4);
-  /** Where the last call ended when it was an xWrite, else undefined. */
-  #wrote: { file: OpenFile; end: number } | undefined;
+  /** Where the last call read when it was an xRead, else undefined. */
+  #read: { file: OpenFile; at: number } | undefined;
 
   /**
    * For the first line of every method but xWrite that touches files:
@@ -51,8 +54,16 @@ export class WriteSequences {
    * @throws What the held write throws.
    */
   flush(): void {
-    this.#wrote = undefined;
+    this.#read = undefined;
     this.#writeHeld();
+  }
+
+  /**
+   * For xRead, after {@linkcode WriteSequences.flush}: the read of `file`
+   * at `at`, which a rewritten WAL frame header follows.
+   */
+  read(file: OpenFile, at: number): void {
+    this.#read = { file, at };
   }
 
   /**
@@ -62,8 +73,8 @@ export class WriteSequences {
    * @throws What the write (or a held one it writes first) throws.
    */
   write(file: OpenFile, from: Uint8Array, at: number): void {
-    const last = this.#wrote;
-    this.#wrote = undefined;
+    const read = this.#read;
+    this.#read = undefined;
     const pieces = this.#pieces;
     const amount = from.length;
     const sequence = this.#held;
@@ -83,8 +94,8 @@ export class WriteSequences {
       if (
         file instanceof DiskFile &&
         (file.wal
-          ? amount === WAL_FRAME_HEADER && last?.file === file &&
-            last.end === at
+          ? amount === WAL_FRAME_HEADER &&
+            (read?.file !== file || read.at !== at)
           : file.journal && amount === 4)
       ) {
         pieces.set(from, 0);
@@ -93,7 +104,6 @@ export class WriteSequences {
         file.write(from, at);
       }
     }
-    this.#wrote = { file, end: at + amount };
   }
 
   #writeHeld(): void {

@@ -33,7 +33,14 @@
 
 import { CANCELLED, LEASE_EXPIRED, PURGE_BATCH } from "../admin.ts";
 import type { Dialect } from "../types.ts";
-import { POSTGRES_FLOW, POSTGRES_FLOW_STEP } from "./postgres_flow.ts";
+import {
+  claimGate,
+  held,
+  POSTGRES_FLOW,
+  POSTGRES_FLOW_STEP,
+  spend,
+} from "./postgres_flow.ts";
+import { POSTGRES_INBOX } from "./postgres_inbox.ts";
 
 /** The schema version this dialect creates, as SQLite's schema.sql does. */
 export const POSTGRES_SCHEMA_VERSION = 7;
@@ -184,6 +191,12 @@ INSERT INTO outbox_schema (version, applied_at)
 
 const EVENT_COLUMNS =
   "id, identity, queue, state, payload, payload_bytes, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
+const LIST_COLUMNS =
+  "id, identity, queue, state, attempt, max_attempts, due_at, lease_until, last_error, created_at, updated_at, payload, payload_bytes, ordering_key, dedup_key";
+// The enqueue time of a page's cursor $3: that event's, or (gone) its
+// nearest predecessor's by id.
+const CURSOR_AT = `coalesce((SELECT created_at FROM outbox_events
+      WHERE id <= $3 ORDER BY id DESC LIMIT 1), -9223372036854775808)`;
 const claimSet = (leaseUntil: string, now: string) =>
   `state = 'leased', fence = e.fence + 1,
       attempt = e.attempt + 1, lease_until = ${leaseUntil}, due_at = ${leaseUntil},
@@ -228,10 +241,7 @@ const freeKey = (c: string) =>
 // The largest integer a JavaScript number holds exactly (2^53 - 1).
 const MAX_SAFE = "9007199254740991";
 // The live leases of a candidate's concurrency key.
-const HELD = `(SELECT count(*) FROM outbox_events AS k
-          WHERE k.queue = e.queue AND k.concurrency_key = e.concurrency_key
-            AND k.state = 'leased' AND k.concurrency_key IS NOT NULL
-            AND k.due_at > $2)`;
+const HELD = held("$2");
 // The clock of a one-statement call: $1, or the server's when $1 is null.
 const CLOCK = `n AS MATERIALIZED (SELECT coalesce($1::bigint, ${NOW}) AS now)`;
 // A lapsed last-attempt lease the core's transaction would first make a
@@ -292,38 +302,61 @@ function claimInOne(acknowledge?: string): string {
   const acknowledged = acknowledge === undefined ? "" : `
   l AS MATERIALIZED (${acknowledge}),
   ${MATCHED},`;
+  // The leases the statement acknowledges, which its snapshot still shows
+  // leased.
+  const except = (p: string) =>
+    acknowledge === undefined ? "" : `
+          AND ${p}.id NOT IN (SELECT id FROM matched)`;
+  const now = "(SELECT now FROM n)";
+  const perKey = "(SELECT per_key FROM g)";
+  // The LIMIT is computed before the scan locks a row, so the queue's row
+  // lock (which may wait) and, before it, the leases' (likewise; in the
+  // order the general path takes them: its acknowledgement, then its
+  // claim) are all taken before the candidates', which never wait (SKIP
+  // LOCKED). Taken while holding candidates, they let two such statements
+  // wait for each other when each one's lapsed lease was the other's
+  // candidate (a deadlock PostgreSQL broke after a second).
+  //
+  // The per-key limit: a candidate whose key's live leases (the held
+  // column, counted in the snapshot, which `moved` vouches for) and the
+  // batch's earlier leases of it (r) reach the limit is passed over; when
+  // that leaves the batch short, the statement refuses, and the general
+  // path's next round claims others in place of those.
   return `WITH ${CLOCK},${acknowledged}
+  ${
+    claimGate(
+      acknowledge === undefined ? "" : `
+      AND (SELECT count(*) FROM matched) >= 0`,
+    )
+  },
   candidates AS MATERIALIZED (
     SELECT e.id, e.state, e.fence, e.due_at, ${PAYLOAD_BYTES} AS bytes,
-      e.queue, e.ordering_key, e.priority
+      e.queue, e.ordering_key, e.priority, e.concurrency_key,
+      CASE WHEN e.concurrency_key IS NOT NULL AND ${perKey} IS NOT NULL
+        THEN ${held(now, except("k"))} END AS held
     FROM outbox_events AS e
     WHERE e.queue = $2 AND e.state IN ('pending', 'leased')
-      AND e.due_at <= (SELECT now FROM n)${
-    // Evaluated once, before the scan locks a row: the leases' row locks,
-    // which may wait, are all taken before the candidates', which never
-    // wait (SKIP LOCKED). Taken while holding candidates, they let two such
-    // statements wait for each other when each one's lapsed lease was the
-    // other's candidate (a deadlock PostgreSQL broke after a second).
-    acknowledge === undefined ? "" : `
-      AND (SELECT count(*) FROM matched) >= 0`}
-      AND ${
-    claimableInOrder(
-      "(SELECT now FROM n)",
-      acknowledge === undefined ? "" : `
-          AND p.id NOT IN (SELECT id FROM matched)`,
-    )
-  }
-    ORDER BY e.priority DESC, e.due_at, e.id LIMIT $3
+      AND e.due_at <= ${now}
+      AND ${claimableInOrder(now, except("p"))}
+      AND (e.concurrency_key IS NULL OR ${perKey} IS NULL
+        OR ${held(now, except("k"))} < ${perKey})
+    ORDER BY e.priority DESC, e.due_at, e.id LIMIT (SELECT allowed FROM g)
     FOR UPDATE OF e SKIP LOCKED),
   t AS MATERIALIZED (SELECT decode($6, 'hex') AS bytes),
-  numbered AS MATERIALIZED (SELECT c.*,
-      row_number() OVER (ORDER BY c.priority DESC, c.due_at, c.id) AS k
+  free AS MATERIALIZED (SELECT c.*, row_number() OVER (
+        PARTITION BY c.concurrency_key
+        ORDER BY c.priority DESC, c.due_at, c.id) AS r
     FROM candidates AS c WHERE ${freeKey("c")}),
-  refused AS MATERIALIZED (SELECT 1 FROM numbered
+  numbered AS MATERIALIZED (SELECT f.*,
+      row_number() OVER (ORDER BY f.priority DESC, f.due_at, f.id) AS k
+    FROM free AS f WHERE f.held IS NULL OR f.held + f.r <= ${perKey}),
+  refused AS MATERIALIZED (SELECT 1 FROM free
     WHERE state = 'leased' OR bytes > $4 OR id > ${MAX_SAFE}
       OR fence >= ${MAX_SAFE}
     UNION ALL ${EXHAUSTED_DUE}
-    UNION ALL SELECT 1 FROM outbox_queues WHERE queue = $2${
+    UNION ALL SELECT 1 FROM g WHERE moved
+    UNION ALL SELECT 1 WHERE (SELECT count(*) FROM numbered) < $3
+      AND (SELECT count(*) FROM numbered) < (SELECT count(*) FROM free)${
     acknowledge === undefined ? "" : `
     UNION ALL SELECT 1 WHERE ${INCOMPLETE}`
   }
@@ -336,6 +369,12 @@ function claimInOne(acknowledge?: string): string {
       AND NOT EXISTS (SELECT 1 FROM refused)
     RETURNING e.id),`
   }
+  spent AS (${
+    spend(
+      "(SELECT count(*) FROM numbered)",
+      "EXISTS (SELECT 1 FROM numbered) AND NOT EXISTS (SELECT 1 FROM refused)",
+    )
+  }),
   claimed AS (UPDATE outbox_events AS e
     SET ${claimSet("n.now + $5", "n.now")},
       token = encode(substring(t.bytes FROM c.k::integer * 16 - 15 FOR 16), 'hex')
@@ -406,6 +445,10 @@ export const POSTGRES = {
       SELECT at, 0, 1 FROM outbox_attempts WHERE at >= $1
         AND (kind = 'expired' OR kind = 'released' AND detail IS NOT NULL)) AS a
     GROUP BY 1 ORDER BY 1`,
+  // $1 NULL: any queue holding key $2 (the dedup index leads with the
+  // queue: a scan).
+  dedupKeyEventAnyQueue: `SELECT id FROM outbox_events
+    WHERE $1::text IS NULL AND dedup_key = $2 ORDER BY queue LIMIT 1`,
   dedupKeyEvent:
     "SELECT id FROM outbox_events WHERE queue = $1 AND dedup_key = $2",
   version: POSTGRES_SCHEMA_VERSION,
@@ -488,7 +531,11 @@ export const POSTGRES = {
   // claim order. Refuses (claims nothing) when a candidate is a lapsed
   // lease to take over, is unclaimable by size or is past 2^53, or when a
   // lapsed last-attempt lease waits to become a dead letter: the ledger
-  // entries those need are the general path's. The cast in the last WHERE
+  // entries those need are the general path's. Flow control as the general
+  // path's gate (core/flow.ts) applies it, after the queue's row is locked
+  // (claimGate in dialects/postgres_flow.ts); refuses when the per-key limit
+  // left a batch short, or when a claim of the queue committed after the
+  // statement's snapshot, whose leases that snapshot cannot count. The cast in the last WHERE
   // makes the server refuse the whole statement (refusedInOne) when a
   // claimed text payload is not JSON. The `= ANY` repeats the join, so the
   // rows are looked up by id rather than the table scanned. The tokens are
@@ -579,12 +626,20 @@ export const POSTGRES = {
     SET state = 'dead', done_at = $1, updated_at = $1, lease_until = NULL,
       token = NULL, last_error = $2
     WHERE id = $3`,
-  list: `SELECT id, identity, queue, state, attempt, max_attempts, due_at,
-      lease_until, last_error, created_at, updated_at, payload, payload_bytes,
-      ordering_key, dedup_key
+  list: `SELECT ${LIST_COLUMNS}
     FROM outbox_events
     WHERE state = $1 AND ($2::text IS NULL OR queue = $2) AND id > $3
     ORDER BY id LIMIT $4`,
+  // The dashboard's pages by (created_at, id), as on SQLite: $3 the last
+  // event of the previous page. An index seek each once an index of
+  // (queue, state, created_at, id) exists; until then a scan.
+  listEnqueuedInQueue: `SELECT ${LIST_COLUMNS} FROM outbox_events
+    WHERE queue = $2 AND state = $1 AND (created_at, id) > (${CURSOR_AT}, $3)
+    ORDER BY created_at, id LIMIT $4`,
+  listEnqueued: `SELECT ${LIST_COLUMNS} FROM outbox_events
+    WHERE $2::text IS NULL AND state = $1
+      AND (created_at, id) > (${CURSOR_AT}, $3)
+    ORDER BY created_at, id LIMIT $4`,
   cancel: `UPDATE outbox_events
     SET state = 'dead', done_at = $1, updated_at = $1,
       last_error = '${CANCELLED}'
@@ -603,6 +658,16 @@ export const POSTGRES = {
   purge: `DELETE FROM outbox_events WHERE id IN (${IDS}($1::jsonb))`,
   queues: `SELECT queue, state, count(*) AS n, min(created_at) AS oldest
     FROM outbox_events GROUP BY queue, state ORDER BY queue`,
+  // A page of queues ($2 a name prefix, $3 the last queue of the previous
+  // page, $4 queues at most); the counts are exact, whatever $1 says.
+  queuesPage: `SELECT queue, state, count(*) AS n, min(created_at) AS oldest
+    FROM outbox_events
+    WHERE queue IN (SELECT DISTINCT queue FROM outbox_events
+        WHERE starts_with(queue, $2) AND queue > $3 ORDER BY queue LIMIT $4)
+      AND coalesce($1::bigint, 0) >= 0
+    GROUP BY queue, state ORDER BY queue`,
+  queueCount: `SELECT count(*) AS n FROM (SELECT DISTINCT queue
+      FROM outbox_events WHERE starts_with(queue, $1) LIMIT $2) AS q`,
   // $2 now or null (the server's clock): one statement outside a
   // transaction, one round trip.
   // One seek per priority in use, as on SQLite: p walks the queue's
@@ -629,4 +694,5 @@ export const POSTGRES = {
   history: `SELECT kind, fence, at, token, lease_until, detail
     FROM outbox_ledger WHERE event_id = $1 ORDER BY seq`,
   flow: POSTGRES_FLOW,
+  inbox: POSTGRES_INBOX,
 } as const satisfies Dialect;

@@ -59,6 +59,75 @@ CREATE TABLE IF NOT EXISTS outbox_schedules (
 );
 `;
 
+/**
+ * The live leases of a candidate `e`'s concurrency key at `now`, but those
+ * of `except` (a condition on `k`, the lease: the leases the same
+ * statement acknowledges, which its snapshot still shows leased).
+ *
+ * @ignore
+ */
+export const held = (now: string, except = "") =>
+  `(SELECT count(*) FROM outbox_events AS k
+          WHERE k.queue = e.queue AND k.concurrency_key = e.concurrency_key
+            AND k.state = 'leased' AND k.concurrency_key IS NOT NULL
+            AND k.due_at > ${now}${except})`;
+
+/**
+ * The gate of a one-statement claim (core/one_statement.ts) from the queue
+ * $2 at the clock of the CTE `n`, as two CTEs: `q`, the queue's settings
+ * row locked (waiting for a claim of the queue in flight, as the general
+ * path's `settings` does), after `after` (a condition that takes the
+ * statement's earlier locks first); and `g`, one row: `allowed` (how many
+ * the claim may take: 0 paused, else $3 or the bucket's whole tokens,
+ * refilled by `n`'s clock as `openGate` refills them), `per_key`,
+ * `per_second`, `bucket` and `refilled_at` (what a claim that takes leases
+ * leaves in the row, less its leases' tokens), and `moved`.
+ *
+ * `moved`: the row locked is not the version the statement's snapshot
+ * shows. A claim that took leases from a queue with flow control wrote its
+ * row (`spend`, `take`) and committed after this statement's snapshot, so
+ * the live leases the snapshot counts may be short; the statement then
+ * refuses and the general path, whose statements each read afresh after
+ * the lock, claims. The snapshot keeps the version it shows from vacuum, so
+ * a later version never has its `ctid`.
+ *
+ * @ignore
+ */
+export const claimGate = (after: string) =>
+  `q AS MATERIALIZED (SELECT ctid, paused, per_key, per_second, tokens,
+      refilled_at
+    FROM outbox_queues WHERE queue = $2${after} FOR UPDATE),
+  g AS MATERIALIZED (SELECT
+      (SELECT s.ctid FROM outbox_queues AS s WHERE s.queue = $2)
+        IS DISTINCT FROM q.ctid AS moved,
+      q.per_key, q.per_second, b.bucket,
+      greatest(n.now, coalesce(q.refilled_at, n.now)) AS refilled_at,
+      CASE WHEN q.paused = 1 THEN 0
+        ELSE least($3::bigint, floor(b.bucket)::bigint) END AS allowed
+    FROM n LEFT JOIN q ON true
+    CROSS JOIN LATERAL (SELECT CASE WHEN q.per_second IS NOT NULL
+        THEN least(q.per_second::double precision,
+          coalesce(q.tokens, q.per_second::double precision)
+            + greatest(0, n.now - coalesce(q.refilled_at, n.now))
+              ::double precision * q.per_second / 1000)
+        END AS bucket) AS b)`;
+
+/**
+ * Spends the tokens of the `count` leases a one-statement claim took
+ * (`claimGate`'s `g`) when `when` holds; without a rate limit it writes
+ * the row as it is, so that `moved` sees the claim.
+ *
+ * @ignore
+ */
+export const spend = (count: string, when: string) =>
+  `UPDATE outbox_queues AS q
+    SET tokens = CASE WHEN g.per_second IS NULL THEN q.tokens
+        ELSE g.bucket - ${count} END,
+      refilled_at = CASE WHEN g.per_second IS NULL THEN q.refilled_at
+        ELSE g.refilled_at END
+    FROM g
+    WHERE q.queue = $2 AND ${when}`;
+
 /** The flow statements on PostgreSQL. */
 export const POSTGRES_FLOW: FlowStatements = {
   // Locked: claims from a queue with flow control take turns, so the live
@@ -86,6 +155,9 @@ export const POSTGRES_FLOW: FlowStatements = {
       updated_at = $6::bigint`,
   prune: `DELETE FROM outbox_queues
     WHERE queue = $1 AND paused = 0 AND per_key IS NULL AND per_second IS NULL`,
+  // Run by every claim that took leases under a limit, with a rate limit
+  // or not: the new row version tells a one-statement claim waiting for
+  // the row that its snapshot missed these leases (claimGate's `moved`).
   take: `UPDATE outbox_queues
     SET tokens = $2::double precision, refilled_at = $3::bigint
     WHERE queue = $1`,

@@ -10,6 +10,7 @@ import { LEASE_EXPIRED } from "../admin.ts";
 import { ADMIN_SQL } from "./sqlite/admin.ts";
 import type { Dialect } from "../types.ts";
 import { SQLITE_FLOW } from "./sqlite_flow.ts";
+import { SQLITE_INBOX } from "./sqlite_inbox.ts";
 
 const EVENT_COLUMNS =
   "id, identity, queue, state, payload, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
@@ -130,9 +131,12 @@ export const SQL = {
     SET state = 'dead', lease_until = NULL, token = NULL,
       last_error = '${LEASE_EXPIRED}', updated_at = ?1, done_at = due_at
     WHERE id IN (SELECT value FROM json_each(?2))`,
-  // Only the first unfinished event of an ordering key passes the NOT
+  // Only the first unfinished event of an ordering key passes the first NOT
   // EXISTS, and claiming it leaves it unfinished, so a batch never holds two
-  // events of one key. `+?1` and `+?3`: SQLite recompiles a statement each
+  // events of one key. The second passes over every event of a key another
+  // event of which holds a live lease (PostgreSQL's rule): a redrive or a
+  // retry can make an earlier event pending again while a later one is in
+  // flight, and the earlier one waits for that lease to end. `+?1` and `+?3`: SQLite recompiles a statement each
   // time a parameter is bound anew when its plan compared that parameter
   // with a constant (the LIMIT; the partial indexes' WHERE clauses), which
   // cost every claim 18 µs on node:sqlite and 33 µs in WASM; the unary plus
@@ -155,7 +159,10 @@ export const SQL = {
       AND (ordering_key IS NULL OR NOT EXISTS (
         SELECT 1 FROM outbox_events AS p
         WHERE p.queue = e.queue AND p.ordering_key = e.ordering_key
-          AND p.id < e.id AND p.state IN ('pending', 'leased')))
+          AND p.id < e.id AND p.state IN ('pending', 'leased'))
+        AND NOT EXISTS (SELECT 1 FROM outbox_events AS o
+          WHERE o.queue = e.queue AND o.ordering_key = e.ordering_key
+            AND o.state = 'leased' AND o.due_at > ?2))
       AND (concurrency_key IS NULL OR +?5 IS NULL OR ${HELD} < +?5)
     ORDER BY priority DESC, due_at, id LIMIT +?3`,
   tokenUsed:
@@ -251,6 +258,7 @@ export const SQLITE: Dialect = {
   ...SQL,
   ...ADMIN_SQL,
   flow: SQLITE_FLOW,
+  inbox: SQLITE_INBOX,
   maintenance: {
     pageSize: SQL.pageSize,
     pageCount: SQL.pageCount,

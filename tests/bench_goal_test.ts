@@ -3,6 +3,7 @@ import assert from "node:assert/strict";
 import { judge, parseGoal } from "../bench/table.ts";
 import { browserRowsOf } from "../bench/browser_bench.ts";
 import { kvLoopRowsOf, loopGoal } from "../bench/loop_bench.ts";
+import { postgresGoal } from "../bench/postgres_bench.ts";
 
 Deno.test("a goal of at least a ratio is met at or above it and missed below", () => {
   assert.deepEqual(judge({ atLeast: 1 }, 1, 10), { goal: ">= 1.0", met: true });
@@ -149,4 +150,20 @@ Deno.test("a goal's text reads back as the goal judge() wrote it", () => {
   }
   assert.equal(parseGoal("report"), undefined);
   assert.throws(() => parseGoal("fast"), TypeError);
+});
+
+Deno.test("the PostgreSQL goals of issue 39: batch claim+ack 1.3× graphile-worker and 2.0× pg-boss, batch enqueue 1.2× and 64 producers 5× both", () => {
+  assert.deepEqual(postgresGoal("batch", "graphile-worker"), { atLeast: 1.3 });
+  assert.deepEqual(postgresGoal("batch", "pg-boss"), { atLeast: 2 });
+  for (const peer of ["graphile-worker", "pg-boss"] as const) {
+    assert.deepEqual(postgresGoal("enqueue", peer), { atLeast: 1.2 });
+    assert.deepEqual(postgresGoal("producers", peer), { atLeast: 5 });
+    assert.equal(postgresGoal("fused", peer), undefined);
+  }
+  assert.deepEqual(postgresGoal("single", "pg-boss"), { atLeast: 1 });
+  assert.equal(postgresGoal("single", "graphile-worker"), undefined);
+  assert.deepEqual(judge(postgresGoal("batch", "pg-boss"), 1.99, 1), {
+    goal: ">= 2.0",
+    met: false,
+  });
 });

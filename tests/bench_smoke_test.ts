@@ -9,7 +9,7 @@ Deno.test("deno task bench runs every scenario and prints only the table and its
   });
   assert.equal(smoke, true);
   assert.equal(tableLines.length, 2 + rows.length);
-  assert.equal(rows.length, 78);
+  assert.equal(rows.length, 89);
   for (const row of rows) {
     assert.ok(Number.isFinite(row.value) && row.value > 0, row.name);
     assert.ok(

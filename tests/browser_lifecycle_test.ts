@@ -161,6 +161,66 @@ Deno.test(
 Deno.test(
   {
     name:
+      "a call the leader took on and then stopped answering for is never reported as not run: sent again after a leader announcement and unanswered, it fails saying it may have run",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const leader = await tab(session, "resent");
+    const follower = await tab(session, "resent", { busyTimeoutMs: 500 });
+    assert.deepEqual([await isLeader(leader), await isLeader(follower)], [
+      true,
+      false,
+    ]);
+    const leaderTab = await leader.evaluate(() =>
+      (globalThis as Any).outbox.tab
+    );
+    // The leader's worker gets work that keeps it busy for a while.
+    await leader.evaluate(() => {
+      const { outbox } = globalThis as Any;
+      (globalThis as Any).busy = Promise.all(
+        Array.from({ length: 1_000 }, (_, i) => outbox.enqueue(i)),
+      );
+    });
+    // The follower's call: the leader takes it on (received) and passes it
+    // to its worker, behind that work.
+    await follower.evaluate(() => {
+      const { m, outbox } = globalThis as Any;
+      (globalThis as Any).call = outbox.enqueue("taken-on").then(
+        () => "stored",
+        (error: Error) =>
+          error instanceof m.BusyError ? error.message : String(error),
+      );
+    });
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    // Then the leader's thread stops (its worker goes on), just after it
+    // announced itself once more, as it does for every tab that says hello:
+    // the follower sends the call again, and nobody takes that copy on.
+    const cdp = await leader.context().newCDPSession(leader);
+    await cdp.send("Debugger.enable");
+    await cdp.send("Debugger.pause");
+    const outcome = await follower.evaluate(async (leaderTab) => {
+      const channel = new BroadcastChannel("leased-outbox:resent");
+      channel.postMessage({ type: "leader", tab: leaderTab });
+      channel.close();
+      return await (globalThis as Any).call;
+    }, leaderTab);
+    await cdp.send("Debugger.resume");
+    const stored = await leader.evaluate(async () => {
+      const { busy, outbox } = globalThis as Any;
+      await busy;
+      return (await outbox.list({ state: "pending", limit: 10, afterId: 995 }))
+        .map((e: Any) => e.payload);
+    });
+    assert.ok(stored.includes("taken-on"), JSON.stringify(stored));
+    assert.doesNotMatch(outcome, /did not run/);
+    assert.match(outcome, /it may have run/);
+  },
+);
+
+Deno.test(
+  {
+    name:
       "a frozen leader tab gives up leadership and its leases: another tab takes over, its loop started on leaderchange delivers, and the thawed tab follows",
     ...browserTest,
   },

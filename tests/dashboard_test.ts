@@ -398,8 +398,8 @@ Deno.test("queues({ countUpTo }) stops each count at the limit and keeps the old
       );
     }
     await assert.rejects(
-      () => outbox.queues({ limit: 3 } as never),
-      /limit/,
+      () => outbox.queues({ max: 3 } as never),
+      /max/,
     );
   });
 });
@@ -476,6 +476,10 @@ Deno.test("bench:dashboard prints the overview's row and its anchor, on a small 
     /\| overview \(GET \/\), goal: median ≤ 200 ms \| \d+\.\d ms \|/,
   );
   assert.match(text, /\| anchor: exact queues\(\) .* \| \d+\.\d ms \|/);
+  assert.match(
+    text,
+    /\| events page, state=dead, every queue \(GET \/events\?state=dead\) \| \d+\.\d ms \|/,
+  );
 });
 
 Deno.test("an authorize hook that throws answers 500 without its message, so an unsigned-in client learns nothing of it", async () => {

@@ -155,6 +155,11 @@ Deno.test("the demo on PostgreSQL at DATABASE_URL: the same phases and summary k
   const output = new TextDecoder().decode(stdout);
   assert.equal(code, 0, output + new TextDecoder().decode(stderr));
   assert.match(output, /^leased-outbox demo · PostgreSQL \d+/m);
+  // The recipient's inbox on PostgreSQL too, in a schema of its own.
+  assert.match(
+    output,
+    /^recipient database postgres:\/\/\S+ schema leased_outbox_demo_\w+_recipient$/m,
+  );
   const seed = [...output.matchAll(/→ (\S+)$/gm)].map((match) => match[1]);
   assert.deepEqual(seed, ["41", "null", "41", "false", "true", "null"]);
 

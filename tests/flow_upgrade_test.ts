@@ -1,10 +1,10 @@
 /**
  * Databases of every older schema version that hold data upgrade to the
- * flow-control schema (SQLite version 7, PostgreSQL's flow step) and their
+ * flow-control schema (SQLite version 7 and on, PostgreSQL's flow step) and their
  * events are claimed with the new features as before.
  */
 import assert from "node:assert/strict";
-import { Outbox } from "../mod.ts";
+import { Outbox, SQLITE_SCHEMA_VERSION } from "../mod.ts";
 import { connectPostgres } from "../drivers/postgres.ts";
 import { UPGRADES, VERSION_TABLE_SQL } from "../dialects/sqlite.ts";
 import { sharedPostgres } from "../scripts/postgres_server.ts";
@@ -32,10 +32,10 @@ async function exercise(outbox: Outbox, clock: ManualClock): Promise<void> {
 }
 
 for (const driver of SQLITE_DRIVERS.filter((d) => d.file)) {
-  for (const older of [4, 5, 6]) {
+  for (const older of [4, 5, 6, 7]) {
     driverTest(
       driver,
-      `open() upgrades a version ${older} database holding events to version 7, whose events keep their order at priority 0`,
+      `open() upgrades a version ${older} database holding events to version ${SQLITE_SCHEMA_VERSION}, whose events keep their order at priority 0`,
       async ({ clock, open, raw }) => {
         await raw.exec(
           await Deno.readTextFile(
@@ -72,7 +72,7 @@ for (const driver of SQLITE_DRIVERS.filter((d) => d.file)) {
         const [row] = await raw.query(
           "SELECT max(version) AS version FROM outbox_schema",
         );
-        assert.equal(row?.["version"], 7);
+        assert.equal(row?.["version"], SQLITE_SCHEMA_VERSION);
         await exercise(outbox!, clock);
       },
     );

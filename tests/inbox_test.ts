@@ -1,6 +1,7 @@
-/** The inbox on every driver: accept once, refuse duplicates and stale fences, purge by age. */
+/** The inbox on every driver, SQLite and PostgreSQL: accept once, refuse duplicates and stale fences, purge by age. */
 import assert from "node:assert/strict";
 import {
+  BusyError,
   deliveryHeaders,
   type Driver,
   FENCE_HEADER,
@@ -11,7 +12,7 @@ import {
   readDeliveryHeaders,
   uuidv7,
 } from "../mod.ts";
-import { SQLITE_DRIVERS as DRIVERS } from "./drivers.ts";
+import { DRIVERS } from "./drivers.ts";
 import { ManualClock } from "./helpers.ts";
 
 interface InboxHarness {
@@ -20,21 +21,43 @@ interface InboxHarness {
   open(options?: InboxOptions): Promise<Inbox[]>;
   /** The first connection, for reading rows as stored. */
   readonly raw: Driver;
+  /** Every connection, in the order `open` opens inboxes on them. */
+  readonly drivers: readonly Driver[];
 }
 
-const EFFECTS =
-  "CREATE TABLE IF NOT EXISTS effects (identity TEXT NOT NULL, fence INTEGER NOT NULL) STRICT";
+/** The effects table and its insert, in each engine's SQL. */
+const EFFECTS = {
+  sqlite: {
+    create:
+      "CREATE TABLE IF NOT EXISTS effects (seq INTEGER PRIMARY KEY, identity TEXT NOT NULL, fence INTEGER NOT NULL) STRICT",
+    insert: "INSERT INTO effects (identity, fence) VALUES (?, ?)",
+  },
+  postgres: {
+    create:
+      "CREATE TABLE IF NOT EXISTS effects (seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, identity text NOT NULL, fence bigint NOT NULL)",
+    insert: "INSERT INTO effects (identity, fence) VALUES ($1, $2)",
+  },
+} as const;
+
+/** Gives calls started before it every chance to run, a few timer turns. */
+async function turns(): Promise<void> {
+  for (let i = 0; i < 20; i++) {
+    await new Promise((resolve) => setTimeout(resolve, 1));
+  }
+}
 
 for (const driver of DRIVERS) {
+  const sql = EFFECTS[driver.engine];
   const test = (name: string, fn: (t: InboxHarness) => Promise<void>) =>
     Deno.test(`${driver.name}: ${name}`, async () => {
       const connections = await driver.open();
       const clock = new ManualClock();
-      await connections.drivers[0]!.exec(EFFECTS);
+      await connections.drivers[0]!.exec(sql.create);
       try {
         await fn({
           clock,
           raw: connections.drivers[0]!,
+          drivers: connections.drivers,
           open: async (options = {}) => {
             const inboxes = [];
             for (const d of connections.drivers) {
@@ -51,14 +74,11 @@ for (const driver of DRIVERS) {
   const effect =
     (identity: string, fence: number) =>
     async (tx: { run(sql: string, params: string[] | number[]): unknown }) => {
-      await tx.run(
-        "INSERT INTO effects VALUES (?, ?)",
-        [identity, fence] as never,
-      );
+      await tx.run(sql.insert, [identity, fence] as never);
       return fence;
     };
   const effects = async (raw: Driver) =>
-    (await raw.query("SELECT identity, fence FROM effects ORDER BY rowid")).map(
+    (await raw.query("SELECT identity, fence FROM effects ORDER BY seq")).map(
       (row) => `${row["identity"]}@${row["fence"]}`,
     );
 
@@ -160,7 +180,7 @@ for (const driver of DRIVERS) {
     assert.deepEqual(await effects(raw), [`${identity}@2`]);
   });
 
-  test("accept() holds the write lock before it looks the identity up: a second connection's accept waits for the first to commit, then is a duplicate", async ({ open, raw }) => {
+  test("accept() records the identity before it runs the effect: a second connection's accept waits for the first to commit, then is a duplicate", async ({ open, raw }) => {
     const [a, b] = await open();
     const identity = uuidv7();
     const entered = Promise.withResolvers<void>();
@@ -181,6 +201,143 @@ for (const driver of DRIVERS) {
     assert.deepEqual(await second, { status: "duplicate", acceptedFence: 1 });
     assert.equal(secondRan, false);
     assert.deepEqual(await effects(raw), [`${identity}@1`]);
+  });
+
+  test("two connections delivering one identity at once: the second waits while the first's effect runs, and the effect commits once", async ({ open, raw }) => {
+    const [a, b] = await open();
+    for (const firstFails of [false, true]) {
+      const identity = uuidv7();
+      const entered = Promise.withResolvers<void>();
+      const finish = Promise.withResolvers<void>();
+      const first = a!.accept(identity, 1, async (tx) => {
+        await effect(identity, 1)(tx);
+        entered.resolve();
+        await finish.promise;
+        if (firstFails) throw new Error("recipient down");
+        return 1;
+      });
+      await entered.promise;
+      let settled = false;
+      const second = b!.accept(identity, 2, effect(identity, 2)).finally(() => {
+        settled = true;
+      });
+      await turns();
+      // Waiting on the first's lock (SQLite's write lock, PostgreSQL's
+      // index entry), not past it.
+      assert.equal(settled, false);
+      finish.resolve();
+      if (firstFails) {
+        await assert.rejects(first, /recipient down/);
+        assert.deepEqual(await second, { status: "accepted", value: 2 });
+        assert.deepEqual(
+          (await effects(raw)).filter((e) => e.startsWith(identity)),
+          [`${identity}@2`],
+        );
+      } else {
+        assert.deepEqual(await first, { status: "accepted", value: 1 });
+        assert.deepEqual(await second, {
+          status: "duplicate",
+          acceptedFence: 1,
+        });
+        assert.deepEqual(
+          (await effects(raw)).filter((e) => e.startsWith(identity)),
+          [`${identity}@1`],
+        );
+      }
+    }
+  });
+
+  test("a delivery that waits for another acceptance of its identity past the wait limit throws BusyError and records nothing; the first's effect commits once", async ({ open, raw, drivers }) => {
+    if (driver.engine === "postgres") {
+      // PostgreSQL's lock waits end at the connection's lock_timeout
+      // (connectPostgres's lockTimeoutMs).
+      await drivers[1]!.exec("SET lock_timeout = 50");
+    }
+    const [a, b] = await open({ busyTimeoutMs: 50 });
+    const identity = uuidv7();
+    const entered = Promise.withResolvers<void>();
+    const finish = Promise.withResolvers<void>();
+    const first = a!.accept(identity, 1, async (tx) => {
+      await effect(identity, 1)(tx);
+      entered.resolve();
+      await finish.promise;
+      return 1;
+    });
+    await entered.promise;
+    let secondRan = false;
+    await assert.rejects(
+      b!.accept(identity, 2, async (tx) => {
+        secondRan = true;
+        return await effect(identity, 2)(tx);
+      }),
+      BusyError,
+    );
+    finish.resolve();
+    assert.deepEqual(await first, { status: "accepted", value: 1 });
+    assert.equal(secondRan, false);
+    assert.deepEqual(await effects(raw), [`${identity}@1`]);
+    assert.deepEqual(await b!.accept(identity, 2, effect(identity, 2)), {
+      status: "duplicate",
+      acceptedFence: 1,
+    });
+  });
+
+  test("many deliveries of each identity at once on two connections apply each effect exactly once", async ({ open, raw }) => {
+    const [a, b] = await open({ busyTimeoutMs: 30_000 });
+    const identities = Array.from({ length: 8 }, () => uuidv7());
+    const results = await Promise.all(
+      identities.flatMap((identity) =>
+        [a, b, a, b].map((inbox, i) =>
+          inbox!.accept(identity, i + 1, effect(identity, i + 1))
+        )
+      ),
+    );
+    assert.equal(
+      results.filter((r) => r.status === "accepted").length,
+      identities.length,
+    );
+    const applied = (await effects(raw)).map((e) => e.split("@")[0]);
+    assert.deepEqual(applied.toSorted(), identities.toSorted());
+  });
+
+  test("acceptRequest() answers an accepted delivery with the effect's response, a duplicate with 200, a stale fence with 409 and a bad header with 400", async ({ open, raw }) => {
+    const [inbox] = await open();
+    let applied = 0;
+    const handler = (request: Request) =>
+      inbox!.acceptRequest(request, async (tx, request) => {
+        const { identity, fence } = readDeliveryHeaders(request.headers);
+        await effect(identity, fence)(tx);
+        applied++;
+        return new Response(await request.text(), { status: 201 });
+      });
+    const identity = uuidv7();
+    const deliver = async (headers: Record<string, string>) => {
+      const response = await handler(
+        new Request("http://recipient/", {
+          method: "POST",
+          headers,
+          body: "sent",
+        }),
+      );
+      return [response.status, await response.text()];
+    };
+    assert.deepEqual(await deliver(deliveryHeaders({ identity, fence: 2 })), [
+      201,
+      "sent",
+    ]);
+    assert.deepEqual(await deliver(deliveryHeaders({ identity, fence: 2 })), [
+      200,
+      "duplicate",
+    ]);
+    assert.deepEqual(await deliver(deliveryHeaders({ identity, fence: 1 })), [
+      409,
+      "stale",
+    ]);
+    const [status, text] = await deliver({ "Idempotency-Key": `1:2` });
+    assert.equal(status, 400);
+    assert.match(String(text), /'Idempotency-Key' must be a UUID/);
+    assert.equal(applied, 1);
+    assert.deepEqual(await effects(raw), [`${identity}@2`]);
   });
 
   test("accept() refuses a malformed identity, fence or effect before any SQL", async ({ open, raw }) => {
@@ -361,39 +518,24 @@ Deno.test("readDeliveryHeaders() refuses a missing or malformed header, naming i
   );
 });
 
-Deno.test("acceptRequest() answers an accepted delivery with the effect's response, a duplicate with 200, a stale fence with 409 and a bad header with 400", async () => {
-  await using inbox = await Inbox.open(
-    await (await import("../deno/sqlite_wasm.ts")).openSqliteWasm(":memory:"),
-  );
-  let applied = 0;
-  const handler = (request: Request) =>
-    inbox.acceptRequest(request, async (tx, request) => {
-      await tx.run("CREATE TABLE IF NOT EXISTS mail (body TEXT)");
-      await tx.run("INSERT INTO mail VALUES (?)", [await request.text()]);
-      applied++;
-      return new Response("sent", { status: 201 });
-    });
-  const identity = uuidv7();
-  const deliver = async (headers: Record<string, string>) => {
-    const response = await handler(
-      new Request("http://recipient/", { method: "POST", headers, body: "hi" }),
-    );
-    return [response.status, await response.text()];
+Deno.test("Inbox.open() refuses a driver whose dialect has no inbox statements, naming the driver, before any SQL", async () => {
+  const { openSqliteWasm } = await import("../deno/sqlite_wasm.ts");
+  const { SQLITE } = await import("../dialects/sqlite.ts");
+  await using db = await openSqliteWasm(":memory:");
+  const { inbox: _, ...dialect } = SQLITE;
+  const sent: string[] = [];
+  const driver: Driver = {
+    query: (sql, params) => (sent.push(sql), db.query(sql, params)),
+    run: (sql, params) => (sent.push(sql), db.run(sql, params)),
+    exec: (sql) => (sent.push(sql), db.exec(sql)),
+    close: () => Promise.resolve(),
+    dialect,
   };
-  assert.deepEqual(await deliver(deliveryHeaders({ identity, fence: 2 })), [
-    201,
-    "sent",
-  ]);
-  assert.deepEqual(await deliver(deliveryHeaders({ identity, fence: 2 })), [
-    200,
-    "duplicate",
-  ]);
-  assert.deepEqual(await deliver(deliveryHeaders({ identity, fence: 1 })), [
-    409,
-    "stale",
-  ]);
-  const [status, text] = await deliver({ "Idempotency-Key": `1:2` });
-  assert.equal(status, 400);
-  assert.match(String(text), /'Idempotency-Key' must be a UUID/);
-  assert.equal(applied, 1);
+  await assert.rejects(
+    Inbox.open(driver),
+    new TypeError(
+      "Cannot open inbox as 'driver' must speak a dialect with the inbox's statements (SQLite's or PostgreSQL's)",
+    ),
+  );
+  assert.deepEqual(sent, []);
 });

@@ -133,14 +133,6 @@ const LEASE_EXPIRED = "lease expired";
  * transaction).
  */
 export class ReferenceOutbox {
-  /**
-   * Whether a live lease of an ordering key holds back every other event of
-   * that key, an earlier one included (PostgreSQL's claim, since ids follow
-   * inserts, not commits: one event of a key in flight at a time). SQLite's
-   * claim holds back only events after an unfinished earlier one, so a
-   * redriven earlier event goes out beside a later one's live lease.
-   */
-  liveLeaseHoldsKey = false;
   #events = new Map<number, ModelEvent>();
   /** Ids are never reused, even after purge: `${eventId}:${fence}` must stay unique. */
   #lastId = 0;
@@ -369,7 +361,6 @@ export class ReferenceOutbox {
   /** An independent copy, to try one serial order of concurrent calls. */
   clone(): ReferenceOutbox {
     const copy = new ReferenceOutbox();
-    copy.liveLeaseHoldsKey = this.liveLeaseHoldsKey;
     copy.#events = structuredClone(this.#events);
     copy.#lastId = this.#lastId;
     copy.#minted = this.#minted;
@@ -466,7 +457,9 @@ export class ReferenceOutbox {
   /**
    * The first claimable event by (due time, id), a lease's due time being
    * its deadline, leaving out the events in `skip` (which still hold back
-   * later events of their ordering key).
+   * later events of their ordering key). An event of an ordering key waits
+   * for every earlier unfinished event of its key and for every live lease
+   * of its key, on both engines: one event of a key in flight at a time.
    */
   #next(
     now: number,
@@ -485,8 +478,7 @@ export class ReferenceOutbox {
         !(e.orderingKey !== null && events.some((p) =>
           p.queue === queue && p.orderingKey === e.orderingKey && (
             p.id < e.id && unfinished(p) ||
-            this.liveLeaseHoldsKey && p.id !== e.id &&
-              p.state === "leased" && p.leaseUntil > now
+            p.id !== e.id && p.state === "leased" && p.leaseUntil > now
           )
         ))
       )
@@ -1122,7 +1114,6 @@ class Run {
     /** Claims skip rows other transactions hold (PostgreSQL's SKIP LOCKED). */
     readonly skipLocked: boolean,
   ) {
-    this.#model.liveLeaseHoldsKey = skipLocked;
     this.#books = {
       realIds: new Map(),
       modelIds: new Map(),

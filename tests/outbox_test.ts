@@ -215,6 +215,26 @@ for (const driver of DRIVERS) {
     );
   });
 
+  test("a redriven earlier event of an ordering key waits while a later event's lease is live, and is claimed once that lease ends", async ({ clock, open }) => {
+    const [a] = await open({ maxAttempts: 1 });
+    const e1 = await a!.enqueue(1, { orderingKey: "k" });
+    const e2 = await a!.enqueue(2, { orderingKey: "k" });
+    assert.equal(
+      await a!.release((await a!.claim())!, { error: "poison" }),
+      true,
+    );
+    const later = await a!.claim({ leaseMs: 100 });
+    assert.equal(later?.eventId, e2.eventId);
+    assert.equal(await a!.redrive({ ids: [e1.eventId] }), 1);
+    clock.set(99);
+    assert.deepEqual(await a!.claim({ max: 10 }), []);
+    clock.set(100);
+    // The later event's lapsed lease waits behind the earlier event.
+    assert.deepEqual((await a!.claim({ max: 10 })).map((l) => l.eventId), [
+      e1.eventId,
+    ]);
+  });
+
   test("delayMs holds an event until its due time", async ({ clock, open }) => {
     const [a] = await open();
     const { eventId } = await a!.enqueue("later", { delayMs: 500 });
@@ -790,7 +810,9 @@ for (const driver of DRIVERS) {
     }]);
     assert.deepEqual(
       await raw.query("SELECT version FROM outbox_schema ORDER BY version"),
-      [{ version: 4 }, { version: 5 }, { version: 6 }, { version: 7 }],
+      [{ version: 4 }, { version: 5 }, { version: 6 }, { version: 7 }, {
+        version: 8,
+      }],
     );
     const lease = await a!.claim();
     assert.equal(lease?.payload, "legacy");
@@ -855,9 +877,14 @@ for (const driver of DRIVERS) {
     }]);
     assert.deepEqual(
       await raw.query("SELECT version FROM outbox_schema ORDER BY version"),
-      [{ version: 3 }, { version: 4 }, { version: 5 }, { version: 6 }, {
-        version: 7,
-      }],
+      [
+        { version: 3 },
+        { version: 4 },
+        { version: 5 },
+        { version: 6 },
+        { version: 7 },
+        { version: 8 },
+      ],
     );
   });
 }

@@ -137,6 +137,45 @@ for (
     }
   });
 
+  Deno.test(`postgres round trips (${clock}): under a per-key limit and a rate limit, a claim, a batch claim and acknowledgeAndClaim are one each`, async () => {
+    const { outbox, db } = await open(options);
+    try {
+      await outbox.setLimits("default", { perKey: 2, perSecond: 1_000 });
+      await outbox.enqueueBatch(
+        Array.from({ length: 12 }, (_, i) => ({
+          payload: { i },
+          concurrencyKey: `k${i % 4}`,
+        })),
+      );
+      let lease: Lease | null = null;
+      const claim = await db.during(async () => lease = await outbox.claim());
+      let batch: Lease[] = [];
+      const claimBatch = await db.during(async () =>
+        batch = await outbox.claim({ max: 4 })
+      );
+      let next: Awaited<ReturnType<Outbox["acknowledgeAndClaim"]>>;
+      const fused = await db.during(async () =>
+        next = await outbox.acknowledgeAndClaim([lease!], { max: 4 })
+      );
+      assert.deepEqual([claim.length, claimBatch.length, fused.length], [
+        1,
+        1,
+        1,
+      ]);
+      // k0's second lease beside the first in the batch; the acknowledged
+      // one no longer counts, so k0 takes another.
+      assert.deepEqual(
+        [lease!, ...batch, ...next!.leases].map((l) => l.payload),
+        [0, 1, 2, 3, 4, 5, 6, 7, 8].map((i) => ({ i })),
+      );
+      assert.deepEqual(next!.acknowledged, [true]);
+      // Every key holds two leases: the next claim takes nothing.
+      assert.equal(await outbox.claim(), null);
+    } finally {
+      await outbox.close();
+    }
+  });
+
   Deno.test(`postgres round trips (${clock}): the next due time is one read, outside a transaction`, async () => {
     const { outbox, db } = await open(options);
     try {
@@ -237,6 +276,85 @@ Deno.test("postgres: the one-statement claim and acknowledgements answer and wri
 });
 
 /**
+ * A run under flow control: priorities, concurrency keys at their per-key
+ * limit within a batch and across calls, an ordering key, the token bucket
+ * running dry and refilling by the injected clock, a pause: what each call
+ * answered and the queue's bucket after each.
+ */
+async function flowScenario(dialect?: Dialect): Promise<unknown> {
+  let t = 1_000_000;
+  const { outbox, db } = await open({ now: () => t }, dialect);
+  const seen: unknown[] = [];
+  const ids = (leases: readonly Lease[]) =>
+    leases.map((lease) => [lease.eventId, lease.fence, lease.attempt]);
+  const bucket = async () =>
+    seen.push(
+      await db.inner.query(
+        "SELECT tokens, refilled_at FROM outbox_queues WHERE queue = 'f'",
+      ),
+    );
+  try {
+    await outbox.setLimits("f", { perKey: 2, perSecond: 5 });
+    const keys = ["a", "a", "a", "b", null, "a", "b", "b", "c", "c", "c"];
+    for (const [i, key] of keys.entries()) {
+      await outbox.enqueue({ i }, {
+        queue: "f",
+        priority: i === 3 ? 1 : 0,
+        ...key === null ? { orderingKey: "o" } : { concurrencyKey: key },
+      });
+    }
+    const one = await outbox.claim({ queue: "f" });
+    seen.push(ids([one!]));
+    await bucket();
+    // The batch takes a's first two events, passes over its third and
+    // takes the next in its place.
+    const batch = await outbox.claim({ queue: "f", max: 4 });
+    seen.push(ids(batch));
+    await bucket();
+    // Half a token: none to spend.
+    t += 100;
+    const more = await outbox.claim({ queue: "f", max: 4 });
+    seen.push(ids(more));
+    await bucket();
+    t += 500;
+    const next = await outbox.acknowledgeAndClaim([one!, ...batch], {
+      queue: "f",
+      max: 4,
+    });
+    seen.push(next.acknowledged, ids(next.leases));
+    await bucket();
+    await outbox.pause("f");
+    seen.push(await outbox.claim({ queue: "f" }));
+    await outbox.resume("f");
+    t += 1_000;
+    seen.push(ids(await outbox.claim({ queue: "f", max: 8 })));
+    await bucket();
+    seen.push(await outbox.stats({ queue: "f" }));
+    return seen;
+  } finally {
+    await outbox.close();
+  }
+}
+
+Deno.test("postgres: under flow control the one-statement claims answer and write what the general transactions do", async () => {
+  const general = await flowScenario(GENERAL);
+  assert.deepEqual(await flowScenario(), general);
+});
+
+/**
+ * Connects to a fresh schema on the shared server, the connection named
+ * `applicationName`.
+ */
+async function connector(): Promise<
+  (applicationName?: string) => Promise<PostgresDriver>
+> {
+  const server = await sharedPostgres();
+  const schema = await server.createSchema();
+  return (applicationName = "leased-outbox") =>
+    connectPostgres(server.url, { schema, listen: false, applicationName });
+}
+
+/**
  * Resolves once the connection named `name` (its application_name) waits
  * for a lock; fails when `pending` settles first or after 10 s.
  */
@@ -260,10 +378,7 @@ async function untilWaiting(
 }
 
 Deno.test("postgres: acknowledgeAndClaim takes its leases' row locks before it locks a candidate, so two at once never wait for each other", async () => {
-  const server = await sharedPostgres();
-  const schema = await server.createSchema();
-  const connect = (applicationName = "leased-outbox") =>
-    connectPostgres(server.url, { schema, listen: false, applicationName });
+  const connect = await connector();
   const outbox = await Outbox.open(await connect("w1"));
   const holder = await connect();
   const watcher = await connect();
@@ -299,10 +414,7 @@ Deno.test("postgres: acknowledgeAndClaim takes its leases' row locks before it l
 
 for (const call of ["acknowledge", "acknowledgeAndClaim"] as const) {
   Deno.test(`postgres: a one-statement ${call} locks no lease while a lapsed last attempt waits to become a dead letter, so it never deadlocks with a stale acknowledgement's transaction`, async () => {
-    const server = await sharedPostgres();
-    const schema = await server.createSchema();
-    const connect = (applicationName = "leased-outbox") =>
-      connectPostgres(server.url, { schema, listen: false, applicationName });
+    const connect = await connector();
     let t = 1_000_000;
     const w1 = await Outbox.open(await connect("w1"), { now: () => t });
     const w2 = await Outbox.open(await connect("w2"), { now: () => t });
@@ -350,3 +462,75 @@ for (const call of ["acknowledge", "acknowledgeAndClaim"] as const) {
     }
   });
 }
+
+/**
+ * A connection whose first COMMIT after `hold()` waits until `commit()` is
+ * called.
+ */
+class HeldCommit extends CountingDriver {
+  #holding = false;
+  #release: () => void = () => {};
+  #held = new Promise<void>((resolve) => this.#release = resolve);
+  #reached: () => void = () => {};
+  /** Resolves when the COMMIT is held. */
+  readonly reached = new Promise<void>((resolve) => this.#reached = resolve);
+
+  hold(): void {
+    this.#holding = true;
+  }
+
+  commit(): void {
+    this.#holding = false;
+    this.#release();
+  }
+
+  async #hold(sql: string): Promise<void> {
+    if (!this.#holding || sql !== this.dialect.commit) return;
+    this.#reached();
+    await this.#held;
+  }
+
+  override async query(sql: string, params?: readonly SqlValue[]) {
+    await this.#hold(sql);
+    return await super.query(sql, params);
+  }
+
+  override async run(sql: string, params?: readonly SqlValue[]) {
+    await this.#hold(sql);
+    return await super.run(sql, params);
+  }
+
+  override async exec(sql: string) {
+    await this.#hold(sql);
+    return await super.exec(sql);
+  }
+}
+
+Deno.test("postgres: a one-statement claim that waited for its queue's row while a general-path claim of the queue took a lease counts that lease, so its key at its limit stays held back", async () => {
+  const connect = await connector();
+  const outbox = await Outbox.open(await connect("w1"));
+  const general = new HeldCommit(await connect(), GENERAL);
+  const other = await Outbox.open(general);
+  const watcher = await connect();
+  try {
+    await outbox.setLimits("default", { perKey: 1 });
+    await outbox.enqueue({ n: 1 }, { concurrencyKey: "k" });
+    await outbox.enqueue({ n: 2 }, { concurrencyKey: "k" });
+    // A claim of the queue in flight: it holds the queue's row, its lease
+    // taken but not committed.
+    general.hold();
+    const first = other.claim();
+    await general.reached;
+    // The call's snapshot predates that lease: it counts none for k.
+    const call = outbox.claim();
+    await untilWaiting(watcher, "w1", call);
+    general.commit();
+    assert.deepEqual((await first)?.payload, { n: 1 });
+    assert.equal(await call, null);
+    assert.equal((await outbox.stats()).leased, 1);
+  } finally {
+    await watcher.close();
+    await other.close();
+    await outbox.close();
+  }
+});

@@ -58,6 +58,13 @@ Deno.test("the claim query uses the claim index with no temp B-tree sort", async
   );
   assert.ok(
     details.some((d) =>
+      /SEARCH o USING COVERING INDEX outbox_events_ordering_leased \(queue=\? AND ordering_key=\? AND due_at>\?\)/
+        .test(d)
+    ),
+    details.join("\n"),
+  );
+  assert.ok(
+    details.some((d) =>
       /SEARCH k USING COVERING INDEX outbox_events_concurrency \(queue=\? AND concurrency_key=\? AND due_at>\?\)/
         .test(d)
     ),
@@ -377,6 +384,7 @@ Deno.test("released upgrade steps are frozen: each step's text keeps the SHA-256
     [4, "f817c506c1ece832d91959fbad7ce900515b90d54c93584878b6e12e5452b136"],
     [5, "e0728db3caee1fa267baa79673ee0361aa452e32c015218788b387016d3d1cbc"],
     [6, "4c28542874be8eec1753dc72c8fa5c7b2249e66b7030744b8471248dae1c5d6b"],
+    [7, "cb735f73f71e1bcfebb8a02c3e8e70d9b7c6f5cf7e04eb37752da65b9beeb30b"],
   ]);
   for (const [version, hash] of released) {
     const digest = await crypto.subtle.digest(

@@ -139,17 +139,25 @@ test(
 );
 
 test(
-  SQLITE,
-  "an inbox effect whose statement rolls SQLite's transaction back records no identity, so the redelivery applies the effect",
-  async (db) => {
+  CASES,
+  "an inbox effect whose statement ends or fails the transaction, caught by fn, records no identity, so the redelivery applies the effect",
+  async (db, driver) => {
     await using inbox = await Inbox.open(db);
+    // SQLite's trigger rolls the transaction back; PostgreSQL's duplicate
+    // key leaves it failed.
+    const ending = driver.engine === "sqlite"
+      ? ENDING[0]!
+      : "INSERT INTO effects (id) VALUES (1)";
     await assert.rejects(
       inbox.accept(IDENTITY, 1, async (tx) => {
         await tx.run("INSERT INTO effects (id) VALUES (1)");
-        await tx.run(ENDING[0]!).catch(() => {});
+        await tx.run(ending).catch(() => {});
       }),
-      TransactionEndedError,
+      (error: unknown) =>
+        error instanceof TransactionEndedError && error.statement === ending &&
+        error.status === (driver.engine === "sqlite" ? "ended" : "failed"),
     );
+    assert.equal(db.transactionStatus?.(), "idle");
     assert.equal(await count(db, "inbox_accepted"), 0);
     assert.equal(await count(db, "effects"), 0);
     const again = await inbox.accept(IDENTITY, 1, async (tx) => {
@@ -214,11 +222,11 @@ test(
 );
 
 test(
-  SQLITE,
+  CASES,
   "an inbox beside the application's transaction on a shared handle waits for it to end, then accepts in its own transaction",
-  async (db) => {
+  async (db, driver) => {
     await using inbox = await Inbox.open(db);
-    await db.exec("BEGIN IMMEDIATE");
+    await db.exec(begin(driver));
     await db.run("INSERT INTO orders (id) VALUES (1)");
     const accepting = inbox.accept(IDENTITY, 1, async (tx) => {
       await tx.run("INSERT INTO effects (id) VALUES (1)");
@@ -233,11 +241,11 @@ test(
 );
 
 test(
-  SQLITE,
+  CASES,
   "an accept made inside inbox.within joins the application's transaction: its ROLLBACK takes back the effect and the identity",
-  async (db) => {
+  async (db, driver) => {
     await using inbox = await Inbox.open(db);
-    await db.exec("BEGIN IMMEDIATE");
+    await db.exec(begin(driver));
     const result = await inbox.within(() =>
       inbox.accept(IDENTITY, 1, async (tx) => {
         await tx.run("INSERT INTO effects (id) VALUES (1)");
@@ -253,7 +261,7 @@ test(
 
 for (const status of [503, 500, 429, 408]) {
   test(
-    SQLITE,
+    CASES,
     `acceptRequest's fn answering ${status} rolls its effect back and records nothing, so the sender's retry applies it`,
     async (db) => {
       await using inbox = await Inbox.open(db);
@@ -281,7 +289,7 @@ for (const status of [503, 500, 429, 408]) {
 }
 
 test(
-  SQLITE,
+  CASES,
   "acceptRequest's fn answering a final 4xx commits its effect and records the identity",
   async (db) => {
     await using inbox = await Inbox.open(db);

@@ -216,8 +216,6 @@ for (const driver of DRIVERS.filter((d) => ON.includes(d.name))) {
     });
   });
 
-  if (driver.engine !== "sqlite") continue;
-
   Deno.test(`${driver.name}: an inbox records the identity if and only if the effect committed, whatever statement ends or fails its transaction`, async () => {
     await withDatabase(driver, async (db) => {
       await using inbox = await Inbox.open(db);

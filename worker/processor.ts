@@ -261,11 +261,18 @@ export class Processor<P = unknown> implements AsyncDisposable {
       // claim again after one.
       if (!read) continue;
       this.#loopTo("waiting");
-      wokenByWait = await this.#wait(
-        dueAt === undefined
-          ? idleMs
-          : Math.min(idleMs, Math.max(1, dueAt - o.monotonicNow())),
-      );
+      // Other connections' enqueues wake this wait where the driver can
+      // watch for them only at a cost per commit (Outbox.watchWhileIdle).
+      const unwatch = this.#outbox.watchWhileIdle?.();
+      try {
+        wokenByWait = await this.#wait(
+          dueAt === undefined
+            ? idleMs
+            : Math.min(idleMs, Math.max(1, dueAt - o.monotonicNow())),
+        );
+      } finally {
+        unwatch?.();
+      }
       idleMs = Math.min(idleMs * 2, o.pollMaxMs);
     }
     this.#loopTo("stopped");

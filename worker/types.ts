@@ -51,6 +51,12 @@ export interface ProcessableOutbox<P> {
   runSchedules?(): Promise<number>;
   /** Calls `listener` after each local enqueue; returns its removal. */
   onEnqueue(listener: () => void): () => void;
+  /**
+   * Says the loop waits idle, as {@linkcode Outbox.watchWhileIdle} does;
+   * returns the end of that wait. Optional: without it only `onEnqueue`'s
+   * calls and polls end the wait.
+   */
+  watchWhileIdle?(): () => void;
   /** Whether the outbox was closed. */
   readonly closed: boolean;
   /** The queue of calls that name none, when the outbox says. */

@@ -7,6 +7,23 @@
  */
 import { CANCELLED, PURGE_BATCH } from "../../admin.ts";
 
+const LIST_COLUMNS =
+  "id, identity, queue, state, attempt, max_attempts, due_at, lease_until, last_error, created_at, updated_at, payload, ordering_key, dedup_key";
+
+// The enqueue time of a page's cursor ?3: that event's, or (gone) its
+// nearest predecessor's by id, one seek either way; before every event
+// when there is none.
+const CURSOR_AT = `coalesce((SELECT created_at FROM outbox_events
+      WHERE id <= ?3 ORDER BY id DESC LIMIT 1), -9223372036854775808)`;
+
+// Every queue, by name, each by a seek past the last (a loose index scan
+// of the state index, which leads with the queue).
+const EVERY_QUEUE = `q(queue) AS (
+      SELECT min(queue) FROM outbox_events
+      UNION ALL
+      SELECT (SELECT min(queue) FROM outbox_events WHERE queue > q.queue)
+      FROM q WHERE q.queue IS NOT NULL)`;
+
 /** The admin statements on SQLite, spread into `SQLITE`. */
 export const ADMIN_SQL = {
   // Acknowledgements per queue since ?1; the retention index
@@ -27,10 +44,15 @@ export const ADMIN_SQL = {
   // The dedup index (queue, dedup_key) answers it with one seek.
   dedupKeyEvent:
     `SELECT id FROM outbox_events WHERE queue = ?1 AND dedup_key = ?2`,
+  // ?1 NULL: the first queue by name holding key ?2, a seek of the dedup
+  // index per queue (each queue by a seek past the last).
+  dedupKeyEventAnyQueue: `WITH RECURSIVE ${EVERY_QUEUE}
+    SELECT e.id AS id FROM q, outbox_events AS e
+    WHERE q.queue IS NOT NULL AND ?1 IS NULL AND e.queue = q.queue
+      AND e.dedup_key = ?2
+    LIMIT 1`,
   // ?2 NULL: every queue. Paged by id, the primary key.
-  list:
-    `SELECT id, identity, queue, state, attempt, max_attempts, due_at, lease_until,
-      last_error, created_at, updated_at, payload, ordering_key, dedup_key
+  list: `SELECT ${LIST_COLUMNS}
     FROM outbox_events
     WHERE state = ?1 AND (?2 IS NULL OR queue = ?2) AND id > ?3
     ORDER BY id LIMIT ?4`,
@@ -48,6 +70,62 @@ export const ADMIN_SQL = {
     WHERE state = 'dead' AND (?2 IS NULL OR queue = ?2)
       AND (?3 IS NULL OR id IN (SELECT value FROM json_each(?3)))
     RETURNING id, fence`,
+  // ?3 the last event of the previous page (its enqueue time read by a
+  // primary-key seek, or its predecessor's if it is gone): a page by
+  // (created_at, id), the order of the state index (queue, state,
+  // created_at) and its rowid, so it is one seek; ?2 is the queue.
+  listEnqueuedInQueue: `SELECT ${LIST_COLUMNS} FROM outbox_events
+    WHERE queue = ?2 AND state = ?1
+      AND (created_at, id) > (${CURSOR_AT}, ?3)
+    ORDER BY created_at, id LIMIT ?4`,
+  // The same page over every queue (?2 unused): a merge of each queue's
+  // seek, so a page reads at most ?4 entries per queue, never a walk of
+  // the table (the state index leads with the queue). Each queue by a seek
+  // past the last, as in queuesUpTo.
+  listEnqueued: `WITH RECURSIVE ${EVERY_QUEUE},
+    c(at) AS (SELECT ${CURSOR_AT})
+    SELECT ${LIST_COLUMNS.replace(/(\w+)/g, "e.$1")}
+    FROM q, outbox_events AS e
+    WHERE q.queue IS NOT NULL AND ?2 IS NULL AND e.id IN (SELECT i.id
+        FROM outbox_events AS i
+        WHERE i.queue = q.queue AND i.state = ?1
+          AND (i.created_at, i.id) > ((SELECT at FROM c), ?3)
+        ORDER BY i.created_at, i.id LIMIT ?4)
+    ORDER BY e.created_at, e.id LIMIT ?4`,
+  // A page of queues for the overview: ?2 a name prefix ('' for all), ?3
+  // the last queue of the previous page ('' for the first), ?4 queues at
+  // most; counts up to ?1 (NULL: exact), as queuesUpTo. Each queue by a
+  // seek past the last, so a page costs ?4 seeks whatever the number of
+  // queues.
+  queuesPage: `WITH RECURSIVE q(queue) AS (
+      SELECT (SELECT min(queue) FROM outbox_events
+        WHERE queue >= ?2 AND queue > ?3)
+      UNION ALL
+      SELECT (SELECT min(queue) FROM outbox_events WHERE queue > q.queue)
+      FROM q WHERE q.queue IS NOT NULL
+        AND substr(q.queue, 1, length(?2)) = ?2
+      LIMIT ?4),
+    s(state) AS (VALUES ('pending'), ('leased'), ('done'), ('dead'))
+    SELECT * FROM (SELECT q.queue AS queue, s.state AS state,
+        (SELECT count(*) FROM (SELECT 1 FROM outbox_events AS e
+          WHERE e.queue = q.queue AND e.state = s.state
+          LIMIT coalesce(?1, -1))) AS n,
+        (SELECT min(created_at) FROM outbox_events AS e
+          WHERE e.queue = q.queue AND e.state = s.state) AS oldest
+      FROM q, s WHERE q.queue IS NOT NULL
+        AND substr(q.queue, 1, length(?2)) = ?2)
+    WHERE n > 0 ORDER BY queue`,
+  // The number of queues whose name starts with ?1, up to ?2: a seek per
+  // queue.
+  queueCount: `WITH RECURSIVE q(queue) AS (
+      SELECT (SELECT min(queue) FROM outbox_events WHERE queue >= ?1)
+      UNION ALL
+      SELECT (SELECT min(queue) FROM outbox_events WHERE queue > q.queue)
+      FROM q WHERE q.queue IS NOT NULL
+        AND substr(q.queue, 1, length(?1)) = ?1
+      LIMIT ?2)
+    SELECT count(*) AS n FROM q WHERE q.queue IS NOT NULL
+      AND substr(q.queue, 1, length(?1)) = ?1`,
   // A done event's age counts from its done_at, as the outbox_events_done
   // index has it; a dead letter's likewise.
   purgeable: `SELECT id FROM outbox_events
@@ -61,11 +139,7 @@ export const ADMIN_SQL = {
     FROM outbox_events GROUP BY queue, state ORDER BY queue`,
   // Each queue by a seek past the last (a loose index scan of the state
   // index), then each state's count up to ?1 and oldest event by seeks.
-  queuesUpTo: `WITH RECURSIVE q(queue) AS (
-      SELECT min(queue) FROM outbox_events
-      UNION ALL
-      SELECT (SELECT min(queue) FROM outbox_events WHERE queue > q.queue)
-      FROM q WHERE q.queue IS NOT NULL),
+  queuesUpTo: `WITH RECURSIVE ${EVERY_QUEUE},
     s(state) AS (VALUES ('pending'), ('leased'), ('done'), ('dead'))
     SELECT * FROM (SELECT q.queue AS queue, s.state AS state,
         (SELECT count(*) FROM (SELECT 1 FROM outbox_events AS e

@@ -15,6 +15,7 @@ import { MIGRATION_0003 } from "./0003_identity.ts";
 import { MIGRATION_0004 } from "./0004_identity_trigger.ts";
 import { MIGRATION_0005 } from "./0005_dashboard_indexes.ts";
 import { MIGRATION_0006 } from "./0006_flow_control.ts";
+import { MIGRATION_0007 } from "./0007_ordering_leases.ts";
 
 /**
  * The version table, which databases of releases that kept their version
@@ -39,4 +40,5 @@ export const UPGRADES: ReadonlyMap<number, string> = new Map([
   [4, MIGRATION_0004],
   [5, MIGRATION_0005],
   [6, MIGRATION_0006],
+  [7, MIGRATION_0007],
 ]);

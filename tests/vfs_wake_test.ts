@@ -1,0 +1,120 @@
+/**
+ * The Deno file driver's cross-process wake-up: an idle `processEvents`
+ * learns of another process's enqueue from a watch on the database's files
+ * (deno/enqueue_watch.ts), not at its next poll; the watch runs only while
+ * the loop waits idle (core/idle_watch.ts).
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { Outbox, processEvents } from "../mod.ts";
+import { type JournalMode, openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { IdleWatch } from "../core/idle_watch.ts";
+import { Child } from "./fixtures/vfs_child.ts";
+
+/** Far longer than any wake the test allows: only the watch explains one. */
+const POLL_MS = 600_000;
+/** How long a handler may take to start after the other process's commit. */
+const BOUND_MS = 5_000;
+
+function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  return Promise.race([
+    promise,
+    new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => reject(new Error(`${what}: not within ${ms} ms`)),
+        ms,
+      );
+    }),
+  ]).finally(() => clearTimeout(timer));
+}
+
+for (
+  const journalMode of ["wal", "truncate"] as const satisfies JournalMode[]
+) {
+  Deno.test(`an idle processEvents starts the handler of another process's enqueue long before its next poll (${journalMode})`, async () => {
+    const dir = await Deno.makeTempDir({ prefix: "vfs_wake_" });
+    try {
+      const path = join(dir, "outbox.db");
+      await using outbox = await Outbox.open(
+        await openSqliteWasm(path, { journalMode }),
+      );
+      await using child = new Child("serve", path, journalMode);
+      const started = new Map<number, PromiseWithResolvers<void>>();
+      const startOf = (n: number) => {
+        let entry = started.get(n);
+        if (entry === undefined) {
+          entry = Promise.withResolvers<void>();
+          started.set(n, entry);
+        }
+        return entry;
+      };
+      await using _processor = processEvents(outbox, (lease) => {
+        startOf((lease.payload as { n: number }).n).resolve();
+      }, { pollMinMs: POLL_MS, pollMaxMs: POLL_MS });
+      // Three in turn: after the first, the loop waits with nothing left
+      // to find but through the watch.
+      for (let n = 0; n < 3; n++) {
+        await child.send(`enqueue ${JSON.stringify({ n })}`);
+        const eventId = await child.json<number>();
+        await within(
+          startOf(n).promise,
+          BOUND_MS,
+          `event ${eventId}'s handler`,
+        );
+      }
+      await child.send("exit");
+      assert.equal((await child.status()).code, 0);
+      const stats = await outbox.stats();
+      assert.deepEqual({ done: stats.done, pending: stats.pending }, {
+        done: 3,
+        pending: 0,
+      });
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  });
+}
+
+Deno.test("the idle watch starts once for overlapping waits, stops when the last ends, and for good at close", async () => {
+  const calls: string[] = [];
+  const watch = new IdleWatch(() => {
+    calls.push("start");
+    return Promise.resolve(() => {
+      calls.push("stop");
+      return Promise.resolve();
+    });
+  });
+  const first = watch.begin();
+  const second = watch.begin();
+  await watch.settled();
+  assert.deepEqual(calls, ["start"]);
+  first();
+  first();
+  await watch.settled();
+  assert.deepEqual(calls, ["start"]);
+  second();
+  await watch.settled();
+  assert.deepEqual(calls, ["start", "stop"]);
+  watch.begin();
+  await watch.settled();
+  await watch.close();
+  assert.deepEqual(calls, ["start", "stop", "start", "stop"]);
+  watch.begin();
+  await watch.settled();
+  assert.deepEqual(calls, ["start", "stop", "start", "stop"]);
+});
+
+Deno.test("a watch that fails to start leaves waits and close working, with nothing to stop", async () => {
+  let starts = 0;
+  const watch = new IdleWatch(() => {
+    starts++;
+    return Promise.reject(new Error("inotify watch limit reached"));
+  });
+  const end = watch.begin();
+  await watch.settled();
+  end();
+  await watch.settled();
+  await watch.close();
+  assert.equal(starts, 1);
+});
