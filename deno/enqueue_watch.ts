@@ -12,7 +12,8 @@
  * millisecond or so (timers fire on a later tick, about 2 ms here) for 24
  * reads, then backing off to 64 ms, until one finds it raised and calls
  * the listener. A read never waits for a lock, and is skipped (counting as
- * one) while a transaction is open on the connection.
+ * one) while a transaction is open on the connection; it takes the
+ * connection's turn (core/transaction.ts's mutex), as every outbox call does.
  *
  * The watch sees this process's own writes as well, a few file-system
  * events per commit (about 100 µs of CPU each commit, measured): the outbox
@@ -25,6 +26,7 @@
  * @module
  */
 import type { Driver } from "../driver.ts";
+import { driverMutex } from "../core/transaction.ts";
 
 /** The events table's counter: raised by every insert, and only by one. */
 const SEQUENCE_SQL =
@@ -79,9 +81,14 @@ export function watchFileEnqueues(
   };
   const check = async () => {
     timer = undefined;
-    // Inside a transaction (the outbox's, or the application's on a shared
-    // connection) the read would see that transaction's snapshot.
-    const now = driver.inTransaction() ? undefined : await sequence(driver);
+    // The read takes the connection's turn, as every outbox, inbox and
+    // reader call on it does: run beside a call whose statements await (a
+    // lock wait), it would land inside that call's transaction, or that
+    // call's BEGIN inside the read. Inside a transaction (the application's
+    // on a shared connection) it would see that transaction's snapshot.
+    const now = await driverMutex(driver).run(() =>
+      driver.inTransaction() ? Promise.resolve(undefined) : sequence(driver)
+    );
     if (
       now !== undefined && (counter.seen === undefined || now > counter.seen)
     ) {

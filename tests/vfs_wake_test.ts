@@ -6,9 +6,10 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { Outbox, processEvents } from "../mod.ts";
+import { type Driver, Outbox, processEvents } from "../mod.ts";
 import { type JournalMode, openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { IdleWatch } from "../core/idle_watch.ts";
+import { driverMutex } from "../core/transaction.ts";
 import { Child } from "./fixtures/vfs_child.ts";
 
 /** Far longer than any wake the test allows: only the watch explains one. */
@@ -117,4 +118,47 @@ Deno.test("a watch that fails to start leaves waits and close working, with noth
   await watch.settled();
   await watch.close();
   assert.equal(starts, 1);
+});
+
+Deno.test("the watch's read of the counter waits for the connection's turn: none runs inside another call's section on the connection", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "vfs_wake_" });
+  try {
+    const path = join(dir, "outbox.db");
+    const driver = await openSqliteWasm(path);
+    // The outbox on the watched connection: its calls take the same turn.
+    await using _outbox = await Outbox.open(driver);
+    await using other = await Outbox.open(await openSqliteWasm(path));
+    let inSection = false;
+    const readsInSection: string[] = [];
+    const query = driver.query.bind(driver);
+    driver.query = (sql, params) => {
+      if (inSection && sql.includes("sqlite_sequence")) {
+        readsInSection.push(sql);
+      }
+      return query(sql, params);
+    };
+    let wake = Promise.withResolvers<void>();
+    const watch = (driver as Driver).watchEnqueues!;
+    const stop = await watch.call(driver, () => wake.resolve());
+    try {
+      // The first read of a watch looks for what came before it: let it
+      // wake once, then wait for another connection's enqueue.
+      await within(wake.promise, BOUND_MS, "the first read");
+      wake = Promise.withResolvers<void>();
+      // A call's section on the connection (as an outbox transaction whose
+      // statements await) while another connection enqueues.
+      await driverMutex(driver).run(async () => {
+        inSection = true;
+        await other.enqueue({ n: 1 });
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        inSection = false;
+      });
+      await within(wake.promise, BOUND_MS, "the wake after the section");
+      assert.deepEqual(readsInSection, []);
+    } finally {
+      await stop();
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });
