@@ -10,7 +10,7 @@
  *
  * @module
  */
-import { type Driver, integerOf, type Row } from "./driver.ts";
+import { type Driver, integerOf } from "./driver.ts";
 import { LeaseLostError } from "./errors.ts";
 import type { Dialect, EnqueueResult } from "./types.ts";
 export type {
@@ -20,20 +20,18 @@ export type {
   StatementName,
 } from "./types.ts";
 import { checkInteger } from "./validate.ts";
-import {
-  type ActivityCount,
-  type CountQueuesOptions,
-  type EventInfo,
-  LEASE_EXPIRED,
-  type ListOptions,
-  nullableString,
-  type PurgeOptions,
-  type QueueCounts,
-  type QueuesOptions,
-  type RedriveOptions,
+import type {
+  ActivityCount,
+  CountQueuesOptions,
+  EventInfo,
+  ListOptions,
+  PurgeOptions,
+  QueueCounts,
+  QueuesOptions,
+  RedriveOptions,
 } from "./admin.ts";
 export { decodePayload, explanation } from "./admin.ts";
-import { hex, insertAll, randomBytes } from "./core/enqueue.ts";
+import { insertAll } from "./core/enqueue.ts";
 import { acknowledgeInOne, claimInOne } from "./core/one_statement.ts";
 import { TransactionRunner, withinApplication } from "./core/transaction.ts";
 export {
@@ -55,8 +53,6 @@ import {
   prepareBatch,
   prepareEnqueue,
   releaseArguments,
-  successor,
-  unclaimableReason,
 } from "./core/arguments.ts";
 export {
   listParameters,
@@ -67,22 +63,16 @@ import * as admin from "./core/admin.ts";
 import {
   acknowledgeAll,
   acknowledgeOne,
-  deadLetter,
   expireLeases,
 } from "./core/lease_ends.ts";
 import * as flow from "./core/flow_calls.ts";
-import {
-  admit,
-  flowOf,
-  openGate,
-  type QueueFlow,
-  type QueueLimits,
-} from "./core/flow.ts";
+import type { QueueFlow, QueueLimits } from "./core/flow.ts";
 import type { Schedule, ScheduleOptions } from "./core/schedules.ts";
 import type { OutboxCore } from "./core/context.ts";
 import { GroupCommit } from "./core/group_commit.ts";
+import { claimCandidates } from "./core/claim.ts";
 import { IdleWatch } from "./core/idle_watch.ts";
-import { Ledger, type LedgerRow } from "./core/ledger.ts";
+import { Ledger } from "./core/ledger.ts";
 import { maintain, withWal } from "./core/maintenance.ts";
 import type { WalStats } from "./wal.ts";
 import { openSchema } from "./core/schema.ts";
@@ -433,7 +423,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     if (max !== undefined) {
       return await this.#path.write(
         op,
-        (now) => this.#claim(op, queue, leaseMs, max, undefined, now),
+        (now) =>
+          claimCandidates<P>(
+            this.#core,
+            op,
+            queue,
+            leaseMs,
+            max,
+            undefined,
+            now,
+          ),
         { inOne: claimInOne<P>(this.#core, op, queue, leaseMs, max) },
       );
     }
@@ -444,7 +443,15 @@ export class Outbox<P = unknown> implements AsyncDisposable {
     return await this.#path.write(
       op,
       async (now) => {
-        const [lease] = await this.#claim(op, queue, leaseMs, 1, token, now);
+        const [lease] = await claimCandidates<P>(
+          this.#core,
+          op,
+          queue,
+          leaseMs,
+          1,
+          token,
+          now,
+        );
         return lease ?? null;
       },
       {
@@ -572,7 +579,15 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       op,
       async (now) => ({
         acknowledged: await acknowledgeAll(this.#core, checked, now),
-        leases: await this.#claim(op, queue, leaseMs, max, undefined, now),
+        leases: await claimCandidates<P>(
+          this.#core,
+          op,
+          queue,
+          leaseMs,
+          max,
+          undefined,
+          now,
+        ),
       }),
       {
         inOne: inOne && (async (now) => {
@@ -1214,141 +1229,6 @@ export class Outbox<P = unknown> implements AsyncDisposable {
   /** Same as {@linkcode Outbox.close}, for `await using`. */
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
-  }
-
-  async #claim(
-    op: string,
-    queue: string,
-    leaseMs: number,
-    max: number,
-    token: string | undefined,
-    now: number,
-  ): Promise<Lease<P>[]> {
-    const gate = await openGate(
-      this.#driver,
-      flowOf(this.#sql),
-      queue,
-      now,
-      max,
-    );
-    if (gate.max === 0) return [];
-    let candidates: Row[] = [];
-    let payloads: unknown[] = [];
-    // An unclaimable row is a dead letter once seen, but the claimable rows
-    // read beside it are still pending and would be read again: each round
-    // reads the whole batch afresh, until a round finds no unclaimable row,
-    // so the batch fills as if those had never been there.
-    for (let unclaimable = true; unclaimable;) {
-      unclaimable = false;
-      candidates = [];
-      payloads = [];
-      const rows = await this.#driver.query(this.#sql.candidates, [
-        queue,
-        now,
-        gate.max,
-        this.#settings.maxPayloadBytes,
-        gate.perKey,
-      ]);
-      for (const row of rows) {
-        const reason = unclaimableReason(
-          row,
-          payloads,
-          this.#settings.maxPayloadBytes,
-        );
-        if (reason === undefined) {
-          candidates.push(row);
-          continue;
-        }
-        unclaimable = true;
-        await deadLetter(this.#core, row, reason, now);
-      }
-    }
-    [candidates, payloads] = await admit(gate, candidates, payloads);
-    if (candidates.length === 0) return [];
-    const leaseUntil = now + leaseMs;
-    const expired: LedgerRow[] = [];
-    // 128 random bits per minted token (32 hex digits), drawn at once for
-    // the batch.
-    const random = randomBytes(
-      token === undefined ? 16 * candidates.length : 0,
-    );
-    // Each lease is its row as read plus what the claim's UPDATE changes
-    // (CLAIM_SET in dialects/sqlite.ts).
-    const leases = candidates.map((row, i): Lease<P> => {
-      const eventId = integerOf(row, "id");
-      const fence = integerOf(row, "fence");
-      const taken = row["state"] === "leased";
-      // Taking over a lapsed lease records how the previous attempt ended,
-      // before the claim's own entry.
-      if (taken) {
-        expired.push([eventId, fence, "expired", null, null, LEASE_EXPIRED]);
-      }
-      return {
-        eventId,
-        identity: String(row["identity"]),
-        queue,
-        token: token ?? hex(random, 16 * i, 16),
-        fence: successor("fence", fence),
-        attempt: successor("attempt", integerOf(row, "attempt")),
-        maxAttempts: integerOf(row, "max_attempts"),
-        leaseUntil,
-        payload: payloads[i] as P,
-        orderingKey: nullableString(row["ordering_key"]),
-        lastError: taken ? LEASE_EXPIRED : nullableString(row["last_error"]),
-      };
-    });
-    if (token !== undefined) {
-      for (const { eventId } of leases) {
-        const used = await this.#driver.query(this.#sql.tokenUsed, [
-          eventId,
-          token,
-        ]);
-        if (used.length > 0) {
-          throw new RangeError(
-            `Cannot ${op} as 'token' was used on event ${eventId} before: reuse would let a stale worker act`,
-          );
-        }
-      }
-    }
-    if (expired.length > 0) {
-      await this.#ledger.writeUnwritten(expired.map(([eventId]) => eventId));
-      await this.#ledger.all(expired, now);
-    }
-    // The claims' own entries stay unwritten (schema.sql's
-    // outbox_unwritten_attempts).
-    let changes;
-    if (leases.length === 1) {
-      const { eventId, token: leaseToken } = leases[0]!;
-      ({ changes } = await this.#driver.run(this.#sql.claimOne, [
-        leaseUntil,
-        now,
-        eventId,
-        leaseToken,
-      ]));
-    } else {
-      ({ changes } = await this.#driver.run(this.#sql.claim, [
-        leaseUntil,
-        now,
-        JSON.stringify(
-          Object.fromEntries(leases.map((l) => [l.eventId, l.token])),
-        ),
-      ]));
-    }
-    // A lease whose row the UPDATE missed would leave its event claimable
-    // by the next caller: two live holders.
-    if (changes !== leases.length) {
-      throw new Error(
-        `Cannot ${op} as the claim changed ${changes} event rows for ${leases.length} leases: the transaction was rolled back`,
-      );
-    }
-    // The per-key limit passed over candidates the batch had read in place
-    // of other keys' events: another round, which sees these leases, fills
-    // the batch with those.
-    if (gate.keyTrimmed && leases.length < max) {
-      const more = max - leases.length;
-      leases.push(...await this.#claim(op, queue, leaseMs, more, token, now));
-    }
-    return leases;
   }
 
   /**
