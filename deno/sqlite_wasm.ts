@@ -234,7 +234,7 @@ export async function openSqliteWasm(
   // How this VFS's locks are waited for: not a public option.
   const busyWait: BusyWaitHook = (db, timeoutMs) =>
     denoFileBusyWait(sqlite3, db, timeoutMs);
-  let driver: SqliteWasmDriver;
+  let driver: DenoFileDriver;
   try {
     driver = new DenoFileDriver(
       sqlite3,
@@ -247,6 +247,7 @@ export async function openSqliteWasm(
   try {
     const [main] = await driver.query("PRAGMA database_list");
     if (main?.file !== "") {
+      if (typeof main?.file === "string") driver.file = main.file;
       if (journalMode === "wal" && Deno.build.arch !== "x86_64") {
         throw new TypeError(
           `Cannot open database as 'journalMode' "wal" needs x86-64 here: the VFS shares the WAL index through memory whose writes only x86-64 keeps in order (this is ${Deno.build.arch}); use "truncate"`,
@@ -288,6 +289,8 @@ export async function openSqliteWasm(
  */
 class DenoFileDriver extends SqliteWasmDriver {
   readonly #counter: EnqueueCounter = { seen: undefined };
+  /** The database file's absolute path, read at open; none in memory. */
+  file: string | undefined;
 
   /**
    * Calls `listener` after another connection, of this process or another,
@@ -300,17 +303,19 @@ class DenoFileDriver extends SqliteWasmDriver {
    * @param listener Called with no arguments.
    * @returns Stops the calls.
    */
-  async watchEnqueues(listener: () => void): Promise<() => Promise<void>> {
-    const [main] = await this.query("PRAGMA database_list");
-    const file = main?.["file"];
-    if (typeof file !== "string" || file === "") return () => Promise.resolve();
+  watchEnqueues(listener: () => void): Promise<() => Promise<void>> {
+    const none = () => Promise.resolve();
+    const file = this.file;
+    if (file === undefined) return Promise.resolve(none);
     // Under classic POSIX locks (macOS, or LEASED_OUTBOX_VFS_LOCKS=posix)
     // the watch stays off and idle loops wake at their polls: with it, the
     // interop soak of WASM workers, node:sqlite and the native CLI on one
     // file (tests/vfs_interop_test.ts under test:vfs-posix) left events
     // undrained for 120 s, a stall whose cause is not yet found.
-    if (loadLibc(file).lockStyle === "posix") return () => Promise.resolve();
-    return watchFileEnqueues(this, file, this.#counter, listener);
+    if (loadLibc(file).lockStyle === "posix") return Promise.resolve(none);
+    return Promise.resolve(
+      watchFileEnqueues(this, file, this.#counter, listener),
+    );
   }
 }
 
