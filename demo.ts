@@ -293,7 +293,7 @@ async function pauseWorker(child: Deno.ChildProcess): Promise<void> {
   const pausedAt = elapsedS();
   fate.set("w2", "paused");
   const held = await read(
-    "SELECT id, fence FROM outbox_events WHERE state = 'leased'",
+    `SELECT id, fence FROM ${engine.eventsTable} WHERE state = 'leased'`,
   );
   const fences = new Map(held.map((row) => [row["id"], row["fence"]]));
   for (;;) {
@@ -302,7 +302,7 @@ async function pauseWorker(child: Deno.ChildProcess): Promise<void> {
     if (pausedS < leaseMs * 2.5 / 1_000) continue;
     if (pausedS > 30) break;
     const rows = await read(
-      `SELECT id, state, fence FROM outbox_events WHERE id IN (${
+      `SELECT id, state, fence FROM ${engine.eventsTable} WHERE id IN (${
         [...fences.keys()].join(",") || "NULL"
       })`,
     );
@@ -348,7 +348,7 @@ let timedOut = false;
 for (;;) {
   await delay(100);
   const rows = await read(
-    "SELECT state, count(*) AS n FROM outbox_events GROUP BY state",
+    `SELECT state, count(*) AS n FROM ${engine.eventsTable} GROUP BY state`,
   );
   counts = { pending: 0, leased: 0, done: 0, dead: 0 };
   for (const row of rows) {
@@ -407,15 +407,15 @@ const counters = outputs.map((output) => {
 // 3. The verdict, from the database and the receiver.
 const one = async (sql: string): Promise<number> =>
   Number(Object.values((await read(sql))[0] ?? {})[0] ?? 0);
-const eventCount = await one("SELECT count(*) FROM outbox_events");
+const eventCount = await one(`SELECT count(*) FROM ${engine.eventsTable}`);
 const orderCount = await one("SELECT count(*) FROM orders");
 const ordersWithoutEvent = await one(
-  "SELECT count(*) FROM orders AS o WHERE NOT EXISTS (SELECT 1 FROM outbox_events AS e WHERE e.dedup_key = 'order-' || o.id)",
+  `SELECT count(*) FROM orders AS o WHERE NOT EXISTS (SELECT 1 FROM ${engine.eventsTable} AS e WHERE e.dedup_key = 'order-' || o.id)`,
 );
 const rows = await read(
   `SELECT e.id, e.identity, e.state, ${engine.poisonSql} AS poison, e.attempt,
      (SELECT count(*) FROM outbox_ledger AS a WHERE a.event_id = e.id AND a.kind = 'acknowledged') AS acks
-   FROM outbox_events AS e`,
+   FROM ${engine.eventsTable} AS e`,
 );
 // How many times each identity's effect was applied, from the recipient's
 // own database.

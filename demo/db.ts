@@ -37,6 +37,11 @@ export interface Engine {
   /** An expression over `e.payload`: 1 for a poison order, else 0. */
   readonly poisonSql: string;
   /**
+   * The outbox's events in every state, for the demo's own reads
+   * (PostgreSQL keeps done events in a table of their own).
+   */
+  readonly eventsTable: string;
+  /**
    * Opens an outbox on a fresh connection; `name` labels a worker's
    * connections where the engine can show them.
    */
@@ -119,6 +124,7 @@ export function sqliteEngine(path: string): Engine {
     insertOrderSql:
       "INSERT INTO orders (customer, total_cents, poison) VALUES (?, ?, ?) RETURNING id",
     poisonSql: "coalesce(json_extract(e.payload, '$.poison'), 0)",
+    eventsTable: "outbox_events",
     async openOutbox(options = {}) {
       return await Outbox.open(await openDatabase(path), {
         queue: QUEUE,
@@ -229,6 +235,7 @@ export async function postgresEngine(
       "INSERT INTO orders (customer, total_cents, poison) VALUES ($1, $2, $3) RETURNING id",
     poisonSql:
       "CASE WHEN e.payload::jsonb ->> 'poison' = 'true' THEN 1 ELSE 0 END",
+    eventsTable: "outbox_all",
     openOutbox: (options = {}, name = "demo") =>
       openPostgres(url, {
         schema,

@@ -43,7 +43,87 @@ import {
 import { POSTGRES_INBOX } from "./postgres_inbox.ts";
 
 /** The schema version this dialect creates, as SQLite's schema.sql does. */
-export const POSTGRES_SCHEMA_VERSION = 7;
+export const POSTGRES_SCHEMA_VERSION = 8;
+
+// Every column of an event row, in one order for both tables.
+const ALL_COLUMNS =
+  "id, queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at, claimed_at, identity, priority, concurrency_key";
+
+/**
+ * The rows of `deleted` (event rows an acknowledgement took out of
+ * `outbox_events`) into `outbox_done`, done at `now`: the insert that ends
+ * an acknowledging statement.
+ */
+const intoDone = (deleted: string, now: string) =>
+  `INSERT INTO outbox_done (${ALL_COLUMNS})
+    SELECT d.id, d.queue, 'done', d.payload, d.payload_bytes, d.dedup_key,
+      d.ordering_key, d.due_at, d.lease_until, d.token, d.fence, d.attempt,
+      d.max_attempts, d.last_error, d.created_at, ${now}, ${now},
+      d.claimed_at, d.identity, d.priority, d.concurrency_key
+    FROM ${deleted} AS d`;
+
+/**
+ * Version 8, the layout built for claims and acknowledgements (issue 39).
+ * An acknowledged event leaves `outbox_events` in the acknowledging
+ * statement (a DELETE writes no index entry) for `outbox_done`, which
+ * holds only its primary key and a BRIN index of `done_at`; the identities
+ * and dedup keys, which must outlive completion, live in `outbox_keys`,
+ * written once at enqueue (its unique indexes are the dedup's lock) and
+ * deleted only by purge. `outbox_events` keeps its primary key and the
+ * partial indexes of live events: a claim adds one entry to the claim
+ * index and one to the key, an acknowledgement none there. Dead letters
+ * stay in `outbox_events` (rare, redriven in place). `outbox_all` is both
+ * tables, for reads.
+ *
+ * Upgrading a version 7 (or older) database, once, under the set-up lock:
+ * the keys of every event are filled in, the done events move, and the
+ * three indexes the keys and `outbox_done` replace are dropped.
+ */
+const POSTGRES_LAYOUT_STEP = `
+CREATE TABLE IF NOT EXISTS outbox_keys (
+  identity uuid PRIMARY KEY,
+  event_id bigint NOT NULL,
+  queue text NOT NULL,
+  dedup_key text
+);
+
+CREATE UNIQUE INDEX IF NOT EXISTS outbox_keys_dedup
+  ON outbox_keys (queue, dedup_key) WHERE dedup_key IS NOT NULL;
+
+CREATE TABLE IF NOT EXISTS outbox_done (
+  LIKE outbox_events INCLUDING DEFAULTS,
+  PRIMARY KEY (id)
+);
+
+CREATE INDEX IF NOT EXISTS outbox_done_at ON outbox_done USING brin (done_at);
+
+CREATE OR REPLACE VIEW outbox_all AS
+  SELECT ${ALL_COLUMNS} FROM outbox_events
+  UNION ALL
+  SELECT ${ALL_COLUMNS} FROM outbox_done;
+
+DO $$
+DECLARE
+  found integer := 0;
+BEGIN
+  IF to_regclass('outbox_schema') IS NOT NULL THEN
+    EXECUTE 'SELECT coalesce(max(version), 0) FROM outbox_schema' INTO found;
+  END IF;
+  IF found < 8 THEN
+    INSERT INTO outbox_keys (identity, event_id, queue, dedup_key)
+      SELECT identity, id, queue, dedup_key FROM outbox_events ORDER BY id
+      ON CONFLICT DO NOTHING;
+    WITH moved AS (DELETE FROM outbox_events WHERE state = 'done'
+        RETURNING *)
+      INSERT INTO outbox_done (${ALL_COLUMNS})
+      SELECT ${ALL_COLUMNS} FROM moved;
+  END IF;
+END $$;
+
+DROP INDEX IF EXISTS outbox_events_identity;
+DROP INDEX IF EXISTS outbox_events_dedup;
+DROP INDEX IF EXISTS outbox_events_done;
+`;
 
 /**
  * The schema, idempotent: run under the advisory lock of
@@ -87,9 +167,6 @@ BEGIN
   END IF;
 END $$;
 
-CREATE UNIQUE INDEX IF NOT EXISTS outbox_events_identity
-  ON outbox_events (identity);
-
 CREATE INDEX IF NOT EXISTS outbox_events_claim
   ON outbox_events (queue, due_at, id)
   WHERE state IN ('pending', 'leased');
@@ -97,10 +174,6 @@ CREATE INDEX IF NOT EXISTS outbox_events_claim
 CREATE INDEX IF NOT EXISTS outbox_events_last_attempt
   ON outbox_events (due_at)
   WHERE state = 'leased' AND attempt >= max_attempts;
-
-CREATE UNIQUE INDEX IF NOT EXISTS outbox_events_dedup
-  ON outbox_events (queue, dedup_key)
-  WHERE dedup_key IS NOT NULL;
 
 CREATE INDEX IF NOT EXISTS outbox_events_ordering
   ON outbox_events (queue, ordering_key, id)
@@ -112,10 +185,9 @@ CREATE INDEX IF NOT EXISTS outbox_events_ordering_leased
   ON outbox_events (queue, ordering_key, due_at)
   WHERE state = 'leased' AND ordering_key IS NOT NULL;
 
-CREATE INDEX IF NOT EXISTS outbox_events_done
-  ON outbox_events (done_at)
-  WHERE state = 'done';
-
+-- Version 7: flow control and schedules (dialects/postgres_flow.ts).
+${POSTGRES_FLOW_STEP}
+${POSTGRES_LAYOUT_STEP}
 CREATE TABLE IF NOT EXISTS outbox_attempts (
   id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   event_id bigint NOT NULL,
@@ -148,7 +220,7 @@ CREATE OR REPLACE VIEW outbox_unwritten_attempts AS
     e.token AS token,
     CASE k.n WHEN 1 THEN e.lease_until END AS lease_until,
     NULL::text AS detail, k.n AS n
-  FROM outbox_events AS e
+  FROM outbox_all AS e
   JOIN (VALUES (1, 'claimed'), (2, 'acknowledged')) AS k (n, kind)
     ON e.state = 'done' OR (k.n = 1 AND e.state = 'leased')
   WHERE NOT EXISTS (SELECT 1 FROM outbox_attempts AS a
@@ -176,8 +248,6 @@ DROP TRIGGER IF EXISTS outbox_events_notify ON outbox_events;
 CREATE TRIGGER outbox_events_notify AFTER INSERT ON outbox_events
   FOR EACH STATEMENT EXECUTE FUNCTION outbox_events_notify();
 
--- Version 7: flow control and schedules (dialects/postgres_flow.ts).
-${POSTGRES_FLOW_STEP}
 CREATE TABLE IF NOT EXISTS outbox_schema (
   version integer PRIMARY KEY,
   applied_at bigint NOT NULL
@@ -195,8 +265,27 @@ const LIST_COLUMNS =
   "id, identity, queue, state, attempt, max_attempts, due_at, lease_until, last_error, created_at, updated_at, payload, payload_bytes, ordering_key, dedup_key";
 // The enqueue time of a page's cursor $3: that event's, or (gone) its
 // nearest predecessor's by id.
-const CURSOR_AT = `coalesce((SELECT created_at FROM outbox_events
+const CURSOR_AT = `coalesce((SELECT created_at FROM outbox_all
       WHERE id <= $3 ORDER BY id DESC LIMIT 1), -9223372036854775808)`;
+/**
+ * The events in state `state` (a parameter) may be in: `outbox_done` for
+ * done ones, `outbox_events` for the others, so a read of one state scans
+ * one table (the other branch's one-time filter skips it).
+ */
+const inState = (state: string) =>
+  `(SELECT ${ALL_COLUMNS} FROM outbox_events WHERE ${state} <> 'done'
+    UNION ALL
+    SELECT ${ALL_COLUMNS} FROM outbox_done WHERE ${state} = 'done') AS e`;
+// The sequence of event ids, which an enqueue draws from before its keys'
+// insert (the keys name the event).
+const ID_SEQUENCE =
+  "s AS MATERIALIZED (SELECT pg_get_serial_sequence('outbox_events', 'id')::regclass AS seq)";
+// The elements of the JSON array $2 of an enqueue batch, in order, each
+// with the id its event will have.
+const BATCH = `d AS MATERIALIZED (SELECT e.value, e.n,
+      nextval((SELECT seq FROM s)) AS id
+    FROM json_array_elements($2::json) WITH ORDINALITY AS e (value, n)
+    ORDER BY e.n)`;
 const claimSet = (leaseUntil: string, now: string) =>
   `state = 'leased', fence = e.fence + 1,
       attempt = e.attempt + 1, lease_until = ${leaseUntil}, due_at = ${leaseUntil},
@@ -285,12 +374,11 @@ function acknowledgeInOne(leases: string): string {
   return `WITH ${CLOCK},
   l AS MATERIALIZED (${leases}),
   ${MATCHED},
-  acked AS (UPDATE outbox_events AS e
-    SET state = 'done', updated_at = n.now, done_at = n.now
-    FROM n
+  acked AS (DELETE FROM outbox_events AS e
     WHERE e.id IN (SELECT id FROM matched) AND NOT ${INCOMPLETE}
-    RETURNING e.id)
-  SELECT n.now, (SELECT count(*) FROM acked)::integer AS acknowledged FROM n`;
+    RETURNING e.*),
+  moved AS (${intoDone("acked", "(SELECT now FROM n)")} RETURNING id)
+  SELECT n.now, (SELECT count(*) FROM moved)::integer AS acknowledged FROM n`;
 }
 
 /**
@@ -362,12 +450,11 @@ function claimInOne(acknowledge?: string): string {
   }
     LIMIT 1),${
     acknowledge === undefined ? "" : `
-  acked AS (UPDATE outbox_events AS e
-    SET state = 'done', updated_at = n.now, done_at = n.now
-    FROM n
+  acked AS (DELETE FROM outbox_events AS e
     WHERE e.id IN (SELECT id FROM matched)
       AND NOT EXISTS (SELECT 1 FROM refused)
-    RETURNING e.id),`
+    RETURNING e.*),
+  moved AS (${intoDone("acked", "(SELECT now FROM n)")}),`
   }
   spent AS (${
     spend(
@@ -434,23 +521,23 @@ export const POSTGRES = {
   readBegin: "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
   outboxPresent:
     "SELECT 1 AS present WHERE to_regclass('outbox_events') IS NOT NULL",
-  acknowledgedSince: `SELECT queue, count(*) AS n FROM outbox_events
-    WHERE state = 'done' AND done_at >= $1 GROUP BY queue`,
+  acknowledgedSince: `SELECT queue, count(*) AS n FROM outbox_done
+    WHERE done_at >= $1 GROUP BY queue`,
   activity:
     `SELECT (at / $2::bigint) * $2::bigint AS at, sum(done)::integer AS done,
       sum(failed)::integer AS failed
-    FROM (SELECT done_at AS at, 1 AS done, 0 AS failed FROM outbox_events
-        WHERE state = 'done' AND done_at >= $1
+    FROM (SELECT done_at AS at, 1 AS done, 0 AS failed FROM outbox_done
+        WHERE done_at >= $1
       UNION ALL
       SELECT at, 0, 1 FROM outbox_attempts WHERE at >= $1
         AND (kind = 'expired' OR kind = 'released' AND detail IS NOT NULL)) AS a
     GROUP BY 1 ORDER BY 1`,
   // $1 NULL: any queue holding key $2 (the dedup index leads with the
   // queue: a scan).
-  dedupKeyEventAnyQueue: `SELECT id FROM outbox_events
+  dedupKeyEventAnyQueue: `SELECT event_id AS id FROM outbox_keys
     WHERE $1::text IS NULL AND dedup_key = $2 ORDER BY queue LIMIT 1`,
   dedupKeyEvent:
-    "SELECT id FROM outbox_events WHERE queue = $1 AND dedup_key = $2",
+    "SELECT event_id AS id FROM outbox_keys WHERE queue = $1 AND dedup_key = $2",
   version: POSTGRES_SCHEMA_VERSION,
   now: `SELECT ${NOW} AS now`,
   nowExhausted: `SELECT n.now, e.id, e.fence
@@ -458,44 +545,66 @@ export const POSTGRES = {
     LEFT JOIN LATERAL (SELECT id, fence FROM outbox_events
       WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= n.now
       ORDER BY id FOR UPDATE) AS e ON true`,
-  insert: `INSERT INTO outbox_events
-    (queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at,
-      max_attempts, created_at, updated_at, identity, priority,
-      concurrency_key)
-    VALUES ($1, 'pending', $2, $10, $3, $4, $5, $6, $7, $8, $9, $11, $12)
+  // The event's keys first (its identity and dedup key, whose unique
+  // indexes are the dedup's lock, also after the event is done), then the
+  // event, only when its keys went in.
+  insert: `WITH ${ID_SEQUENCE},
+  k AS (INSERT INTO outbox_keys (identity, event_id, queue, dedup_key)
+    SELECT $9::uuid, nextval(s.seq), $1::text, $3::text FROM s
     ON CONFLICT DO NOTHING
+    RETURNING event_id)
+  INSERT INTO outbox_events
+    (id, queue, state, payload, payload_bytes, dedup_key, ordering_key,
+      due_at, max_attempts, created_at, updated_at, identity, priority,
+      concurrency_key)
+    SELECT k.event_id, $1::text, 'pending', $2::text, $10::bytea, $3::text,
+      $4::text, $5::bigint, $6::integer, $7::bigint, $8::bigint, $9::uuid,
+      $11::integer, $12::text
+    FROM k
     RETURNING id`,
-  existing: `SELECT id, identity FROM outbox_events
+  existing: `SELECT event_id AS id, identity FROM outbox_keys
     WHERE (queue = $1 AND dedup_key = $2) OR identity = $3
     ORDER BY dedup_key IS DISTINCT FROM $2 LIMIT 1`,
-  insertAll: `INSERT INTO outbox_events
-    (queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at,
-      max_attempts, created_at, updated_at, identity, priority,
+  // Each element's keys in array order, so a later element meets an
+  // earlier one's, then the events whose keys went in.
+  insertAll: `WITH ${ID_SEQUENCE}, ${BATCH},
+  k AS (INSERT INTO outbox_keys (identity, event_id, queue, dedup_key)
+    SELECT (d.value ->> 7)::uuid, d.id, d.value ->> 0, d.value ->> 3
+    FROM d ORDER BY d.n
+    ON CONFLICT DO NOTHING
+    RETURNING event_id)
+  INSERT INTO outbox_events
+    (id, queue, state, payload, payload_bytes, dedup_key, ordering_key,
+      due_at, max_attempts, created_at, updated_at, identity, priority,
       concurrency_key)
-    SELECT e.value ->> 0, 'pending', e.value ->> 1,
-      decode(e.value ->> 2, 'hex'), e.value ->> 3, e.value ->> 4,
-      (e.value ->> 5)::bigint, (e.value ->> 6)::integer, $1::bigint,
-      $1::bigint, (e.value ->> 7)::uuid, (e.value ->> 8)::integer,
-      e.value ->> 9
-    FROM json_array_elements($2::json) WITH ORDINALITY AS e (value, n)
-    ORDER BY e.n
-    ON CONFLICT DO NOTHING
+    SELECT d.id, d.value ->> 0, 'pending', d.value ->> 1,
+      decode(d.value ->> 2, 'hex'), d.value ->> 3, d.value ->> 4,
+      (d.value ->> 5)::bigint, (d.value ->> 6)::integer, $1::bigint,
+      $1::bigint, (d.value ->> 7)::uuid, (d.value ->> 8)::integer,
+      d.value ->> 9
+    FROM d WHERE d.id IN (SELECT event_id FROM k)
+    ORDER BY d.n
     RETURNING id, identity, queue, dedup_key`,
-  insertAlike: `INSERT INTO outbox_events
-    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts,
-      created_at, updated_at, identity)
-    SELECT $3, 'pending', e.value ->> 0, NULL, NULL, $4::bigint,
-      $5::integer, $1::bigint, $1::bigint, (e.value ->> 1)::uuid
-    FROM json_array_elements($2::json) WITH ORDINALITY AS e (value, n)
-    ORDER BY e.n
+  insertAlike: `WITH ${ID_SEQUENCE}, ${BATCH},
+  k AS (INSERT INTO outbox_keys (identity, event_id, queue, dedup_key)
+    SELECT (d.value ->> 1)::uuid, d.id, $3::text, NULL
+    FROM d ORDER BY d.n
     ON CONFLICT DO NOTHING
+    RETURNING event_id)
+  INSERT INTO outbox_events
+    (id, queue, state, payload, dedup_key, ordering_key, due_at,
+      max_attempts, created_at, updated_at, identity)
+    SELECT d.id, $3::text, 'pending', d.value ->> 0, NULL, NULL, $4::bigint,
+      $5::integer, $1::bigint, $1::bigint, (d.value ->> 1)::uuid
+    FROM d WHERE d.id IN (SELECT event_id FROM k)
+    ORDER BY d.n
     RETURNING id, identity, queue, dedup_key`,
   existingAll: `SELECT d.n - 1 AS n, e.id, e.identity
     FROM json_array_elements($1::json) WITH ORDINALITY AS d (value, n)
-    JOIN LATERAL (SELECT id, identity FROM outbox_events
+    JOIN LATERAL (SELECT event_id AS id, identity FROM outbox_keys
       WHERE ((queue = d.value ->> 0 AND dedup_key = d.value ->> 1)
           OR identity = (d.value ->> 2)::uuid)
-        AND (d.value ->> 3 IS NULL OR id < (d.value ->> 3)::bigint)
+        AND (d.value ->> 3 IS NULL OR event_id < (d.value ->> 3)::bigint)
       ORDER BY dedup_key IS DISTINCT FROM d.value ->> 1 LIMIT 1) AS e ON true`,
   exhausted: `SELECT id, fence FROM outbox_events
     WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= $1
@@ -567,8 +676,11 @@ export const POSTGRES = {
   ledger:
     `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
     VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-  lockEvents: `SELECT id FROM outbox_events
-    WHERE id IN (${IDS}($1::jsonb)) ORDER BY id FOR UPDATE`,
+  lockEvents: `SELECT id FROM (SELECT id FROM outbox_events
+      WHERE id IN (${IDS}($1::jsonb)) ORDER BY id FOR UPDATE) AS e
+    UNION ALL
+    SELECT id FROM (SELECT id FROM outbox_done
+      WHERE id IN (${IDS}($1::jsonb)) ORDER BY id FOR UPDATE) AS d`,
   writeUnwritten:
     `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
     SELECT event_id, fence, kind, at, token, lease_until, detail
@@ -583,23 +695,26 @@ export const POSTGRES = {
       $1::bigint,
       l.value ->> 3, (l.value ->> 4)::bigint, l.value ->> 5
     FROM jsonb_array_elements($2::jsonb) WITH ORDINALITY AS l (value, n)
-    WHERE EXISTS (SELECT 1 FROM outbox_events
+    WHERE EXISTS (SELECT 1 FROM outbox_all
       WHERE id = (l.value ->> 0)::bigint)
     ORDER BY l.n`,
-  acknowledge: `UPDATE outbox_events
-    SET state = 'done', updated_at = $1, done_at = $1
-    WHERE id = $2 AND token = $3 AND fence = $4 AND state = 'leased'`,
+  // The acknowledged event leaves outbox_events for outbox_done.
+  acknowledge: `WITH acked AS (DELETE FROM outbox_events
+    WHERE id = $2 AND token = $3 AND fence = $4 AND state = 'leased'
+    RETURNING *)
+  ${intoDone("acked", "$1::bigint")}`,
   // $1 now or null (the server's clock), $2 event id, $3 token, $4 fence.
   acknowledgeInOne: acknowledgeInOne(
     "SELECT $2::bigint AS id, $4::bigint AS fence, $3::text AS token",
   ),
   // $1 now or null, $2 a JSON array of [event id, fence, token].
   acknowledgeAllInOne: acknowledgeInOne(leasesOf(2)),
-  acknowledgeAll: `UPDATE outbox_events AS e
-    SET state = 'done', updated_at = $1, done_at = $1
-    FROM jsonb_each_text($2::jsonb) AS a
+  acknowledgeAll: `WITH acked AS (DELETE FROM outbox_events AS e
+    USING jsonb_each_text($2::jsonb) AS a
     WHERE e.id = a.key::bigint
-      AND a.value = e.fence || ':' || e.token AND e.state = 'leased'`,
+      AND a.value = e.fence || ':' || e.token AND e.state = 'leased'
+    RETURNING e.*)
+  ${intoDone("acked", "$1::bigint")}`,
   renew: `UPDATE outbox_events
     SET lease_until = greatest(lease_until, $1),
       due_at = greatest(lease_until, $1), updated_at = $2
@@ -618,7 +733,7 @@ export const POSTGRES = {
     RETURNING state`,
   stale: `INSERT INTO outbox_attempts (event_id, fence, kind, at, token)
     SELECT id, $2::bigint, $3::text, $4::bigint, $5::text
-    FROM outbox_events WHERE id = $1`,
+    FROM outbox_all WHERE id = $1`,
   deadLetters:
     `SELECT id, identity, queue, payload, payload_bytes, attempt, last_error, created_at, done_at
     FROM outbox_events WHERE state = 'dead' AND queue = $1 ORDER BY id LIMIT $2`,
@@ -627,16 +742,16 @@ export const POSTGRES = {
       token = NULL, last_error = $2
     WHERE id = $3`,
   list: `SELECT ${LIST_COLUMNS}
-    FROM outbox_events
+    FROM ${inState("$1::text")}
     WHERE state = $1 AND ($2::text IS NULL OR queue = $2) AND id > $3
     ORDER BY id LIMIT $4`,
   // The dashboard's pages by (created_at, id), as on SQLite: $3 the last
   // event of the previous page. An index seek each once an index of
   // (queue, state, created_at, id) exists; until then a scan.
-  listEnqueuedInQueue: `SELECT ${LIST_COLUMNS} FROM outbox_events
+  listEnqueuedInQueue: `SELECT ${LIST_COLUMNS} FROM ${inState("$1::text")}
     WHERE queue = $2 AND state = $1 AND (created_at, id) > (${CURSOR_AT}, $3)
     ORDER BY created_at, id LIMIT $4`,
-  listEnqueued: `SELECT ${LIST_COLUMNS} FROM outbox_events
+  listEnqueued: `SELECT ${LIST_COLUMNS} FROM ${inState("$1::text")}
     WHERE $2::text IS NULL AND state = $1
       AND (created_at, id) > (${CURSOR_AT}, $3)
     ORDER BY created_at, id LIMIT $4`,
@@ -651,23 +766,31 @@ export const POSTGRES = {
     WHERE state = 'dead' AND ($2::text IS NULL OR queue = $2)
       AND ($3::jsonb IS NULL OR id IN (${IDS}($3::jsonb)))
     RETURNING id, fence`,
-  purgeable: `SELECT id FROM outbox_events
+  purgeable: `SELECT id FROM ${inState("$1::text")}
     WHERE state = $1 AND done_at < $2 LIMIT ${PURGE_BATCH}`,
   purgeLedger:
     `DELETE FROM outbox_attempts WHERE event_id IN (${IDS}($1::jsonb))`,
-  purge: `DELETE FROM outbox_events WHERE id IN (${IDS}($1::jsonb))`,
+  // The events (in either table) and their keys; answers a row per event.
+  purge: `WITH e AS (DELETE FROM outbox_events
+      WHERE id IN (${IDS}($1::jsonb)) RETURNING identity),
+    f AS (DELETE FROM outbox_done
+      WHERE id IN (${IDS}($1::jsonb)) RETURNING identity),
+    k AS (DELETE FROM outbox_keys
+      WHERE identity IN (SELECT identity FROM e
+        UNION ALL SELECT identity FROM f))
+    SELECT 1 FROM e UNION ALL SELECT 1 FROM f`,
   queues: `SELECT queue, state, count(*) AS n, min(created_at) AS oldest
-    FROM outbox_events GROUP BY queue, state ORDER BY queue`,
+    FROM outbox_all GROUP BY queue, state ORDER BY queue`,
   // A page of queues ($2 a name prefix, $3 the last queue of the previous
   // page, $4 queues at most); the counts are exact, whatever $1 says.
   queuesPage: `SELECT queue, state, count(*) AS n, min(created_at) AS oldest
-    FROM outbox_events
-    WHERE queue IN (SELECT DISTINCT queue FROM outbox_events
+    FROM outbox_all
+    WHERE queue IN (SELECT DISTINCT queue FROM outbox_all
         WHERE starts_with(queue, $2) AND queue > $3 ORDER BY queue LIMIT $4)
       AND coalesce($1::bigint, 0) >= 0
     GROUP BY queue, state ORDER BY queue`,
   queueCount: `SELECT count(*) AS n FROM (SELECT DISTINCT queue
-      FROM outbox_events WHERE starts_with(queue, $1) LIMIT $2) AS q`,
+      FROM outbox_all WHERE starts_with(queue, $1) LIMIT $2) AS q`,
   // $2 now or null (the server's clock): one statement outside a
   // transaction, one round trip.
   // One seek per priority in use, as on SQLite: p walks the queue's
@@ -687,10 +810,10 @@ export const POSTGRES = {
         ORDER BY due_at LIMIT 1)) FROM p WHERE p.v IS NOT NULL) AS due_at
     FROM (SELECT coalesce($2::bigint, ${NOW}) AS now) AS n`,
   stats: `SELECT state, count(*) AS n, min(created_at) AS oldest
-    FROM outbox_events WHERE queue = $1 GROUP BY state`,
-  event: `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE id = $1`,
-  eventByIdentity:
-    `SELECT ${EVENT_COLUMNS} FROM outbox_events WHERE identity = $1`,
+    FROM outbox_all WHERE queue = $1 GROUP BY state`,
+  event: `SELECT ${EVENT_COLUMNS} FROM outbox_all WHERE id = $1`,
+  eventByIdentity: `SELECT ${EVENT_COLUMNS} FROM outbox_all
+    WHERE id = (SELECT event_id FROM outbox_keys WHERE identity = $1)`,
   history: `SELECT kind, fence, at, token, lease_until, detail
     FROM outbox_ledger WHERE event_id = $1 ORDER BY seq`,
   flow: POSTGRES_FLOW,

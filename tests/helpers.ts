@@ -226,3 +226,43 @@ export async function tempDir(prefix = "outbox-test-"): Promise<TempDir> {
     [Symbol.asyncDispose]: () => Deno.remove(path, { recursive: true }),
   };
 }
+
+/**
+ * Turns a version 8 schema back into version 7's layout, its events kept:
+ * done events back in outbox_events, no keys table, the identity, dedup and
+ * done indexes of outbox_events, the ledger views over outbox_events alone;
+ * records version 7.
+ */
+export async function asPostgresVersion7(db: Driver): Promise<void> {
+  await db.exec(`DROP VIEW outbox_ledger;
+    DROP VIEW outbox_unwritten_attempts;
+    INSERT INTO outbox_events SELECT * FROM outbox_done;
+    DROP VIEW outbox_all;
+    DROP TABLE outbox_done;
+    DROP TABLE outbox_keys;
+    CREATE UNIQUE INDEX outbox_events_identity ON outbox_events (identity);
+    CREATE UNIQUE INDEX outbox_events_dedup ON outbox_events (queue, dedup_key)
+      WHERE dedup_key IS NOT NULL;
+    CREATE INDEX outbox_events_done ON outbox_events (done_at)
+      WHERE state = 'done';
+    CREATE VIEW outbox_unwritten_attempts AS
+      SELECT e.id AS event_id, e.fence AS fence, k.kind AS kind,
+        CASE k.n WHEN 1 THEN e.claimed_at ELSE e.done_at END AS at,
+        e.token AS token,
+        CASE k.n WHEN 1 THEN e.lease_until END AS lease_until,
+        NULL::text AS detail, k.n AS n
+      FROM outbox_events AS e
+      JOIN (VALUES (1, 'claimed'), (2, 'acknowledged')) AS k (n, kind)
+        ON e.state = 'done' OR (k.n = 1 AND e.state = 'leased')
+      WHERE NOT EXISTS (SELECT 1 FROM outbox_attempts AS a
+        WHERE a.event_id = e.id AND a.fence = e.fence AND a.kind = k.kind);
+    CREATE VIEW outbox_ledger AS
+      SELECT id AS seq, event_id, fence, kind, at, token, lease_until, detail
+      FROM outbox_attempts
+      UNION ALL
+      SELECT (SELECT coalesce(max(id), 0) FROM outbox_attempts) + n, event_id,
+        fence, kind, at, token, lease_until, detail
+      FROM outbox_unwritten_attempts;
+    DELETE FROM outbox_schema;
+    INSERT INTO outbox_schema (version, applied_at) VALUES (7, 0)`);
+}

@@ -22,7 +22,7 @@ import {
 } from "../errors.ts";
 import { type Dialect, Outbox, processEvents } from "../mod.ts";
 import { sharedPostgres, startPostgres } from "../scripts/postgres_server.ts";
-import { ManualClock } from "./helpers.ts";
+import { asPostgresVersion7, ManualClock } from "./helpers.ts";
 
 async function fresh(): Promise<{ url: string; schema: string }> {
   const server = await sharedPostgres();
@@ -692,11 +692,12 @@ Deno.test("R12: four outboxes opening one new schema at once all open, and the s
 });
 
 /**
- * Turns a fresh schema's outbox_events back into version 4's (identity as
- * text, version 5's change; no index of ordering keys' live leases,
- * version 6's) and records version 4.
+ * Turns a fresh schema's outbox_events back into version 4's (version 7's
+ * layout, identity as text, version 5's change; no index of ordering keys'
+ * live leases, version 6's) and records version 4.
  */
 async function asVersion4(db: Driver): Promise<void> {
+  await asPostgresVersion7(db);
   await db.exec(`ALTER TABLE outbox_events ALTER COLUMN identity TYPE text;
     DROP INDEX outbox_events_ordering_leased;
     DELETE FROM outbox_schema;
@@ -711,6 +712,18 @@ async function identityType(db: Driver): Promise<unknown> {
 }
 
 Deno.test("postgres: opening a version 4 schema (identities as text) upgrades it to uuid identities; every event and ledger entry reads as before, and events are claimed, acknowledged and deduplicated by identity as before", async () => {
+  await upgradeKeepsEverything(4);
+});
+
+Deno.test("postgres: opening a version 7 schema (done events in outbox_events, identities and dedup keys in its unique indexes) moves the done events to outbox_done and fills outbox_keys; every event and ledger entry reads as before, and events are claimed, acknowledged and deduplicated by identity and dedup key as before", async () => {
+  await upgradeKeepsEverything(7);
+});
+
+/**
+ * Events in every state and their ledger in a schema turned back into
+ * version `from`; opened, it upgrades to this version and keeps them all.
+ */
+async function upgradeKeepsEverything(from: 4 | 7): Promise<void> {
   const { url, schema } = await fresh();
   const identities: string[] = [];
   {
@@ -738,7 +751,7 @@ Deno.test("postgres: opening a version 4 schema (identities as text) upgrades it
   await using db = await raw(url, schema);
   const snapshot = async () => ({
     events: await db.query(
-      "SELECT id, identity::text AS identity, queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at, claimed_at FROM outbox_events ORDER BY id",
+      `SELECT id, identity::text AS identity, queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at, claimed_at FROM outbox_all ORDER BY id`,
     ),
     ledger: await db.query("SELECT * FROM outbox_ledger ORDER BY seq"),
   });
@@ -747,16 +760,46 @@ Deno.test("postgres: opening a version 4 schema (identities as text) upgrades it
     before.events.map((event) => event["state"]),
     ["done", "dead", "leased", "pending", "pending", "pending"],
   );
-  await asVersion4(db);
-  assert.equal(await identityType(db), "text");
+  if (from === 4) {
+    await asVersion4(db);
+    assert.equal(await identityType(db), "text");
+  } else {
+    await asPostgresVersion7(db);
+    assert.deepEqual(
+      await db.query("SELECT state FROM outbox_events ORDER BY id"),
+      before.events.map((event) => ({ state: event["state"] })),
+    );
+  }
 
   await using outbox = await openPostgres(url, { schema });
   assert.equal(await identityType(db), "uuid");
   assert.deepEqual(
     await db.query("SELECT version FROM outbox_schema ORDER BY version"),
-    [{ version: 4 }, { version: POSTGRES_SCHEMA_VERSION }],
+    [{ version: from }, { version: POSTGRES_SCHEMA_VERSION }],
   );
-  assert.equal(POSTGRES_SCHEMA_VERSION, 7);
+  assert.equal(POSTGRES_SCHEMA_VERSION, 8);
+  // The done event moved; every event's keys are there; the indexes they
+  // replace are gone.
+  assert.deepEqual(
+    await db.query(
+      "SELECT (SELECT count(*) FROM outbox_done)::integer AS done, (SELECT count(*) FROM outbox_events WHERE state = 'done')::integer AS left, (SELECT count(*) FROM outbox_keys)::integer AS keys",
+    ),
+    [{ done: 1, left: 0, keys: 6 }],
+  );
+  assert.deepEqual(
+    await db.query(
+      "SELECT indexname FROM pg_indexes WHERE indexname IN ('outbox_events_identity', 'outbox_events_dedup', 'outbox_events_done') AND schemaname = current_schema()",
+    ),
+    [],
+  );
+  // The done event's dedup key still deduplicates.
+  const done = before.events[0]!;
+  const deduplicated = await outbox.enqueue("k again", { dedupKey: "k" });
+  assert.deepEqual(deduplicated, {
+    eventId: Number(done["id"]),
+    identity: done["identity"],
+    deduplicated: true,
+  });
   assert.deepEqual(
     await db.query(
       "SELECT 1 AS present FROM pg_indexes WHERE indexname = 'outbox_events_ordering_leased' AND schemaname = current_schema()",
@@ -780,7 +823,7 @@ Deno.test("postgres: opening a version 4 schema (identities as text) upgrades it
   assert.equal(batch[1]!.eventId, leases[0]!.eventId);
   assert.deepEqual(await outbox.acknowledge(leases), [true, true, true]);
   assert.equal((await outbox.stats()).done, 4);
-});
+}
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
