@@ -120,7 +120,7 @@ Deno.test("postgres: 4 worker processes with skewed clocks drain 5,000 events th
       const [states] = await db.query(
         `SELECT count(*) FILTER (WHERE state = 'done') AS done,
            count(*) FILTER (WHERE state = 'dead') AS dead,
-           count(*) AS total FROM outbox_events`,
+           count(*) AS total FROM outbox_all`,
       );
       assert.deepEqual(states, {
         done: EVENTS - POISON,
@@ -128,7 +128,7 @@ Deno.test("postgres: 4 worker processes with skewed clocks drain 5,000 events th
         total: EVENTS,
       });
       const [poison] = await db.query(
-        `SELECT count(*) AS n FROM outbox_events
+        `SELECT count(*) AS n FROM outbox_all
          WHERE state = 'dead' AND payload::jsonb ? 'poison'`,
       );
       assert.equal(poison?.["n"], POISON);
@@ -140,7 +140,7 @@ Deno.test("postgres: 4 worker processes with skewed clocks drain 5,000 events th
         `SELECT count(*) AS n, count(DISTINCT l.event_id) AS events,
            count(*) FILTER (WHERE l.fence <> e.fence) AS not_last,
            count(*) FILTER (WHERE e.state <> 'done') AS on_dead
-         FROM outbox_ledger AS l JOIN outbox_events AS e ON e.id = l.event_id
+         FROM outbox_ledger AS l JOIN outbox_all AS e ON e.id = l.event_id
          WHERE l.kind = 'acknowledged'`,
       );
       assert.deepEqual(acks, {
