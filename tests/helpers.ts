@@ -58,7 +58,9 @@ export async function eventRow(
 ): Promise<Row | undefined> {
   const [row] = driver instanceof PostgresDriver
     ? await driver.query(
-      "SELECT *, xmin::text AS xmin FROM outbox_events WHERE id = $1",
+      // Version 8 keeps done events in outbox_done, its columns alike.
+      `SELECT *, xmin::text AS xmin FROM outbox_events WHERE id = $1
+        UNION ALL SELECT *, xmin::text AS xmin FROM outbox_done WHERE id = $1`,
       [id],
     )
     : await driver.query("SELECT * FROM outbox_events WHERE id = ?", [id]);
