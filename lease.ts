@@ -307,7 +307,13 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       // it leaves making them dead letters to the next call that does: on
       // PostgreSQL that step waits for their row locks, and a long
       // transaction holding one would stall every producer.
-      { join, expire: false },
+      {
+        join,
+        expire: false,
+        inOne: this.#sql.insertAllInOne
+          ? (now) => insertAll(this.#driver, this.#sql, prepared, now)
+          : undefined,
+      },
     );
     if (results.length > 0) this.#groups.notify();
     return results;

@@ -160,6 +160,14 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    */
   readonly acknowledgeAllInOne?: string;
   /**
+   * Whether `enqueueBatch` runs `insertAll` or `insertAlike` as one
+   * statement outside a transaction (its own commit), with a null now
+   * for the server's clock, instead of BEGIN, the clock's read, the insert
+   * and COMMIT: for engines where every round trip costs. A batch whose
+   * keys met existing events looks those up with one more statement.
+   */
+  readonly insertAllInOne?: boolean;
+  /**
    * Takes the lock that lines up openers setting the schema up, held to
    * the end of the transaction (instead of SQLite's schema steps): one
    * statement, or several run in order, which may also set what the wait

@@ -12,7 +12,8 @@
  * in its timed blocks (`pg_current_wal_lsn()` before and after, read on a
  * connection of its own).
  *
- * Runs on its own too: `deno run -A bench/postgres_bench.ts [--smoke]`.
+ * Runs on its own too: `deno run -A bench/postgres_bench.ts [--smoke]
+ * [--peers]` (`--peers`: issue 39's rows alone).
  *
  * @module
  */
@@ -229,9 +230,13 @@ async function measure(
  * Starts a server, measures both rows and stops it.
  *
  * @param smoke Toy sizes, to keep the script working.
- * @returns The two rows.
+ * @param peersOnly Only the rows against both peers (issue 39's).
+ * @returns The rows.
  */
-export async function postgresRows(smoke: boolean): Promise<BenchRow[]> {
+export async function postgresRows(
+  smoke: boolean,
+  peersOnly = false,
+): Promise<BenchRow[]> {
   const sizes = smoke ? SMOKE : FULL;
   const server = await startPostgres();
   try {
@@ -239,6 +244,7 @@ export async function postgresRows(smoke: boolean): Promise<BenchRow[]> {
     const boss = await startBoss(server.url, 1);
     try {
       const rows: BenchRow[] = [];
+      if (peersOnly) return await peerRows(server.url, outbox, smoke);
       const kinds = {
         single: { name: "postgres claim+ack cycles/s, one at a time" },
         fused: {
@@ -510,7 +516,7 @@ async function peerRows(
 
 if (import.meta.main) {
   const smoke = Deno.args.includes("--smoke");
-  const rows = await postgresRows(smoke);
+  const rows = await postgresRows(smoke, Deno.args.includes("--peers"));
   console.log(markdown(rows));
   console.log();
   console.log(JSON.stringify({ smoke, rows }));

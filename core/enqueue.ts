@@ -81,15 +81,18 @@ export async function insertOne(
 /**
  * Inserts `events` with one statement, each as `insertOne`
  * would in turn; the skipped ones' events are looked up with one more.
+ * `now` null (`insertAllInOne`, outside a transaction): the statement reads
+ * the server's clock, and minted identities carry this process's.
  */
 export async function insertAll(
   driver: Driver,
   sql: Dialect,
   events: readonly PreparedEnqueue[],
-  now: number,
+  now: number | null,
 ): Promise<EnqueueResult[]> {
   if (events.length === 0) return [];
-  const identities = events.map((event) => event.identity ?? uuidv7(now));
+  const mintedAt = now ?? Date.now();
+  const identities = events.map((event) => event.identity ?? uuidv7(mintedAt));
   const [first] = events as [PreparedEnqueue];
   const alike = events.every((event) =>
     typeof event.payload === "string" && event.queue === first.queue &&
@@ -104,7 +107,7 @@ export async function insertAll(
         events.map((event, i) => [event.payload, identities[i]]),
       ),
       first.queue,
-      now + first.delayMs,
+      first.delayMs,
       first.maxAttempts,
     ])
     : await driver.query(sql.insertAll, [
@@ -118,7 +121,7 @@ export async function insertAll(
           bytes ? hex(payload, 0, payload.length) : null,
           event.dedupKey,
           event.orderingKey,
-          now + event.delayMs,
+          event.delayMs,
           event.maxAttempts,
           identities[i],
           event.priority,

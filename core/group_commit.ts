@@ -8,10 +8,12 @@
  *
  * @module
  */
+import { ConnectionLostError, PostgresError } from "../errors.ts";
 import type { EnqueueResult } from "../types.ts";
 import { describe } from "../validate.ts";
 import type { OutboxCore } from "./context.ts";
 import {
+  insertAll,
   insertGroup,
   insertOne,
   payloadSize,
@@ -124,23 +126,41 @@ export class GroupCommit {
     const close = () => {
       if (this.#group === group) this.#group = undefined;
     };
+    const { driver, sql } = this.#core;
+    // The group's calls, once it is closed.
+    const events = () => group.calls.map((call) => call.event);
     let settled: Settled<EnqueueResult>[];
     try {
       settled = await this.#core.write(
         "enqueue",
         (now) => {
           close();
-          return insertGroup(
-            this.#core.driver,
-            this.#core.sql,
-            group.calls.map((call) => call.event),
-            now,
-          );
+          return insertGroup(driver, sql, events(), now);
         },
         {
           join: group.join,
           // As for enqueueBatch.
           expire: false,
+          // Outside a transaction, the group as one statement (its own
+          // commit). When the server refuses it, which changed nothing, the
+          // transaction above runs instead and fails only the call at fault.
+          inOne: sql.insertAllInOne
+            ? async (now) => {
+              close();
+              try {
+                return (await insertAll(driver, sql, events(), now)).map((
+                  value,
+                ) => ({ value }));
+              } catch (error) {
+                // A lost connection leaves unknown whether it committed.
+                if (
+                  error instanceof PostgresError &&
+                  !(error instanceof ConnectionLostError)
+                ) return undefined;
+                throw error;
+              }
+            }
+            : undefined,
           // A deferred constraint one call broke refused the COMMIT of all:
           // each runs again in a transaction of its own, in order and in
           // this turn, so only that call fails.

@@ -567,7 +567,7 @@ export const POSTGRES = {
     ORDER BY dedup_key IS DISTINCT FROM $2 LIMIT 1`,
   // Each element's keys in array order, so a later element meets an
   // earlier one's, then the events whose keys went in.
-  insertAll: `WITH ${ID_SEQUENCE}, ${BATCH},
+  insertAll: `WITH ${CLOCK}, ${ID_SEQUENCE}, ${BATCH},
   k AS (INSERT INTO outbox_keys (identity, event_id, queue, dedup_key)
     SELECT (d.value ->> 7)::uuid, d.id, d.value ->> 0, d.value ->> 3
     FROM d ORDER BY d.n
@@ -579,13 +579,14 @@ export const POSTGRES = {
       concurrency_key)
     SELECT d.id, d.value ->> 0, 'pending', d.value ->> 1,
       decode(d.value ->> 2, 'hex'), d.value ->> 3, d.value ->> 4,
-      (d.value ->> 5)::bigint, (d.value ->> 6)::integer, $1::bigint,
-      $1::bigint, (d.value ->> 7)::uuid, (d.value ->> 8)::integer,
+      (SELECT now FROM n) + (d.value ->> 5)::bigint,
+      (d.value ->> 6)::integer, (SELECT now FROM n), (SELECT now FROM n),
+      (d.value ->> 7)::uuid, (d.value ->> 8)::integer,
       d.value ->> 9
     FROM d WHERE d.id IN (SELECT event_id FROM k)
     ORDER BY d.n
     RETURNING id, identity, queue, dedup_key`,
-  insertAlike: `WITH ${ID_SEQUENCE}, ${BATCH},
+  insertAlike: `WITH ${CLOCK}, ${ID_SEQUENCE}, ${BATCH},
   k AS (INSERT INTO outbox_keys (identity, event_id, queue, dedup_key)
     SELECT (d.value ->> 1)::uuid, d.id, $3::text, NULL
     FROM d ORDER BY d.n
@@ -594,11 +595,15 @@ export const POSTGRES = {
   INSERT INTO outbox_events
     (id, queue, state, payload, dedup_key, ordering_key, due_at,
       max_attempts, created_at, updated_at, identity)
-    SELECT d.id, $3::text, 'pending', d.value ->> 0, NULL, NULL, $4::bigint,
-      $5::integer, $1::bigint, $1::bigint, (d.value ->> 1)::uuid
+    SELECT d.id, $3::text, 'pending', d.value ->> 0, NULL, NULL,
+      (SELECT now FROM n) + $4::bigint, $5::integer, (SELECT now FROM n),
+      (SELECT now FROM n), (d.value ->> 1)::uuid
     FROM d WHERE d.id IN (SELECT event_id FROM k)
     ORDER BY d.n
     RETURNING id, identity, queue, dedup_key`,
+  // The batch statements above run outside a transaction too, on the
+  // server's clock when $1 is null.
+  insertAllInOne: true,
   existingAll: `SELECT d.n - 1 AS n, e.id, e.identity
     FROM json_array_elements($1::json) WITH ORDINALITY AS d (value, n)
     JOIN LATERAL (SELECT event_id AS id, identity FROM outbox_keys

@@ -82,14 +82,14 @@ export const SQL = {
   // `insert` would be, in array order, so ids follow it and a later row
   // meets the keys of earlier ones. ?1: now; ?2: a JSON array of [queue,
   // payload JSON text or null, payload bytes as hex or null, dedup key,
-  // ordering key, due_at, max_attempts, identity, priority, concurrency
-  // key]. (WHERE true: SQLite's upsert after INSERT … SELECT needs a WHERE
+  // ordering key, delay in ms (due_at less now), max_attempts, identity,
+  // priority, concurrency key]. (WHERE true: SQLite's upsert after INSERT … SELECT needs a WHERE
   // clause to parse.)
   insertAll: `INSERT INTO outbox_events
     (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity, priority, concurrency_key)
     SELECT e.value ->> 0, 'pending',
       coalesce(e.value ->> 1, unhex(e.value ->> 2)), e.value ->> 3,
-      e.value ->> 4, e.value ->> 5, e.value ->> 6, ?1, ?1, e.value ->> 7,
+      e.value ->> 4, ?1 + (e.value ->> 5), e.value ->> 6, ?1, ?1, e.value ->> 7,
       e.value ->> 8, e.value ->> 9
     FROM json_each(?2) AS e WHERE true ORDER BY e.key
     ON CONFLICT DO NOTHING
@@ -97,11 +97,11 @@ export const SQL = {
   // `insertAll` for a batch whose events differ only in payload (JSON text)
   // and identity, the common case: two values to read per element rather
   // than eight, which halves the statement's cost in WASM. ?1: now; ?2: a
-  // JSON array of [payload JSON text, identity]; ?3: queue; ?4: due_at;
+  // JSON array of [payload JSON text, identity]; ?3: queue; ?4: delay in ms;
   // ?5: max_attempts.
   insertAlike: `INSERT INTO outbox_events
     (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity)
-    SELECT ?3, 'pending', e.value ->> 0, NULL, NULL, ?4, ?5, ?1, ?1,
+    SELECT ?3, 'pending', e.value ->> 0, NULL, NULL, ?1 + ?4, ?5, ?1, ?1,
       e.value ->> 1
     FROM json_each(?2) AS e WHERE true ORDER BY e.key
     ON CONFLICT DO NOTHING

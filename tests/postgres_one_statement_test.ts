@@ -9,7 +9,12 @@ import assert from "node:assert/strict";
 import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
 import { POSTGRES } from "../dialects/postgres.ts";
 import { connectPostgres, type PostgresDriver } from "../drivers/postgres.ts";
-import { type Dialect, type Lease, Outbox } from "../mod.ts";
+import {
+  type Dialect,
+  type EnqueueResult,
+  type Lease,
+  Outbox,
+} from "../mod.ts";
 import { sharedPostgres } from "../scripts/postgres_server.ts";
 
 /** A connection that records every statement it sends. */
@@ -111,6 +116,90 @@ for (
     } finally {
       await outbox.close();
     }
+  });
+
+  Deno.test(`postgres round trips (${clock}): an enqueue is one statement, and so is a group of concurrent ones`, async () => {
+    const { outbox, db } = await open(options);
+    try {
+      const lone = await db.during(() => outbox.enqueue({ n: 0 }));
+      let results: EnqueueResult[] = [];
+      const group = await db.during(async () =>
+        results = await Promise.all(
+          Array.from({ length: 20 }, (_, n) => outbox.enqueue({ n: n + 1 })),
+        )
+      );
+      assert.deepEqual([lone.length, group.length], [1, 1]);
+      assert.deepEqual(
+        results.map((r) => [r.eventId, r.deduplicated]),
+        Array.from({ length: 20 }, (_, n) => [n + 2, false]),
+      );
+      assert.deepEqual(
+        (await db.inner.query(
+          "SELECT payload FROM outbox_events ORDER BY id",
+        )).map((row) => JSON.parse(String(row["payload"]))),
+        Array.from({ length: 21 }, (_, n) => ({ n })),
+      );
+    } finally {
+      await outbox.close();
+    }
+  });
+
+  Deno.test(`postgres round trips (${clock}): a batch enqueue is one statement (two when some met earlier events' keys) and answers and writes what the general transaction does`, async () => {
+    const identity = "0190b2c4-7d3e-7a11-8f00-5c0ffee0cafe";
+    const run = async (dialect?: Dialect) => {
+      const { outbox, db } = await open(options, dialect);
+      try {
+        await outbox.enqueueBatch([
+          { payload: { n: 0 }, dedupKey: "k0" },
+          { payload: { n: 1 }, identity },
+        ]);
+        const alike = await db.during(() =>
+          outbox.enqueueBatch(
+            Array.from({ length: 256 }, (_, i) => ({ payload: { i } })),
+          )
+        );
+        let mixed: EnqueueResult[] = [];
+        const met = await db.during(async () =>
+          mixed = await outbox.enqueueBatch([
+            { payload: { n: 2 }, dedupKey: "k0" },
+            { payload: { n: 3 }, dedupKey: "k1", delayMs: 5_000 },
+            { payload: { n: 4 }, identity },
+            { payload: { n: 5 }, dedupKey: "k1" },
+            { payload: new Uint8Array([1, 2]), queue: "b", maxAttempts: 2 },
+          ])
+        );
+        const rows = await db.inner.query(
+          `SELECT id, queue, payload, payload_bytes, dedup_key, max_attempts,
+              due_at - created_at AS delay, created_at = updated_at AS same
+            FROM outbox_events ORDER BY id`,
+        );
+        return {
+          sent: [alike.length, met.length],
+          answered: mixed.map((r) => [r.eventId, r.deduplicated]),
+          rows,
+        };
+      } finally {
+        await outbox.close();
+      }
+    };
+    const general = await run(GENERAL);
+    const inOne = await run();
+    assert.deepEqual(inOne.sent, [1, 2]);
+    // BEGIN, the server's clock when it is the lease clock, the insert and
+    // COMMIT; the lookup of the events met.
+    const begun = clock === "an injected clock" ? 3 : 4;
+    assert.deepEqual(general.sent, [begun, begun + 1]);
+    // Each element takes an id, also one skipped.
+    assert.deepEqual(inOne.answered, [
+      [1, true],
+      [260, false],
+      [2, true],
+      [260, true],
+      [263, false],
+    ]);
+    assert.deepEqual(inOne.answered, general.answered);
+    assert.equal(inOne.rows.length, 260);
+    assert.deepEqual(inOne.rows, general.rows);
   });
 
   Deno.test(`postgres round trips (${clock}): acknowledging a batch of 256 and claiming the next is one`, async () => {
