@@ -160,13 +160,22 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    */
   readonly acknowledgeAllInOne?: string;
   /**
-   * Whether `enqueueBatch` runs `insertAll` or `insertAlike` as one
-   * statement outside a transaction (its own commit), with a null now
-   * for the server's clock, instead of BEGIN, the clock's read, the insert
-   * and COMMIT: for engines where every round trip costs. A batch whose
-   * keys met existing events looks those up with one more statement.
+   * Whether `enqueueBatch` and a group of `enqueue` calls run `insertAll`
+   * or `insertAlike` as one statement outside a transaction (its own
+   * commit), with a null now for the server's clock, instead of BEGIN, the
+   * clock's read, the insert and COMMIT: for engines where every round trip
+   * costs. A batch whose keys met existing events looks those up with one
+   * more statement.
    */
   readonly insertAllInOne?: boolean;
+  /**
+   * `insertAlike` for a batch whose identities the outbox minted (UUIDv7,
+   * unique by construction) and that has no dedup key, where the keys
+   * table is written without the conflict check (PostgreSQL's
+   * `outbox_keys`): every event is inserted, and a repeated identity fails
+   * the statement. Absent: `insertAlike`.
+   */
+  readonly insertMinted?: string;
   /**
    * Takes the lock that lines up openers setting the schema up, held to
    * the end of the transaction (instead of SQLite's schema steps): one

@@ -100,8 +100,10 @@ export async function insertAll(
     event.priority === 0 && event.concurrencyKey === null &&
     event.delayMs === first.delayMs && event.maxAttempts === first.maxAttempts
   );
+  const minted = sql.insertMinted !== undefined &&
+    events.every((event) => event.identity === null);
   const rows = alike
-    ? await driver.query(sql.insertAlike, [
+    ? await driver.query(minted ? sql.insertMinted! : sql.insertAlike, [
       now,
       JSON.stringify(
         events.map((event, i) => [event.payload, identities[i]]),
