@@ -477,6 +477,33 @@ function claimInOne(acknowledge?: string): string {
   ORDER BY c.k`;
 }
 
+/**
+ * The enqueue of a batch whose events differ only in payload and identity
+ * ($2: a JSON array of [payload, identity]; $3 queue, $4 delay, $5
+ * max_attempts). `checked`: the keys go in with ON CONFLICT DO NOTHING and
+ * only the events whose keys went in follow; otherwise all go in.
+ */
+const alike = (checked: boolean) =>
+  `WITH ${CLOCK}, ${ID_SEQUENCE}, ${BATCH},
+  k AS (INSERT INTO outbox_keys (identity, event_id, queue, dedup_key)
+    SELECT (d.value ->> 1)::uuid, d.id, $3::text, NULL
+    FROM d ORDER BY d.n${
+    checked
+      ? `
+    ON CONFLICT DO NOTHING
+    RETURNING event_id`
+      : ""
+  })
+  INSERT INTO outbox_events
+    (id, queue, state, payload, dedup_key, ordering_key, due_at,
+      max_attempts, created_at, updated_at, identity)
+    SELECT d.id, $3::text, 'pending', d.value ->> 0, NULL, NULL,
+      (SELECT now FROM n) + $4::bigint, $5::integer, (SELECT now FROM n),
+      (SELECT now FROM n), (d.value ->> 1)::uuid
+    FROM d${checked ? " WHERE d.id IN (SELECT event_id FROM k)" : ""}
+    ORDER BY d.n
+    RETURNING id, identity, queue, dedup_key`;
+
 /** The statements of the core on PostgreSQL. */
 export const POSTGRES = {
   // Whatever the database's default_transaction_isolation: at REPEATABLE
@@ -586,37 +613,12 @@ export const POSTGRES = {
     FROM d WHERE d.id IN (SELECT event_id FROM k)
     ORDER BY d.n
     RETURNING id, identity, queue, dedup_key`,
-  insertAlike: `WITH ${CLOCK}, ${ID_SEQUENCE}, ${BATCH},
-  k AS (INSERT INTO outbox_keys (identity, event_id, queue, dedup_key)
-    SELECT (d.value ->> 1)::uuid, d.id, $3::text, NULL
-    FROM d ORDER BY d.n
-    ON CONFLICT DO NOTHING
-    RETURNING event_id)
-  INSERT INTO outbox_events
-    (id, queue, state, payload, dedup_key, ordering_key, due_at,
-      max_attempts, created_at, updated_at, identity)
-    SELECT d.id, $3::text, 'pending', d.value ->> 0, NULL, NULL,
-      (SELECT now FROM n) + $4::bigint, $5::integer, (SELECT now FROM n),
-      (SELECT now FROM n), (d.value ->> 1)::uuid
-    FROM d WHERE d.id IN (SELECT event_id FROM k)
-    ORDER BY d.n
-    RETURNING id, identity, queue, dedup_key`,
+  insertAlike: alike(true),
   // insertAlike when the outbox minted every identity: no conflict to
   // check for (the keys' primary key still refuses a repeat), so the keys
   // go in without ON CONFLICT's speculative insertion and the events
   // without waiting for the keys' RETURNING.
-  insertMinted: `WITH ${CLOCK}, ${ID_SEQUENCE}, ${BATCH},
-  k AS (INSERT INTO outbox_keys (identity, event_id, queue, dedup_key)
-    SELECT (d.value ->> 1)::uuid, d.id, $3::text, NULL
-    FROM d ORDER BY d.n)
-  INSERT INTO outbox_events
-    (id, queue, state, payload, dedup_key, ordering_key, due_at,
-      max_attempts, created_at, updated_at, identity)
-    SELECT d.id, $3::text, 'pending', d.value ->> 0, NULL, NULL,
-      (SELECT now FROM n) + $4::bigint, $5::integer, (SELECT now FROM n),
-      (SELECT now FROM n), (d.value ->> 1)::uuid
-    FROM d ORDER BY d.n
-    RETURNING id, identity, queue, dedup_key`,
+  insertMinted: alike(false),
   // The batch statements above run outside a transaction too, on the
   // server's clock when $1 is null.
   insertAllInOne: true,
