@@ -45,6 +45,7 @@
  */
 import type { Driver } from "../driver.ts";
 import { driverMutex } from "../core/transaction.ts";
+import { statIfPresent } from "./file_access.ts";
 
 /** The events table's counter: raised by every insert, and only by one. */
 const SEQUENCE_SQL =
@@ -84,7 +85,10 @@ export function watchFileEnqueues(
 ): () => Promise<void> {
   // Each by its own path: a watch of the directory would have Deno open
   // and close the database file and its -shm at each of their changes.
-  const watched = [`${path}-wal`, `${path}-journal`].filter(present);
+  // stat(2) opens nothing.
+  const watched = [`${path}-wal`, `${path}-journal`].filter((file) =>
+    statIfPresent(file) !== undefined
+  );
   let watcher: Deno.FsWatcher;
   try {
     if (watched.length === 0) throw new Error("nothing to watch");
@@ -149,16 +153,6 @@ export function watchFileEnqueues(
     }
     await events;
   };
-}
-
-/** Whether `path` names a file now (stat(2): nothing is opened). */
-function present(path: string): boolean {
-  try {
-    Deno.statSync(path);
-    return true;
-  } catch {
-    return false;
-  }
 }
 
 /** The counter, or `undefined` when it cannot be read now. */
