@@ -36,7 +36,6 @@ const NOW = 1_900_000_000_000;
 const MINUTE = 60_000;
 const HOUR = 3_600_000;
 const DAY = 86_400_000;
-const QUEUES = ["q0", "q1", "q2", "q3"];
 
 /**
  * One kind of event: `count` in 20 events are of it (by `(id / 4) % 20`,
