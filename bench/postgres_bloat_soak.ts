@@ -96,6 +96,11 @@ export interface Verdict {
   readonly heapBytes: Bound;
   readonly totalBytes: Bound;
   readonly dead: Bound;
+  /**
+   * Live tuples, reported, not judged: a table that keeps its finished
+   * events grows by them however well vacuumed (its bound as the others').
+   */
+  readonly live: Bound;
   /** One line for people. */
   readonly text: string;
 }
@@ -133,6 +138,7 @@ export function verdict(
   const heapBytes = bound((s) => s.heapBytes);
   const totalBytes = bound((s) => s.totalBytes);
   const dead = bound((s) => s.dead, deadFloor);
+  const live = bound((s) => s.live);
   const bounded = heapBytes.bounded && totalBytes.bounded && dead.bounded;
   const part = (name: string, b: Bound, unit: (n: number) => string) =>
     `${name} ${unit(b.secondMax)} (bound ${unit(b.bound)}: ${
@@ -146,8 +152,8 @@ export function verdict(
       part("total", totalBytes, mebibytes),
       part("dead tuples", dead, (n) => String(Math.round(n))),
     ].join(", ")
-  }`;
-  return { table, bounded, heapBytes, totalBytes, dead, text };
+  }; live tuples ${live.firstMax} in the first half, ${live.secondMax} in the second`;
+  return { table, bounded, heapBytes, totalBytes, dead, live, text };
 }
 
 function mebibytes(bytes: number): string {

@@ -57,7 +57,16 @@ Deno.test("verdict: a hot table whose size levels off and whose dead tuples auto
     bound: 15_750,
     bounded: true,
   });
-  assert.match(judged.text, /^outbox_events: bounded over the second half/);
+  assert.deepEqual(judged.live, {
+    firstMax: 5_000,
+    secondMax: 5_000,
+    bound: 7_500,
+    bounded: true,
+  });
+  assert.match(
+    judged.text,
+    /^outbox_events: bounded over the second half.*; live tuples 5000 in the first half, 5000 in the second$/,
+  );
 });
 
 Deno.test("verdict: a hot table that keeps growing is not bounded, naming the size past its bound", () => {
@@ -78,6 +87,21 @@ Deno.test("verdict: a hot table that keeps growing is not bounded, naming the si
   assert.match(
     judged.text,
     /NOT bounded.*heap 100\.00 MiB \(bound 75\.00 MiB: past\)/,
+  );
+});
+
+Deno.test("verdict: live tuples that grow are reported beside the verdict, not judged", () => {
+  const judged = verdict(
+    series(() => ({ heap: MIB, dead: 0 })).map((s) => ({
+      ...s,
+      live: s.atMs,
+    })),
+    TEN_MINUTES,
+  );
+  assert.deepEqual([judged.bounded, judged.live.bounded], [true, false]);
+  assert.match(
+    judged.text,
+    /live tuples 300000 in the first half, 600000 in the second$/,
   );
 });
 
