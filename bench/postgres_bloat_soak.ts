@@ -13,7 +13,8 @@
  * `release` (an error, retried at once) on every hundredth; and
  * `acknowledgeAndClaim(leases, { max })`. Nothing is purged, unless
  * `--purge-seconds` asks for retention (done events older than that,
- * purged that often).
+ * purged that often). `--workers` (4), `--backlog` (5,000) and `--batch`
+ * (64) size the work.
  *
  * Every `--interval-seconds` (and at the start and the end), for each table
  * of the outbox's schema whose name starts with `outbox_` (found by that
@@ -26,7 +27,8 @@
  * TOAST included) and its dead tuples each stay within `--factor` (1.5) of
  * their largest value over the first half (dead tuples: or within
  * `--dead-floor`, 1,000, which autovacuum's own trigger of 50 + 20% of the
- * live rows leaves to gather on any table).
+ * live rows leaves to gather on any table). `--table` judges another table
+ * instead.
  *
  * The server: its own embedded PostgreSQL (`scripts/postgres_server.ts`,
  * whose only settings are the port, `max_connections`, `fsync` and
@@ -392,6 +394,7 @@ if (import.meta.main) {
       "purge-seconds": { type: "string" },
       factor: { type: "string", default: "1.5" },
       "dead-floor": { type: "string", default: "1000" },
+      table: { type: "string", default: "outbox_events" },
       url: { type: "string" },
     },
   });
@@ -431,17 +434,22 @@ if (import.meta.main) {
     const result = await soak(
       { url, schema, durationMs, intervalMs, workers, backlog, batch, purgeMs },
       (taken, acknowledged) => {
-        const hot = taken.find((s) => s.table === "outbox_events");
+        const hot = taken.find((s) => s.table === values.table);
         console.error(
           `soak: ${
             ((hot?.atMs ?? 0) / 1000).toFixed(0)
-          } s, ${acknowledged} acknowledged, outbox_events ${
+          } s, ${acknowledged} acknowledged, ${values.table} ${
             mebibytes(hot?.totalBytes ?? 0)
           }, ${hot?.dead ?? 0} dead tuples`,
         );
       },
     );
-    const judged = verdict(result.samples, { durationMs, factor, deadFloor });
+    const judged = verdict(result.samples, {
+      table: values.table,
+      durationMs,
+      factor,
+      deadFloor,
+    });
     console.log(sampleTable(result.samples));
     console.log(`\n${judged.text}`);
     console.log(
