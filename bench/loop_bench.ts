@@ -8,10 +8,12 @@
  *   timers fire on the next millisecond tick or later), draining the events
  *   queued before each block: on the WASM file (its default, WAL for a new
  *   file since issue 36, and WAL set explicitly), on `node:sqlite` (its
- *   default, WAL)
- *   against Deno KV's `listenQueue` (WAL, fsync per commit) with the same
- *   handler, gated to `concurrency` at once (the goal's anchor) and as Deno
- *   KV runs it, up to 100 at once (reported); on PostgreSQL against graphile-worker's `run()` and pg-boss's
+ *   default, WAL) against Deno KV's `listenQueue` (WAL, fsync per commit)
+ *   with the same handler, gated to `concurrency` at once (the goal's
+ *   anchor) and as Deno KV runs it, up to 100 at once (reported); with the
+ *   1 ms handler, the handler alone as well, `concurrency` loops awaiting it
+ *   with no queue (reported: the most a loop could run, as Deno's timers
+ *   fire); on PostgreSQL against graphile-worker's `run()` and pg-boss's
  *   `fetch` + `complete` (as many loops as the concurrency) on the same
  *   server, each with its defaults.
  * - Single enqueues, one per transaction, against `kv.enqueue`.
@@ -177,6 +179,30 @@ function loopSide(
       await drained.promise;
       // Stopping waits for the last acknowledgements' commit.
       await processor.stop();
+      return units;
+    },
+  };
+}
+
+/**
+ * The handler alone, no queue: `concurrency` loops awaiting it one call
+ * after another until `units` calls returned. What any processing loop in
+ * this process could run at most with this handler, as the runtime's timers
+ * fire: the ceiling of a loop row.
+ */
+function aloneSide(work: Work, concurrency: number, units: number): Side {
+  const handler = handlerOf(work);
+  return {
+    async block() {
+      let taken = 0;
+      await Promise.all(
+        Array.from({ length: concurrency }, async () => {
+          while (taken < units) {
+            taken++;
+            await handler();
+          }
+        }),
+      );
       return units;
     },
   };
@@ -499,8 +525,10 @@ export async function runLoopScenario(
         concurrency,
       );
       using kv = kvLoopSide(scenario.kvPath, work, units, undefined);
+      // The handler alone only where it takes time: a no-op's is no ceiling.
+      const alone = work === "io" ? [aloneSide(work, concurrency, units)] : [];
       return await alternateAll(
-        [loopSide(outbox, work, concurrency, units), kvGated, kv],
+        [loopSide(outbox, work, concurrency, units), kvGated, kv, ...alone],
         scenario.warmup,
         scenario.blocks,
       );
@@ -585,10 +613,14 @@ export function loopGoal(
 }
 
 /**
- * The two rows of a SQLite loop scenario: against Deno KV gated to the
- * loop's concurrency (the goal), and against Deno KV as it dispatches.
+ * The rows of a SQLite loop scenario: against Deno KV gated to the loop's
+ * concurrency (the goal), and against Deno KV as it dispatches; when the
+ * handler alone was measured too (a fourth side), reported against it, and
+ * it against Deno KV gated: how near Deno KV any loop running this handler
+ * in this process could come.
  *
- * @param m The loop, Deno KV gated, Deno KV ungated, as measured.
+ * @param m The loop, Deno KV gated, Deno KV ungated (and the handler
+ * alone), as measured.
  */
 export function kvLoopRowsOf(
   store: Store,
@@ -599,17 +631,51 @@ export function kvLoopRowsOf(
   const name = `processEvents events/s, concurrency ${concurrency}, ${
     WORK[work]
   }, ${STORES[store]}`;
-  return (["kvGated", "kvUngated"] as const).map((anchor, i) => ({
+  const gated = `${KV}, kv.listenQueue(), same handler, ${concurrency} at once`;
+  const rows: BenchRow[] = (["kvGated", "kvUngated"] as const).map((
+    anchor,
+    i,
+  ) => ({
     name,
     value: m.values[0]!,
     unit: "events/s",
-    anchor: `${KV}, kv.listenQueue(), same handler, ${
-      anchor === "kvGated" ? `${concurrency} at once` : "up to 100 at once"
-    }`,
+    anchor: anchor === "kvGated"
+      ? gated
+      : `${KV}, kv.listenQueue(), same handler, up to 100 at once`,
     anchorValue: m.values[i + 1]!,
     ratio: m.ratios[i]!,
     ...judge(loopGoal(store, concurrency, anchor), m.ratios[i]!, m.values[0]!),
   }));
+  const alone = m.values[3];
+  if (alone === undefined) return rows;
+  const aloneName =
+    `the handler alone, no queue, events/s, concurrency ${concurrency}, ${
+      WORK[work]
+    }`;
+  const overGated = median(
+    m.blockRates[3]!.map((rate, b) => rate / m.blockRates[1]![b]!),
+  );
+  rows.push(
+    {
+      name,
+      value: m.values[0]!,
+      unit: "events/s",
+      anchor: aloneName,
+      anchorValue: alone,
+      ratio: m.ratios[2]!,
+      ...judge(undefined, m.ratios[2]!, m.values[0]!),
+    },
+    {
+      name: aloneName,
+      value: alone,
+      unit: "events/s",
+      anchor: gated,
+      anchorValue: m.values[1]!,
+      ratio: overGated,
+      ...judge(undefined, overGated, alone),
+    },
+  );
+  return rows;
 }
 
 function progress(message: string): void {
