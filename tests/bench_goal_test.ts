@@ -181,6 +181,24 @@ Deno.test("with the handler alone measured, a SQLite loop row is reported agains
   ]);
 });
 
+Deno.test("the rows with the handler on another thread are reported, none a goal", () => {
+  const rows = kvLoopRowsOf("wasm", "thread", 1, {
+    values: [700, 500, 520, 780],
+    ratios: [1.4, 1.35, 0.9],
+    blockRates: [[700], [500], [520], [780]],
+  });
+  assert.deepEqual(rows.map(({ goal, met }) => [goal, met]), [
+    ["report", null],
+    ["report", null],
+    ["report", null],
+    ["report", null],
+  ]);
+  assert.equal(
+    rows[0]!.name,
+    "processEvents events/s, concurrency 1, handler awaits 1 ms on another thread (FFI usleep), WASM file (defaults: wal, full)",
+  );
+});
+
 Deno.test("the loop's goals on PostgreSQL hold it to 1.0 of graphile-worker and of pg-boss at every concurrency", () => {
   assert.deepEqual(loopGoal("postgres", 1, "graphile"), { atLeast: 1 });
   assert.deepEqual(loopGoal("postgres", 16, "boss"), { atLeast: 1 });
