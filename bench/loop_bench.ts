@@ -13,8 +13,9 @@
  *   anchor) and as Deno KV runs it, up to 100 at once (reported); with the
  *   1 ms handler, the handler alone as well, `concurrency` loops awaiting it
  *   with no queue (reported: the most a loop could run, as Deno's timers
- *   fire); and, reported, at concurrency 1 and 4 on both defaults, with a
- *   handler awaiting 1 ms on another thread, as I/O completes; on
+ *   fire); and at concurrency 1 and 4 on both defaults, with a handler
+ *   awaiting 1 ms on another thread, as I/O completes (the goal rows of
+ *   the 1 ms handler there: the timer's rows are reported); on
  *   PostgreSQL against graphile-worker's `run()` and pg-boss's
  *   `fetch` + `complete` (as many loops as the concurrency) on the same
  *   server, each with its defaults.
@@ -634,7 +635,10 @@ export function loopGoal(
 
 /**
  * The rows of a SQLite loop scenario: against Deno KV gated to the loop's
- * concurrency (the goal, but with the handler on another thread: reported),
+ * concurrency (the goal; with the 1 ms handler, at 1 and 4 the goal reads
+ * the handler awaiting 1 ms on another thread, as I/O completes, which is
+ * what issue 37 asks for: a 1 ms timer's row is reported, since what wakes
+ * the event loop, not the loop's work, sets it, see bench/README.md),
  * and against Deno KV as it dispatches; when the
  * handler alone was measured too (a fourth side), reported against it, and
  * it against Deno KV gated: how near Deno KV any loop running this handler
@@ -666,7 +670,9 @@ export function kvLoopRowsOf(
     anchorValue: m.values[i + 1]!,
     ratio: m.ratios[i]!,
     ...judge(
-      work === "thread" ? undefined : loopGoal(store, concurrency, anchor),
+      work === "io" && concurrency < 16
+        ? undefined
+        : loopGoal(store, concurrency, anchor),
       m.ratios[i]!,
       m.values[0]!,
     ),
@@ -755,7 +761,7 @@ export async function loopRows(
   for (const store of ["wasm", "wasm-wal", "node"] as const) {
     for (const work of ["noop", "io", "thread"] as const) {
       for (const concurrency of CONCURRENCIES) {
-        // The handler on another thread: the defaults at 1 and 4, reported.
+        // The handler on another thread: the defaults at 1 and 4, the goal.
         if (work === "thread" && (store === "wasm-wal" || concurrency > 4)) {
           continue;
         }
