@@ -53,6 +53,8 @@ export interface AlternatedAll {
    * side's rate over that side's (`ratios[0]` is side 1's).
    */
   readonly ratios: number[];
+  /** Each side's events per second in each timed block, in block order. */
+  readonly blockRates: number[][];
 }
 
 /**
@@ -81,6 +83,7 @@ export async function alternateAll(
   }
   const totals = sides.map(() => ({ events: 0, ms: 0 }));
   const ratios: number[][] = sides.slice(1).map(() => []);
+  const blockRates: number[][] = sides.map(() => []);
   for (let b = 0; b < blocks; b++) {
     const rates: number[] = [];
     for (let k = 0; k < sides.length; k++) {
@@ -89,6 +92,7 @@ export async function alternateAll(
       totals[i]!.events += events;
       totals[i]!.ms += ms;
       rates[i] = events / ms;
+      blockRates[i]![b] = events / ms * 1000;
     }
     for (let i = 1; i < sides.length; i++) {
       ratios[i - 1]!.push(rates[0]! / rates[i]!);
@@ -97,5 +101,6 @@ export async function alternateAll(
   return {
     values: totals.map(({ events, ms }) => events / (ms / 1000)),
     ratios: ratios.map(median),
+    blockRates,
   };
 }

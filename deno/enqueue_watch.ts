@@ -1,13 +1,14 @@
 /**
  * The cross-process wake-up of the Deno file driver: another process's
  * enqueue reaches an idle worker here through a file-system watch on the
- * database's files rather than at its next poll (PostgreSQL's drivers use
- * `LISTEN`/`NOTIFY` for the same).
+ * database's WAL file or rollback journal rather than at its next poll
+ * (PostgreSQL's drivers use `LISTEN`/`NOTIFY` for the same).
  *
  * A writer changes the database's `-wal` file (WAL mode) or its `-journal`
- * and the database file (rollback journal) before its commit is visible:
- * the WAL index names the new frames only after the sync. So each burst of
- * changes starts cheap reads of the events table's AUTOINCREMENT counter
+ * (rollback journal) before its commit is visible: the WAL index names the
+ * new frames only after the sync, and a rollback journal is truncated,
+ * zeroed or deleted at the commit, a change too. So each burst of changes
+ * starts cheap reads of the events table's AUTOINCREMENT counter
  * (`sqlite_sequence`, which only an insert raises): at once, then every
  * millisecond or so (timers fire on a later tick, about 2 ms here) for 24
  * reads, then backing off to 64 ms, until one finds it raised and calls
@@ -15,18 +16,36 @@
  * one) while a transaction is open on the connection; it takes the
  * connection's turn (core/transaction.ts's mutex), as every outbox call does.
  *
+ * Only those two files are watched, each by its own path, never the
+ * database's directory, the database file or its `-shm`: Deno's watcher
+ * opens, then closes, the path of every event it sees (to match it against
+ * each watch, `same_file::is_same_file`, on its own thread), and closing any
+ * descriptor of a file drops every classic POSIX lock the process holds on
+ * it: the VFS's own on macOS and the BSDs (and with
+ * `LEASED_OUTBOX_VFS_LOCKS=posix`), node:sqlite's everywhere. A watch of
+ * the directory so let another process's writer in beside a transaction of
+ * this one (`tests/vfs_wake_test.ts`: a change to the database file, then
+ * a native `BEGIN EXCLUSIVE` that the reader's SHARED lock no longer
+ * refused; in the interop soak, claims committed that no worker held and
+ * "database disk image is malformed"). Neither the WAL file nor a journal
+ * carries a lock, so opening and closing them changes nothing.
+ *
  * The watch sees this process's own writes as well, a few file-system
  * events per commit (about 100 µs of CPU each commit, measured): the outbox
  * keeps it only while a processing loop waits idle (core/idle_watch.ts).
  *
  * The watch is a hint, never the only way: when it cannot be set up
- * (`Deno.watchFs` refused, inotify's watch limit reached, a network file
- * system that reports nothing), workers wake at their polls as before.
+ * (neither file there yet, as before the first write in rollback mode;
+ * `Deno.watchFs` refused, inotify's watch limit reached, a network file
+ * system that reports nothing), or its file goes (a journal deleted at
+ * commit in DELETE mode ends its watch after one wake), workers wake at
+ * their polls as before; each idle wait starts the watch afresh.
  *
  * @module
  */
 import type { Driver } from "../driver.ts";
 import { driverMutex } from "../core/transaction.ts";
+import { statIfPresent } from "./file_access.ts";
 
 /** The events table's counter: raised by every insert, and only by one. */
 const SEQUENCE_SQL =
@@ -46,7 +65,8 @@ export interface EnqueueCounter {
 /**
  * Calls `listener` after another connection (of any process) commits new
  * events to the database file at `path`, watched through `Deno.watchFs` on
- * its directory.
+ * its `-wal` file and `-journal`, those of them that exist (never on a
+ * file that carries locks: see the module's documentation).
  *
  * @param driver The connection that reads the counter.
  * @param path The database file's absolute path (`PRAGMA database_list`).
@@ -54,7 +74,8 @@ export interface EnqueueCounter {
  *   while no watch ran) calls `listener` at once.
  * @param listener Called with no arguments.
  * @returns Stops the watch and its timers; resolves once the watch ended.
- *   A watch that could not be set up returns a stop that does nothing.
+ *   A watch that could not be set up (neither file exists) returns a stop
+ *   that does nothing.
  */
 export function watchFileEnqueues(
   driver: Driver & { inTransaction(): boolean },
@@ -62,12 +83,16 @@ export function watchFileEnqueues(
   counter: EnqueueCounter,
   listener: () => void,
 ): () => Promise<void> {
-  const slash = path.lastIndexOf("/");
-  const dir = slash <= 0 ? "/" : path.slice(0, slash);
-  const names = new Set([path, `${path}-wal`, `${path}-journal`]);
+  // Each by its own path: a watch of the directory would have Deno open
+  // and close the database file and its -shm at each of their changes.
+  // stat(2) opens nothing.
+  const watched = [`${path}-wal`, `${path}-journal`].filter((file) =>
+    statIfPresent(file) !== undefined
+  );
   let watcher: Deno.FsWatcher;
   try {
-    watcher = Deno.watchFs(dir, { recursive: false });
+    if (watched.length === 0) throw new Error("nothing to watch");
+    watcher = Deno.watchFs(watched, { recursive: false });
   } catch {
     return () => Promise.resolve();
   }
@@ -107,8 +132,8 @@ export function watchFileEnqueues(
   schedule(RECHECK_MS[0]!);
   const events = (async () => {
     try {
-      for await (const event of watcher) {
-        if (!event.paths.some((changed) => names.has(changed))) continue;
+      // Every event is one of the watched files' (a change, or its removal).
+      for await (const _ of watcher) {
         attempt = 0;
         schedule(RECHECK_MS[0]!);
       }

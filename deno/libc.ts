@@ -187,6 +187,15 @@ export class Libc {
   readonly #errno: Readonly<Record<ErrnoName, number>>;
   /** Zeros for the argument registers before a variadic argument. */
   readonly #pad: readonly bigint[];
+  /**
+   * The path `#statPath` was last given, NUL-terminated: a write
+   * transaction in WAL mode stats its database's path (whether the file
+   * moved), the same one every time.
+   */
+  #statted: { readonly path: string; readonly bytes: Uint8Array } = {
+    path: "",
+    bytes: new Uint8Array(1),
+  };
 
   constructor(c: Symbols, platform: Platform, style: LockStyle) {
     this.#c = c;
@@ -349,7 +358,10 @@ export class Libc {
 
   /** stat(2) of `path` into the stat buffer: 0, or the errno it failed with. */
   #statPath(path: string): number {
-    return this.#c.stat(encoder.encode(`${path}\0`), this.#stat) === 0
+    if (this.#statted.path !== path) {
+      this.#statted = { path, bytes: encoder.encode(`${path}\0`) };
+    }
+    return this.#c.stat(this.#statted.bytes, this.#stat) === 0
       ? 0
       : this.#lastErrno();
   }

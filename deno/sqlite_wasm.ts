@@ -36,7 +36,6 @@ import { openBusyTimeoutMs, type Row, untilNotBusy } from "../driver.ts";
 import { BusyError, SqliteError, sqliteError } from "../errors.ts";
 import { checkOptions } from "../validate.ts";
 import { type EnqueueCounter, watchFileEnqueues } from "./enqueue_watch.ts";
-import { loadLibc } from "./libc.ts";
 import { JOURNAL_SIZE_LIMIT_BYTES } from "../wal.ts";
 
 export {
@@ -307,12 +306,6 @@ class DenoFileDriver extends SqliteWasmDriver {
     const none = () => Promise.resolve();
     const file = this.file;
     if (file === undefined) return Promise.resolve(none);
-    // Under classic POSIX locks (macOS, or LEASED_OUTBOX_VFS_LOCKS=posix)
-    // the watch stays off and idle loops wake at their polls: with it, the
-    // interop soak of WASM workers, node:sqlite and the native CLI on one
-    // file (tests/vfs_interop_test.ts under test:vfs-posix) left events
-    // undrained for 120 s, a stall whose cause is not yet found.
-    if (loadLibc(file).lockStyle === "posix") return Promise.resolve(none);
     return Promise.resolve(
       watchFileEnqueues(this, file, this.#counter, listener),
     );

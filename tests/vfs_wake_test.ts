@@ -11,6 +11,7 @@ import { type JournalMode, openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { IdleWatch } from "../core/idle_watch.ts";
 import { driverMutex } from "../core/transaction.ts";
 import { Child } from "./fixtures/vfs_child.ts";
+import { loadLibc } from "../deno/libc.ts";
 
 /** Far longer than any wake the test allows: only the watch explains one. */
 const POLL_MS = 600_000;
@@ -155,6 +156,94 @@ Deno.test("the watch's read of the counter waits for the connection's turn: none
       });
       await within(wake.promise, BOUND_MS, "the wake after the section");
       assert.deepEqual(readsInSection, []);
+    } finally {
+      await stop();
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+/**
+ * Whether a native process is refused `BEGIN EXCLUSIVE` on `path` now (a
+ * lock of this process's is in its way), with no busy timeout.
+ */
+async function nativeExclusiveRefused(path: string): Promise<boolean> {
+  const output = await new Deno.Command("sqlite3", {
+    args: [path, "BEGIN EXCLUSIVE; COMMIT;"],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  if (output.code === 0) return false;
+  const stderr = new TextDecoder().decode(output.stderr);
+  assert.match(stderr, /database is locked/);
+  return true;
+}
+
+Deno.test("a change to the database file while the enqueue watch runs leaves this process's classic POSIX locks on it in force (node:sqlite's, and the VFS's under LEASED_OUTBOX_VFS_LOCKS=posix)", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "vfs_wake_" });
+  try {
+    const path = join(dir, "outbox.db");
+    const sentinel = join(dir, "sentinel");
+    await Deno.writeTextFile(sentinel, "");
+    // A rollback journal that stays (TRUNCATE): the watch has it to watch.
+    await using driver = await openSqliteWasm(path, {
+      journalMode: "truncate",
+    });
+    await driver.exec("CREATE TABLE t(x); INSERT INTO t VALUES (1)");
+    assert.ok(Deno.statSync(`${path}-journal`).isFile);
+    const stop = await (driver as Driver).watchEnqueues!(() => {});
+    // Deno's watcher handles events one after another on one thread: once
+    // the sentinel's arrives, the database file's change before it was
+    // handled too.
+    using marks = Deno.watchFs(sentinel, { recursive: false });
+    const events = marks[Symbol.asyncIterator]();
+    /** Changes the database file, then waits until the watcher saw it. */
+    const changeDatabase = async () => {
+      const now = new Date();
+      await Deno.utime(path, now, now);
+      await Deno.writeTextFile(sentinel, "x", { append: true });
+      for (;;) {
+        const { value, done } = await events.next();
+        assert.ok(!done);
+        if (value.paths.includes(sentinel)) return;
+      }
+    };
+    try {
+      // node:sqlite takes classic POSIX locks whatever the VFS's style
+      // (beside the VFS's own classic locks it is not supported: the
+      // process's last reader lets go of the process's locks).
+      const { DatabaseSync } = await import("node:sqlite");
+      const native = loadLibc(path).lockStyle === "ofd"
+        ? new DatabaseSync(path)
+        : undefined;
+      if (native !== undefined) {
+        native.exec("BEGIN");
+        native.prepare("SELECT count(*) FROM t").get();
+        assert.equal(await nativeExclusiveRefused(path), true);
+        await changeDatabase();
+        assert.equal(
+          await nativeExclusiveRefused(path),
+          true,
+          "node:sqlite's SHARED lock is still held",
+        );
+        native.exec("COMMIT");
+        native.close();
+      }
+      // The VFS's own lock: classic under LEASED_OUTBOX_VFS_LOCKS=posix.
+      await using reader = await openSqliteWasm(path, {
+        journalMode: "truncate",
+      });
+      await reader.exec("BEGIN");
+      await reader.query("SELECT count(*) FROM t");
+      assert.equal(await nativeExclusiveRefused(path), true);
+      await changeDatabase();
+      assert.equal(
+        await nativeExclusiveRefused(path),
+        true,
+        "the reader's SHARED lock is still held",
+      );
+      await reader.exec("COMMIT");
     } finally {
       await stop();
     }
