@@ -11,7 +11,13 @@ import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
 import { POSTGRES } from "../dialects/postgres.ts";
 import { POSTGRES_INBOX } from "../dialects/postgres_inbox.ts";
 import { connectPostgres, type PostgresDriver } from "../drivers/postgres.ts";
-import { type Dialect, type EnqueueResult, Inbox, Outbox } from "../mod.ts";
+import {
+  DedupRaceError,
+  type Dialect,
+  type EnqueueResult,
+  Inbox,
+  Outbox,
+} from "../mod.ts";
 import { sharedPostgres } from "../scripts/postgres_server.ts";
 import { ManualClock } from "./helpers.ts";
 
@@ -21,12 +27,19 @@ const LOOKUPS: readonly string[] = [
   POSTGRES_INBOX.accepted,
 ];
 
+const INSERTS: readonly string[] = [
+  POSTGRES.insert,
+  POSTGRES.insertAll,
+  POSTGRES.insertAlike,
+];
+
 /**
  * A connection that runs `between` (on another connection) right before
  * its next lookup of the row an insert met, once per `arm()`.
  */
 class PurgeBeforeLookup implements Driver {
   #between: (() => Promise<void>) | undefined;
+  #always: { insert(): Promise<void>; lookup(): Promise<void> } | undefined;
   /** How many lookups ran after `between`. */
   raced = 0;
 
@@ -39,12 +52,24 @@ class PurgeBeforeLookup implements Driver {
     this.#between = between;
   }
 
+  /** Runs `insert` before every insert and `lookup` before every lookup. */
+  armAlways(insert: () => Promise<void>, lookup: () => Promise<void>): void {
+    this.#always = { insert, lookup };
+  }
+
   async query(sql: string, params?: readonly SqlValue[]): Promise<Row[]> {
     const between = this.#between;
-    if (between !== undefined && LOOKUPS.includes(sql)) {
-      this.#between = undefined;
-      await between();
-      this.raced++;
+    if (LOOKUPS.includes(sql)) {
+      if (between !== undefined) {
+        this.#between = undefined;
+        await between();
+        this.raced++;
+      } else if (this.#always !== undefined) {
+        await this.#always.lookup();
+        this.raced++;
+      }
+    } else if (this.#always !== undefined && INSERTS.includes(sql)) {
+      await this.#always.insert();
     }
     return await this.inner.query(sql, params);
   }
@@ -235,15 +260,16 @@ Deno.test("postgres: enqueues inside a transaction whose keys' events are purged
   );
   assert.equal(r.db.raced, 1);
   await assertNew(r.outbox, one, old, { n: 1 });
-  const older = await r.donePurgedBeforeLookup([{ dedupKey: "b" }]);
-  const batch = await r.outbox.transaction((tx) =>
+  await using b = await race();
+  const older = await b.donePurgedBeforeLookup([{ dedupKey: "b" }]);
+  const batch = await b.outbox.transaction((tx) =>
     tx.enqueueBatch([
       { payload: { n: 2 }, dedupKey: "b" },
       { payload: { n: 3 }, dedupKey: "b" },
     ])
   );
-  assert.equal(r.db.raced, 2);
-  await assertNew(r.outbox, batch[0]!, older, { n: 2 });
+  assert.equal(b.db.raced, 1);
+  await assertNew(b.outbox, batch[0]!, older, { n: 2 });
   assert.deepEqual(batch[1], { ...batch[0]!, deduplicated: true });
 });
 
@@ -286,4 +312,39 @@ Deno.test("postgres: an inbox acceptance whose identity's record is purged betwe
   });
   assert.equal(db.raced, 1);
   assert.equal((await inbox.accept(identity, 2, effect)).status, "duplicate");
+});
+
+Deno.test("postgres: an enqueue whose key's event is purged between insert and lookup in every round gives up after 5 with DedupRaceError, leaving none of its events", async () => {
+  await using r = await race();
+  // Before each insert another connection takes the key; before each
+  // lookup its event and keys are deleted.
+  r.db.armAlways(
+    async () => {
+      await r.purger.enqueue({ other: true }, { dedupKey: "k" });
+    },
+    async () => {
+      await r.raw.run("DELETE FROM outbox_keys WHERE dedup_key = 'k'");
+      await r.raw.run("DELETE FROM outbox_events WHERE dedup_key = 'k'");
+    },
+  );
+  const refused = (error: unknown) => {
+    assert.ok(error instanceof DedupRaceError);
+    assert.equal(error.rounds, 5);
+    assert.equal(
+      error.message,
+      "Cannot enqueue as the row its dedup key or identity met was deleted before it could be read, in each of 5 rounds (a purge racing the call): call again",
+    );
+    return true;
+  };
+  await assert.rejects(
+    r.outbox.transaction((tx) => tx.enqueue({ n: 1 }, { dedupKey: "k" })),
+    refused,
+  );
+  assert.equal(r.db.raced, 5);
+  await assert.rejects(
+    r.outbox.enqueueBatch([{ payload: { n: 2 }, dedupKey: "k" }]),
+    refused,
+  );
+  assert.equal(r.db.raced, 10);
+  assert.equal((await r.outbox.stats()).pending, 0);
 });
