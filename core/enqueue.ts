@@ -193,26 +193,37 @@ async function insertSome(
     inserted.delete(identities[i]!);
     return integerOf(row, "id");
   });
-  const results: (EnqueueResult | undefined)[] = new Array(events.length);
-  const skipped: [string, string | null, string, number | null][] = [];
+  const results = ids.map((id, i): EnqueueResult | undefined =>
+    id === undefined
+      ? undefined
+      : { eventId: id, identity: identities[i]!, deduplicated: false }
+  );
+  if (!ids.includes(undefined)) return results;
+  // A skipped element met an earlier element's event or another
+  // transaction's, never a later element's: a key that a later one went in
+  // with was free at its turn, so it met the owner of its other key, and
+  // is looked up by that one alone. (Not by id: on PostgreSQL a
+  // transaction that drew its ids after the batch can own the key.)
+  const later = new Set<string>();
+  const skipped: [string, string | null, string | null][] = [];
   const skippedAt: number[] = [];
-  let bound: number | null = null;
   for (let i = events.length - 1; i >= 0; i--) {
-    const id = ids[i];
-    if (id !== undefined) {
-      results[i] = {
-        eventId: id,
-        identity: identities[i]!,
-        deduplicated: false,
-      };
-      bound = id;
+    const event = events[i]!;
+    const key = event.dedupKey === null
+      ? null
+      : JSON.stringify([event.queue, event.dedupKey]);
+    if (ids[i] !== undefined) {
+      later.add(identities[i]!);
+      if (key !== null) later.add(key);
       continue;
     }
-    const event = events[i]!;
-    skipped.push([event.queue, event.dedupKey, identities[i]!, bound]);
+    skipped.push([
+      event.queue,
+      key !== null && later.has(key) ? null : event.dedupKey,
+      later.has(identities[i]!) ? null : identities[i]!,
+    ]);
     skippedAt.push(i);
   }
-  if (skipped.length === 0) return results;
   const found = new Map(
     (await driver.query(sql.existingAll, [
       JSON.stringify(skipped),

@@ -666,9 +666,8 @@ export const POSTGRES = {
   existingAll: `SELECT d.n - 1 AS n, e.id, e.identity
     FROM json_array_elements($1::json) WITH ORDINALITY AS d (value, n)
     JOIN LATERAL (SELECT event_id AS id, identity FROM outbox_keys
-      WHERE ((queue = d.value ->> 0 AND dedup_key = d.value ->> 1)
-          OR identity = (d.value ->> 2)::uuid)
-        AND (d.value ->> 3 IS NULL OR event_id < (d.value ->> 3)::bigint)
+      WHERE (queue = d.value ->> 0 AND dedup_key = d.value ->> 1)
+          OR identity = (d.value ->> 2)::uuid
       ORDER BY dedup_key IS DISTINCT FROM d.value ->> 1 LIMIT 1) AS e ON true`,
   exhausted: `SELECT id, fence FROM outbox_events
     WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= $1

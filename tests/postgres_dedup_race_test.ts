@@ -19,7 +19,7 @@ import {
   Outbox,
 } from "../mod.ts";
 import { sharedPostgres } from "../scripts/postgres_server.ts";
-import { ManualClock } from "./helpers.ts";
+import { ManualClock, untilWaiting } from "./helpers.ts";
 
 const LOOKUPS: readonly string[] = [
   POSTGRES.existing,
@@ -42,6 +42,8 @@ class PurgeBeforeLookup implements Driver {
   #always: { insert(): Promise<void>; lookup(): Promise<void> } | undefined;
   /** How many lookups ran after `between`. */
   raced = 0;
+  /** How many inserts that may meet a taken key ran. */
+  inserts = 0;
 
   constructor(
     readonly inner: PostgresDriver,
@@ -68,8 +70,9 @@ class PurgeBeforeLookup implements Driver {
         await this.#always.lookup();
         this.raced++;
       }
-    } else if (this.#always !== undefined && INSERTS.includes(sql)) {
-      await this.#always.insert();
+    } else if (INSERTS.includes(sql)) {
+      this.inserts++;
+      await this.#always?.insert();
     }
     return await this.inner.query(sql, params);
   }
@@ -104,6 +107,10 @@ interface Race extends AsyncDisposable {
   /** The purger, on a connection of its own. */
   readonly purger: Outbox;
   readonly raw: PostgresDriver;
+  /** The racing connection's application_name. */
+  readonly name: string;
+  /** Opens another connection to the same schema. */
+  connect(): Promise<PostgresDriver>;
   /**
    * Enqueues `events` through the purger, acknowledges them, and arms the
    * racing connection to purge them right before its next lookup.
@@ -117,12 +124,18 @@ async function race(dialect?: Dialect): Promise<Race> {
   const server = await sharedPostgres();
   const schema = await server.createSchema();
   const clock = new ManualClock(1_000_000);
+  const name = `race-${crypto.randomUUID()}`;
   const db = new PurgeBeforeLookup(
-    await connectPostgres(server.url, { schema, listen: false }),
+    await connectPostgres(server.url, {
+      schema,
+      listen: false,
+      applicationName: name,
+    }),
     dialect,
   );
   const outbox = await Outbox.open(db, { now: clock.now });
-  const raw = await connectPostgres(server.url, { schema, listen: false });
+  const connect = () => connectPostgres(server.url, { schema, listen: false });
+  const raw = await connect();
   const purger = await Outbox.open(raw, { now: clock.now });
   return {
     clock,
@@ -130,6 +143,8 @@ async function race(dialect?: Dialect): Promise<Race> {
     db,
     purger,
     raw,
+    name,
+    connect,
     async donePurgedBeforeLookup(events) {
       const ids = [];
       for (const options of events) {
@@ -184,6 +199,8 @@ for (
     const old = await r.donePurgedBeforeLookup([{ dedupKey: "k" }]);
     const result = await r.outbox.enqueue({ n: 1 }, { dedupKey: "k" });
     assert.equal(r.db.raced, 1);
+    // The insert that met the key, then the one that went in.
+    assert.equal(r.db.inserts, 2);
     await assertNew(r.outbox, result, old, { n: 1 });
     assert.equal(
       await r.outbox.eventIdByDedupKey("default", "k"),
@@ -347,4 +364,43 @@ Deno.test("postgres: an enqueue whose key's event is purged between insert and l
   );
   assert.equal(r.db.raced, 10);
   assert.equal((await r.outbox.stats()).pending, 0);
+});
+
+Deno.test("postgres: a batch whose dedup key was taken by a transaction that drew its event id after the batch's finds that event in one round", async () => {
+  await using r = await race();
+  const holder = await Outbox.open(await r.connect(), { now: r.clock.now });
+  const watcher = await r.connect();
+  try {
+    // A transaction holds k0, uncommitted, so the batch waits on it.
+    let hold = () => {};
+    const held = new Promise<void>((resolve) => hold = resolve);
+    let inserted = () => {};
+    const k0Taken = new Promise<void>((resolve) => inserted = resolve);
+    const first = holder.transaction(async (tx) => {
+      const result = await tx.enqueue({ by: "holder" }, { dedupKey: "k0" });
+      inserted();
+      await held;
+      return result;
+    });
+    await k0Taken;
+    const batch = r.outbox.enqueueBatch(
+      ["k0", "k1", "k2"].map((dedupKey) => ({ payload: {}, dedupKey })),
+    );
+    await untilWaiting(watcher, r.name, batch);
+    // Meanwhile k1 is taken and committed, its id drawn after the batch's.
+    const second = await r.purger.enqueue({ by: "other" }, { dedupKey: "k1" });
+    hold();
+    const results = await batch;
+    assert.deepEqual(results.slice(0, 2), [
+      { ...await first, deduplicated: true },
+      { ...second, deduplicated: true },
+    ]);
+    assert.ok(second.eventId > results[2]!.eventId);
+    await assertNew(r.outbox, results[2]!, [], {});
+    // Found by the first lookup, not by a second round.
+    assert.equal(r.db.inserts, 1);
+  } finally {
+    await watcher.close();
+    await holder.close();
+  }
 });
