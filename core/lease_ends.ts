@@ -83,6 +83,14 @@ export async function acknowledgeAll(
   // a time, in the order of the calls, as the ledger records them.
   await core.driver.run(core.sql.rollbackToSavepoint);
   await core.driver.run(core.sql.releaseSavepoint);
+  // Their rows first, in the dialect's one order (PostgreSQL's lockEvents:
+  // by id), not the calls': two batches sharing leases in other orders
+  // would each hold a row the other waits for.
+  if (core.sql.lockEvents !== undefined) {
+    await core.driver.query(core.sql.lockEvents, [
+      JSON.stringify(leases.map((lease) => lease.eventId)),
+    ]);
+  }
   const results = [];
   for (const lease of leases) {
     results.push(await acknowledgeOne(core, lease, now));

@@ -24,6 +24,13 @@
  *   event's row (`lockEvents`): two transactions writing one event's
  *   entries write them once, one after the other, and never wait for each
  *   other's entries while holding the row the other needs.
+ * - A statement that locks several event rows and may wait for them takes
+ *   them in one order, `outbox_events`' by id then `outbox_done`'s
+ *   (`lockedRows`): acknowledgements, cancel, redrive and purge, whatever
+ *   order the caller gave, so two of them never deadlock. A ledger entry is
+ *   written only under the event's row lock (or a key-share lock), and
+ *   purge locks its events before it deletes their entries: no entry
+ *   outlives its purged event.
  * - JSON parameters are `jsonb`, read with `jsonb_each_text` and
  *   `jsonb_array_elements`.
  * - A payload is text (JSON, kept as written) or `bytea`, in two columns.
@@ -298,6 +305,29 @@ const PAYLOAD_BYTES =
 const NOW = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 /**
+ * The ids of the event rows `where` selects (a condition on either table's
+ * columns), locked `mode` in one order: `outbox_events`' by id, then
+ * `outbox_done`'s by id. Every statement that locks several event rows and
+ * may wait for them takes them in this order, so two such statements never
+ * each hold a row the other waits for (a deadlock the server breaks after
+ * `deadlock_timeout`, a second; the write path reruns its victim, which can
+ * meet another, until `busyTimeoutMs`). A row another transaction changed
+ * meanwhile is locked as it is now and checked against `where` again.
+ */
+const lockedRows = (
+  where: string,
+  mode = "UPDATE",
+  tables: "both" | "events" = "both",
+) =>
+  `SELECT id FROM (SELECT id FROM outbox_events WHERE ${where}
+      ORDER BY id FOR ${mode}) AS locked_e${
+    tables === "events" ? "" : `
+    UNION ALL
+    SELECT id FROM (SELECT id FROM outbox_done WHERE ${where}
+      ORDER BY id FOR ${mode}) AS locked_d`
+  }`;
+
+/**
  * Whether a candidate `e` of an ordering key may be claimed at `now`: no
  * earlier event of its key is pending or leased, and no event of its key
  * holds a live lease. Ids are given at insert, before commit, so an event
@@ -339,7 +369,8 @@ const EXHAUSTED_DUE = `SELECT 1 FROM outbox_events
     WHERE state = 'leased' AND attempt >= max_attempts
       AND due_at <= (SELECT now FROM n)`;
 
-// The leases of the CTE `l` (id, fence, token) that are current, locked;
+// The leases of the CTE `l` (id, fence, token) that are current, locked in
+// id order (lockedRows: the planner may join in the array's order);
 // none while a lapsed last-attempt lease waits to become a dead letter. That
 // condition is evaluated once, before any row is locked: the general path's
 // transaction locks such leases first and its own lease rows after, so
@@ -352,7 +383,7 @@ const MATCHED = `matched AS MATERIALIZED (SELECT e.id FROM outbox_events AS e
     WHERE e.id = ANY (ARRAY(SELECT id FROM l)) AND e.token = l.token
       AND e.fence = l.fence AND e.state = 'leased'
       AND NOT EXISTS (${EXHAUSTED_DUE})
-    FOR UPDATE OF e)`;
+    ORDER BY e.id FOR UPDATE OF e)`;
 // Some lease of `l` is stale, or listed twice.
 const INCOMPLETE =
   "(SELECT count(DISTINCT id) FROM matched) <> (SELECT count(*) FROM l)";
@@ -741,16 +772,15 @@ export const POSTGRES = {
   ledger:
     `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
     VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-  lockEvents: `SELECT id FROM (SELECT id FROM outbox_events
-      WHERE id IN (${IDS}($1::jsonb)) ORDER BY id FOR UPDATE) AS e
-    UNION ALL
-    SELECT id FROM (SELECT id FROM outbox_done
-      WHERE id IN (${IDS}($1::jsonb)) ORDER BY id FOR UPDATE) AS d`,
+  lockEvents: lockedRows(`id IN (${IDS}($1::jsonb))`),
+  // Only for events whose row it holds, or holds a key-share lock on after
+  // waiting for a purge in flight (which then leaves none): an entry
+  // written for an event a purge deletes after its ledger outlives it.
   writeUnwritten:
     `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
     SELECT event_id, fence, kind, at, token, lease_until, detail
     FROM outbox_unwritten_attempts
-    WHERE event_id IN (${IDS}($1::jsonb))
+    WHERE event_id IN (${lockedRows(`id IN (${IDS}($1::jsonb))`, "KEY SHARE")})
     ORDER BY event_id, n
     ON CONFLICT (event_id, fence, kind)
       WHERE kind IN ('claimed', 'acknowledged') DO NOTHING`,
@@ -774,10 +804,13 @@ export const POSTGRES = {
   ),
   // $1 now or null, $2 a JSON array of [event id, fence, token].
   acknowledgeAllInOne: acknowledgeInOne(leasesOf(2)),
-  acknowledgeAll: `WITH acked AS (DELETE FROM outbox_events AS e
-    USING jsonb_each_text($2::jsonb) AS a
-    WHERE e.id = a.key::bigint
-      AND a.value = e.fence || ':' || e.token AND e.state = 'leased'
+  // The current leases locked in id order first (lockedRows).
+  acknowledgeAll: `WITH l AS MATERIALIZED (SELECT e.id FROM outbox_events AS e
+      JOIN jsonb_each_text($2::jsonb) AS a ON e.id = a.key::bigint
+      WHERE a.value = e.fence || ':' || e.token AND e.state = 'leased'
+      ORDER BY e.id FOR UPDATE OF e),
+  acked AS (DELETE FROM outbox_events AS e
+    WHERE e.id IN (SELECT id FROM l) AND e.state = 'leased'
     RETURNING e.*)
   ${intoDone("acked", "$1::bigint")}`,
   renew: `UPDATE outbox_events
@@ -796,9 +829,10 @@ export const POSTGRES = {
       last_error = coalesce($3, last_error)
     WHERE id = $4 AND token = $5 AND fence = $6 AND state = 'leased'
     RETURNING state`,
+  // Under a key-share lock on the event's row (writeUnwritten's reason).
   stale: `INSERT INTO outbox_attempts (event_id, fence, kind, at, token)
     SELECT id, $2::bigint, $3::text, $4::bigint, $5::text
-    FROM outbox_all WHERE id = $1`,
+    FROM (${lockedRows("id = $1", "KEY SHARE")}) AS e`,
   deadLetters:
     `SELECT id, identity, queue, payload, payload_bytes, attempt, last_error, created_at, done_at
     FROM outbox_events WHERE state = 'dead' AND queue = $1 ORDER BY id LIMIT $2`,
@@ -820,19 +854,44 @@ export const POSTGRES = {
     WHERE $2::text IS NULL AND state = $1
       AND (created_at, id) > (${CURSOR_AT}, $3)
     ORDER BY created_at, id LIMIT $4`,
-  cancel: `UPDATE outbox_events
+  // The events locked in id order first (lockedRows), as below.
+  cancel: `WITH l AS MATERIALIZED (${
+    lockedRows(
+      `id IN (${IDS}($2::jsonb)) AND state = 'pending'`,
+      "UPDATE",
+      "events",
+    )
+  })
+  UPDATE outbox_events AS e
     SET state = 'dead', done_at = $1, updated_at = $1,
       last_error = '${CANCELLED}'
-    WHERE id IN (${IDS}($2::jsonb)) AND state = 'pending'
-    RETURNING id, fence`,
-  redrive: `UPDATE outbox_events
+    FROM l WHERE e.id = l.id AND e.state = 'pending'
+    RETURNING e.id, e.fence`,
+  redrive: `WITH l AS MATERIALIZED (${
+    lockedRows(
+      `state = 'dead' AND ($2::text IS NULL OR queue = $2)
+        AND ($3::jsonb IS NULL OR id IN (${IDS}($3::jsonb)))`,
+      "UPDATE",
+      "events",
+    )
+  })
+  UPDATE outbox_events AS e
     SET state = 'pending', attempt = 0, due_at = $1, updated_at = $1,
       done_at = NULL
-    WHERE state = 'dead' AND ($2::text IS NULL OR queue = $2)
-      AND ($3::jsonb IS NULL OR id IN (${IDS}($3::jsonb)))
-    RETURNING id, fence`,
-  purgeable: `SELECT id FROM ${inState("$1::text")}
-    WHERE state = $1 AND done_at < $2 LIMIT ${PURGE_BATCH}`,
+    FROM l WHERE e.id = l.id AND e.state = 'dead'
+    RETURNING e.id, e.fence`,
+  // A batch of candidates, then those still purgeable locked in id order
+  // (lockedRows): purge deletes only these, so it neither deletes an event
+  // a redrive made pending since, nor deletes its ledger before a call
+  // holding its row wrote there. ORDER BY id in the first step would walk
+  // the primary key of outbox_done instead of its BRIN index.
+  purgeable: `WITH c AS MATERIALIZED (SELECT id FROM ${inState("$1::text")}
+      WHERE state = $1 AND done_at < $2 LIMIT ${PURGE_BATCH})
+  ${
+    lockedRows(
+      "id IN (SELECT id FROM c) AND state = $1::text AND done_at < $2::bigint",
+    )
+  }`,
   purgeLedger:
     `DELETE FROM outbox_attempts WHERE event_id IN (${IDS}($1::jsonb))`,
   // The events (in either table) and their keys; answers a row per event.

@@ -36,5 +36,9 @@ CREATE INDEX IF NOT EXISTS inbox_accepted_at ON inbox_accepted (accepted_at);`,
   record: `INSERT INTO inbox_accepted (identity, fence, accepted_at)
     VALUES ($1, $2, $3) ON CONFLICT (identity) DO NOTHING RETURNING fence`,
   accepted: "SELECT fence FROM inbox_accepted WHERE identity = $1",
-  purge: "DELETE FROM inbox_accepted WHERE accepted_at < $1",
+  // The rows locked in one order first: two purges at once take the same
+  // rows, which a plain DELETE locks in its scan's order.
+  purge: `DELETE FROM inbox_accepted WHERE identity IN (SELECT identity
+      FROM inbox_accepted WHERE accepted_at < $1
+      ORDER BY identity COLLATE "C" FOR UPDATE)`,
 };

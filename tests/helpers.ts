@@ -280,6 +280,23 @@ export async function untilWaiting(
   name: string,
   pending: Promise<unknown>,
 ): Promise<void> {
+  assert.equal(
+    await waitingOrSettled(watcher, name, pending),
+    "waiting",
+    `${name} waits`,
+  );
+}
+
+/**
+ * Resolves to "waiting" once the connection named `name` (its
+ * application_name) waits for a lock, or to "settled" once `pending` has
+ * settled without that; fails after 10 s of neither.
+ */
+export async function waitingOrSettled(
+  watcher: Driver,
+  name: string,
+  pending: Promise<unknown>,
+): Promise<"waiting" | "settled"> {
   let settled = false;
   pending.then(() => settled = true, () => settled = true);
   const deadline = performance.now() + 10_000;
@@ -288,8 +305,9 @@ export async function untilWaiting(
       "SELECT 1 FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
       [name],
     );
-    if (rows.length > 0) return;
-    assert.ok(!settled && performance.now() < deadline, `${name} waits`);
+    if (rows.length > 0) return "waiting";
+    if (settled) return "settled";
+    assert.ok(performance.now() < deadline, `${name} neither waits nor ends`);
     await new Promise((resolve) => setTimeout(resolve, 5));
   }
 }
