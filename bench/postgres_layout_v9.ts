@@ -1,33 +1,46 @@
 /**
- * Issue 39's second raw-statement measurement: schema version 8 as it
- * ships (its own statements, from dialects/postgres.ts, on its own schema)
- * against candidate layouts for a version 9, each a patch of version 8's
- * schema and statements, in schemas of one server, in rotating blocks,
- * with the WAL bytes each wrote per event:
+ * Issue 39's second raw-statement measurement: schema version 8's own
+ * statements (from dialects/postgres.ts, on its own schema) against
+ * candidate layouts for a version 9, each a patch of that schema and of
+ * those statements, in schemas of one server. Each batch runs on every
+ * layout in a fresh random order (so the machine's load falls on all
+ * alike), timed, with the WAL bytes it wrote (`pg_current_wal_lsn()`;
+ * autovacuum's WAL falls on whichever layout runs, so a run of one layout
+ * alone gives the cleaner figure):
  *
  * - `v8`: `claimInOne`, `acknowledgeAllInOne` (leases as JSON) and
- *   `insertMinted`, as the outbox runs them for a batch.
- * - `arr`: version 8, the batch acknowledgement's leases as three arrays
- *   (`unnest` of ids, fences, tokens) instead of a JSON array.
- * - `nopk`: version 8 without `outbox_done`'s primary key (its rows found
- *   by `outbox_keys` or a scan).
- * - `hot`: a claim changes no indexed or index-predicate column: the claim
- *   index is (queue, priority DESC, due_at, id) over every row of
- *   `outbox_events` (dead letters would move out, as done events do), a
- *   claim leaves `state`'s index-free and `due_at` alone and a candidate is
- *   claimable when pending or its lease lapsed (a heap test, after the
- *   index scan: unexpired leases sit in the scanned range), last-attempt
- *   leases live in a side table `outbox_last_leases` (written by a claim
- *   of a last attempt, deleted by its acknowledgement), fillfactor 80 (`hot80`) or 50 (`hot50`).
+ *   `insertMinted` as version 8 shipped them (c176365), which test for a
+ *   lapsed last-attempt lease with `NOT EXISTS`; `v8b`, the same again (an
+ *   A/A control: how far two identical layouts read apart).
+ * - `fix`: the statements as the dialect writes them now (that test read
+ *   from its partial index); every layout below is a patch of `fix`.
+ * - `arr`: the batch acknowledgement's leases as three arrays (`unnest` of
+ *   ids, fences, tokens) instead of a JSON array.
+ * - `nopk`: `outbox_done` without its primary key.
+ * - `nolock`: the batch acknowledgement without `FOR UPDATE` of the leases
+ *   before its DELETE (each lease's DELETE carries its fence; not all or
+ *   none).
+ * - `hot80`, `hot50`: a claim changes no indexed or index-predicate
+ *   column: the claim index is (queue, priority DESC, due_at, id) over
+ *   every row of `outbox_events` (dead letters would move out, as done
+ *   events do), a claim leaves `due_at` alone and a candidate is claimable
+ *   when pending or its lease lapsed (a heap test after the index scan:
+ *   unexpired leases sit in the scanned range), last-attempt leases live in
+ *   a side table `outbox_last_leases` (written by a claim of a last
+ *   attempt, deleted by its acknowledgement), fillfactor 80 or 50.
  * - `ident`: minted identities in a unique index of `outbox_events` and of
  *   `outbox_done` (explain by identity) instead of an `outbox_keys` row.
+ * - `a+b`: both.
  *
  * `deno run -A bench/postgres_layout_v9.ts [rounds] [inflight] [layouts]`:
  * `inflight` unexpired leases (one hour) are claimed in the measured queue
  * before the first round and never acknowledged; `layouts`, a comma list.
- * Prints per layout and round the claim+ack and enqueue rates, WAL bytes per
- * event, each candidate's ratio to `v8` in the same round, and each
- * layout's share of HOT updates of `outbox_events`.
+ * Prints per layout and round the claim+ack and enqueue rates and WAL bytes
+ * per event, each layout's ratio to `v8` and to `fix` round by round, and
+ * each layout's share of HOT updates of `outbox_events`. `EXPLAIN=n`: also
+ * the server's execution time of n claims and acknowledgements of 256 per
+ * layout (EXPLAIN ANALYZE, timing off); `PLAN=1`: one claim's and one
+ * acknowledgement's plan per layout, with buffers and WAL.
  *
  * @module
  */
@@ -341,7 +354,7 @@ if (import.meta.main) {
     const result: Record<string, Record<string, number[]>> = {};
     const record = (l: string, k: string, v: number) =>
       ((result[l] ??= {})[k] ??= []).push(v);
-    const timed = async (db: Driver, work: () => Promise<number>) => {
+    const timed = async (work: () => Promise<number>) => {
       const w = await wal();
       const t = performance.now();
       const events = await work();
@@ -378,8 +391,8 @@ if (import.meta.main) {
         }
         for (const i of order) {
           const layout = layouts[i]!, db = dbs[i]!;
-          const c = await timed(db, () => cycle(db, layout, "q", max));
-          const e = await timed(db, async () => {
+          const c = await timed(() => cycle(db, layout, "q", max));
+          const e = await timed(async () => {
             await enqueue(db, layout, "e", max);
             return max;
           });

@@ -337,10 +337,10 @@ const CLOCK = `n AS MATERIALIZED (SELECT coalesce($1::bigint, ${NOW}) AS now)`;
 // dead letter: a one-statement call leaves that to the general path. One
 // row at most, the earliest, so the planner walks the partial index
 // outbox_events_last_attempt: written as EXISTS (which drops ORDER BY and
-// LIMIT), it guessed thousands of such rows once leases were in flight at
-// the last ANALYZE (a third of the leased rows, for attempt >=
-// max_attempts), and scanned the whole table for the first, in every
-// batch acknowledgement (bench/postgres_layout_v9.ts).
+// LIMIT), it was planned as a scan of the table for the first match once
+// leases were in flight at the last ANALYZE (it guesses a ninth of them
+// match: a comparison's default selectivity, twice), in every batch
+// acknowledgement (bench/postgres_layout_v9.ts).
 const EXHAUSTED_DUE = `(SELECT 1 FROM outbox_events
     WHERE state = 'leased' AND attempt >= max_attempts
       AND due_at <= (SELECT now FROM n)
