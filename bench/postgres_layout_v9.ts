@@ -46,6 +46,7 @@
  */
 import { connectPostgres } from "../drivers/postgres.ts";
 import { startPostgres } from "../scripts/postgres_server.ts";
+import { walPosition } from "./postgres_bench.ts";
 import { POSTGRES, POSTGRES_SCHEMA } from "../dialects/postgres.ts";
 import { uuidv7 } from "../identity.ts";
 import type { Driver, SqlValue } from "../mod.ts";
@@ -315,6 +316,20 @@ async function claim(
   }));
 }
 
+/** The 30-second leases of queue `q` (a claim under EXPLAIN took them). */
+async function justClaimed(db: Driver): Promise<Lease[]> {
+  const rows = await db.query(
+    `SELECT id, fence, token FROM outbox_events
+    WHERE queue = 'q' AND state = 'leased' AND lease_until < $1 ORDER BY id`,
+    [Date.now() + 60_000],
+  );
+  return rows.map((r) => ({
+    id: Number(r["id"]),
+    fence: Number(r["fence"]),
+    token: String(r["token"]),
+  }));
+}
+
 async function cycle(db: Driver, layout: Layout, queue: string, max: number) {
   const leases = await claim(db, layout, queue, max, 30_000);
   const [sql, params] = layout.ack(leases);
@@ -345,12 +360,7 @@ if (import.meta.main) {
       dbs.push(db);
     }
     const monitor = await connectPostgres(server.url, { listen: false });
-    const wal = async () =>
-      Number(
-        (await monitor.query(
-          "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS at",
-        ))[0]!["at"],
-      );
+    const wal = walPosition(monitor);
     const result: Record<string, Record<string, number[]>> = {};
     const record = (l: string, k: string, v: number) =>
       ((result[l] ??= {})[k] ??= []).push(v);
@@ -459,14 +469,7 @@ if (import.meta.main) {
             [null, "q", max, 1 << 20, 30_000, hexTokens(max)],
           );
           // The claim the EXPLAIN made, acknowledged under EXPLAIN too.
-          const leases = (await db.query(
-            "SELECT id, fence, token FROM outbox_events WHERE queue = 'q' AND state = 'leased' AND lease_until < $1 ORDER BY id",
-            [Date.now() + 60_000],
-          )).map((r) => ({
-            id: Number(r["id"]),
-            fence: Number(r["fence"]),
-            token: String(r["token"]),
-          }));
+          const leases = await justClaimed(db);
           const [sql, params] = layout.ack(leases);
           const ackPlan = await db.query(
             `EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) ${sql}`,
@@ -500,14 +503,7 @@ if (import.meta.main) {
           layout.name,
           plan.map((r) => Object.values(r)[0]).join("\n"),
         );
-        const leases = (await dbs[i]!.query(
-          "SELECT id, fence, token FROM outbox_events WHERE queue = 'q' AND state = 'leased' AND lease_until < $1 ORDER BY id",
-          [Date.now() + 60_000],
-        )).map((r) => ({
-          id: Number(r["id"]),
-          fence: Number(r["fence"]),
-          token: String(r["token"]),
-        }));
+        const leases = await justClaimed(dbs[i]!);
         const [sql, params] = layout.ack(leases);
         const ackPlan = await dbs[i]!.query(
           `EXPLAIN (ANALYZE, BUFFERS, WAL) ${sql}`,

@@ -666,16 +666,10 @@ Deno.test("postgres: with leases in flight at the last ANALYZE, the one-statemen
     const json = JSON.stringify(
       leases.slice(0, 256).map((l) => [l.eventId, l.fence, l.token]),
     );
-    const tokens = "ab".repeat(16 * 256);
+    // now, queue, max, the largest payload, leaseMs, tokens.
+    const claim = [null, "default", 256, 1 << 20, 30_000, "ab".repeat(4096)];
     const plans = {
-      claimInOne: await plan(POSTGRES.claimInOne, [
-        null,
-        "default",
-        256,
-        1 << 20,
-        30_000,
-        tokens,
-      ]),
+      claimInOne: await plan(POSTGRES.claimInOne, claim),
       acknowledgeAllInOne: await plan(POSTGRES.acknowledgeAllInOne, [
         null,
         json,
@@ -687,12 +681,7 @@ Deno.test("postgres: with leases in flight at the last ANALYZE, the one-statemen
         leases[0]!.fence,
       ]),
       acknowledgeAndClaimInOne: await plan(POSTGRES.acknowledgeAndClaimInOne, [
-        null,
-        "default",
-        256,
-        1 << 20,
-        30_000,
-        tokens,
+        ...claim,
         json,
       ]),
       // The general path's, which lock such leases in id order.
