@@ -164,3 +164,49 @@ Deno.test("a version 8 file keeps AUTOINCREMENT when upgraded, its floor starts 
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+/**
+ * Pages each of 20 lone enqueues wrote, one commit each: the WAL's frames
+ * after the commit (`wal_checkpoint(PASSIVE)` answers them), emptied again
+ * by a TRUNCATE checkpoint.
+ */
+async function pagesPerEnqueue(path: string): Promise<number[]> {
+  await using driver = await openSqliteWasm(path, { journalMode: "wal" });
+  await using outbox = await OutboxClass.open(driver);
+  await driver.exec("PRAGMA wal_autocheckpoint = 0");
+  const pages = async () => {
+    const [row] = await driver.query("PRAGMA wal_checkpoint(PASSIVE)");
+    await driver.query("PRAGMA wal_checkpoint(TRUNCATE)");
+    return Number(row?.["log"]);
+  };
+  await pages();
+  const written = [];
+  for (let i = 0; i < 20; i++) {
+    await outbox.enqueue({ i });
+    written.push(await pages());
+  }
+  return written;
+}
+
+Deno.test("a lone enqueue's commit writes 4 pages on a fresh file (the row, its identity, claim and state index entries), 5 on an upgraded one, which keeps sqlite_sequence", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "id_floor_pages_" });
+  try {
+    assert.deepEqual(
+      await pagesPerEnqueue(join(dir, "fresh.db")),
+      Array(20).fill(4),
+    );
+    const db = new DatabaseSync(join(dir, "v8.db"));
+    db.exec(
+      await Deno.readTextFile(
+        new URL("./fixtures/schema_v8.sql", import.meta.url),
+      ),
+    );
+    db.close();
+    assert.deepEqual(
+      await pagesPerEnqueue(join(dir, "v8.db")),
+      Array(20).fill(5),
+    );
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
