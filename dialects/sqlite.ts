@@ -120,17 +120,15 @@ export const SQL = {
     ON CONFLICT DO NOTHING
     RETURNING id, identity, queue, dedup_key`,
   // `existing` for the skipped rows of a batch. ?1: a JSON array of [queue,
-  // dedup key, identity, bound]; a row with id at or past its bound (the
-  // first id the batch inserted after it) did not exist yet when that
-  // element's turn came. Answers n, the element's index, with id and
-  // identity.
+  // dedup key or null, identity or null]: a key the batch's later element
+  // went in with is left out (null), as it was free at this element's
+  // turn. Answers n, the element's index, with id and identity.
   existingAll: `SELECT d.key AS n, e.id, e.identity
     FROM json_each(?1) AS d
     JOIN outbox_events AS e ON e.id = (
       SELECT id FROM outbox_events
-      WHERE ((queue = d.value ->> 0 AND dedup_key = d.value ->> 1)
-          OR identity = d.value ->> 2)
-        AND (d.value ->> 3 IS NULL OR id < d.value ->> 3)
+      WHERE (queue = d.value ->> 0 AND dedup_key = d.value ->> 1)
+          OR identity = d.value ->> 2
       ORDER BY dedup_key IS NOT d.value ->> 1 LIMIT 1)`,
   // A lapsed lease on the last attempt is a dead letter from its deadline on
   // (SQS moves a message to its dead-letter queue when its receive count runs
