@@ -259,6 +259,50 @@ export class UnsafeIntegerError extends Error {
 }
 
 /**
+ * A call's insert met a taken dedup key or identity, and the row that took
+ * it was deleted (a purge on another connection, committed) before the
+ * call could read it, in each of `rounds` rounds in a row: on PostgreSQL,
+ * where the insert and the lookup are two statements, each with a fresh
+ * snapshot. Every round the key is free again, so the call inserts again;
+ * one that still meets a row gone each time gives up here. Inside a
+ * transaction, nothing of the call is left (the transaction rolls back); a
+ * batch enqueued outside one (one statement per round, each its own
+ * commit) keeps the events earlier rounds inserted. Calling again with the
+ * same keys and identities is safe.
+ *
+ * @example Usage
+ * ```ts
+ * import { DedupRaceError } from "@leased/outbox";
+ * import assert from "node:assert/strict";
+ *
+ * const error = new DedupRaceError("enqueue", 5);
+ * assert.equal(error.rounds, 5);
+ * assert.equal(error.name, "DedupRaceError");
+ * ```
+ */
+export class DedupRaceError extends Error {
+  /** The call that gave up, e.g. `"enqueue"`. */
+  readonly op: string;
+  /** How many rounds of insert and lookup it ran. */
+  readonly rounds: number;
+
+  /**
+   * Makes the error.
+   *
+   * @param op The call that gave up.
+   * @param rounds How many rounds it ran.
+   */
+  constructor(op: string, rounds: number) {
+    super(
+      `Cannot ${op} as the row its dedup key or identity met was deleted before it could be read, in each of ${rounds} rounds (a purge racing the call): call again`,
+    );
+    this.name = "DedupRaceError";
+    this.op = op;
+    this.rounds = rounds;
+  }
+}
+
+/**
  * Maps a SQLite result code to the typed error for it.
  *
  * @param message What the engine said.

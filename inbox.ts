@@ -35,6 +35,7 @@ import {
   transactionStatements,
   withinApplication,
 } from "./core/transaction.ts";
+import { insertOrFind } from "./core/insert_or_find.ts";
 import { SQLITE } from "./dialects/sqlite.ts";
 import { SQLITE_INBOX } from "./dialects/sqlite_inbox.ts";
 import type { InboxStatements } from "./types.ts";
@@ -257,6 +258,9 @@ export class Inbox implements AsyncDisposable {
    * the connection's `lock_timeout`: `connectPostgres`'s `lockTimeoutMs`).
    * @throws {TransactionEndedError} When a statement of `fn` ended or
    * failed the transaction (even one `fn` caught): nothing was recorded.
+   * @throws {DedupRaceError} When the identity's record was purged between
+   * the insert that met it and its lookup, round after round (on
+   * PostgreSQL): nothing was recorded.
    * @throws {RangeError} When `tx.run` or `tx.query` is given a
    * transaction-control statement (before it runs).
    * @throws {Error} When called from inside `fn` of an acceptance or a
@@ -282,14 +286,17 @@ export class Inbox implements AsyncDisposable {
     const driver = this.#driver;
     const sql = this.#sql;
     return await this.#write(op, async (now) => {
-      // A record purged between the two statements leaves neither: try again.
-      for (;;) {
+      const seen = await insertOrFind(op, async () => {
         if ((await driver.query(sql.record, [key, checkedFence, now])).length) {
-          break;
+          return { acceptedFence: null };
         }
         const [row] = await driver.query(sql.accepted, [key]);
-        if (row === undefined) continue;
-        const acceptedFence = integerOf(row, "fence");
+        return row === undefined
+          ? undefined
+          : { acceptedFence: integerOf(row, "fence") };
+      });
+      const { acceptedFence } = seen;
+      if (acceptedFence !== null) {
         return {
           status: checkedFence < acceptedFence ? "stale" : "duplicate",
           acceptedFence,

@@ -242,6 +242,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`
    * (inside the application's transaction: at once, as waiting could
    * deadlock).
+   * @throws {DedupRaceError} When the event `dedupKey` or `identity` met was
+   * purged before it could be read, round after round (PostgreSQL only).
    */
   async enqueue(
     payload: P,
@@ -273,6 +275,8 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * long, or an element is invalid (before any SQL): the message names it
    * (`events[3].dedupKey`).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
+   * @throws {DedupRaceError} When events the batch's keys met were purged
+   * before they could be read, round after round (PostgreSQL only).
    *
    * @example Enqueue a batch
    * ```ts

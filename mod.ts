@@ -94,6 +94,7 @@ export {
   ConnectionLostError,
   ConstraintError,
   DatabaseMovedError,
+  DedupRaceError,
   LeaseLostError,
   PermanentError,
   PostgresError,

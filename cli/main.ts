@@ -138,10 +138,11 @@ export async function main(
         (error instanceof SqliteError || error instanceof PostgresError) &&
           file !== undefined
           ? `${file}: ${message(error)}${
-            error instanceof SqliteError && (error.code & 0xff) === CANTOPEN
+            // The Deno file VFS says which file and why; node:sqlite does not.
+            error instanceof SqliteError && (error.code & 0xff) === CANTOPEN &&
+              !error.message.includes(": ")
               ? " (its journal, in the same directory, could not be created: is the directory writable?)"
-              : ""
-          }`
+              : ""}`
           : message(error)
       }`,
     );

@@ -7,6 +7,7 @@
  */
 import { type Driver, integerOf, type SqlValue } from "../driver.ts";
 import { uuidv7 } from "../identity.ts";
+import { insertOrFind } from "./insert_or_find.ts";
 import type { Dialect, EnqueueResult } from "../types.ts";
 
 // A batch mints a token per event: a table halves the cost of formatting.
@@ -36,6 +37,9 @@ export type Settled<T> = { readonly value: T } | { readonly error: unknown };
 /**
  * Inserts one event (or finds the one its `dedupKey` or `identity` matched),
  * inside the caller's transaction.
+ *
+ * @throws {DedupRaceError} When the event its key met was purged before it
+ * could be read, round after round (`insertOrFind`).
  */
 export async function insertOne(
   driver: Driver,
@@ -45,7 +49,7 @@ export async function insertOne(
 ): Promise<EnqueueResult> {
   const identity = event.identity ?? uuidv7(now);
   const bytes = event.payload instanceof Uint8Array;
-  const [inserted] = await driver.query(sql.insert, [
+  const params = [
     event.queue,
     bytes ? null : event.payload,
     event.dedupKey,
@@ -58,24 +62,27 @@ export async function insertOne(
     bytes ? event.payload : null,
     event.priority,
     event.concurrencyKey,
-  ]);
-  if (inserted !== undefined) {
-    return {
-      eventId: integerOf(inserted, "id"),
+  ];
+  return await insertOrFind("enqueue", async () => {
+    const [inserted] = await driver.query(sql.insert, params);
+    if (inserted !== undefined) {
+      return {
+        eventId: integerOf(inserted, "id"),
+        identity,
+        deduplicated: false,
+      };
+    }
+    const [row] = await driver.query(sql.existing, [
+      event.queue,
+      event.dedupKey,
       identity,
-      deduplicated: false,
+    ]);
+    return row === undefined ? undefined : {
+      eventId: integerOf(row, "id"),
+      identity: String(row["identity"]),
+      deduplicated: true,
     };
-  }
-  const [row] = await driver.query(sql.existing, [
-    event.queue,
-    event.dedupKey,
-    identity,
-  ]);
-  return {
-    eventId: integerOf(row ?? {}, "id"),
-    identity: String(row?.["identity"]),
-    deduplicated: true,
-  };
+  });
 }
 
 /**
@@ -83,6 +90,9 @@ export async function insertOne(
  * would in turn; the skipped ones' events are looked up with one more.
  * `now` null (`insertAllInOne`, outside a transaction): the statement reads
  * the server's clock, and minted identities carry this process's.
+ *
+ * @throws {DedupRaceError} When events the batch's keys met were purged
+ * before they could be read, round after round (`insertOrFind`).
  */
 export async function insertAll(
   driver: Driver,
@@ -93,6 +103,43 @@ export async function insertAll(
   if (events.length === 0) return [];
   const mintedAt = now ?? Date.now();
   const identities = events.map((event) => event.identity ?? uuidv7(mintedAt));
+  const results: EnqueueResult[] = new Array(events.length);
+  // The elements whose skipped insert found no event, inserted again (with
+  // the identities minted for them) in the next round: their ids come
+  // after those of the batch's others.
+  let pending = events.map((_, i) => i);
+  return await insertOrFind("enqueue", async () => {
+    const first = pending.length === events.length;
+    const round = await insertSome(
+      driver,
+      sql,
+      first ? events : pending.map((i) => events[i]!),
+      first ? identities : pending.map((i) => identities[i]!),
+      now,
+    );
+    const left: number[] = [];
+    pending.forEach((i, n) => {
+      const result = round[n];
+      if (result === undefined) left.push(i);
+      else results[i] = result;
+    });
+    pending = left;
+    return pending.length === 0 ? results : undefined;
+  });
+}
+
+/**
+ * One round of `insertAll`: inserts `events` (with `identities`) and looks
+ * up the events the skipped ones met; answers each one's result, or
+ * `undefined` where the lookup found none.
+ */
+async function insertSome(
+  driver: Driver,
+  sql: Dialect,
+  events: readonly PreparedEnqueue[],
+  identities: readonly string[],
+  now: number | null,
+): Promise<(EnqueueResult | undefined)[]> {
   const [first] = events as [PreparedEnqueue];
   const alike = events.every((event) =>
     typeof event.payload === "string" && event.queue === first.queue &&
@@ -146,26 +193,37 @@ export async function insertAll(
     inserted.delete(identities[i]!);
     return integerOf(row, "id");
   });
-  const results: EnqueueResult[] = new Array(events.length);
-  const skipped: [string, string | null, string, number | null][] = [];
+  const results = ids.map((id, i): EnqueueResult | undefined =>
+    id === undefined
+      ? undefined
+      : { eventId: id, identity: identities[i]!, deduplicated: false }
+  );
+  if (!ids.includes(undefined)) return results;
+  // A skipped element met an earlier element's event or another
+  // transaction's, never a later element's: a key that a later one went in
+  // with was free at its turn, so it met the owner of its other key, and
+  // is looked up by that one alone. (Not by id: on PostgreSQL a
+  // transaction that drew its ids after the batch can own the key.)
+  const later = new Set<string>();
+  const skipped: [string, string | null, string | null][] = [];
   const skippedAt: number[] = [];
-  let bound: number | null = null;
   for (let i = events.length - 1; i >= 0; i--) {
-    const id = ids[i];
-    if (id !== undefined) {
-      results[i] = {
-        eventId: id,
-        identity: identities[i]!,
-        deduplicated: false,
-      };
-      bound = id;
+    const event = events[i]!;
+    const key = event.dedupKey === null
+      ? null
+      : JSON.stringify([event.queue, event.dedupKey]);
+    if (ids[i] !== undefined) {
+      later.add(identities[i]!);
+      if (key !== null) later.add(key);
       continue;
     }
-    const event = events[i]!;
-    skipped.push([event.queue, event.dedupKey, identities[i]!, bound]);
+    skipped.push([
+      event.queue,
+      key !== null && later.has(key) ? null : event.dedupKey,
+      later.has(identities[i]!) ? null : identities[i]!,
+    ]);
     skippedAt.push(i);
   }
-  if (skipped.length === 0) return results;
   const found = new Map(
     (await driver.query(sql.existingAll, [
       JSON.stringify(skipped),
@@ -173,9 +231,10 @@ export async function insertAll(
   );
   skippedAt.forEach((i, n) => {
     const row = found.get(n);
+    if (row === undefined) return;
     results[i] = {
-      eventId: integerOf(row ?? {}, "id"),
-      identity: String(row?.["identity"]),
+      eventId: integerOf(row, "id"),
+      identity: String(row["identity"]),
       deduplicated: true,
     };
   });

@@ -166,7 +166,24 @@ export function takeDenoFileVfsError(
   return lastErrors.get(sqlite3)?.();
 }
 
-const lastErrors = new WeakMap<Sqlite3Static, () => string | undefined>();
+/**
+ * The VFS's message for its last failure if that failure's extended result
+ * code is `code`, taken (cleared) then: a statement's `SQLITE_IOERR_*` or
+ * `SQLITE_CANTOPEN` says why (the file, the call, the errno).
+ *
+ * @ignore
+ */
+export function takeDenoFileVfsReason(
+  sqlite3: Awaited<ReturnType<typeof loadSqlite3>>,
+  code: number,
+): string | undefined {
+  return lastErrors.get(sqlite3)?.(code);
+}
+
+const lastErrors = new WeakMap<
+  Sqlite3Static,
+  (code?: number) => string | undefined
+>();
 
 /**
  * Waits after the connection `db` got `SQLITE_BUSY` until the lock that

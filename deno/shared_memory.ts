@@ -5,7 +5,8 @@
  * @module
  */
 import type { Sqlite3Static } from "@sqlite.org/sqlite-wasm";
-import { F_RDLCK, F_UNLCK, F_WRLCK, type Libc } from "./libc.ts";
+import { F_RDLCK, F_UNLCK, F_WRLCK, type FileId, type Libc } from "./libc.ts";
+import { type ExpectedLock, walIndexLocks } from "./lock_audit.ts";
 import type { Inode } from "./inodes.ts";
 import {
   permissionBits,
@@ -67,6 +68,8 @@ export class SharedMemory {
   #regionSize = 0;
   /** The WAL locks this connection holds, one bit per lock. */
   readonly #held: Held = { shared: 0, exclusive: 0 };
+  /** The `-shm` file's device and inode, for the lock audit. */
+  #fileId: FileId | undefined;
 
   constructor(
     libc: Libc,
@@ -136,6 +139,19 @@ export class SharedMemory {
       this.#regions.push({ allocation, at });
     }
     return this.#regions[region]!.at;
+  }
+
+  /**
+   * The locks on `<db>-shm` this connection holds, for the lock audit
+   * (deno/lock_audit.ts).
+   */
+  expectedLocks(): ExpectedLock[] {
+    this.#fileId ??= this.#libc.fileId(this.#file.fd);
+    return walIndexLocks(
+      this.#fileId,
+      this.#held.shared,
+      this.#held.exclusive,
+    );
   }
 
   /** Takes or lets go SQLite's WAL locks `offset` to `offset + n - 1`. */

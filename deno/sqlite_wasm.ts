@@ -31,6 +31,7 @@ import {
   denoFileBusyWait,
   installDenoFileVfs,
   takeDenoFileVfsError,
+  takeDenoFileVfsReason,
 } from "./file_vfs.ts";
 import { openBusyTimeoutMs, type Row, untilNotBusy } from "../driver.ts";
 import { BusyError, SqliteError, sqliteError } from "../errors.ts";
@@ -239,6 +240,8 @@ export async function openSqliteWasm(
       sqlite3,
       openDatabase(sqlite3, name, options),
       busyWait,
+      true,
+      (code) => takeDenoFileVfsReason(sqlite3, code),
     );
   } catch (error) {
     throw withVfsReason(sqlite3, error);
@@ -323,7 +326,9 @@ function withVfsReason(sqlite3: Sqlite3Static, error: unknown): unknown {
     error instanceof SqliteError &&
     (error.primaryCode === SQLITE_CANTOPEN ||
       error.primaryCode === SQLITE_IOERR) &&
-    reason !== undefined
+    reason !== undefined &&
+    // The driver adds the reason to a statement's error itself.
+    !error.message.includes(reason)
   ) {
     return sqliteError(`${error.message}: ${reason}`, error.code, error);
   }

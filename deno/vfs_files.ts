@@ -21,7 +21,23 @@ import { LockSet } from "./ofd_locks.ts";
 import { PosixLockSet } from "./posix_locks.ts";
 import { SharedMemory } from "./shared_memory.ts";
 import { removeIfPresent, syncDirectory } from "./file_access.ts";
-import { CANTOPEN, IOERR_SHMOPEN, NONE, OK, VfsError } from "./vfs_codes.ts";
+import {
+  CANTOPEN,
+  IOERR_SHMOPEN,
+  NONE,
+  OK,
+  RESERVED,
+  SHARED,
+  VfsError,
+} from "./vfs_codes.ts";
+import {
+  audit,
+  auditing,
+  checkLocks,
+  databaseLocks,
+  type ExpectedLock,
+  unaudit,
+} from "./lock_audit.ts";
 
 /** The operations SQLite calls on one open file. */
 export interface OpenFile {
@@ -70,6 +86,11 @@ export class DatabaseFile implements OpenFile {
   readonly #inode: Inode;
   readonly #writable: boolean;
   #shm: SharedMemory | undefined;
+  /**
+   * Whether SQLite took RESERVED in this transaction (it may go from SHARED
+   * to EXCLUSIVE without it), for the lock audit.
+   */
+  #reserved = false;
 
   constructor(
     libc: Libc,
@@ -107,6 +128,14 @@ export class DatabaseFile implements OpenFile {
         inode.lateWaits--;
         inode.idle.push({ fd: released, writable });
       });
+    audit(this);
+  }
+
+  /** The locks this connection believes it holds, for the lock audit. */
+  expectedLocks(): ExpectedLock[] {
+    const locks = databaseLocks(this.#id, this.#locks.level, this.#reserved);
+    if (this.#shm !== undefined) locks.push(...this.#shm.expectedLocks());
+    return locks;
   }
 
   lockLevel(): number {
@@ -133,14 +162,17 @@ export class DatabaseFile implements OpenFile {
   }
 
   write(from: Uint8Array, offset: number): void {
+    if (auditing()) checkLocks(this.#libc, `writing ${this.path}`);
     this.#libc.write(this.#fd, from, offset);
   }
 
   truncate(size: number): void {
+    if (auditing()) checkLocks(this.#libc, `truncating ${this.path}`);
     this.#libc.truncate(this.#fd, size);
   }
 
   sync(full: boolean): void {
+    if (auditing()) checkLocks(this.#libc, `syncing ${this.path}`);
     this.#libc.sync(this.#fd, full);
   }
 
@@ -149,10 +181,13 @@ export class DatabaseFile implements OpenFile {
   }
 
   lock(level: number): number {
-    return this.#locks.lock(level);
+    const rc = this.#locks.lock(level);
+    if (level === RESERVED && rc === OK) this.#reserved = true;
+    return rc;
   }
 
   unlock(level: number): number {
+    if (level <= SHARED) this.#reserved = false;
     return this.#locks.unlock(level);
   }
 
@@ -195,6 +230,7 @@ export class DatabaseFile implements OpenFile {
   close(): void {
     // SQLite unmaps before it closes; this is for a close it never reached.
     this.closeSharedMemory(false);
+    unaudit(this);
     const waitFdFree = this.#locks.close();
     const waitFd = this.#waitFd;
     const inode = this.#inode;
@@ -328,14 +364,17 @@ export class DiskFile implements OpenFile {
   }
 
   write(from: Uint8Array, offset: number): void {
+    if (auditing()) checkLocks(this.#libc, `writing ${this.path}`);
     this.#libc.write(this.#fd, from, offset);
   }
 
   truncate(size: number): void {
+    if (auditing()) checkLocks(this.#libc, `truncating ${this.path}`);
     this.#libc.truncate(this.#fd, size);
   }
 
   sync(full: boolean): void {
+    if (auditing()) checkLocks(this.#libc, `syncing ${this.path}`);
     this.#libc.sync(this.#fd, full);
     if (this.#syncDirectory) {
       // A journal created by this open survives power loss only once its

@@ -532,7 +532,10 @@ export function createVfs(
       return error.code;
     },
   };
-  const takeLastError = (): string | undefined => {
+  // `code`: only a failure with that result code (a statement's error
+  // asks for the reason of its own code, never an older failure's).
+  const takeLastError = (code?: number): string | undefined => {
+    if (code !== undefined && lastError?.code !== code) return undefined;
     const message = lastError?.message;
     lastError = undefined;
     return message;

@@ -485,21 +485,51 @@ function claimInOne(acknowledge?: string): string {
 }
 
 /**
+ * The order a batch inserts its keys rows in, of the CTE `d`'s elements:
+ * by queue and dedup key, and those without one by identity, the elements
+ * of one key in array order (`d.n`), so a later one meets an earlier one's
+ * key. The rows' entries in the unique indexes of `outbox_keys` are the
+ * locks two batches holding the same keys wait on, until commit: taken in
+ * array order, two batches with keys in opposite orders each held one the
+ * other waited for, a deadlock the server broke after `deadlock_timeout`
+ * (a second) and the write path reran. Taken in this one order (text by
+ * bytes, `COLLATE "C"`: the database's collation compares slower), two
+ * batches sharing dedup keys, or identities without dedup keys, never wait
+ * for each other both ways; rows that share an identity but not a dedup
+ * key with another batch's can still meet out of order, and such a
+ * deadlock is rerun as before. When `sorted` is false the order is the
+ * array's.
+ */
+const keyOrder = (
+  queue: string,
+  dedupKey: string,
+  identity: string,
+  sorted = "true",
+) =>
+  `ORDER BY CASE WHEN ${sorted} THEN ${queue} END COLLATE "C",
+      CASE WHEN ${sorted} THEN ${dedupKey} END COLLATE "C",
+      CASE WHEN ${sorted} AND ${dedupKey} IS NULL THEN ${identity} END,
+      d.n`;
+
+/**
  * The enqueue of a batch whose events differ only in payload and identity
  * ($2: a JSON array of [payload, identity]; $3 queue, $4 delay, $5
- * max_attempts). `checked`: the keys go in with ON CONFLICT DO NOTHING and
- * only the events whose keys went in follow; otherwise all go in.
+ * max_attempts). `checked`: the keys go in with ON CONFLICT DO NOTHING, in
+ * `keyOrder` (by identity), and only the events whose keys went in follow;
+ * otherwise all go in, in array order: identities the outbox minted, which
+ * no other batch holds.
  */
 const alike = (checked: boolean) =>
   `WITH ${CLOCK}, ${ID_SEQUENCE}, ${BATCH},
   k AS (INSERT INTO outbox_keys (identity, event_id, queue, dedup_key)
     SELECT (d.value ->> 1)::uuid, d.id, $3::text, NULL
-    FROM d ORDER BY d.n${
+    FROM d${
     checked
       ? `
+    ${keyOrder("$3::text", "NULL::text", "(d.value ->> 1)::uuid")}
     ON CONFLICT DO NOTHING
     RETURNING event_id`
-      : ""
+      : " ORDER BY d.n"
   })
   INSERT INTO outbox_events
     (id, queue, state, payload, dedup_key, ordering_key, due_at,
@@ -599,12 +629,25 @@ export const POSTGRES = {
   existing: `SELECT event_id AS id, identity FROM outbox_keys
     WHERE (queue = $1 AND dedup_key = $2) OR identity = $3
     ORDER BY dedup_key IS DISTINCT FROM $2 LIMIT 1`,
-  // Each element's keys in array order, so a later element meets an
-  // earlier one's, then the events whose keys went in.
+  // Each element's keys in keyOrder, so a later element meets an earlier
+  // one's, then the events whose keys went in (ids in array order). While
+  // the batch repeats an identity, whose elements may hold different dedup
+  // keys, the keys go in array order: sorting could let a later one win.
   insertAll: `WITH ${CLOCK}, ${ID_SEQUENCE}, ${BATCH},
+  u AS MATERIALIZED (SELECT
+      count(DISTINCT (d.value ->> 7)::uuid) = count(*) AS sorted
+    FROM d),
   k AS (INSERT INTO outbox_keys (identity, event_id, queue, dedup_key)
     SELECT (d.value ->> 7)::uuid, d.id, d.value ->> 0, d.value ->> 3
-    FROM d ORDER BY d.n
+    FROM d, u
+    ${
+    keyOrder(
+      "d.value ->> 0",
+      "d.value ->> 3",
+      "(d.value ->> 7)::uuid",
+      "u.sorted",
+    )
+  }
     ON CONFLICT DO NOTHING
     RETURNING event_id)
   INSERT INTO outbox_events
@@ -632,9 +675,8 @@ export const POSTGRES = {
   existingAll: `SELECT d.n - 1 AS n, e.id, e.identity
     FROM json_array_elements($1::json) WITH ORDINALITY AS d (value, n)
     JOIN LATERAL (SELECT event_id AS id, identity FROM outbox_keys
-      WHERE ((queue = d.value ->> 0 AND dedup_key = d.value ->> 1)
-          OR identity = (d.value ->> 2)::uuid)
-        AND (d.value ->> 3 IS NULL OR event_id < (d.value ->> 3)::bigint)
+      WHERE (queue = d.value ->> 0 AND dedup_key = d.value ->> 1)
+          OR identity = (d.value ->> 2)::uuid
       ORDER BY dedup_key IS DISTINCT FROM d.value ->> 1 LIMIT 1) AS e ON true`,
   exhausted: `SELECT id, fence FROM outbox_events
     WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= $1

@@ -17,7 +17,10 @@ import {
   type SqlValue,
 } from "../driver.ts";
 import type { TransactionStatus } from "../types.ts";
-import { sqliteError } from "../errors.ts";
+import { SqliteError, sqliteError } from "../errors.ts";
+
+const SQLITE_IOERR = 10;
+const SQLITE_CANTOPEN = 14;
 import { StatementCache } from "./statement_cache.ts";
 import { checkBoolean, checkOptions } from "../validate.ts";
 
@@ -277,6 +280,7 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
    * VFS does); see {@linkcode Driver.busyWait}.
    */
   readonly busyWait?: (timeoutMs: number) => Promise<void>;
+  readonly #reason: ((code: number) => string | undefined) | undefined;
 
   /**
    * Wraps an open oo1 connection (for the project's own openers).
@@ -287,14 +291,18 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
    * @param busyWait How to wait after `SQLITE_BUSY`, if the opener knows.
    * @param closeDatabase Whether {@linkcode SqliteWasmDriver.close} closes
    * `db` (the driver owns it).
+   * @param reason The VFS's reason for a failure with an extended result
+   * code, if it knows it: added to an I/O or open error's message.
    */
   constructor(
     sqlite3: Sqlite3Static,
     db: Database,
     busyWait?: BusyWaitHook,
     closeDatabase = true,
+    reason?: (code: number) => string | undefined,
   ) {
     this.#closeDatabase = closeDatabase;
+    this.#reason = reason;
     this.#capi = sqlite3.wasm.exports as RawCapi;
     this.#memory = sqlite3.config.memory;
     this.#heap = new Uint8Array(this.#memory.buffer);
@@ -341,7 +349,7 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
       this.#finish(statement.pointer, rc, params.length);
       return Promise.resolve(rows);
     } catch (error) {
-      return Promise.reject(toSqliteError(error));
+      return Promise.reject(this.#explained(toSqliteError(error)));
     } finally {
       if (statement !== undefined) this.#statements.leave();
     }
@@ -364,7 +372,7 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
         ),
       });
     } catch (error) {
-      return Promise.reject(toSqliteError(error));
+      return Promise.reject(this.#explained(toSqliteError(error)));
     } finally {
       if (statement !== undefined) this.#statements.leave();
     }
@@ -376,7 +384,7 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
       this.#open().exec(sql);
       return Promise.resolve();
     } catch (error) {
-      return Promise.reject(toSqliteError(error));
+      return Promise.reject(this.#explained(toSqliteError(error)));
     }
   }
 
@@ -614,7 +622,26 @@ export class SqliteWasmDriver implements Driver, AsyncDisposable {
     const message = this.#text(capi.sqlite3_errmsg(this.#pointer), -1);
     capi.sqlite3_reset(pointer);
     if (params > 0) capi.sqlite3_clear_bindings(pointer);
-    throw sqliteError(message, code);
+    throw this.#explained(sqliteError(message, code));
+  }
+
+  /**
+   * `error` with the VFS's reason added, for an I/O or open error whose
+   * code the VFS's last failure had: SQLite itself says only "disk I/O
+   * error" or "unable to open database file".
+   */
+  #explained(error: Error): Error {
+    if (
+      this.#reason === undefined || !(error instanceof SqliteError) ||
+      (error.primaryCode !== SQLITE_IOERR &&
+        error.primaryCode !== SQLITE_CANTOPEN)
+    ) {
+      return error;
+    }
+    const reason = this.#reason(error.code);
+    return reason === undefined
+      ? error
+      : sqliteError(`${error.message}: ${reason}`, error.code, error);
   }
 }
 

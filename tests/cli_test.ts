@@ -473,7 +473,7 @@ Deno.test("a write command that cannot create the journal beside the database na
   assert.equal(stdout, "");
   assert.equal(
     stderr,
-    `outbox: ${path}: unable to open database file (its journal, in the same directory, could not be created: is the directory writable?)\n`,
+    `outbox: ${path}: unable to open database file: File name too long (os error 36): open '${path}-journal'\n`,
   );
 });
 

@@ -1,7 +1,9 @@
 /**
- * Test helpers: a manual clock, snapshots for "nothing changed" checks and a
- * count of the statements outboxes send.
+ * Test helpers: a manual clock, snapshots for "nothing changed" checks, a
+ * count of the statements outboxes send, and a wait for a PostgreSQL
+ * connection to wait for a lock.
  */
+import assert from "node:assert/strict";
 import type { Driver, Row, RunResult, SqlValue } from "../driver.ts";
 import { PostgresDriver } from "../drivers/postgres.ts";
 import { type Dialect, Outbox, type OutboxOptions } from "../mod.ts";
@@ -267,4 +269,27 @@ export async function asPostgresVersion7(db: Driver): Promise<void> {
       FROM outbox_unwritten_attempts;
     DELETE FROM outbox_schema;
     INSERT INTO outbox_schema (version, applied_at) VALUES (7, 0)`);
+}
+
+/**
+ * Resolves once the connection named `name` (its application_name) waits
+ * for a lock; fails when `pending` settles first or after 10 s.
+ */
+export async function untilWaiting(
+  watcher: Driver,
+  name: string,
+  pending: Promise<unknown>,
+): Promise<void> {
+  let settled = false;
+  pending.then(() => settled = true, () => settled = true);
+  const deadline = performance.now() + 10_000;
+  for (;;) {
+    const rows = await watcher.query(
+      "SELECT 1 FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+      [name],
+    );
+    if (rows.length > 0) return;
+    assert.ok(!settled && performance.now() < deadline, `${name} waits`);
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
 }

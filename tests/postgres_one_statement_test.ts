@@ -16,6 +16,7 @@ import {
   Outbox,
 } from "../mod.ts";
 import { sharedPostgres } from "../scripts/postgres_server.ts";
+import { untilWaiting } from "./helpers.ts";
 
 /** A connection that records every statement it sends. */
 class CountingDriver implements Driver {
@@ -456,29 +457,6 @@ async function connector(): Promise<
   const schema = await server.createSchema();
   return (applicationName = "leased-outbox") =>
     connectPostgres(server.url, { schema, listen: false, applicationName });
-}
-
-/**
- * Resolves once the connection named `name` (its application_name) waits
- * for a lock; fails when `pending` settles first or after 10 s.
- */
-async function untilWaiting(
-  watcher: Driver,
-  name: string,
-  pending: Promise<unknown>,
-): Promise<void> {
-  let settled = false;
-  pending.then(() => settled = true, () => settled = true);
-  const deadline = performance.now() + 10_000;
-  for (;;) {
-    const rows = await watcher.query(
-      "SELECT 1 FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
-      [name],
-    );
-    if (rows.length > 0) return;
-    assert.ok(!settled && performance.now() < deadline, `${name} waits`);
-    await new Promise((resolve) => setTimeout(resolve, 5));
-  }
 }
 
 Deno.test("postgres: acknowledgeAndClaim takes its leases' row locks before it locks a candidate, so two at once never wait for each other", async () => {

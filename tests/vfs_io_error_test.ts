@@ -99,6 +99,14 @@ for (const [journalMode, methods] of MODES) {
                   run.error.primaryCode === SQLITE_IOERR,
                 `n=${n}: ${run.error}`,
               );
+              // SQLite's words, then the VFS's reason.
+              assert.match(
+                run.error.message,
+                new RegExp(
+                  `^disk I/O error: injected: no space left \\(${method}\\)$`,
+                ),
+                `n=${n}`,
+              );
             } else assert.ok(!reached, `n=${n}: the failure went unreported`);
             await using fresh = await Outbox.open(await openSqliteWasm(path), {
               now: clock.now,

@@ -1,0 +1,47 @@
+/**
+ * Insert, or find what the insert met: the one home of the rounds that
+ * every "insert unless the key is taken, then look up who took it" runs
+ * (an enqueue's dedup key and identity, a batch's, an inbox's acceptance).
+ *
+ * The insert skips a row whose key is taken (`ON CONFLICT DO NOTHING`);
+ * the lookup of the row that took it is a statement of its own, since on
+ * PostgreSQL the insert can have waited for that row's transaction, which
+ * committed after the insert's snapshot was taken. Under `READ COMMITTED`
+ * the lookup's snapshot is fresh, so another transaction's purge that
+ * deleted the row and committed in between leaves it nothing to find. The
+ * key is free again then: the round is run again, and inserts. A further
+ * round needs yet another transaction to take the key and a purge to take
+ * it away again inside the same window, so a few rounds suffice.
+ *
+ * On SQLite this cannot happen: writers are serialized, and the insert
+ * took the write lock that the lookup runs under, so no purge commits
+ * between them. The first round always settles there.
+ *
+ * @module
+ */
+import { DedupRaceError } from "../errors.ts";
+
+/** How many rounds of insert and lookup a call runs before giving up. */
+export const INSERT_ROUNDS = 5;
+
+/**
+ * Runs `round` until it settles: it inserts, looks up the rows its insert
+ * met, and answers `undefined` when a lookup found nothing (the row was
+ * deleted in between), which runs it again.
+ *
+ * @param op The call, for the error, e.g. `"enqueue"`.
+ * @param round One insert and its lookup.
+ * @returns What the first settled round answered.
+ * @throws {DedupRaceError} When {@linkcode INSERT_ROUNDS} rounds in a row
+ * found a row gone.
+ */
+export async function insertOrFind<T>(
+  op: string,
+  round: () => Promise<T | undefined>,
+): Promise<T> {
+  for (let n = 0; n < INSERT_ROUNDS; n++) {
+    const settled = await round();
+    if (settled !== undefined) return settled;
+  }
+  throw new DedupRaceError(op, INSERT_ROUNDS);
+}

@@ -1,0 +1,283 @@
+/**
+ * The lock audit, for tests on Linux: with `LEASED_OUTBOX_VFS_AUDIT=1`, each
+ * write, truncate and sync the VFS does first checks that the kernel holds
+ * every lock each open connection of this process believes it holds (its
+ * SQLite lock level on the database file, its WAL locks and the dead-man
+ * switch on `<db>-shm`), as `/proc/locks` lists them. A lock the kernel let
+ * go behind the VFS's back (classic POSIX locks go with any close of the
+ * file in the process) fails the write with `SQLITE_IOERR_LOCK`, naming the
+ * lock, before a byte is written without it.
+ *
+ * What the kernel lists is every owner's locks: classic ones carry the
+ * process id and must be this process's; open file description locks carry
+ * none (-1), so with them a lock dropped while no one else holds its bytes
+ * is seen, but not one another process of this VFS took in between.
+ *
+ * @module
+ */
+import {
+  IOERR_LOCK,
+  PENDING,
+  PENDING_BYTE,
+  RESERVED,
+  RESERVED_BYTE,
+  SHARED,
+  SHARED_FIRST,
+  SHARED_SIZE,
+  SHM_BASE,
+  SHM_DMS,
+  VfsError,
+} from "./vfs_codes.ts";
+import type { FileId, Libc } from "./libc.ts";
+
+/** The environment variable that turns the audit on (tests only). */
+export const AUDIT_VARIABLE = "LEASED_OUTBOX_VFS_AUDIT";
+
+/** A lock the kernel must hold: on the file `file`, bytes `first`–`last`. */
+export interface ExpectedLock {
+  readonly file: FileId;
+  readonly write: boolean;
+  readonly first: number;
+  readonly last: number;
+  /** What SQLite calls it, for the error. */
+  readonly name: string;
+}
+
+/** One connection's view: the locks it believes it holds, and its path. */
+export interface AuditedConnection {
+  readonly path: string;
+  expectedLocks(): ExpectedLock[];
+}
+
+interface KernelLock {
+  readonly file: string;
+  readonly write: boolean;
+  readonly first: number;
+  readonly last: number;
+}
+
+let enabled: boolean | undefined;
+const connections = new Set<AuditedConnection>();
+
+/**
+ * Whether the audit is on: `LEASED_OUTBOX_VFS_AUDIT=1` where `--allow-env`
+ * grants it, on Linux (which has `/proc/locks`). Read once.
+ */
+export function auditing(): boolean {
+  if (enabled === undefined) {
+    const permission = Deno.permissions.querySync({
+      name: "env",
+      variable: AUDIT_VARIABLE,
+    });
+    enabled = Deno.build.os === "linux" && permission.state === "granted" &&
+      Deno.env.get(AUDIT_VARIABLE) === "1";
+  }
+  return enabled;
+}
+
+/** Adds a connection to the audit, while it is open. */
+export function audit(connection: AuditedConnection): void {
+  if (auditing()) connections.add(connection);
+}
+
+/** Takes a closed connection out of the audit. */
+export function unaudit(connection: AuditedConnection): void {
+  connections.delete(connection);
+}
+
+/**
+ * Checks every audited connection's locks against `/proc/locks`.
+ *
+ * @param libc Reads `/proc/locks` (Deno asks for every permission to).
+ * @param doing What is about to happen, for the error.
+ * @throws {VfsError} (`SQLITE_IOERR_LOCK`) naming the connection, the lock
+ *   and the bytes, when the kernel does not hold one.
+ */
+export function checkLocks(libc: Libc, doing: string): void {
+  if (connections.size === 0) return;
+  let missing = missingLocks(kernelLocks(libc));
+  // The kernel hands /proc/locks out a page per read, each read listing
+  // the locks as they are then: other processes' locks coming and going
+  // shift the list, and a lock held all along can fall between two pages.
+  // A lock really let go stays missing; one read past is found again.
+  for (let read = 1; missing.length > 0 && read < AUDIT_READS; read++) {
+    const held = kernelLocks(libc);
+    missing = missing.filter(([, lock]) => !isHeld(held, lock));
+  }
+  if (missing.length === 0) return;
+  const [connection, lock] = missing[0]!;
+  throw new VfsError(
+    `Lock audit, before ${doing}: ${connection.path} believes it holds ${lock.name} (a ${
+      lock.write ? "write" : "read"
+    } lock on bytes ${lock.first}-${lock.last}), which the kernel does not hold for this process`,
+    IOERR_LOCK,
+  );
+}
+
+/**
+ * How many reads of /proc/locks must all miss a lock before the audit says
+ * it is gone: a read misses a held lock a few times in a hundred when other
+ * processes lock and unlock hundreds of times a second.
+ */
+const AUDIT_READS = 8;
+
+/** Each audited connection's expected locks that `held` lacks. */
+function missingLocks(
+  held: readonly KernelLock[],
+): [AuditedConnection, ExpectedLock][] {
+  const missing: [AuditedConnection, ExpectedLock][] = [];
+  for (const connection of connections) {
+    for (const lock of connection.expectedLocks()) {
+      if (!isHeld(held, lock)) missing.push([connection, lock]);
+    }
+  }
+  return missing;
+}
+
+/** Whether a lock in `held` covers `lock` (a write lock covers a read). */
+function isHeld(held: readonly KernelLock[], lock: ExpectedLock): boolean {
+  const file = procLocksFile(lock.file);
+  return held.some((k) =>
+    k.file === file && k.first <= lock.first && k.last >= lock.last &&
+    (k.write || !lock.write)
+  );
+}
+
+/**
+ * The locks a connection at SQLite lock level `level` holds on `file`;
+ * `reserved`: whether it took RESERVED on the way (SQLite may go from
+ * SHARED to EXCLUSIVE through PENDING without it, as os_unix.c allows).
+ */
+export function databaseLocks(
+  file: FileId,
+  level: number,
+  reserved: boolean,
+): ExpectedLock[] {
+  const locks: ExpectedLock[] = [];
+  const sharedLast = SHARED_FIRST + SHARED_SIZE - 1;
+  if (level > PENDING) {
+    locks.push({
+      file,
+      write: true,
+      first: SHARED_FIRST,
+      last: sharedLast,
+      name: "EXCLUSIVE",
+    });
+  } else if (level >= SHARED) {
+    locks.push({
+      file,
+      write: false,
+      first: SHARED_FIRST,
+      last: sharedLast,
+      name: "SHARED",
+    });
+  }
+  if (reserved && level >= RESERVED) {
+    locks.push({
+      file,
+      write: true,
+      first: RESERVED_BYTE,
+      last: RESERVED_BYTE,
+      name: "RESERVED",
+    });
+  }
+  if (level >= PENDING) {
+    locks.push({
+      file,
+      write: true,
+      first: PENDING_BYTE,
+      last: PENDING_BYTE,
+      name: "PENDING",
+    });
+  }
+  return locks;
+}
+
+/** The WAL locks `shared` and `exclusive` (one bit each) and the switch. */
+export function walIndexLocks(
+  file: FileId,
+  shared: number,
+  exclusive: number,
+): ExpectedLock[] {
+  const locks: ExpectedLock[] = [{
+    file,
+    write: false,
+    first: SHM_DMS,
+    last: SHM_DMS,
+    name: "the WAL index's dead-man switch",
+  }];
+  for (let i = 0; i < 8; i++) {
+    const bit = 1 << i;
+    if (((shared | exclusive) & bit) === 0) continue;
+    const write = (exclusive & bit) !== 0;
+    locks.push({
+      file,
+      write,
+      first: SHM_BASE + i,
+      last: SHM_BASE + i,
+      name: `WAL lock ${i} (${write ? "exclusive" : "shared"})`,
+    });
+  }
+  return locks;
+}
+
+/**
+ * How `/proc/locks` names a file: `major:minor:inode`, the device numbers
+ * in hex, from Linux's encoding of `st_dev` (new_encode_dev).
+ */
+export function procLocksFile(id: { dev: bigint; ino: bigint }): string {
+  const dev = Number(id.dev);
+  const hex = (n: number) => n.toString(16).padStart(2, "0");
+  const major = Math.floor(dev / 256) & 0xfff;
+  const minor = (dev & 0xff) | (Math.floor(dev / 4096) & 0xfff00);
+  return `${hex(major)}:${hex(minor)}:${id.ino}`;
+}
+
+/**
+ * This process's byte-range locks as `/proc/locks` lists them: classic
+ * ones of this process id, and every open file description lock (they
+ * carry no process id). Blocked requests (`->`) are not locks.
+ */
+function kernelLocks(libc: Libc): KernelLock[] {
+  const pid = String(Deno.pid);
+  const locks: KernelLock[] = [];
+  for (const line of readProcLocks(libc).split("\n")) {
+    if (line.includes("->")) continue;
+    // "1: POSIX  ADVISORY  WRITE 1234 fe:00:5678 120 120"
+    const fields = line.trim().split(/\s+/);
+    const kind = fields[1];
+    if (kind !== "POSIX" && kind !== "OFDLCK") continue;
+    if (kind === "POSIX" && fields[4] !== pid) continue;
+    locks.push({
+      file: fields[5]!,
+      write: fields[3] === "WRITE",
+      first: Number(fields[6]),
+      last: fields[7] === "EOF" ? Infinity : Number(fields[7]),
+    });
+  }
+  return locks;
+}
+
+/** `/proc/locks` through libc: Deno's own read asks for `--allow-all`. */
+function readProcLocks(libc: Libc): string {
+  const fd = libc.open("/proc/locks", {
+    write: false,
+    create: false,
+    createNew: false,
+  });
+  try {
+    const decoder = new TextDecoder();
+    const chunk = new Uint8Array(65_536);
+    let text = "";
+    for (let offset = 0;;) {
+      const n = libc.read(fd, chunk, offset);
+      offset += n;
+      text += decoder.decode(chunk.subarray(0, n), {
+        stream: n === chunk.length,
+      });
+      if (n < chunk.length) return text;
+    }
+  } finally {
+    libc.close(fd);
+  }
+}
