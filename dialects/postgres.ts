@@ -306,7 +306,8 @@ const NOW = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 /**
  * The ids of the event rows `where` selects (a condition on either table's
- * columns), locked `mode` in one order: `outbox_events`' by id, then
+ * columns; `done`, when given, on `outbox_done`'s instead, null for none of
+ * them), locked `mode` in one order: `outbox_events`' by id, then
  * `outbox_done`'s by id. Every statement that locks several event rows and
  * may wait for them takes them in this order, so two such statements never
  * each hold a row the other waits for (a deadlock the server breaks after
@@ -317,13 +318,13 @@ const NOW = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 const lockedRows = (
   where: string,
   mode = "UPDATE",
-  tables: "both" | "events" = "both",
+  done: string | null = where,
 ) =>
   `SELECT id FROM (SELECT id FROM outbox_events WHERE ${where}
       ORDER BY id FOR ${mode}) AS locked_e${
-    tables === "events" ? "" : `
+    done === null ? "" : `
     UNION ALL
-    SELECT id FROM (SELECT id FROM outbox_done WHERE ${where}
+    SELECT id FROM (SELECT id FROM outbox_done WHERE ${done}
       ORDER BY id FOR ${mode}) AS locked_d`
   }`;
 
@@ -866,7 +867,7 @@ export const POSTGRES = {
     lockedRows(
       `id IN (${IDS}($2::jsonb)) AND state = 'pending'`,
       "UPDATE",
-      "events",
+      null,
     )
   })
   UPDATE outbox_events AS e
@@ -879,7 +880,7 @@ export const POSTGRES = {
       `state = 'dead' AND ($2::text IS NULL OR queue = $2)
         AND ($3::jsonb IS NULL OR id IN (${IDS}($3::jsonb)))`,
       "UPDATE",
-      "events",
+      null,
     )
   })
   UPDATE outbox_events AS e
@@ -891,12 +892,18 @@ export const POSTGRES = {
   // (lockedRows): purge deletes only these, so it neither deletes an event
   // a redrive made pending since, nor deletes its ledger before a call
   // holding its row wrote there. ORDER BY id in the first step would walk
-  // the primary key of outbox_done instead of its BRIN index.
+  // the primary key of outbox_done instead of its BRIN index; the `= ANY`
+  // makes the locks look the batch up by id (an IN was planned as a walk
+  // of either table, the whole of it when nothing was purgeable). A row of
+  // outbox_done never changes: only its id is checked again.
   purgeable: `WITH c AS MATERIALIZED (SELECT id FROM ${inState("$1::text")}
       WHERE state = $1 AND done_at < $2 LIMIT ${PURGE_BATCH})
   ${
     lockedRows(
-      "id IN (SELECT id FROM c) AND state = $1::text AND done_at < $2::bigint",
+      `id = ANY (ARRAY(SELECT id FROM c)) AND state = $1::text
+        AND done_at < $2::bigint`,
+      "UPDATE",
+      "id = ANY (ARRAY(SELECT id FROM c))",
     )
   }`,
   purgeLedger:
