@@ -300,6 +300,10 @@ const claimSet = (leaseUntil: string, now: string) =>
       last_error = CASE e.state WHEN 'leased' THEN '${LEASE_EXPIRED}' ELSE e.last_error END`;
 const CLAIM_SET = claimSet("$1", "$2");
 const IDS = "SELECT value::bigint FROM jsonb_array_elements_text";
+// An event row whose id is in the JSON array `p`: an index lookup per id
+// in each table (an IN of the array was planned as a walk of a table when
+// its rows were to be locked in id order, or read through a view).
+const idIn = (p: string) => `id = ANY (ARRAY(${IDS}(${p}::jsonb)))`;
 const PAYLOAD_BYTES =
   "coalesce(octet_length(payload), octet_length(payload_bytes), 0)";
 const NOW = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
@@ -780,15 +784,17 @@ export const POSTGRES = {
   ledger:
     `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
     VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-  lockEvents: lockedRows(`id IN (${IDS}($1::jsonb))`),
+  lockEvents: lockedRows(idIn("$1")),
   // Only for events whose row it holds, or holds a key-share lock on after
   // waiting for a purge in flight (which then leaves none): an entry
   // written for an event a purge deletes after its ledger outlives it.
-  writeUnwritten:
-    `INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
+  writeUnwritten: `WITH k AS MATERIALIZED (${
+    lockedRows(idIn("$1"), "KEY SHARE")
+  })
+  INSERT INTO outbox_attempts (event_id, fence, kind, at, token, lease_until, detail)
     SELECT event_id, fence, kind, at, token, lease_until, detail
     FROM outbox_unwritten_attempts
-    WHERE event_id IN (${lockedRows(`id IN (${IDS}($1::jsonb))`, "KEY SHARE")})
+    WHERE event_id = ANY (ARRAY(SELECT id FROM k))
     ORDER BY event_id, n
     ON CONFLICT (event_id, fence, kind)
       WHERE kind IN ('claimed', 'acknowledged') DO NOTHING`,
@@ -865,7 +871,7 @@ export const POSTGRES = {
   // The events locked in id order first (lockedRows), as below.
   cancel: `WITH l AS MATERIALIZED (${
     lockedRows(
-      `id IN (${IDS}($2::jsonb)) AND state = 'pending'`,
+      `${idIn("$2")} AND state = 'pending'`,
       "UPDATE",
       null,
     )
