@@ -18,6 +18,7 @@
  */
 import { statSync } from "node:fs";
 import { DatabaseSync, type StatementSync } from "node:sqlite";
+import { closedNodeSqlite, openedNodeSqlite } from "./node_sqlite_files.ts";
 import { StatementCache } from "./statement_cache.ts";
 import {
   assertOneStatement,
@@ -355,6 +356,9 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
     this.#db = db;
     this.#closeDatabase = closeDatabase;
     this.#file = openedFile(db);
+    if (this.#file !== undefined) {
+      openedNodeSqlite(this.#file.dev, this.#file.ino);
+    }
   }
 
   /** Whether a transaction is open on the connection (`sqlite3_get_autocommit()` is 0). */
@@ -425,6 +429,9 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
     const db = this.#db;
     this.#db = undefined;
     this.#statements.clear();
+    if (db !== undefined && this.#file !== undefined) {
+      closedNodeSqlite(this.#file.dev, this.#file.ino);
+    }
     if (this.#closeDatabase) db?.close();
     return Promise.resolve();
   }
