@@ -10,13 +10,13 @@
  * in the table `outbox_schema` (never in `PRAGMA user_version`, the
  * application's). PostgreSQL counts its own: `POSTGRES_SCHEMA_VERSION`.
  */
-export const SQLITE_SCHEMA_VERSION = 8;
+export const SQLITE_SCHEMA_VERSION = 9;
 
 /**
  * SQLite's schema version, under its first name: the same as
  * `SQLITE_SCHEMA_VERSION` (PostgreSQL's is `POSTGRES_SCHEMA_VERSION`).
  */
-export const SCHEMA_VERSION = 8;
+export const SCHEMA_VERSION = 9;
 
 /**
  * The text of `schema.sql`: STRICT tables `outbox_events` and
@@ -25,13 +25,18 @@ export const SCHEMA_VERSION = 8;
  * `outbox_schema`.
  */
 export const SCHEMA_SQL: string =
-  `-- leased-outbox schema, version 8 (stored in the table outbox_schema).
+  `-- leased-outbox schema, version 9 (stored in the table outbox_schema).
 -- Applied once by Outbox.open() inside one BEGIN IMMEDIATE transaction.
 
 -- One row per event. \`identity\` is the event's global identity, UUID text
 -- (UUIDv7 unless the caller supplied one), what recipients dedupe on; the id
--- is local to this file, and AUTOINCREMENT keeps it from being reused after
--- purge() all the same, so logs and explain() never confuse two events.
+-- is local to this file, and is never reused all the same, even after
+-- purge() deleted the highest ids, so logs, fences and explain() never
+-- confuse two events: an enqueue picks an id above both the highest id and
+-- outbox_id_floor below. Versions 1 to 8 declared the id AUTOINCREMENT,
+-- which writes the table sqlite_sequence at every insert, one more page per
+-- commit; a file made by one of them keeps that declaration (SQLite cannot
+-- drop it without rebuilding the table), and works the same.
 -- Version 4 added \`identity\`, last, so an upgraded table matches a new one; it
 -- may be NULL only because ALTER TABLE cannot add a NOT NULL column without a
 -- default: enqueue always writes it, the upgrade fills it, and the trigger
@@ -46,7 +51,7 @@ export const SCHEMA_SQL: string =
 -- a claim or an acknowledgement 0.8 µs in WASM (versions 1 and 2 used IN; an
 -- upgrade keeps their constraints as they were).
 CREATE TABLE outbox_events (
-  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  id INTEGER PRIMARY KEY,
   queue TEXT NOT NULL,
   state TEXT NOT NULL CHECK (
     state = 'pending' OR state = 'leased' OR state = 'done' OR state = 'dead'
@@ -106,6 +111,31 @@ BEGIN
     FROM (SELECT printf('%012x', NEW.created_at & 0xffffffffffff) AS t,
       lower(hex(randomblob(10))) AS r))
   WHERE id = NEW.id;
+END;
+
+-- The highest event id ever deleted (version 9 added it): one row, written
+-- only when a delete reaches above it (purge(), or the application's own
+-- SQL), by the trigger outbox_events_deleted; an enqueue's id is above it,
+-- so an id is never reused. A row inserted with an id at or below it (the
+-- sqlite3 shell's INSERT without an id, once the highest ids were deleted,
+-- takes the highest remaining id plus one) is refused by the trigger
+-- outbox_events_id_reused rather than reuse the id of a deleted event.
+CREATE TABLE outbox_id_floor (
+  seq INTEGER NOT NULL
+) STRICT;
+
+INSERT INTO outbox_id_floor (seq) VALUES (0);
+
+CREATE TRIGGER outbox_events_deleted AFTER DELETE ON outbox_events
+  WHEN OLD.id > (SELECT seq FROM outbox_id_floor)
+BEGIN
+  UPDATE outbox_id_floor SET seq = OLD.id;
+END;
+
+CREATE TRIGGER outbox_events_id_reused AFTER INSERT ON outbox_events
+  WHEN NEW.id <= (SELECT seq FROM outbox_id_floor)
+BEGIN
+  SELECT RAISE(ABORT, 'outbox_events: this id belonged to a deleted event; insert with an id above outbox_id_floor.seq');
 END;
 
 -- Idempotent enqueue: the key stays after the event is done.
@@ -229,5 +259,5 @@ CREATE TABLE outbox_schema (
 ) STRICT;
 
 INSERT INTO outbox_schema (version, applied_at)
-  VALUES (8, CAST(unixepoch('subsec') * 1000 AS INTEGER));
+  VALUES (9, CAST(unixepoch('subsec') * 1000 AS INTEGER));
 `;

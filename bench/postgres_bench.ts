@@ -283,7 +283,7 @@ export async function postgresRows(
 }
 
 /** Reads the server's WAL position, in bytes. */
-function walPosition(monitor: Driver): () => Promise<number> {
+export function walPosition(monitor: Driver): () => Promise<number> {
   return async () => {
     const [row] = await monitor.query(
       "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS at",

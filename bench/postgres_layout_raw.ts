@@ -21,6 +21,7 @@
  */
 import { connectPostgres } from "../drivers/postgres.ts";
 import { startPostgres } from "../scripts/postgres_server.ts";
+import { walPosition } from "./postgres_bench.ts";
 import type { Driver } from "../mod.ts";
 
 const COLUMNS = `
@@ -215,12 +216,7 @@ if (import.meta.main) {
       dbs.push(admin);
     }
     const monitor = await connectPostgres(server.url, { listen: false });
-    const wal = async () =>
-      Number(
-        (await monitor.query(
-          "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS at",
-        ))[0]!["at"],
-      );
+    const wal = walPosition(monitor);
     const result: Record<string, Record<string, number[]>> = {};
     const record = (l: string, k: string, v: number) =>
       ((result[l] ??= {})[k] ??= []).push(v);

@@ -8,8 +8,9 @@
  * (rollback journal) before its commit is visible: the WAL index names the
  * new frames only after the sync, and a rollback journal is truncated,
  * zeroed or deleted at the commit, a change too. So each burst of changes
- * starts cheap reads of the events table's AUTOINCREMENT counter
- * (`sqlite_sequence`, which only an insert raises): at once, then every
+ * starts cheap reads of the events' id counter (the higher of the highest
+ * id and `outbox_id_floor`, the highest id ever deleted, which only an
+ * insert raises and nothing lowers): at once, then every
  * millisecond or so (timers fire on a later tick, about 2 ms here) for 24
  * reads, then backing off to 64 ms, until one finds it raised and calls
  * the listener. A read never waits for a lock, and is skipped (counting as
@@ -47,9 +48,13 @@ import type { Driver } from "../driver.ts";
 import { driverMutex } from "../core/transaction.ts";
 import { statIfPresent } from "./file_access.ts";
 
-/** The events table's counter: raised by every insert, and only by one. */
+/**
+ * The events' id counter: raised by every insert, and only by one (a
+ * delete of the highest ids raises outbox_id_floor to them).
+ */
 const SEQUENCE_SQL =
-  "SELECT seq FROM sqlite_sequence WHERE name = 'outbox_events'";
+  `SELECT max(coalesce((SELECT max(id) FROM outbox_events), 0),
+    coalesce((SELECT seq FROM outbox_id_floor), 0)) AS seq`;
 /**
  * Delays of the reads after a burst of changes, milliseconds: a commit
  * becomes visible once its writer's sync returns, which on a slow disk

@@ -27,6 +27,19 @@ const HELD = `(SELECT count(*) FROM outbox_events AS k
           AND k.state = 'leased' AND k.concurrency_key IS NOT NULL
           AND k.due_at > ?2)`;
 
+// The id an enqueue's event takes: above the highest id and the highest id
+// ever deleted (schema.sql's outbox_id_floor), so an id is never reused
+// without AUTOINCREMENT's write of sqlite_sequence at every insert.
+const NEXT_ID = `(SELECT max(coalesce((SELECT max(id) FROM outbox_events), 0),
+      coalesce((SELECT seq FROM outbox_id_floor), 0)) + 1)`;
+// A batch's ids: SQLite's own (the highest id plus one, row by row, so a
+// skipped row takes none, as a lone enqueue's) unless purge() deleted the
+// highest ids, when they start above the floor, NEXT_ID plus the event's
+// index (evaluated once, before the first row is inserted).
+const BATCH_ID = `CASE WHEN (SELECT coalesce(max(id), 0) FROM outbox_events)
+      < (SELECT coalesce(max(seq), 0) FROM outbox_id_floor)
+      THEN ${NEXT_ID} + e.key END`;
+
 /** The statements of the core on SQLite (the admin calls' are `ADMIN_SQL`, in `sqlite/admin.ts`). */
 export const SQL = {
   begin: "BEGIN IMMEDIATE",
@@ -70,8 +83,8 @@ export const SQL = {
   // the two in columns of their own.
   // ?11: priority, ?12: concurrency key.
   insert: `INSERT INTO outbox_events
-    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity, priority, concurrency_key)
-    VALUES (?1, 'pending', coalesce(?2, ?10), ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?11, ?12)
+    (id, queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity, priority, concurrency_key)
+    VALUES (${NEXT_ID}, ?1, 'pending', coalesce(?2, ?10), ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?11, ?12)
     ON CONFLICT DO NOTHING
     RETURNING id`,
   // The dedup key's event first: it is the one the caller's key names.
@@ -86,8 +99,8 @@ export const SQL = {
   // priority, concurrency key]. (WHERE true: SQLite's upsert after INSERT … SELECT needs a WHERE
   // clause to parse.)
   insertAll: `INSERT INTO outbox_events
-    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity, priority, concurrency_key)
-    SELECT e.value ->> 0, 'pending',
+    (id, queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity, priority, concurrency_key)
+    SELECT ${BATCH_ID}, e.value ->> 0, 'pending',
       coalesce(e.value ->> 1, unhex(e.value ->> 2)), e.value ->> 3,
       e.value ->> 4, ?1 + (e.value ->> 5), e.value ->> 6, ?1, ?1, e.value ->> 7,
       e.value ->> 8, e.value ->> 9
@@ -100,8 +113,8 @@ export const SQL = {
   // JSON array of [payload JSON text, identity]; ?3: queue; ?4: delay in ms;
   // ?5: max_attempts.
   insertAlike: `INSERT INTO outbox_events
-    (queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity)
-    SELECT ?3, 'pending', e.value ->> 0, NULL, NULL, ?1 + ?4, ?5, ?1, ?1,
+    (id, queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity)
+    SELECT ${BATCH_ID}, ?3, 'pending', e.value ->> 0, NULL, NULL, ?1 + ?4, ?5, ?1, ?1,
       e.value ->> 1
     FROM json_each(?2) AS e WHERE true ORDER BY e.key
     ON CONFLICT DO NOTHING

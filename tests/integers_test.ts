@@ -13,13 +13,12 @@ const INSERT_EVENT =
   `INSERT INTO outbox_events (queue, state, payload, due_at, fence, attempt, max_attempts, created_at, updated_at)
   VALUES (?, 'pending', 'null', 0, ?, ?, ?, 0, 0)`;
 
-/** Pushes the next event id to 2^53 + 1. */
+/**
+ * Pushes the next event id to 2^53 + 1, as if purge() had deleted an event
+ * of id 2^53 (schema.sql's outbox_id_floor).
+ */
 async function seedSequence(raw: Harness["raw"]): Promise<void> {
-  await raw.run("DELETE FROM sqlite_sequence WHERE name = 'outbox_events'");
-  await raw.run(
-    "INSERT INTO sqlite_sequence (name, seq) VALUES ('outbox_events', ?)",
-    [2n ** 53n],
-  );
+  await raw.run("UPDATE outbox_id_floor SET seq = ?", [2n ** 53n]);
 }
 
 for (const driver of SQLITE_DRIVERS) {
@@ -29,7 +28,13 @@ for (const driver of SQLITE_DRIVERS) {
   test("a claim refuses an event id past 2^53 and no second claim takes the event", async ({ open, raw }) => {
     const [a, b] = await open();
     await seedSequence(raw);
-    await raw.run(INSERT_EVENT, ["default", 0, 0, 5]);
+    await raw.run(
+      INSERT_EVENT.replace("(queue,", "(id, queue,").replace(
+        "VALUES (",
+        "VALUES (?, ",
+      ),
+      [2n ** 53n + 1n, "default", 0, 0, 5],
+    );
     for (const outbox of [a!, b!]) {
       await assert.rejects(() => outbox.claim(), (error) => {
         assert.ok(error instanceof UnsafeIntegerError);

@@ -616,3 +616,63 @@ Deno.test("postgres: a one-statement claim that waited for its queue's row while
     await outbox.close();
   }
 });
+
+Deno.test("postgres: with leases in flight at the last ANALYZE, the one-statement claim and acknowledgements look for a lapsed last-attempt lease in its partial index, not by scanning outbox_events", async () => {
+  const { outbox, db } = await open();
+  try {
+    // 10,000 leases in flight and a backlog of 8,192 when the statistics
+    // were taken: the planner guesses about 1,100 leases past their last
+    // attempt, and the shipped NOT EXISTS form scanned the table for the
+    // first (the batch acknowledgement's plan failed this test).
+    const n = 10_000;
+    await outbox.enqueueBatch(
+      Array.from({ length: n }, (_, i) => ({ payload: { i } })),
+    );
+    const leases = await outbox.claim({ max: n });
+    assert.equal(leases.length, n);
+    // A backlog of another queue: more pages for a scan.
+    for (let b = 0; b < 32; b++) {
+      await outbox.enqueueBatch(
+        Array.from({ length: 256 }, (_, i) => ({ payload: { i }, queue: "e" })),
+      );
+    }
+    await outbox.enqueueBatch([{ payload: { i: n } }]);
+    await db.inner.run("ANALYZE outbox_events");
+    const plan = async (sql: string, params: SqlValue[]) =>
+      (await db.inner.query(`EXPLAIN ${sql}`, params))
+        .map((row) => Object.values(row)[0]).join("\n");
+    const json = JSON.stringify(
+      leases.slice(0, 256).map((l) => [l.eventId, l.fence, l.token]),
+    );
+    // now, queue, max, the largest payload, leaseMs, tokens.
+    const claim = [null, "default", 256, 1 << 20, 30_000, "ab".repeat(4096)];
+    const plans = {
+      claimInOne: await plan(POSTGRES.claimInOne, claim),
+      acknowledgeAllInOne: await plan(POSTGRES.acknowledgeAllInOne, [
+        null,
+        json,
+      ]),
+      acknowledgeInOne: await plan(POSTGRES.acknowledgeInOne, [
+        null,
+        leases[0]!.eventId,
+        leases[0]!.token,
+        leases[0]!.fence,
+      ]),
+      acknowledgeAndClaimInOne: await plan(POSTGRES.acknowledgeAndClaimInOne, [
+        ...claim,
+        json,
+      ]),
+      // The general path's, which lock such leases in id order.
+      exhausted: await plan(POSTGRES.exhausted, [Date.now()]),
+      nowExhausted: await plan(POSTGRES.nowExhausted, []),
+    };
+    for (const [name, text] of Object.entries(plans)) {
+      assert.match(text, /outbox_events_last_attempt/, name);
+      assert.doesNotMatch(text, /Seq Scan on outbox_events/, name);
+    }
+    // Nothing above ran: the leases are all still in flight.
+    assert.equal((await outbox.stats()).leased, n);
+  } finally {
+    await outbox.close();
+  }
+});

@@ -385,6 +385,7 @@ Deno.test("released upgrade steps are frozen: each step's text keeps the SHA-256
     [5, "e0728db3caee1fa267baa79673ee0361aa452e32c015218788b387016d3d1cbc"],
     [6, "4c28542874be8eec1753dc72c8fa5c7b2249e66b7030744b8471248dae1c5d6b"],
     [7, "cb735f73f71e1bcfebb8a02c3e8e70d9b7c6f5cf7e04eb37752da65b9beeb30b"],
+    [8, "66b8dd8410a290c274239097f89aa6465e2a0bcc724caed6ab1f1ee1265b8fa7"],
   ]);
   for (const [version, hash] of released) {
     const digest = await crypto.subtle.digest(

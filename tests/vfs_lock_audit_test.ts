@@ -116,3 +116,31 @@ for (const journalMode of ["truncate", "wal"] as const) {
     },
   });
 }
+
+Deno.test({
+  name:
+    "lock audit: while other processes take and drop hundreds of locks a second, which shifts /proc/locks between the pages of one read of it, no lock held all along is reported missing (1,000 WAL commits, none failed)",
+  ignore: !linux,
+  fn: async () => {
+    const output = await new Deno.Command(Deno.execPath(), {
+      args: [
+        "run",
+        "-A",
+        "--config",
+        new URL("../deno.json", import.meta.url).pathname,
+        "--lock=" + new URL("../deno.lock", import.meta.url).pathname,
+        new URL("./fixtures/audit_churn.ts", import.meta.url).pathname,
+        "1000",
+      ],
+      env: { LEASED_OUTBOX_VFS_AUDIT: "1" },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const decoder = new TextDecoder();
+    assert.equal(output.code, 0, decoder.decode(output.stderr));
+    assert.deepEqual(JSON.parse(decoder.decode(output.stdout)), {
+      failures: 0,
+      first: "",
+    });
+  },
+});

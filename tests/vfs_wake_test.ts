@@ -133,7 +133,7 @@ Deno.test("the watch's read of the counter waits for the connection's turn: none
     const readsInSection: string[] = [];
     const query = driver.query.bind(driver);
     driver.query = (sql, params) => {
-      if (inSection && sql.includes("sqlite_sequence")) {
+      if (inSection && sql.includes("outbox_id_floor")) {
         readsInSection.push(sql);
       }
       return query(sql, params);

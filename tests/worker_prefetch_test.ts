@@ -247,3 +247,52 @@ for (const driver of DRIVERS) {
     },
   );
 }
+
+Deno.test("a lease given back at its renewal time while an acknowledgement waits for the writer leaves the loop holding its budget: that acknowledgement goes alone, with no claim of zero leases and no error reported", async () => {
+  await using f = await fixture();
+  for (let n = 0; n < 9; n++) await f.outbox.enqueue({ n });
+  const g = gates();
+  // The first acknowledgeAndClaim waits for the test: the writer is busy.
+  const writer = Promise.withResolvers<void>();
+  let calls = 0;
+  const outbox = new Proxy(f.outbox, {
+    get(target, key) {
+      const value = Reflect.get(target, key);
+      if (key !== "acknowledgeAndClaim") {
+        return typeof value === "function" ? value.bind(target) : value;
+      }
+      return async (...args: Parameters<typeof target.acknowledgeAndClaim>) => {
+        if (++calls === 1) await writer.promise;
+        return target.acknowledgeAndClaim(...args);
+      };
+    },
+  });
+  await using processor = processEvents(
+    outbox,
+    g.handler,
+    f.options({ concurrency: 3 }),
+  );
+  // 0, 1 and 2 run; 3, 4 and 5 are claimed ahead at 0.
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(g.started, [0, 1, 2]);
+  // 0 finishes at 100, and 3 starts: 0's acknowledgement waits for the
+  // writer. 1 finishes at 330, and 4 starts: its acknowledgement waits too.
+  await f.time.advance(100, f.wall);
+  g.open(0);
+  await f.time.advance(230, f.wall);
+  g.open(1);
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(g.started, [0, 1, 2, 3, 4]);
+  // At 333, 5 is due for renewal: it goes back, and the loop claims
+  // nothing ahead until a handler finishes; 1's acknowledgement then frees
+  // no slot for a claim.
+  await f.time.advance(3, f.wall);
+  writer.resolve();
+  await f.time.advance(0, f.wall);
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(f.errors.map(String), []);
+  g.openAll();
+  await f.time.advance(2_000, f.wall);
+  assert.equal(processor.counters.acknowledged, 9);
+  assert.deepEqual(f.errors.map(String), []);
+});

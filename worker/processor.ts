@@ -599,6 +599,14 @@ export class Processor<P = unknown> implements AsyncDisposable {
     const claimedAtWall = this.#o.now();
     const max = this.#budget() - this.#held() - this.#unstarted +
       batch.length;
+    if (max <= 0) {
+      // A lease claimed ahead went back at its renewal time after these
+      // handlers finished: claiming ahead stopped, and the leases still
+      // held ahead take every slot these free.
+      this.#writerTo("acknowledging");
+      await this.#acknowledgeBatch(batch);
+      return;
+    }
     let leases: Lease<P>[];
     try {
       const result = await this.#outbox.acknowledgeAndClaim!(

@@ -16,6 +16,7 @@ import { MIGRATION_0004 } from "./0004_identity_trigger.ts";
 import { MIGRATION_0005 } from "./0005_dashboard_indexes.ts";
 import { MIGRATION_0006 } from "./0006_flow_control.ts";
 import { MIGRATION_0007 } from "./0007_ordering_leases.ts";
+import { MIGRATION_0008 } from "./0008_id_floor.ts";
 
 /**
  * The version table, which databases of releases that kept their version
@@ -41,4 +42,5 @@ export const UPGRADES: ReadonlyMap<number, string> = new Map([
   [5, MIGRATION_0005],
   [6, MIGRATION_0006],
   [7, MIGRATION_0007],
+  [8, MIGRATION_0008],
 ]);
