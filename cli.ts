@@ -13,10 +13,11 @@
  * never create or upgrade the schema, and wait on a writer's lock for
  * `--busy-timeout`. The others open it read-write through
  * {@linkcode Outbox} after the same check, so neither creates an outbox
- * where there is none. A file in WAL mode (as
- * `openNodeSqlite` leaves it by default) opens through `node:sqlite`, which
- * shares its WAL index with the WASM VFS's connections and, unlike them,
- * reads it read-only too and on any CPU. A PostgreSQL outbox is judged by
+ * where there is none. A file opens through the Deno file VFS, or through
+ * `node:sqlite` where the VFS cannot open it (Windows, or a file in WAL
+ * mode off x86-64) or where the process already has it open through
+ * `node:sqlite`: `main()` run beside the process's own outbox keeps that
+ * outbox's locks (`docs/persistence-and-platforms.md`). A PostgreSQL outbox is judged by
  * the server's clock, as `openPostgres` judges it; a URL's password never
  * appears in the output.
  *

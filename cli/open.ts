@@ -2,21 +2,33 @@
  * How a command opens its database: read-only through
  * {@linkcode OutboxReader}, or read-write through {@linkcode Outbox} after
  * the same read-only check (so no command creates an outbox where there is
- * none); a file in WAL mode through `node:sqlite`, any other file through
- * the WASM build, a URL through the PostgreSQL driver. A path that is not a
+ * none); a file through the Deno file VFS (the WASM build), or through
+ * `node:sqlite` where the VFS cannot open it (Windows; a file in WAL mode
+ * off x86-64) or where this process already has it open through
+ * `node:sqlite`; a URL through the PostgreSQL driver. A path that is not a
  * regular file (a FIFO, a directory, a device) is refused before anything
  * opens it: reading a FIFO's header would wait for a writer forever.
+ *
+ * `main()` may run in a process whose outbox has the same file open, and
+ * with classic POSIX locks (the VFS's on macOS and the BSDs, native
+ * SQLite's everywhere) closing any descriptor of the file drops every lock
+ * the process holds on it. So nothing here opens the file but the driver
+ * the process already uses for it: two connections of the VFS share its
+ * descriptors (`deno/inodes.ts`), two of native SQLite share its own.
  *
  * @module
  */
 import { resolve } from "node:path";
-import { pathToFileURL } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import { BusyError, READONLY_ROLLBACK, SqliteError } from "../errors.ts";
 import { Outbox } from "../lease.ts";
 import { OutboxReader } from "../reader.ts";
 import type { WalStats } from "../wal.ts";
 import { openNodeSqlite } from "../drivers/node_sqlite.ts";
+import { nodeSqliteHasOpen } from "../drivers/node_sqlite_files.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { vfsHasOpen } from "../deno/inodes.ts";
+import { loadLibc } from "../deno/libc.ts";
 import {
   connectPostgres,
   lockTimeoutFor,
@@ -100,26 +112,25 @@ async function open(context: Context, url: URL) {
   return await withPath(context, async () => {
     const path = new URL(url.pathname, url);
     await refuseIrregular(path);
-    return await isWal(path)
-      ? await openNodeSqlite(path, {
+    return throughVfs(path)
+      ? await openSqliteWasm(url, options)
+      : await openNodeSqlite(path, {
         ...options,
         readOnly: url.searchParams.get("mode") === "ro",
-      })
-      : await openSqliteWasm(url, options);
+      });
   });
 }
 
 /**
- * The WAL's state, `null` on PostgreSQL or a file not in WAL mode: through a
- * read-write connection of its own, as its passive checkpoint cannot run
- * read-only (it changes no row; a file this process may not write gives
- * `null` too).
+ * The WAL's state, `null` on PostgreSQL or a file not in WAL mode (as the
+ * connection says): through a read-write connection of its own, as its
+ * passive checkpoint cannot run read-only (it changes no row; a file this
+ * process may not write gives `null` too).
  */
 export async function readWal(context: Context): Promise<WalStats | null> {
   if (context.postgres) return null;
   const url = fileUrl(context.database);
   url.searchParams.set("mode", "rw");
-  if (!await isWal(new URL(url.pathname, url))) return null;
   await using reader = await OutboxReader.open(await open(context, url), {
     busyTimeoutMs: context.busyTimeoutMs,
   });
@@ -153,14 +164,32 @@ async function refuseIrregular(path: URL): Promise<void> {
 }
 
 /**
+ * Whether the Deno file VFS opens the file at `path` (else `node:sqlite`):
+ * the driver of this process's open connections to it when it has any, as
+ * a connection of the other would drop their classic locks when it closes
+ * (and under classic locks neither would exclude the other); else the VFS
+ * wherever it opens every file, x86-64 outside Windows, so that an outbox
+ * this process opens later finds its locks kept. Off x86-64 a file in WAL
+ * mode needs `node:sqlite`; its header is read with no await between the
+ * open and the close, after no connection of this process was found on it.
+ */
+function throughVfs(path: URL): boolean {
+  const name = fileURLToPath(path);
+  if (vfsHasOpen(name, () => loadLibc(name))) return true;
+  if (nodeSqliteHasOpen(path)) return false;
+  if (Deno.build.os === "windows") return false;
+  return Deno.build.arch === "x86_64" || !headerSaysWal(path);
+}
+
+/**
  * Whether the file's header marks it WAL mode (the file format read and
  * write versions, bytes 18 and 19, are 2). A file that cannot be read is
  * left to the open that follows, which reports why.
  */
-async function isWal(path: URL): Promise<boolean> {
+function headerSaysWal(path: URL): boolean {
   let file: Deno.FsFile;
   try {
-    file = await Deno.open(path);
+    file = Deno.openSync(path);
   } catch {
     return false;
   }
@@ -168,7 +197,7 @@ async function isWal(path: URL): Promise<boolean> {
   const header = new Uint8Array(20);
   let read = 0;
   while (read < header.length) {
-    const n = await file.read(header.subarray(read));
+    const n = file.readSync(header.subarray(read));
     if (n === null) return false;
     read += n;
   }

@@ -72,3 +72,14 @@ export function parkOrClose(libc: Libc, fd: number, writable: boolean): void {
   if (inode === undefined) libc.close(fd);
   else releaseDescriptor(libc, inode, fd, writable);
 }
+
+/**
+ * Whether a connection of the VFS in this process has the file `path`
+ * names open, without loading libc when none has any file open.
+ */
+export function vfsHasOpen(path: string, libc: () => Libc): boolean {
+  if (inodes.size === 0) return false;
+  const id = libc().pathId(path);
+  return id !== undefined &&
+    (inodes.get(inodeKey(id))?.connections ?? 0) > 0;
+}

@@ -270,12 +270,12 @@ function readProcLocks(libc: Libc): string {
     const chunk = new Uint8Array(65_536);
     let text = "";
     for (let offset = 0;;) {
+      // A seq_file gives about a page per read, whatever was asked: only
+      // a read of nothing is the end.
       const n = libc.read(fd, chunk, offset);
+      if (n === 0) return text + decoder.decode();
       offset += n;
-      text += decoder.decode(chunk.subarray(0, n), {
-        stream: n === chunk.length,
-      });
-      if (n < chunk.length) return text;
+      text += decoder.decode(chunk.subarray(0, n), { stream: true });
     }
   } finally {
     libc.close(fd);

@@ -18,6 +18,7 @@
  */
 import { statSync } from "node:fs";
 import { DatabaseSync, type StatementSync } from "node:sqlite";
+import { closedNodeSqlite, openedNodeSqlite } from "./node_sqlite_files.ts";
 import { StatementCache } from "./statement_cache.ts";
 import {
   assertOneStatement,
@@ -122,10 +123,11 @@ export interface NodeSqliteOptions {
  * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
  * @throws {SqliteError} When SQLite cannot open the database or refuses the
  * journal mode (e.g. WAL on a file system without shared memory). Later, in
- * any journal mode, a write transaction on a file renamed, deleted or
- * replaced under the connection fails with {@linkcode DatabaseMovedError}
- * (code 1032) and is rolled back: native SQLite checks this before a
- * rollback journal only, the driver before each `COMMIT` it runs.
+ * any journal mode, a transaction on a file renamed, deleted or replaced
+ * under the connection fails with {@linkcode DatabaseMovedError} (code 1032)
+ * at its `COMMIT` and is rolled back, even one that only read: native SQLite
+ * checks this before a rollback journal only, the driver before each
+ * `COMMIT` it runs.
  *
  * @example Two connections to one file in WAL mode
  * ```ts
@@ -355,6 +357,9 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
     this.#db = db;
     this.#closeDatabase = closeDatabase;
     this.#file = openedFile(db);
+    if (this.#file !== undefined) {
+      openedNodeSqlite(this.#file.dev, this.#file.ino);
+    }
   }
 
   /** Whether a transaction is open on the connection (`sqlite3_get_autocommit()` is 0). */
@@ -425,6 +430,9 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
     const db = this.#db;
     this.#db = undefined;
     this.#statements.clear();
+    if (db !== undefined && this.#file !== undefined) {
+      closedNodeSqlite(this.#file.dev, this.#file.ino);
+    }
     if (this.#closeDatabase) db?.close();
     return Promise.resolve();
   }
@@ -439,7 +447,7 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
    * path no longer names the file opened: native SQLite checks this before
    * a rollback journal only (os_unix.c's fileHasMoved), so in WAL mode a
    * renamed, deleted or replaced file would take commits nobody can read.
-   * One stat per write transaction.
+   * One stat per transaction.
    */
   #checkNotMoved(sql: string): void {
     const file = this.#file;

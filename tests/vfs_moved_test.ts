@@ -8,9 +8,10 @@
  */
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { DatabaseMovedError, Outbox } from "../mod.ts";
+import { DatabaseMovedError, type Driver, Outbox } from "../mod.ts";
 import { openNodeSqlite } from "../drivers/node_sqlite.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
+import { OutboxReader } from "../reader.ts";
 
 function isMoved(error: unknown): boolean {
   assert.ok(error instanceof DatabaseMovedError, String(error));
@@ -157,6 +158,113 @@ for (const [name, open] of WAL_DRIVERS) {
       await using fresh = await Outbox.open(await open(path));
       assert.deepEqual((await fresh.claim())?.payload, { replacement: true });
       assert.equal(await fresh.claim(), null);
+    });
+  });
+}
+
+/**
+ * Every read of an `Outbox` but `nextDueInMs` runs in a `BEGIN IMMEDIATE`
+ * transaction; `OutboxReader`'s in a deferred one.
+ */
+const OUTBOX_READS = {
+  stats: (outbox: Outbox) => outbox.stats(),
+  queues: (outbox: Outbox) => outbox.queues(),
+  list: (outbox: Outbox) => outbox.list({ state: "pending" }),
+  explain: (outbox: Outbox) => outbox.explain(1),
+  deadLetters: (outbox: Outbox) => outbox.deadLetters(),
+  eventIdByDedupKey: (outbox: Outbox) =>
+    outbox.eventIdByDedupKey(undefined, "k"),
+  "transaction(SELECT)": (outbox: Outbox) =>
+    outbox.transaction((tx) => tx.query("SELECT count(*) FROM outbox_events")),
+};
+
+/** What each read answers after a rename: "ok" or the error's name. */
+async function readsAfterRename(
+  open: (path: string) => Promise<Driver>,
+): Promise<Record<string, string>> {
+  const answers: Record<string, string> = {};
+  await withDir(async (dir) => {
+    const path = join(dir, "outbox.db");
+    await using outbox = await Outbox.open(await open(path));
+    await outbox.enqueue({ n: 1 });
+    await using reader = await OutboxReader.open(await open(path));
+    await Deno.rename(path, join(dir, "renamed.db"));
+    const answer = (read: Promise<unknown>) =>
+      read.then(() => "ok", (error) => {
+        isMoved(error);
+        return "moved";
+      });
+    for (const [name, read] of Object.entries(OUTBOX_READS)) {
+      answers[name] = await answer(read(outbox));
+    }
+    answers.nextDueInMs = await answer(outbox.nextDueInMs());
+    answers["reader.list"] = await answer(reader.list({ state: "pending" }));
+    answers["reader.explain"] = await answer(reader.explain(1));
+  });
+  return answers;
+}
+
+const everyOutboxRead = (answer: string) =>
+  Object.fromEntries(Object.keys(OUTBOX_READS).map((name) => [name, answer]));
+
+Deno.test("after a rename, on the WASM file driver in truncate mode, every read goes on", async () => {
+  assert.deepEqual(
+    await readsAfterRename((path) =>
+      openSqliteWasm(path, { journalMode: "truncate" })
+    ),
+    {
+      ...everyOutboxRead("ok"),
+      nextDueInMs: "ok",
+      "reader.list": "ok",
+      "reader.explain": "ok",
+    },
+  );
+});
+
+Deno.test("after a rename, on the WASM file driver in WAL mode, every Outbox read but nextDueInMs fails with DatabaseMovedError (it takes the WAL's write lock), and OutboxReader's reads go on", async () => {
+  assert.deepEqual(
+    await readsAfterRename((path) =>
+      openSqliteWasm(path, { journalMode: "wal" })
+    ),
+    {
+      ...everyOutboxRead("moved"),
+      nextDueInMs: "ok",
+      "reader.list": "ok",
+      "reader.explain": "ok",
+    },
+  );
+});
+
+for (const journalMode of ["truncate", "wal"] as const) {
+  Deno.test(`after a rename, on node:sqlite in ${journalMode} mode, every read in a transaction fails with DatabaseMovedError (the driver checks before each COMMIT), and nextDueInMs goes on`, async () => {
+    assert.deepEqual(
+      await readsAfterRename((path) => openNodeSqlite(path, { journalMode })),
+      {
+        ...everyOutboxRead("moved"),
+        nextDueInMs: "ok",
+        "reader.list": "moved",
+        "reader.explain": "moved",
+      },
+    );
+  });
+}
+
+for (const [name, open] of WAL_DRIVERS) {
+  Deno.test(`in WAL mode on ${name}, commits not yet checkpointed when the file was renamed stay in the old name's -wal: the file opened at its new name has none of them`, async () => {
+    await withDir(async (dir) => {
+      const path = join(dir, "outbox.db");
+      const renamed = join(dir, "renamed.db");
+      {
+        await using outbox = await Outbox.open(await open(path));
+        for (let i = 0; i < 3; i++) await outbox.enqueue({ i });
+        await Deno.rename(path, renamed);
+      }
+      assert.ok((await Deno.stat(`${path}-wal`)).size > 0);
+      {
+        // The schema was in that WAL too: this is a new, empty outbox.
+        await using again = await Outbox.open(await open(renamed));
+        assert.equal((await again.stats()).pending, 0);
+      }
     });
   });
 }
