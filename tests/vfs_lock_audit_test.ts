@@ -141,6 +141,7 @@ Deno.test({
     assert.deepEqual(JSON.parse(decoder.decode(output.stdout)), {
       failures: 0,
       first: "",
+      ends: ["SIGKILL", "SIGKILL"],
     });
   },
 });
