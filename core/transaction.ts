@@ -484,12 +484,11 @@ export class TransactionRunner {
         const contention = rerun &&
             sql.rerun?.includes(errorCode(error)) === true ||
           rerunBusy && error instanceof BusyError;
-        if (!contention || remainingMs <= 0) {
-          if (rerunBusy && error instanceof BusyError) {
-            throw this.#busy(op, error);
-          }
-          throw error;
-        }
+        // Contention that outlasts busyTimeoutMs is a BusyError, whatever
+        // form it took: a lock held, or (PostgreSQL) a deadlock whose
+        // victim this transaction kept being.
+        if (!contention) throw error;
+        if (remainingMs <= 0) throw this.#busy(op, error);
         // As for a busy database: the winner goes on.
         if (error instanceof BusyError) {
           await lockWait(this.#raw, remainingMs, backoffMs);
@@ -650,12 +649,20 @@ export class TransactionRunner {
     }
   }
 
-  #busy(op: string, error: BusyError): BusyError {
-    return new BusyError(
-      `Cannot ${op} as the database stayed locked for ${this.#busyTimeoutMs} ms`,
-      error.code,
-      { cause: error },
-    );
+  #busy(op: string, error: unknown): BusyError {
+    return error instanceof BusyError
+      ? new BusyError(
+        `Cannot ${op} as the database stayed locked for ${this.#busyTimeoutMs} ms`,
+        error.code,
+        { cause: error },
+      )
+      : new BusyError(
+        `Cannot ${op} as its transaction was rolled back for contention (${
+          errorCode(error)
+        }) and run again for ${this.#busyTimeoutMs} ms`,
+        5,
+        { cause: error },
+      );
   }
 }
 

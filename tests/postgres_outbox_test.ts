@@ -17,6 +17,7 @@ import {
 import {
   BusyError,
   ConnectionLostError,
+  PostgresError,
   SchemaVersionError,
   StatementTimeoutError,
 } from "../errors.ts";
@@ -1420,6 +1421,73 @@ Deno.test("postgres: an application transaction begun on the shared connection w
     [{ absent: true }],
   );
   assert.equal((await outbox.stats()).dead, 2);
+});
+
+Deno.test("postgres: an outbox call whose reruns are deadlock victims past busyTimeoutMs fails with BusyError (its cause the PostgresError 40P01) and changes nothing", async () => {
+  const { url, schema } = await fresh();
+  const driver = await raw(url, schema);
+  const run = driver.run.bind(driver);
+  const query = driver.query.bind(driver);
+  let inTransaction = false;
+  let victims = 0;
+  let armed = false;
+  // Once armed, every statement of a transaction is a deadlock's victim,
+  // as the server reports one: the transaction is left for ROLLBACK.
+  const victim = (sql: string) => {
+    const keyword = sql.trim().split(/\s+/)[0]!.toUpperCase();
+    if (keyword === "BEGIN") inTransaction = true;
+    if (keyword === "COMMIT" || keyword === "ROLLBACK") inTransaction = false;
+    if (armed && inTransaction && keyword !== "BEGIN") {
+      victims++;
+      throw new PostgresError("deadlock detected", "40P01");
+    }
+  };
+  driver.run = async (sql, params) => {
+    victim(sql);
+    return await run(sql, params);
+  };
+  driver.query = async (sql, params) => {
+    victim(sql);
+    return await query(sql, params);
+  };
+  const clock = new ManualClock(1_000_000);
+  await using outbox = await Outbox.open(driver, {
+    now: clock.now,
+    busyTimeoutMs: 200,
+  });
+  await outbox.enqueue("a", { maxAttempts: 1 });
+  const lease = (await outbox.claim({ leaseMs: 1_000 }))!;
+  // Lapsed on its last attempt: the one-statement release refuses, and the
+  // general path's transaction (the dead letter first) runs.
+  clock.advance(2_000);
+  armed = true;
+  const started = performance.now();
+  await assert.rejects(outbox.release(lease), (error: Error) => {
+    assert.equal(error.name, "BusyError");
+    assert.match(error.message, /Cannot release as .*200 ms/);
+    const cause = error.cause as PostgresError;
+    assert.equal(cause.name, "PostgresError");
+    assert.equal(cause.code, "40P01");
+    return true;
+  });
+  armed = false;
+  assert.ok(performance.now() - started >= 200);
+  assert.ok(victims > 1, `reran ${victims} times`);
+  // Read as it is (an outbox call would first make the lapsed lease a dead
+  // letter).
+  assert.deepEqual(
+    await query("SELECT state, fence FROM outbox_events WHERE id = $1", [
+      lease.eventId,
+    ]),
+    [{ state: "leased", fence: 1 }],
+  );
+  assert.deepEqual(
+    await query(
+      "SELECT kind FROM outbox_ledger WHERE event_id = $1 ORDER BY seq",
+      [lease.eventId],
+    ),
+    [{ kind: "claimed" }],
+  );
 });
 
 Deno.test("postgres: transaction(fn) that a deadlock rolls back fails with PostgresError 40P01 and does not run the application's code again", async () => {
