@@ -133,7 +133,7 @@ const ANCHORS: Record<Peer, Record<"claim" | "enqueue", string>> = {
   },
 };
 
-interface Side {
+export interface Side {
   fill(count: number): Promise<void>;
   /** Claims up to `max` and acknowledges them; resolves to how many. */
   cycle(max: number): Promise<number>;
@@ -144,7 +144,7 @@ interface Side {
  * before claimed and claims the next in one call (`acknowledgeAndClaim`),
  * as a processing loop does, and counts the events acknowledged.
  */
-function outboxSide(outbox: Outbox, fused = false): Side {
+export function outboxSide(outbox: Outbox, fused = false): Side {
   let held: Lease[] | undefined;
   return {
     async fill(count) {
@@ -180,7 +180,7 @@ function outboxSide(outbox: Outbox, fused = false): Side {
   };
 }
 
-function bossSide(boss: PgBoss, queue: string): Side {
+export function bossSide(boss: PgBoss, queue: string): Side {
   return {
     async fill(count) {
       for (let start = 0; start < count; start += 1_000) {

@@ -6,7 +6,12 @@
  *
  * @module
  */
-import type { EnqueueOptions, EnqueueResult, Lease } from "../lease.ts";
+import type {
+  AcknowledgedAndClaimed,
+  EnqueueOptions,
+  EnqueueResult,
+  Lease,
+} from "../lease.ts";
 import { BusyError } from "../errors.ts";
 import { uuidv7 } from "../identity.ts";
 import {
@@ -246,12 +251,74 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     return false;
   }
 
-  /** Runs a call here when leading, else forwards it to the leader. */
+  /**
+   * Runs a call here when leading, else forwards it to the leader. A call
+   * sent more than once (its leader went away before answering) may have
+   * ended its leases at an earlier send: the re-send then finds them ended
+   * and answers `false`, which says another worker owns the event. Such an
+   * answer is made `true` when the ledger holds that earlier end of the
+   * lease itself (its kind, fence and token; tokens are unique).
+   */
   protected async invoke(
     method: string,
     args: readonly unknown[],
   ): Promise<unknown> {
-    return (await this.#call(method, args)).value;
+    const { value, resent } = await this.#call(method, args);
+    if (!resent) return value;
+    switch (method) {
+      case "acknowledge": {
+        const leases = args[0] as Lease<unknown> | readonly Lease<unknown>[];
+        if (!Array.isArray(leases)) {
+          return value === false
+            ? await this.#endedBy(leases as Lease<unknown>, "acknowledged")
+            : value;
+        }
+        return await this.#endedByAll(leases, value as boolean[]);
+      }
+      case "acknowledgeAndClaim": {
+        const result = value as AcknowledgedAndClaimed<P>;
+        return {
+          ...result,
+          acknowledged: await this.#endedByAll(
+            args[0] as readonly Lease<unknown>[],
+            result.acknowledged,
+          ),
+        };
+      }
+      case "release":
+        return value === false
+          ? await this.#endedBy(args[0] as Lease<unknown>, "released")
+          : value;
+    }
+    return value;
+  }
+
+  // Per lease, its answer, or (false) whether an earlier send acknowledged it.
+  async #endedByAll(
+    leases: readonly Lease<unknown>[],
+    answers: readonly boolean[],
+  ): Promise<boolean[]> {
+    const settled = [];
+    for (const [i, lease] of leases.entries()) {
+      settled.push(
+        answers[i] === false
+          ? await this.#endedBy(lease, "acknowledged")
+          : answers[i] === true,
+      );
+    }
+    return settled;
+  }
+
+  // Whether the ledger holds the lease's own `kind` entry.
+  async #endedBy(
+    lease: Lease<unknown>,
+    kind: "acknowledged" | "released",
+  ): Promise<boolean> {
+    const explanation = await this.explain(lease.eventId);
+    return explanation?.history.some((entry) =>
+      entry.kind === kind && entry.fence === lease.fence &&
+      entry.token === lease.token
+    ) ?? false;
   }
 
   #call(method: string, args: readonly unknown[]): Promise<Answer> {

@@ -653,6 +653,93 @@ for (const given of [false, true]) {
 Deno.test(
   {
     name:
+      "an acknowledge, a batch acknowledge, an acknowledgeAndClaim and a release the old leader committed but never answered answer true when the new leader runs them again; a stale lease re-sent still answers false",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const name = "ended-once";
+    const leader = await blankPage(session);
+    await leader.evaluate(async ({ paths, name }) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openSharedOutbox(name);
+      await outbox.stats();
+      Object.assign(globalThis, { outbox });
+    }, { paths: PATHS, name });
+    const follower = await blankPage(session);
+    await follower.evaluate(async ({ paths, name }) => {
+      const m = await import(paths.bundle);
+      const outbox = await m.openSharedOutbox(name);
+      for (let job = 1; job <= 6; job++) await outbox.enqueue({ job });
+      const leases = await outbox.claim({ max: 5 });
+      Object.assign(globalThis, { outbox, leases });
+    }, { paths: PATHS, name });
+    // From now on the leader commits what it is sent, but its replies never
+    // leave, as if it went away between its commit and its reply.
+    await leader.evaluate(() => {
+      const post = BroadcastChannel.prototype.postMessage;
+      BroadcastChannel.prototype.postMessage = function (message) {
+        if ((message as { type?: string })?.type !== "reply") {
+          post.call(this, message);
+        }
+      };
+    });
+    await follower.evaluate(() => {
+      const g = globalThis as unknown as Record<string, unknown> & {
+        outbox: Record<string, (...args: unknown[]) => Promise<unknown>>;
+        leases: { token: string }[];
+      };
+      const [a, b, c, d, e] = g.leases;
+      g["calls"] = Promise.all([
+        g.outbox["acknowledge"]!(a),
+        g.outbox["acknowledge"]!([b, { ...e, token: "0".repeat(32) }]),
+        g.outbox["acknowledgeAndClaim"]!([c], { max: 1 }),
+        g.outbox["release"]!(d),
+      ]);
+    });
+    await until(
+      () =>
+        leader.evaluate(async () => {
+          const stats = await (globalThis as unknown as {
+            outbox: { stats(): Promise<Record<string, number>> };
+          }).outbox.stats();
+          // a, b and c done, d pending again beside job 6, which the
+          // acknowledgeAndClaim took; e still leased.
+          return stats["done"] === 3 && stats["pending"] === 1;
+        }),
+      10_000,
+      "the leader to commit the four calls",
+    );
+    const next = await blankPage(session);
+    await next.evaluate(async ({ paths, name }) => {
+      const m = await import(paths.bundle);
+      Object.assign(globalThis, { outbox: await m.openSharedOutbox(name) });
+    }, { paths: PATHS, name });
+    await leader.close();
+    const answers = await follower.evaluate(async () => {
+      const [acknowledged, batch, fused, released] =
+        await (globalThis as unknown as { calls: Promise<unknown[]> })
+          .calls;
+      return {
+        acknowledged,
+        batch,
+        fused: (fused as { acknowledged: boolean[] }).acknowledged,
+        released,
+      };
+    });
+    assert.deepEqual(answers, {
+      acknowledged: true,
+      // e's token was never current: stale, re-sent or not.
+      batch: [true, false],
+      fused: [true],
+      released: true,
+    });
+  },
+);
+
+Deno.test(
+  {
+    name:
       "when the leader's database worker dies, the leader steps down and the queue goes on in a new worker",
     ...browserTest,
   },

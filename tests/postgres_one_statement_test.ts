@@ -617,7 +617,70 @@ Deno.test("postgres: a one-statement claim that waited for its queue's row while
   }
 });
 
-Deno.test("postgres: with leases in flight at the last ANALYZE, the one-statement claim and acknowledgements look for a lapsed last-attempt lease in its partial index, not by scanning outbox_events", async () => {
+/**
+ * An acknowledgement's lookup of its leases' rows: by id, as one array in
+ * the primary key, never through the claim index (PostgreSQL 18's skip
+ * scan took it for the ids while the state was among the lookup's
+ * conditions, a third of a batch acknowledgement of 256), nor one lookup
+ * per lease with the whole array beside its id. `scanned`: whether a
+ * table small enough may be read whole instead, once.
+ */
+function assertLookups(
+  plans: Record<string, string>,
+  scanned: "by key" | "by key or whole" = "by key",
+): void {
+  for (const [name, text] of Object.entries(plans)) {
+    assert.doesNotMatch(text, /outbox_events_claim_priority/, name);
+    assert.doesNotMatch(text, /Index Cond: \(\(id = \w+\.id\) AND/, name);
+    if (scanned === "by key") {
+      assert.match(text, /Index Scan using outbox_events_pkey/, name);
+    }
+  }
+}
+
+/** Each statement's plan (EXPLAIN's text) on `db`. */
+async function planOf(
+  db: Driver,
+  sql: string,
+  params: SqlValue[],
+): Promise<string> {
+  return (await db.query(`EXPLAIN ${sql}`, params))
+    .map((row) => Object.values(row)[0]).join("\n");
+}
+
+Deno.test("postgres: on a table of two batches, as a processing loop keeps it, the one-statement acknowledgements look their leases' rows up once, not through the claim index nor lease by lease", async () => {
+  const { outbox, db } = await open();
+  try {
+    const batch = () =>
+      outbox.enqueueBatch(
+        Array.from({ length: 256 }, (_, i) => ({ payload: { i } })),
+      );
+    await batch();
+    const leases = await outbox.claim({ max: 256 });
+    await batch();
+    const json = JSON.stringify(
+      leases.map((l) => [l.eventId, l.fence, l.token]),
+    );
+    assertLookups({
+      acknowledgeAllInOne: await planOf(
+        db.inner,
+        POSTGRES.acknowledgeAllInOne!,
+        [null, json],
+      ),
+      acknowledgeInOne: await planOf(db.inner, POSTGRES.acknowledgeInOne!, [
+        null,
+        leases[0]!.eventId,
+        leases[0]!.token,
+        leases[0]!.fence,
+      ]),
+    }, "by key or whole");
+    assert.equal((await outbox.stats()).leased, 256);
+  } finally {
+    await outbox.close();
+  }
+});
+
+Deno.test("postgres: with leases in flight at the last ANALYZE, the one-statement claim and acknowledgements look for a lapsed last-attempt lease in its partial index, not by scanning outbox_events, and the acknowledgements look their leases' rows up by id in the primary key", async () => {
   const { outbox, db } = await open();
   try {
     // 10,000 leases in flight and a backlog of 8,192 when the statistics
@@ -638,9 +701,8 @@ Deno.test("postgres: with leases in flight at the last ANALYZE, the one-statemen
     }
     await outbox.enqueueBatch([{ payload: { i: n } }]);
     await db.inner.run("ANALYZE outbox_events");
-    const plan = async (sql: string, params: SqlValue[]) =>
-      (await db.inner.query(`EXPLAIN ${sql}`, params))
-        .map((row) => Object.values(row)[0]).join("\n");
+    const plan = (sql: string, params: SqlValue[]) =>
+      planOf(db.inner, sql, params);
     const json = JSON.stringify(
       leases.slice(0, 256).map((l) => [l.eventId, l.fence, l.token]),
     );
@@ -670,6 +732,10 @@ Deno.test("postgres: with leases in flight at the last ANALYZE, the one-statemen
       assert.match(text, /outbox_events_last_attempt/, name);
       assert.doesNotMatch(text, /Seq Scan on outbox_events/, name);
     }
+    assertLookups({
+      acknowledgeAllInOne: plans.acknowledgeAllInOne,
+      acknowledgeInOne: plans.acknowledgeInOne,
+    });
     // Nothing above ran: the leases are all still in flight.
     assert.equal((await outbox.stats()).leased, n);
   } finally {
