@@ -3,7 +3,10 @@
  * markdown table, then the same rows as one line of JSON. Every row is
  * measured in this run next to its anchor, and each scenario runs in its own
  * process (`bench/scenario.ts`). `--smoke` runs every scenario at toy sizes,
- * to keep the script working without spending minutes.
+ * to keep the script working without spending minutes. `--only <regexp>`
+ * runs just the WASM-against-anchor pair rows (the durable, in-memory,
+ * batch and WAL rows) whose name the regexp matches, e.g. `--only
+ * 'batch.*WASM file$'` for the batch claim+ack row in truncate mode.
  *
  * @module
  */
@@ -183,8 +186,18 @@ const SMOKE: Sizes = {
  * @param dir A directory for the database files.
  * @returns The rows of the table.
  */
-async function bench(sizes: Sizes, dir: string): Promise<BenchRow[]> {
+async function bench(
+  sizes: Sizes,
+  dir: string,
+  only?: RegExp,
+): Promise<BenchRow[]> {
   const rows: BenchRow[] = [];
+  // With --only, the pair rows whose name it matches, and nothing else.
+  const pair = async (...args: Parameters<typeof pairRow>) => {
+    if (only === undefined || only.test(args[2].name)) {
+      rows.push(await pairRow(...args));
+    }
+  };
   const file = (name: string, driver: Target["driver"]): Target => ({
     driver,
     path: join(dir, `${name}-${driver}.db`),
@@ -196,20 +209,18 @@ async function bench(sizes: Sizes, dir: string): Promise<BenchRow[]> {
     journalMode: "wal",
   });
 
-  rows.push(
-    await pairRow(
-      "durable claim+acknowledge cycles, WASM file vs node:sqlite file",
-      {
-        targets: [file("durable", "wasm"), file("durable", "node")],
-        ...sizes.durable,
-      },
-      {
-        name: "durable claim+ack cycles/s, WASM file (truncate, full)",
-        unit: "cycles/s",
-        anchor: "node:sqlite file (truncate, full)",
-        goal: 0.9,
-      },
-    ),
+  await pair(
+    "durable claim+acknowledge cycles, WASM file vs node:sqlite file",
+    {
+      targets: [file("durable", "wasm"), file("durable", "node")],
+      ...sizes.durable,
+    },
+    {
+      name: "durable claim+ack cycles/s, WASM file (truncate, full)",
+      unit: "cycles/s",
+      anchor: "node:sqlite file (truncate, full)",
+      goal: 0.9,
+    },
   );
 
   // The first 20 cycles after opening, timed in 4 blocks of 5 with no
@@ -217,39 +228,35 @@ async function bench(sizes: Sizes, dir: string): Promise<BenchRow[]> {
   // function, a CLI) pays while V8 still runs much of SQLite's WASM in its
   // baseline tier. (The fill's INSERT and the other target's cycles in the
   // same process have warmed some of it.)
-  rows.push(
-    await pairRow(
-      "the same, the first 20 cycles after opening",
-      {
-        targets: [file("cold", "wasm"), file("cold", "node")],
-        ...sizes.cold,
-      },
-      {
-        name:
-          "durable claim+ack cycles/s, WASM file (truncate, full), the first 20 cycles after opening",
-        unit: "cycles/s",
-        anchor: "node:sqlite file (truncate, full)",
-      },
-    ),
+  await pair(
+    "the same, the first 20 cycles after opening",
+    {
+      targets: [file("cold", "wasm"), file("cold", "node")],
+      ...sizes.cold,
+    },
+    {
+      name:
+        "durable claim+ack cycles/s, WASM file (truncate, full), the first 20 cycles after opening",
+      unit: "cycles/s",
+      anchor: "node:sqlite file (truncate, full)",
+    },
   );
 
-  rows.push(
-    await pairRow(
-      "the same with the WASM file at the build's own page size",
-      {
-        targets: [
-          { ...file("paged", "wasm"), pageSize: 8192 },
-          file("paged", "node"),
-        ],
-        ...sizes.durable,
-      },
-      {
-        name:
-          "durable claim+ack cycles/s, WASM file with page_size 8192 (the build's default; the driver makes new files 4096, as native)",
-        unit: "cycles/s",
-        anchor: "node:sqlite file (truncate, full)",
-      },
-    ),
+  await pair(
+    "the same with the WASM file at the build's own page size",
+    {
+      targets: [
+        { ...file("paged", "wasm"), pageSize: 8192 },
+        file("paged", "node"),
+      ],
+      ...sizes.durable,
+    },
+    {
+      name:
+        "durable claim+ack cycles/s, WASM file with page_size 8192 (the build's default; the driver makes new files 4096, as native)",
+      unit: "cycles/s",
+      anchor: "node:sqlite file (truncate, full)",
+    },
   );
 
   const memory = (driver: Target["driver"]): Target => ({
@@ -258,86 +265,77 @@ async function bench(sizes: Sizes, dir: string): Promise<BenchRow[]> {
     journalMode: "truncate",
     synchronous: "full",
   });
-  rows.push(
-    await pairRow(
-      "in-memory claim+acknowledge cycles, WASM vs node:sqlite",
-      { targets: [memory("wasm"), memory("node")], ...sizes.memory },
-      {
-        name: "in-memory claim+ack cycles/s, WASM",
-        unit: "cycles/s",
-        anchor: "node:sqlite in memory",
-        goal: 0.5,
-      },
-    ),
+  await pair(
+    "in-memory claim+acknowledge cycles, WASM vs node:sqlite",
+    { targets: [memory("wasm"), memory("node")], ...sizes.memory },
+    {
+      name: "in-memory claim+ack cycles/s, WASM",
+      unit: "cycles/s",
+      anchor: "node:sqlite in memory",
+      goal: 0.5,
+    },
   );
 
-  rows.push(
-    await pairRow(
-      `batches of claim({ max: ${sizes.batch.max} }) + acknowledge`,
-      {
-        targets: [file("batch", "wasm"), file("batch", "node")],
-        ...sizes.batch,
-      },
-      {
-        name:
-          `durable batch claim({ max: ${sizes.batch.max} }) + ack events/s, WASM file`,
-        unit: "events/s",
-        anchor: "node:sqlite file (truncate, full)",
-        goal: 0.85,
-      },
-    ),
+  await pair(
+    `batches of claim({ max: ${sizes.batch.max} }) + acknowledge`,
+    {
+      targets: [file("batch", "wasm"), file("batch", "node")],
+      ...sizes.batch,
+    },
+    {
+      name:
+        `durable batch claim({ max: ${sizes.batch.max} }) + ack events/s, WASM file`,
+      unit: "events/s",
+      anchor: "node:sqlite file (truncate, full)",
+      goal: 0.85,
+    },
   );
 
   // WAL: one fsync per commit where the rollback journal makes four.
-  rows.push(
-    await pairRow(
-      "durable claim+acknowledge cycles in WAL mode",
-      {
-        targets: [wal("durable-wal", "wasm"), wal("durable-wal", "node")],
-        ...sizes.durable,
-      },
-      {
-        name: "durable claim+ack cycles/s, WASM file (wal, full)",
-        unit: "cycles/s",
-        anchor: "node:sqlite file (wal, full)",
-      },
-    ),
+  await pair(
+    "durable claim+acknowledge cycles in WAL mode",
+    {
+      targets: [wal("durable-wal", "wasm"), wal("durable-wal", "node")],
+      ...sizes.durable,
+    },
+    {
+      name: "durable claim+ack cycles/s, WASM file (wal, full)",
+      unit: "cycles/s",
+      anchor: "node:sqlite file (wal, full)",
+    },
   );
-  rows.push(
-    await pairRow(
-      `batches of ${sizes.batch.max} in WAL mode`,
-      {
-        targets: [wal("batch-wal", "wasm"), wal("batch-wal", "node")],
-        ...sizes.batch,
-      },
-      {
-        name:
-          `durable batch claim({ max: ${sizes.batch.max} }) + ack events/s, WASM file (wal, full)`,
-        unit: "events/s",
-        anchor: "node:sqlite file (wal, full)",
-        goal: 0.85,
-        minValue: 50_000,
-      },
-    ),
+  await pair(
+    `batches of ${sizes.batch.max} in WAL mode`,
+    {
+      targets: [wal("batch-wal", "wasm"), wal("batch-wal", "node")],
+      ...sizes.batch,
+    },
+    {
+      name:
+        `durable batch claim({ max: ${sizes.batch.max} }) + ack events/s, WASM file (wal, full)`,
+      unit: "events/s",
+      anchor: "node:sqlite file (wal, full)",
+      goal: 0.85,
+      minValue: 50_000,
+    },
   );
 
-  rows.push(
-    await pairRow(
-      `acknowledgeAndClaim(previous, { max: ${sizes.batch.max} }) vs claim + acknowledge`,
-      {
-        targets: [wal("folded", "wasm"), wal("unfolded", "wasm")],
-        fold: [true, false],
-        ...sizes.batch,
-      },
-      {
-        name:
-          `durable batch acknowledgeAndClaim({ max: ${sizes.batch.max} }) events/s, WASM file (wal, full)`,
-        unit: "events/s",
-        anchor: "claim + acknowledge of the same batches, same process",
-      },
-    ),
+  await pair(
+    `acknowledgeAndClaim(previous, { max: ${sizes.batch.max} }) vs claim + acknowledge`,
+    {
+      targets: [wal("folded", "wasm"), wal("unfolded", "wasm")],
+      fold: [true, false],
+      ...sizes.batch,
+    },
+    {
+      name:
+        `durable batch acknowledgeAndClaim({ max: ${sizes.batch.max} }) events/s, WASM file (wal, full)`,
+      unit: "events/s",
+      anchor: "claim + acknowledge of the same batches, same process",
+    },
   );
 
+  if (only !== undefined) return rows;
   const { small, medium, large, blocks, claims } = sizes.claimCost;
   // synchronous=off so the fsync per commit does not hide what the query
   // itself costs as the table grows.
@@ -486,22 +484,26 @@ export async function contentionRow(
 
 if (import.meta.main) {
   const smoke = Deno.args.includes("--smoke");
+  const at = Deno.args.indexOf("--only");
+  const only = at === -1 ? undefined : new RegExp(Deno.args[at + 1] ?? "");
   const dir = await Deno.makeTempDir({ prefix: "outbox_bench_" });
   try {
-    const rows = await bench(smoke ? SMOKE : FULL, dir);
-    progress("concurrent and batch enqueue vs Deno KV");
-    rows.push(...await denoKvRows(smoke, dir));
-    progress(
-      "processEvents vs Deno KV, graphile-worker and pg-boss; single enqueues; wake latency",
-    );
-    rows.push(...await loopRows(smoke, dir));
-    progress(
-      "PostgreSQL claim+acknowledge, enqueue and WAL per event, vs graphile-worker and pg-boss",
-    );
-    rows.push(...await postgresRows(smoke));
+    const rows = await bench(smoke ? SMOKE : FULL, dir, only);
+    if (only === undefined) {
+      progress("concurrent and batch enqueue vs Deno KV");
+      rows.push(...await denoKvRows(smoke, dir));
+      progress(
+        "processEvents vs Deno KV, graphile-worker and pg-boss; single enqueues; wake latency",
+      );
+      rows.push(...await loopRows(smoke, dir));
+      progress(
+        "PostgreSQL claim+acknowledge, enqueue and WAL per event, vs graphile-worker and pg-boss",
+      );
+      rows.push(...await postgresRows(smoke));
+    }
     // The browser rows need Chromium; the smoke run leaves them to
     // tests/browser_bench_test.ts.
-    if (!smoke) {
+    if (!smoke && only === undefined) {
       progress("claim+acknowledge in headless Chromium (opfs-sahpool)");
       rows.push(...await browserRows());
     }

@@ -210,6 +210,27 @@ Deno.test("synchronous can be chosen per connection", async () => {
   });
 });
 
+Deno.test("a file connection's page cache is native SQLite's default, not the build's 16 MiB", async () => {
+  await withDir(async (dir) => {
+    const native = new DatabaseSync(join(dir, "native.db"));
+    let expected;
+    try {
+      expected = native.prepare("PRAGMA cache_size").get()?.["cache_size"];
+    } finally {
+      native.close();
+    }
+    assert.equal(expected, -2000);
+    for (const journalMode of ["truncate", "wal"] as const) {
+      await using db = await open(join(dir, `${journalMode}.db`), {
+        journalMode,
+      });
+      assert.deepEqual(await db.query("PRAGMA cache_size"), [{
+        cache_size: expected,
+      }]);
+    }
+  });
+});
+
 Deno.test("PRAGMA fullfsync makes every sync a full one (F_FULLFSYNC where the system has it), as in os_unix; without it none is", async () => {
   await withDir(async (dir) => {
     await using db = await open(join(dir, "full.db"));
