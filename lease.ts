@@ -161,6 +161,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       write: (op, fn, options) => this.#path.write(op, fn, options),
       start: (op, expire) => this.#start(op, expire),
       checkNow: (op, now) => this.#path.checkNow(op, now),
+      localNow: (op) => this.#path.localNow(op),
       enqueued: () => this.#groups.notify(),
     };
     this.#groups = new GroupCommit(this.#core);
