@@ -284,6 +284,46 @@ export function checkState(op: string, value: unknown): EventState {
   return value;
 }
 
+/**
+ * Checks that `driver` is a `Driver`-shaped object: `query`,
+ * `run`, `exec` and `close` functions, and the optional methods functions
+ * where given.
+ *
+ * @ignore
+ */
+export function checkDriver(op: string, driver: unknown): void {
+  if (driver === null || typeof driver !== "object") {
+    throw new TypeError(
+      `Cannot ${op} as 'driver' must be a Driver: current value is ${
+        describe(driver)
+      }`,
+    );
+  }
+  const given = driver as Record<string, unknown>;
+  for (const method of DRIVER_METHODS) {
+    const value = given[method];
+    if (
+      typeof value !== "function" &&
+      (value !== undefined || REQUIRED_DRIVER_METHODS.includes(method))
+    ) {
+      throw new TypeError(
+        `Cannot ${op} as 'driver.${method}' must be a function: current value is ${
+          describe(value)
+        }`,
+      );
+    }
+  }
+}
+
+const REQUIRED_DRIVER_METHODS = ["query", "run", "exec", "close"];
+const DRIVER_METHODS = [
+  ...REQUIRED_DRIVER_METHODS,
+  "busyWait",
+  "watchEnqueues",
+  "inTransaction",
+  "transactionStatus",
+];
+
 /** @ignore */
 export function missing(op: string, field: string): never {
   throw new TypeError(

@@ -11,6 +11,7 @@ import { decodePayload } from "../admin.ts";
 import type { Dialect, EventState } from "../types.ts";
 import {
   checkBoolean,
+  checkDriver,
   checkError,
   checkIdentity,
   checkInteger,
@@ -423,13 +424,7 @@ export function releaseArguments(
 
 /** Checks `Outbox.open`'s arguments: a driver object, known option names. */
 export function checkOpenArguments(driver: unknown, options: unknown): void {
-  if (driver === null || typeof driver !== "object") {
-    throw new TypeError(
-      `Cannot open outbox as 'driver' must be a Driver: current value is ${
-        describe(driver)
-      }`,
-    );
-  }
+  checkDriver("open outbox", driver);
   checkOptions("open outbox", options, OUTBOX_OPTIONS);
 }
 

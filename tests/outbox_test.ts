@@ -2,6 +2,7 @@
 import assert from "node:assert/strict";
 import {
   BusyError,
+  Inbox,
   type Lease,
   LeaseLostError,
   Outbox,
@@ -1046,3 +1047,32 @@ for (
     }
   });
 }
+
+Deno.test("Outbox.open() and Inbox.open() refuse a driver without the Driver methods, naming the missing one, before any call on it", async () => {
+  for (
+    const [driver, message] of [
+      [{}, "'driver.query' must be a function: current value is undefined"],
+      [
+        { query() {}, run() {}, exec: 1, close() {} },
+        "'driver.exec' must be a function: current value is 1",
+      ],
+      [
+        { query() {}, run() {}, exec() {} },
+        "'driver.close' must be a function: current value is undefined",
+      ],
+      [
+        { query() {}, run() {}, exec() {}, close() {}, busyWait: true },
+        "'driver.busyWait' must be a function: current value is true",
+      ],
+    ] as const
+  ) {
+    await assert.rejects(
+      () => Outbox.open(driver as never),
+      new TypeError(`Cannot open outbox as ${message}`),
+    );
+    await assert.rejects(
+      () => Inbox.open(driver as never),
+      new TypeError(`Cannot open inbox as ${message}`),
+    );
+  }
+});

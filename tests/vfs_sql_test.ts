@@ -210,6 +210,25 @@ Deno.test("synchronous can be chosen per connection", async () => {
   });
 });
 
+Deno.test("a vfs that is not a name, or names no VFS SQLite has, throws naming 'vfs' before opening", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "v.db");
+    await assert.rejects(
+      open(path, { vfs: 5 as never }),
+      new TypeError(
+        "Cannot open database as 'vfs' must be a VFS name: current value is 5",
+      ),
+    );
+    await assert.rejects(
+      open(path, { vfs: "nope" }),
+      new RangeError(
+        `Cannot open database as 'vfs' must name a VFS registered with SQLite: current value is "nope"`,
+      ),
+    );
+    await assert.rejects(Deno.stat(path), Deno.errors.NotFound);
+  });
+});
+
 Deno.test("PRAGMA fullfsync makes every sync a full one (F_FULLFSYNC where the system has it), as in os_unix; without it none is", async () => {
   await withDir(async (dir) => {
     await using db = await open(join(dir, "full.db"));

@@ -1472,3 +1472,68 @@ Deno.test("invalid options throw TypeError or RangeError naming the field", asyn
   await settle();
   assert.equal((await f.outbox.stats()).pending, 1);
 });
+
+Deno.test("processEvents() refuses a signal that is not an AbortSignal, timers without their functions and an outbox missing a method, naming them, before it subscribes to the outbox", async () => {
+  await using f = await fixture();
+  let subscribed = 0;
+  const watched = (without?: string) =>
+    new Proxy(f.outbox, {
+      get(target, key) {
+        if (key === without) return undefined;
+        const value = Reflect.get(target, key, target);
+        if (typeof value !== "function") return value;
+        return (...args: unknown[]) => {
+          if (key === "onEnqueue") subscribed++;
+          return value.apply(target, args);
+        };
+      },
+    });
+  const start = (options: unknown, outbox = watched()) => () =>
+    processEvents(outbox, () => {}, options as ProcessOptions);
+  for (
+    const [signal, shown] of [
+      [5, "5"],
+      [{ aborted: false }, "an object"],
+      ["x", '"x"'],
+      [null, "null"],
+    ] as const
+  ) {
+    assert.throws(start({ signal }), {
+      name: "TypeError",
+      message:
+        `Cannot process events as 'signal' must be an AbortSignal: current value is ${shown}`,
+    });
+  }
+  assert.throws(start({ timers: 5 }), {
+    name: "TypeError",
+    message:
+      "Cannot process events as 'timers' must be an object of setTimeout and clearTimeout: current value is 5",
+  });
+  assert.throws(start({ timers: { setTimeout } }), {
+    name: "TypeError",
+    message:
+      "Cannot process events as 'timers.clearTimeout' must be a function: current value is undefined",
+  });
+  assert.throws(
+    start({ timers: { setTimeout, clearTimeout, setImmediate: 1 } }),
+    {
+      name: "TypeError",
+      message:
+        "Cannot process events as 'timers.setImmediate' must be a function: current value is 1",
+    },
+  );
+  assert.throws(start({}, watched("renew")), {
+    name: "TypeError",
+    message:
+      "Cannot process events as 'outbox' must be an outbox: its 'renew' is not a function",
+  });
+  assert.equal(subscribed, 0);
+  // A real signal still works, and then the loop subscribes once.
+  const controller = new AbortController();
+  const processor = processEvents(watched(), () => {}, {
+    signal: controller.signal,
+  });
+  assert.equal(subscribed, 1);
+  controller.abort();
+  await processor.stop();
+});
