@@ -324,6 +324,61 @@ const DRIVER_METHODS = [
   "transactionStatus",
 ];
 
+/**
+ * `value` when it is one of `allowed`, `undefined` when it is undefined;
+ * a `TypeError` when it is not a string, a `RangeError` naming `field` and
+ * the choices (then `why`) when it is another string.
+ *
+ * @ignore
+ */
+export function checkOneOf<T extends string>(
+  op: string,
+  field: string,
+  value: unknown,
+  allowed: readonly T[],
+  why = "",
+): T | undefined {
+  if (value === undefined) return undefined;
+  if (typeof value !== "string") {
+    throw new TypeError(
+      `Cannot ${op} as '${field}' must be a string: current value is ${
+        describe(value)
+      }`,
+    );
+  }
+  if (!(allowed as readonly string[]).includes(value)) {
+    throw new RangeError(
+      `Cannot ${op} as '${field}' must be one of ${
+        allowed.join(", ")
+      }: current value is ${value}${why}`,
+    );
+  }
+  return value as T;
+}
+
+/**
+ * A SQLite driver's `journalMode` option checked against the modes it
+ * offers (the same four on every driver), saying why `"off"` and
+ * `"memory"` are not among them.
+ *
+ * @ignore
+ */
+export function checkJournalMode<T extends string>(
+  op: string,
+  value: unknown,
+  allowed: readonly T[],
+): T | undefined {
+  return checkOneOf(
+    op,
+    "journalMode",
+    value,
+    allowed,
+    value === "off" || value === "memory"
+      ? " (no journal, or one in memory, cannot roll back a transaction safely: a refused acknowledgement's rows would stay, or a crash could corrupt the file)"
+      : "",
+  );
+}
+
 /** @ignore */
 export function missing(op: string, field: string): never {
   throw new TypeError(

@@ -203,7 +203,7 @@ Deno.test("synchronous can be chosen per connection", async () => {
     }]);
     await assert.rejects(
       open(join(dir, "s.db"), { synchronous: "fast" as never }),
-      new TypeError(
+      new RangeError(
         "Cannot open database as 'synchronous' must be one of off, normal, full, extra: current value is fast",
       ),
     );
