@@ -471,6 +471,22 @@ async function show(
         400,
       );
     }
+    if (
+      (confirm[1] === "pause" || confirm[1] === "resume") &&
+      !query.get("queue")
+    ) {
+      return page(
+        errorPage(
+          context,
+          `${
+            confirm[1] === "pause" ? "Pause" : "Resume"
+          } which queue? 'queue' must name one: got ${
+            describeField(query.get("queue"))
+          }.`,
+        ),
+        400,
+      );
+    }
     return page(confirmation(context, confirm[1]!, query));
   }
   return page(errorPage(context, "No such page."), 404);

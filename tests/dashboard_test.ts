@@ -808,14 +808,26 @@ Deno.test("a dashboard action whose field is missing, blank or not decimal answe
       assert.equal(response.status, 400, `${path} ${JSON.stringify(fields)}`);
       assert.match(await text(response), message);
     }
-    const confirm = await handler(
-      new Request("http://localhost/confirm/redrive?id=abc"),
-    );
-    assert.equal(confirm.status, 400);
-    assert.match(
-      await text(confirm),
-      /Redrive which event\? 'id' must be an event id \(decimal digits\): got "abc"\./,
-    );
+    for (
+      const [path, message] of [
+        [
+          "/confirm/redrive?id=abc",
+          /Redrive which event\? 'id' must be an event id \(decimal digits\): got "abc"\./,
+        ],
+        [
+          "/confirm/pause",
+          /Pause which queue\? 'queue' must name one: got nothing\./,
+        ],
+        [
+          "/confirm/resume?queue=",
+          /Resume which queue\? 'queue' must name one: got ""\./,
+        ],
+      ] as const
+    ) {
+      const confirm = await handler(new Request(`http://localhost${path}`));
+      assert.equal(confirm.status, 400, path);
+      assert.match(await text(confirm), message);
+    }
     assert.equal(
       JSON.stringify([await outbox.stats(), await outbox.queues()]),
       before,
