@@ -372,9 +372,11 @@ export class PostgresError extends Error {
 
 /**
  * The connection to PostgreSQL broke (server restart or crash, a terminated
- * backend, a network failure) or could not be made. The transaction in
- * progress was rolled back by the server; a `COMMIT` that was in flight may
- * or may not have committed. The next transaction opens a new connection.
+ * backend, a network failure) or could not be made. A transaction whose
+ * `COMMIT` was not yet sent was rolled back by the server; one whose
+ * `COMMIT` was in flight may or may not have committed (the message then
+ * says the outcome is unknown), as may a single statement outside a
+ * transaction. The next transaction opens a new connection.
  *
  * @example Usage
  * ```ts

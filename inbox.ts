@@ -40,6 +40,7 @@ import { SQLITE } from "./dialects/sqlite.ts";
 import { SQLITE_INBOX } from "./dialects/sqlite_inbox.ts";
 import type { InboxStatements } from "./types.ts";
 import {
+  checkDriver,
   checkIdentity,
   checkInteger,
   checkOptions,
@@ -210,13 +211,7 @@ export class Inbox implements AsyncDisposable {
     driver: Driver,
     options: InboxOptions = {},
   ): Promise<Inbox> {
-    if (driver === null || typeof driver !== "object") {
-      throw new TypeError(
-        `Cannot open inbox as 'driver' must be a Driver: current value is ${
-          describe(driver)
-        }`,
-      );
-    }
+    checkDriver("open inbox", driver);
     checkOptions("open inbox", options, ["now", "busyTimeoutMs"]);
     const inbox = new Inbox(driver, options);
     await inbox.#write(

@@ -161,6 +161,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
       write: (op, fn, options) => this.#path.write(op, fn, options),
       start: (op, expire) => this.#start(op, expire),
       checkNow: (op, now) => this.#path.checkNow(op, now),
+      localNow: (op) => this.#path.localNow(op),
       enqueued: () => this.#groups.notify(),
     };
     this.#groups = new GroupCommit(this.#core);
@@ -231,14 +232,16 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * and ids follow the order of the calls (docs/getting-started.md, Group
    * commit, says what a failed commit does).
    *
-   * @param payload A JSON-serializable value, stored as `JSON.stringify`
-   * makes it (so `NaN` becomes `null` and a `Map` `{}`), or a `Uint8Array`
-   * stored as is.
+   * @param payload JSON data that `JSON.stringify` keeps as it is (plain
+   * objects, arrays, strings, finite numbers, booleans, `null`), or a
+   * `Uint8Array` stored as is; `NaN`, `undefined` members, a `Map`, a `Date`
+   * or any object with `toJSON`, and the like are refused (docs/limits-and-faq.md).
    * @param options See {@linkcode EnqueueOptions}.
    * @returns The event id, its identity, and whether `dedupKey` or a
    * supplied `identity` matched an earlier event.
    * @throws {TypeError | RangeError} When an argument is invalid or an
-   * option unknown (before any SQL).
+   * option unknown, a payload JSON would change naming the place inside it
+   * (`'payload.a'`), before any SQL.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`
    * (inside the application's transaction: at once, as waiting could
    * deadlock).

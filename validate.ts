@@ -284,6 +284,101 @@ export function checkState(op: string, value: unknown): EventState {
   return value;
 }
 
+/**
+ * Checks that `driver` is a `Driver`-shaped object: `query`,
+ * `run`, `exec` and `close` functions, and the optional methods functions
+ * where given.
+ *
+ * @ignore
+ */
+export function checkDriver(op: string, driver: unknown): void {
+  if (driver === null || typeof driver !== "object") {
+    throw new TypeError(
+      `Cannot ${op} as 'driver' must be a Driver: current value is ${
+        describe(driver)
+      }`,
+    );
+  }
+  const given = driver as Record<string, unknown>;
+  for (const method of DRIVER_METHODS) {
+    const value = given[method];
+    if (
+      typeof value !== "function" &&
+      (value !== undefined || REQUIRED_DRIVER_METHODS.includes(method))
+    ) {
+      throw new TypeError(
+        `Cannot ${op} as 'driver.${method}' must be a function: current value is ${
+          describe(value)
+        }`,
+      );
+    }
+  }
+}
+
+const REQUIRED_DRIVER_METHODS = ["query", "run", "exec", "close"];
+const DRIVER_METHODS = [
+  ...REQUIRED_DRIVER_METHODS,
+  "busyWait",
+  "watchEnqueues",
+  "inTransaction",
+  "transactionStatus",
+];
+
+/**
+ * `value` when it is one of `allowed`, `undefined` when it is undefined;
+ * a `TypeError` when it is not a string, a `RangeError` naming `field` and
+ * the choices (then `why`) when it is another string.
+ *
+ * @ignore
+ */
+export function checkOneOf<T extends string>(
+  op: string,
+  field: string,
+  value: unknown,
+  allowed: readonly T[],
+  why = "",
+): T | undefined {
+  if (value === undefined) return undefined;
+  if (typeof value !== "string") {
+    throw new TypeError(
+      `Cannot ${op} as '${field}' must be a string: current value is ${
+        describe(value)
+      }`,
+    );
+  }
+  if (!(allowed as readonly string[]).includes(value)) {
+    throw new RangeError(
+      `Cannot ${op} as '${field}' must be one of ${
+        allowed.join(", ")
+      }: current value is ${value}${why}`,
+    );
+  }
+  return value as T;
+}
+
+/**
+ * A SQLite driver's `journalMode` option checked against the modes it
+ * offers (the same four on every driver), saying why `"off"` and
+ * `"memory"` are not among them.
+ *
+ * @ignore
+ */
+export function checkJournalMode<T extends string>(
+  op: string,
+  value: unknown,
+  allowed: readonly T[],
+): T | undefined {
+  return checkOneOf(
+    op,
+    "journalMode",
+    value,
+    allowed,
+    value === "off" || value === "memory"
+      ? " (no journal, or one in memory, cannot roll back a transaction safely: a refused acknowledgement's rows would stay, or a crash could corrupt the file)"
+      : "",
+  );
+}
+
 /** @ignore */
 export function missing(op: string, field: string): never {
   throw new TypeError(

@@ -18,6 +18,7 @@ import type {
   ReleaseOptions,
 } from "../lease.ts";
 import { type BrowserStats, leaseKey } from "./protocol.ts";
+import { checkPayload } from "../core/payload.ts";
 import type { QueueFlow, QueueLimits } from "../core/flow.ts";
 import type { Schedule, ScheduleOptions } from "../core/schedules.ts";
 import type {
@@ -99,7 +100,8 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
   /**
    * Adds a pending event; see `Outbox.enqueue`.
    *
-   * @param payload A JSON-serializable value, or a `Uint8Array`.
+   * @param payload JSON data JSON keeps as it is, or a `Uint8Array` (see
+   * `Outbox.enqueue`).
    * @param options Delay, attempts, dedup and ordering keys, queue.
    * @returns The event id and whether `dedupKey` matched an earlier event.
    * @throws {TypeError | RangeError} When an argument is invalid.
@@ -109,6 +111,9 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
     payload: P,
     options: EnqueueOptions = {},
   ): Promise<EnqueueResult> {
+    // Checked here too: structured cloning keeps a Map or a Date for the
+    // leader to refuse, but throws a DataCloneError on a function.
+    checkPayload("enqueue", "payload", payload);
     return await this.invoke("enqueue", [payload, options]) as EnqueueResult;
   }
 
@@ -364,6 +369,7 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
     payload: P,
     options: ScheduleOptions = {},
   ): Promise<void> {
+    checkPayload("schedule", "payload", payload);
     await this.invoke("schedule", [name, cron, payload, options]);
   }
 

@@ -36,6 +36,7 @@ import {
   toWireError,
 } from "./protocol.ts";
 import { RemoteOutbox } from "./remote.ts";
+import { checkPayload } from "../core/payload.ts";
 
 // The slice of the Web Locks API used here (absent from Deno's own lib).
 interface LockManager {
@@ -203,7 +204,8 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
    * it before it went away; `deduplicated` then still says `false`, also
    * for an identity the caller gave, since the event is this call's own.
    *
-   * @param payload A JSON-serializable value, or a `Uint8Array`.
+   * @param payload JSON data JSON keeps as it is, or a `Uint8Array` (see
+   * `Outbox.enqueue`).
    * @param options Delay, attempts, dedup and ordering keys, identity, queue.
    * @returns The event id, its identity, and whether the caller's `dedupKey`
    * or `identity` matched an earlier event.
@@ -218,6 +220,7 @@ export class SharedOutbox<P = unknown> extends RemoteOutbox<P> {
     if (options === null || typeof options !== "object") {
       return super.enqueue(payload, options);
     }
+    checkPayload("enqueue", "payload", payload);
     const given = options.identity;
     const identity = given ?? uuidv7();
     const madeAt = Date.now();

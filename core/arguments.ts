@@ -11,6 +11,7 @@ import { decodePayload } from "../admin.ts";
 import type { Dialect, EventState } from "../types.ts";
 import {
   checkBoolean,
+  checkDriver,
   checkError,
   checkIdentity,
   checkInteger,
@@ -23,6 +24,7 @@ import {
 } from "../validate.ts";
 import type { ListOptions } from "../admin.ts";
 import { payloadSize, type PreparedEnqueue } from "./enqueue.ts";
+import { encodePayload } from "./payload.ts";
 import type { CheckedLease } from "./ledger.ts";
 import { checkPriority } from "./flow.ts";
 import {
@@ -38,8 +40,6 @@ import {
   type OutboxOptions,
   type ReleaseOptions,
 } from "./shapes.ts";
-
-const encoder = new TextEncoder();
 
 // The most payload (bytes counted twice: they travel as hex) one
 // enqueueBatch carries.
@@ -145,57 +145,6 @@ export function prepareBatch(
     );
   }
   return prepared;
-}
-
-/** A payload as stored: JSON text, or bytes as they are; refused past `maxBytes`. */
-export function encodePayload(
-  op: string,
-  field: string,
-  payload: unknown,
-  maxBytes: number,
-): SqlValue {
-  if (payload instanceof Uint8Array) {
-    // Checked before any copy: an oversized buffer never reaches the WASM heap.
-    if (payload.byteLength > maxBytes) {
-      throw tooLarge(op, field, payload.byteLength, maxBytes);
-    }
-    return payload;
-  }
-  let json: string | undefined;
-  try {
-    json = JSON.stringify(payload);
-  } catch (error) {
-    throw new TypeError(
-      `Cannot ${op} as '${field}' must be JSON-serializable`,
-      {
-        cause: error,
-      },
-    );
-  }
-  if (json === undefined) {
-    throw new TypeError(
-      `Cannot ${op} as '${field}' must be JSON-serializable: current value is ${
-        describe(payload)
-      }`,
-    );
-  }
-  // UTF-8 is at most 3 bytes per UTF-16 unit, so short texts skip the count.
-  if (json.length * 3 > maxBytes) {
-    const bytes = encoder.encode(json).byteLength;
-    if (bytes > maxBytes) throw tooLarge(op, field, bytes, maxBytes);
-  }
-  return json;
-}
-
-function tooLarge(
-  op: string,
-  field: string,
-  bytes: number,
-  maxBytes: number,
-): RangeError {
-  return new RangeError(
-    `Cannot ${op} as '${field}' must be at most ${maxBytes} bytes ('maxPayloadBytes'): current size is ${bytes} bytes`,
-  );
 }
 
 /** The options of {@linkcode Outbox.open}. @ignore */
@@ -475,13 +424,7 @@ export function releaseArguments(
 
 /** Checks `Outbox.open`'s arguments: a driver object, known option names. */
 export function checkOpenArguments(driver: unknown, options: unknown): void {
-  if (driver === null || typeof driver !== "object") {
-    throw new TypeError(
-      `Cannot open outbox as 'driver' must be a Driver: current value is ${
-        describe(driver)
-      }`,
-    );
-  }
+  checkDriver("open outbox", driver);
   checkOptions("open outbox", options, OUTBOX_OPTIONS);
 }
 

@@ -63,6 +63,11 @@ export interface OutboxCore {
   start(op: string, expire: boolean): Promise<number>;
   /** Checks a clock reading, throwing a `RangeError` naming `op`. */
   checkNow(op: string, now: unknown): number;
+  /**
+   * The injected lease clock's reading, read without SQL, or `null` when
+   * the lease clock is the database server's.
+   */
+  localNow(op: string): number | null;
   /** Tells the enqueue listeners that events were committed. */
   enqueued(): void;
 }

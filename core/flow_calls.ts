@@ -117,7 +117,7 @@ export async function schedule(
   options: ScheduleOptions,
 ): Promise<void> {
   const op = "schedule";
-  const checked = checkSchedule(op, name, cron, options);
+  const checked = checkSchedule(op, name, cron, options, core.localNow(op));
   const { timezone: _, missed: __, ...enqueueOptions } = options;
   const event = prepareEnqueue(op, payload, enqueueOptions, core);
   if (typeof event.payload !== "string") {

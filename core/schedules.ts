@@ -84,12 +84,14 @@ const NEVER = Number.MAX_SAFE_INTEGER;
 /**
  * Validates a schedule's name, cron expression, time zone and policy
  * (the events' options are `enqueue`'s to check), and returns its parsed
- * cron.
+ * cron. `at` is the lease clock's reading when it needs no SQL (`null`
+ * for the database's clock: the expression is then checked against it in
+ * the transaction that stores it, by {@linkcode saveSchedule}).
  *
  * @throws {TypeError} When the name is not a valid name, the cron
  * expression is not one croner parses, or an option is unknown.
  * @throws {RangeError} When the time zone is not one `Intl` knows, the
- * expression never fires, or `missed` is neither policy.
+ * expression never fires after `at`, or `missed` is neither policy.
  * @ignore
  */
 export function checkSchedule(
@@ -97,6 +99,7 @@ export function checkSchedule(
   name: unknown,
   cron: unknown,
   options: ScheduleOptions,
+  at: number | null,
 ): { name: string; cron: Cron; timezone: string; missed: MissedTicks } {
   checkOptions(op, options, SCHEDULE_OPTIONS);
   const checkedName = checkName(op, "name", name);
@@ -142,14 +145,27 @@ export function checkSchedule(
       } (${error instanceof Error ? error.message : String(error)})`,
     );
   }
-  if (parsed.nextRun(new Date(0)) === null) {
+  firstTick(op, parsed, at ?? 0);
+  return { name: checkedName, cron: parsed, timezone, missed };
+}
+
+/**
+ * The first tick of `cron` after `at` (epoch ms).
+ *
+ * @throws {RangeError} When there is none: the expression never fires
+ * again (a past year, the 30th of February), so a stored schedule would
+ * wait forever.
+ */
+export function firstTick(op: string, cron: Cron, at: number): number {
+  const tick = cron.nextRun(new Date(at))?.getTime();
+  if (tick === undefined) {
     throw new RangeError(
-      `Cannot ${op} as 'cron' must fire at some time: current value is ${
-        describe(cron)
-      }`,
+      `Cannot ${op} as 'cron' must fire after ${
+        new Date(at).toISOString()
+      }: current value is ${describe(cron.getPattern())}`,
     );
   }
-  return { name: checkedName, cron: parsed, timezone, missed };
+  return tick;
 }
 
 /** The first tick after `at` (epoch ms), or {@linkcode NEVER}. */
@@ -157,7 +173,11 @@ function nextTick(cron: Cron, at: number): number {
   return cron.nextRun(new Date(at))?.getTime() ?? NEVER;
 }
 
-/** Stores (or replaces) a schedule whose first tick is the first after `now`. */
+/**
+ * Stores (or replaces) a schedule whose first tick is the first after `now`.
+ *
+ * @throws {RangeError} When there is none (see {@linkcode firstTick}).
+ */
 export async function saveSchedule(
   driver: Driver,
   sql: FlowStatements,
@@ -176,7 +196,7 @@ export async function saveSchedule(
     schedule.payload,
     JSON.stringify(schedule.options),
     schedule.missed,
-    nextTick(schedule.cron, now),
+    firstTick("schedule", schedule.cron, now),
     now,
   ]);
 }

@@ -111,7 +111,7 @@ export interface EnqueueOptions {
  * {@linkcode Outbox.enqueue} takes for it.
  */
 export interface BatchEvent<P = unknown> extends EnqueueOptions {
-  /** As `enqueue`'s `payload`: a JSON-serializable value or a `Uint8Array`. */
+  /** As `enqueue`'s `payload`: JSON data JSON keeps as it is, or a `Uint8Array`. */
   readonly payload: P;
 }
 

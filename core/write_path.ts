@@ -90,7 +90,7 @@ export class WritePath {
     this.notNested(op);
     const now = inOne && (() =>
       inOne(
-        this.#now === "database" ? null : this.checkNow(op, this.#now()),
+        this.localNow(op),
       ));
     return await this.#runner.run(
       op,
@@ -126,6 +126,11 @@ export class WritePath {
       return this.checkNow(op, row?.["now"]);
     }
     return this.checkNow(op, this.#now());
+  }
+
+  /** The injected clock's reading, or `null` for the database's clock. */
+  localNow(op: string): number | null {
+    return this.#now === "database" ? null : this.checkNow(op, this.#now());
   }
 
   /** Checks a clock reading, throwing a `RangeError` naming `op`. */

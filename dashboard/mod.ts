@@ -456,6 +456,37 @@ async function show(
     if (confirm[1] === "cancel" && idOf(query.get("id")) === undefined) {
       return page(errorPage(context, "Cancel which event? No id given."), 400);
     }
+    // A malformed id would otherwise ask to redrive every dead letter.
+    if (
+      confirm[1] === "redrive" && query.has("id") &&
+      idOf(query.get("id")) === undefined
+    ) {
+      return page(
+        errorPage(
+          context,
+          `Redrive which event? 'id' must be an event id (decimal digits): got ${
+            describeField(query.get("id"))
+          }.`,
+        ),
+        400,
+      );
+    }
+    if (
+      (confirm[1] === "pause" || confirm[1] === "resume") &&
+      !query.get("queue")
+    ) {
+      return page(
+        errorPage(
+          context,
+          `${
+            confirm[1] === "pause" ? "Pause" : "Resume"
+          } which queue? 'queue' must name one: got ${
+            describeField(query.get("queue"))
+          }.`,
+        ),
+        400,
+      );
+    }
     return page(confirmation(context, confirm[1]!, query));
   }
   return page(errorPage(context, "No such page."), 404);
@@ -516,9 +547,19 @@ async function act(
   path: string,
   form: FormData,
 ): Promise<Response> {
+  // A field that is there but malformed is refused, never read as absent:
+  // absent widens redrive to every dead letter.
+  const refused = (message: string) =>
+    page(errorPage(context, `${message} Nothing changed.`), 400);
   const one = idOf(form.get("id"));
+  const badId = form.has("id") && one === undefined
+    ? `'id' must be an event id (decimal digits): got ${
+      describeField(form.get("id"))
+    }.`
+    : undefined;
   switch (path) {
     case "/actions/redrive": {
+      if (badId !== undefined) return refused(`Redrive which event? ${badId}`);
       const n = await outbox.redrive(one === undefined ? {} : { ids: [one] });
       return page(donePage(
         context,
@@ -535,7 +576,11 @@ async function act(
       ));
     }
     case "/actions/cancel": {
-      if (one === undefined) break;
+      if (one === undefined) {
+        return refused(
+          `Cancel which event? ${badId ?? "'id' is required."}`,
+        );
+      }
       const cancelled = await outbox.cancel(one);
       return page(donePage(
         context,
@@ -551,7 +596,13 @@ async function act(
     case "/actions/pause":
     case "/actions/resume": {
       const queue = form.get("queue");
-      if (typeof queue !== "string" || queue === "") break;
+      if (typeof queue !== "string" || queue === "") {
+        return refused(
+          `${
+            path === "/actions/pause" ? "Pause" : "Resume"
+          } which queue? 'queue' must name one: got ${describeField(queue)}.`,
+        );
+      }
       const pause = path === "/actions/pause";
       await (pause ? outbox.pause(queue) : outbox.resume(queue));
       return page(donePage(
@@ -562,8 +613,18 @@ async function act(
       ));
     }
     case "/actions/purge": {
-      const olderThanMs = Number(form.get("olderThan"));
-      if (!Number.isSafeInteger(olderThanMs) || olderThanMs < 0) break;
+      const olderThan = form.get("olderThan");
+      const olderThanMs = typeof olderThan === "string" &&
+          /^\d{1,15}$/.test(olderThan)
+        ? Number(olderThan)
+        : undefined;
+      if (olderThanMs === undefined) {
+        return refused(
+          `Purge events older than what? 'olderThan' must be milliseconds (decimal digits): got ${
+            describeField(olderThan)
+          }.`,
+        );
+      }
       const n = await outbox.purge({ olderThanMs });
       return page(
         donePage(
@@ -585,6 +646,13 @@ function idOf(text: FormDataEntryValue | null): number | undefined {
   if (typeof text !== "string" || !/^\d{1,15}$/.test(text)) return undefined;
   const id = Number(text);
   return id > 0 ? id : undefined;
+}
+
+/** A form or query field as a message shows it. */
+function describeField(value: FormDataEntryValue | null): string {
+  if (value === null) return "nothing";
+  if (typeof value !== "string") return "a file";
+  return JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}…` : value);
 }
 
 /** The event an id, identity or dedup key names, or `null`. */

@@ -35,7 +35,7 @@ import {
 } from "./file_vfs.ts";
 import { openBusyTimeoutMs, type Row, untilNotBusy } from "../driver.ts";
 import { BusyError, SqliteError, sqliteError } from "../errors.ts";
-import { checkOptions } from "../validate.ts";
+import { checkJournalMode, checkOneOf, checkOptions } from "../validate.ts";
 import { type EnqueueCounter, watchFileEnqueues } from "./enqueue_watch.ts";
 import { JOURNAL_SIZE_LIMIT_BYTES } from "../wal.ts";
 
@@ -118,13 +118,18 @@ export interface DenoSqliteWasmOptions extends SqliteWasmOptions {
   readonly busyTimeoutMs?: number;
 }
 
-const journalModes: readonly string[] = [
+const journalModes: readonly JournalMode[] = [
   "truncate",
   "delete",
   "persist",
   "wal",
 ];
-const synchronousModes: readonly string[] = ["off", "normal", "full", "extra"];
+const synchronousModes: readonly Synchronous[] = [
+  "off",
+  "normal",
+  "full",
+  "extra",
+];
 
 /**
  * Opens one connection through the SQLite WASM build, with file paths and
@@ -189,22 +194,17 @@ export async function openSqliteWasm(
     "synchronous",
     "busyTimeoutMs",
   ]);
-  const journalMode = options.journalMode;
-  const synchronous = options.synchronous ?? "full";
-  if (journalMode !== undefined && !journalModes.includes(journalMode)) {
-    throw new TypeError(
-      `Cannot open database as 'journalMode' must be one of ${
-        journalModes.join(", ")
-      }: current value is ${String(journalMode)}`,
-    );
-  }
-  if (!synchronousModes.includes(synchronous)) {
-    throw new TypeError(
-      `Cannot open database as 'synchronous' must be one of ${
-        synchronousModes.join(", ")
-      }: current value is ${String(synchronous)}`,
-    );
-  }
+  const journalMode = checkJournalMode(
+    "open database",
+    options.journalMode,
+    journalModes,
+  );
+  const synchronous = checkOneOf(
+    "open database",
+    "synchronous",
+    options.synchronous,
+    synchronousModes,
+  ) ?? "full";
   const busyTimeoutMs = openBusyTimeoutMs(options.busyTimeoutMs);
   let name: string;
   if (path instanceof URL) {

@@ -33,17 +33,26 @@ import {
 import { DatabaseMovedError, SqliteError, sqliteError } from "../errors.ts";
 import { JOURNAL_SIZE_LIMIT_BYTES } from "../wal.ts";
 import type { TransactionStatus } from "../types.ts";
-import { checkBoolean, checkOptions } from "../validate.ts";
+import {
+  checkBoolean,
+  checkJournalMode,
+  checkOneOf,
+  checkOptions,
+} from "../validate.ts";
 import { jitteredWait } from "../core/backoff.ts";
 
-/** A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode). */
+/**
+ * A `PRAGMA journal_mode` (https://sqlite.org/pragma.html#pragma_journal_mode),
+ * the same four `openSqliteWasm` offers: `"off"` and `"memory"` are not
+ * offered, as without a journal a `ROLLBACK` leaves a refused
+ * acknowledgement's rows written, and with one in memory a crash during a
+ * commit can corrupt the file.
+ */
 export type JournalMode =
   | "wal"
   | "delete"
   | "truncate"
-  | "persist"
-  | "memory"
-  | "off";
+  | "persist";
 
 /** A `PRAGMA synchronous` level (https://sqlite.org/pragma.html#pragma_synchronous). */
 export type Synchronous = "off" | "normal" | "full" | "extra";
@@ -53,9 +62,8 @@ const JOURNAL_MODES: readonly JournalMode[] = [
   "delete",
   "truncate",
   "persist",
-  "memory",
-  "off",
 ];
+const OPEN = "open database";
 const SYNCHRONOUS_LEVELS: readonly Synchronous[] = [
   "off",
   "normal",
@@ -163,16 +171,18 @@ export async function openNodeSqlite(
     "busyTimeoutMs",
     "readOnly",
   ]);
-  const requested = options.journalMode === undefined
-    ? undefined
-    : oneOf("journalMode", options.journalMode, JOURNAL_MODES, "wal");
+  const requested = checkJournalMode(
+    OPEN,
+    options.journalMode,
+    JOURNAL_MODES,
+  );
   let journalMode: JournalMode = requested ?? "wal";
-  const synchronous = oneOf(
+  const synchronous = checkOneOf(
+    OPEN,
     "synchronous",
     options.synchronous,
     SYNCHRONOUS_LEVELS,
-    "full",
-  );
+  ) ?? "full";
   const busyTimeoutMs = openBusyTimeoutMs(options.busyTimeoutMs);
   const readOnly = checkBoolean(
     "open database",
@@ -577,30 +587,6 @@ function toRow(source: Record<string, unknown>): Row {
     row[name] = exactInteger(source[name] as number | bigint) as SqlValue;
   }
   return row;
-}
-
-function oneOf<T extends string>(
-  name: string,
-  value: T | undefined,
-  allowed: readonly T[],
-  fallback: T,
-): T {
-  if (value === undefined) return fallback;
-  if (typeof value !== "string") {
-    throw new TypeError(
-      `Cannot open database as '${name}' must be a string: current value is ${
-        String(value)
-      }`,
-    );
-  }
-  if (!allowed.includes(value)) {
-    throw new RangeError(
-      `Cannot open database as '${name}' must be one of ${
-        allowed.join(", ")
-      }: current value is ${value}`,
-    );
-  }
-  return value;
 }
 
 /**

@@ -16,6 +16,8 @@
  * {@linkcode ConnectionLostError} until the transaction ends with
  * `ROLLBACK` (which then succeeds: the server rolled it back when the
  * session ended), and the next statement after that opens a new connection.
+ * A `COMMIT` in flight when the connection is lost may have committed: its
+ * `ConnectionLostError` says the outcome is unknown.
  *
  * @module
  */
@@ -430,17 +432,29 @@ export class PostgresDriver implements Driver, AsyncDisposable {
     // Counted from the moment it is sent, before any await (see #beginning).
     const begins = keyword === "BEGIN" || keyword === "START";
     const ends = ENDS_TRANSACTION.test(sql);
+    const commits = keyword === "COMMIT" || keyword === "END";
+    // Lost before this COMMIT was sent, the transaction was rolled back
+    // (#send says so); lost while it was in flight, nobody knows.
+    const sentLive = !this.#lostInTransaction;
     if (begins) this.#beginning++;
     if (ends) this.#ending++;
     try {
       const result = await this.#send(method, sql, params, extended);
       // A failed transaction's COMMIT succeeds as a ROLLBACK: nothing of
       // it was committed, which the caller must not take for a commit.
-      if (
-        (keyword === "COMMIT" || keyword === "END") &&
-        result.command === "ROLLBACK"
-      ) throw new TransactionEndedError("commit", "", "failed");
+      if (commits && result.command === "ROLLBACK") {
+        throw new TransactionEndedError("commit", "", "failed");
+      }
       return result;
+    } catch (error) {
+      if (commits && sentLive && error instanceof ConnectionLostError) {
+        throw new ConnectionLostError(
+          `Cannot commit as the connection was lost while COMMIT was in flight: whether the transaction committed is unknown (${error.message})`,
+          error.code,
+          { cause: error },
+        );
+      }
+      throw error;
     } finally {
       if (begins) this.#beginning--;
       if (ends) this.#ending--;

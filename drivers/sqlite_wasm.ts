@@ -22,7 +22,7 @@ import { SqliteError, sqliteError } from "../errors.ts";
 const SQLITE_IOERR = 10;
 const SQLITE_CANTOPEN = 14;
 import { StatementCache } from "./statement_cache.ts";
-import { checkBoolean, checkOptions } from "../validate.ts";
+import { checkBoolean, checkOptions, describe } from "../validate.ts";
 
 let sqlite3: Promise<Sqlite3Static> | undefined;
 
@@ -227,6 +227,23 @@ export function openDatabase(
         String(path)
       }`,
     );
+  }
+  const vfs = options.vfs;
+  if (vfs !== undefined) {
+    if (typeof vfs !== "string" || vfs === "") {
+      throw new TypeError(
+        `Cannot open database as 'vfs' must be a VFS name: current value is ${
+          describe(vfs)
+        }`,
+      );
+    }
+    if (!sqlite3.capi.sqlite3_vfs_find(vfs)) {
+      throw new RangeError(
+        `Cannot open database as 'vfs' must name a VFS registered with SQLite: current value is ${
+          describe(vfs)
+        }`,
+      );
+    }
   }
   try {
     return new sqlite3.oo1.DB({

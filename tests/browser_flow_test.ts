@@ -70,3 +70,53 @@ Deno.test(
     });
   },
 );
+
+Deno.test(
+  {
+    name:
+      "browser: enqueue() and schedule() of a worker and a shared outbox refuse a payload JSON would change with a TypeError naming the place, and store nothing",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const page = await blankPage(session);
+    const seen = await page.evaluate(async (paths) => {
+      const m = await import(paths.bundle);
+      const refused = async (call: () => Promise<unknown>) => {
+        try {
+          await call();
+          return "stored";
+        } catch (error) {
+          const { name, message } = error as Error;
+          return `${name}: ${message.replace(/ \(a plain.*as it is\)/, "")}`;
+        }
+      };
+      const out: Record<string, unknown> = {};
+      for (const open of ["openWorkerOutbox", "openSharedOutbox"]) {
+        const outbox = await m[open](`fidelity-${open}`);
+        out[open] = [
+          await refused(() => outbox.enqueue({ f: () => 1 })),
+          await refused(() => outbox.enqueue({ at: new Date(0) })),
+          await refused(() => outbox.enqueue([new Map()])),
+          await refused(() => outbox.schedule("s", "* * * * *", { a: NaN })),
+          (await outbox.claim({ max: 5 })).length,
+          (await outbox.schedules()).length,
+        ];
+        await outbox.close();
+      }
+      return out;
+    }, PATHS);
+    const expected = [
+      "TypeError: Cannot enqueue as 'payload.f' must be JSON data: current value is a function",
+      "TypeError: Cannot enqueue as 'payload.at' must be JSON data: current value is a Date",
+      "TypeError: Cannot enqueue as 'payload[0]' must be JSON data: current value is a Map",
+      "TypeError: Cannot schedule as 'payload.a' must be JSON data: current value is NaN",
+      0,
+      0,
+    ];
+    assert.deepEqual(seen, {
+      openWorkerOutbox: expected,
+      openSharedOutbox: expected,
+    });
+  },
+);

@@ -738,3 +738,104 @@ Deno.test("an event another program stored as done without its claim's time is e
     assert.match(await page.text(), /acknowledged/);
   });
 });
+
+Deno.test("a dashboard action whose field is missing, blank or not decimal answers 400 naming the field, and changes nothing", async () => {
+  await withOutbox(async (outbox, clock) => {
+    for (let i = 0; i < 2; i++) await deadLetter(outbox, "boom");
+    await outbox.enqueue({ n: 2 });
+    await outbox.acknowledge((await outbox.claim())!);
+    const { eventId: pending } = await outbox.enqueue({ n: 3 });
+    clock.now += 2 * 86_400_000;
+    const handler = dashboard(outbox, { actions: true });
+    const { cookie, csrf } = await formOf(handler, "/confirm/purge");
+    const text = async (response: Response) =>
+      (await flat(response)).replace(/<[^>]+>/g, " ").replace(/&quot;/g, '"')
+        .replace(/&#39;/g, "'").replace(/\s+/g, " ");
+    const before = JSON.stringify([
+      await outbox.stats(),
+      await outbox.queues(),
+    ]);
+    const cases: [string, Record<string, string>, RegExp][] = [
+      ...[undefined, "", " ", "0x10", "1e3", "-1", "1.5"].map((
+        olderThan,
+      ): [string, Record<string, string>, RegExp] => [
+        "/actions/purge",
+        olderThan === undefined ? {} : { olderThan },
+        new RegExp(
+          `Purge events older than what\\? 'olderThan' must be milliseconds \\(decimal digits\\): got ${
+            olderThan === undefined
+              ? "nothing"
+              : JSON.stringify(olderThan).replace(/[.+]/g, "\\$&")
+          }\\. Nothing changed\\.`,
+        ),
+      ]),
+      ...["abc", "0", "1.0", " 1", "", "-1"].map((
+        id,
+      ): [string, Record<string, string>, RegExp] => [
+        "/actions/redrive",
+        { id },
+        new RegExp(
+          `Redrive which event\\? 'id' must be an event id \\(decimal digits\\): got ${
+            JSON.stringify(id).replace(/[.+]/g, "\\$&")
+          }\\. Nothing changed\\.`,
+        ),
+      ]),
+      [
+        "/actions/cancel",
+        { id: "x" },
+        /Cancel which event\? 'id' must be an event id \(decimal digits\): got "x"\. Nothing changed\./,
+      ],
+      [
+        "/actions/cancel",
+        {},
+        /Cancel which event\? 'id' is required\. Nothing changed\./,
+      ],
+      [
+        "/actions/pause",
+        {},
+        /Pause which queue\? 'queue' must name one: got nothing\. Nothing changed\./,
+      ],
+      [
+        "/actions/resume",
+        { queue: "" },
+        /Resume which queue\? 'queue' must name one: got ""\. Nothing changed\./,
+      ],
+    ];
+    for (const [path, fields, message] of cases) {
+      const response = await handler(
+        post(path, { ...fields, csrf }, { cookie }),
+      );
+      assert.equal(response.status, 400, `${path} ${JSON.stringify(fields)}`);
+      assert.match(await text(response), message);
+    }
+    for (
+      const [path, message] of [
+        [
+          "/confirm/redrive?id=abc",
+          /Redrive which event\? 'id' must be an event id \(decimal digits\): got "abc"\./,
+        ],
+        [
+          "/confirm/pause",
+          /Pause which queue\? 'queue' must name one: got nothing\./,
+        ],
+        [
+          "/confirm/resume?queue=",
+          /Resume which queue\? 'queue' must name one: got ""\./,
+        ],
+      ] as const
+    ) {
+      const confirm = await handler(new Request(`http://localhost${path}`));
+      assert.equal(confirm.status, 400, path);
+      assert.match(await text(confirm), message);
+    }
+    assert.equal(
+      JSON.stringify([await outbox.stats(), await outbox.queues()]),
+      before,
+    );
+    assert.equal((await outbox.stats()).pending, 1);
+    assert.equal(
+      (await outbox.list({ state: "pending" }))[0]?.id,
+      pending,
+    );
+  });
+});

@@ -308,7 +308,7 @@ for (const driver of DRIVERS) {
         [{ payload: 1, dedupkey: "k" }],
         /'events\[0\]\.dedupkey' is not an option: did you mean 'dedupKey'\?/,
       ],
-      [[{}], /'events\[0\]\.payload' must be JSON-serializable/],
+      [[{}], /'events\[0\]\.payload' must be JSON data/],
       [
         [{ payload: 1, identity: "X" }],
         /'events\[0\]\.identity' must be a UUID/,

@@ -2,6 +2,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { BusyError, ConstraintError, SqliteError } from "../errors.ts";
 import { openNodeSqlite } from "../drivers/node_sqlite.ts";
+import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 
 async function tempFile(): Promise<{ path: string } & AsyncDisposable> {
   const dir = await Deno.makeTempDir({ prefix: "node_sqlite_test_" });
@@ -161,7 +162,7 @@ Deno.test("bad paths and options throw before opening", async () => {
     // @ts-expect-error: the mode is checked at run time too
     openNodeSqlite(":memory:", { journalMode: "WAL" }),
     new RangeError(
-      "Cannot open database as 'journalMode' must be one of wal, delete, truncate, persist, memory, off: current value is WAL",
+      "Cannot open database as 'journalMode' must be one of wal, delete, truncate, persist: current value is WAL",
     ),
   );
   await assert.rejects(
@@ -177,6 +178,32 @@ Deno.test("bad paths and options throw before opening", async () => {
       "Cannot open database as 'busyTimeoutMs' must be a non-negative integer: current value is -1",
     ),
   );
+});
+
+Deno.test("journalMode off and memory are refused with a RangeError before the file is opened, as openSqliteWasm refuses them", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    for (const journalMode of ["off", "memory"]) {
+      const path = join(dir, `${journalMode}.db`);
+      const why =
+        " (no journal, or one in memory, cannot roll back a transaction safely: a refused acknowledgement's rows would stay, or a crash could corrupt the file)";
+      await assert.rejects(
+        openNodeSqlite(path, { journalMode: journalMode as never }),
+        new RangeError(
+          `Cannot open database as 'journalMode' must be one of wal, delete, truncate, persist: current value is ${journalMode}${why}`,
+        ),
+      );
+      await assert.rejects(
+        openSqliteWasm(path, { journalMode: journalMode as never }),
+        new RangeError(
+          `Cannot open database as 'journalMode' must be one of truncate, delete, persist, wal: current value is ${journalMode}${why}`,
+        ),
+      );
+      await assert.rejects(Deno.stat(path), Deno.errors.NotFound);
+    }
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });
 
 /** A rollback-journal database with one row, made read-only (0444). */

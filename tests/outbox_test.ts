@@ -2,6 +2,7 @@
 import assert from "node:assert/strict";
 import {
   BusyError,
+  Inbox,
   type Lease,
   LeaseLostError,
   Outbox,
@@ -196,6 +197,128 @@ for (const driver of DRIVERS) {
     }
     assert.equal(sent(), statements);
     assert.deepEqual(await snapshot(raw), before);
+  });
+
+  test("enqueue(), enqueueBatch(), tx.enqueue(), a group commit and schedule() refuse a payload JSON would change, naming the place in it, before any SQL", async ({ open, raw, sent }) => {
+    const [a] = await open();
+    const cycle: Record<string, unknown> = { a: 1 };
+    cycle["self"] = cycle;
+    const cases: [unknown, string, string][] = [
+      [{ a: NaN }, "payload.a", "NaN"],
+      [[1, Infinity], "payload[1]", "Infinity"],
+      [-Infinity, "payload", "-Infinity"],
+      [{ a: undefined, b: 1 }, "payload.a", "undefined"],
+      [[undefined], "payload[0]", "undefined"],
+      [{ list: [1, () => 1] }, "payload.list[1]", "a function"],
+      [{ d: new Date(0) }, "payload.d", "a Date"],
+      [new Map([[1, 2]]), "payload", "a Map"],
+      [{ s: new Set([1]) }, "payload.s", "a Set"],
+      [new ArrayBuffer(4), "payload", "an ArrayBuffer"],
+      [new Uint16Array([1, 2]), "payload", "a Uint16Array"],
+      [{ b: new Uint8Array([1, 2]) }, "payload.b", "a Uint8Array"],
+      [[new Uint8Array(1)], "payload[0]", "a Uint8Array"],
+      [{ "a b": [{ c: 1n }] }, 'payload["a b"][0].c', "1n"],
+      [new String("x"), "payload", "a String"],
+      [new (class Order {})(), "payload", "an Order"],
+    ];
+    const shaped: [unknown, string, string, string][] = [
+      [
+        { toJSON: () => 1 },
+        "payload",
+        ", without a toJSON method",
+        "an object",
+      ],
+      [[1, , 3], "payload", ", without holes (index 1)", "an array"],
+      [{ [Symbol("s")]: 1 }, "payload", ", without symbol keys", "an object"],
+      [cycle, "payload.self", ", not a cycle", "an object"],
+    ];
+    const all = [
+      ...cases.map(([p, f, v]) => [p, f, "", v] as const),
+      ...shaped,
+    ];
+    const message = (op: string, field: string, why: string, value: string) =>
+      new TypeError(
+        `Cannot ${op} as '${field}' must be JSON data (a plain object, an array, a string, a finite number, a boolean or null, which JSON gives back as it is)${why}: current value is ${value}`,
+      );
+    const before = await snapshot(raw);
+    const statements = sent();
+    for (const [payload, field, why, value] of all) {
+      await assert.rejects(
+        () => a!.enqueue(payload),
+        message("enqueue", field, why, value),
+      );
+      await assert.rejects(
+        () => a!.enqueueBatch([{ payload: 1 }, { payload }]),
+        message(
+          "enqueue batch",
+          field.replace("payload", "events[1].payload"),
+          why,
+          value,
+        ),
+      );
+      await assert.rejects(
+        () => a!.schedule("s", "* * * * *", payload),
+        message("schedule", field, why, value),
+      );
+    }
+    assert.equal(sent(), statements);
+    assert.deepEqual(await snapshot(raw), before);
+    // Inside a transaction, and beside other calls of one group commit.
+    await a!.transaction(async (tx) => {
+      await assert.rejects(
+        () => tx.enqueue({ a: NaN }),
+        message("enqueue", "payload.a", "", "NaN"),
+      );
+      await assert.rejects(
+        () => tx.enqueueBatch([{ payload: { d: new Date(0) } }]),
+        message("enqueue batch", "events[0].payload.d", "", "a Date"),
+      );
+    });
+    assert.deepEqual(await snapshot(raw), before);
+    const settled = await Promise.allSettled([
+      a!.enqueue({ n: 1 }),
+      a!.enqueue({ n: new Map() }),
+      a!.enqueue({ n: 3 }),
+    ]);
+    assert.deepEqual(settled.map((s) => s.status), [
+      "fulfilled",
+      "rejected",
+      "fulfilled",
+    ]);
+    assert.deepEqual(
+      (settled[1] as PromiseRejectedResult).reason,
+      message("enqueue", "payload.n", "", "a Map"),
+    );
+    assert.deepEqual(
+      (await a!.claim({ max: 10 })).map((lease) => lease.payload),
+      [{ n: 1 }, { n: 3 }],
+    );
+  });
+
+  test("payloads JSON keeps come back from claim() as enqueued, bytes as bytes", async ({ open }) => {
+    const [a] = await open();
+    const payloads: unknown[] = [
+      null,
+      true,
+      0,
+      -1.5,
+      2 ** 60,
+      Number.MAX_VALUE,
+      "",
+      "\ud800 lone surrogate",
+      [],
+      [1, "two", null, false, [{}]],
+      { a: { b: { c: [1, 2, 3] } }, "key with spaces": "v", "": 0 },
+      new Uint8Array([0, 1, 255]),
+    ];
+    for (const payload of payloads) await a!.enqueue(payload);
+    const plain = Object.assign(Object.create(null), { x: [1] });
+    await a!.enqueue(plain);
+    const leases = await a!.claim({ max: 100 });
+    assert.deepEqual(
+      leases.map((lease) => lease.payload),
+      [...payloads, { x: [1] }],
+    );
   });
 
   test("an ordering key holds later events until the earlier one is done or dead", async ({ open }) => {
@@ -924,3 +1047,32 @@ for (
     }
   });
 }
+
+Deno.test("Outbox.open() and Inbox.open() refuse a driver without the Driver methods, naming the missing one, before any call on it", async () => {
+  for (
+    const [driver, message] of [
+      [{}, "'driver.query' must be a function: current value is undefined"],
+      [
+        { query() {}, run() {}, exec: 1, close() {} },
+        "'driver.exec' must be a function: current value is 1",
+      ],
+      [
+        { query() {}, run() {}, exec() {} },
+        "'driver.close' must be a function: current value is undefined",
+      ],
+      [
+        { query() {}, run() {}, exec() {}, close() {}, busyWait: true },
+        "'driver.busyWait' must be a function: current value is true",
+      ],
+    ] as const
+  ) {
+    await assert.rejects(
+      () => Outbox.open(driver as never),
+      new TypeError(`Cannot open outbox as ${message}`),
+    );
+    await assert.rejects(
+      () => Inbox.open(driver as never),
+      new TypeError(`Cannot open inbox as ${message}`),
+    );
+  }
+});

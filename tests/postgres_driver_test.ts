@@ -41,6 +41,41 @@ async function terminate(pid: number): Promise<void> {
   await admin.query("SELECT pg_terminate_backend($1)", [pid]);
 }
 
+Deno.test("postgres driver: a connection lost while COMMIT is in flight fails it with ConnectionLostError saying the outcome is unknown", async () => {
+  await using db = await connect();
+  await db.exec(`
+    CREATE TABLE t (id int);
+    CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql
+      AS $$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$;
+    CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON t
+      DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();
+  `);
+  const pid = await backendPid(db);
+  await db.exec("BEGIN");
+  await db.run("INSERT INTO t VALUES (1)");
+  const commit = db.run("COMMIT").then(() => null, (error: unknown) => error);
+  await using admin = await connect();
+  // The deferred trigger runs inside COMMIT: it is in flight once it sleeps.
+  for (;;) {
+    const [row] = await admin.query(
+      "SELECT wait_event FROM pg_stat_activity WHERE pid = $1",
+      [pid],
+    );
+    if (row?.["wait_event"] === "PgSleep") break;
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+  await admin.query("SELECT pg_terminate_backend($1)", [pid]);
+  const error = await commit;
+  assert.ok(error instanceof ConnectionLostError, String(error));
+  assert.match(
+    error.message,
+    /^Cannot commit as the connection was lost while COMMIT was in flight: whether the transaction committed is unknown \(.+\)$/,
+  );
+  assert.ok(error.cause instanceof ConnectionLostError);
+  // The next statement opens a new connection.
+  assert.deepEqual(await db.query("SELECT 1 AS one"), [{ one: 1 }]);
+});
+
 Deno.test("postgres driver: int8 reads back as a number within ±2^53 and a bigint beyond", async () => {
   await using db = await connect();
   await db.exec("CREATE TABLE t (id int PRIMARY KEY, v bigint)");

@@ -314,7 +314,10 @@ async function scenario(dialect?: Dialect): Promise<unknown> {
   const leaseOf = (lease: Lease) => [lease.eventId, lease.fence, lease.attempt];
   try {
     for (const orderingKey of [undefined, undefined, "k", "k", undefined]) {
-      await outbox.enqueue({ orderingKey }, orderingKey ? { orderingKey } : {});
+      await outbox.enqueue(
+        { orderingKey: orderingKey ?? null },
+        orderingKey ? { orderingKey } : {},
+      );
     }
     const first = await outbox.claim({ max: 2, leaseMs: 100 });
     seen.push(first.map(leaseOf));
@@ -337,7 +340,10 @@ async function scenario(dialect?: Dialect): Promise<unknown> {
     // is acknowledged in the same call; a stale lease amid current ones; a
     // lapsed lease (a candidate of its own claim) acknowledged.
     for (const orderingKey of ["j", "j", undefined, "j", undefined]) {
-      await outbox.enqueue({ orderingKey }, orderingKey ? { orderingKey } : {});
+      await outbox.enqueue(
+        { orderingKey: orderingKey ?? null },
+        orderingKey ? { orderingKey } : {},
+      );
     }
     const fourth = await outbox.claim({ max: 2, leaseMs: 100 });
     const fifth = await outbox.acknowledgeAndClaim(fourth, {

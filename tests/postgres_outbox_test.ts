@@ -349,6 +349,24 @@ Deno.test("postgres: leases are judged by the server's clock by default", async 
   assert.ok(lease!.leaseUntil <= serverNow + 60_000);
 });
 
+Deno.test("postgres: with the server's clock, schedule() refuses a cron that never fires after the server's now, naming cron, and stores nothing", async () => {
+  const { url, schema } = await fresh();
+  await using outbox = await openPostgres(url, { schema });
+  await assert.rejects(
+    outbox.schedule("s", "0 0 0 1 1 * 2020", 1),
+    (e) =>
+      e instanceof RangeError &&
+      /^Cannot schedule as 'cron' must fire after \d{4}-\d\d-\d\dT[\d:.]+Z: current value is "0 0 0 1 1 \* 2020"$/
+        .test(e.message),
+  );
+  assert.deepEqual(await outbox.schedules(), []);
+  await outbox.schedule("s", "0 0 0 1 1 * 2999", 1);
+  assert.deepEqual(
+    (await outbox.schedules()).map((s) => s.nextAt),
+    [Date.UTC(2999, 0, 1)],
+  );
+});
+
 Deno.test("postgres: a worker whose own clock is hours off still respects another worker's live lease", async () => {
   const { url, schema } = await fresh();
   await using a = await openPostgres(url, { schema, leaseMs: 60_000 });

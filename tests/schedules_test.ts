@@ -112,6 +112,40 @@ for (const driver of DRIVERS) {
     );
   });
 
+  test("schedule() refuses a cron that never fires after the lease clock's now, naming cron, before any SQL", async ({ clock, open, raw, sent }) => {
+    clock.set(T0);
+    const [a] = await open();
+    const before = await snapshot(raw);
+    const count = sent();
+    for (
+      const cron of [
+        "* * * * * * 1999",
+        "0 0 0 1 1 * 2020",
+        "0 0 0 1 6 * 2025",
+        "0 0 0 29 2 * 2027",
+        "0 0 30 2 *",
+      ]
+    ) {
+      await assert.rejects(
+        a!.schedule("s", cron, 1),
+        new RangeError(
+          `Cannot schedule as 'cron' must fire after 2026-01-01T00:00:00.000Z: current value is ${
+            JSON.stringify(cron)
+          }`,
+        ),
+      );
+    }
+    assert.equal(sent(), count);
+    assert.deepEqual(await snapshot(raw), before);
+    assert.deepEqual(await a!.schedules(), []);
+    // The clock's own year still has ticks ahead.
+    await a!.schedule("s", "0 0 0 1 6 * 2026", 1);
+    assert.deepEqual(
+      (await a!.schedules()).map((s) => s.nextAt),
+      [Date.UTC(2026, 5, 1)],
+    );
+  });
+
   test("bad schedule arguments throw naming the field before any SQL, and nothing changes", async ({ open, raw, sent }) => {
     const [a] = await open();
     const before = await snapshot(raw);

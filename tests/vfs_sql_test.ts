@@ -203,7 +203,7 @@ Deno.test("synchronous can be chosen per connection", async () => {
     }]);
     await assert.rejects(
       open(join(dir, "s.db"), { synchronous: "fast" as never }),
-      new TypeError(
+      new RangeError(
         "Cannot open database as 'synchronous' must be one of off, normal, full, extra: current value is fast",
       ),
     );
@@ -228,6 +228,25 @@ Deno.test("a file connection's page cache is native SQLite's default, not the bu
         cache_size: expected,
       }]);
     }
+  });
+});
+
+Deno.test("a vfs that is not a name, or names no VFS SQLite has, throws naming 'vfs' before opening", async () => {
+  await withDir(async (dir) => {
+    const path = join(dir, "v.db");
+    await assert.rejects(
+      open(path, { vfs: 5 as never }),
+      new TypeError(
+        "Cannot open database as 'vfs' must be a VFS name: current value is 5",
+      ),
+    );
+    await assert.rejects(
+      open(path, { vfs: "nope" }),
+      new RangeError(
+        `Cannot open database as 'vfs' must name a VFS registered with SQLite: current value is "nope"`,
+      ),
+    );
+    await assert.rejects(Deno.stat(path), Deno.errors.NotFound);
   });
 });
 

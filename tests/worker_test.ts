@@ -1269,6 +1269,88 @@ Deno.test("context.transaction() on a lost lease writes nothing, throws LeaseLos
   assert.deepEqual(f.errors, []);
 });
 
+Deno.test("a handler that throws after its context.transaction() committed leaves its event done, counted acknowledged and not failed, its error still reported", async () => {
+  await using f = await fixture();
+  await f.outbox.transaction((tx) =>
+    tx.run("CREATE TABLE mails (event INTEGER PRIMARY KEY)")
+  );
+  const { eventId } = await f.outbox.enqueue({});
+  const handlerErrors: unknown[] = [];
+  const after = new Error("after the commit");
+  const processor = processEvents(f.outbox, async (lease, context) => {
+    await context.transaction((tx) =>
+      tx.run("INSERT INTO mails VALUES (?)", [lease.eventId])
+    );
+    throw after;
+  }, f.options({ onHandlerError: (error) => handlerErrors.push(error) }));
+  await f.time.advance(0, f.wall);
+  await processor.stop();
+  assert.deepEqual(processor.counters, {
+    claimed: 1,
+    acknowledged: 1,
+    staleAcknowledgements: 0,
+    leasesLost: 0,
+    released: 0,
+    dead: 0,
+    failed: 0,
+  });
+  assert.deepEqual(handlerErrors, [after]);
+  assert.deepEqual(
+    (await f.outbox.explain(eventId))!.history.map((entry) => entry.kind),
+    ["claimed", "acknowledged"],
+  );
+  assert.deepEqual(f.errors, []);
+});
+
+Deno.test("a second context.transaction() in one handler throws saying the first acknowledged the lease, writes nothing, and counts no lost lease or stale acknowledgement", async () => {
+  await using f = await fixture();
+  await f.outbox.transaction((tx) =>
+    tx.run("CREATE TABLE mails (event INTEGER)")
+  );
+  const { eventId } = await f.outbox.enqueue({});
+  let thrown: unknown;
+  let signal: AbortSignal | undefined;
+  const processor = processEvents(f.outbox, async (lease, context) => {
+    signal = context.signal;
+    await context.transaction((tx) =>
+      tx.run("INSERT INTO mails VALUES (?)", [lease.eventId])
+    );
+    try {
+      await context.transaction((tx) =>
+        tx.run("INSERT INTO mails VALUES (?)", [-lease.eventId])
+      );
+    } catch (error) {
+      thrown = error;
+    }
+  }, f.options());
+  await f.time.advance(0, f.wall);
+  await processor.stop();
+  assert.ok(thrown instanceof Error && !(thrown instanceof LeaseLostError));
+  assert.equal(
+    thrown.message,
+    `Cannot run context.transaction as this handler's first transaction acknowledged its lease already (event ${eventId}, fence 1): its writes committed with it; make all of a handler's writes in one transaction`,
+  );
+  assert.equal(signal?.aborted, false);
+  assert.deepEqual(processor.counters, {
+    claimed: 1,
+    acknowledged: 1,
+    staleAcknowledgements: 0,
+    leasesLost: 0,
+    released: 0,
+    dead: 0,
+    failed: 0,
+  });
+  assert.deepEqual(
+    await f.outbox.transaction((tx) => tx.query("SELECT * FROM mails")),
+    [{ event: eventId }],
+  );
+  assert.deepEqual(
+    (await f.outbox.explain(eventId))!.history.map((entry) => entry.kind),
+    ["claimed", "acknowledged"],
+  );
+  assert.deepEqual(f.errors, []);
+});
+
 Deno.test("processEvents() leases and renews for the outbox's leaseMs unless told otherwise", async () => {
   await using f = await fixture();
   await using outbox = await Outbox.open(await openSqliteWasm(":memory:"), {
@@ -1471,4 +1553,69 @@ Deno.test("invalid options throw TypeError or RangeError naming the field", asyn
   await f.outbox.enqueue({});
   await settle();
   assert.equal((await f.outbox.stats()).pending, 1);
+});
+
+Deno.test("processEvents() refuses a signal that is not an AbortSignal, timers without their functions and an outbox missing a method, naming them, before it subscribes to the outbox", async () => {
+  await using f = await fixture();
+  let subscribed = 0;
+  const watched = (without?: string) =>
+    new Proxy(f.outbox, {
+      get(target, key) {
+        if (key === without) return undefined;
+        const value = Reflect.get(target, key, target);
+        if (typeof value !== "function") return value;
+        return (...args: unknown[]) => {
+          if (key === "onEnqueue") subscribed++;
+          return value.apply(target, args);
+        };
+      },
+    });
+  const start = (options: unknown, outbox = watched()) => () =>
+    processEvents(outbox, () => {}, options as ProcessOptions);
+  for (
+    const [signal, shown] of [
+      [5, "5"],
+      [{ aborted: false }, "an object"],
+      ["x", '"x"'],
+      [null, "null"],
+    ] as const
+  ) {
+    assert.throws(start({ signal }), {
+      name: "TypeError",
+      message:
+        `Cannot process events as 'signal' must be an AbortSignal: current value is ${shown}`,
+    });
+  }
+  assert.throws(start({ timers: 5 }), {
+    name: "TypeError",
+    message:
+      "Cannot process events as 'timers' must be an object of setTimeout and clearTimeout: current value is 5",
+  });
+  assert.throws(start({ timers: { setTimeout } }), {
+    name: "TypeError",
+    message:
+      "Cannot process events as 'timers.clearTimeout' must be a function: current value is undefined",
+  });
+  assert.throws(
+    start({ timers: { setTimeout, clearTimeout, setImmediate: 1 } }),
+    {
+      name: "TypeError",
+      message:
+        "Cannot process events as 'timers.setImmediate' must be a function: current value is 1",
+    },
+  );
+  assert.throws(start({}, watched("renew")), {
+    name: "TypeError",
+    message:
+      "Cannot process events as 'outbox' must be an outbox: its 'renew' is not a function",
+  });
+  assert.equal(subscribed, 0);
+  // A real signal still works, and then the loop subscribes once.
+  const controller = new AbortController();
+  const processor = processEvents(watched(), () => {}, {
+    signal: controller.signal,
+  });
+  assert.equal(subscribed, 1);
+  controller.abort();
+  await processor.stop();
 });

@@ -22,6 +22,11 @@ export interface Slot<P> {
   state: SlotState;
   /** Set inside the handler's transaction once its acknowledgement is written. */
   acknowledged: boolean;
+  /**
+   * The handler's `context.transaction`: none yet (or the last one rolled
+   * back), one running, or one committed, which acknowledged the lease.
+   */
+  transaction: "none" | "running" | "committed";
   validUntilMonotonic: number;
   validUntilWall: number;
   renewTimer: LongTimer | undefined;
@@ -71,6 +76,7 @@ export class LeaseKeeper<P> {
       lease,
       state: "running",
       acknowledged: false,
+      transaction: "none",
       validUntilMonotonic: claimedAt + o.leaseMs,
       validUntilWall: claimedAtWall + o.leaseMs,
       renewTimer: undefined,

@@ -15,6 +15,7 @@ import {
   checkInteger,
   checkName,
   checkOptions,
+  describe,
   MAX_ERROR_LENGTH,
 } from "../validate.ts";
 import type { ProcessableOutbox, ProcessOptions, Timers } from "./types.ts";
@@ -109,6 +110,17 @@ export function settingsOf(
       }`,
     );
   }
+  // Checked before the processor subscribes to anything or claims.
+  for (const method of OUTBOX_METHODS) {
+    if (
+      typeof (outbox as unknown as Record<string, unknown>)[method] !==
+        "function"
+    ) {
+      throw new TypeError(
+        `Cannot ${OP} as 'outbox' must be an outbox: its '${method}' is not a function`,
+      );
+    }
+  }
   if (typeof handler !== "function") {
     throw new TypeError(
       `Cannot ${OP} as 'handler' must be a function: current value is ${typeof handler}`,
@@ -175,9 +187,56 @@ export function settingsOf(
     random: fn("random", options.random) ?? Math.random,
     onError: fn("onError", options.onError) ?? console.error,
     onHandlerError: fn("onHandlerError", options.onHandlerError),
-    timers: options.timers ?? DEFAULT_TIMERS,
-    signal: options.signal,
+    timers: timersOf(options.timers),
+    signal: signalOf(options.signal),
   };
+}
+
+// What the processor calls on its outbox (the optional ones checked where
+// they are called).
+const OUTBOX_METHODS = [
+  "claim",
+  "acknowledge",
+  "renew",
+  "release",
+  "stats",
+  "explain",
+  "nextDueInMs",
+  "onEnqueue",
+] as const;
+
+function signalOf(signal: unknown): AbortSignal | undefined {
+  if (signal === undefined || signal instanceof AbortSignal) return signal;
+  throw new TypeError(
+    `Cannot ${OP} as 'signal' must be an AbortSignal: current value is ${
+      describe(signal)
+    }`,
+  );
+}
+
+function timersOf(timers: unknown): Timers {
+  if (timers === undefined) return DEFAULT_TIMERS;
+  if (timers === null || typeof timers !== "object") {
+    throw new TypeError(
+      `Cannot ${OP} as 'timers' must be an object of setTimeout and clearTimeout: current value is ${
+        describe(timers)
+      }`,
+    );
+  }
+  const given = timers as Record<string, unknown>;
+  for (const method of ["setTimeout", "clearTimeout", "setImmediate"]) {
+    if (
+      (method !== "setImmediate" || given[method] !== undefined) &&
+      typeof given[method] !== "function"
+    ) {
+      throw new TypeError(
+        `Cannot ${OP} as 'timers.${method}' must be a function: current value is ${
+          describe(given[method])
+        }`,
+      );
+    }
+  }
+  return timers as Timers;
 }
 
 function real(

@@ -516,6 +516,17 @@ export class Processor<P = unknown> implements AsyncDisposable {
         "Cannot run transaction as this outbox has none (the browser's shared outbox forwards single calls only)",
       );
     }
+    // A second transaction would find the lease acknowledged by the first:
+    // refused here, rather than taken for a lease another worker took.
+    if (slot.transaction !== "none") {
+      const { eventId, fence } = slot.lease;
+      throw new Error(
+        slot.transaction === "committed"
+          ? `Cannot run context.transaction as this handler's first transaction acknowledged its lease already (event ${eventId}, fence ${fence}): its writes committed with it; make all of a handler's writes in one transaction`
+          : `Cannot run context.transaction as this handler's transaction is still running (event ${eventId}, fence ${fence}): await it; a handler's writes go in one transaction`,
+      );
+    }
+    slot.transaction = "running";
     let result: T;
     try {
       result = await outbox.transaction(async (tx) => {
@@ -527,6 +538,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       });
     } catch (error) {
       slot.acknowledged = false;
+      slot.transaction = "none";
       if (error instanceof LeaseLostError) {
         this.#count(slot, "staleAcknowledgements");
         // Its current holder owns the event: no acknowledgement, no release.
@@ -537,6 +549,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       }
       throw error;
     }
+    slot.transaction = "committed";
     this.#count(slot, "acknowledged");
     if (slot.state === "running") this.#keeper.finish(slot);
     return result;
@@ -681,7 +694,9 @@ export class Processor<P = unknown> implements AsyncDisposable {
   async #fail(slot: Slot<P>, error: unknown): Promise<void> {
     // A timed-out handler was counted and reported when it timed out.
     if (slot.state === "abandoned") return;
-    this.#counters.failed++;
+    // Its context.transaction committed: the event is done, and counted
+    // acknowledged; what the handler threw after is reported, not counted.
+    if (slot.transaction !== "committed") this.#counters.failed++;
     this.#handlerError(error, slot.lease);
     if (slot.state !== "running" || this.#closed) return;
     this.#keeper.finish(slot);

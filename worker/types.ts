@@ -118,6 +118,8 @@ export interface HandlerContext {
    * @throws {LeaseLostError} When the lease is stale: nothing was written,
    * the handler's signal is aborted, and the processor neither
    * acknowledges nor releases the event (its current holder owns it).
+   * @throws {Error} When the handler's transaction committed already (it
+   * acknowledged the lease) or is still running: one per handler.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    *
    * @example Record a delivery and acknowledge it in one commit
@@ -298,6 +300,10 @@ export interface ProcessorCounters {
   readonly released: number;
   /** Events that became dead letters on release: attempts used up, or {@linkcode PermanentError}. */
   readonly dead: number;
-  /** Handlers that threw or timed out. */
+  /**
+   * Handlers that threw or timed out before their event was acknowledged (one
+   * that throws after its {@linkcode HandlerContext.transaction} committed
+   * is counted in `acknowledged` only).
+   */
   readonly failed: number;
 }
