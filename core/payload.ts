@@ -16,8 +16,9 @@ const isEnumerable = Object.prototype.propertyIsEnumerable;
 
 /**
  * Throws a TypeError naming the place inside `payload` (`payload.a[2]`)
- * that JSON would not give back as it is: NaN and the infinities, undefined,
- * functions, symbols, BigInts, array holes, symbol keys, objects other than
+ * that JSON would not give back as it is: NaN and the infinities, undefined
+ * elements (an undefined member of an object is dropped, as JSON drops it,
+ * and reads back as undefined all the same), functions, symbols, BigInts, array holes, symbol keys, objects other than
  * plain ones (a prototype of `Object.prototype` or `null`) and arrays (a
  * Map, a Set, a Date, an ArrayBuffer, a typed array, a class instance, a
  * boxed primitive), objects with a `toJSON` method, and cycles. A top-level
@@ -73,7 +74,10 @@ function isFaithful(value: unknown, depth: number): boolean {
   const record = value as Record<string, unknown>;
   if (hasOwn.call(record, "toJSON")) return false;
   for (const key in record) {
-    if (!isFaithful(record[key], depth + 1)) return false;
+    // An undefined member is dropped, as JSON drops it: reading it back
+    // gives undefined all the same.
+    const member = record[key];
+    if (member !== undefined && !isFaithful(member, depth + 1)) return false;
   }
   // JSON drops symbol keys.
   const symbols = Object.getOwnPropertySymbols(record);
@@ -120,7 +124,7 @@ function unfaithful(
     return refuse(", without a toJSON method");
   }
   for (const key in record) {
-    if (!isFaithful(record[key], inner.length)) {
+    if (record[key] !== undefined && !isFaithful(record[key], inner.length)) {
       return unfaithful(op, `${field}${member(key)}`, record[key], inner);
     }
   }

@@ -207,7 +207,6 @@ for (const driver of DRIVERS) {
       [{ a: NaN }, "payload.a", "NaN"],
       [[1, Infinity], "payload[1]", "Infinity"],
       [-Infinity, "payload", "-Infinity"],
-      [{ a: undefined, b: 1 }, "payload.a", "undefined"],
       [[undefined], "payload[0]", "undefined"],
       [{ list: [1, () => 1] }, "payload.list[1]", "a function"],
       [{ d: new Date(0) }, "payload.d", "a Date"],
@@ -314,10 +313,12 @@ for (const driver of DRIVERS) {
     for (const payload of payloads) await a!.enqueue(payload);
     const plain = Object.assign(Object.create(null), { x: [1] });
     await a!.enqueue(plain);
+    // An optional member left undefined is dropped, as JSON drops it.
+    await a!.enqueue({ a: undefined, b: [{ c: undefined }] });
     const leases = await a!.claim({ max: 100 });
     assert.deepEqual(
       leases.map((lease) => lease.payload),
-      [...payloads, { x: [1] }],
+      [...payloads, { x: [1] }, { b: [{}] }],
     );
   });
 
