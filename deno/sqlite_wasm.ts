@@ -22,6 +22,7 @@ import sqlite3Wasm from "../drivers/sqlite3_wasm_module.js";
 import {
   type BusyWaitHook,
   loadSqlite3 as loadSqlite3From,
+  NEW_FILE_PAGE_SIZE,
   openDatabase,
   SqliteWasmDriver,
   sqliteWasmDriver,
@@ -262,7 +263,7 @@ export async function openSqliteWasm(
       await untilNotBusy(
         busyTimeoutMs,
         async () => {
-          await driver.exec(`PRAGMA page_size=${PAGE_SIZE}`);
+          await driver.exec(`PRAGMA page_size=${NEW_FILE_PAGE_SIZE}`);
           // Likewise auto_vacuum, before journal_mode=wal writes page 1.
           const [pages] = await driver.query("PRAGMA page_count");
           const isNew = pages?.["page_count"] === 0 &&
@@ -338,7 +339,6 @@ function withVfsReason(sqlite3: Sqlite3Static, error: unknown): unknown {
 const SQLITE_READONLY = 8;
 const SQLITE_IOERR = 10;
 const SQLITE_CANTOPEN = 14;
-const PAGE_SIZE = 4096;
 
 /**
  * Applies `requested`, or unset, keeps a file's WAL mode, gives a new file

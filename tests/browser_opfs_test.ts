@@ -141,6 +141,59 @@ Deno.test(
 Deno.test(
   {
     name:
+      "a commit in opfs-sahpool writes each WAL frame (a 4 KiB page) with one OPFS write, pads nothing, and flushes once, last",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const page = await blankPage(session);
+    const commits = await page.evaluate(async (paths) => {
+      const { connect } = await import(paths.rpc);
+      const db = connect("/build/count_worker.js");
+      await db.call("open", {
+        synchronous: "full",
+        name: "frames",
+        vfs: "opfs-sahpool",
+        openTimeoutMs: 0,
+        outbox: {},
+      });
+      for (let i = 0; i < 3; i++) await db.call("enqueue", { i }, {});
+      await db.call("opfsCalls");
+      const summary = (calls: [string, number?][]) => {
+        const changes = calls.filter(([method]) => method !== "read");
+        return {
+          writes: [
+            ...new Set(
+              changes.filter(([m]) => m === "write").map(([, n]) => n),
+            ),
+          ],
+          flushes: changes.filter(([m]) => m === "flush").length,
+          last: changes.at(-1)?.[0],
+        };
+      };
+      const lease = await db.call("claim", {});
+      const claim = summary(await db.call("opfsCalls"));
+      await db.call("acknowledge", lease);
+      const acknowledge = summary(await db.call("opfsCalls"));
+      await db.call("enqueue", { i: 3 }, {});
+      const enqueue = summary(await db.call("opfsCalls"));
+      return { claim, acknowledge, enqueue };
+    }, PATHS);
+    // A frame is its 24-byte header and its page; on main a commit wrote
+    // them apart and padded the WAL to a 4,096-byte sector with a copy of
+    // the last frame, split around the flush (8,192-byte pages then).
+    const frame = { writes: [4096 + 24], flushes: 1, last: "flush" };
+    assert.deepEqual(commits, {
+      claim: frame,
+      acknowledge: frame,
+      enqueue: frame,
+    });
+  },
+);
+
+Deno.test(
+  {
+    name:
       "C17: an I/O error injected during claim fails only that call; the next enqueue and claim succeed",
     ...browserTest,
   },

@@ -1,11 +1,21 @@
 /**
- * How the Deno file VFS's xWrite reaches the disk: each write before the
- * call returns, but for two fixed sequences of writes, held and written as
- * one by their last write.
+ * How SQLite's writes reach a file, in the Deno file VFS (its xWrite) and
+ * under the browser's `opfs-sahpool` VFS (its OPFS access handles' `write`):
+ * each write before the call returns, but for two fixed sequences of
+ * writes, held and written as one by their last write.
  *
  * @module
  */
-import { DiskFile, type OpenFile } from "./vfs_files.ts";
+
+/** A file as {@linkcode WriteSequences} sees it. */
+export interface SequencedFile {
+  /** A write-ahead log: a frame's header is held for its page. */
+  readonly wal?: boolean;
+  /** A rollback journal: a record's pieces are held for its last. */
+  readonly journal?: boolean;
+  /** Writes all of `from` at `at`, or throws. */
+  write(from: Uint8Array, at: number): void;
+}
 
 /** SQLite's largest page size. */
 const MAX_PAGE_SIZE = 65536;
@@ -42,10 +52,10 @@ const WAL_FRAME_HEADER = 24;
  * writes what is held first, in the same step.
  */
 export class WriteSequences {
-  #held: { file: DiskFile; offset: number; length: number } | undefined;
+  #held: { file: SequencedFile; offset: number; length: number } | undefined;
   readonly #pieces = new Uint8Array(WAL_FRAME_HEADER + MAX_PAGE_SIZE + 4);
   /** Where the last call read when it was an xRead, else undefined. */
-  #read: { file: OpenFile; at: number } | undefined;
+  #read: { file: SequencedFile; at: number } | undefined;
 
   /**
    * For the first line of every method but xWrite that touches files:
@@ -62,7 +72,7 @@ export class WriteSequences {
    * For xRead, after {@linkcode WriteSequences.flush}: the read of `file`
    * at `at`, which a rewritten WAL frame header follows.
    */
-  read(file: OpenFile, at: number): void {
+  read(file: SequencedFile, at: number): void {
     this.#read = { file, at };
   }
 
@@ -72,7 +82,7 @@ export class WriteSequences {
    *
    * @throws What the write (or a held one it writes first) throws.
    */
-  write(file: OpenFile, from: Uint8Array, at: number): void {
+  write(file: SequencedFile, from: Uint8Array, at: number): void {
     const read = this.#read;
     this.#read = undefined;
     const pieces = this.#pieces;
@@ -92,11 +102,10 @@ export class WriteSequences {
     } else {
       this.#writeHeld();
       if (
-        file instanceof DiskFile &&
-        (file.wal
+        file.wal
           ? amount === WAL_FRAME_HEADER &&
             (read?.file !== file || read.at !== at)
-          : file.journal && amount === 4)
+          : file.journal === true && amount === 4
       ) {
         pieces.set(from, 0);
         this.#held = { file, offset: at, length: amount };
