@@ -122,9 +122,10 @@ type AccessHandleMethod = (
 // In Chromium each write of an access handle is a round of system calls
 // and a message to the browser process (about 25-55 µs here, against 3 µs
 // for a pwrite from Deno), so a WAL frame's header and page, two writes of
-// the VFS, are written as one, as the Deno VFS writes them (see
-// WriteSequences). The pool's files are the database, written in whole
-// pages, and its WAL: only a WAL frame's header is a 24-byte write.
+// the VFS, are written as one, as the Deno VFS writes them, and at
+// synchronous=FULL a commit's frames are one write (see WriteSequences).
+// The pool's files are the database, written in whole pages, and its WAL:
+// only a WAL frame's header is a 24-byte write.
 const sequences = new WriteSequences();
 const sequenced = new WeakMap<object, SequencedFile>();
 
@@ -448,6 +449,10 @@ async function open(
       db.exec(`PRAGMA journal_size_limit=${JOURNAL_SIZE_LIMIT_BYTES}`);
     }
     db.exec(`PRAGMA synchronous=${config.synchronous}`);
+    // Held alone and syncing every commit, a commit's frames are one OPFS
+    // write, made by the commit's flush (see WriteSequences.frameRuns).
+    sequences.frameRuns = vfs === "opfs-sahpool" &&
+      config.synchronous === "full";
     driver = new SqliteWasmDriver(sqlite3, db);
     const outbox = await openOutbox(driver, config.outbox);
     return { outbox, driver, vfs, release };

@@ -141,7 +141,7 @@ Deno.test(
 Deno.test(
   {
     name:
-      "a commit in opfs-sahpool writes each WAL frame (a 4 KiB page) with one OPFS write, pads nothing, and flushes once, last",
+      "opfs-sahpool writes whole WAL frames of 4 KiB pages and pads nothing: at synchronous=full a commit's frames are one OPFS write, then its flush; at normal each frame is one write as the commit returns",
     ...browserTest,
   },
   async () => {
@@ -149,44 +149,59 @@ Deno.test(
     const page = await blankPage(session);
     const commits = await page.evaluate(async (paths) => {
       const { connect } = await import(paths.rpc);
-      const db = connect("/build/count_worker.js");
-      await db.call("open", {
-        synchronous: "full",
-        name: "frames",
-        vfs: "opfs-sahpool",
-        openTimeoutMs: 0,
-        outbox: {},
-      });
-      for (let i = 0; i < 3; i++) await db.call("enqueue", { i }, {});
-      await db.call("opfsCalls");
-      const summary = (calls: [string, number?][]) => {
-        const changes = calls.filter(([method]) => method !== "read");
-        return {
-          writes: [
-            ...new Set(
-              changes.filter(([m]) => m === "write").map(([, n]) => n),
-            ),
-          ],
-          flushes: changes.filter(([m]) => m === "flush").length,
-          last: changes.at(-1)?.[0],
+      const FRAME = 4096 + 24;
+      const commitsAt = async (synchronous: string) => {
+        const db = connect("/build/count_worker.js");
+        await db.call("open", {
+          synchronous,
+          name: `frames-${synchronous}`,
+          vfs: "opfs-sahpool",
+          openTimeoutMs: 0,
+          outbox: {},
+        });
+        for (let i = 0; i < 3; i++) await db.call("enqueue", { i }, {});
+        await db.call("opfsCalls");
+        const summary = (calls: [string, number?][]) => {
+          const changes = calls.filter(([method]) => method !== "read");
+          const writes = changes.filter(([m]) => m === "write")
+            .map(([, n]) => n!);
+          return {
+            writes: synchronous === "full" ? writes.length : undefined,
+            sizes: synchronous === "full"
+              ? writes.every((n) => n % FRAME === 0 && n > 0)
+              : [...new Set(writes)],
+            flushes: changes.filter(([m]) => m === "flush").length,
+            last: changes.at(-1)?.[0],
+          };
         };
+        const lease = await db.call("claim", {});
+        const claim = summary(await db.call("opfsCalls"));
+        await db.call("acknowledge", lease);
+        const acknowledge = summary(await db.call("opfsCalls"));
+        await db.call("enqueue", { i: 3 }, {});
+        const enqueue = summary(await db.call("opfsCalls"));
+        await db.call("close");
+        db.worker.terminate();
+        return { claim, acknowledge, enqueue };
       };
-      const lease = await db.call("claim", {});
-      const claim = summary(await db.call("opfsCalls"));
-      await db.call("acknowledge", lease);
-      const acknowledge = summary(await db.call("opfsCalls"));
-      await db.call("enqueue", { i: 3 }, {});
-      const enqueue = summary(await db.call("opfsCalls"));
-      return { claim, acknowledge, enqueue };
+      return {
+        full: await commitsAt("full"),
+        normal: await commitsAt("normal"),
+      };
     }, PATHS);
-    // A frame is its 24-byte header and its page; on main a commit wrote
-    // them apart and padded the WAL to a 4,096-byte sector with a copy of
-    // the last frame, split around the flush (8,192-byte pages then).
-    const frame = { writes: [4096 + 24], flushes: 1, last: "flush" };
+    // A frame is its 24-byte header and its page. On main every frame was
+    // two writes, and at full the WAL was padded to a 4,096-byte sector
+    // with a copy of the last frame, split around the flush (8 KiB pages).
+    const full = { writes: 1, sizes: true, flushes: 1, last: "flush" };
+    const normal = {
+      writes: undefined,
+      sizes: [4096 + 24],
+      flushes: 0,
+      last: "write",
+    };
     assert.deepEqual(commits, {
-      claim: frame,
-      acknowledge: frame,
-      enqueue: frame,
+      full: { claim: full, acknowledge: full, enqueue: full },
+      normal: { claim: normal, acknowledge: normal, enqueue: normal },
     });
   },
 );
