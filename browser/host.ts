@@ -501,7 +501,13 @@ async function openSahPool(
     try {
       const pool = await sqlite3.installOpfsSAHPoolVfs(poolOptions);
       const db = new pool.OpfsSAHPoolDb(`/${name}.sqlite3`);
-      claimPowersafeOverwrite(sqlite3, db);
+      try {
+        claimPowersafeOverwrite(sqlite3, db);
+      } catch (error) {
+        db.close();
+        pool.pauseVfs();
+        throw error;
+      }
       return { db, vfsName: pool.vfsName, release: () => pool.pauseVfs() };
     } catch (error) {
       if (!isLockedError(error)) {
