@@ -20,7 +20,16 @@ import {
   toWireError,
 } from "./protocol.ts";
 import { SqliteError, StorageFullError } from "../errors.ts";
-import { loadSqlite3, SqliteWasmDriver } from "../drivers/sqlite_wasm.ts";
+import {
+  loadSqlite3,
+  NEW_FILE_PAGE_SIZE,
+  SqliteWasmDriver,
+} from "../drivers/sqlite_wasm.ts";
+import { JOURNAL_SIZE_LIMIT_BYTES } from "../wal.ts";
+import {
+  type SequencedFile,
+  WriteSequences,
+} from "../drivers/write_sequences.ts";
 
 /**
  * Which OPFS VFS to open through. `"auto"` picks `"opfs"` when the worker is
@@ -101,20 +110,43 @@ interface Opened {
 // bare SQLITE_IOERR and keeps the reason to itself. Counting those errors as
 // they pass lets a failed call say that the storage is full.
 let quotaErrors = 0;
-const QUOTA_WATCHED = Symbol.for("leased-outbox.quota-watched");
+const HANDLES_WATCHED = Symbol.for("leased-outbox.handles-watched");
 
-function watchQuota(): void {
+/** The slice of `FileSystemSyncAccessHandle` the VFS calls. */
+type AccessHandleMethod = (
+  this: object,
+  buffer?: unknown,
+  options?: { at?: number },
+) => number;
+
+// In Chromium each write of an access handle is a round of system calls
+// and a message to the browser process (about 25-55 µs here, against 3 µs
+// for a pwrite from Deno), so a WAL frame's header and page, two writes of
+// the VFS, are written as one, as the Deno VFS writes them, and at
+// synchronous=FULL a commit's frames are one write (see WriteSequences).
+// The pool's files are the database, written in whole pages, and its WAL:
+// only a WAL frame's header is a 24-byte write.
+const sequences = new WriteSequences();
+const sequenced = new WeakMap<object, SequencedFile>();
+
+/**
+ * Wraps `FileSystemSyncAccessHandle`'s methods once per realm: quota errors
+ * are counted, and writes go through {@linkcode WriteSequences} (every other
+ * method writes what is held first, so a held write fails the call that
+ * follows it, in the same SQLite step).
+ */
+function watchHandles(): void {
   const handle = (globalThis as {
     FileSystemSyncAccessHandle?: { prototype: Record<PropertyKey, unknown> };
   }).FileSystemSyncAccessHandle;
-  if (handle === undefined || handle.prototype[QUOTA_WATCHED]) return;
-  handle.prototype[QUOTA_WATCHED] = true;
-  for (const name of ["write", "truncate", "flush"]) {
-    const original = handle.prototype[name];
-    if (typeof original !== "function") continue;
-    handle.prototype[name] = function (this: unknown, ...args: unknown[]) {
+  if (handle === undefined || handle.prototype[HANDLES_WATCHED]) return;
+  const proto = handle.prototype;
+  proto[HANDLES_WATCHED] = true;
+  const original = (name: string) => {
+    const method = proto[name] as AccessHandleMethod;
+    return function (this: object, ...args: Parameters<AccessHandleMethod>) {
       try {
-        return original.apply(this, args);
+        return method.apply(this, args);
       } catch (error) {
         if (
           error instanceof DOMException && error.name === "QuotaExceededError"
@@ -124,9 +156,59 @@ function watchQuota(): void {
         throw error;
       }
     };
+  };
+  const write = original("write");
+  const fileOf = (sah: object): SequencedFile => {
+    let file = sequenced.get(sah);
+    if (file === undefined) {
+      file = {
+        wal: true,
+        write(from, at) {
+          const written = write.call(sah, from, { at });
+          if (written !== from.length) {
+            throw new DOMException(
+              `Wrote ${written} of ${from.length} bytes`,
+              "InvalidStateError",
+            );
+          }
+        },
+      };
+      sequenced.set(sah, file);
+    }
+    return file;
+  };
+  proto["write"] = function (
+    this: object,
+    buffer: unknown,
+    options?: { at?: number },
+  ): number {
+    const at = options?.at;
+    if (!(buffer instanceof Uint8Array) || at === undefined) {
+      sequences.flush();
+      return write.call(this, buffer, options);
+    }
+    sequences.write(fileOf(this), buffer, at);
+    return buffer.length;
+  };
+  const read = original("read");
+  proto["read"] = function (
+    this: object,
+    buffer: unknown,
+    options?: { at?: number },
+  ): number {
+    sequences.flush();
+    if (options?.at !== undefined) sequences.read(fileOf(this), options.at);
+    return read.call(this, buffer, options);
+  };
+  for (const name of ["truncate", "flush", "getSize", "close"]) {
+    const method = original(name);
+    proto[name] = function (this: object, ...args: unknown[]): number {
+      sequences.flush();
+      return method.apply(this, args as Parameters<AccessHandleMethod>);
+    };
   }
 }
-watchQuota();
+watchHandles();
 
 /** SQLite's primary result codes a refused OPFS write comes back as. */
 const SQLITE_IOERR = 10;
@@ -349,16 +431,28 @@ async function open(
       // no journal growing and shrinking (OPFS resizes are slow), which made
       // commits several times faster in headless Chromium here.
       db.exec("PRAGMA locking_mode=EXCLUSIVE");
+      // A new file's pages, as the Deno and native drivers make them:
+      // before auto_vacuum and WAL write the first page; an existing file
+      // keeps its own.
+      db.exec(`PRAGMA page_size=${NEW_FILE_PAGE_SIZE}`);
       // Before WAL, whose switch writes the header of a new file: after
       // that auto_vacuum no longer changes without a VACUUM, and maintain()
       // could give nothing back.
       db.exec("PRAGMA auto_vacuum=INCREMENTAL");
       db.exec("PRAGMA journal_mode=WAL");
-      // A log reset after a checkpoint keeps at most 1 MiB of the origin's
-      // quota, instead of its high-water mark.
-      db.exec("PRAGMA journal_size_limit=1048576");
+      // As the other drivers: above the log's usual cycle (1,000 pages of
+      // 4 KiB between automatic checkpoints), so a log reset after a
+      // checkpoint is rewritten in place, and one that grew further shrinks
+      // back. Below it, every reset truncated the log and every commit until
+      // the next checkpoint grew the file again, each flush then also
+      // writing its new size (an fdatasync of twice the time).
+      db.exec(`PRAGMA journal_size_limit=${JOURNAL_SIZE_LIMIT_BYTES}`);
     }
     db.exec(`PRAGMA synchronous=${config.synchronous}`);
+    // Held alone and syncing every commit, a commit's frames are one OPFS
+    // write, made by the commit's flush (see WriteSequences.frameRuns).
+    sequences.frameRuns = vfs === "opfs-sahpool" &&
+      config.synchronous === "full";
     driver = new SqliteWasmDriver(sqlite3, db);
     const outbox = await openOutbox(driver, config.outbox);
     return { outbox, driver, vfs, release };
@@ -407,6 +501,13 @@ async function openSahPool(
     try {
       const pool = await sqlite3.installOpfsSAHPoolVfs(poolOptions);
       const db = new pool.OpfsSAHPoolDb(`/${name}.sqlite3`);
+      try {
+        claimPowersafeOverwrite(sqlite3, db);
+      } catch (error) {
+        db.close();
+        pool.pauseVfs();
+        throw error;
+      }
       return { db, vfsName: pool.vfsName, release: () => pool.pauseVfs() };
     } catch (error) {
       if (!isLockedError(error)) {
@@ -422,6 +523,58 @@ async function openSahPool(
     }
   }
 }
+
+/**
+ * Makes the `opfs-sahpool` VFS's files report
+ * `SQLITE_IOCAP_POWERSAFE_OVERWRITE` beside what they report
+ * (`SQLITE_IOCAP_UNDELETABLE_WHEN_OPEN`), as SQLite's unix VFS does by
+ * default and the Deno VFS does: a write changes no byte outside its range,
+ * even on power loss. An OPFS file in Chromium is a file on the host's file
+ * system, written with `pwrite`. Without it, SQLite pads each WAL commit to
+ * the VFS's 4,096-byte sector with a copy of its last frame, and syncs
+ * inside that copy: three more OPFS writes per commit, each a round of
+ * system calls and a message to the browser process. Every commit is still
+ * synced (`synchronous=FULL`) before it returns.
+ *
+ * The VFS shares one `sqlite3_io_methods` among its files; its
+ * `xDeviceCharacteristics` slot is replaced once per realm, before the
+ * write-ahead log is opened (which reads it).
+ */
+function claimPowersafeOverwrite(sqlite3: Sqlite3Static, db: Database): void {
+  const { capi, wasm } = sqlite3;
+  const stack = wasm.pstack.pointer;
+  let methods: number;
+  try {
+    const pFile = wasm.pstack.allocPtr();
+    const rc = capi.sqlite3_file_control(
+      db,
+      "main",
+      capi.SQLITE_FCNTL_FILE_POINTER,
+      pFile,
+    );
+    if (rc !== 0) {
+      throw new OpfsUnavailableError(
+        `Cannot read the database file's methods: SQLite result code ${rc}`,
+      );
+    }
+    // sqlite3_file's first member is its pMethods.
+    methods = Number(wasm.peekPtr(Number(wasm.peekPtr(pFile))));
+  } finally {
+    wasm.pstack.restore(stack);
+  }
+  const { members } = (capi.sqlite3_io_methods as unknown as {
+    structInfo: { members: Record<string, { offset: number }> };
+  }).structInfo;
+  const slot = methods + members["xDeviceCharacteristics"]!.offset;
+  deviceCharacteristics ??= wasm.installFunction(
+    "i(p)",
+    () =>
+      capi.SQLITE_IOCAP_UNDELETABLE_WHEN_OPEN |
+      capi.SQLITE_IOCAP_POWERSAFE_OVERWRITE,
+  ) as number;
+  wasm.pokePtr(slot, deviceCharacteristics);
+}
+let deviceCharacteristics: number | undefined;
 
 function isLockedError(error: unknown): boolean {
   return error instanceof DOMException &&

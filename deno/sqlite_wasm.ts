@@ -22,6 +22,7 @@ import sqlite3Wasm from "../drivers/sqlite3_wasm_module.js";
 import {
   type BusyWaitHook,
   loadSqlite3 as loadSqlite3From,
+  NEW_FILE_PAGE_SIZE,
   openDatabase,
   SqliteWasmDriver,
   sqliteWasmDriver,
@@ -264,7 +265,7 @@ export async function openSqliteWasm(
       await untilNotBusy(
         busyTimeoutMs,
         async () => {
-          await driver.exec(`PRAGMA page_size=${PAGE_SIZE}`);
+          await driver.exec(`PRAGMA page_size=${NEW_FILE_PAGE_SIZE}`);
           // Likewise auto_vacuum, before journal_mode=wal writes page 1.
           const [pages] = await driver.query("PRAGMA page_count");
           const isNew = pages?.["page_count"] === 0 &&
@@ -341,7 +342,6 @@ function withVfsReason(sqlite3: Sqlite3Static, error: unknown): unknown {
 const SQLITE_READONLY = 8;
 const SQLITE_IOERR = 10;
 const SQLITE_CANTOPEN = 14;
-const PAGE_SIZE = 4096;
 /**
  * A file connection's page cache, in KiB when negative: native SQLite's
  * default, 2,000 KiB (the build's own is 16 MiB). Every commit that

@@ -9,7 +9,7 @@ import { dirname } from "node:path";
 import type { Sqlite3Static, WasmPointer } from "@sqlite.org/sqlite-wasm";
 import { loadLibc } from "./libc.ts";
 import { SidecarFiles } from "./sidecar_files.ts";
-import { WriteSequences } from "./write_sequences.ts";
+import { WriteSequences } from "../drivers/write_sequences.ts";
 import {
   DatabaseFile,
   DiskFile,

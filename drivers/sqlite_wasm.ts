@@ -27,6 +27,15 @@ import { checkBoolean, checkOptions, describe } from "../validate.ts";
 let sqlite3: Promise<Sqlite3Static> | undefined;
 
 /**
+ * The page size the project's SQLite WASM connections give a new file:
+ * native SQLite's default, the disk's block and the Deno VFS's sector (the
+ * WASM build's own default is 8192). Set before the first write.
+ *
+ * @ignore
+ */
+export const NEW_FILE_PAGE_SIZE = 4096;
+
+/**
  * Loads and initialises the SQLite WASM module once per realm. For the
  * project's own drivers and VFS, which reach into the module's C API.
  *

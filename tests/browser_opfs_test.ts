@@ -141,6 +141,74 @@ Deno.test(
 Deno.test(
   {
     name:
+      "opfs-sahpool writes whole WAL frames of 4 KiB pages and pads nothing: at synchronous=full a commit's frames are one OPFS write, then its flush; at normal each frame is one write as the commit returns",
+    ...browserTest,
+  },
+  async () => {
+    await using session = await openSession();
+    const page = await blankPage(session);
+    const commits = await page.evaluate(async (paths) => {
+      const { connect } = await import(paths.rpc);
+      const FRAME = 4096 + 24;
+      const commitsAt = async (synchronous: string) => {
+        const db = connect("/build/count_worker.js");
+        await db.call("open", {
+          synchronous,
+          name: `frames-${synchronous}`,
+          vfs: "opfs-sahpool",
+          openTimeoutMs: 0,
+          outbox: {},
+        });
+        for (let i = 0; i < 3; i++) await db.call("enqueue", { i }, {});
+        await db.call("opfsCalls");
+        const summary = (calls: [string, number?][]) => {
+          const changes = calls.filter(([method]) => method !== "read");
+          const writes = changes.filter(([m]) => m === "write")
+            .map(([, n]) => n!);
+          return {
+            writes: synchronous === "full" ? writes.length : undefined,
+            sizes: synchronous === "full"
+              ? writes.every((n) => n % FRAME === 0 && n > 0)
+              : [...new Set(writes)],
+            flushes: changes.filter(([m]) => m === "flush").length,
+            last: changes.at(-1)?.[0],
+          };
+        };
+        const lease = await db.call("claim", {});
+        const claim = summary(await db.call("opfsCalls"));
+        await db.call("acknowledge", lease);
+        const acknowledge = summary(await db.call("opfsCalls"));
+        await db.call("enqueue", { i: 3 }, {});
+        const enqueue = summary(await db.call("opfsCalls"));
+        await db.call("close");
+        db.worker.terminate();
+        return { claim, acknowledge, enqueue };
+      };
+      return {
+        full: await commitsAt("full"),
+        normal: await commitsAt("normal"),
+      };
+    }, PATHS);
+    // A frame is its 24-byte header and its page. On main every frame was
+    // two writes, and at full the WAL was padded to a 4,096-byte sector
+    // with a copy of the last frame, split around the flush (8 KiB pages).
+    const full = { writes: 1, sizes: true, flushes: 1, last: "flush" };
+    const normal = {
+      writes: undefined,
+      sizes: [4096 + 24],
+      flushes: 0,
+      last: "write",
+    };
+    assert.deepEqual(commits, {
+      full: { claim: full, acknowledge: full, enqueue: full },
+      normal: { claim: normal, acknowledge: normal, enqueue: normal },
+    });
+  },
+);
+
+Deno.test(
+  {
+    name:
       "C17: an I/O error injected during claim fails only that call; the next enqueue and claim succeed",
     ...browserTest,
   },

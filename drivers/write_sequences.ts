@@ -1,16 +1,31 @@
 /**
- * How the Deno file VFS's xWrite reaches the disk: each write before the
- * call returns, but for two fixed sequences of writes, held and written as
- * one by their last write.
+ * How SQLite's writes reach a file, in the Deno file VFS (its xWrite) and
+ * under the browser's `opfs-sahpool` VFS (its OPFS access handles' `write`):
+ * each write before the call returns, but for two fixed sequences of
+ * writes, held and written as one by their last write.
  *
  * @module
  */
-import { DiskFile, type OpenFile } from "./vfs_files.ts";
+
+/** A file as {@linkcode WriteSequences} sees it. */
+export interface SequencedFile {
+  /** A write-ahead log: a frame's header is held for its page. */
+  readonly wal?: boolean;
+  /** A rollback journal: a record's pieces are held for its last. */
+  readonly journal?: boolean;
+  /** Writes all of `from` at `at`, or throws. */
+  write(from: Uint8Array, at: number): void;
+}
 
 /** SQLite's largest page size. */
 const MAX_PAGE_SIZE = 65536;
 /** The bytes of a WAL frame's header (wal.c's WAL_FRAME_HDRSIZE). */
 const WAL_FRAME_HEADER = 24;
+/**
+ * The most bytes of frames {@linkcode WriteSequences.frameRuns} holds before
+ * the next frame starts a new write: 64 pages of 4 KiB.
+ */
+export const FRAME_RUN_BYTES = 64 * (4096 + WAL_FRAME_HEADER);
 
 /**
  * Each xWrite writes its bytes before it returns, so a failure fails the
@@ -40,12 +55,42 @@ const WAL_FRAME_HEADER = 24;
  * checksum and the magic), so any starts one: the first record after a
  * lock change too. Should a sequence ever break off, the next call
  * writes what is held first, in the same step.
+ *
+ * With {@linkcode WriteSequences.frameRuns}, a WAL sequence goes on across
+ * frames written back to back, up to {@linkcode FRAME_RUN_BYTES}: a
+ * commit's frames are then one write, made by the call after its last
+ * frame. Only for a connection whose every commit is followed by a sync
+ * of the WAL, which then writes the run and fails the commit if it fails
+ * (`synchronous=FULL`: wal.c's sqlite3WalFrames syncs after a commit's
+ * frames and before its index entries), and whose WAL index no other
+ * connection reads (`locking_mode=EXCLUSIVE`, as the browser's
+ * `opfs-sahpool` database is held): the frames a transaction writes
+ * before its commit (a cache spill) are written by its next call.
  */
 export class WriteSequences {
-  #held: { file: DiskFile; offset: number; length: number } | undefined;
-  readonly #pieces = new Uint8Array(WAL_FRAME_HEADER + MAX_PAGE_SIZE + 4);
+  #held: { file: SequencedFile; offset: number; length: number } | undefined;
+  #pieces = new Uint8Array(WAL_FRAME_HEADER + MAX_PAGE_SIZE + 4);
+  /** Whether the held WAL sequence ends with a frame's header. */
+  #headerLast = false;
+  #frameRuns = false;
   /** Where the last call read when it was an xRead, else undefined. */
-  #read: { file: OpenFile; at: number } | undefined;
+  #read: { file: SequencedFile; at: number } | undefined;
+
+  /**
+   * Whether a WAL sequence goes on across frames (see
+   * {@linkcode WriteSequences}); set while nothing is held.
+   */
+  get frameRuns(): boolean {
+    return this.#frameRuns;
+  }
+
+  set frameRuns(on: boolean) {
+    this.flush();
+    this.#frameRuns = on;
+    this.#pieces = new Uint8Array(
+      (on ? FRAME_RUN_BYTES : 0) + WAL_FRAME_HEADER + MAX_PAGE_SIZE + 4,
+    );
+  }
 
   /**
    * For the first line of every method but xWrite that touches files:
@@ -62,7 +107,7 @@ export class WriteSequences {
    * For xRead, after {@linkcode WriteSequences.flush}: the read of `file`
    * at `at`, which a rewritten WAL frame header follows.
    */
-  read(file: OpenFile, at: number): void {
+  read(file: SequencedFile, at: number): void {
     this.#read = { file, at };
   }
 
@@ -72,7 +117,7 @@ export class WriteSequences {
    *
    * @throws What the write (or a held one it writes first) throws.
    */
-  write(file: OpenFile, from: Uint8Array, at: number): void {
+  write(file: SequencedFile, from: Uint8Array, at: number): void {
     const read = this.#read;
     this.#read = undefined;
     const pieces = this.#pieces;
@@ -82,24 +127,34 @@ export class WriteSequences {
       sequence !== undefined && sequence.file === file &&
       at === sequence.offset + sequence.length &&
       sequence.length + amount <= pieces.length &&
-      (sequence.file.wal || sequence.length === 4
+      (sequence.file.wal
+        ? this.#headerLast
+          ? amount >= 512 // the page
+          : this.#frameRuns && amount === WAL_FRAME_HEADER &&
+            sequence.length < FRAME_RUN_BYTES // the next frame's header
+        : sequence.length === 4
         ? amount >= 512 // the page
         : amount === 4) // the checksum
     ) {
       pieces.set(from, sequence.length);
       sequence.length += amount;
-      if (sequence.file.wal || amount === 4) this.#writeHeld();
+      this.#headerLast = amount === WAL_FRAME_HEADER;
+      if (
+        sequence.file.wal ? !this.#frameRuns : amount === 4
+      ) {
+        this.#writeHeld();
+      }
     } else {
       this.#writeHeld();
       if (
-        file instanceof DiskFile &&
-        (file.wal
+        file.wal
           ? amount === WAL_FRAME_HEADER &&
             (read?.file !== file || read.at !== at)
-          : file.journal && amount === 4)
+          : file.journal === true && amount === 4
       ) {
         pieces.set(from, 0);
         this.#held = { file, offset: at, length: amount };
+        this.#headerLast = true;
       } else {
         file.write(from, at);
       }
