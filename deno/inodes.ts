@@ -13,8 +13,9 @@
  * - while a connection of this VFS has the file open, a closed connection's
  *   descriptors stay open (idle), and the next connection takes them;
  * - when the last one closes, a descriptor is closed only if the process
- *   holds no classic lock on its file, as `/proc/locks` lists them on Linux
- *   (`deno/proc_locks.ts`), and no connection of the `node:sqlite` driver
+ *   holds no classic lock on its file (on Linux, as a lock test with an open
+ *   file description finds them, or `/proc/locks` lists them, see
+ *   `deno/proc_locks.ts`), and no connection of the `node:sqlite` driver
  *   has the file open (`drivers/node_sqlite_files.ts`, all there is to go
  *   by where `/proc/locks` is not); else it is parked, until a later open
  *   of the file takes it, or a later look finds the locks gone: at each
@@ -121,7 +122,7 @@ export function releaseShm(inode: Inode, fd: number): void {
  * classic locks on that file.
  */
 export function closeShmUnlessLocked(inode: Inode, fd: number): void {
-  if (lockedBy(inode.libc)(inode.libc.fileId(fd), inode)) {
+  if (lockedBy(inode.libc)(fd, inode)) {
     inode.idleShm.push(fd);
   } else {
     inode.libc.close(fd);
@@ -199,17 +200,17 @@ function inodeOf(libc: Libc, id: FileId): Inode {
  * file the process holds no classic lock on, one look at the locks for all.
  */
 function sweep(libc: Libc): void {
-  let locked: ((file: FileId, inode: Inode) => boolean) | undefined;
+  let locked: ((fd: number, inode: Inode) => boolean) | undefined;
   for (const inode of inodes.values()) {
     if (inode.connections > 0) continue;
     if (inode.idle.length > 0 || inode.idleShm.length > 0) {
       locked ??= lockedBy(libc);
       const close = inode.libc;
-      if (inode.idle.length > 0 && !locked(inode.id, inode)) {
+      if (inode.idle.length > 0 && !locked(inode.idle[0]!.fd, inode)) {
         for (const { fd } of inode.idle.splice(0)) close.close(fd);
       }
       for (const fd of inode.idleShm.splice(0)) {
-        if (locked(close.fileId(fd), inode)) inode.idleShm.push(fd);
+        if (locked(fd, inode)) inode.idleShm.push(fd);
         else close.close(fd);
       }
     }
@@ -223,18 +224,31 @@ function sweep(libc: Libc): void {
 }
 
 /**
- * Whether the process holds classic locks on `file` (the database of
- * `inode`, or its `-shm`) that closing a descriptor of it would drop: as
- * `/proc/locks` lists them, or while a `node:sqlite` driver's connection
- * has the database open (where `/proc/locks` cannot be read, all there is).
- * The VFS's own classic locks on it are gone by then: its connections let
- * theirs go before their descriptors are given back.
+ * Whether the process holds classic locks on the file of `fd` (the database
+ * of `inode`, or its `-shm`) that closing `fd` would drop. The VFS's own
+ * classic locks on it are gone by then: its connections let theirs go
+ * before they give their descriptors back. So, in order:
+ * - a connection of the `node:sqlite` driver has the database open: yes
+ *   (where nothing else can be asked, macOS and the BSDs, all there is);
+ * - no one but `fd`'s own description holds a lock on the file, as an open
+ *   file description's lock test (F_OFD_GETLK) finds, which sees this
+ *   process's classic locks too: no;
+ * - the lock it finds is a classic one of this process: yes;
+ * - else another process's lock, or an open file description's, may hide
+ *   one of this process's (and with classic locks there is no such test):
+ *   what `/proc/locks` lists, read once a sweep (some milliseconds, where
+ *   the test takes one system call).
  */
-function lockedBy(libc: Libc): (file: FileId, inode: Inode) => boolean {
-  const files = classicLockedFiles(libc);
-  return (file, inode) =>
-    nodeSqliteHasOpenFile(inode.id) ||
-    files?.has(procLocksFile(file)) === true;
+function lockedBy(libc: Libc): (fd: number, inode: Inode) => boolean {
+  let listed: Set<string> | undefined | null = null;
+  return (fd, inode) => {
+    if (nodeSqliteHasOpenFile(inode.id)) return true;
+    const holder = libc.lockHolder(fd);
+    if (holder === undefined) return false;
+    if (holder === Deno.pid) return true;
+    if (listed === null) listed = classicLockedFiles(libc);
+    return listed?.has(procLocksFile(libc.fileId(fd))) === true;
+  };
 }
 
 // A node:sqlite connection's close lets its locks go: what they kept
