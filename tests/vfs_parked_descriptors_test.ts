@@ -15,6 +15,8 @@ import { MAX_PARKED, parkedDescriptors } from "../deno/inodes.ts";
 import { openNodeSqlite } from "../drivers/node_sqlite.ts";
 import { SqliteError } from "../errors.ts";
 import { Outbox } from "../mod.ts";
+import { bindLibc, F_RDLCK } from "../deno/libc.ts";
+import { platformFor } from "../deno/platform.ts";
 import {
   ClassicLockHolder,
   classicLocks,
@@ -197,6 +199,38 @@ Deno.test("a classic lock the process holds on the file by other means survives 
   await passBy(join(dir, "locked.db"));
   assert.equal(descriptorsOn(path), 0);
   assert.equal(parkedDescriptors(), 0);
+});
+
+Deno.test("a classic lock of the process behind another owner's lock on the file, which the kernel's lock test finds first, is found in /proc/locks and kept", async () => {
+  await using tmp = await tempDir("vfs_parked_");
+  const dir = Deno.realPathSync(tmp.path);
+  const path = join(dir, "hidden.db");
+  {
+    await using db = await openSqliteWasm(path);
+    await db.exec("CREATE TABLE t (x)");
+  }
+  // An open file description's lock first: the kernel keeps each owner's
+  // locks in the order the owners came, and its test reports the first.
+  const ofd = bindLibc(platformFor(Deno.build.os, Deno.build.arch), "ofd");
+  const other = ofd.open(path, {
+    write: false,
+    create: false,
+    createNew: false,
+  });
+  try {
+    assert.ok(ofd.setLock(other, F_RDLCK, FOREIGN_BYTE - 1, 1));
+    using holder = new ClassicLockHolder();
+    holder.lock(path);
+    await passBy(path);
+    assert.deepEqual(classicLocksOn(path), [
+      `READ ${FOREIGN_BYTE} ${FOREIGN_BYTE}`,
+    ]);
+    assert.ok(descriptorsOn(path) > 2);
+  } finally {
+    ofd.close(other);
+  }
+  await passBy(path);
+  assert.equal(descriptorsOn(path), 0);
 });
 
 Deno.test(`with ${MAX_PARKED} descriptors parked, a connection to another file is refused, and opens once the locks are gone`, async () => {
