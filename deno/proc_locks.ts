@@ -6,7 +6,7 @@
  *
  * @module
  */
-import type { Libc } from "./libc.ts";
+import { type Libc, LibcError } from "./libc.ts";
 
 /** A byte-range lock the kernel lists: on `file`, bytes `first`–`last`. */
 export interface KernelLock {
@@ -48,14 +48,17 @@ export function ownLocks(libc: Libc): KernelLock[] {
 
 /**
  * The files on which this process holds classic POSIX locks now, as
- * {@linkcode procLocksFile} names them; `undefined` where `/proc/locks`
- * cannot be read (not Linux, or no `/proc`).
+ * {@linkcode procLocksFile} names them; `undefined` where there is no
+ * `/proc/locks` (not Linux, or no `/proc`).
  *
  * One read of `/proc/locks` (a page of it) lists the locks as they are at
  * that moment; a list longer than a page takes several, and locks of other
  * processes coming and going in between shift it, so that a lock held all
  * along can fall between two. Such a list is read again, up to
  * {@linkcode LISTING_READS} times, and what any read lists counts.
+ *
+ * @throws {LibcError} When `/proc/locks` is there but cannot be read (no
+ *   descriptor left, EMFILE).
  */
 export function classicLockedFiles(libc: Libc): Set<string> | undefined {
   if (Deno.build.os !== "linux") return undefined;
@@ -65,8 +68,11 @@ export function classicLockedFiles(libc: Libc): Set<string> | undefined {
     let listing: Listing;
     try {
       listing = readProcLocks(libc);
-    } catch {
-      return undefined;
+    } catch (error) {
+      if (error instanceof LibcError && error.code === "ENOENT") {
+        return undefined;
+      }
+      throw error;
     }
     for (const line of listing.text.split("\n")) {
       const lock = parseLine(line);
