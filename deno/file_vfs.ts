@@ -28,7 +28,9 @@
  *   `deno/posix_locks.ts`), which belong to the process: as in os_unix.c,
  *   the process's lock on each file is kept once, per inode, and its
  *   connections are judged against it; descriptors are never closed while
- *   the process holds locks on the file; a refused connection polls.
+ *   the process holds locks on the file (see `deno/inodes.ts`, which also
+ *   keeps them for native SQLite's classic locks on Linux); a refused
+ *   connection polls.
  *   `LEASED_OUTBOX_VFS_LOCKS=posix` chooses them on Linux too (for tests).
  * - On Windows, opening a file fails, naming `openNodeSqlite`.
  *

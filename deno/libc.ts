@@ -481,6 +481,30 @@ export class Libc {
   }
 
   /**
+   * Who holds a lock on the file of `fd` that a write lock on all of it
+   * would conflict with, as F_OFD_GETLK answers (an open file description's
+   * test, so this process's own classic locks conflict with it too, which
+   * F_GETLK never reports): `undefined` when none does, else the holder's
+   * process id as the kernel gives it (-1 for an open file description
+   * lock); `null` with classic locks, which make no open file description
+   * call (macOS and the BSDs have none).
+   */
+  lockHolder(fd: number): number | null | undefined {
+    const command = this.platform.fcntl.F_OFD_GETLK;
+    if (this.lockStyle !== "ofd" || command === undefined) return null;
+    this.#fillFlock(F_WRLCK, 0, 0);
+    count("F_OFD_GETLK");
+    if (this.#fcntl(fd, command, this.#flock) !== 0) {
+      throw this.#lockError(this.#lastErrno());
+    }
+    const layout = this.platform.flock;
+    const found = this.#flockView.getInt16(layout.type, true);
+    const pid = this.#flockView.getInt32(layout.pid, true);
+    this.#flock.fill(0);
+    return found === this.#types[F_UNLCK] ? undefined : pid;
+  }
+
+  /**
    * Maps `length` bytes of `fd` from `offset` at `address`, shared and
    * writable, in place of what was mapped there (MAP_FIXED): every
    * process that maps the file sees each write at once.

@@ -29,6 +29,7 @@ import {
   VfsError,
 } from "./vfs_codes.ts";
 import type { FileId, Libc } from "./libc.ts";
+import { type KernelLock, ownLocks, procLocksFile } from "./proc_locks.ts";
 
 /** The environment variable that turns the audit on (tests only). */
 export const AUDIT_VARIABLE = "LEASED_OUTBOX_VFS_AUDIT";
@@ -47,13 +48,6 @@ export interface ExpectedLock {
 export interface AuditedConnection {
   readonly path: string;
   expectedLocks(): ExpectedLock[];
-}
-
-interface KernelLock {
-  readonly file: string;
-  readonly write: boolean;
-  readonly first: number;
-  readonly last: number;
 }
 
 let enabled: boolean | undefined;
@@ -95,13 +89,13 @@ export function unaudit(connection: AuditedConnection): void {
  */
 export function checkLocks(libc: Libc, doing: string): void {
   if (connections.size === 0) return;
-  let missing = missingLocks(kernelLocks(libc));
+  let missing = missingLocks(ownLocks(libc));
   // The kernel hands /proc/locks out a page per read, each read listing
   // the locks as they are then: other processes' locks coming and going
   // shift the list, and a lock held all along can fall between two pages.
   // A lock really let go stays missing; one read past is found again.
   for (let read = 1; missing.length > 0 && read < AUDIT_READS; read++) {
-    const held = kernelLocks(libc);
+    const held = ownLocks(libc);
     missing = missing.filter(([, lock]) => !isHeld(held, lock));
   }
   if (missing.length === 0) return;
@@ -219,65 +213,4 @@ export function walIndexLocks(
     });
   }
   return locks;
-}
-
-/**
- * How `/proc/locks` names a file: `major:minor:inode`, the device numbers
- * in hex, from Linux's encoding of `st_dev` (new_encode_dev).
- */
-export function procLocksFile(id: { dev: bigint; ino: bigint }): string {
-  const dev = Number(id.dev);
-  const hex = (n: number) => n.toString(16).padStart(2, "0");
-  const major = Math.floor(dev / 256) & 0xfff;
-  const minor = (dev & 0xff) | (Math.floor(dev / 4096) & 0xfff00);
-  return `${hex(major)}:${hex(minor)}:${id.ino}`;
-}
-
-/**
- * This process's byte-range locks as `/proc/locks` lists them: classic
- * ones of this process id, and every open file description lock (they
- * carry no process id). Blocked requests (`->`) are not locks.
- */
-function kernelLocks(libc: Libc): KernelLock[] {
-  const pid = String(Deno.pid);
-  const locks: KernelLock[] = [];
-  for (const line of readProcLocks(libc).split("\n")) {
-    if (line.includes("->")) continue;
-    // "1: POSIX  ADVISORY  WRITE 1234 fe:00:5678 120 120"
-    const fields = line.trim().split(/\s+/);
-    const kind = fields[1];
-    if (kind !== "POSIX" && kind !== "OFDLCK") continue;
-    if (kind === "POSIX" && fields[4] !== pid) continue;
-    locks.push({
-      file: fields[5]!,
-      write: fields[3] === "WRITE",
-      first: Number(fields[6]),
-      last: fields[7] === "EOF" ? Infinity : Number(fields[7]),
-    });
-  }
-  return locks;
-}
-
-/** `/proc/locks` through libc: Deno's own read asks for `--allow-all`. */
-function readProcLocks(libc: Libc): string {
-  const fd = libc.open("/proc/locks", {
-    write: false,
-    create: false,
-    createNew: false,
-  });
-  try {
-    const decoder = new TextDecoder();
-    const chunk = new Uint8Array(65_536);
-    let text = "";
-    for (let offset = 0;;) {
-      // A seq_file gives about a page per read, whatever was asked: only
-      // a read of nothing is the end.
-      const n = libc.read(fd, chunk, offset);
-      if (n === 0) return text + decoder.decode();
-      offset += n;
-      text += decoder.decode(chunk.subarray(0, n), { stream: true });
-    }
-  } finally {
-    libc.close(fd);
-  }
 }

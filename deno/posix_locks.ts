@@ -15,9 +15,12 @@
  * - the kernel's lock changes only when the process's does: SHARED is
  *   counted, and only the last connection to let go of it unlocks;
  * - descriptors are never closed while the process holds locks on the
- *   file: `deno/inodes.ts` parks a closed connection's descriptors until
+ *   file: `deno/inodes.ts` keeps a closed connection's descriptors until
  *   the process's last connection to the file closes (which is stricter
- *   than os_unix's pending-close list, closed when no lock is held).
+ *   than os_unix's pending-close list, closed when no lock is held), and
+ *   past it while classic locks not the VFS's remain (native SQLite's, or
+ *   a Worker's VFS's, as far as `/proc/locks` or the node:sqlite driver
+ *   tell).
  *
  * The bytes, their order and the conversions are `deno/ofd_locks.ts`'s
  * (os_unix's `unixLock` and `unixUnlock`), on one descriptor; there is no

@@ -7,7 +7,7 @@
 import type { Sqlite3Static } from "@sqlite.org/sqlite-wasm";
 import { F_RDLCK, F_UNLCK, F_WRLCK, type FileId, type Libc } from "./libc.ts";
 import { type ExpectedLock, walIndexLocks } from "./lock_audit.ts";
-import type { Inode } from "./inodes.ts";
+import { closeShmUnlessLocked, type Inode, releaseShm } from "./inodes.ts";
 import {
   permissionBits,
   removeIfPresent,
@@ -246,8 +246,9 @@ class ShmFile {
   /**
    * An idle descriptor of the file the path names now, else a new one. Idle
    * ones of a file deleted since (by its last user, in any process) are
-   * closed: one would cut this connection off from everyone else's index,
-   * and closing it drops no lock on the file in use.
+   * closed (or parked while the process holds locks on that file): one
+   * would cut this connection off from everyone else's index, and closing
+   * it drops no lock on the file in use.
    */
   #open(): number {
     const libc = this.#libc;
@@ -258,7 +259,7 @@ class ShmFile {
       const id = libc.fileId(fd);
       const current = now !== undefined && id.dev === now.dev &&
         id.ino === now.ino;
-      if (!current) libc.close(fd);
+      if (!current) closeShmUnlessLocked(this.#inode, fd);
       else if (reused === undefined) reused = fd;
       else idle.push(fd);
     }
@@ -279,7 +280,7 @@ class ShmFile {
       // Empty: just created (os_unix's test too).
       if (libc.size(fd) === 0) takeDatabaseMode(libc, fd, db);
     } catch (error) {
-      libc.close(fd);
+      closeShmUnlessLocked(this.#inode, fd);
       throw error;
     }
     return fd;
@@ -383,10 +384,10 @@ class ShmFile {
       // SQLite asks only with the database locked EXCLUSIVE: no one else
       // has the file open to lose locks by this close.
       removeIfPresent(this.#path);
-      this.#libc.close(this.fd);
+      closeShmUnlessLocked(this.#inode, this.fd);
     } else {
-      // Parked, not closed (see Inode).
-      this.#inode.idleShm.push(this.fd);
+      // Kept for the next connection, or parked (see deno/inodes.ts).
+      releaseShm(this.#inode, this.fd);
     }
   }
 }

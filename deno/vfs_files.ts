@@ -9,14 +9,14 @@ import type { Sqlite3Static } from "@sqlite.org/sqlite-wasm";
 import { dirname } from "node:path";
 import { type FileId, type Libc, LibcError } from "./libc.ts";
 import {
+  checkParked,
+  connect,
+  disconnect,
   type Inode,
-  inodeKey,
-  inodes,
   parkOrClose,
   releaseDescriptor,
   takeIdle,
 } from "./inodes.ts";
-import { ProcessLocks } from "./posix_locks.ts";
 import { LockSet } from "./ofd_locks.ts";
 import { PosixLockSet } from "./posix_locks.ts";
 import { SharedMemory } from "./shared_memory.ts";
@@ -105,28 +105,15 @@ export class DatabaseFile implements OpenFile {
     this.#waitFd = waitFd;
     this.#writable = writable;
     this.#id = libc.fileId(fd);
-    const key = inodeKey(this.#id);
-    let inode = inodes.get(key);
-    if (inode === undefined) {
-      inode = {
-        key,
-        connections: 0,
-        idle: [],
-        lateWaits: 0,
-        idleShm: [],
-        processLocks: new ProcessLocks(),
-      };
-      inodes.set(key, inode);
-    }
-    inode.connections++;
+    const inode = connect(libc, this.#id);
     this.#inode = inode;
-    // A wait that returns after its connection closed parks the descriptor
-    // for the next connection, or the next last close, to take.
+    // A wait that returns after its connection closed gives the descriptor
+    // back then (parked, or closed where that drops no lock).
     this.#locks = waitFd === undefined
       ? new PosixLockSet(libc, fd, inode.processLocks)
       : new LockSet(libc, [fd, waitFd], writable, (released) => {
         inode.lateWaits--;
-        inode.idle.push({ fd: released, writable });
+        releaseDescriptor(inode, released, writable);
       });
     audit(this);
   }
@@ -233,24 +220,10 @@ export class DatabaseFile implements OpenFile {
     unaudit(this);
     const waitFdFree = this.#locks.close();
     const waitFd = this.#waitFd;
-    const inode = this.#inode;
-    inode.connections--;
-    if (inode.connections === 0) {
-      for (const { fd } of inode.idle.splice(0)) this.#libc.close(fd);
-      for (const fd of inode.idleShm.splice(0)) this.#libc.close(fd);
-    }
-    releaseDescriptor(this.#libc, inode, this.#fd, this.#writable);
-    if (waitFd !== undefined && waitFdFree) {
-      releaseDescriptor(this.#libc, inode, waitFd, this.#writable);
-    } else if (waitFd !== undefined) {
-      inode.lateWaits++;
-    }
-    if (
-      inode.connections === 0 && inode.idle.length === 0 &&
-      inode.lateWaits === 0
-    ) {
-      inodes.delete(inode.key);
-    }
+    const fds = [this.#fd];
+    if (waitFd !== undefined && waitFdFree) fds.push(waitFd);
+    else if (waitFd !== undefined) this.#inode.lateWaits++;
+    disconnect(this.#inode, fds, this.#writable);
   }
 }
 
@@ -273,6 +246,7 @@ export function openDatabaseDescriptors(
     for (let i = 0; i < count; i++) {
       let fd = takeIdle(libc, path, writable);
       if (fd === undefined) {
+        checkParked(libc, path);
         try {
           fd = libc.open(path, {
             write: writable,

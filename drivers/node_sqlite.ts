@@ -440,10 +440,14 @@ export class NodeSqliteDriver implements Driver, AsyncDisposable {
     const db = this.#db;
     this.#db = undefined;
     this.#statements.clear();
-    if (db !== undefined && this.#file !== undefined) {
-      closedNodeSqlite(this.#file.dev, this.#file.ino);
+    try {
+      if (this.#closeDatabase) db?.close();
+    } finally {
+      // After the close: its locks are gone then (see node_sqlite_files.ts).
+      if (db !== undefined && this.#file !== undefined) {
+        closedNodeSqlite(this.#file.dev, this.#file.ino);
+      }
     }
-    if (this.#closeDatabase) db?.close();
     return Promise.resolve();
   }
 

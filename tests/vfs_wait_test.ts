@@ -14,7 +14,10 @@ import { openSqliteWasm, type SqliteWasmDriver } from "../deno/sqlite_wasm.ts";
 import {
   beginWaiting,
   blockedOn,
+  ClassicLockHolder,
   classicLocks,
+  descriptorsOn,
+  FOREIGN_BYTE,
   locksOn,
   until,
 } from "./fixtures/vfs_locks.ts";
@@ -90,19 +93,6 @@ function stopped(pid: number): boolean {
     if (stat.slice(stat.lastIndexOf(")") + 2)[0] !== "T") return false;
   }
   return true;
-}
-
-/** Descriptors of this process open on the file at `path`. */
-function descriptorsOn(path: string): number {
-  let count = 0;
-  for (const entry of Deno.readDirSync("/proc/self/fd")) {
-    try {
-      if (Deno.readLinkSync(`/proc/self/fd/${entry.name}`) === path) count++;
-    } catch {
-      // The directory's own descriptor, closed by the time it is read.
-    }
-  }
-  return count;
 }
 
 test("a refused writer's busyWait lasts while the lock is held and ends when it is let go", async () => {
@@ -216,13 +206,15 @@ test("a process waiting for a lock that is never let go still exits when its wor
   });
 });
 
-test("closing a connection whose kernel wait is in flight leaks no lock, and its descriptor is parked, not closed when the kernel answers (which would drop node:sqlite's POSIX locks), until the next last close", async () => {
+test("closing a connection whose kernel wait is in flight leaks no lock, and its descriptor is parked, not closed, when the kernel answers while the process holds a classic POSIX lock on the file (native SQLite's), until the next close finds it gone", async () => {
   const dir = await Deno.makeTempDir({ prefix: "vfs_wait_" });
   const path = join(dir, "wait.db");
   try {
     const holder = await openSqliteWasm(path, { journalMode: "truncate" });
     await holder.exec("CREATE TABLE t(x)");
     const real = Deno.realPathSync(path);
+    const classic = new ClassicLockHolder();
+    classic.lock(path);
     await holder.exec("BEGIN IMMEDIATE");
     const waiter = await openSqliteWasm(path);
     await assert.rejects(waiter.exec("BEGIN IMMEDIATE"), BusyError);
@@ -233,11 +225,14 @@ test("closing a connection whose kernel wait is in flight leaks no lock, and its
     await holder.exec("COMMIT");
     await holder.close();
     // The late grant is given back when the kernel wait returns, and its
-    // descriptor parked for the process's next connection to the file.
+    // descriptor parked with the connections' three others (the lock's
+    // descriptor is the fifth) for the process's next connection.
     assert.ok(await until(() => !blockedOn(path), 10_000), "wait returned");
     await sleep(50);
-    assert.deepEqual(locksOn(path), []);
-    assert.equal(descriptorsOn(real), 1);
+    const lock = `READ ${FOREIGN_BYTE} ${FOREIGN_BYTE}`;
+    assert.deepEqual(locksOn(path), [lock]);
+    assert.equal(descriptorsOn(real), 5);
+    classic[Symbol.dispose]();
     const next = await openSqliteWasm(path);
     assert.deepEqual(await next.query("SELECT count(*) AS n FROM t"), [{
       n: 0,
