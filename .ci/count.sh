@@ -9,8 +9,33 @@
 # failure more. A missing summary (the runner crashed) and ignored tests
 # count as failures too.
 #
+# `count` also adds to $recap what failed, by name: the FAILURES section of
+# deno test's output, the ignored tests, the runner's own complaints (the
+# temporary files left behind), or, with no summary at all, the log's last
+# lines. .ci/run prints $recap just before its last line, since CI shows
+# only the end of a long log.
+#
 # Run as a command (.ci/count.sh LABEL LOG STATUS): counts one log alone and
-# prints "N passed, N failed", exiting 1 when anything failed.
+# prints the recap and "N passed, N failed", exiting 1 when anything failed.
+
+recap=${recap:-}
+
+# Adds LINES (what failed in LABEL) to $recap, each line indented.
+add_recap() {
+  local label=$1 lines=$2
+  [ -n "$lines" ] || return 0
+  recap+="${label}:"$'\n'"$(sed 's/^/  /' <<<"$lines")"$'\n'
+}
+
+# What failed in LOG, by name (see above).
+failed_names() {
+  local log=$1
+  awk '/^ FAILURES $/ { on = 1; next }
+       /^(ok|FAILED) \| [0-9]+ passed/ { on = 0 }
+       on && NF { print "failed: " $0 }' "$log"
+  grep -E ' \.\.\. ignored \(' "$log" | sed -E 's/ \.\.\. ignored \(.*//; s/^/ignored: /'
+  grep -E '^test: ' "$log"
+}
 
 count() {
   local label=$1 log=$2 status=$3 summary p f i
@@ -18,6 +43,7 @@ count() {
   if [ -z "$summary" ]; then
     echo "no test summary from: $label (exit status $status)"
     failed=$((failed + 1))
+    add_recap "$label" "no test summary; the log ends:"$'\n'"$(tail -n 15 "$log")"
     return
   fi
   p=$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$summary")
@@ -29,6 +55,16 @@ count() {
     echo "$label exited with status $status after a summary with no failure: one failure"
     failed=$((failed + 1))
   fi
+  if [ "$status" -ne 0 ] || [ $((f + ${i:-0})) -ne 0 ]; then
+    add_recap "$label (exit status $status)" "$(failed_names "$log")"
+  fi
+}
+
+# Prints $recap under a heading, when anything failed.
+print_recap() {
+  [ -n "$recap" ] || return 0
+  echo "== what failed"
+  printf '%s' "$recap"
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
@@ -40,6 +76,7 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   passed=0
   failed=0
   count "$@"
+  print_recap
   echo "$passed passed, $failed failed"
   [ "$failed" -eq 0 ]
 fi

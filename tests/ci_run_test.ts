@@ -66,6 +66,51 @@ Deno.test(".ci/count.sh counts failed and ignored tests from the summary, and a 
   );
 });
 
+Deno.test(".ci/count.sh ends with what failed, by name: the FAILURES section, the ignored tests and the runner's complaints, just before the counts", async () => {
+  const { code, output } = await count(
+    [
+      "claims ... FAILED (3ms)",
+      "old server ... ignored (0ms)",
+      "",
+      " FAILURES ",
+      "",
+      "claims => ./tests/a_test.ts:2:6",
+      "steps ... inner => ./tests/a_test.ts:9:43",
+      "",
+      "FAILED | 4 passed | 2 failed (1 step) | 1 ignored (9ms)",
+      "test: the tests left temporary files behind: x-1",
+      "",
+    ].join("\n"),
+    1,
+  );
+  assert.deepEqual(output.trimEnd().split("\n").slice(-7), [
+    "== what failed",
+    "deno task test (exit status 1):",
+    "  failed: claims => ./tests/a_test.ts:2:6",
+    "  failed: steps ... inner => ./tests/a_test.ts:9:43",
+    "  ignored: old server",
+    "  test: the tests left temporary files behind: x-1",
+    "4 passed, 3 failed",
+  ]);
+  assert.equal(code, 1);
+});
+
+Deno.test(".ci/count.sh prints no recap when nothing failed, and the log's end when there is no summary", async () => {
+  const passing = await count(
+    "ok | 5 passed | 0 failed (12ms)\ntest: a note\n",
+    0,
+  );
+  assert.equal(passing.output, "5 passed, 0 failed\n");
+  const crashed = await count("one\ntwo: Module not found\n", 1);
+  assert.deepEqual(crashed.output.trimEnd().split("\n").slice(-5), [
+    "deno task test:",
+    "  no test summary; the log ends:",
+    "  one",
+    "  two: Module not found",
+    "0 passed, 1 failed",
+  ]);
+});
+
 Deno.test("the test runner's output and exit status on tests that leave a temporary directory count as failed through .ci/count.sh", async () => {
   const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
     args: [
@@ -89,6 +134,12 @@ Deno.test(".ci/run fails, counting one failure, when the test task exits 1 after
   const { code, last, output } = await ciRun("leaves_temp_dir.ts");
   // The test task (1 passed, then its exit status), test:stress, check.
   assert.equal(last, `${3 + POSIX_TASK} passed, 1 failed`, output);
+  // What failed is named last, where CI's view of the log ends.
+  const end = output.slice(output.lastIndexOf("== what failed"));
+  assert.match(
+    end,
+    /^== what failed\ndeno task test \(exit status 1\):\n {2}test: the tests left temporary files behind: /,
+  );
   assert.equal(code, 1, output);
 });
 
