@@ -24,6 +24,12 @@
  *   control, per-key limits, ordering keys, refusals, the JSON check, the
  *   final sort): not a correct claim, the floor of what the statement's
  *   shape costs beyond locking and updating the rows.
+ * - `claim less gate`, `claim less per-key window`, `claim less tail`: the
+ *   dialect's claim less one of its parts, to price each (none is a correct
+ *   claim): the flow-control gate (the queue's row locked and written, the
+ *   `moved` refusal); the per-key limit's window over the candidates and
+ *   its filter (the claim order's numbering stays); the JSON check of the
+ *   claimed payloads and the final sort.
  * - `bare ack`: an acknowledgement that deletes each lease's row by its
  *   fence without locking the leases first (each lease on its own, not all
  *   or none), moving it to `outbox_done` as the dialect does.
@@ -142,10 +148,48 @@ const HOT_ACKNOWLEDGE = patched(POSTGRES.acknowledgeAllInOne, [
   EXHAUSTED_HOT,
 ]);
 
+const GATE = POSTGRES.claimInOne.slice(
+  POSTGRES.claimInOne.indexOf("\n  q AS MATERIALIZED"),
+  POSTGRES.claimInOne.indexOf("\n  candidates AS MATERIALIZED"),
+);
+const NO_GATE = patched(
+  POSTGRES.claimInOne,
+  [GATE, ""],
+  ["(SELECT allowed FROM g)", "$3::bigint"],
+  ["(SELECT per_key FROM g)", "NULL::integer"],
+  ["\n    UNION ALL SELECT 1 FROM g WHERE moved", ""],
+  [
+    POSTGRES.claimInOne.slice(
+      POSTGRES.claimInOne.indexOf("\n  spent AS (UPDATE"),
+      POSTGRES.claimInOne.indexOf("\n  claimed AS (UPDATE"),
+    ),
+    "",
+  ],
+);
+const NO_WINDOW = patched(
+  POSTGRES.claimInOne,
+  [
+    `SELECT c.*, row_number() OVER (
+        PARTITION BY c.concurrency_key
+        ORDER BY c.priority DESC, c.due_at, c.id) AS r`,
+    "SELECT c.*",
+  ],
+  [" WHERE f.held IS NULL OR f.held + f.r <= (SELECT per_key FROM g)", ""],
+);
+const NO_TAIL = patched(POSTGRES.claimInOne, [
+  `
+  WHERE c.payload IS NULL OR c.payload::json IS NOT NULL
+  ORDER BY c.k`,
+  "",
+]);
+
 const VARIANTS: Record<string, Variant> = {
   "main": {},
   "main again": {},
   "bare claim": { claim: BARE_CLAIM },
+  "claim less gate": { claim: NO_GATE },
+  "claim less per-key window": { claim: NO_WINDOW },
+  "claim less tail": { claim: NO_TAIL },
   "bare ack": { acknowledge: BARE_ACKNOWLEDGE },
   "fillfactor 70": {
     schema: {
