@@ -50,8 +50,13 @@
  * at every call, a few milliseconds for the claim); each cycle points the
  * dialect's two statements at its variant's.
  *
- * Prints a Markdown table and the load average. Not part of `deno task
- * bench`: a profile, not a row.
+ * Prints Markdown tables: per variant, the medians and the quartiles of
+ * its per-cycle ratios to `main`, with the load average; per schema, the
+ * updates of `outbox_events` and how many were HOT; per prepared claim and
+ * acknowledgement, how often the server used its generic plan and how
+ * often it planned a custom one (planned again at that call: the backlog
+ * here, about 100,000 events, can tip the claim to custom plans). Not part
+ * of `deno task bench`: a profile, not a row.
  *
  * @module
  */
@@ -237,7 +242,11 @@ try {
   ];
   const backends = new Map<
     string,
-    { side: ReturnType<typeof outboxSide>; pid: number; close(): Promise<void> }
+    {
+      side: ReturnType<typeof outboxSide>;
+      pid: number;
+      outbox: Awaited<ReturnType<typeof openPostgres>>;
+    }
   >();
   for (const schema of schemas) {
     const application = `bench_${schema}`;
@@ -278,7 +287,7 @@ try {
     backends.set(schema, {
       side,
       pid: Number(row?.["pid"]),
-      close: () => outbox.close(),
+      outbox,
     });
   }
   const use = (name: string, i: number) => {
@@ -370,8 +379,41 @@ try {
     );
     lines.push(`| ${schema} | ${row?.["updates"]} | ${row?.["hot"]} |`);
   }
+  // How the server planned each prepared claim and acknowledgement: a
+  // custom plan is planned again at every call (PostgreSQL keeps one when
+  // the generic plan's estimate is dearer).
+  lines.push(
+    "",
+    "| schema | statement | generic plans | custom plans |",
+    "|---|---|---:|---:|",
+  );
+  for (const [schema, { outbox }] of backends) {
+    const plans = await outbox.transaction((tx) =>
+      tx.query(
+        `SELECT statement, generic_plans, custom_plans
+        FROM pg_prepared_statements
+        WHERE statement LIKE '%claimed AS (UPDATE%'
+          OR statement LIKE '%acked AS (DELETE%'
+        ORDER BY statement`,
+      )
+    );
+    for (const row of plans) {
+      const sql = String(row["statement"]);
+      const kind = sql.includes("claimed AS (UPDATE") ? "claim" : "acknowledge";
+      const name = names.find((_, i) =>
+        sql === (kind === "claim"
+          ? dialect[`benchClaim${i}`]
+          : dialect[`benchAcknowledge${i}`])
+      ) ?? "main";
+      lines.push(
+        `| ${schema} | ${kind} (${name}) | ${row["generic_plans"]} | ${
+          row["custom_plans"]
+        } |`,
+      );
+    }
+  }
   console.log(lines.join("\n"));
-  for (const backend of backends.values()) await backend.close();
+  for (const backend of backends.values()) await backend.outbox.close();
 } finally {
   await server.stop();
 }
