@@ -11,12 +11,15 @@
  * few percent.
  *
  * ```sh
- * deno run -A bench/postgres_variants.ts [rounds] [variants]
+ * deno run -A bench/postgres_variants.ts [rounds] [variants] [inflight]
  * ```
  *
  * `rounds` (default 96): cycles per variant, in rounds that run every
  * variant once, the order reversing each round. `variants`: a comma list
- * of the names below (default all).
+ * of the names below (default all). `inflight` (default 0): leases of an
+ * hour each variant's schema holds through the rounds, claimed (by the
+ * schema's first variant's claim) before them and never acknowledged, as
+ * a processing loop's handlers hold theirs.
  *
  * - `main`, `main again`: the dialect's `claimInOne` and
  *   `acknowledgeAllInOne` (the second the A/A control).
@@ -211,6 +214,7 @@ const VARIANTS: Record<string, Variant> = {
 
 const rounds = Number(Deno.args[0] ?? 96);
 const names = Deno.args[1]?.split(",") ?? Object.keys(VARIANTS);
+const inflight = Number(Deno.args[2] ?? 0);
 for (const name of names) {
   if (VARIANTS[name] === undefined) throw new Error(`No variant ${name}`);
 }
@@ -265,7 +269,7 @@ try {
     }
     // The backlog every cycle of the schema's variants drains (and the
     // warm-up's), written in one statement rather than through the API.
-    const events = (rounds + 8) * users.length * MAX;
+    const events = (rounds + 8) * users.length * MAX + inflight;
     await monitor.run(
       `WITH k AS (INSERT INTO outbox_keys (identity, event_id, queue)
         SELECT gen_random_uuid(), nextval(pg_get_serial_sequence('outbox_events', 'id')), 'default'
@@ -277,6 +281,13 @@ try {
         10, 0, 0, identity
       FROM k ORDER BY event_id`,
     );
+    const first = names.indexOf(users[0]!);
+    dialect["claimInOne"] = VARIANTS[users[0]!]!.claim === undefined
+      ? own.claimInOne
+      : dialect[`benchClaim${first}`];
+    for (let left = inflight; left > 0; left -= MAX) {
+      await outbox.claim({ max: Math.min(MAX, left), leaseMs: 3_600_000 });
+    }
     await monitor.run("VACUUM ANALYZE outbox_events");
     const side = outboxSide(outbox);
     await side.cycle(MAX);
@@ -345,7 +356,7 @@ try {
     return [at(0.25), at(0.5), at(0.75)];
   };
   const lines = [
-    `${rounds} cycles of claim({ max: ${MAX} }) + acknowledge per variant, alternated; load average ${
+    `${rounds} cycles of claim({ max: ${MAX} }) + acknowledge per variant, alternated, ${inflight} leases in flight; load average ${
       load.map((l) => l.toFixed(1)).join(" to ")
     }`,
     "",
