@@ -397,7 +397,9 @@ export class TransactionRunner {
     const deadline = performance.now() + this.#busyTimeoutMs;
     // A call made inside the application's transaction must not wait for
     // one that waits for that transaction to end.
-    return options.join ? this.inTurn(op, fn, options, deadline) : this.#inLine(
+    if (options.join) return this.inTurn(op, fn, options, deadline);
+    return this.#whenFree(
+      this.line,
       op,
       deadline,
       () => this.inTurn(op, fn, options, deadline),
@@ -405,20 +407,22 @@ export class TransactionRunner {
   }
 
   /**
-   * Runs `turn` when the call's turn in line comes. Past `deadline`, a call
-   * still waiting while a transaction body (the application's code, which
-   * may run for ever) holds the connection gives up with BusyError, as it
-   * would waiting for that transaction's lock on another connection; behind
-   * the outbox's own statements alone it waits on.
+   * Runs `turn` when the call's turn at `mutex` (the runner's line, or the
+   * connection's mutex) comes. Past `deadline`, a call still waiting while
+   * a transaction body (the application's code, which may run for ever)
+   * holds the connection gives up with BusyError, as it would waiting for
+   * that transaction's lock on another connection; behind the outbox's own
+   * statements alone it waits on.
    */
-  #inLine<T>(
+  #whenFree<T>(
+    mutex: Mutex,
     op: string,
     deadline: number,
     turn: () => Promise<T>,
   ): Promise<T> {
     let state: "waiting" | "running" | "gaveUp" = "waiting";
     let timer: ReturnType<typeof setTimeout> | undefined;
-    const queued = this.line.run(() => {
+    const queued = mutex.run(() => {
       if (state === "gaveUp") return Promise.resolve(undefined as T);
       state = "running";
       clearTimeout(timer);
@@ -460,25 +464,30 @@ export class TransactionRunner {
       ) {
         await this.#untilApplicationCommits(op, deadline, retried);
       }
-      const outcome = await this.mutex.run(async (): Promise<
-        { value: T } | { refused: true } | null
-      > => {
-        if (this.inApplicationTransaction()) {
-          return join ? { value: await this.#joined(fn) } : null;
-        }
-        if (inOne !== undefined) {
-          let value: T | undefined;
-          try {
-            value = await inOne();
-          } catch (error) {
-            if (!this.#sql.refusedInOne?.includes(errorCode(error))) {
-              throw error;
-            }
+      const outcome = await this.#whenFree(
+        this.mutex,
+        op,
+        deadline,
+        async (): Promise<
+          { value: T } | { refused: true } | null
+        > => {
+          if (this.inApplicationTransaction()) {
+            return join ? { value: await this.#joined(fn) } : null;
           }
-          if (value !== undefined) return { value };
-        }
-        return await this.#own(op, fn, options);
-      });
+          if (inOne !== undefined) {
+            let value: T | undefined;
+            try {
+              value = await inOne();
+            } catch (error) {
+              if (!this.#sql.refusedInOne?.includes(errorCode(error))) {
+                throw error;
+              }
+            }
+            if (value !== undefined) return { value };
+          }
+          return await this.#own(op, fn, options);
+        },
+      );
       // Still this call's turn in line, out of the connection's mutex.
       if (outcome !== null) {
         return "refused" in outcome ? await commitRefused!() : outcome.value;
