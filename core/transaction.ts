@@ -420,6 +420,8 @@ export class TransactionRunner {
     deadline: number,
     turn: () => Promise<T>,
   ): Promise<T> {
+    // Nothing ahead: no wait to bound (and no timer on the hot path).
+    if (!mutex.held) return mutex.run(turn);
     let state: "waiting" | "running" | "gaveUp" = "waiting";
     let timer: ReturnType<typeof setTimeout> | undefined;
     const queued = mutex.run(() => {
