@@ -58,12 +58,12 @@ export const limits: Command = {
     "per-key": {
       type: "string",
       value: "<n|none>",
-      help: "limits: most events of one concurrency key leased at once",
+      help: "most events of one concurrency key leased at once",
     },
     "per-second": {
       type: "string",
       value: "<n|none>",
-      help: "limits: most claims a second from the queue",
+      help: "most claims a second from the queue",
     },
   },
   run: (context) => limitsCommand(flowContext(context)),

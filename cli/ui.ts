@@ -29,24 +29,23 @@ export const ui: Command = {
     port: {
       type: "string",
       value: "<n>",
-      help: "ui: the TCP port, 0 for any free one (default 8080)",
+      help: "the TCP port, 0 for any free one (default 8080)",
     },
     hostname: {
       type: "string",
       value: "<h>",
-      help: "ui: the address to bind (default 127.0.0.1)",
+      help: "the address to bind (default 127.0.0.1)",
     },
     "allow-host": {
       type: "string",
       multiple: true,
       value: "<name>",
       help:
-        "ui: also answer requests addressed to this host name (IP addresses, localhost and --hostname always are)",
+        "also answer requests addressed to this host name (IP addresses, localhost and --hostname always are)",
     },
     actions: {
       type: "boolean",
-      help:
-        "ui: offer redrive, cancel and purge (opens the database read-write)",
+      help: "offer redrive, cancel and purge (opens the database read-write)",
     },
   },
   async run(context) {

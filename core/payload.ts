@@ -16,13 +16,14 @@ const isEnumerable = Object.prototype.propertyIsEnumerable;
 
 /**
  * Throws a TypeError naming the place inside `payload` (`payload.a[2]`)
- * that JSON would not give back as it is: NaN and the infinities, undefined
- * elements (an undefined member of an object is dropped, as JSON drops it,
- * and reads back as undefined all the same), functions, symbols, BigInts, array holes, symbol keys, objects other than
- * plain ones (a prototype of `Object.prototype` or `null`) and arrays (a
- * Map, a Set, a Date, an ArrayBuffer, a typed array, a class instance, a
- * boxed primitive), objects with a `toJSON` method, and cycles. A top-level
- * `Uint8Array` is a bytes payload, and allowed.
+ * that JSON would not give back as it is: NaN and the infinities,
+ * undefined elements (an undefined member of an object is dropped, as JSON
+ * drops it, and reads back as undefined all the same), functions, symbols,
+ * BigInts, array holes, an array's named properties, symbol keys, objects
+ * other than plain ones (a prototype of `Object.prototype` or `null`) and
+ * arrays (a Map, a Set, a Date, an ArrayBuffer, a typed array, a class
+ * instance, a boxed primitive), objects with a `toJSON` method, and cycles.
+ * A top-level `Uint8Array` is a bytes payload, and allowed.
  *
  * @param op What was being done, for the message.
  * @param field The payload's name in the message (`"events[3].payload"`).
@@ -67,7 +68,8 @@ function isFaithful(value: unknown, depth: number): boolean {
     for (let i = 0; i < value.length; i++) {
       if (!(i in value) || !isFaithful(value[i], depth + 1)) return false;
     }
-    return !("toJSON" in value) || value.toJSON === undefined;
+    return (!("toJSON" in value) || value.toJSON === undefined) &&
+      !hasNamedProperty(value);
   }
   const prototype = Object.getPrototypeOf(value);
   if (prototype !== objectPrototype && prototype !== null) return false;
@@ -115,6 +117,7 @@ function unfaithful(
         return unfaithful(op, `${field}[${i}]`, value[i], inner);
       }
     }
+    if (hasNamedProperty(value)) return refuse(", without named properties");
     return refuse(", without a toJSON method");
   }
   const prototype = Object.getPrototypeOf(value);
@@ -129,6 +132,12 @@ function unfaithful(
     }
   }
   return refuse(", without symbol keys");
+}
+
+// JSON writes an array's elements only: an enumerable own key past its
+// indices (a hole-free array has exactly `length` index keys) is dropped.
+function hasNamedProperty(array: unknown[]): boolean {
+  return Object.keys(array).length !== array.length;
 }
 
 function member(key: string): string {

@@ -48,7 +48,9 @@ export interface OutboxOptions {
    * How long a call waits for the database write lock before it throws
    * {@linkcode BusyError}, in milliseconds; also how long a claim, renewal,
    * release or `transaction()` waits for a transaction the application
-   * holds open on a shared connection. `0` tries once.
+   * holds open on a shared connection, and how long a call waits behind a
+   * `transaction(fn)` whose `fn` still runs on the same connection. `0`
+   * tries once.
    *
    * @default {5000}
    */

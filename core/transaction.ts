@@ -36,6 +36,10 @@ import { jitteredWait, lockWait, nextBackoff } from "./backoff.ts";
 
 const mutexes = new WeakMap<Driver, Mutex>();
 
+// How often a call past its deadline in line looks again for a transaction
+// body ahead of it, in milliseconds.
+const LINE_POLL_MS = 10;
+
 /**
  * A transaction of the runner's, as its statements see it: whether the
  * engine ended or failed it, and after which statement.
@@ -83,6 +87,11 @@ export class Mutex {
    * while any runs counts as made inside one.
    */
   applicationScopes = 0;
+  /**
+   * Transaction bodies (`transaction(fn)`'s and `accept`'s `fn`, the
+   * application's code) running on this connection now.
+   */
+  bodies = 0;
 
   /**
    * Runs one try of a holder's BEGIN (`begin`) as its own transaction: from
@@ -182,7 +191,9 @@ export function runTransactionBody<T>(
   fn: () => Promise<T>,
 ): Promise<T> {
   const outer = scopes?.getStore();
-  return inScope({ mutex, application: false, open: true, outer }, fn);
+  mutex.bodies++;
+  return inScope({ mutex, application: false, open: true, outer }, fn)
+    .finally(() => mutex.bodies--);
 }
 
 /**
@@ -386,9 +397,56 @@ export class TransactionRunner {
     const deadline = performance.now() + this.#busyTimeoutMs;
     // A call made inside the application's transaction must not wait for
     // one that waits for that transaction to end.
-    return options.join
-      ? this.inTurn(op, fn, options, deadline)
-      : this.line.run(() => this.inTurn(op, fn, options, deadline));
+    if (options.join) return this.inTurn(op, fn, options, deadline);
+    return this.#whenFree(
+      this.line,
+      op,
+      deadline,
+      () => this.inTurn(op, fn, options, deadline),
+    );
+  }
+
+  /**
+   * Runs `turn` when the call's turn at `mutex` (the runner's line, or the
+   * connection's mutex) comes. Past `deadline`, a call still waiting while
+   * a transaction body (the application's code, which may run for ever)
+   * holds the connection gives up with BusyError, as it would waiting for
+   * that transaction's lock on another connection; behind the outbox's own
+   * statements alone it waits on.
+   */
+  #whenFree<T>(
+    mutex: Mutex,
+    op: string,
+    deadline: number,
+    turn: () => Promise<T>,
+  ): Promise<T> {
+    // Nothing ahead: no wait to bound (and no timer on the hot path).
+    if (!mutex.held) return mutex.run(turn);
+    let state: "waiting" | "running" | "gaveUp" = "waiting";
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const queued = mutex.run(() => {
+      if (state === "gaveUp") return Promise.resolve(undefined as T);
+      state = "running";
+      clearTimeout(timer);
+      return turn();
+    });
+    return new Promise<T>((resolve, reject) => {
+      queued.then(resolve, reject);
+      const check = () => {
+        if (state !== "waiting") return;
+        if (this.mutex.bodies > 0) {
+          state = "gaveUp";
+          reject(
+            new BusyError(
+              `Cannot ${op} as a transaction on this connection (its fn) ran for longer than ${this.#busyTimeoutMs} ms (busyTimeoutMs) ahead of it`,
+            ),
+          );
+          return;
+        }
+        timer = setTimeout(check, LINE_POLL_MS);
+      };
+      timer = setTimeout(check, Math.max(0, deadline - performance.now()));
+    });
   }
 
   /** {@linkcode TransactionRunner.run}, once the call's turn in line has come. */
@@ -408,25 +466,30 @@ export class TransactionRunner {
       ) {
         await this.#untilApplicationCommits(op, deadline, retried);
       }
-      const outcome = await this.mutex.run(async (): Promise<
-        { value: T } | { refused: true } | null
-      > => {
-        if (this.inApplicationTransaction()) {
-          return join ? { value: await this.#joined(fn) } : null;
-        }
-        if (inOne !== undefined) {
-          let value: T | undefined;
-          try {
-            value = await inOne();
-          } catch (error) {
-            if (!this.#sql.refusedInOne?.includes(errorCode(error))) {
-              throw error;
-            }
+      const outcome = await this.#whenFree(
+        this.mutex,
+        op,
+        deadline,
+        async (): Promise<
+          { value: T } | { refused: true } | null
+        > => {
+          if (this.inApplicationTransaction()) {
+            return join ? { value: await this.#joined(fn) } : null;
           }
-          if (value !== undefined) return { value };
-        }
-        return await this.#own(op, fn, options);
-      });
+          if (inOne !== undefined) {
+            let value: T | undefined;
+            try {
+              value = await inOne();
+            } catch (error) {
+              if (!this.#sql.refusedInOne?.includes(errorCode(error))) {
+                throw error;
+              }
+            }
+            if (value !== undefined) return { value };
+          }
+          return await this.#own(op, fn, options);
+        },
+      );
       // Still this call's turn in line, out of the connection's mutex.
       if (outcome !== null) {
         return "refused" in outcome ? await commitRefused!() : outcome.value;
