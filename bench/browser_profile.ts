@@ -3,8 +3,10 @@
  * (issue 37's browser row): in headless Chromium, through the worker as
  * `bench/browser_bench.ts` runs it, it prints
  *
- * - the page's cycles per second and the round trip of a call that does no
- *   work (`hasVfs`), each over a block of cycles;
+ * - the page's cycles per second, the same cycles run inside the worker
+ *   (`bench/browser_cycles_worker.ts`: no message per call; the difference
+ *   per cycle is the messaging's), and the round trip of a call that does
+ *   no work (`hasVfs`), each over a block of cycles;
  * - the OPFS sync access handle calls per cycle as the VFS makes them
  *   (counted and timed by wrapping `FileSystemSyncAccessHandle.prototype`
  *   in the worker, over the host's own wrappers: a WAL frame's header,
@@ -12,16 +14,19 @@
  *   them for three cycles, `--strace` counts the renderers' system calls
  *   (`pwrite64` are the writes that reach OPFS) over the last block;
  * - with `--profile`, a CPU profile of the worker (Chrome DevTools Protocol)
- *   over one block, by function and by kind.
+ *   over one block, by function and by kind;
+ * - with `--trace`, a Chrome trace of one block: per thread of every
+ *   process, over the page's cycles, the tasks it ran and their time, and
+ *   the time of structured clones, per cycle (`--save` keeps the trace).
  *
  * `deno run -A --lock=deno.lock bench/browser_profile.ts [--synchronous
- * normal] [--cycles 400] [--blocks 3] [--log] [--strace] [--profile]
+ * normal] [--cycles 400] [--blocks 3] [--log] [--strace] [--profile] [--trace]
  * [--save profile.cpuprofile]` (`STRACE_ARGS` replaces `-c -S calls`).
  *
  * @module
  */
 import { type CDPSession, chromium } from "npm:playwright-core@1.65.1";
-import { buildBrowser } from "../examples/browser/build.ts";
+import { buildBrowser, ENTRIES } from "../examples/browser/build.ts";
 import { serveExample } from "../examples/browser/server.ts";
 import {
   CHROMIUM_ARGS,
@@ -39,10 +44,14 @@ const blocks = Number(option("--blocks", "3"));
 const profile = args.includes("--profile");
 const save = option("--save", "");
 const trace = args.includes("--strace");
+const chromeTrace = args.includes("--trace");
 
 const fixturesDir = new URL("../tests/fixtures/browser/", import.meta.url);
 const dir = await Deno.makeTempDir({ prefix: "outbox_browser_profile_" });
-const buildDir = await buildBrowser(new URL(`file://${dir}/build/`));
+const buildDir = await buildBrowser(new URL(`file://${dir}/build/`), [
+  ...ENTRIES,
+  "bench/browser_cycles_worker.ts",
+]);
 const server = serveExample({ buildDir, fixturesDir });
 const context = await chromium.launchPersistentContext(`${dir}/profile`, {
   executablePath: CHROMIUM_PATH,
@@ -86,6 +95,7 @@ function instrument() {
 
 interface Sample {
   rate: number;
+  inWorker: number;
   rtMs: number;
   ops: Record<string, { n: number; ms: number; bytes: number }>;
 }
@@ -95,13 +105,16 @@ try {
   await page.goto(`${server.url}fixtures/blank.html`);
   await page.evaluate(async ({ synchronous, total }) => {
     const m = await import(["/build", "browser.js"].join("/"));
-    const outbox = await m.openWorkerOutbox("profile", { synchronous });
+    const outbox = await m.openWorkerOutbox("profile", {
+      synchronous,
+      workerUrl: "/build/browser_cycles_worker.js",
+    });
     (globalThis as unknown as { outbox: unknown }).outbox = outbox;
     for (let i = 0; i < total; i++) await outbox.enqueue({ i });
     for (let i = 0; i < 50; i++) {
       await outbox.acknowledge(await outbox.claim());
     }
-  }, { synchronous, total: 50 + cycles * (blocks + 1) });
+  }, { synchronous, total: 50 + 2 * cycles * (blocks + 1) });
   const worker = page.workers()[0]!;
   await worker.evaluate(instrument);
 
@@ -109,23 +122,27 @@ try {
     await worker.evaluate(() => {
       (globalThis as unknown as { __ops: unknown }).__ops = {};
     });
-    const { rate, rtMs } = await page.evaluate(async (cycles) => {
+    const { rate, inWorker, rtMs } = await page.evaluate(async (cycles) => {
       // deno-lint-ignore no-explicit-any
       const outbox = (globalThis as any).outbox;
       const start = performance.now();
+      performance.mark("cycles-start");
       for (let i = 0; i < cycles; i++) {
         await outbox.acknowledge(await outbox.claim());
       }
+      performance.mark("cycles-end");
       const rate = cycles / ((performance.now() - start) / 1000);
+      // The same cycles run inside the worker: no message per call.
+      const inWorker = await outbox.invoke("cycles", [cycles]);
       // The round trip of a call that does no database work.
       const t = performance.now();
       for (let i = 0; i < cycles; i++) await outbox.invoke("hasVfs", ["x"]);
-      return { rate, rtMs: (performance.now() - t) / cycles };
+      return { rate, inWorker, rtMs: (performance.now() - t) / cycles };
     }, cycles);
     const ops = await worker.evaluate(() =>
       (globalThis as unknown as { __ops: Sample["ops"] }).__ops
     );
-    return { rate, rtMs, ops };
+    return { rate, inWorker, rtMs, ops };
   };
 
   if (args.includes("--log")) {
@@ -162,20 +179,23 @@ try {
       }).spawn()
       : undefined;
     if (strace) await new Promise((resolve) => setTimeout(resolve, 1000));
-    const { rate, rtMs, ops } = await block();
+    const { rate, inWorker, rtMs, ops } = await block();
     if (strace) {
       strace.kill("SIGINT");
       const { stderr } = await strace.output();
       console.log(new TextDecoder().decode(stderr));
     }
+    // The calls of both runs of the block, the page's and the worker's.
     const perCycle = Object.entries(ops).map(([name, op]) =>
-      `${name} ${(op.n / cycles).toFixed(2)}/cycle ${
-        (op.ms / cycles * 1000).toFixed(0)
+      `${name} ${(op.n / (2 * cycles)).toFixed(2)}/cycle ${
+        (op.ms / (2 * cycles) * 1000).toFixed(0)
       } µs/cycle ${(op.bytes / Math.max(op.n, 1)).toFixed(0)} B/call`
     ).join("; ");
     console.log(
       `block ${b}: ${rate.toFixed(0)} cycles/s (${
         (1000 / rate).toFixed(3)
+      } ms/cycle), inside the worker ${inWorker.toFixed(0)} cycles/s (${
+        (1000 / inWorker).toFixed(3)
       } ms/cycle), no-op round trip ${rtMs.toFixed(3)} ms; ${perCycle}`,
     );
   }
@@ -192,7 +212,38 @@ try {
     };
     console.log(`profiled block: ${rate.toFixed(0)} cycles/s`);
     if (save) await Deno.writeTextFile(save, JSON.stringify(cpu));
-    summarize(cpu, cycles);
+    // Both runs of the block: the page's cycles and the worker's own.
+    summarize(cpu, 2 * cycles);
+  }
+
+  if (chromeTrace) {
+    const cdp = await context.newCDPSession(page);
+    await cdp.send("Tracing.start", {
+      traceConfig: {
+        includedCategories: [
+          "toplevel",
+          "blink",
+          "blink.user_timing",
+          "disabled-by-default-devtools.timeline",
+        ],
+      },
+      transferMode: "ReturnAsStream",
+    });
+    const { rate } = await block();
+    const complete = new Promise<{ stream?: string }>((resolve) =>
+      cdp.once("Tracing.tracingComplete", resolve)
+    );
+    await cdp.send("Tracing.end");
+    const { stream } = await complete;
+    let text = "";
+    for (;;) {
+      const chunk = await cdp.send("IO.read", { handle: stream! });
+      text += chunk.base64Encoded ? atob(chunk.data) : chunk.data;
+      if (chunk.eof) break;
+    }
+    console.log(`traced block: ${rate.toFixed(0)} cycles/s`);
+    if (save) await Deno.writeTextFile(`${save}.trace.json`, text);
+    summarizeTrace(JSON.parse(text), cycles);
   }
 } finally {
   await context.close();
@@ -291,6 +342,60 @@ function summarize(cpu: CpuProfile, cycles: number) {
     )
   ) {
     console.log(`  ${per(us).padStart(18)}  ${name}`);
+  }
+}
+
+interface TraceEvent {
+  name: string;
+  ph: string;
+  pid: number;
+  tid: number;
+  ts: number;
+  dur?: number;
+  cat?: string;
+  args?: { name?: string };
+}
+
+/**
+ * Per thread, over the page's cycles (between its `cycles-start` and
+ * `cycles-end` marks): the tasks it ran and how long they took, and the
+ * time of the structured clones (`SerializedScriptValueFactory`), per
+ * cycle.
+ */
+function summarizeTrace(
+  trace: { traceEvents: TraceEvent[] } | TraceEvent[],
+  cycles: number,
+) {
+  const events = Array.isArray(trace) ? trace : trace.traceEvents;
+  const names = new Map<string, string>();
+  for (const e of events) {
+    if (e.name === "thread_name") {
+      names.set(`${e.pid}:${e.tid}`, e.args?.name ?? "");
+    }
+  }
+  const mark = (name: string) =>
+    events.find((e) => e.name === name && e.cat?.includes("user_timing"))
+      ?.ts ?? NaN;
+  const [from, to] = [mark("cycles-start"), mark("cycles-end")];
+  const per = new Map<string, number>();
+  const add = (key: string, us: number) =>
+    per.set(key, (per.get(key) ?? 0) + us);
+  for (const e of events) {
+    if (e.ph !== "X" || e.ts < from || e.ts > to) continue;
+    const thread = `${names.get(`${e.pid}:${e.tid}`) ?? e.tid} (${e.pid})`;
+    if (e.name === "ThreadControllerImpl::RunTask") {
+      add(`${thread}: tasks`, 1);
+      add(`${thread}: busy µs`, e.dur ?? 0);
+    } else if (e.name.startsWith("SerializedScriptValueFactory::")) {
+      add(`${thread}: ${e.name.split("::")[1]} µs`, e.dur ?? 0);
+    }
+  }
+  console.log(
+    `trace: ${((to - from) / 1000 / cycles).toFixed(3)} ms per cycle`,
+  );
+  for (const [key, value] of [...per].sort((a, b) => b[1] - a[1])) {
+    if (value / cycles < 0.5) continue;
+    console.log(`  ${(value / cycles).toFixed(1).padStart(8)}/cycle  ${key}`);
   }
 }
 
