@@ -13,6 +13,8 @@ import {
   CHROMIUM_ARGS,
   CHROMIUM_PATH,
 } from "./fixtures/browser/harness.ts";
+import { chromiumEnv } from "./fixtures/browser/chromium.ts";
+import { tempDir } from "./helpers.ts";
 
 const XSS = `<img src=x onerror="document.title='pwned'">`;
 
@@ -41,9 +43,11 @@ async function withDashboard(
     basePath: "/admin/outbox",
     refreshMs: settings.refreshMs,
   });
+  await using tmp = await tempDir("outbox-chromium-tmp-");
   const browser = await chromium.launch({
     executablePath: CHROMIUM_PATH,
     args: [...CHROMIUM_ARGS],
+    env: chromiumEnv(tmp.path),
   });
   try {
     const page = await browser.newPage({
