@@ -13,8 +13,7 @@ import {
   CHROMIUM_ARGS,
   CHROMIUM_PATH,
 } from "./fixtures/browser/harness.ts";
-import { chromiumEnv } from "./fixtures/browser/chromium.ts";
-import { tempDir } from "./helpers.ts";
+import { chromiumTmp } from "./fixtures/browser/chromium.ts";
 
 const XSS = `<img src=x onerror="document.title='pwned'">`;
 
@@ -43,11 +42,11 @@ async function withDashboard(
     basePath: "/admin/outbox",
     refreshMs: settings.refreshMs,
   });
-  await using tmp = await tempDir("outbox-chromium-tmp-");
+  await using tmp = await chromiumTmp();
   const browser = await chromium.launch({
     executablePath: CHROMIUM_PATH,
     args: [...CHROMIUM_ARGS],
-    env: chromiumEnv(tmp.path),
+    env: tmp.env,
   });
   try {
     const page = await browser.newPage({
