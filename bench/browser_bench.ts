@@ -18,6 +18,7 @@ import { type BenchRow, type Goal, judge, markdown, median } from "./table.ts";
 import {
   CHROMIUM_ARGS,
   CHROMIUM_PATH,
+  chromiumTmp,
 } from "../tests/fixtures/browser/chromium.ts";
 
 interface Sizes {
@@ -139,9 +140,11 @@ export async function browserRows(smoke = false): Promise<BenchRow[]> {
   const server = serveExample({ buildDir, fixturesDir });
   // An on-disk profile: incognito OPFS is held in the browser process's
   // memory and would measure IPC rather than storage.
+  await using tmp = await chromiumTmp();
   const context = await chromium.launchPersistentContext(`${dir}/profile`, {
     executablePath: CHROMIUM_PATH,
     args: [...CHROMIUM_ARGS],
+    env: tmp.env,
   });
   try {
     const page = await context.newPage();

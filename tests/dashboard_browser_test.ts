@@ -13,6 +13,7 @@ import {
   CHROMIUM_ARGS,
   CHROMIUM_PATH,
 } from "./fixtures/browser/harness.ts";
+import { chromiumTmp } from "./fixtures/browser/chromium.ts";
 
 const XSS = `<img src=x onerror="document.title='pwned'">`;
 
@@ -41,9 +42,11 @@ async function withDashboard(
     basePath: "/admin/outbox",
     refreshMs: settings.refreshMs,
   });
+  await using tmp = await chromiumTmp();
   const browser = await chromium.launch({
     executablePath: CHROMIUM_PATH,
     args: [...CHROMIUM_ARGS],
+    env: tmp.env,
   });
   try {
     const page = await browser.newPage({

@@ -273,6 +273,12 @@ for (const driver of ["wasm", "node"]) {
       const children = drivers.map((driver, i) =>
         new Child(["deliverer", path, driver, plans[i]!])
       );
+      // All open before any delivers: an open racing two processes'
+      // deliveries was refused past its busy timeout on a loaded machine.
+      for (const c of children) {
+        assert.deepEqual(await c.json(), { ready: true });
+      }
+      await Promise.all(children.map((c) => c.resume()));
       const counts: Record<string, unknown>[] = [];
       for (const c of children) {
         counts.push(await c.json());

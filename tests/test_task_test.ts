@@ -53,3 +53,9 @@ Deno.test("a run whose tests leave a temporary directory fails and names it", as
     /the tests left temporary files behind: left-behind-\w+/,
   );
 });
+
+Deno.test("a run whose last test file uses the shared PostgreSQL server passes: its server is stopped and its directory removed before the process ends", async () => {
+  const { code, stderr } = await runTask("shared_postgres.ts", {});
+  assert.equal(code, 0, stderr);
+  assert.doesNotMatch(stderr, /left temporary files behind/);
+});
