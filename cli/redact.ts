@@ -22,20 +22,28 @@ export function credentialsOf(database: string): [string, string][] {
   if (userinfo.includes(":")) found.push([userinfo, "***@"]);
   const query = database.indexOf("?");
   for (const pair of query < 0 ? [] : database.slice(query + 1).split(/[&#]/)) {
-    const key = /^[a-z_]*password=/i.exec(pair)?.[0];
-    if (key !== undefined) found.push([pair, `${key}***`]);
+    const equals = pair.indexOf("=");
+    if (equals < 0) continue;
+    // The key as a client reads it, percent-decoded (`pass%77ord`).
+    const key = pair.slice(0, equals);
+    if (/^[a-z_]*password$/i.test(decoded(key))) {
+      found.push([pair, `${key}=***`]);
+    }
   }
   // Also as a client may quote them, decoded.
   return found.flatMap(([text, mask]) => {
-    try {
-      const decoded = decodeURIComponent(text);
-      return decoded === text
-        ? [[text, mask]]
-        : [[text, mask], [decoded, mask]];
-    } catch {
-      return [[text, mask]];
-    }
+    const plain = decoded(text);
+    return plain === text ? [[text, mask]] : [[text, mask], [plain, mask]];
   });
+}
+
+/** `text` percent-decoded, or as it is where it does not decode. */
+function decoded(text: string): string {
+  try {
+    return decodeURIComponent(text);
+  } catch {
+    return text;
+  }
 }
 
 /** `line` with every credential of the command line masked. */

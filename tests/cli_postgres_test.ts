@@ -182,6 +182,9 @@ Deno.test("cli on PostgreSQL: a URL's password stays out of every message", asyn
       ["postgres:app:s3cret-pw@127.0.0.1:1/app", 1],
       ["host=127.0.0.1 password=s3cret-pw", 1],
       ["postgres://app@127.0.0.1:1/app?password=ab: s3cret-pw", 1],
+      // A key percent-encoded, which the client reads decoded.
+      ["postgres://app@127.0.0.1:1/app?pass%77ord=s3cret-pw", 1],
+      ["postgres://app@127.0.0.1:1/app?ssl%70assword=s3cret-pw", 1],
     ] as const
   ) {
     const output = await cli("stats", url, "--busy-timeout", "1s");
