@@ -422,20 +422,20 @@ export class TransactionRunner {
   ): Promise<T> {
     // Nothing ahead: no wait to bound (and no timer on the hot path).
     if (!mutex.held) return mutex.run(turn);
-    let state: "waiting" | "running" | "gaveUp" = "waiting";
+    // The turn's start clears the timer, and giving up sets no other: the
+    // check runs only while the call waits.
+    let gaveUp = false;
     let timer: ReturnType<typeof setTimeout> | undefined;
     const queued = mutex.run(() => {
-      if (state === "gaveUp") return Promise.resolve(undefined as T);
-      state = "running";
+      if (gaveUp) return Promise.resolve(undefined as T);
       clearTimeout(timer);
       return turn();
     });
     return new Promise<T>((resolve, reject) => {
       queued.then(resolve, reject);
       const check = () => {
-        if (state !== "waiting") return;
         if (this.mutex.bodies > 0) {
-          state = "gaveUp";
+          gaveUp = true;
           reject(
             new BusyError(
               `Cannot ${op} as a transaction on this connection (its fn) ran for longer than ${this.#busyTimeoutMs} ms (busyTimeoutMs) ahead of it`,
