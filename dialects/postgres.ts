@@ -375,7 +375,7 @@ const CLOCK = `n AS MATERIALIZED (SELECT coalesce($1::bigint, ${NOW}) AS now)`;
 // LIMIT), it was planned as a scan of the table for the first match once
 // leases were in flight at the last ANALYZE (it guesses a ninth of them
 // match: a comparison's default selectivity, twice), in every batch
-// acknowledgement (bench/postgres_layout_v9.ts).
+// acknowledgement (7c9fba9; postgres_one_statement_test's plan test).
 const EXHAUSTED_DUE = `(SELECT 1 FROM outbox_events
     WHERE state = 'leased' AND attempt >= max_attempts
       AND due_at <= (SELECT now FROM n)
