@@ -32,106 +32,173 @@ const isEnumerable = Object.prototype.propertyIsEnumerable;
  */
 export function checkPayload(op: string, field: string, payload: unknown) {
   if (payload instanceof Uint8Array) return;
-  let faithful: boolean;
+  checkedCopy(op, field, payload);
+}
+
+/**
+ * `payload` checked and copied in one walk that reads each of its values
+ * once: the copy, plain data alone, is what gets serialized, so a getter or
+ * a Proxy that answers differently at a second read cannot put a value in
+ * the stored text that the check never saw.
+ */
+function checkedCopy(op: string, field: string, payload: unknown): unknown {
+  const walk: Walk = { why: "", value: undefined, keys: [], holders: [] };
+  let copied: unknown;
   try {
-    faithful = isFaithful(payload, 0);
+    copied = copy(payload, 0, walk);
   } catch (error) {
-    // Nesting past the stack's depth, or a Proxy's trap threw.
+    // Nesting past the stack's depth, or a getter or a Proxy's trap threw.
     throw new TypeError(`Cannot ${op} as '${field}' must be JSON data`, {
       cause: error,
     });
   }
-  if (!faithful) throw unfaithful(op, field, payload, []);
+  if (copied === REFUSED) throw refusal(op, field, walk);
+  return copied;
 }
 
 // Nesting this deep is looked at for cycles; shallower nesting cannot hold
 // one without passing it (a cycle repeats forever).
 const MAX_DEPTH = 1000;
 
-// The fast path: no paths built, no allocation, one visit per value.
-function isFaithful(value: unknown, depth: number): boolean {
+// What copy() returns for a refused value, having said why in its Walk.
+const REFUSED = Symbol("refused");
+// The reason given for nesting past MAX_DEPTH, until refusal() tells a
+// cycle from deep nesting.
+const TOO_DEEP = "deep";
+
+/** Where and why copy() refused, for the message. */
+interface Walk {
+  /** Why `value` is refused: "" (its type), or ", not a cycle" and so on. */
+  why: string;
+  /** The refused value. */
+  value: unknown;
+  /** The keys from `value` up to the payload, innermost first. */
+  keys: (string | number)[];
+  /** The objects holding those keys, innermost first. */
+  holders: object[];
+}
+
+function refuse(walk: Walk, value: unknown, why: string): typeof REFUSED {
+  walk.value = value;
+  walk.why = why;
+  return REFUSED;
+}
+
+// The fast path: no paths built, one read of each value.
+function copy(value: unknown, depth: number, walk: Walk): unknown {
   switch (typeof value) {
     case "string":
     case "boolean":
-      return true;
+      return value;
     case "number":
-      return Number.isFinite(value);
+      return Number.isFinite(value) ? value : refuse(walk, value, "");
     case "object":
       break;
     default:
-      return false;
+      return refuse(walk, value, "");
   }
-  if (value === null) return true;
-  if (depth > MAX_DEPTH) return false;
+  if (value === null) return null;
+  if (depth > MAX_DEPTH) return refuse(walk, value, TOO_DEEP);
   if (Array.isArray(value)) {
-    if (Object.getPrototypeOf(value) !== Array.prototype) return false;
-    for (let i = 0; i < value.length; i++) {
-      if (!(i in value) || !isFaithful(value[i], depth + 1)) return false;
+    if (Object.getPrototypeOf(value) !== Array.prototype) {
+      return refuse(walk, value, "");
     }
-    return (!("toJSON" in value) || value.toJSON === undefined) &&
-      !hasNamedProperty(value);
+    const length = value.length;
+    const out: unknown[] = [];
+    for (let i = 0; i < length; i++) {
+      if (!(i in value)) {
+        return refuse(walk, value, `, without holes (index ${i})`);
+      }
+      const element = copy(value[i], depth + 1, walk);
+      if (element === REFUSED) {
+        walk.keys.push(i);
+        walk.holders.push(value);
+        return REFUSED;
+      }
+      out.push(element);
+    }
+    if (hasNamedProperty(value)) {
+      return refuse(walk, value, ", without named properties");
+    }
+    if ("toJSON" in value && value.toJSON !== undefined) {
+      return refuse(walk, value, ", without a toJSON method");
+    }
+    return out;
   }
   const prototype = Object.getPrototypeOf(value);
-  if (prototype !== objectPrototype && prototype !== null) return false;
+  if (prototype !== objectPrototype && prototype !== null) {
+    return refuse(walk, value, "");
+  }
   const record = value as Record<string, unknown>;
-  if (hasOwn.call(record, "toJSON")) return false;
+  if (hasOwn.call(record, "toJSON")) {
+    return refuse(walk, value, ", without a toJSON method");
+  }
+  const out: Record<string, unknown> = {};
   for (const key in record) {
     // An undefined member is dropped, as JSON drops it: reading it back
     // gives undefined all the same.
     const member = record[key];
-    if (member !== undefined && !isFaithful(member, depth + 1)) return false;
+    if (member === undefined) continue;
+    const copied = copy(member, depth + 1, walk);
+    if (copied === REFUSED) {
+      walk.keys.push(key);
+      walk.holders.push(value);
+      return REFUSED;
+    }
+    if (key === "__proto__") {
+      // An own member named so, which assignment would take as the
+      // copy's prototype.
+      Object.defineProperty(out, key, {
+        value: copied,
+        enumerable: true,
+        writable: true,
+        configurable: true,
+      });
+    } else {
+      out[key] = copied;
+    }
   }
   // JSON drops symbol keys.
   const symbols = Object.getOwnPropertySymbols(record);
-  return symbols.length === 0 ||
-    !symbols.some((symbol) => isEnumerable.call(record, symbol));
+  if (
+    symbols.length !== 0 &&
+    symbols.some((symbol) => isEnumerable.call(record, symbol))
+  ) {
+    return refuse(walk, value, ", without symbol keys");
+  }
+  return out;
 }
 
-// The slow path, taken once a payload is refused: finds the first refused
-// place and says why.
-function unfaithful(
-  op: string,
-  field: string,
-  value: unknown,
-  ancestors: object[],
-): TypeError {
-  const refuse = (why: string) =>
-    new TypeError(
-      `Cannot ${op} as '${
-        clip(field)
-      }' must be JSON data (a plain object, an array, a string, a finite number, a boolean or null, which JSON gives back as it is)${why}: current value is ${
-        what(value)
-      }`,
-    );
-  if (typeof value !== "object" || value === null) return refuse("");
-  if (ancestors.includes(value)) return refuse(", not a cycle");
-  if (ancestors.length > MAX_DEPTH) {
-    return refuse(` nested at most ${MAX_DEPTH} deep`);
-  }
-  const inner = [...ancestors, value];
-  if (Array.isArray(value)) {
-    if (Object.getPrototypeOf(value) !== Array.prototype) return refuse("");
-    for (let i = 0; i < value.length; i++) {
-      if (!(i in value)) return refuse(`, without holes (index ${i})`);
-      if (!isFaithful(value[i], inner.length)) {
-        return unfaithful(op, `${field}[${i}]`, value[i], inner);
+// The message for what copy() refused, from what its walk kept: no value
+// of the payload is read again.
+function refusal(op: string, field: string, walk: Walk): TypeError {
+  const keys = walk.keys.reverse();
+  // The values on the way down: the payload, then what each key held.
+  const values: unknown[] = [...walk.holders.reverse(), walk.value];
+  let at = keys.length;
+  let why = walk.why;
+  if (why === TOO_DEEP) {
+    // A cycle shows as the first value met again below itself.
+    why = ` nested at most ${MAX_DEPTH} deep`;
+    for (let i = 1; i < values.length; i++) {
+      if (values.indexOf(values[i]) < i) {
+        at = i;
+        why = ", not a cycle";
+        break;
       }
     }
-    if (hasNamedProperty(value)) return refuse(", without named properties");
-    return refuse(", without a toJSON method");
   }
-  const prototype = Object.getPrototypeOf(value);
-  if (prototype !== objectPrototype && prototype !== null) return refuse("");
-  const record = value as Record<string, unknown>;
-  if (hasOwn.call(record, "toJSON")) {
-    return refuse(", without a toJSON method");
+  let path = field;
+  for (const key of keys.slice(0, at)) {
+    path += typeof key === "number" ? `[${key}]` : member(key);
   }
-  for (const key in record) {
-    if (record[key] !== undefined && !isFaithful(record[key], inner.length)) {
-      return unfaithful(op, `${field}${member(key)}`, record[key], inner);
-    }
-  }
-  return refuse(", without symbol keys");
+  return new TypeError(
+    `Cannot ${op} as '${
+      clip(path)
+    }' must be JSON data (a plain object, an array, a string, a finite number, a boolean or null, which JSON gives back as it is)${why}: current value is ${
+      what(values[at])
+    }`,
+  );
 }
 
 // JSON writes an array's elements only: an enumerable own key past its
@@ -185,16 +252,8 @@ export function encodePayload(
     }
     return payload;
   }
-  checkPayload(op, field, payload);
-  let json: string;
-  try {
-    json = JSON.stringify(payload);
-  } catch (error) {
-    // A getter that threw, or one that changed the payload under the check.
-    throw new TypeError(`Cannot ${op} as '${field}' must be JSON data`, {
-      cause: error,
-    });
-  }
+  // The copy, not the payload: what was checked is what is stored.
+  const json = JSON.stringify(checkedCopy(op, field, payload));
   // UTF-8 is at most 3 bytes per UTF-16 unit, so short texts skip the count.
   if (json.length * 3 > maxBytes) {
     const bytes = encoder.encode(json).byteLength;
