@@ -283,14 +283,26 @@ async function enqueue(db: Driver, layout: Layout, queue: string, n: number) {
     { length: n },
     (_, i) => [JSON.stringify({ i }), uuidv7(at)],
   );
-  const inserted = await db.query(layout.enqueue, [
-    null,
-    JSON.stringify(rows),
-    queue,
-    0,
-    5,
-  ]);
-  if (inserted.length !== n) throw new Error(`${layout.name}: enqueue short`);
+  // The dialect's own statement takes the payloads and identities apart
+  // and answers one row of ids (core/enqueue.ts).
+  const own = layout.enqueue === POSTGRES.insertMinted;
+  const inserted = await db.query(
+    layout.enqueue,
+    own
+      ? [
+        null,
+        `[${rows.map(([payload]) => payload).join(",")}]`,
+        queue,
+        0,
+        5,
+        `{${rows.map(([, identity]) => identity).join(",")}}`,
+      ]
+      : [null, JSON.stringify(rows), queue, 0, 5],
+  );
+  const count = own
+    ? String(inserted[0]?.["ids"]).split(",").length
+    : inserted.length;
+  if (count !== n) throw new Error(`${layout.name}: enqueue short`);
 }
 
 async function claim(
