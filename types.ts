@@ -173,7 +173,11 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    * unique by construction) and that has no dedup key, where the keys
    * table is written without the conflict check (PostgreSQL's
    * `outbox_keys`): every event is inserted, and a repeated identity fails
-   * the statement. Absent: `insertAlike`.
+   * the statement. Its parameters differ: $1 now (or null), $2 the
+   * payloads' JSON texts as the elements of one JSON array, $3 queue, $4
+   * delay in ms, $5 max_attempts, $6 the identities as an array literal
+   * (`{a,b}`); it answers one row, `ids`, the events' ids in array order,
+   * comma-separated. Absent: `insertAlike`.
    */
   readonly insertMinted?: string;
   /**

@@ -5,7 +5,12 @@
  *
  * @module
  */
-import { type Driver, integerOf, type SqlValue } from "../driver.ts";
+import {
+  type Driver,
+  integerOf,
+  safeInteger,
+  type SqlValue,
+} from "../driver.ts";
 import { uuidv7 } from "../identity.ts";
 import { insertOrFind } from "./insert_or_find.ts";
 import type { Dialect, EnqueueResult } from "../types.ts";
@@ -147,10 +152,20 @@ async function insertSome(
     event.priority === 0 && event.concurrencyKey === null &&
     event.delayMs === first.delayMs && event.maxAttempts === first.maxAttempts
   );
-  const minted = sql.insertMinted !== undefined &&
-    events.every((event) => event.identity === null);
+  if (
+    alike && sql.insertMinted !== undefined &&
+    events.every((event) => event.identity === null)
+  ) {
+    return await insertMinted(
+      driver,
+      sql.insertMinted,
+      events,
+      identities,
+      now,
+    );
+  }
   const rows = alike
-    ? await driver.query(minted ? sql.insertMinted! : sql.insertAlike, [
+    ? await driver.query(sql.insertAlike, [
       now,
       JSON.stringify(
         events.map((event, i) => [event.payload, identities[i]]),
@@ -239,6 +254,42 @@ async function insertSome(
     };
   });
   return results;
+}
+
+/**
+ * `insertSome` of alike events (JSON text payloads) whose identities the
+ * outbox minted (`identities`, UUIDv7 text, which an array literal holds
+ * unquoted), with the dialect's `insertMinted`: the payloads travel as the
+ * elements of one JSON array, as they are (each is JSON text), the
+ * identities as an array, and every event goes in.
+ */
+async function insertMinted(
+  driver: Driver,
+  statement: string,
+  events: readonly PreparedEnqueue[],
+  identities: readonly string[],
+  now: number | null,
+): Promise<EnqueueResult[]> {
+  const [first] = events as [PreparedEnqueue];
+  const [row] = await driver.query(statement, [
+    now,
+    `[${events.map((event) => event.payload).join(",")}]`,
+    first.queue,
+    first.delayMs,
+    first.maxAttempts,
+    `{${identities.join(",")}}`,
+  ]);
+  return String(row?.["ids"]).split(",").map((id, i) => ({
+    eventId: parseId(id),
+    identity: identities[i]!,
+    deduplicated: false,
+  }));
+}
+
+/** An id as `integerOf` reads one: a safe integer, or `UnsafeIntegerError`. */
+function parseId(text: string): number {
+  const id = Number(text);
+  return safeInteger("id", Number.isSafeInteger(id) ? id : BigInt(text));
 }
 
 /**

@@ -398,6 +398,64 @@ Deno.test("postgres: an enqueue on one connection wakes a listener of another th
   assert.equal((await worker.claim())?.payload, "x");
 });
 
+Deno.test("postgres: a batch enqueue of minted events on one connection wakes a listener of another through NOTIFY", async () => {
+  const { url, schema } = await fresh();
+  await using worker = await openPostgres(url, { schema });
+  await using producer = await openPostgres(url, { schema });
+  const woken = Promise.withResolvers<void>();
+  const off = worker.onEnqueue(() => woken.resolve());
+  await producer.enqueueBatch([{ payload: "x" }, { payload: "y" }]);
+  await woken.promise;
+  off();
+  assert.deepEqual(
+    (await worker.claim({ max: 2 })).map((lease) => lease.payload),
+    ["x", "y"],
+  );
+});
+
+Deno.test("postgres: a batch enqueue of minted events keeps each payload's JSON text as enqueued, escapes and all, and answers its ids in array order", async () => {
+  const { url, schema } = await fresh();
+  await using outbox = await openPostgres(url, { schema, listen: false });
+  await using db = await raw(url, schema);
+  // JSON text the server must not parse as a string's value: `->>` refuses
+  // a lone surrogate's escape and NUL's, and jsonb would reorder keys.
+  const payloads = [
+    "\ud800 lone surrogate",
+    "NUL \u0000",
+    'a quote " and a backslash \\',
+    "a line separator \u2028 and an emoji 😀",
+    { z: [1, { b: "}]," }], a: null, "": "" },
+    [],
+    -1.5e300,
+    false,
+    null,
+    "[1,2]",
+  ];
+  const results = await outbox.enqueueBatch(
+    payloads.map((payload) => ({ payload })),
+  );
+  const rows = await db.query(
+    `SELECT e.id, e.payload, e.identity::text AS identity, k.event_id AS keyed
+      FROM outbox_events AS e JOIN outbox_keys AS k USING (identity)
+      ORDER BY e.id`,
+  );
+  assert.deepEqual(
+    rows,
+    results.map((result, i) => ({
+      id: result.eventId,
+      payload: JSON.stringify(payloads[i]),
+      identity: result.identity,
+      keyed: result.eventId,
+    })),
+  );
+  assert.deepEqual(
+    (await outbox.claim({ max: payloads.length })).map((lease) =>
+      lease.payload
+    ),
+    payloads,
+  );
+});
+
 for (const tablesFirst of [false, true]) {
   const where = tablesFirst
     ? "in public, with a schema named after the user first in the search_path"
