@@ -69,8 +69,9 @@ CREATE TABLE IF NOT EXISTS outbox_schedules (
 export const held = (now: string, except = "") =>
   `(SELECT count(*) FROM outbox_events AS k
           WHERE k.queue = e.queue AND k.concurrency_key = e.concurrency_key
-            AND k.state = 'leased' AND k.concurrency_key IS NOT NULL
-            AND k.due_at > ${now}${except})`;
+            AND k.keyed_lease AND k.concurrency_key IS NOT NULL
+            AND k.done_at IS NULL AND k.state = 'leased'
+            AND k.lease_until > ${now}${except})`;
 
 /**
  * The gate of a one-statement claim (core/one_statement.ts) from the queue

@@ -770,7 +770,7 @@ async function upgradeKeepsEverything(from: 4 | 7): Promise<void> {
   await using db = await raw(url, schema);
   const snapshot = async () => ({
     events: await db.query(
-      `SELECT id, identity::text AS identity, queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at, claimed_at FROM outbox_all ORDER BY id`,
+      `SELECT id, identity::text AS identity, queue, state, payload, payload_bytes, dedup_key, ordering_key, CASE WHEN state = 'leased' THEN lease_until ELSE due_at END AS due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at, claimed_at FROM outbox_all ORDER BY id`,
     ),
     ledger: await db.query("SELECT * FROM outbox_ledger ORDER BY seq"),
   });
@@ -796,7 +796,7 @@ async function upgradeKeepsEverything(from: 4 | 7): Promise<void> {
     await db.query("SELECT version FROM outbox_schema ORDER BY version"),
     [{ version: from }, { version: POSTGRES_SCHEMA_VERSION }],
   );
-  assert.equal(POSTGRES_SCHEMA_VERSION, 8);
+  assert.equal(POSTGRES_SCHEMA_VERSION, 9);
   // The done event moved; every event's keys are there; the indexes they
   // replace are gone.
   assert.deepEqual(
@@ -821,7 +821,7 @@ async function upgradeKeepsEverything(from: 4 | 7): Promise<void> {
   });
   assert.deepEqual(
     await db.query(
-      "SELECT 1 AS present FROM pg_indexes WHERE indexname = 'outbox_events_ordering_leased' AND schemaname = current_schema()",
+      "SELECT 1 AS present FROM pg_indexes WHERE indexname = 'outbox_events_key_leases' AND schemaname = current_schema()",
     ),
     [{ present: 1 }],
   );
