@@ -238,7 +238,11 @@ export async function tempDir(prefix = "outbox-test-"): Promise<TempDir> {
  * in place of version 9's; records version 8.
  */
 export async function asPostgresVersion8(db: Driver): Promise<void> {
-  await db.exec(`DROP INDEX outbox_events_ready;
+  await db.exec(POSTGRES_AS_VERSION_8);
+}
+
+/** The SQL of {@linkcode asPostgresVersion8}. */
+export const POSTGRES_AS_VERSION_8 = `DROP INDEX outbox_events_ready;
     DROP INDEX outbox_events_key_order;
     DROP INDEX outbox_events_key_leases;
     DROP INDEX outbox_events_concurrency_leases;
@@ -261,8 +265,7 @@ export async function asPostgresVersion8(db: Driver): Promise<void> {
       ON outbox_events (queue, concurrency_key, due_at)
       WHERE state = 'leased' AND concurrency_key IS NOT NULL;
     DELETE FROM outbox_schema;
-    INSERT INTO outbox_schema (version, applied_at) VALUES (8, 0)`);
-}
+    INSERT INTO outbox_schema (version, applied_at) VALUES (8, 0)`;
 
 /**
  * Turns a version 9 schema back into version 7's layout, its events kept

@@ -1591,3 +1591,33 @@ Deno.test("postgres: processEvents at concurrency 4, with events trickling in an
   assert.equal(processor.counters.acknowledged, events);
   assert.equal(processor.counters.claimed, events);
 });
+
+Deno.test("postgres: a claim of events without ordering or concurrency keys before their last attempt, and a renewal, are HOT updates (schema version 9: no index names a column they change); a keyed claim is not", async () => {
+  const { url, schema } = await fresh();
+  await using outbox = await openPostgres(url, { schema, listen: false });
+  await using db = await raw(url, schema);
+  // The outbox's backend reports its counts at its next idle moment.
+  const counts = async () => {
+    await outbox.transaction((tx) =>
+      tx.query("SELECT pg_stat_force_next_flush()")
+    );
+    const [row] = await db.query(
+      `SELECT n_tup_upd::integer AS updates, n_tup_hot_upd::integer AS hot
+      FROM pg_stat_user_tables
+      WHERE schemaname = current_schema() AND relname = 'outbox_events'`,
+    );
+    return row;
+  };
+  await outbox.enqueueBatch(
+    Array.from({ length: 64 }, (_, i) => ({ payload: { i } })),
+  );
+  const leases = await outbox.claim({ max: 64 });
+  assert.equal(leases.length, 64);
+  for (const lease of leases) {
+    assert.ok(await outbox.renew(lease, 60_000) !== null);
+  }
+  assert.deepEqual(await counts(), { updates: 128, hot: 128 });
+  await outbox.enqueue("keyed", { orderingKey: "k" });
+  assert.equal((await outbox.claim({ max: 1 }))[0]?.orderingKey, "k");
+  assert.deepEqual(await counts(), { updates: 129, hot: 128 });
+});
