@@ -53,6 +53,10 @@ export async function snapshot(driver: Driver): Promise<{
   return { events, attempts, totalChanges: Number(row?.["n"]) };
 }
 
+// The columns of an event row on PostgreSQL, in both of its tables.
+const EVENT_ROW =
+  "id, queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at, claimed_at, identity, priority, concurrency_key";
+
 /** One event's row as stored (with its `xmin` on PostgreSQL, see snapshot). */
 export async function eventRow(
   driver: Driver,
@@ -60,9 +64,11 @@ export async function eventRow(
 ): Promise<Row | undefined> {
   const [row] = driver instanceof PostgresDriver
     ? await driver.query(
-      // Version 8 keeps done events in outbox_done, its columns alike.
-      `SELECT *, xmin::text AS xmin FROM outbox_events WHERE id = $1
-        UNION ALL SELECT *, xmin::text AS xmin FROM outbox_done WHERE id = $1`,
+      // Version 8 keeps done events in outbox_done, its columns alike;
+      // version 9's lease markers are outbox_events' alone.
+      `SELECT ${EVENT_ROW}, xmin::text AS xmin FROM outbox_events WHERE id = $1
+        UNION ALL SELECT ${EVENT_ROW}, xmin::text AS xmin FROM outbox_done
+        WHERE id = $1`,
       [id],
     )
     : await driver.query("SELECT * FROM outbox_events WHERE id = ?", [id]);
