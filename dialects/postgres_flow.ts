@@ -62,7 +62,10 @@ CREATE TABLE IF NOT EXISTS outbox_schedules (
 /**
  * The live leases of a candidate `e`'s concurrency key at `now`, but those
  * of `except` (a condition on `k`, the lease: the leases the same
- * statement acknowledges, which its snapshot still shows leased).
+ * statement acknowledges, which its snapshot still shows leased). Read
+ * from `outbox_events_concurrency_leases` (schema version 9: the keyed
+ * leases, whether live a test of the row), which no claim of an event
+ * without a key writes to.
  *
  * @ignore
  */
