@@ -122,6 +122,11 @@ function patched(text: string, ...edits: [string, string][]): string {
   return text;
 }
 
+/** The text of `sql` from `from` up to `to`. */
+function between(sql: string, from: string, to: string): string {
+  return sql.slice(sql.indexOf(from), sql.indexOf(to));
+}
+
 // Version 9's changes to the claim and the acknowledgement, each [version
 // 9's text, version 8's].
 const NOW_N = "(SELECT now FROM n)";
@@ -137,9 +142,19 @@ const V8_EDITS: [string, string][] = [
   ],
   [
     `e.done_at IS NULL AND e.due_at <= ${NOW_N}
-      AND (e.state = 'pending' OR e.lease_until <= ${NOW_N})`,
+      AND e.state = 'pending' AND `,
     `e.state IN ('pending', 'leased')
-      AND e.due_at <= ${NOW_N}`,
+      AND e.due_at <= ${NOW_N}
+      AND `,
+  ],
+  [between(POSTGRES.claimInOne, "\n  last AS MATERIALIZED", "\n  t AS"), ""],
+  [
+    between(
+      POSTGRES.claimInOne,
+      "\n    UNION ALL (SELECT 1 FROM outbox_events AS e",
+      "\n    UNION ALL SELECT 1 FROM g WHERE moved",
+    ),
+    "",
   ],
   [
     `AND p.id < e.id AND p.done_at IS NULL
