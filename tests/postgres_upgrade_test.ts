@@ -1,9 +1,11 @@
 /**
- * Issue 39's upgrade: a PostgreSQL outbox at schema version 6 or 7 (as
- * released, `tests/fixtures/postgres_schema_v6.sql` and `_v7.sql`) holding
- * 100,000 events in every state opens with this release, which upgrades it,
- * and nothing is lost. (Version 7 is this release's own until issue 39's
- * layout lands; from then on its test is an upgrade too.)
+ * Issue 39's upgrade: a PostgreSQL outbox at schema version 6, 7 or 8 (as
+ * released, `tests/fixtures/postgres_schema_v6.sql`, `_v7.sql` and
+ * `_v8.sql`; version 8's rows moved into its layout by `AS_VERSION_8`)
+ * holding 100,000 events in every state opens with this release, which
+ * upgrades it, and nothing is lost. A smaller version 8 outbox holds the
+ * leases version 9 reads by marker: of ordering and concurrency keys, and
+ * last attempts.
  *
  * The database is filled with set-based SQL on the older tables; what
  * each event should read as afterwards is taken from those tables before
