@@ -38,14 +38,12 @@
  *   or none), moving it to `outbox_done` as the dialect does.
  * - `fillfactor 70`: the dialect's statements on an `outbox_events` of
  *   fillfactor 70 (in a schema of its own, with an outbox of its own).
- * - `hot claim`: what a claim that PostgreSQL can write as a HOT update
- *   (no index entry) saves: `outbox_events` at fillfactor 40, its partial
- *   indexes that name `state` or `attempt` dropped, one ready index
- *   (queue, priority DESC, due_at, id) over every row, and a claim that
- *   leaves `due_at` alone and takes a pending event or a lapsed lease (a
- *   heap test past the index). Not a layout: ordering keys, per-key limits
- *   and lapsed last attempts lose the indexes they read (this bench has
- *   none of them, and its claims leave no lease in flight to scan past).
+ * - `v8`: schema version 8's layout and statements, against which
+ *   version 9 (its claims and renewals HOT updates) is measured: a schema
+ *   of its own turned back into version 8 (`POSTGRES_AS_VERSION_8` of
+ *   tests/helpers.ts), and the dialect's claim and acknowledgement with
+ *   version 9's changes taken back (`V8_EDITS`). (The study before version
+ *   9, a `hot claim` variant of version 8, is in bench/README.md.)
  *
  * The variants are set on the dialect object before the driver module
  * loads, as extra entries, so the driver prepares them as it prepares the
@@ -54,7 +52,7 @@
  * dialect's two statements at its variant's.
  *
  * Prints Markdown tables: per variant, the medians and the quartiles of
- * its per-cycle ratios to `main`, with the load average; per schema, the
+ * its per-cycle ratios to the first variant named, with the load average; per schema, the
  * updates of `outbox_events` and how many were HOT; per prepared claim and
  * acknowledgement, how often the server used its generic plan and how
  * often it planned a custom one (planned again at that call: the backlog
@@ -65,6 +63,7 @@
  */
 import process from "node:process";
 import { POSTGRES } from "../dialects/postgres.ts";
+import { POSTGRES_AS_VERSION_8 } from "../tests/helpers.ts";
 import { median } from "./table.ts";
 
 interface Variant {
@@ -123,38 +122,83 @@ function patched(text: string, ...edits: [string, string][]): string {
   return text;
 }
 
-// The test for a lapsed last-attempt lease, whose partial index the HOT
-// layout drops: against an empty table of its own, as cheap as the index.
-const EXHAUSTED = `(SELECT 1 FROM outbox_events
-    WHERE state = 'leased' AND attempt >= max_attempts
-      AND due_at <= (SELECT now FROM n)
-    ORDER BY due_at LIMIT 1)`;
-const EXHAUSTED_HOT = `(SELECT 1 FROM bench_last_leases
-    WHERE lease_until <= (SELECT now FROM n) LIMIT 1)`;
-const HOT_SETUP = `ALTER TABLE outbox_events SET (fillfactor = 40);
-DROP INDEX outbox_events_claim_priority;
-DROP INDEX outbox_events_last_attempt;
-DROP INDEX outbox_events_ordering;
-DROP INDEX outbox_events_ordering_leased;
-DROP INDEX outbox_events_concurrency;
-CREATE INDEX bench_ready ON outbox_events (queue, priority DESC, due_at, id);
-CREATE TABLE bench_last_leases (id bigint PRIMARY KEY,
-  lease_until bigint NOT NULL)`;
-const HOT_CLAIM = patched(
-  POSTGRES.claimInOne,
+/** The text of `sql` from `from` up to `to`. */
+function between(sql: string, from: string, to: string): string {
+  return sql.slice(sql.indexOf(from), sql.indexOf(to));
+}
+
+// Version 9's changes to the claim and the acknowledgement, each [version
+// 9's text, version 8's].
+const NOW_N = "(SELECT now FROM n)";
+const V8_EDITS: [string, string][] = [
   [
-    `e.state IN ('pending', 'leased')
-      AND e.due_at <= (SELECT now FROM n)`,
-    `e.due_at <= (SELECT now FROM n)
-      AND (e.state = 'pending' OR e.lease_until <= (SELECT now FROM n))`,
+    `lease_until = n.now + $5,
+      updated_at = n.now, claimed_at = n.now,
+      keyed_lease = CASE WHEN e.ordering_key IS NOT NULL
+        OR e.concurrency_key IS NOT NULL THEN true END,
+      last_lease = CASE WHEN e.attempt + 1 >= e.max_attempts THEN true END,`,
+    `lease_until = n.now + $5, due_at = n.now + $5,
+      updated_at = n.now, claimed_at = n.now,`,
   ],
-  [" due_at = n.now + $5,", ""],
-  [EXHAUSTED, EXHAUSTED_HOT],
-);
-const HOT_ACKNOWLEDGE = patched(POSTGRES.acknowledgeAllInOne, [
-  EXHAUSTED,
-  EXHAUSTED_HOT,
+  [
+    `e.done_at IS NULL AND e.due_at <= ${NOW_N}
+      AND e.state = 'pending' AND `,
+    `e.state IN ('pending', 'leased')
+      AND e.due_at <= ${NOW_N}
+      AND `,
+  ],
+  [between(POSTGRES.claimInOne, "\n  last AS MATERIALIZED", "\n  t AS"), ""],
+  [
+    between(
+      POSTGRES.claimInOne,
+      "\n    UNION ALL (SELECT 1 FROM outbox_events AS e",
+      "\n    UNION ALL SELECT 1 FROM g WHERE moved",
+    ),
+    "",
+  ],
+  [
+    `AND p.id < e.id AND p.done_at IS NULL
+          AND p.state IN ('pending', 'leased')`,
+    "AND p.id < e.id AND p.state IN ('pending', 'leased')",
+  ],
+  [
+    `AND p.keyed_lease AND p.done_at IS NULL
+          AND p.state = 'leased' AND p.lease_until > ${NOW_N}`,
+    `AND p.state = 'leased' AND p.due_at > ${NOW_N}`,
+  ],
+  [
+    `AND k.keyed_lease AND k.concurrency_key IS NOT NULL
+            AND k.done_at IS NULL AND k.state = 'leased'
+            AND k.lease_until > ${NOW_N}`,
+    `AND k.state = 'leased' AND k.concurrency_key IS NOT NULL
+            AND k.due_at > ${NOW_N}`,
+  ],
+  [
+    `WHERE last_lease AND done_at IS NULL
+      AND state = 'leased' AND attempt >= max_attempts
+      AND lease_until <= ${NOW_N}
+    ORDER BY id LIMIT 1)`,
+    `WHERE state = 'leased' AND attempt >= max_attempts
+      AND due_at <= ${NOW_N}
+    ORDER BY due_at LIMIT 1)`,
+  ],
+];
+const V8_CLAIM = patched(POSTGRES.claimInOne, ...V8_EDITS);
+// Run at the start of the transaction that reads the plans.
+const V8_NOW_EXHAUSTED = patched(POSTGRES.nowExhausted, [
+  `WHERE last_lease AND done_at IS NULL AND state = 'leased'
+        AND attempt >= max_attempts AND lease_until <= n.now`,
+  "WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= n.now",
 ]);
+const V8_ACKNOWLEDGE = patched(
+  POSTGRES.acknowledgeAllInOne,
+  V8_EDITS.at(-1)!,
+);
+for (const sql of [V8_CLAIM, V8_ACKNOWLEDGE]) {
+  if (/keyed_lease|last_lease|done_at IS NULL/.test(sql)) {
+    throw new Error("A version 9 edit is left in the version 8 statement");
+  }
+}
 
 const GATE = POSTGRES.claimInOne.slice(
   POSTGRES.claimInOne.indexOf("\n  q AS MATERIALIZED"),
@@ -205,10 +249,10 @@ const VARIANTS: Record<string, Variant> = {
       setup: "ALTER TABLE outbox_events SET (fillfactor = 70)",
     },
   },
-  "hot claim": {
-    claim: HOT_CLAIM,
-    acknowledge: HOT_ACKNOWLEDGE,
-    schema: { name: "bench_hot", setup: HOT_SETUP },
+  "v8": {
+    claim: V8_CLAIM,
+    acknowledge: V8_ACKNOWLEDGE,
+    schema: { name: "bench_v8", setup: POSTGRES_AS_VERSION_8 },
   },
 };
 
@@ -223,6 +267,7 @@ const dialect = POSTGRES as unknown as Record<string, unknown>;
 const own = {
   claimInOne: POSTGRES.claimInOne,
   acknowledgeAllInOne: POSTGRES.acknowledgeAllInOne,
+  nowExhausted: POSTGRES.nowExhausted,
 };
 for (const [i, name] of names.entries()) {
   const variant = VARIANTS[name]!;
@@ -285,6 +330,10 @@ try {
     dialect["claimInOne"] = VARIANTS[users[0]!]!.claim === undefined
       ? own.claimInOne
       : dialect[`benchClaim${first}`];
+    dialect["acknowledgeAllInOne"] =
+      VARIANTS[users[0]!]!.acknowledge === undefined
+        ? own.acknowledgeAllInOne
+        : dialect[`benchAcknowledge${first}`];
     for (let left = inflight; left > 0; left -= MAX) {
       await outbox.claim({ max: Math.min(MAX, left), leaseMs: 3_600_000 });
     }
@@ -360,7 +409,9 @@ try {
       load.map((l) => l.toFixed(1)).join(" to ")
     }`,
     "",
-    "| variant | server CPU ms per cycle | to main (quartiles of per-cycle ratios) | wall ms | client CPU ms |",
+    `| variant | server CPU ms per cycle | to ${
+      names[0]
+    } (quartiles of per-cycle ratios) | wall ms | client CPU ms |`,
     "|---|---:|---:|---:|---:|",
   ];
   for (const [i, name] of names.entries()) {
@@ -399,6 +450,9 @@ try {
     "|---|---|---:|---:|",
   );
   for (const [schema, { outbox }] of backends) {
+    dialect["nowExhausted"] = schema === "bench_v8"
+      ? V8_NOW_EXHAUSTED
+      : own.nowExhausted;
     const plans = await outbox.transaction((tx) =>
       tx.query(
         `SELECT statement, generic_plans, custom_plans

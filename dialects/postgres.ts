@@ -48,9 +48,10 @@ import {
   spend,
 } from "./postgres_flow.ts";
 import { POSTGRES_INBOX } from "./postgres_inbox.ts";
+import { POSTGRES_READY_STEP } from "./postgres_ready.ts";
 
 /** The schema version this dialect creates, as SQLite's schema.sql does. */
-export const POSTGRES_SCHEMA_VERSION = 8;
+export const POSTGRES_SCHEMA_VERSION = 9;
 
 // Every column of an event row, in one order for both tables.
 const ALL_COLUMNS =
@@ -59,12 +60,13 @@ const ALL_COLUMNS =
 /**
  * The rows of `deleted` (event rows an acknowledgement took out of
  * `outbox_events`) into `outbox_done`, done at `now`: the insert that ends
- * an acknowledging statement.
+ * an acknowledging statement. A done event's `due_at` is its last lease's
+ * deadline, as when the claim wrote it there (version 8).
  */
 const intoDone = (deleted: string, now: string) =>
   `INSERT INTO outbox_done (${ALL_COLUMNS})
     SELECT d.id, d.queue, 'done', d.payload, d.payload_bytes, d.dedup_key,
-      d.ordering_key, d.due_at, d.lease_until, d.token, d.fence, d.attempt,
+      d.ordering_key, coalesce(d.lease_until, d.due_at), d.lease_until, d.token, d.fence, d.attempt,
       d.max_attempts, d.last_error, d.created_at, ${now}, ${now},
       d.claimed_at, d.identity, d.priority, d.concurrency_key
     FROM ${deleted} AS d`;
@@ -195,6 +197,8 @@ CREATE INDEX IF NOT EXISTS outbox_events_ordering_leased
 -- Version 7: flow control and schedules (dialects/postgres_flow.ts).
 ${POSTGRES_FLOW_STEP}
 ${POSTGRES_LAYOUT_STEP}
+-- Version 9: claims and renewals as HOT updates (dialects/postgres_ready.ts).
+${POSTGRES_READY_STEP}
 CREATE TABLE IF NOT EXISTS outbox_attempts (
   id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   event_id bigint NOT NULL,
@@ -266,10 +270,14 @@ INSERT INTO outbox_schema (version, applied_at)
   ON CONFLICT (version) DO NOTHING;
 `;
 
+// A lease's due time is its deadline: version 9's claim leaves `due_at`
+// as it was (a HOT update) and keeps the deadline in `lease_until`.
+const DUE_AT =
+  "CASE WHEN state = 'leased' THEN lease_until ELSE due_at END AS due_at";
 const EVENT_COLUMNS =
-  "id, identity, queue, state, payload, payload_bytes, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at";
+  `id, identity, queue, state, payload, payload_bytes, ordering_key, ${DUE_AT}, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at`;
 const LIST_COLUMNS =
-  "id, identity, queue, state, attempt, max_attempts, due_at, lease_until, last_error, created_at, updated_at, payload, payload_bytes, ordering_key, dedup_key";
+  `id, identity, queue, state, attempt, max_attempts, ${DUE_AT}, lease_until, last_error, created_at, updated_at, payload, payload_bytes, ordering_key, dedup_key`;
 // The enqueue time of a page's cursor $3: that event's, or (gone) its
 // nearest predecessor's by id.
 const CURSOR_AT = `coalesce((SELECT created_at FROM outbox_all
@@ -293,10 +301,16 @@ const BATCH = `d AS MATERIALIZED (SELECT e.value, e.n,
       nextval((SELECT seq FROM s)) AS id
     FROM json_array_elements($2::json) WITH ORDINALITY AS e (value, n)
     ORDER BY e.n)`;
+// A claim changes no column an index names (schema version 9): `due_at`
+// stays, and the markers stay null but for an event of an ordering or
+// concurrency key (`keyed_lease`) or on its last attempt (`last_lease`).
 const claimSet = (leaseUntil: string, now: string) =>
   `state = 'leased', fence = e.fence + 1,
-      attempt = e.attempt + 1, lease_until = ${leaseUntil}, due_at = ${leaseUntil},
+      attempt = e.attempt + 1, lease_until = ${leaseUntil},
       updated_at = ${now}, claimed_at = ${now},
+      keyed_lease = CASE WHEN e.ordering_key IS NOT NULL
+        OR e.concurrency_key IS NOT NULL THEN true END,
+      last_lease = CASE WHEN e.attempt + 1 >= e.max_attempts THEN true END,
       last_error = CASE e.state WHEN 'leased' THEN '${LEASE_EXPIRED}' ELSE e.last_error END`;
 const CLAIM_SET = claimSet("$1", "$2");
 const IDS = "SELECT value::bigint FROM jsonb_array_elements_text";
@@ -343,10 +357,12 @@ const lockedRows = (
 const claimableInOrder = (now: string, except = "") =>
   `(e.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM outbox_events AS p
         WHERE p.queue = e.queue AND p.ordering_key = e.ordering_key
-          AND p.id < e.id AND p.state IN ('pending', 'leased')${except}
+          AND p.id < e.id AND p.done_at IS NULL
+          AND p.state IN ('pending', 'leased')${except}
         UNION ALL SELECT 1 FROM outbox_events AS p
         WHERE p.queue = e.queue AND p.ordering_key = e.ordering_key
-          AND p.state = 'leased' AND p.due_at > ${now}${except}))`;
+          AND p.keyed_lease AND p.done_at IS NULL
+          AND p.state = 'leased' AND p.lease_until > ${now}${except}))`;
 
 /**
  * Whether the candidate `c` (its columns `queue` and `ordering_key`) may be
@@ -370,16 +386,17 @@ const HELD = held("$2");
 const CLOCK = `n AS MATERIALIZED (SELECT coalesce($1::bigint, ${NOW}) AS now)`;
 // A lapsed last-attempt lease the core's transaction would first make a
 // dead letter: a one-statement call leaves that to the general path. One
-// row at most, the earliest, so the planner walks the partial index
-// outbox_events_last_attempt: written as EXISTS (which drops ORDER BY and
+// row at most, the first, so the planner walks the partial index
+// outbox_events_last_leases (version 9; outbox_events_last_attempt before): written as EXISTS (which drops ORDER BY and
 // LIMIT), it was planned as a scan of the table for the first match once
 // leases were in flight at the last ANALYZE (it guesses a ninth of them
 // match: a comparison's default selectivity, twice), in every batch
 // acknowledgement (7c9fba9; postgres_one_statement_test's plan test).
 const EXHAUSTED_DUE = `(SELECT 1 FROM outbox_events
-    WHERE state = 'leased' AND attempt >= max_attempts
-      AND due_at <= (SELECT now FROM n)
-    ORDER BY due_at LIMIT 1)`;
+    WHERE last_lease AND done_at IS NULL
+      AND state = 'leased' AND attempt >= max_attempts
+      AND lease_until <= (SELECT now FROM n)
+    ORDER BY id LIMIT 1)`;
 
 // The leases of the CTE `l` (id, fence, token) that are current, their rows
 // locked in id order (lockedRows: the planner may join in the array's
@@ -447,6 +464,30 @@ function claimInOne(acknowledge?: string): string {
           AND ${p}.id NOT IN (SELECT id FROM matched)`;
   const now = "(SELECT now FROM n)";
   const perKey = "(SELECT per_key FROM g)";
+  // What makes an event of the queue a candidate, but its state and due
+  // time.
+  const eligible = `${claimableInOrder(now, except("p"))}
+      AND (e.concurrency_key IS NULL OR ${perKey} IS NULL
+        OR ${held(now, except("k"))} < ${perKey})`;
+  // A lapsed lease the claim would take in its deadline's order (the
+  // general path's takeover): one due before the batch's last candidate
+  // (its index entry, at the due time it was claimed at, is no later), or
+  // any when the batch is short. Read from the part of the ready index the
+  // candidates' scan walked, so a lapsed lease behind the batch costs a
+  // claim no sort of the backlog and no refusal.
+  const lapsedIn = (range: string) => `
+    UNION ALL (SELECT 1 FROM outbox_events AS e
+      WHERE e.queue = $2 AND e.done_at IS NULL AND ${range}
+        AND e.state = 'leased' AND e.lease_until <= ${now} AND ${eligible}
+      LIMIT 1)`;
+  const lapsed = lapsedIn(`e.due_at <= ${now}
+        AND NOT coalesce((SELECT filled FROM last), false)`) +
+    lapsedIn(`e.priority > (SELECT priority FROM last)
+        AND e.due_at <= ${now} AND (SELECT filled FROM last)`) +
+    lapsedIn(`e.priority = (SELECT priority FROM last)
+        AND (e.due_at, e.id) < ((SELECT due_at FROM last), (SELECT id FROM last))
+        AND (e.lease_until, e.id)
+          < ((SELECT due_at FROM last), (SELECT id FROM last))`);
   // The LIMIT is computed before the scan locks a row, so the queue's row
   // lock (which may wait) and, before it, the leases' (likewise; in the
   // order the general path takes them: its acknowledgement, then its
@@ -473,13 +514,13 @@ function claimInOne(acknowledge?: string): string {
       CASE WHEN e.concurrency_key IS NOT NULL AND ${perKey} IS NOT NULL
         THEN ${held(now, except("k"))} END AS held
     FROM outbox_events AS e
-    WHERE e.queue = $2 AND e.state IN ('pending', 'leased')
-      AND e.due_at <= ${now}
-      AND ${claimableInOrder(now, except("p"))}
-      AND (e.concurrency_key IS NULL OR ${perKey} IS NULL
-        OR ${held(now, except("k"))} < ${perKey})
+    WHERE e.queue = $2 AND e.done_at IS NULL AND e.due_at <= ${now}
+      AND e.state = 'pending' AND ${eligible}
     ORDER BY e.priority DESC, e.due_at, e.id LIMIT (SELECT allowed FROM g)
     FOR UPDATE OF e SKIP LOCKED),
+  last AS MATERIALIZED (SELECT priority, due_at, id,
+      (SELECT count(*) FROM candidates) >= (SELECT allowed FROM g) AS filled
+    FROM candidates ORDER BY priority, due_at DESC, id DESC LIMIT 1),
   t AS MATERIALIZED (SELECT decode($6, 'hex') AS bytes),
   free AS MATERIALIZED (SELECT c.*, row_number() OVER (
         PARTITION BY c.concurrency_key
@@ -491,7 +532,7 @@ function claimInOne(acknowledge?: string): string {
   refused AS MATERIALIZED (SELECT 1 FROM free
     WHERE state = 'leased' OR bytes > $4 OR id > ${MAX_SAFE}
       OR fence >= ${MAX_SAFE}
-    UNION ALL ${EXHAUSTED_DUE}
+    UNION ALL ${EXHAUSTED_DUE}${lapsed}
     UNION ALL SELECT 1 FROM g WHERE moved
     UNION ALL SELECT 1 WHERE (SELECT count(*) FROM numbered) < $3
       AND (SELECT count(*) FROM numbered) < (SELECT count(*) FROM free)${
@@ -672,7 +713,8 @@ export const POSTGRES = {
   nowExhausted: `SELECT n.now, e.id, e.fence
     FROM (SELECT ${NOW} AS now) AS n
     LEFT JOIN LATERAL (SELECT id, fence FROM outbox_events
-      WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= n.now
+      WHERE last_lease AND done_at IS NULL AND state = 'leased'
+        AND attempt >= max_attempts AND lease_until <= n.now
       ORDER BY id FOR UPDATE) AS e ON true`,
   // The event's keys first (its identity and dedup key, whose unique
   // indexes are the dedup's lock, also after the event is done), then the
@@ -740,34 +782,46 @@ export const POSTGRES = {
           OR identity = (d.value ->> 2)::uuid
       ORDER BY dedup_key IS DISTINCT FROM d.value ->> 1 LIMIT 1) AS e ON true`,
   exhausted: `SELECT id, fence FROM outbox_events
-    WHERE state = 'leased' AND attempt >= max_attempts AND due_at <= $1
+    WHERE last_lease AND done_at IS NULL AND state = 'leased'
+      AND attempt >= max_attempts AND lease_until <= $1
     ORDER BY id FOR UPDATE`,
+  // The dead letter's due time and end are its lease's deadline.
   expire: `UPDATE outbox_events
     SET state = 'dead', lease_until = NULL, token = NULL,
-      last_error = '${LEASE_EXPIRED}', updated_at = $1, done_at = due_at
+      last_error = '${LEASE_EXPIRED}', updated_at = $1,
+      done_at = lease_until, due_at = lease_until
     WHERE id IN (${IDS}($2::jsonb))`,
   // Only a payload within $4 bytes is read; a bigger one's size says why
   // the event is unclaimable.
   // $5: the queue's per-key limit or null, as on SQLite.
+  // A lapsed lease is due at its deadline (lease_until), which the ready
+  // index does not hold (version 9): the due events are sorted, not read in
+  // the index's order. The one-statement claim reads them in that order and
+  // refuses when a lapsed lease is among its candidates, which the same
+  // candidates in the deadline's order would not always hold.
   candidates: `SELECT c.id, c.identity, c.state, c.fence, c.attempt,
       c.max_attempts, c.payload, c.payload_bytes, c.bytes, c.ordering_key,
       c.last_error, c.concurrency_key, c.held
     FROM (SELECT id, identity, state, fence, attempt, max_attempts,
         CASE WHEN ${PAYLOAD_BYTES} <= $4 THEN payload END AS payload,
         CASE WHEN ${PAYLOAD_BYTES} <= $4 THEN payload_bytes END AS payload_bytes,
-        ${PAYLOAD_BYTES} AS bytes, queue, ordering_key, last_error, due_at,
+        ${PAYLOAD_BYTES} AS bytes, queue, ordering_key, last_error,
+        CASE WHEN state = 'leased' THEN lease_until ELSE due_at END AS due,
         priority, concurrency_key,
         CASE WHEN concurrency_key IS NOT NULL AND $5::integer IS NOT NULL
           THEN ${HELD} END AS held
       FROM outbox_events AS e
-      WHERE queue = $1 AND state IN ('pending', 'leased') AND due_at <= $2
+      WHERE queue = $1 AND done_at IS NULL AND due_at <= $2
+        AND (state = 'pending' OR state = 'leased' AND lease_until <= $2)
         AND ${claimableInOrder("$2")}
         AND (concurrency_key IS NULL OR $5::integer IS NULL
           OR ${HELD} < $5::integer)
-      ORDER BY priority DESC, due_at, id LIMIT $3
+      ORDER BY priority DESC,
+        CASE WHEN state = 'leased' THEN lease_until ELSE due_at END, id
+      LIMIT $3
       FOR UPDATE OF e SKIP LOCKED) AS c
     WHERE ${freeKey("c")}
-    ORDER BY c.priority DESC, c.due_at, c.id`,
+    ORDER BY c.priority DESC, c.due, c.id`,
   // $1 now or null (the server's clock), $2 queue, $3 max, $4 the largest
   // payload in bytes, $5 leaseMs, $6 one 32-character token per lease, in
   // claim order. Refuses (claims nothing) when a candidate is a lapsed
@@ -856,9 +910,9 @@ export const POSTGRES = {
     WHERE e.id IN (SELECT id FROM l) AND e.state = 'leased'
     RETURNING e.*)
   ${intoDone("acked", "$1::bigint")}`,
+  // Changes no indexed column: a HOT update (version 9).
   renew: `UPDATE outbox_events
-    SET lease_until = greatest(lease_until, $1),
-      due_at = greatest(lease_until, $1), updated_at = $2
+    SET lease_until = greatest(lease_until, $1), updated_at = $2
     WHERE id = $3 AND token = $4 AND fence = $5 AND state = 'leased'
       AND lease_until > $2
     RETURNING lease_until`,
@@ -869,7 +923,8 @@ export const POSTGRES = {
       done_at = CASE WHEN $7::int = 1 OR attempt - $8::int >= max_attempts
         THEN $1::bigint END,
       attempt = attempt - $8::int, token = NULL, lease_until = NULL, due_at = $2, updated_at = $1,
-      last_error = coalesce($3, last_error)
+      last_error = coalesce($3, last_error), keyed_lease = NULL,
+      last_lease = NULL
     WHERE id = $4 AND token = $5 AND fence = $6 AND state = 'leased'
     RETURNING state`,
   // Under a key-share lock on the event's row (writeUnwritten's reason).
@@ -920,7 +975,7 @@ export const POSTGRES = {
   })
   UPDATE outbox_events AS e
     SET state = 'pending', attempt = 0, due_at = $1, updated_at = $1,
-      done_at = NULL
+      done_at = NULL, keyed_lease = NULL, last_lease = NULL
     FROM l WHERE e.id = l.id AND e.state = 'dead'
     RETURNING e.id, e.fence`,
   // A batch of candidates, then those still purgeable locked in id order
@@ -967,20 +1022,26 @@ export const POSTGRES = {
   // $2 now or null (the server's clock): one statement outside a
   // transaction, one round trip.
   // One seek per priority in use, as on SQLite: p walks the queue's
-  // distinct priorities down the claim index.
+  // distinct priorities down the ready index. A lease (version 9) keeps the
+  // due time it was claimed at, past by then: the live leases' deadlines
+  // are read from the due part of the index (a version 8 lease's due time
+  // is its deadline, which the seeks find).
   nextDue: `WITH RECURSIVE p(v) AS (
       SELECT (SELECT priority FROM outbox_events
-        WHERE queue = $1 AND state IN ('pending', 'leased')
+        WHERE queue = $1 AND done_at IS NULL
         ORDER BY priority DESC LIMIT 1)
       UNION ALL
       SELECT (SELECT priority FROM outbox_events
-        WHERE queue = $1 AND state IN ('pending', 'leased') AND priority < p.v
+        WHERE queue = $1 AND done_at IS NULL AND priority < p.v
         ORDER BY priority DESC LIMIT 1)
       FROM p WHERE p.v IS NOT NULL)
-    SELECT n.now, (SELECT min((SELECT due_at FROM outbox_events
-        WHERE queue = $1 AND state IN ('pending', 'leased') AND priority = p.v
-          AND due_at > n.now
-        ORDER BY due_at LIMIT 1)) FROM p WHERE p.v IS NOT NULL) AS due_at
+    SELECT n.now, least((SELECT min((SELECT due_at FROM outbox_events
+        WHERE queue = $1 AND done_at IS NULL AND priority = p.v
+          AND due_at > n.now AND state IN ('pending', 'leased')
+        ORDER BY due_at LIMIT 1)) FROM p WHERE p.v IS NOT NULL),
+      (SELECT min(lease_until) FROM outbox_events
+        WHERE queue = $1 AND done_at IS NULL AND due_at <= n.now
+          AND state = 'leased' AND lease_until > n.now)) AS due_at
     FROM (SELECT coalesce($2::bigint, ${NOW}) AS now) AS n`,
   stats: `SELECT state, count(*) AS n, min(created_at) AS oldest
     FROM outbox_all WHERE queue = $1 GROUP BY state`,

@@ -62,15 +62,19 @@ CREATE TABLE IF NOT EXISTS outbox_schedules (
 /**
  * The live leases of a candidate `e`'s concurrency key at `now`, but those
  * of `except` (a condition on `k`, the lease: the leases the same
- * statement acknowledges, which its snapshot still shows leased).
+ * statement acknowledges, which its snapshot still shows leased). Read
+ * from `outbox_events_concurrency_leases` (schema version 9: the keyed
+ * leases, whether live a test of the row), which no claim of an event
+ * without a key writes to.
  *
  * @ignore
  */
 export const held = (now: string, except = "") =>
   `(SELECT count(*) FROM outbox_events AS k
           WHERE k.queue = e.queue AND k.concurrency_key = e.concurrency_key
-            AND k.state = 'leased' AND k.concurrency_key IS NOT NULL
-            AND k.due_at > ${now}${except})`;
+            AND k.keyed_lease AND k.concurrency_key IS NOT NULL
+            AND k.done_at IS NULL AND k.state = 'leased'
+            AND k.lease_until > ${now}${except})`;
 
 /**
  * The gate of a one-statement claim (core/one_statement.ts) from the queue

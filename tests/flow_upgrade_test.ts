@@ -4,7 +4,11 @@
  * events are claimed with the new features as before.
  */
 import assert from "node:assert/strict";
-import { Outbox, SQLITE_SCHEMA_VERSION } from "../mod.ts";
+import {
+  Outbox,
+  POSTGRES_SCHEMA_VERSION,
+  SQLITE_SCHEMA_VERSION,
+} from "../mod.ts";
 import { connectPostgres } from "../drivers/postgres.ts";
 import { UPGRADES, VERSION_TABLE_SQL } from "../dialects/sqlite.ts";
 import { sharedPostgres } from "../scripts/postgres_server.ts";
@@ -116,6 +120,6 @@ Deno.test("postgres: opening a version 6 schema holding events adds the flow ste
   const [row] = await db.query(
     "SELECT max(version) AS version FROM outbox_schema",
   );
-  assert.equal(row?.["version"], 8);
+  assert.equal(row?.["version"], POSTGRES_SCHEMA_VERSION);
   await exercise(outbox, clock);
 });

@@ -53,6 +53,10 @@ export async function snapshot(driver: Driver): Promise<{
   return { events, attempts, totalChanges: Number(row?.["n"]) };
 }
 
+// The columns of an event row on PostgreSQL, in both of its tables.
+const EVENT_ROW =
+  "id, queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at, claimed_at, identity, priority, concurrency_key";
+
 /** One event's row as stored (with its `xmin` on PostgreSQL, see snapshot). */
 export async function eventRow(
   driver: Driver,
@@ -60,9 +64,11 @@ export async function eventRow(
 ): Promise<Row | undefined> {
   const [row] = driver instanceof PostgresDriver
     ? await driver.query(
-      // Version 8 keeps done events in outbox_done, its columns alike.
-      `SELECT *, xmin::text AS xmin FROM outbox_events WHERE id = $1
-        UNION ALL SELECT *, xmin::text AS xmin FROM outbox_done WHERE id = $1`,
+      // Version 8 keeps done events in outbox_done, its columns alike;
+      // version 9's lease markers are outbox_events' alone.
+      `SELECT ${EVENT_ROW}, xmin::text AS xmin FROM outbox_events WHERE id = $1
+        UNION ALL SELECT ${EVENT_ROW}, xmin::text AS xmin FROM outbox_done
+        WHERE id = $1`,
       [id],
     )
     : await driver.query("SELECT * FROM outbox_events WHERE id = ?", [id]);
@@ -232,12 +238,50 @@ export async function tempDir(prefix = "outbox-test-"): Promise<TempDir> {
 }
 
 /**
- * Turns a version 8 schema back into version 7's layout, its events kept:
- * done events back in outbox_events, no keys table, the identity, dedup and
- * done indexes of outbox_events, the ledger views over outbox_events alone;
- * records version 7.
+ * Turns a version 9 schema back into version 8's layout, its events kept:
+ * a lease's deadline in `due_at` too, no lease markers, the default
+ * fillfactor, version 8's indexes of outbox_events (each naming `state`)
+ * in place of version 9's; records version 8.
+ */
+export async function asPostgresVersion8(db: Driver): Promise<void> {
+  await db.exec(POSTGRES_AS_VERSION_8);
+}
+
+/** The SQL of {@linkcode asPostgresVersion8}. */
+export const POSTGRES_AS_VERSION_8 = `DROP INDEX outbox_events_ready;
+    DROP INDEX outbox_events_key_order;
+    DROP INDEX outbox_events_key_leases;
+    DROP INDEX outbox_events_concurrency_leases;
+    DROP INDEX outbox_events_last_leases;
+    UPDATE outbox_events SET due_at = lease_until WHERE state = 'leased';
+    ALTER TABLE outbox_events DROP COLUMN keyed_lease,
+      DROP COLUMN last_lease, RESET (fillfactor);
+    CREATE INDEX outbox_events_claim_priority
+      ON outbox_events (queue, priority DESC, due_at, id)
+      WHERE state IN ('pending', 'leased');
+    CREATE INDEX outbox_events_last_attempt ON outbox_events (due_at)
+      WHERE state = 'leased' AND attempt >= max_attempts;
+    CREATE INDEX outbox_events_ordering
+      ON outbox_events (queue, ordering_key, id)
+      WHERE state IN ('pending', 'leased') AND ordering_key IS NOT NULL;
+    CREATE INDEX outbox_events_ordering_leased
+      ON outbox_events (queue, ordering_key, due_at)
+      WHERE state = 'leased' AND ordering_key IS NOT NULL;
+    CREATE INDEX outbox_events_concurrency
+      ON outbox_events (queue, concurrency_key, due_at)
+      WHERE state = 'leased' AND concurrency_key IS NOT NULL;
+    DELETE FROM outbox_schema;
+    INSERT INTO outbox_schema (version, applied_at) VALUES (8, 0)`;
+
+/**
+ * Turns a version 9 schema back into version 7's layout, its events kept
+ * (version 8's first, {@linkcode asPostgresVersion8}): done events back in
+ * outbox_events, no keys table, the identity, dedup and done indexes of
+ * outbox_events, the ledger views over outbox_events alone; records
+ * version 7.
  */
 export async function asPostgresVersion7(db: Driver): Promise<void> {
+  await asPostgresVersion8(db);
   await db.exec(`DROP VIEW outbox_ledger;
     DROP VIEW outbox_unwritten_attempts;
     INSERT INTO outbox_events SELECT * FROM outbox_done;

@@ -16,7 +16,7 @@ import {
   Outbox,
 } from "../mod.ts";
 import { sharedPostgres } from "../scripts/postgres_server.ts";
-import { untilWaiting } from "./helpers.ts";
+import { ManualClock, untilWaiting } from "./helpers.ts";
 
 /** A connection that records every statement it sends. */
 class CountingDriver implements Driver {
@@ -636,7 +636,7 @@ function assertLookups(
   scanned: "by key" | "by key or whole" = "by key",
 ): void {
   for (const [name, text] of Object.entries(plans)) {
-    assert.doesNotMatch(text, /outbox_events_claim_priority/, name);
+    assert.doesNotMatch(text, /outbox_events_(claim_priority|ready)/, name);
     assert.doesNotMatch(text, /Index Cond: \(\(id = \w+\.id\) AND/, name);
     if (scanned === "by key") {
       assert.match(text, /Index Scan using outbox_events_pkey/, name);
@@ -735,7 +735,7 @@ Deno.test("postgres: with leases in flight at the last ANALYZE, the one-statemen
       nowExhausted: await plan(POSTGRES.nowExhausted, []),
     };
     for (const [name, text] of Object.entries(plans)) {
-      assert.match(text, /outbox_events_last_attempt/, name);
+      assert.match(text, /outbox_events_last_leases/, name);
       assert.doesNotMatch(text, /Seq Scan on outbox_events/, name);
     }
     assertLookups({
@@ -744,6 +744,57 @@ Deno.test("postgres: with leases in flight at the last ANALYZE, the one-statemen
     });
     // Nothing above ran: the leases are all still in flight.
     assert.equal((await outbox.stats()).leased, n);
+  } finally {
+    await outbox.close();
+  }
+});
+
+Deno.test("postgres: the one-statement claim leaves a lapsed lease to the general path only when the claim would take it, in its deadline's order: one lapsing after the batch's last event does not refuse the batch", async () => {
+  const clock = new ManualClock(1_000);
+  const { outbox, db } = await open({ now: clock.now });
+  try {
+    // Event 1, due at 1,000, leased until 6,000; events 2 to 5 due at
+    // 2,000 and event 6 at 8,000.
+    await outbox.enqueue("first");
+    assert.equal((await outbox.claim({ leaseMs: 5_000 }))?.leaseUntil, 6_000);
+    clock.set(2_000);
+    await outbox.enqueueBatch(
+      Array.from({ length: 4 }, (_, i) => ({ payload: { i } })),
+    );
+    await outbox.enqueue("late", { delayMs: 6_000 });
+    // Each claim at 10,000 (the lease lapsed at 6,000), rolled back.
+    const claim = async (max: number) => {
+      await db.inner.run("BEGIN");
+      try {
+        const rows = await db.inner.query(POSTGRES.claimInOne, [
+          10_000,
+          "default",
+          max,
+          1 << 20,
+          30_000,
+          "ab".repeat(16 * max),
+        ]);
+        return {
+          refused: rows[0]?.["refused"],
+          ids: rows.filter((row) => row["id"] !== null).map((row) =>
+            Number(row["id"])
+          ),
+        };
+      } finally {
+        await db.inner.run("ROLLBACK");
+      }
+    };
+    // The lease's deadline is past the batch's last event: not taken.
+    assert.deepEqual(await claim(2), { refused: 0, ids: [2, 3] });
+    assert.deepEqual(await claim(4), { refused: 0, ids: [2, 3, 4, 5] });
+    // Before event 6, or the batch short: the general path takes it over.
+    assert.deepEqual(await claim(5), { refused: 1, ids: [] });
+    assert.deepEqual(await claim(10), { refused: 1, ids: [] });
+    clock.set(10_000);
+    assert.deepEqual(
+      (await outbox.claim({ max: 10 })).map((lease) => lease.eventId),
+      [2, 3, 4, 5, 1, 6],
+    );
   } finally {
     await outbox.close();
   }

@@ -828,7 +828,7 @@ async function upgradeKeepsEverything(from: 4 | 7): Promise<void> {
   await using db = await raw(url, schema);
   const snapshot = async () => ({
     events: await db.query(
-      `SELECT id, identity::text AS identity, queue, state, payload, payload_bytes, dedup_key, ordering_key, due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at, claimed_at FROM outbox_all ORDER BY id`,
+      `SELECT id, identity::text AS identity, queue, state, payload, payload_bytes, dedup_key, ordering_key, CASE WHEN state = 'leased' THEN lease_until ELSE due_at END AS due_at, lease_until, token, fence, attempt, max_attempts, last_error, created_at, updated_at, done_at, claimed_at FROM outbox_all ORDER BY id`,
     ),
     ledger: await db.query("SELECT * FROM outbox_ledger ORDER BY seq"),
   });
@@ -854,7 +854,7 @@ async function upgradeKeepsEverything(from: 4 | 7): Promise<void> {
     await db.query("SELECT version FROM outbox_schema ORDER BY version"),
     [{ version: from }, { version: POSTGRES_SCHEMA_VERSION }],
   );
-  assert.equal(POSTGRES_SCHEMA_VERSION, 8);
+  assert.equal(POSTGRES_SCHEMA_VERSION, 9);
   // The done event moved; every event's keys are there; the indexes they
   // replace are gone.
   assert.deepEqual(
@@ -879,7 +879,7 @@ async function upgradeKeepsEverything(from: 4 | 7): Promise<void> {
   });
   assert.deepEqual(
     await db.query(
-      "SELECT 1 AS present FROM pg_indexes WHERE indexname = 'outbox_events_ordering_leased' AND schemaname = current_schema()",
+      "SELECT 1 AS present FROM pg_indexes WHERE indexname = 'outbox_events_key_leases' AND schemaname = current_schema()",
     ),
     [{ present: 1 }],
   );
@@ -1648,4 +1648,34 @@ Deno.test("postgres: processEvents at concurrency 4, with events trickling in an
   assert.equal(stats.done, events);
   assert.equal(processor.counters.acknowledged, events);
   assert.equal(processor.counters.claimed, events);
+});
+
+Deno.test("postgres: a claim of events without ordering or concurrency keys before their last attempt, and a renewal, are HOT updates (schema version 9: no index names a column they change); a keyed claim is not", async () => {
+  const { url, schema } = await fresh();
+  await using outbox = await openPostgres(url, { schema, listen: false });
+  await using db = await raw(url, schema);
+  // The outbox's backend reports its counts at its next idle moment.
+  const counts = async () => {
+    await outbox.transaction((tx) =>
+      tx.query("SELECT pg_stat_force_next_flush()")
+    );
+    const [row] = await db.query(
+      `SELECT n_tup_upd::integer AS updates, n_tup_hot_upd::integer AS hot
+      FROM pg_stat_user_tables
+      WHERE schemaname = current_schema() AND relname = 'outbox_events'`,
+    );
+    return row;
+  };
+  await outbox.enqueueBatch(
+    Array.from({ length: 64 }, (_, i) => ({ payload: { i } })),
+  );
+  const leases = await outbox.claim({ max: 64 });
+  assert.equal(leases.length, 64);
+  for (const lease of leases) {
+    assert.ok(await outbox.renew(lease, 60_000) !== null);
+  }
+  assert.deepEqual(await counts(), { updates: 128, hot: 128 });
+  await outbox.enqueue("keyed", { orderingKey: "k" });
+  assert.equal((await outbox.claim({ max: 1 }))[0]?.orderingKey, "k");
+  assert.deepEqual(await counts(), { updates: 129, hot: 128 });
 });

@@ -1,9 +1,11 @@
 /**
- * Issue 39's upgrade: a PostgreSQL outbox at schema version 6 or 7 (as
- * released, `tests/fixtures/postgres_schema_v6.sql` and `_v7.sql`) holding
- * 100,000 events in every state opens with this release, which upgrades it,
- * and nothing is lost. (Version 7 is this release's own until issue 39's
- * layout lands; from then on its test is an upgrade too.)
+ * Issue 39's upgrade: a PostgreSQL outbox at schema version 6, 7 or 8 (as
+ * released, `tests/fixtures/postgres_schema_v6.sql`, `_v7.sql` and
+ * `_v8.sql`; version 8's rows moved into its layout by `AS_VERSION_8`)
+ * holding 100,000 events in every state opens with this release, which
+ * upgrades it, and nothing is lost. A smaller version 8 outbox holds the
+ * leases version 9 reads by marker: of ordering and concurrency keys, and
+ * last attempts.
  *
  * The database is filled with set-based SQL on the older tables; what
  * each event should read as afterwards is taken from those tables before
@@ -30,7 +32,7 @@ import {
 } from "../mod.ts";
 import { OutboxReader } from "../reader.ts";
 import { sharedPostgres } from "../scripts/postgres_server.ts";
-import { ManualClock } from "./helpers.ts";
+import { asPostgresVersion8, ManualClock } from "./helpers.ts";
 
 const EVENTS = 100_000;
 /** The outbox's clock at the upgrade, epoch milliseconds. */
@@ -653,7 +655,18 @@ async function untilWaitingOnAdvisoryLock(
   }
 }
 
-for (const version of [6, 7]) {
+/**
+ * Version 8's layout of the rows `fillSql` wrote in version 7's: every
+ * event's keys in outbox_keys, the done events in outbox_done.
+ */
+const AS_VERSION_8 =
+  `INSERT INTO outbox_keys (identity, event_id, queue, dedup_key)
+    SELECT identity, id, queue, dedup_key FROM outbox_events ORDER BY id;
+  WITH moved AS (DELETE FROM outbox_events WHERE state = 'done' RETURNING *)
+    INSERT INTO outbox_done SELECT * FROM moved;
+  ANALYZE outbox_events`;
+
+for (const version of [6, 7, 8]) {
   Deno.test(`postgres: a version ${version} outbox of 100,000 events in every state, opened by two outboxes queued for the set-up lock at once, upgrades once; every event lists, explains and counts as before, and leases, dedup, ordering keys, redrive, cancel and purge work on them`, async () => {
     const server = await sharedPostgres();
     const url = server.url;
@@ -685,6 +698,7 @@ for (const version of [6, 7]) {
     );
     const sampled = sample(before, 3);
     const explained = await explanationsBefore(db, before, sampled);
+    if (version === 8) await db.exec(AS_VERSION_8);
     const versions = async () =>
       (await db.query("SELECT version FROM outbox_schema ORDER BY version"))
         .map((row) => row["version"]);
@@ -951,3 +965,129 @@ for (const version of [6, 7]) {
     assert.equal(total, EVENTS + 2 - purged.length);
   });
 }
+
+Deno.test("postgres: a version 8 outbox holding keyed, last-attempt, lapsed, delayed, dead and done events upgrades to version 9; per-key FIFO, the per-key limit, renewals and lapsed last attempts hold on the leases it held, and claims after behave as before", async () => {
+  const server = await sharedPostgres();
+  const schema = await server.createSchema();
+  const clock = new ManualClock(NOW);
+  const options = { schema, now: clock.now, listen: false };
+  await using db = await connectPostgres(server.url, { schema, listen: false });
+  let ordered: Lease, concurrent: Lease, last: Lease, lapsing: Lease;
+  let o2: number, c2: number, c3: number, delayed: number, dead: number;
+  {
+    await using old = await openPostgres(server.url, options);
+    await old.setLimits("c", { perKey: 1 });
+    // An ordering key's live lease and the event behind it.
+    await old.enqueue("o1", { queue: "o", orderingKey: "k" });
+    o2 = (await old.enqueue("o2", { queue: "o", orderingKey: "k" })).eventId;
+    [ordered] = await old.claim({ queue: "o", max: 10, leaseMs: HOUR }) as [
+      Lease,
+    ];
+    // A concurrency key's live lease (its limit 1), another of its events
+    // and one of another key.
+    await old.enqueue("c1", { queue: "c", concurrencyKey: "a" });
+    c2 = (await old.enqueue("c2", { queue: "c", concurrencyKey: "a" }))
+      .eventId;
+    [concurrent] = await old.claim({ queue: "c", max: 1, leaseMs: HOUR }) as [
+      Lease,
+    ];
+    c3 = (await old.enqueue("c3", { queue: "c", concurrencyKey: "b" }))
+      .eventId;
+    // A last attempt and a lease with attempts left, both to lapse.
+    await old.enqueue("last", { queue: "l", maxAttempts: 1 });
+    [last] = await old.claim({ queue: "l", max: 1, leaseMs: MINUTE }) as [
+      Lease,
+    ];
+    await old.enqueue("lapsing", { queue: "r" });
+    [lapsing] = await old.claim({ queue: "r", max: 1, leaseMs: MINUTE }) as [
+      Lease,
+    ];
+    // Delayed, dead and done.
+    delayed = (await old.enqueue("later", { queue: "p", delayMs: HOUR }))
+      .eventId;
+    dead = (await old.enqueue("dead", { queue: "p", maxAttempts: 1 }))
+      .eventId;
+    await old.enqueue("done", { queue: "p" });
+    const [d, done] = await old.claim({ queue: "p", max: 2 }) as [Lease, Lease];
+    assert.equal(d.eventId, dead);
+    assert.equal(await old.release(d, { error: "boom" }), true);
+    assert.equal(await old.acknowledge(done), true);
+  }
+  await asPostgresVersion8(db);
+  const leasedBefore = await db.query(
+    "SELECT id, due_at, lease_until FROM outbox_events WHERE state = 'leased' ORDER BY id",
+  );
+  assert.equal(leasedBefore.length, 4);
+  assert.ok(leasedBefore.every((row) => row["due_at"] === row["lease_until"]));
+
+  clock.advance(10 * MINUTE);
+  await using outbox = await openPostgres(server.url, options);
+  assert.deepEqual(
+    (await db.query("SELECT version FROM outbox_schema ORDER BY version"))
+      .map((row) => row["version"]),
+    [8, 9],
+  );
+  const { wal: _, ...stats } = await outbox.stats({ queue: "p" });
+  assert.deepEqual(stats, {
+    pending: 1,
+    leased: 0,
+    done: 1,
+    dead: 1,
+    oldestPendingAgeMs: 10 * MINUTE,
+  });
+  // A lease's due time reads as its deadline, as before.
+  const info = await outbox.explain(ordered.eventId);
+  assert.equal(info?.state, "leased");
+  assert.deepEqual(
+    (await outbox.list({ state: "leased", queue: "o" })).map((e) => e.dueAt),
+    [ordered.leaseUntil],
+  );
+
+  // The ordering key's live lease holds its next event back, renewed too.
+  assert.deepEqual(await outbox.claim({ queue: "o", max: 10 }), []);
+  assert.equal(await outbox.renew(ordered, 2 * HOUR), clock.ms + 2 * HOUR);
+  assert.deepEqual(await outbox.claim({ queue: "o", max: 10 }), []);
+  assert.equal(await outbox.acknowledge(ordered), true);
+  assert.deepEqual(
+    (await outbox.claim({ queue: "o", max: 10 })).map((l) => l.eventId),
+    [o2],
+  );
+
+  // The per-key limit counts the lease version 8 took.
+  assert.deepEqual(
+    (await outbox.claim({ queue: "c", max: 10 })).map((l) => l.eventId),
+    [c3],
+  );
+  assert.equal(await outbox.acknowledge(concurrent), true);
+  assert.deepEqual(
+    (await outbox.claim({ queue: "c", max: 10 })).map((l) => l.eventId),
+    [c2],
+  );
+
+  // The lapsed last attempt is a dead letter; the lapsed lease with
+  // attempts left is claimed again, its old holder's lease stale.
+  const lastNow = (await outbox.explain(last.eventId))!;
+  assert.deepEqual(
+    [lastNow.state, lastNow.lastError, lastNow.history.at(-1)?.kind],
+    ["dead", "lease expired", "dead"],
+  );
+  const [retaken] = await outbox.claim({ queue: "r", max: 10 });
+  assert.deepEqual(
+    [retaken?.eventId, retaken?.fence, retaken?.lastError],
+    [lapsing.eventId, 2, "lease expired"],
+  );
+  assert.equal(await outbox.acknowledge(lapsing), false);
+
+  // The delayed event waits for its time; the dead letter redrives.
+  assert.deepEqual(await outbox.claim({ queue: "p", max: 10 }), []);
+  assert.equal(await outbox.redrive({ queue: "p" }), 1);
+  assert.deepEqual(
+    (await outbox.claim({ queue: "p", max: 10 })).map((l) => l.eventId),
+    [dead],
+  );
+  clock.advance(HOUR);
+  assert.deepEqual(
+    (await outbox.claim({ queue: "p", max: 10 })).map((l) => l.eventId),
+    [delayed],
+  );
+});
