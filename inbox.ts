@@ -253,6 +253,9 @@ export class Inbox implements AsyncDisposable {
    * the connection's `lock_timeout`: `connectPostgres`'s `lockTimeoutMs`).
    * @throws {TransactionEndedError} When a statement of `fn` ended or
    * failed the transaction (even one `fn` caught): nothing was recorded.
+   * @throws {ConnectionLostError} When the PostgreSQL connection was lost
+   * inside the transaction, also while `fn` awaited something else: nothing
+   * was recorded.
    * @throws {DedupRaceError} When the identity's record was purged between
    * the insert that met it and its lookup, round after round (on
    * PostgreSQL): nothing was recorded.

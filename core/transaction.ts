@@ -9,7 +9,8 @@
  *   ({@linkcode Driver.transactionStatus}) whether the transaction is still
  *   open and can still commit. Once it has ended or failed, every later
  *   statement of it throws {@linkcode TransactionEndedError} without
- *   running (never in autocommit), and no `COMMIT` is sent.
+ *   running (never in autocommit), and no `COMMIT` is sent; once the
+ *   connection was lost inside it, {@linkcode ConnectionLostError}.
  * - **Joining follows the caller, not the handle.** A call joins the
  *   application's transaction only when made inside a scope the application
  *   marked ({@linkcode withinApplication}); any other call waits for that
@@ -26,6 +27,7 @@ import {
 } from "../driver.ts";
 import {
   BusyError,
+  ConnectionLostError,
   ConstraintError,
   PostgresError,
   TransactionEndedError,
@@ -366,9 +368,10 @@ export class TransactionRunner {
 
   /**
    * Throws when the runner's transaction running now has ended or failed
-   * at the engine.
+   * at the engine, or its connection was lost.
    *
    * @throws {TransactionEndedError} Naming `op` and the statement.
+   * @throws {ConnectionLostError} When the connection was lost.
    */
   checkLive(op: string): void {
     const live = this.mutex.current;
@@ -386,6 +389,8 @@ export class TransactionRunner {
    * stays locked past `busyTimeoutMs`.
    * @throws {TransactionEndedError} When the engine ended or failed the
    * transaction and `fn` went on: nothing of it was committed.
+   * @throws {ConnectionLostError} When the connection was lost inside the
+   * transaction: nothing of it was committed.
    */
   run<T>(
     op: string,
@@ -598,6 +603,7 @@ export class TransactionRunner {
     if (!live.ended) {
       const status = this.status();
       if (status === "open" || status === undefined) return;
+      if (status === "lost") throw connectionLost(op, live.cause);
       if (status === "idle") live.ended = true;
     }
     throw new TransactionEndedError(
@@ -727,6 +733,21 @@ export class TransactionRunner {
         { cause: error },
       );
   }
+}
+
+/**
+ * The error of a call that finds the connection lost inside its
+ * transaction: no statement failed, the server rolled the transaction back
+ * when the session ended. `cause`: the error of the statement that met the
+ * loss, when one did (not when the session ended while the transaction sat
+ * idle, as `idle_in_transaction_session_timeout` ends it).
+ */
+function connectionLost(op: string, cause: unknown): ConnectionLostError {
+  return new ConnectionLostError(
+    `Cannot ${op} as the connection was lost inside the transaction: the server rolled it back, and nothing of it commits`,
+    cause instanceof ConnectionLostError ? cause.code : undefined,
+    cause === undefined ? undefined : { cause },
+  );
 }
 
 /** The `run` and `query` of a transaction handle. */
