@@ -34,6 +34,7 @@ import {
 } from "../errors.ts";
 import type { Dialect, TransactionStatus } from "../types.ts";
 import { describe } from "../validate.ts";
+import { asyncContext } from "./async_context.ts";
 import { jitteredWait, lockWait, nextBackoff } from "./backoff.ts";
 
 const mutexes = new WeakMap<Driver, Mutex>();
@@ -137,31 +138,13 @@ interface Scope {
   readonly outer: Scope | undefined;
 }
 
-/** The subset of `AsyncLocalStorage` the runner uses. */
-interface AsyncContext<T> {
-  run<R>(store: T, fn: () => R): R;
-  getStore(): T | undefined;
-}
-
 /**
- * Which scopes the current async context runs inside, through
- * `AsyncLocalStorage` where the runtime has one (Deno, Node.js, Bun, found
- * by feature detection rather than an import, so the core stays
- * runtime-neutral). Where none exists (browsers), a nested call is not
- * detected and waits, and an application scope covers every call made
- * while it runs.
+ * Which scopes the current async context runs inside (see
+ * {@linkcode asyncContext}). Where the runtime has none (browsers), a
+ * nested call is not detected and waits, and an application scope covers
+ * every call made while it runs.
  */
-const scopes: AsyncContext<Scope> | undefined = (() => {
-  const process = (globalThis as {
-    process?: { getBuiltinModule?(id: string): unknown };
-  }).process;
-  const hooks = process?.getBuiltinModule?.("node:async_hooks") as
-    | { AsyncLocalStorage?: new () => AsyncContext<Scope> }
-    | undefined;
-  return hooks?.AsyncLocalStorage === undefined
-    ? undefined
-    : new hooks.AsyncLocalStorage();
-})();
+const scopes = asyncContext<Scope>();
 
 async function inScope<T>(scope: Scope, fn: () => Promise<T>): Promise<T> {
   try {
