@@ -313,6 +313,7 @@ export class Inbox implements AsyncDisposable {
       try {
         value = await runTransactionBody(
           this.#mutex,
+          "accept",
           () => fn(transactionStatements(driver, inside)),
         );
       } finally {
@@ -477,10 +478,14 @@ export class Inbox implements AsyncDisposable {
     if (this.#closed) {
       return Promise.reject(new Error(`Cannot ${op} as the inbox is closed`));
     }
-    if (insideTransactionBody(this.#mutex)) {
+    const body = insideTransactionBody(this.#mutex);
+    if (body !== undefined) {
+      const open = body === "accept"
+        ? "an acceptance's fn"
+        : "an outbox's transaction(fn)";
       return Promise.reject(
         new Error(
-          `Cannot ${op} inside an acceptance's or a transaction's fn on the same connection: use its handle (tx.run, tx.query), or the call would wait for the transaction that waits for it`,
+          `Cannot ${op} inside ${open} on the same connection: use its handle (tx.run, tx.query), or the call would wait for the transaction that waits for it`,
         ),
       );
     }

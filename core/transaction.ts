@@ -134,6 +134,8 @@ export class Mutex {
 interface Scope {
   readonly mutex: Mutex;
   readonly application: boolean;
+  /** Which transaction's body it is (not for an application scope). */
+  readonly body?: TransactionBody;
   open: boolean;
   readonly outer: Scope | undefined;
 }
@@ -154,42 +156,54 @@ async function inScope<T>(scope: Scope, fn: () => Promise<T>): Promise<T> {
   }
 }
 
-function findScope(mutex: Mutex, application: boolean): boolean {
+function findScope(mutex: Mutex, application: boolean): Scope | undefined {
   for (let scope = scopes?.getStore(); scope; scope = scope.outer) {
     if (
       scope.open && scope.mutex === mutex && scope.application === application
-    ) return true;
+    ) return scope;
   }
-  return false;
+  return undefined;
 }
 
 /**
+ * Which transaction a body runs for: an outbox's `transaction(fn)`, or an
+ * inbox's `accept(fn)`.
+ *
+ * @ignore
+ */
+export type TransactionBody = "transaction" | "accept";
+
+/**
  * Runs `fn`, the body of a transaction holding `mutex` (an outbox's
- * `transaction(fn)`, an inbox's `accept`), so that calls it makes on the
- * same connection can see, through {@linkcode insideTransactionBody}, that
- * they would wait for the transaction that waits for them.
+ * `transaction(fn)`, an inbox's `accept`: `body`), so that calls it makes
+ * on the same connection can see, through
+ * {@linkcode insideTransactionBody}, that they would wait for the
+ * transaction that waits for them, and name it.
  *
  * @ignore
  */
 export function runTransactionBody<T>(
   mutex: Mutex,
+  body: TransactionBody,
   fn: () => Promise<T>,
 ): Promise<T> {
   const outer = scopes?.getStore();
   mutex.bodies++;
-  return inScope({ mutex, application: false, open: true, outer }, fn)
+  return inScope({ mutex, application: false, body, open: true, outer }, fn)
     .finally(() => mutex.bodies--);
 }
 
 /**
- * Whether the current async context runs inside the body of a transaction
- * holding `mutex` (always false where the runtime has no
- * `AsyncLocalStorage`).
+ * Which transaction's body, holding `mutex`, the current async context
+ * runs inside (the innermost): `undefined` when none, and always where the
+ * runtime has no `AsyncLocalStorage`.
  *
  * @ignore
  */
-export function insideTransactionBody(mutex: Mutex): boolean {
-  return findScope(mutex, false);
+export function insideTransactionBody(
+  mutex: Mutex,
+): TransactionBody | undefined {
+  return findScope(mutex, false)?.body;
 }
 
 /**
@@ -230,7 +244,7 @@ export async function withinApplication<T>(
 function insideApplicationScope(mutex: Mutex): boolean {
   return scopes === undefined
     ? mutex.applicationScopes > 0
-    : findScope(mutex, true);
+    : findScope(mutex, true) !== undefined;
 }
 
 /** What a call asks of {@linkcode TransactionRunner.run}. */
