@@ -87,8 +87,10 @@ export interface Driver {
   /**
    * The engine's own word on this connection's transaction: `idle` (none
    * open: SQLite's `sqlite3_get_autocommit()` is 1, PostgreSQL's
-   * ReadyForQuery status `I`), `open` (`T`), or `failed` (PostgreSQL's
-   * `E`: open, but it will only roll back). The core asks after a
+   * ReadyForQuery status `I`), `open` (`T`), `failed` (PostgreSQL's
+   * `E`: open, but it will only roll back), or `lost` (the connection was
+   * lost inside it: the core reports `ConnectionLostError`, not
+   * a failed statement, and rolls back). The core asks after a
    * statement inside its transaction fails, caught or not, and before each
    * later statement and the `COMMIT`: once the transaction has ended or
    * failed, nothing more of it runs. Optional: without it the core reads

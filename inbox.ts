@@ -253,6 +253,9 @@ export class Inbox implements AsyncDisposable {
    * the connection's `lock_timeout`: `connectPostgres`'s `lockTimeoutMs`).
    * @throws {TransactionEndedError} When a statement of `fn` ended or
    * failed the transaction (even one `fn` caught): nothing was recorded.
+   * @throws {ConnectionLostError} When the PostgreSQL connection was lost
+   * inside the transaction, also while `fn` awaited something else: nothing
+   * was recorded.
    * @throws {DedupRaceError} When the identity's record was purged between
    * the insert that met it and its lookup, round after round (on
    * PostgreSQL): nothing was recorded.
@@ -310,6 +313,7 @@ export class Inbox implements AsyncDisposable {
       try {
         value = await runTransactionBody(
           this.#mutex,
+          "accept",
           () => fn(transactionStatements(driver, inside)),
         );
       } finally {
@@ -474,10 +478,14 @@ export class Inbox implements AsyncDisposable {
     if (this.#closed) {
       return Promise.reject(new Error(`Cannot ${op} as the inbox is closed`));
     }
-    if (insideTransactionBody(this.#mutex)) {
+    const body = insideTransactionBody(this.#mutex);
+    if (body !== undefined) {
+      const open = body === "accept"
+        ? "an acceptance's fn"
+        : "an outbox's transaction(fn)";
       return Promise.reject(
         new Error(
-          `Cannot ${op} inside an acceptance's or a transaction's fn on the same connection: use its handle (tx.run, tx.query), or the call would wait for the transaction that waits for it`,
+          `Cannot ${op} inside ${open} on the same connection: use its handle (tx.run, tx.query), or the call would wait for the transaction that waits for it`,
         ),
       );
     }

@@ -1175,6 +1175,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * not, and `fn` went on), or PostgreSQL answered its `COMMIT` with
    * `ROLLBACK`: nothing of `fn` was committed, and every `tx` call made
    * after the end threw it too.
+   * @throws {ConnectionLostError} When the PostgreSQL connection was lost
+   * inside the transaction, also while `fn` awaited something else (a
+   * terminated backend, `idle_in_transaction_session_timeout`): nothing of
+   * `fn` was committed, and every `tx` call made after the loss threw it too.
    * @throws {RangeError} When `tx.run` or `tx.query` is given a
    * transaction-control statement (before it runs).
    * @throws {TypeError} When `tx.run` or `tx.query` is given SQL that is not

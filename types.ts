@@ -237,9 +237,12 @@ export type EventState = "pending" | "leased" | "done" | "dead";
  * (`Driver.transactionStatus`): `idle`, none is open (SQLite's
  * `sqlite3_get_autocommit()` is 1, PostgreSQL's ReadyForQuery status `I`);
  * `open`, one is open and can still commit (`T`); `failed`, one is open
- * but the server will only roll it back (PostgreSQL's `E`, after an error).
+ * but the server will only roll it back (PostgreSQL's `E`, after an error);
+ * `lost`, the connection was lost inside it, so the server rolled it back
+ * and the driver refuses its statements until the caller's `ROLLBACK`
+ * (PostgreSQL: a terminated backend, a session timeout, a network failure).
  */
-export type TransactionStatus = "idle" | "open" | "failed";
+export type TransactionStatus = "idle" | "open" | "failed" | "lost";
 
 /**
  * The inbox's statements one engine spells (SQLite's are `SQLITE_INBOX` in

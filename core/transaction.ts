@@ -9,7 +9,8 @@
  *   ({@linkcode Driver.transactionStatus}) whether the transaction is still
  *   open and can still commit. Once it has ended or failed, every later
  *   statement of it throws {@linkcode TransactionEndedError} without
- *   running (never in autocommit), and no `COMMIT` is sent.
+ *   running (never in autocommit), and no `COMMIT` is sent; once the
+ *   connection was lost inside it, {@linkcode ConnectionLostError}.
  * - **Joining follows the caller, not the handle.** A call joins the
  *   application's transaction only when made inside a scope the application
  *   marked ({@linkcode withinApplication}); any other call waits for that
@@ -26,12 +27,14 @@ import {
 } from "../driver.ts";
 import {
   BusyError,
+  ConnectionLostError,
   ConstraintError,
   PostgresError,
   TransactionEndedError,
 } from "../errors.ts";
 import type { Dialect, TransactionStatus } from "../types.ts";
 import { describe } from "../validate.ts";
+import { asyncContext } from "./async_context.ts";
 import { jitteredWait, lockWait, nextBackoff } from "./backoff.ts";
 
 const mutexes = new WeakMap<Driver, Mutex>();
@@ -131,35 +134,19 @@ export class Mutex {
 interface Scope {
   readonly mutex: Mutex;
   readonly application: boolean;
+  /** Which transaction's body it is (not for an application scope). */
+  readonly body?: TransactionBody;
   open: boolean;
   readonly outer: Scope | undefined;
 }
 
-/** The subset of `AsyncLocalStorage` the runner uses. */
-interface AsyncContext<T> {
-  run<R>(store: T, fn: () => R): R;
-  getStore(): T | undefined;
-}
-
 /**
- * Which scopes the current async context runs inside, through
- * `AsyncLocalStorage` where the runtime has one (Deno, Node.js, Bun, found
- * by feature detection rather than an import, so the core stays
- * runtime-neutral). Where none exists (browsers), a nested call is not
- * detected and waits, and an application scope covers every call made
- * while it runs.
+ * Which scopes the current async context runs inside (see
+ * {@linkcode asyncContext}). Where the runtime has none (browsers), a
+ * nested call is not detected and waits, and an application scope covers
+ * every call made while it runs.
  */
-const scopes: AsyncContext<Scope> | undefined = (() => {
-  const process = (globalThis as {
-    process?: { getBuiltinModule?(id: string): unknown };
-  }).process;
-  const hooks = process?.getBuiltinModule?.("node:async_hooks") as
-    | { AsyncLocalStorage?: new () => AsyncContext<Scope> }
-    | undefined;
-  return hooks?.AsyncLocalStorage === undefined
-    ? undefined
-    : new hooks.AsyncLocalStorage();
-})();
+const scopes = asyncContext<Scope>();
 
 async function inScope<T>(scope: Scope, fn: () => Promise<T>): Promise<T> {
   try {
@@ -169,42 +156,54 @@ async function inScope<T>(scope: Scope, fn: () => Promise<T>): Promise<T> {
   }
 }
 
-function findScope(mutex: Mutex, application: boolean): boolean {
+function findScope(mutex: Mutex, application: boolean): Scope | undefined {
   for (let scope = scopes?.getStore(); scope; scope = scope.outer) {
     if (
       scope.open && scope.mutex === mutex && scope.application === application
-    ) return true;
+    ) return scope;
   }
-  return false;
+  return undefined;
 }
 
 /**
+ * Which transaction a body runs for: an outbox's `transaction(fn)`, or an
+ * inbox's `accept(fn)`.
+ *
+ * @ignore
+ */
+export type TransactionBody = "transaction" | "accept";
+
+/**
  * Runs `fn`, the body of a transaction holding `mutex` (an outbox's
- * `transaction(fn)`, an inbox's `accept`), so that calls it makes on the
- * same connection can see, through {@linkcode insideTransactionBody}, that
- * they would wait for the transaction that waits for them.
+ * `transaction(fn)`, an inbox's `accept`: `body`), so that calls it makes
+ * on the same connection can see, through
+ * {@linkcode insideTransactionBody}, that they would wait for the
+ * transaction that waits for them, and name it.
  *
  * @ignore
  */
 export function runTransactionBody<T>(
   mutex: Mutex,
+  body: TransactionBody,
   fn: () => Promise<T>,
 ): Promise<T> {
   const outer = scopes?.getStore();
   mutex.bodies++;
-  return inScope({ mutex, application: false, open: true, outer }, fn)
+  return inScope({ mutex, application: false, body, open: true, outer }, fn)
     .finally(() => mutex.bodies--);
 }
 
 /**
- * Whether the current async context runs inside the body of a transaction
- * holding `mutex` (always false where the runtime has no
- * `AsyncLocalStorage`).
+ * Which transaction's body, holding `mutex`, the current async context
+ * runs inside (the innermost): `undefined` when none, and always where the
+ * runtime has no `AsyncLocalStorage`.
  *
  * @ignore
  */
-export function insideTransactionBody(mutex: Mutex): boolean {
-  return findScope(mutex, false);
+export function insideTransactionBody(
+  mutex: Mutex,
+): TransactionBody | undefined {
+  return findScope(mutex, false)?.body;
 }
 
 /**
@@ -245,7 +244,7 @@ export async function withinApplication<T>(
 function insideApplicationScope(mutex: Mutex): boolean {
   return scopes === undefined
     ? mutex.applicationScopes > 0
-    : findScope(mutex, true);
+    : findScope(mutex, true) !== undefined;
 }
 
 /** What a call asks of {@linkcode TransactionRunner.run}. */
@@ -366,9 +365,10 @@ export class TransactionRunner {
 
   /**
    * Throws when the runner's transaction running now has ended or failed
-   * at the engine.
+   * at the engine, or its connection was lost.
    *
    * @throws {TransactionEndedError} Naming `op` and the statement.
+   * @throws {ConnectionLostError} When the connection was lost.
    */
   checkLive(op: string): void {
     const live = this.mutex.current;
@@ -386,6 +386,8 @@ export class TransactionRunner {
    * stays locked past `busyTimeoutMs`.
    * @throws {TransactionEndedError} When the engine ended or failed the
    * transaction and `fn` went on: nothing of it was committed.
+   * @throws {ConnectionLostError} When the connection was lost inside the
+   * transaction: nothing of it was committed.
    */
   run<T>(
     op: string,
@@ -598,6 +600,7 @@ export class TransactionRunner {
     if (!live.ended) {
       const status = this.status();
       if (status === "open" || status === undefined) return;
+      if (status === "lost") throw connectionLost(op, live.cause);
       if (status === "idle") live.ended = true;
     }
     throw new TransactionEndedError(
@@ -727,6 +730,21 @@ export class TransactionRunner {
         { cause: error },
       );
   }
+}
+
+/**
+ * The error of a call that finds the connection lost inside its
+ * transaction: no statement failed, the server rolled the transaction back
+ * when the session ended. `cause`: the error of the statement that met the
+ * loss, when one did (not when the session ended while the transaction sat
+ * idle, as `idle_in_transaction_session_timeout` ends it).
+ */
+function connectionLost(op: string, cause: unknown): ConnectionLostError {
+  return new ConnectionLostError(
+    `Cannot ${op} as the connection was lost inside the transaction: the server rolled it back, and nothing of it commits`,
+    cause instanceof ConnectionLostError ? cause.code : undefined,
+    cause === undefined ? undefined : { cause },
+  );
 }
 
 /** The `run` and `query` of a transaction handle. */

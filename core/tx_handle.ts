@@ -76,7 +76,11 @@ export async function runTransaction<T>(
         },
       };
       try {
-        const value = await runTransactionBody(core.mutex, () => fn(tx));
+        const value = await runTransactionBody(
+          core.mutex,
+          "transaction",
+          () => fn(tx),
+        );
         // Catching the LeaseLostError inside fn must not let the stale
         // worker's writes commit.
         if (lost !== undefined) throw lost;

@@ -107,14 +107,21 @@ export class WritePath {
   }
 
   /**
-   * Throws when called from inside `transaction(fn)` of an outbox on the
-   * same connection: the call would wait for the mutex that the
-   * transaction holds while it waits for the call.
+   * Throws when called from inside `transaction(fn)` of an outbox, or
+   * `accept(fn)` of an inbox, on the same connection: the call would wait
+   * for the mutex that the transaction holds while it waits for the call.
+   * The message names the transaction open there.
    */
   notNested(op: string): void {
-    if (insideTransactionBody(this.#runner.mutex)) {
+    const body = insideTransactionBody(this.#runner.mutex);
+    if (body === "transaction") {
       throw new Error(
         `Cannot ${op} on the outbox inside its own transaction(fn): use the transaction's handle (tx.enqueue, tx.acknowledge, tx.run), or the call would wait for the transaction that waits for it`,
+      );
+    }
+    if (body === "accept") {
+      throw new Error(
+        `Cannot ${op} on the outbox inside an inbox's accept(fn) on the same connection: the acceptance's transaction is open there, and its handle runs SQL only (tx.run, tx.query); make the call after accept() returns, or it would wait for the transaction that waits for it`,
       );
     }
   }

@@ -396,10 +396,12 @@ export class PostgresDriver implements Driver, AsyncDisposable {
    * The connection's transaction as the server's last ReadyForQuery
    * reported it: `idle` (`I`), `open` (`T`, or a `BEGIN` on its way) or
    * `failed` (`E`: an error inside it, after which the server only rolls it
-   * back; also a connection lost inside it).
+   * back), or `lost` (the connection was lost inside it: the server rolled
+   * it back, and statements fail with {@linkcode ConnectionLostError} until
+   * the caller's `ROLLBACK`).
    */
   transactionStatus(): TransactionStatus {
-    if (this.#lostInTransaction) return "failed";
+    if (this.#lostInTransaction) return "lost";
     if (this.#beginning > 0) return "open";
     const status = this.#client?.getTransactionStatus();
     return status === "T" ? "open" : status === "E" ? "failed" : "idle";

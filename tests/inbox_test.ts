@@ -94,7 +94,7 @@ for (const driver of DRIVERS) {
       {
         name: "Error",
         message:
-          "Cannot accept inside an acceptance's or a transaction's fn on the same connection: use its handle (tx.run, tx.query), or the call would wait for the transaction that waits for it",
+          "Cannot accept inside an acceptance's fn on the same connection: use its handle (tx.run, tx.query), or the call would wait for the transaction that waits for it",
       },
     );
     assert.deepEqual(await effects(raw), []);

@@ -27,6 +27,7 @@ import {
   type Settings,
   settingsOf,
 } from "./options.ts";
+import { asyncContext } from "../core/async_context.ts";
 import { LeasesAhead } from "./ahead.ts";
 import { LeaseKeeper, type Slot } from "./lease_keeper.ts";
 import {
@@ -52,6 +53,20 @@ interface Claimed<P> {
   readonly claimedAt: number;
   readonly claimedAtWall: number;
 }
+
+/** A running handler, as the async context of its code sees it. */
+interface HandlerScope {
+  readonly processor: object;
+  readonly slot: object;
+  readonly outer: HandlerScope | undefined;
+}
+
+/**
+ * Which handlers the current async context runs inside, so that a
+ * `stop()` made by a handler does not wait for that handler (where the
+ * runtime has no `AsyncLocalStorage`, it is not detected).
+ */
+const handlerScopes = asyncContext<HandlerScope>();
 
 /**
  * A running processing loop, from {@linkcode processEvents}.
@@ -110,6 +125,12 @@ export class Processor<P = unknown> implements AsyncDisposable {
   readonly #ahead: LeasesAhead<P>;
   /** Handlers that have not settled, timed-out ones included. */
   #handlers = 0;
+  /** Slots whose handlers called stop() themselves: stopping waits for them last. */
+  readonly #stoppers = new Set<Slot<P>>();
+  /** Settles when a handler calls stop(), so the wait for the others re-picks. */
+  #stopperJoined = Promise.withResolvers<void>();
+  /** Resolves when every handler but those that called stop() has finished. */
+  readonly #othersStopped = Promise.withResolvers<void>();
 
   /**
    * Starts the loop at once; {@linkcode processEvents} is the usual way in.
@@ -172,11 +193,38 @@ export class Processor<P = unknown> implements AsyncDisposable {
    * once and releases nothing, the connection being gone. Handlers that ran
    * past `handlerTimeoutMs` were released already: it does not wait for them.
    *
-   * @returns Resolves when no handler's lease is held any more.
+   * Called from inside one of this processor's handlers (a fatal condition
+   * that shuts the loop down), it does not wait for that handler, which
+   * would wait for itself: its promise resolves once every other handler
+   * has finished or been released, and the calling handler then goes on
+   * and settles as usual, its event acknowledged when it returns (or
+   * released when it throws), within what is left of `stopTimeoutMs`.
+   * Another caller's promise still waits for the calling handler too. The
+   * call is told by `AsyncLocalStorage`: where the runtime has none
+   * (browsers), a handler's own `stop()` waits the whole `stopTimeoutMs`,
+   * and its event is released.
+   *
+   * @returns Resolves when no handler's lease is held any more (called
+   * from a handler: none but its own and those of other handlers that
+   * called it too).
    */
   stop(): Promise<void> {
     this.#stopped ??= this.#stop();
-    return this.#stopped;
+    const slot = this.#callingSlot();
+    if (slot === undefined) return this.#stopped;
+    this.#stoppers.add(slot);
+    this.#stopperJoined.resolve();
+    return this.#othersStopped.promise;
+  }
+
+  /** The slot of this processor's handler the call is made from, if any. */
+  #callingSlot(): Slot<P> | undefined {
+    for (let scope = handlerScopes?.getStore(); scope; scope = scope.outer) {
+      if (scope.processor === this && this.#slots.has(scope.slot as Slot<P>)) {
+        return scope.slot as Slot<P>;
+      }
+    }
+    return undefined;
   }
 
   /** Same as {@linkcode Processor.stop}, for `await using`. */
@@ -484,7 +532,16 @@ export class Processor<P = unknown> implements AsyncDisposable {
         this.#telemetry.handle(
           slot,
           lease,
-          () => this.#handler(lease, context),
+          () => {
+            const scope = {
+              processor: this,
+              slot,
+              outer: handlerScopes?.getStore(),
+            };
+            return handlerScopes === undefined
+              ? this.#handler(lease, context)
+              : handlerScopes.run(scope, () => this.#handler(lease, context));
+          },
         ),
       );
     } catch (error) {
@@ -832,29 +889,71 @@ export class Processor<P = unknown> implements AsyncDisposable {
         this.#slots.delete(slot);
       }
       await Promise.all([...finishing, this.#ahead.returned()]);
+      this.#othersStopped.resolve();
       return;
     }
-    const held = () =>
-      [...this.#slots].filter((slot) => slot.state !== "abandoned");
-    if (held().some((slot) => slot.state === "running")) {
-      await new Promise<void>((resolve) => {
-        const timer = setLongTimeout(
-          this.#o.timers,
-          resolve,
-          this.#o.stopTimeoutMs,
-        );
-        void Promise.all(held().map((slot) => slot.done)).then(() => {
-          clearLongTimeout(this.#o.timers, timer);
-          resolve();
-        });
-      });
+    const timedOut = Promise.withResolvers<void>();
+    const timer = setLongTimeout(
+      this.#o.timers,
+      timedOut.resolve,
+      this.#o.stopTimeoutMs,
+    );
+    // The handlers that called stop() wait for the others first: waiting
+    // for them now would wait for a handler that waits for this.
+    const others = (slot: Slot<P>) => !this.#stoppers.has(slot);
+    await this.#untilSettled(others, timedOut.promise);
+    await Promise.all([
+      ...this.#releaseRunning(others),
+      this.#ahead.returned(),
+    ]);
+    this.#othersStopped.resolve();
+    await this.#untilSettled(() => true, timedOut.promise);
+    clearLongTimeout(this.#o.timers, timer);
+    await Promise.all(this.#releaseRunning(() => true));
+    for (const slot of this.#slots) {
+      if (slot.state === "released") this.#slots.delete(slot);
     }
+  }
+
+  /**
+   * Waits until no slot `which` picks holds a lease with a running (or
+   * acknowledging) handler, or until `timedOut`; picks again when a handler
+   * calls stop().
+   */
+  async #untilSettled(
+    which: (slot: Slot<P>) => boolean,
+    timedOut: Promise<void>,
+  ): Promise<void> {
+    let ended = false;
+    void timedOut.then(() => ended = true);
+    while (!ended) {
+      const held = [...this.#slots].filter((slot) =>
+        slot.state !== "abandoned" && slot.state !== "released" && which(slot)
+      );
+      if (!held.some((slot) => slot.state === "running")) return;
+      this.#stopperJoined = Promise.withResolvers<void>();
+      await Promise.race([
+        Promise.all(held.map((slot) => slot.done)),
+        timedOut,
+        this.#stopperJoined.promise,
+      ]);
+    }
+  }
+
+  /**
+   * Aborts and releases the running handlers `which` picks; returns what
+   * to wait for: those releases, timed-out handlers' releases and the
+   * acknowledgements under way of the slots it picks.
+   */
+  #releaseRunning(which: (slot: Slot<P>) => boolean): Promise<void>[] {
     const pending: Promise<void>[] = [];
     for (const slot of this.#slots) {
+      if (!which(slot)) continue;
       if (slot.state === "abandoned") {
         pending.push(slot.released);
         continue;
       }
+      if (slot.state === "released") continue;
       if (slot.state !== "running") {
         pending.push(slot.done);
         continue;
@@ -871,9 +970,6 @@ export class Processor<P = unknown> implements AsyncDisposable {
         }),
       );
     }
-    await Promise.all([...pending, this.#ahead.returned()]);
-    for (const slot of this.#slots) {
-      if (slot.state === "released") this.#slots.delete(slot);
-    }
+    return pending;
   }
 }
