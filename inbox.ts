@@ -41,9 +41,11 @@ import { SQLITE_INBOX } from "./dialects/sqlite_inbox.ts";
 import type { InboxStatements } from "./types.ts";
 import {
   checkDriver,
+  checkFunction,
   checkIdentity,
   checkInteger,
   checkOptions,
+  checkRequest,
   describe,
   missing,
 } from "./validate.ts";
@@ -164,14 +166,7 @@ export class Inbox implements AsyncDisposable {
 
   private constructor(driver: Driver, options: InboxOptions) {
     const op = "open inbox";
-    this.#now = options.now ?? Date.now;
-    if (typeof this.#now !== "function") {
-      throw new TypeError(
-        `Cannot ${op} as 'now' must be a function: current value is ${
-          describe(this.#now)
-        }`,
-      );
-    }
+    this.#now = checkFunction(op, "now", options.now ?? Date.now);
     this.#busyTimeoutMs = checkInteger(
       op,
       "busyTimeoutMs",
@@ -271,13 +266,7 @@ export class Inbox implements AsyncDisposable {
     const checkedFence =
       checkInteger(op, "fence", fence, 1, Number.MAX_SAFE_INTEGER) ??
         missing(op, "fence");
-    if (typeof fn !== "function") {
-      throw new TypeError(
-        `Cannot ${op} as 'fn' must be a function: current value is ${
-          describe(fn)
-        }`,
-      );
-    }
+    checkFunction(op, "fn", fn);
     const driver = this.#driver;
     const sql = this.#sql;
     return await this.#write(op, async (now) => {
@@ -356,6 +345,8 @@ export class Inbox implements AsyncDisposable {
    * for a duplicate, so the sender acknowledges; 409 `stale` for a stale
    * fence (the sender's lease was lost, a newer claim delivered); 400 when a
    * header is missing or invalid, naming it.
+   * @throws {TypeError} When `request` is not a `Request` or `fn` not a
+   * function (the caller's mistake, not the sender's: no 400).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    *
    * @example A Deno.serve handler
@@ -381,6 +372,9 @@ export class Inbox implements AsyncDisposable {
     request: Request,
     fn: (tx: InboxTransaction, request: Request) => Promise<Response | void>,
   ): Promise<Response> {
+    const op = "accept request";
+    checkRequest(op, "request", request);
+    checkFunction(op, "fn", fn);
     let delivery: Delivery;
     try {
       delivery = readDeliveryHeaders(request.headers);

@@ -31,7 +31,7 @@ import {
   TransactionEndedError,
 } from "../errors.ts";
 import type { Dialect, TransactionStatus } from "../types.ts";
-import { describe } from "../validate.ts";
+import { checkFunction, describe } from "../validate.ts";
 import { jitteredWait, lockWait, nextBackoff } from "./backoff.ts";
 
 const mutexes = new WeakMap<Driver, Mutex>();
@@ -225,13 +225,7 @@ export async function withinApplication<T>(
   mutex: Mutex,
   fn: () => Promise<T>,
 ): Promise<T> {
-  if (typeof fn !== "function") {
-    throw new TypeError(
-      `Cannot ${op} as 'fn' must be a function: current value is ${
-        describe(fn)
-      }`,
-    );
-  }
+  checkFunction(op, "fn", fn);
   const outer = scopes?.getStore();
   mutex.applicationScopes++;
   try {

@@ -32,8 +32,14 @@
 import type { EventInfo, QueueCounts } from "../admin.ts";
 import type { EventState, Outbox } from "../lease.ts";
 import type { OutboxReader } from "../reader.ts";
-import { checkOptions, describe } from "../validate.ts";
+import {
+  checkFunction,
+  checkOptions,
+  checkOrigin,
+  describe,
+} from "../validate.ts";
 import { basePathOf } from "./base_path.ts";
+import { DASHBOARD_OPTIONS } from "./options.ts";
 import { FAVICON, LIVE_SCRIPT, STYLESHEET } from "./assets.ts";
 import type { ActivityBucket } from "./chart.ts";
 import { cookie, CSRF_COOKIE, CsrfGuard, sameOrigin } from "./csrf.ts";
@@ -82,7 +88,12 @@ export interface DashboardOptions {
   ) => boolean | Response | Promise<boolean | Response>;
   /**
    * The origin the browser's writes must come from (`Origin` header),
-   * when the dashboard runs behind a proxy that changes the request URL's.
+   * when the dashboard runs behind a proxy that changes the request URL's:
+   * scheme, host and port, e.g. `"https://admin.example.com"`. Compared
+   * as browsers write it (lowercase, no default port, no trailing slash),
+   * so `"https://Admin.example.com/"` is the same origin; a path, query,
+   * fragment, credentials or a scheme other than `http:` and `https:` is
+   * refused.
    *
    * @default {the request URL's origin}
    */
@@ -150,8 +161,9 @@ const SECURITY_HEADERS: Readonly<Record<string, string>> = {
  * @param options See {@linkcode DashboardOptions}.
  * @returns A handler; it never throws, answering 500 with the error's
  * message for a failed read.
- * @throws {TypeError} When an option is of the wrong type or unknown, or
- * `actions` is true with a source that cannot write.
+ * @throws {TypeError} When an option is of the wrong type or unknown,
+ * `origin` is not an origin, or `actions` is true with a source that
+ * cannot write.
  * @throws {RangeError} When `refreshMs` is negative or not an integer.
  */
 export function dashboard(
@@ -159,15 +171,7 @@ export function dashboard(
   options: DashboardOptions = {},
 ): (request: Request) => Promise<Response> {
   const op = "create dashboard";
-  checkOptions(op, options, [
-    "basePath",
-    "actions",
-    "authorize",
-    "origin",
-    "refreshMs",
-    "title",
-    "now",
-  ]);
+  checkOptions(op, options, DASHBOARD_OPTIONS);
   if (
     source === null || typeof source !== "object" ||
     typeof (source as Partial<OutboxReader>).queues !== "function"
@@ -194,23 +198,18 @@ export function dashboard(
     );
   }
   for (const name of ["authorize", "now"] as const) {
-    if (options[name] !== undefined && typeof options[name] !== "function") {
-      throw new TypeError(
-        `Cannot ${op} as '${name}' must be a function: current value is ${
-          describe(options[name])
-        }`,
-      );
-    }
+    if (options[name] !== undefined) checkFunction(op, name, options[name]);
   }
-  for (const name of ["origin", "title"] as const) {
-    if (options[name] !== undefined && typeof options[name] !== "string") {
-      throw new TypeError(
-        `Cannot ${op} as '${name}' must be a string: current value is ${
-          describe(options[name])
-        }`,
-      );
-    }
+  if (options.title !== undefined && typeof options.title !== "string") {
+    throw new TypeError(
+      `Cannot ${op} as 'title' must be a string: current value is ${
+        describe(options.title)
+      }`,
+    );
   }
+  // As browsers send it, so that the same-origin check compares like
+  // with like: "https://Admin.example.com/" is "https://admin.example.com".
+  const origin = checkOrigin(op, "origin", options.origin);
   const refreshMs = options.refreshMs ?? 5_000;
   if (
     !Number.isSafeInteger(refreshMs) || refreshMs < 0 ||
@@ -278,7 +277,7 @@ export function dashboard(
             "Refused: the form's CSRF token or origin did not match; reload the page and try again",
           );
         // What needs no body first: a refused request is not read at all.
-        if (fresh || !sameOrigin(request, options.origin ?? url.origin)) {
+        if (fresh || !sameOrigin(request, origin ?? url.origin)) {
           await request.body?.cancel().catch(() => {});
           return refused();
         }
