@@ -43,9 +43,9 @@ import {
   checkDriver,
   checkFunction,
   checkIdentity,
+  checkInstance,
   checkInteger,
   checkOptions,
-  checkRequest,
   describe,
   missing,
 } from "./validate.ts";
@@ -373,7 +373,7 @@ export class Inbox implements AsyncDisposable {
     fn: (tx: InboxTransaction, request: Request) => Promise<Response | void>,
   ): Promise<Response> {
     const op = "accept request";
-    checkRequest(op, "request", request);
+    checkInstance(op, "request", request, Request);
     checkFunction(op, "fn", fn);
     let delivery: Delivery;
     try {
@@ -503,7 +503,8 @@ export class Inbox implements AsyncDisposable {
  * other 4xx refused for good.
  *
  * @param status The HTTP status.
- * @returns Whether a retry is asked for.
+ * @returns Whether a retry is asked for: `false` for anything but a
+ * number (`"503"` included).
  *
  * @example Usage
  * ```ts
@@ -516,7 +517,8 @@ export class Inbox implements AsyncDisposable {
  * ```
  */
 export function isRetryStatus(status: number): boolean {
-  return status >= 500 || status === 408 || status === 425 || status === 429;
+  return typeof status === "number" && status >= 500 || status === 408 ||
+    status === 425 || status === 429;
 }
 
 /** Carries a retry answer out of the acceptance, rolling it back. */
@@ -571,7 +573,8 @@ export function deliveryHeaders(
  *
  * @param headers The request's headers.
  * @returns The identity and the fence.
- * @throws {TypeError} When a header is missing or invalid, naming it.
+ * @throws {TypeError} When `headers` is not a `Headers`, or a header is
+ * missing or invalid, naming it.
  *
  * @example Usage
  * ```ts
@@ -590,6 +593,7 @@ export function deliveryHeaders(
  */
 export function readDeliveryHeaders(headers: Headers): Delivery {
   const op = "read delivery";
+  checkInstance(op, "headers", headers, Headers);
   const identity = checkIdentity(
     op,
     IDENTITY_HEADER,

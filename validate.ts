@@ -398,6 +398,27 @@ export function checkFunction<T>(
 }
 
 /**
+ * `value` when it is an instance of `type` (`Request`, `Headers`,
+ * `AbortSignal`); a `TypeError` naming `field` and the type otherwise.
+ *
+ * @ignore
+ */
+export function checkInstance<T>(
+  op: string,
+  field: string,
+  value: unknown,
+  type: abstract new (...args: never[]) => T,
+): T {
+  if (value instanceof type) return value;
+  const article = /^[AEIOU]/.test(type.name) ? "an" : "a";
+  throw new TypeError(
+    `Cannot ${op} as '${field}' must be ${article} ${type.name}: current value is ${
+      describe(value)
+    }`,
+  );
+}
+
+/**
  * `value` when it is an `AbortSignal` or undefined; a `TypeError` naming
  * `field` otherwise.
  *
@@ -408,30 +429,9 @@ export function checkSignal(
   field: string,
   value: unknown,
 ): AbortSignal | undefined {
-  if (value === undefined || value instanceof AbortSignal) return value;
-  throw new TypeError(
-    `Cannot ${op} as '${field}' must be an AbortSignal: current value is ${
-      describe(value)
-    }`,
-  );
-}
-
-/**
- * `value` when it is a `Request`; a `TypeError` naming `field` otherwise.
- *
- * @ignore
- */
-export function checkRequest(
-  op: string,
-  field: string,
-  value: unknown,
-): Request {
-  if (value instanceof Request) return value;
-  throw new TypeError(
-    `Cannot ${op} as '${field}' must be a Request: current value is ${
-      describe(value)
-    }`,
-  );
+  return value === undefined
+    ? undefined
+    : checkInstance(op, field, value, AbortSignal);
 }
 
 /**

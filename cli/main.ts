@@ -8,7 +8,14 @@
 import { parseArgs } from "node:util";
 import { PostgresError, SqliteError } from "../errors.ts";
 import { MAX_BATCH, MAX_DURATION_MS } from "../lease.ts";
-import { checkName } from "../validate.ts";
+import {
+  checkBoolean,
+  checkFunction,
+  checkName,
+  checkOptions,
+  checkSignal,
+  describe,
+} from "../validate.ts";
 import { isPostgresUrl } from "../drivers/postgres.ts";
 import { duration } from "./args.ts";
 import {
@@ -53,11 +60,15 @@ const OPTIONS: Record<string, OptionSpec> = Object.assign(
  * @param args The arguments after the program's name.
  * @param io Where output goes; see {@linkcode CliIo}.
  * @returns The exit code: 0 done, 1 a runtime error, 2 a usage error.
+ * @throws {TypeError} When `args` is not an array of strings, or `io` not
+ * a {@linkcode CliIo} (a caller's mistake, not the command line's: no exit
+ * code), naming the field.
  */
 export async function main(
   args: readonly string[],
   io: CliIo = {},
 ): Promise<number> {
+  checkMainArguments(args, io);
   const out = io.stdout ?? writeLine;
   // No message prints a password of the command line.
   const credentials = args.flatMap(credentialsOf);
@@ -149,6 +160,29 @@ export async function main(
     return 1;
   }
 }
+
+/** Checks `main`'s own arguments, before anything reads them. */
+function checkMainArguments(args: unknown, io: unknown): void {
+  const op = "run outbox";
+  if (!Array.isArray(args) || !args.every((arg) => typeof arg === "string")) {
+    throw new TypeError(
+      `Cannot ${op} as 'args' must be an array of strings: current value is ${
+        describe(args)
+      }`,
+    );
+  }
+  checkOptions(op, io, IO_FIELDS, "io");
+  const given = io as Record<string, unknown>;
+  for (const field of ["stdout", "stderr", "now"]) {
+    if (given[field] !== undefined) {
+      checkFunction(op, `io.${field}`, given[field]);
+    }
+  }
+  checkBoolean(op, "io.color", given["color"], false);
+  checkSignal(op, "io.signal", given["signal"]);
+}
+
+const IO_FIELDS = ["stdout", "stderr", "color", "now", "signal"];
 
 function parseCommandLine(args: readonly string[]) {
   try {

@@ -976,3 +976,51 @@ Deno.test("explain prints a time past what a Date holds (written by another prog
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("main() refuses args that are not an array of strings, or an io that is not a CliIo, with a TypeError naming the field", async () => {
+  const cases: [unknown, unknown, string][] = [
+    [
+      5,
+      {},
+      "Cannot run outbox as 'args' must be an array of strings: current value is 5",
+    ],
+    [
+      ["stats", 5],
+      {},
+      "Cannot run outbox as 'args' must be an array of strings: current value is an array",
+    ],
+    [
+      ["stats"],
+      5,
+      "Cannot run outbox as 'io' must be an object: current value is 5",
+    ],
+    [
+      ["stats"],
+      { stdout: "x" },
+      `Cannot run outbox as 'io.stdout' must be a function: current value is "x"`,
+    ],
+    [
+      ["stats"],
+      { colour: true },
+      "Cannot run outbox as 'io.colour' is not an option: did you mean 'color'?",
+    ],
+    [
+      ["stats"],
+      { color: "yes" },
+      `Cannot run outbox as 'io.color' must be a boolean: current value is "yes"`,
+    ],
+    [
+      ["stats"],
+      { signal: {} },
+      "Cannot run outbox as 'io.signal' must be an AbortSignal: current value is an object",
+    ],
+  ];
+  for (const [args, io, message] of cases) {
+    await assert.rejects(
+      () => main(args as never, io as never),
+      (error: Error) =>
+        error instanceof TypeError && error.message.startsWith(message),
+      message,
+    );
+  }
+});

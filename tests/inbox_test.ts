@@ -8,6 +8,7 @@ import {
   IDENTITY_HEADER,
   Inbox,
   type InboxOptions,
+  isRetryStatus,
   Outbox,
   readDeliveryHeaders,
   uuidv7,
@@ -591,4 +592,21 @@ Deno.test("acceptRequest() refuses a request that is not a Request, or an fn tha
     (await inbox.acceptRequest(request, async () => {})).status,
     200,
   );
+});
+
+Deno.test("readDeliveryHeaders() refuses what is not a Headers, naming 'headers', and isRetryStatus() answers false for what is not a number", () => {
+  for (
+    const [headers, shown] of [[5, "5"], [null, "null"], [{}, "an object"]]
+  ) {
+    assert.throws(
+      () => readDeliveryHeaders(headers as never),
+      new TypeError(
+        `Cannot read delivery as 'headers' must be a Headers: current value is ${shown}`,
+      ),
+    );
+  }
+  assert.equal(isRetryStatus(503), true);
+  for (const status of ["503", [503], null, undefined, true]) {
+    assert.equal(isRetryStatus(status as never), false, String(status));
+  }
 });
