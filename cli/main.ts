@@ -25,7 +25,7 @@ import {
   UsageError,
 } from "./command.ts";
 import { COMMANDS } from "./commands.ts";
-import { colorByDefault, message, writeLine } from "./format.ts";
+import { colorByDefault, message, printable, writeLine } from "./format.ts";
 import { GLOBAL_OPTIONS } from "./options.ts";
 import { credentialsOf, redacted } from "./redact.ts";
 
@@ -72,8 +72,12 @@ export async function main(
   const out = io.stdout ?? writeLine;
   // No message prints a password of the command line.
   const credentials = args.flatMap(credentialsOf);
+  // An argument or a database's text quoted in a message is shown, not
+  // acted on, as in every other output.
   const err = (line: string) =>
-    (io.stderr ?? console.error)(redacted(credentials, line));
+    (io.stderr ?? console.error)(
+      redacted(credentials, line).split("\n").map(printable).join("\n"),
+    );
   let file: string | undefined;
   let command: Command | undefined = COMMANDS.find((c) => c.name === args[0]);
   try {
@@ -184,17 +188,68 @@ function checkMainArguments(args: unknown, io: unknown): void {
 
 const IO_FIELDS = ["stdout", "stderr", "color", "now", "signal"];
 
-function parseCommandLine(args: readonly string[]) {
+function parseCommandLine(
+  args: readonly string[],
+): { values: OptionValues; positionals: string[] } {
+  let parsed;
   try {
-    return parseArgs({
-      args: [...args],
+    parsed = parseArgs({
+      args: negativeValuesJoined(args),
       options: OPTIONS,
       allowPositionals: true,
       strict: true,
-    }) as { values: OptionValues; positionals: string[] };
+      tokens: true,
+    });
   } catch (error) {
     throw new UsageError(message(error));
   }
+  // parseArgs keeps the last of a repeated option: `--limit 5 --limit 6`
+  // would list 6 and say nothing of the 5.
+  const given = new Set<string>();
+  for (const token of parsed.tokens) {
+    if (token.kind !== "option") continue;
+    const spec = OPTIONS[token.name];
+    if (spec?.type !== "string" || spec.multiple === true) continue;
+    if (given.has(token.name)) {
+      throw new UsageError(`--${token.name} may be given once: got it twice`);
+    }
+    given.add(token.name);
+  }
+  return {
+    values: parsed.values as OptionValues,
+    positionals: parsed.positionals,
+  };
+}
+
+/**
+ * `args` with a value-taking option and a value that starts with `-` and
+ * a digit written as one (`--after -1` as `--after=-1`): parseArgs refuses
+ * the two apart as ambiguous, which would hide the option's own message
+ * (`--after must be an integer of at least 0: got "-1"`). Any other value
+ * starting with `-` stays apart, so `--queue --json` is still refused.
+ */
+function negativeValuesJoined(args: readonly string[]): string[] {
+  const joined: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const arg = args[i]!;
+    if (arg === "--") {
+      joined.push(...args.slice(i));
+      break;
+    }
+    const next = args[i + 1];
+    const name = arg.slice(2);
+    if (
+      arg.startsWith("--") && Object.hasOwn(OPTIONS, name) &&
+      OPTIONS[name]!.type === "string" && next !== undefined &&
+      /^-\d/.test(next)
+    ) {
+      joined.push(`${arg}=${next}`);
+      i++;
+    } else {
+      joined.push(arg);
+    }
+  }
+  return joined;
 }
 
 /** `list <db> <state> [--queue <name>] …`: a command and its own options. */

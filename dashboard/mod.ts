@@ -386,7 +386,7 @@ async function show(
       ]);
     } catch (error) {
       if (!(error instanceof TypeError)) throw error;
-      return page(errorPage(context, "No such queue filter."), 400);
+      return errorResponse(context, 400, "No such queue filter.");
     }
     const [queues, total] = counted;
     const activity = await activityOf(source, context.now);
@@ -417,7 +417,7 @@ async function show(
     const afterText = query.get("after") || "0";
     const after = /^\d{1,15}$/.test(afterText) ? Number(afterText) : -1;
     if (!STATES.has(state) || after < 0) {
-      return page(errorPage(context, "No such filter."), 400);
+      return errorResponse(context, 400, "No such filter.");
     }
     let events: EventInfo[];
     try {
@@ -430,7 +430,7 @@ async function show(
       });
     } catch (error) {
       if (!(error instanceof TypeError)) throw error;
-      return page(errorPage(context, "No such queue."), 400);
+      return errorResponse(context, 400, "No such queue.");
     }
     return page(eventsPage(
       context,
@@ -447,48 +447,44 @@ async function show(
     const id = idOf(match[1]!);
     const info = id === undefined ? null : await eventInfo(source, id);
     return info === null
-      ? page(errorPage(context, `No event ${match[1]}.`), 404)
+      ? errorResponse(context, 404, `No event ${match[1]}.`)
       : page(eventPage(context, info.event, info.explanation));
   }
   const confirm = /^\/confirm\/(redrive|cancel|purge|pause|resume)$/.exec(path);
   if (confirm !== null && context.actions) {
     if (confirm[1] === "cancel" && idOf(query.get("id")) === undefined) {
-      return page(errorPage(context, "Cancel which event? No id given."), 400);
+      return errorResponse(context, 400, "Cancel which event? No id given.");
     }
     // A malformed id would otherwise ask to redrive every dead letter.
     if (
       confirm[1] === "redrive" && query.has("id") &&
       idOf(query.get("id")) === undefined
     ) {
-      return page(
-        errorPage(
-          context,
-          `Redrive which event? 'id' must be an event id (decimal digits): got ${
-            describeField(query.get("id"))
-          }.`,
-        ),
+      return errorResponse(
+        context,
         400,
+        `Redrive which event? 'id' must be an event id (decimal digits): got ${
+          describeField(query.get("id"))
+        }.`,
       );
     }
     if (
       (confirm[1] === "pause" || confirm[1] === "resume") &&
       !query.get("queue")
     ) {
-      return page(
-        errorPage(
-          context,
-          `${
-            confirm[1] === "pause" ? "Pause" : "Resume"
-          } which queue? 'queue' must name one: got ${
-            describeField(query.get("queue"))
-          }.`,
-        ),
+      return errorResponse(
+        context,
         400,
+        `${
+          confirm[1] === "pause" ? "Pause" : "Resume"
+        } which queue? 'queue' must name one: got ${
+          describeField(query.get("queue"))
+        }.`,
       );
     }
     return page(confirmation(context, confirm[1]!, query));
   }
-  return page(errorPage(context, "No such page."), 404);
+  return errorResponse(context, 404, "No such page.");
 }
 
 /** The confirmation page of `action`. */
@@ -549,7 +545,7 @@ async function act(
   // A field that is there but malformed is refused, never read as absent:
   // absent widens redrive to every dead letter.
   const refused = (message: string) =>
-    page(errorPage(context, `${message} Nothing changed.`), 400);
+    errorResponse(context, 400, `${message} Nothing changed.`);
   const one = idOf(form.get("id"));
   const badId = form.has("id") && one === undefined
     ? `'id' must be an event id (decimal digits): got ${
@@ -633,7 +629,7 @@ async function act(
       );
     }
   }
-  return page(errorPage(context, "No such action."), 400);
+  return errorResponse(context, 400, "No such action.");
 }
 
 /**
@@ -718,6 +714,15 @@ async function clockOf(
     .databaseNow;
   return (databaseNow === undefined ? null : await databaseNow.call(source)) ??
     now();
+}
+
+/** An error page answered with its status. */
+function errorResponse(
+  context: PageContext,
+  status: 400 | 404,
+  message: string,
+): Response {
+  return page(errorPage(context, status, message), status);
 }
 
 function page(body: Html, status = 200): Response {

@@ -422,6 +422,33 @@ Deno.test("serveDashboard() refuses a bad or unknown option with an error naming
   });
 });
 
+Deno.test("the dashboard's error pages are titled by their status: 400 'Bad request' for a missing or malformed field, 404 'Not found' for a missing page or event", async () => {
+  await withOutbox(async (outbox) => {
+    const handler = dashboard(outbox, { actions: true });
+    const { cookie, csrf } = await formOf(handler, "/confirm/purge");
+    const cases: [Request, number, string][] = [
+      [post("/actions/purge", { csrf }, { cookie }), 400, "Bad request"],
+      [
+        new Request("http://localhost/events?state=sleeping"),
+        400,
+        "Bad request",
+      ],
+      [new Request("http://localhost/confirm/cancel"), 400, "Bad request"],
+      [new Request("http://localhost/events/7"), 404, "Not found"],
+      [new Request("http://localhost/nowhere"), 404, "Not found"],
+    ];
+    for (const [request, status, title] of cases) {
+      const response = await handler(request);
+      assert.equal(response.status, status, request.url);
+      assert.match(
+        await response.text(),
+        new RegExp(`<title>${title} · Outbox</title>`),
+        request.url,
+      );
+    }
+  });
+});
+
 Deno.test("the dashboard's chart counts the last hour's acknowledgements and failures per minute", async () => {
   await withOutbox(async (outbox, clock) => {
     await outbox.enqueue({ n: 1 });
