@@ -419,6 +419,8 @@ Deno.test("serveDashboard() refuses a bad or unknown option with an error naming
         message,
       );
     }
+    // The outbox is as it was.
+    assert.deepEqual(await outbox.queues(), []);
   });
 });
 
