@@ -41,7 +41,9 @@ import { SQLITE_INBOX } from "./dialects/sqlite_inbox.ts";
 import type { InboxStatements } from "./types.ts";
 import {
   checkDriver,
+  checkFunction,
   checkIdentity,
+  checkInstance,
   checkInteger,
   checkOptions,
   describe,
@@ -164,14 +166,7 @@ export class Inbox implements AsyncDisposable {
 
   private constructor(driver: Driver, options: InboxOptions) {
     const op = "open inbox";
-    this.#now = options.now ?? Date.now;
-    if (typeof this.#now !== "function") {
-      throw new TypeError(
-        `Cannot ${op} as 'now' must be a function: current value is ${
-          describe(this.#now)
-        }`,
-      );
-    }
+    this.#now = checkFunction(op, "now", options.now ?? Date.now);
     this.#busyTimeoutMs = checkInteger(
       op,
       "busyTimeoutMs",
@@ -274,13 +269,7 @@ export class Inbox implements AsyncDisposable {
     const checkedFence =
       checkInteger(op, "fence", fence, 1, Number.MAX_SAFE_INTEGER) ??
         missing(op, "fence");
-    if (typeof fn !== "function") {
-      throw new TypeError(
-        `Cannot ${op} as 'fn' must be a function: current value is ${
-          describe(fn)
-        }`,
-      );
-    }
+    checkFunction(op, "fn", fn);
     const driver = this.#driver;
     const sql = this.#sql;
     return await this.#write(op, async (now) => {
@@ -360,6 +349,8 @@ export class Inbox implements AsyncDisposable {
    * for a duplicate, so the sender acknowledges; 409 `stale` for a stale
    * fence (the sender's lease was lost, a newer claim delivered); 400 when a
    * header is missing or invalid, naming it.
+   * @throws {TypeError} When `request` is not a `Request` or `fn` not a
+   * function (the caller's mistake, not the sender's: no 400).
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    *
    * @example A Deno.serve handler
@@ -385,6 +376,9 @@ export class Inbox implements AsyncDisposable {
     request: Request,
     fn: (tx: InboxTransaction, request: Request) => Promise<Response | void>,
   ): Promise<Response> {
+    const op = "accept request";
+    checkInstance(op, "request", request, Request);
+    checkFunction(op, "fn", fn);
     let delivery: Delivery;
     try {
       delivery = readDeliveryHeaders(request.headers);
@@ -517,7 +511,8 @@ export class Inbox implements AsyncDisposable {
  * other 4xx refused for good.
  *
  * @param status The HTTP status.
- * @returns Whether a retry is asked for.
+ * @returns Whether a retry is asked for: `false` for anything but a
+ * number (`"503"` included).
  *
  * @example Usage
  * ```ts
@@ -530,7 +525,8 @@ export class Inbox implements AsyncDisposable {
  * ```
  */
 export function isRetryStatus(status: number): boolean {
-  return status >= 500 || status === 408 || status === 425 || status === 429;
+  return typeof status === "number" && status >= 500 || status === 408 ||
+    status === 425 || status === 429;
 }
 
 /** Carries a retry answer out of the acceptance, rolling it back. */
@@ -585,7 +581,8 @@ export function deliveryHeaders(
  *
  * @param headers The request's headers.
  * @returns The identity and the fence.
- * @throws {TypeError} When a header is missing or invalid, naming it.
+ * @throws {TypeError} When `headers` is not a `Headers`, or a header is
+ * missing or invalid, naming it.
  *
  * @example Usage
  * ```ts
@@ -604,6 +601,7 @@ export function deliveryHeaders(
  */
 export function readDeliveryHeaders(headers: Headers): Delivery {
   const op = "read delivery";
+  checkInstance(op, "headers", headers, Headers);
   const identity = checkIdentity(
     op,
     IDENTITY_HEADER,

@@ -39,7 +39,12 @@ import {
   listStatement,
   MAX_DURATION_MS,
 } from "./lease.ts";
-import { checkIdentity, checkInteger, checkOptions } from "./validate.ts";
+import {
+  checkDriver,
+  checkIdentity,
+  checkInteger,
+  checkOptions,
+} from "./validate.ts";
 import { SQLITE } from "./dialects/sqlite.ts";
 import { TransactionRunner } from "./core/transaction.ts";
 import { allFlows, withFlows } from "./core/flow.ts";
@@ -111,7 +116,8 @@ export class OutboxReader implements AsyncDisposable {
    * closes it (also when opening fails).
    * @param options See {@linkcode OutboxReaderOptions}.
    * @returns The reader.
-   * @throws {TypeError | RangeError} When an option is invalid, naming it.
+   * @throws {TypeError | RangeError} When `driver` is not a `Driver` (it is
+   * not closed then), or an option is invalid, naming it.
    * @throws {SchemaVersionError} When the database's schema is newer than this release's.
    * @throws {Error} When the database has no outbox, or an older schema version.
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
@@ -121,6 +127,8 @@ export class OutboxReader implements AsyncDisposable {
     options: OutboxReaderOptions = {},
   ): Promise<OutboxReader> {
     const op = "open outbox reader";
+    // Before the try: its cleanup closes the driver, which needs one.
+    checkDriver(op, driver);
     let reader: OutboxReader;
     try {
       checkOptions(op, options, ["busyTimeoutMs"]);

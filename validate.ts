@@ -379,6 +379,124 @@ export function checkJournalMode<T extends string>(
   );
 }
 
+/**
+ * `value` when it is a function; a `TypeError` naming `field` otherwise.
+ *
+ * @ignore
+ */
+export function checkFunction<T>(
+  op: string,
+  field: string,
+  value: T,
+): T {
+  if (typeof value === "function") return value;
+  throw new TypeError(
+    `Cannot ${op} as '${field}' must be a function: current value is ${
+      describe(value)
+    }`,
+  );
+}
+
+/**
+ * `value` when it is an instance of `type` (`Request`, `Headers`,
+ * `AbortSignal`); a `TypeError` naming `field` and the type otherwise.
+ *
+ * @ignore
+ */
+export function checkInstance<T>(
+  op: string,
+  field: string,
+  value: unknown,
+  type: abstract new (...args: never[]) => T,
+): T {
+  if (value instanceof type) return value;
+  const article = /^[AEIOU]/.test(type.name) ? "an" : "a";
+  throw new TypeError(
+    `Cannot ${op} as '${field}' must be ${article} ${type.name}: current value is ${
+      describe(value)
+    }`,
+  );
+}
+
+/**
+ * `value` when it is an `AbortSignal` or undefined; a `TypeError` naming
+ * `field` otherwise.
+ *
+ * @ignore
+ */
+export function checkSignal(
+  op: string,
+  field: string,
+  value: unknown,
+): AbortSignal | undefined {
+  return value === undefined
+    ? undefined
+    : checkInstance(op, field, value, AbortSignal);
+}
+
+/**
+ * An origin option (`https://admin.example.com`) in the form browsers
+ * send in an `Origin` header: scheme and host lowercase, no default port,
+ * no trailing slash. `undefined` stays `undefined`.
+ *
+ * @ignore
+ * @throws {TypeError} When it is not a string, or not an `http:` or
+ * `https:` URL with nothing after its host and port (a path, query,
+ * fragment or credentials).
+ */
+export function checkOrigin(
+  op: string,
+  field: string,
+  value: unknown,
+): string | undefined {
+  if (value === undefined) return undefined;
+  const refuse = () =>
+    new TypeError(
+      `Cannot ${op} as '${field}' must be an origin, an http: or https: URL with no path, query or fragment (e.g. "https://admin.example.com"): current value is ${
+        describe(value)
+      }`,
+    );
+  if (typeof value !== "string" || !URL.canParse(value)) throw refuse();
+  const url = new URL(value);
+  if (
+    (url.protocol !== "http:" && url.protocol !== "https:") ||
+    url.username !== "" || url.password !== "" || url.pathname !== "/" ||
+    /[?#]/.test(value) ||
+    // "https://host/" parses with pathname "/", as does "https://host".
+    !/^[a-z][a-z0-9+.-]*:\/\/[^/?#]+\/?$/i.test(value)
+  ) {
+    throw refuse();
+  }
+  return url.origin;
+}
+
+/**
+ * `value` when it is a non-empty string without whitespace or control
+ * characters, `undefined` when it is undefined; a `TypeError` naming
+ * `field` otherwise. For host names and addresses.
+ *
+ * @ignore
+ */
+export function checkHost(
+  op: string,
+  field: string,
+  value: unknown,
+): string | undefined {
+  if (value === undefined) return undefined;
+  if (
+    typeof value === "string" && value !== "" && !/[\s/?#@]/.test(value) &&
+    // Control characters: U+0000 to U+001F and U+007F.
+    !Array.from(value).some((c) => c <= "\x1f" || c === "\x7f")
+  ) {
+    return value;
+  }
+  throw new TypeError(
+    `Cannot ${op} as '${field}' must be a host name or IP address: current value is ${
+      describe(value)
+    }`,
+  );
+}
+
 /** @ignore */
 export function missing(op: string, field: string): never {
   throw new TypeError(

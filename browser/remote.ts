@@ -19,6 +19,7 @@ import type {
 } from "../lease.ts";
 import { type BrowserStats, leaseKey } from "./protocol.ts";
 import { checkPayload } from "../core/payload.ts";
+import { checkFunction } from "../validate.ts";
 import type { QueueFlow, QueueLimits } from "../core/flow.ts";
 import type { Schedule, ScheduleOptions } from "../core/schedules.ts";
 import type {
@@ -67,11 +68,7 @@ export abstract class RemoteOutbox<P = unknown> extends EventTarget {
    * @returns A function that removes the listener.
    */
   onEnqueue(listener: () => void): () => void {
-    if (typeof listener !== "function") {
-      throw new TypeError(
-        `Cannot listen for enqueues as 'listener' must be a function: current value is ${typeof listener}`,
-      );
-    }
+    checkFunction("listen for enqueues", "listener", listener);
     const entry = () => listener();
     this.addEventListener("enqueue", entry);
     return () => this.removeEventListener("enqueue", entry);

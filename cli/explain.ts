@@ -5,6 +5,7 @@
  * @module
  */
 import type { Explanation } from "../lease.ts";
+import { isIdentity } from "../identity.ts";
 import { count } from "./args.ts";
 import { type Command, flagOption, UsageError } from "./command.ts";
 import {
@@ -34,7 +35,14 @@ export const explain: Command = {
       throw new UsageError("explain needs an event id or identity");
     }
     if (extra.length > 0) throw new UsageError("explain takes one event");
-    // Digits are an id; anything else must be an identity (checked by explain).
+    // Digits are an id; anything else must be an identity.
+    if (!/^\d+$/.test(key) && !isIdentity(key)) {
+      throw new UsageError(
+        `explain needs an event id (decimal digits) or identity (a UUID in canonical lowercase text): got ${
+          JSON.stringify(key)
+        }`,
+      );
+    }
     const eventKey = /^\d+$/.test(key) ? count("event id", key, 1) : key;
     await using reader = await openReader(context);
     const found = await reader.snapshot(async () => {

@@ -56,15 +56,18 @@ export function payloadText(payload: unknown, length: number): string {
 
 /**
  * `text` with the characters a terminal acts on rather than shows (C0 and
- * C1 controls, DEL, bidirectional overrides) written as `\u` escapes: a
- * queue name or an error text stored by any producer must not move the
- * cursor, recolour the screen or reorder what an operator reads.
+ * C1 controls, DEL, bidirectional overrides, and the line and paragraph
+ * separators U+2028 and U+2029, which some terminals and most log viewers
+ * break a line at) written as `\u` escapes: a queue name or an error text
+ * stored by any producer must not move the cursor, recolour the screen,
+ * start what looks like a line of its own or reorder what an operator
+ * reads.
  */
 export function printable(text: string): string {
   return text.replaceAll(
     // Matching control characters is the point.
     // deno-lint-ignore no-control-regex
-    /[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]/g,
+    /[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]/g,
     (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`,
   );
 }

@@ -8,7 +8,14 @@
 import { parseArgs } from "node:util";
 import { PostgresError, SqliteError } from "../errors.ts";
 import { MAX_BATCH, MAX_DURATION_MS } from "../lease.ts";
-import { checkName } from "../validate.ts";
+import {
+  checkBoolean,
+  checkFunction,
+  checkName,
+  checkOptions,
+  checkSignal,
+  describe,
+} from "../validate.ts";
 import { isPostgresUrl } from "../drivers/postgres.ts";
 import { duration } from "./args.ts";
 import {
@@ -18,7 +25,7 @@ import {
   UsageError,
 } from "./command.ts";
 import { COMMANDS } from "./commands.ts";
-import { colorByDefault, message, writeLine } from "./format.ts";
+import { colorByDefault, message, printable, writeLine } from "./format.ts";
 import { GLOBAL_OPTIONS } from "./options.ts";
 import { credentialsOf, redacted } from "./redact.ts";
 
@@ -53,16 +60,24 @@ const OPTIONS: Record<string, OptionSpec> = Object.assign(
  * @param args The arguments after the program's name.
  * @param io Where output goes; see {@linkcode CliIo}.
  * @returns The exit code: 0 done, 1 a runtime error, 2 a usage error.
+ * @throws {TypeError} When `args` is not an array of strings, or `io` not
+ * a {@linkcode CliIo} (a caller's mistake, not the command line's: no exit
+ * code), naming the field.
  */
 export async function main(
   args: readonly string[],
   io: CliIo = {},
 ): Promise<number> {
+  checkMainArguments(args, io);
   const out = io.stdout ?? writeLine;
   // No message prints a password of the command line.
   const credentials = args.flatMap(credentialsOf);
+  // An argument or a database's text quoted in a message is shown, not
+  // acted on, as in every other output.
   const err = (line: string) =>
-    (io.stderr ?? console.error)(redacted(credentials, line));
+    (io.stderr ?? console.error)(
+      redacted(credentials, line).split("\n").map(printable).join("\n"),
+    );
   let file: string | undefined;
   let command: Command | undefined = COMMANDS.find((c) => c.name === args[0]);
   try {
@@ -150,17 +165,91 @@ export async function main(
   }
 }
 
-function parseCommandLine(args: readonly string[]) {
+/** Checks `main`'s own arguments, before anything reads them. */
+function checkMainArguments(args: unknown, io: unknown): void {
+  const op = "run outbox";
+  if (!Array.isArray(args) || !args.every((arg) => typeof arg === "string")) {
+    throw new TypeError(
+      `Cannot ${op} as 'args' must be an array of strings: current value is ${
+        describe(args)
+      }`,
+    );
+  }
+  checkOptions(op, io, IO_FIELDS, "io");
+  const given = io as Record<string, unknown>;
+  for (const field of ["stdout", "stderr", "now"]) {
+    if (given[field] !== undefined) {
+      checkFunction(op, `io.${field}`, given[field]);
+    }
+  }
+  checkBoolean(op, "io.color", given["color"], false);
+  checkSignal(op, "io.signal", given["signal"]);
+}
+
+const IO_FIELDS = ["stdout", "stderr", "color", "now", "signal"];
+
+function parseCommandLine(
+  args: readonly string[],
+): { values: OptionValues; positionals: string[] } {
+  let parsed;
   try {
-    return parseArgs({
-      args: [...args],
+    parsed = parseArgs({
+      args: negativeValuesJoined(args),
       options: OPTIONS,
       allowPositionals: true,
       strict: true,
-    }) as { values: OptionValues; positionals: string[] };
+      tokens: true,
+    });
   } catch (error) {
     throw new UsageError(message(error));
   }
+  // parseArgs keeps the last of a repeated option: `--limit 5 --limit 6`
+  // would list 6 and say nothing of the 5.
+  const given = new Set<string>();
+  for (const token of parsed.tokens) {
+    if (token.kind !== "option") continue;
+    const spec = OPTIONS[token.name];
+    if (spec?.type !== "string" || spec.multiple === true) continue;
+    if (given.has(token.name)) {
+      throw new UsageError(`--${token.name} may be given once: got it twice`);
+    }
+    given.add(token.name);
+  }
+  return {
+    values: parsed.values as OptionValues,
+    positionals: parsed.positionals,
+  };
+}
+
+/**
+ * `args` with a value-taking option and a value that starts with `-` and
+ * a digit written as one (`--after -1` as `--after=-1`): parseArgs refuses
+ * the two apart as ambiguous, which would hide the option's own message
+ * (`--after must be an integer of at least 0: got "-1"`). Any other value
+ * starting with `-` stays apart, so `--queue --json` is still refused.
+ */
+function negativeValuesJoined(args: readonly string[]): string[] {
+  const joined: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const arg = args[i]!;
+    if (arg === "--") {
+      joined.push(...args.slice(i));
+      break;
+    }
+    const next = args[i + 1];
+    const name = arg.slice(2);
+    if (
+      arg.startsWith("--") && Object.hasOwn(OPTIONS, name) &&
+      OPTIONS[name]!.type === "string" && next !== undefined &&
+      /^-\d/.test(next)
+    ) {
+      joined.push(`${arg}=${next}`);
+      i++;
+    } else {
+      joined.push(arg);
+    }
+  }
+  return joined;
 }
 
 /** `list <db> <state> [--queue <name>] …`: a command and its own options. */

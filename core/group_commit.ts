@@ -10,7 +10,7 @@
  */
 import { ConnectionLostError, PostgresError } from "../errors.ts";
 import type { EnqueueResult } from "../types.ts";
-import { describe } from "../validate.ts";
+import { checkFunction } from "../validate.ts";
 import type { OutboxCore } from "./context.ts";
 import {
   insertAll,
@@ -58,13 +58,7 @@ export class GroupCommit {
    * @returns A function that removes it.
    */
   listen(listener: () => void): () => void {
-    if (typeof listener !== "function") {
-      throw new TypeError(
-        `Cannot listen for enqueues as 'listener' must be a function: current value is ${
-          describe(listener)
-        }`,
-      );
-    }
+    checkFunction("listen for enqueues", "listener", listener);
     // A wrapper per call, so registering one function twice needs two removals.
     const entry = () => listener();
     this.#listeners.add(entry);

@@ -30,7 +30,12 @@ export interface ScheduleOptions {
   readonly queue?: string;
   /**
    * The IANA time zone the cron expression is read in (`"Europe/Paris"`),
-   * as `Intl` knows it. @default {"UTC"}
+   * as `Intl` knows it. On the days daylight saving time starts and ends,
+   * one minute and one hour (`30 2 * * *`) fire once (a skipped time when
+   * its hour ends, a repeated one at its first occurrence), and any other
+   * minute or hour field (`*`, a step, a list, a range) fires at the
+   * wall-clock times that happen: none skipped, each repeated one twice
+   * (croner's rule; docs/flow-control.md shows it). @default {"UTC"}
    */
   readonly timezone?: string;
   /** The missed-tick policy. @default {"latest"} */

@@ -33,7 +33,7 @@ import {
   TransactionEndedError,
 } from "../errors.ts";
 import type { Dialect, TransactionStatus } from "../types.ts";
-import { describe } from "../validate.ts";
+import { checkFunction, describe } from "../validate.ts";
 import { asyncContext } from "./async_context.ts";
 import { jitteredWait, lockWait, nextBackoff } from "./backoff.ts";
 
@@ -224,13 +224,7 @@ export async function withinApplication<T>(
   mutex: Mutex,
   fn: () => Promise<T>,
 ): Promise<T> {
-  if (typeof fn !== "function") {
-    throw new TypeError(
-      `Cannot ${op} as 'fn' must be a function: current value is ${
-        describe(fn)
-      }`,
-    );
-  }
+  checkFunction(op, "fn", fn);
   const outer = scopes?.getStore();
   mutex.applicationScopes++;
   try {

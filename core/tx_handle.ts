@@ -6,7 +6,7 @@
  * @module
  */
 import { LeaseLostError } from "../errors.ts";
-import { describe } from "../validate.ts";
+import { checkFunction } from "../validate.ts";
 import { checkLease, prepareBatch, prepareEnqueue } from "./arguments.ts";
 import type { OutboxCore } from "./context.ts";
 import { insertAll, insertOne } from "./enqueue.ts";
@@ -27,13 +27,7 @@ export async function runTransaction<T>(
   acknowledgeOne: (lease: CheckedLease, now: number) => Promise<boolean>,
   fn: (tx: Transaction) => Promise<T>,
 ): Promise<T> {
-  if (typeof fn !== "function") {
-    throw new TypeError(
-      `Cannot run transaction as 'fn' must be a function: current value is ${
-        describe(fn)
-      }`,
-    );
-  }
+  checkFunction("run transaction", "fn", fn);
   let enqueued = false;
   let ended = false;
   let lost: LeaseLostError | undefined;

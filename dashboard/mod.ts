@@ -32,8 +32,14 @@
 import type { EventInfo, QueueCounts } from "../admin.ts";
 import type { EventState, Outbox } from "../lease.ts";
 import type { OutboxReader } from "../reader.ts";
-import { checkOptions, describe } from "../validate.ts";
+import {
+  checkFunction,
+  checkOptions,
+  checkOrigin,
+  describe,
+} from "../validate.ts";
 import { basePathOf } from "./base_path.ts";
+import { DASHBOARD_OPTIONS } from "./options.ts";
 import { FAVICON, LIVE_SCRIPT, STYLESHEET } from "./assets.ts";
 import type { ActivityBucket } from "./chart.ts";
 import { cookie, CSRF_COOKIE, CsrfGuard, sameOrigin } from "./csrf.ts";
@@ -82,7 +88,12 @@ export interface DashboardOptions {
   ) => boolean | Response | Promise<boolean | Response>;
   /**
    * The origin the browser's writes must come from (`Origin` header),
-   * when the dashboard runs behind a proxy that changes the request URL's.
+   * when the dashboard runs behind a proxy that changes the request URL's:
+   * scheme, host and port, e.g. `"https://admin.example.com"`. Compared
+   * as browsers write it (lowercase, no default port, no trailing slash),
+   * so `"https://Admin.example.com/"` is the same origin; a path, query,
+   * fragment, credentials or a scheme other than `http:` and `https:` is
+   * refused.
    *
    * @default {the request URL's origin}
    */
@@ -150,8 +161,9 @@ const SECURITY_HEADERS: Readonly<Record<string, string>> = {
  * @param options See {@linkcode DashboardOptions}.
  * @returns A handler; it never throws, answering 500 with the error's
  * message for a failed read.
- * @throws {TypeError} When an option is of the wrong type or unknown, or
- * `actions` is true with a source that cannot write.
+ * @throws {TypeError} When an option is of the wrong type or unknown,
+ * `origin` is not an origin, or `actions` is true with a source that
+ * cannot write.
  * @throws {RangeError} When `refreshMs` is negative or not an integer.
  */
 export function dashboard(
@@ -159,15 +171,7 @@ export function dashboard(
   options: DashboardOptions = {},
 ): (request: Request) => Promise<Response> {
   const op = "create dashboard";
-  checkOptions(op, options, [
-    "basePath",
-    "actions",
-    "authorize",
-    "origin",
-    "refreshMs",
-    "title",
-    "now",
-  ]);
+  checkOptions(op, options, DASHBOARD_OPTIONS);
   if (
     source === null || typeof source !== "object" ||
     typeof (source as Partial<OutboxReader>).queues !== "function"
@@ -194,23 +198,18 @@ export function dashboard(
     );
   }
   for (const name of ["authorize", "now"] as const) {
-    if (options[name] !== undefined && typeof options[name] !== "function") {
-      throw new TypeError(
-        `Cannot ${op} as '${name}' must be a function: current value is ${
-          describe(options[name])
-        }`,
-      );
-    }
+    if (options[name] !== undefined) checkFunction(op, name, options[name]);
   }
-  for (const name of ["origin", "title"] as const) {
-    if (options[name] !== undefined && typeof options[name] !== "string") {
-      throw new TypeError(
-        `Cannot ${op} as '${name}' must be a string: current value is ${
-          describe(options[name])
-        }`,
-      );
-    }
+  if (options.title !== undefined && typeof options.title !== "string") {
+    throw new TypeError(
+      `Cannot ${op} as 'title' must be a string: current value is ${
+        describe(options.title)
+      }`,
+    );
   }
+  // As browsers send it, so that the same-origin check compares like
+  // with like: "https://Admin.example.com/" is "https://admin.example.com".
+  const origin = checkOrigin(op, "origin", options.origin);
   const refreshMs = options.refreshMs ?? 5_000;
   if (
     !Number.isSafeInteger(refreshMs) || refreshMs < 0 ||
@@ -278,7 +277,7 @@ export function dashboard(
             "Refused: the form's CSRF token or origin did not match; reload the page and try again",
           );
         // What needs no body first: a refused request is not read at all.
-        if (fresh || !sameOrigin(request, options.origin ?? url.origin)) {
+        if (fresh || !sameOrigin(request, origin ?? url.origin)) {
           await request.body?.cancel().catch(() => {});
           return refused();
         }
@@ -387,7 +386,7 @@ async function show(
       ]);
     } catch (error) {
       if (!(error instanceof TypeError)) throw error;
-      return page(errorPage(context, "No such queue filter."), 400);
+      return errorResponse(context, 400, "No such queue filter.");
     }
     const [queues, total] = counted;
     const activity = await activityOf(source, context.now);
@@ -418,7 +417,7 @@ async function show(
     const afterText = query.get("after") || "0";
     const after = /^\d{1,15}$/.test(afterText) ? Number(afterText) : -1;
     if (!STATES.has(state) || after < 0) {
-      return page(errorPage(context, "No such filter."), 400);
+      return errorResponse(context, 400, "No such filter.");
     }
     let events: EventInfo[];
     try {
@@ -431,7 +430,7 @@ async function show(
       });
     } catch (error) {
       if (!(error instanceof TypeError)) throw error;
-      return page(errorPage(context, "No such queue."), 400);
+      return errorResponse(context, 400, "No such queue.");
     }
     return page(eventsPage(
       context,
@@ -448,48 +447,44 @@ async function show(
     const id = idOf(match[1]!);
     const info = id === undefined ? null : await eventInfo(source, id);
     return info === null
-      ? page(errorPage(context, `No event ${match[1]}.`), 404)
+      ? errorResponse(context, 404, `No event ${match[1]}.`)
       : page(eventPage(context, info.event, info.explanation));
   }
   const confirm = /^\/confirm\/(redrive|cancel|purge|pause|resume)$/.exec(path);
   if (confirm !== null && context.actions) {
     if (confirm[1] === "cancel" && idOf(query.get("id")) === undefined) {
-      return page(errorPage(context, "Cancel which event? No id given."), 400);
+      return errorResponse(context, 400, "Cancel which event? No id given.");
     }
     // A malformed id would otherwise ask to redrive every dead letter.
     if (
       confirm[1] === "redrive" && query.has("id") &&
       idOf(query.get("id")) === undefined
     ) {
-      return page(
-        errorPage(
-          context,
-          `Redrive which event? 'id' must be an event id (decimal digits): got ${
-            describeField(query.get("id"))
-          }.`,
-        ),
+      return errorResponse(
+        context,
         400,
+        `Redrive which event? 'id' must be an event id (decimal digits): got ${
+          describeField(query.get("id"))
+        }.`,
       );
     }
     if (
       (confirm[1] === "pause" || confirm[1] === "resume") &&
       !query.get("queue")
     ) {
-      return page(
-        errorPage(
-          context,
-          `${
-            confirm[1] === "pause" ? "Pause" : "Resume"
-          } which queue? 'queue' must name one: got ${
-            describeField(query.get("queue"))
-          }.`,
-        ),
+      return errorResponse(
+        context,
         400,
+        `${
+          confirm[1] === "pause" ? "Pause" : "Resume"
+        } which queue? 'queue' must name one: got ${
+          describeField(query.get("queue"))
+        }.`,
       );
     }
     return page(confirmation(context, confirm[1]!, query));
   }
-  return page(errorPage(context, "No such page."), 404);
+  return errorResponse(context, 404, "No such page.");
 }
 
 /** The confirmation page of `action`. */
@@ -550,7 +545,7 @@ async function act(
   // A field that is there but malformed is refused, never read as absent:
   // absent widens redrive to every dead letter.
   const refused = (message: string) =>
-    page(errorPage(context, `${message} Nothing changed.`), 400);
+    errorResponse(context, 400, `${message} Nothing changed.`);
   const one = idOf(form.get("id"));
   const badId = form.has("id") && one === undefined
     ? `'id' must be an event id (decimal digits): got ${
@@ -634,7 +629,7 @@ async function act(
       );
     }
   }
-  return page(errorPage(context, "No such action."), 400);
+  return errorResponse(context, 400, "No such action.");
 }
 
 /**
@@ -719,6 +714,15 @@ async function clockOf(
     .databaseNow;
   return (databaseNow === undefined ? null : await databaseNow.call(source)) ??
     now();
+}
+
+/** An error page answered with its status. */
+function errorResponse(
+  context: PageContext,
+  status: 400 | 404,
+  message: string,
+): Response {
+  return page(errorPage(context, status, message), status);
 }
 
 function page(body: Html, status = 200): Response {

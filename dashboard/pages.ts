@@ -447,11 +447,22 @@ export function donePage(context: PageContext, what: Html): Html {
   );
 }
 
-/** A page for an error the reader can act on. */
-export function errorPage(context: PageContext, message: string): Html {
+/** The title of an error page, by its status. */
+const ERROR_TITLES = { 400: "Bad request", 404: "Not found" } as const;
+
+/**
+ * A page for an error the reader can act on, titled by its status: 400 a
+ * request the dashboard cannot act on (a missing or malformed field), 404
+ * a page or event that is not there.
+ */
+export function errorPage(
+  context: PageContext,
+  status: keyof typeof ERROR_TITLES,
+  message: string,
+): Html {
   return page(
     context,
-    "Not found",
+    ERROR_TITLES[status],
     html`
       <p>${message}</p>
       <p><a href="${context.base}/">Back to the overview</a></p>

@@ -14,7 +14,17 @@ import {
   type DashboardOptions,
   type DashboardSource,
 } from "./mod.ts";
+import {
+  checkHost,
+  checkInteger,
+  checkOptions,
+  checkSignal,
+  describe,
+} from "../validate.ts";
+
+const SERVE_OPTIONS = ["port", "hostname", "signal", "allowedHosts"];
 import { basePathOf } from "./base_path.ts";
+import { DASHBOARD_OPTIONS } from "./options.ts";
 
 /** Options of {@linkcode serveDashboard}. */
 export interface ServeDashboardOptions extends DashboardOptions {
@@ -50,33 +60,33 @@ export interface DashboardServer extends AsyncDisposable {
  * @param source The outbox to show.
  * @param options See {@linkcode ServeDashboardOptions}.
  * @returns The running server.
- * @throws {TypeError | RangeError} When an option is invalid (see
- * {@linkcode dashboard}), or the port is not an integer from 0 to 65535.
+ * @throws {TypeError | RangeError} When an option is unknown or invalid
+ * (see {@linkcode dashboard}): the port not an integer from 0 to 65535,
+ * the hostname or an allowed host not a host name, or the signal not an
+ * `AbortSignal`. The message names the field.
  */
 export function serveDashboard(
   source: DashboardSource,
   options: ServeDashboardOptions = {},
 ): DashboardServer {
-  const {
-    port = 8080,
-    hostname = "127.0.0.1",
-    signal,
-    allowedHosts = [],
-    ...rest
-  } = options;
-  if (!Number.isInteger(port) || port < 0 || port > 65_535) {
-    throw new RangeError(
-      `Cannot serve dashboard as 'port' must be an integer from 0 to 65535: current value is ${port}`,
-    );
-  }
-  if (
-    !Array.isArray(allowedHosts) ||
-    !allowedHosts.every((host) => typeof host === "string")
-  ) {
+  const op = "serve dashboard";
+  checkOptions(op, options, [...SERVE_OPTIONS, ...DASHBOARD_OPTIONS]);
+  const rest = Object.fromEntries(
+    Object.entries(options).filter(([key]) => !SERVE_OPTIONS.includes(key)),
+  ) as DashboardOptions;
+  const port = checkInteger(op, "port", options.port, 0, 65_535) ?? 8080;
+  const hostname = checkHost(op, "hostname", options.hostname) ??
+    "127.0.0.1";
+  const signal = checkSignal(op, "signal", options.signal);
+  const allowedHosts = options.allowedHosts ?? [];
+  if (!Array.isArray(allowedHosts)) {
     throw new TypeError(
-      "Cannot serve dashboard as 'allowedHosts' must be an array of host names",
+      `Cannot ${op} as 'allowedHosts' must be an array of host names: current value is ${
+        describe(allowedHosts)
+      }`,
     );
   }
+  allowedHosts.forEach((host, i) => checkHost(op, `allowedHosts[${i}]`, host));
   const names = new Set(
     [hostname, ...allowedHosts].map((host) => host.toLowerCase()),
   );
@@ -108,7 +118,7 @@ export function serveDashboard(
   const host = address.hostname.includes(":")
     ? `[${address.hostname}]`
     : address.hostname;
-  const base = basePathOf("serve dashboard", rest.basePath);
+  const base = basePathOf(op, rest.basePath);
   return {
     url: `http://${host}:${address.port}${base}/`,
     finished: server.finished,

@@ -403,23 +403,33 @@ Deno.test("list, explain and stats show the control characters of stored text as
       await outbox.enqueue({ n: 1 }, { queue });
       const lease = await outbox.claim({ queue });
       await outbox.release(lease!, {
-        error: "\x1b[2J\x1b[31mred\x9b1m \u202eevil\x7f",
+        error: "\x1b[2J\x1b[31mred\x9b1m \u202eevil\x7f\u2028line\u2029para",
       });
     }
     const outputs = [
       await cli("list", path, "dead"),
       await cli("explain", path, "1"),
       await cli("stats", path),
+      await cli("explain", path, "1", "--full"),
     ];
     for (const { code, stdout, stderr } of outputs) {
       assert.equal(code, 0, stderr);
-      // deno-lint-ignore no-control-regex
-      assert.doesNotMatch(stdout, /[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e]/);
+      assert.doesNotMatch(
+        stdout,
+        // deno-lint-ignore no-control-regex
+        /[\x00-\x09\x0b-\x1f\x7f-\x9f\u202e\u2028\u2029]/,
+      );
       assert.match(stdout, /q\\u001b\]0;owned\\u0007/);
     }
+    // A list's column folds line breaks (U+2028 and U+2029 among them) to
+    // a space; explain shows the whole error, escaped.
     assert.match(
       outputs[0]!.stdout,
-      /\\u001b\[2J\\u001b\[31mred\\u009b1m \\u202eevil\\u007f/,
+      /\\u001b\[2J\\u001b\[31mred\\u009b1m \\u202eevil\\u007f line para/,
+    );
+    assert.match(
+      outputs[3]!.stdout,
+      /last error "\\u001b\[2J\\u001b\[31mred\\u009b1m \\u202eevil\\u007f\\u2028line\\u2029para"/,
     );
   } finally {
     await Deno.remove(dir, { recursive: true });
@@ -972,6 +982,148 @@ Deno.test("explain prints a time past what a Date holds (written by another prog
     const text = lines.join("\n");
     assert.match(text, /enqueued 9000000000000000 ms since the epoch/);
     assert.match(text, /-9000000000000000 ms since the epoch/);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("main() refuses args that are not an array of strings, or an io that is not a CliIo, with a TypeError naming the field", async () => {
+  const cases: [unknown, unknown, string][] = [
+    [
+      5,
+      {},
+      "Cannot run outbox as 'args' must be an array of strings: current value is 5",
+    ],
+    [
+      ["stats", 5],
+      {},
+      "Cannot run outbox as 'args' must be an array of strings: current value is an array",
+    ],
+    [
+      ["stats"],
+      5,
+      "Cannot run outbox as 'io' must be an object: current value is 5",
+    ],
+    [
+      ["stats"],
+      { stdout: "x" },
+      `Cannot run outbox as 'io.stdout' must be a function: current value is "x"`,
+    ],
+    [
+      ["stats"],
+      { colour: true },
+      "Cannot run outbox as 'io.colour' is not an option: did you mean 'color'?",
+    ],
+    [
+      ["stats"],
+      { color: "yes" },
+      `Cannot run outbox as 'io.color' must be a boolean: current value is "yes"`,
+    ],
+    [
+      ["stats"],
+      { signal: {} },
+      "Cannot run outbox as 'io.signal' must be an AbortSignal: current value is an object",
+    ],
+  ];
+  for (const [args, io, message] of cases) {
+    await assert.rejects(
+      () => main(args as never, io as never),
+      (error: Error) =>
+        error instanceof TypeError && error.message.startsWith(message),
+      message,
+    );
+  }
+});
+
+Deno.test("the command line gives an option's own message for a negative value, refuses an option given twice, and says what explain takes", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const path = join(dir, "o.db");
+    {
+      await using outbox = await Outbox.open(await openSqliteWasm(path));
+      await outbox.enqueue({ n: 1 }, { queue: "mail" });
+    }
+    const run = async (...args: string[]) => {
+      const stdout: string[] = [];
+      const stderr: string[] = [];
+      const code = await main(args, {
+        stdout: (line) => stdout.push(line),
+        stderr: (line) => stderr.push(line),
+        color: false,
+      });
+      return { code, stdout: stdout.join("\n"), stderr: stderr.join("\n") };
+    };
+    const cases: [string[], string][] = [
+      [
+        ["list", path, "pending", "--after", "-1"],
+        '--after must be an integer of at least 0: got "-1"',
+      ],
+      [
+        ["list", path, "pending", "--limit", "-5"],
+        '--limit must be an integer of at least 1: got "-5"',
+      ],
+      [
+        ["stats", path, "--busy-timeout", "-1s"],
+        '--busy-timeout must be a duration like 500ms, 30s, 15m, 12h, 7d or 1h30m: got "-1s"',
+      ],
+      [
+        ["ui", path, "--port", "-1"],
+        '--port must be an integer of at least 0: got "-1"',
+      ],
+      [
+        ["list", path, "pending", "--limit", "5", "--limit", "6"],
+        "--limit may be given once: got it twice",
+      ],
+      [
+        ["list", path, "pending", "--queue", "mail", "--queue=mail"],
+        "--queue may be given once: got it twice",
+      ],
+      [
+        ["stats", path, "--busy-timeout", "1s", "--busy-timeout", "2s"],
+        "--busy-timeout may be given once: got it twice",
+      ],
+      // A value that is not a number still cannot look like an option.
+      [
+        ["list", path, "pending", "--queue", "--json"],
+        "Option '--queue' argument is ambiguous.",
+      ],
+      [
+        ["explain", path, "1.5"],
+        'explain needs an event id (decimal digits) or identity (a UUID in canonical lowercase text): got "1.5"',
+      ],
+      [
+        ["explain", path, " 1"],
+        'explain needs an event id (decimal digits) or identity (a UUID in canonical lowercase text): got " 1"',
+      ],
+      [
+        ["explain", path, "x\u2028y"],
+        'explain needs an event id (decimal digits) or identity (a UUID in canonical lowercase text): got "x\\u2028y"',
+      ],
+    ];
+    for (const [args, reason] of cases) {
+      const { code, stdout, stderr } = await run(...args);
+      assert.equal(code, 2, args.join(" "));
+      assert.equal(stdout, "");
+      assert.ok(stderr.startsWith(`outbox: ${reason}`), stderr);
+    }
+    // A repeatable option may be repeated; a value after "--" is an argument.
+    const purged = await run(
+      "purge",
+      path,
+      "--older-than",
+      "1d",
+      "--state",
+      "done",
+      "--state",
+      "dead",
+    );
+    assert.equal(purged.code, 0, purged.stderr);
+    const listed = await run("list", path, "pending", "--json", "--", "-1");
+    assert.equal(listed.code, 2);
+    assert.match(listed.stderr, /^outbox: unexpected -1\n/);
+    const explained = await run("explain", path, "01");
+    assert.equal(explained.code, 0, explained.stderr);
+    assert.match(explained.stdout, /^event 1 \(/);
   } finally {
     await Deno.remove(dir, { recursive: true });
   }

@@ -9,6 +9,7 @@ import { Outbox } from "../mod.ts";
 import { OutboxReader } from "../reader.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { dashboard } from "../dashboard/mod.ts";
+import { serveDashboard } from "../dashboard/serve.ts";
 import { SQLITE } from "../dialects/sqlite.ts";
 import { CSRF_COOKIE } from "../dashboard/csrf.ts";
 import { connectPostgres, openPostgres } from "../drivers/postgres.ts";
@@ -307,6 +308,146 @@ Deno.test("dashboard() refuses bad options naming the field", async () => {
       () => dashboard(outbox, { colour: "red" } as never),
       /colour/,
     );
+  });
+});
+
+Deno.test("dashboard({ origin }) compares as browsers send it, so a trailing slash, capitals or a default port still let the origin's POSTs through; a value that is not an origin is refused naming 'origin'", async () => {
+  await withOutbox(async (outbox) => {
+    for (
+      const origin of [
+        "https://admin.example.com",
+        "https://admin.example.com/",
+        "https://Admin.EXAMPLE.com",
+        "HTTPS://admin.example.com:443/",
+      ]
+    ) {
+      const id = await deadLetter(outbox, "boom");
+      const handler = dashboard(outbox, { actions: true, origin });
+      const { cookie, csrf } = await formOf(
+        handler,
+        `/confirm/redrive?id=${id}`,
+      );
+      const from = (sender: string) =>
+        handler(
+          post("/actions/redrive", { id: String(id), csrf }, {
+            cookie,
+            origin: sender,
+          }),
+        );
+      assert.equal((await from("https://evil.example")).status, 403, origin);
+      assert.equal((await from("http://admin.example.com")).status, 403);
+      const done = await from("https://admin.example.com");
+      assert.equal(done.status, 200, origin);
+      assert.match(await flat(done), /Redrove event/);
+      await outbox.acknowledge((await outbox.claim({ queue: "mail" }))!);
+    }
+    for (
+      const origin of [
+        "admin.example.com",
+        "https://admin.example.com/ops",
+        "https://admin.example.com/.",
+        "https://admin.example.com?x=1",
+        "https://admin.example.com#top",
+        "https://ada:pw@admin.example.com",
+        "ftp://admin.example.com",
+        "localhost:8080",
+        "",
+        5,
+      ]
+    ) {
+      assert.throws(
+        () => dashboard(outbox, { actions: true, origin: origin as string }),
+        (error) =>
+          error instanceof TypeError &&
+          error.message.startsWith(
+            "Cannot create dashboard as 'origin' must be an origin, an http: or https: URL with no path, query or fragment",
+          ),
+        String(origin),
+      );
+    }
+  });
+});
+
+Deno.test("serveDashboard() refuses a bad or unknown option with an error naming the field, before it listens", async () => {
+  await withOutbox(async (outbox) => {
+    const cases: [Record<string, unknown>, string][] = [
+      [
+        { hostname: 5 },
+        "TypeError: Cannot serve dashboard as 'hostname' must be a host name or IP address: current value is 5",
+      ],
+      [
+        { hostname: "a b" },
+        `TypeError: Cannot serve dashboard as 'hostname' must be a host name or IP address: current value is "a b"`,
+      ],
+      [
+        { hostname: "" },
+        `TypeError: Cannot serve dashboard as 'hostname' must be a host name or IP address: current value is ""`,
+      ],
+      [
+        { port: "8080" },
+        `TypeError: Cannot serve dashboard as 'port' must be a non-negative integer: current value is "8080"`,
+      ],
+      [
+        { port: 70_000 },
+        "RangeError: Cannot serve dashboard as 'port' must be a non-negative integer at most 65535: current value is 70000",
+      ],
+      [
+        { signal: 5 },
+        "TypeError: Cannot serve dashboard as 'signal' must be an AbortSignal: current value is 5",
+      ],
+      [
+        { allowedHosts: "x" },
+        `TypeError: Cannot serve dashboard as 'allowedHosts' must be an array of host names: current value is "x"`,
+      ],
+      [
+        { allowedHosts: ["ok.internal", 5] },
+        "TypeError: Cannot serve dashboard as 'allowedHosts[1]' must be a host name or IP address: current value is 5",
+      ],
+      [
+        { hostnme: "127.0.0.1" },
+        "TypeError: Cannot serve dashboard as 'hostnme' is not an option: did you mean 'hostname'?",
+      ],
+      [
+        { origin: "https://admin.example.com/ops" },
+        `TypeError: Cannot create dashboard as 'origin' must be an origin, an http: or https: URL with no path, query or fragment (e.g. "https://admin.example.com"): current value is "https://admin.example.com/ops"`,
+      ],
+    ];
+    for (const [options, message] of cases) {
+      assert.throws(
+        () => serveDashboard(outbox, { port: 0, ...options } as never),
+        (error: Error) => `${error.name}: ${error.message}`.startsWith(message),
+        message,
+      );
+    }
+    // The outbox is as it was.
+    assert.deepEqual(await outbox.queues(), []);
+  });
+});
+
+Deno.test("the dashboard's error pages are titled by their status: 400 'Bad request' for a missing or malformed field, 404 'Not found' for a missing page or event", async () => {
+  await withOutbox(async (outbox) => {
+    const handler = dashboard(outbox, { actions: true });
+    const { cookie, csrf } = await formOf(handler, "/confirm/purge");
+    const cases: [Request, number, string][] = [
+      [post("/actions/purge", { csrf }, { cookie }), 400, "Bad request"],
+      [
+        new Request("http://localhost/events?state=sleeping"),
+        400,
+        "Bad request",
+      ],
+      [new Request("http://localhost/confirm/cancel"), 400, "Bad request"],
+      [new Request("http://localhost/events/7"), 404, "Not found"],
+      [new Request("http://localhost/nowhere"), 404, "Not found"],
+    ];
+    for (const [request, status, title] of cases) {
+      const response = await handler(request);
+      assert.equal(response.status, status, request.url);
+      assert.match(
+        await response.text(),
+        new RegExp(`<title>${title} · Outbox</title>`),
+        request.url,
+      );
+    }
   });
 });
 

@@ -8,6 +8,7 @@ import {
   IDENTITY_HEADER,
   Inbox,
   type InboxOptions,
+  isRetryStatus,
   Outbox,
   readDeliveryHeaders,
   uuidv7,
@@ -538,4 +539,74 @@ Deno.test("Inbox.open() refuses a driver whose dialect has no inbox statements, 
     ),
   );
   assert.deepEqual(sent, []);
+});
+
+Deno.test("acceptRequest() refuses a request that is not a Request, or an fn that is not a function, with a TypeError naming it, before any SQL", async () => {
+  const { openSqliteWasm } = await import("../deno/sqlite_wasm.ts");
+  const { SQLITE } = await import("../dialects/sqlite.ts");
+  await using db = await openSqliteWasm(":memory:");
+  const sent: string[] = [];
+  const driver: Driver = {
+    query: (sql, params) => (sent.push(sql), db.query(sql, params)),
+    run: (sql, params) => (sent.push(sql), db.run(sql, params)),
+    exec: (sql) => (sent.push(sql), db.exec(sql)),
+    close: () => Promise.resolve(),
+    dialect: SQLITE,
+  };
+  await using inbox = await Inbox.open(driver);
+  sent.length = 0;
+  const request = new Request("http://x/", {
+    method: "POST",
+    headers: deliveryHeaders({ identity: uuidv7(), fence: 1 }),
+  });
+  const cases: [unknown, unknown, string][] = [
+    [
+      5,
+      () => {},
+      "Cannot accept request as 'request' must be a Request: current value is 5",
+    ],
+    [
+      { headers: new Headers() },
+      () => {},
+      "Cannot accept request as 'request' must be a Request: current value is an object",
+    ],
+    [
+      request,
+      5,
+      "Cannot accept request as 'fn' must be a function: current value is 5",
+    ],
+    [
+      request,
+      undefined,
+      "Cannot accept request as 'fn' must be a function: current value is undefined",
+    ],
+  ];
+  for (const [given, fn, message] of cases) {
+    await assert.rejects(
+      () => inbox.acceptRequest(given as Request, fn as never),
+      new TypeError(message),
+    );
+  }
+  assert.deepEqual(sent, []);
+  assert.equal(
+    (await inbox.acceptRequest(request, async () => {})).status,
+    200,
+  );
+});
+
+Deno.test("readDeliveryHeaders() refuses what is not a Headers, naming 'headers', and isRetryStatus() answers false for what is not a number", () => {
+  for (
+    const [headers, shown] of [[5, "5"], [null, "null"], [{}, "an object"]]
+  ) {
+    assert.throws(
+      () => readDeliveryHeaders(headers as never),
+      new TypeError(
+        `Cannot read delivery as 'headers' must be a Headers: current value is ${shown}`,
+      ),
+    );
+  }
+  assert.equal(isRetryStatus(503), true);
+  for (const status of ["503", [503], null, undefined, true]) {
+    assert.equal(isRetryStatus(status as never), false, String(status));
+  }
 });

@@ -165,4 +165,14 @@ Deno.test("OutboxReader checks its arguments before any SQL, naming the field", 
       await OutboxReader.open(await f.readOnly(), { busyTimeoutMs: -1 }),
     { name: "RangeError" },
   );
+  for (const [driver, shown] of [[5, "5"], [null, "null"], [{}, "undefined"]]) {
+    await assert.rejects(
+      () => OutboxReader.open(driver as never),
+      new TypeError(
+        driver === null || typeof driver !== "object"
+          ? `Cannot open outbox reader as 'driver' must be a Driver: current value is ${shown}`
+          : `Cannot open outbox reader as 'driver.query' must be a function: current value is ${shown}`,
+      ),
+    );
+  }
 });

@@ -1548,7 +1548,7 @@ Deno.test("invalid options throw TypeError or RangeError naming the field", asyn
   assert.throws(start({}, "handler"), {
     name: "TypeError",
     message:
-      "Cannot process events as 'handler' must be a function: current value is string",
+      "Cannot process events as 'handler' must be a function: current value is \"handler\"",
   });
   await f.outbox.enqueue({});
   await settle();

@@ -12,9 +12,11 @@ import {
 } from "../lease.ts";
 import {
   checkBoolean,
+  checkFunction,
   checkInteger,
   checkName,
   checkOptions,
+  checkSignal,
   describe,
   MAX_ERROR_LENGTH,
 } from "../validate.ts";
@@ -121,11 +123,7 @@ export function settingsOf(
       );
     }
   }
-  if (typeof handler !== "function") {
-    throw new TypeError(
-      `Cannot ${OP} as 'handler' must be a function: current value is ${typeof handler}`,
-    );
-  }
+  checkFunction(OP, "handler", handler);
   checkOptions(OP, options, PROCESS_OPTIONS);
   const integer = (field: keyof ProcessOptions, min: number, max: number) =>
     checkInteger(OP, field, options[field], min, max);
@@ -188,7 +186,7 @@ export function settingsOf(
     onError: fn("onError", options.onError) ?? console.error,
     onHandlerError: fn("onHandlerError", options.onHandlerError),
     timers: timersOf(options.timers),
-    signal: signalOf(options.signal),
+    signal: checkSignal(OP, "signal", options.signal),
   };
 }
 
@@ -204,15 +202,6 @@ const OUTBOX_METHODS = [
   "nextDueInMs",
   "onEnqueue",
 ] as const;
-
-function signalOf(signal: unknown): AbortSignal | undefined {
-  if (signal === undefined || signal instanceof AbortSignal) return signal;
-  throw new TypeError(
-    `Cannot ${OP} as 'signal' must be an AbortSignal: current value is ${
-      describe(signal)
-    }`,
-  );
-}
 
 function timersOf(timers: unknown): Timers {
   if (timers === undefined) return DEFAULT_TIMERS;
@@ -264,12 +253,7 @@ function real(
 }
 
 function fn<F>(field: string, value: F | undefined): F | undefined {
-  if (value !== undefined && typeof value !== "function") {
-    throw new TypeError(
-      `Cannot ${OP} as '${field}' must be a function: current value is ${typeof value}`,
-    );
-  }
-  return value;
+  return value === undefined ? value : checkFunction(OP, field, value);
 }
 
 /** The longest delay `setTimeout` honours: longer ones fire at once. */
