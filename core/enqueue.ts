@@ -7,7 +7,7 @@
  */
 import { type Driver, integerOf, type SqlValue } from "../driver.ts";
 import { uuidv7 } from "../identity.ts";
-import { insertOrFind } from "./insert_or_find.ts";
+import { insertOrFind, type InsertTarget } from "./insert_or_find.ts";
 import type { Dialect, EnqueueResult } from "../types.ts";
 
 // A batch mints a token per event: a table halves the cost of formatting.
@@ -17,6 +17,15 @@ const HEX = Array.from(
 );
 const HEX_DIGITS = new TextEncoder().encode("0123456789abcdef");
 const ascii = new TextDecoder("latin1");
+
+/** Where an enqueue inserts, for `insertOrFind`. */
+function eventsTable(sql: Dialect): InsertTarget {
+  return {
+    table: "outbox_events",
+    keys: "its dedup key or identity",
+    oneWriter: sql.oneWriter === true,
+  };
+}
 
 /** One event as validated before any SQL: what `insertOne` inserts. */
 export interface PreparedEnqueue {
@@ -40,6 +49,8 @@ export type Settled<T> = { readonly value: T } | { readonly error: unknown };
  *
  * @throws {DedupRaceError} When the event its key met was purged before it
  * could be read, round after round (`insertOrFind`).
+ * @throws {ConstraintError} When a trigger skipped the insert (SQLite's
+ * `RAISE(IGNORE)`), or the application's own constraint refused it.
  */
 export async function insertOne(
   driver: Driver,
@@ -63,7 +74,7 @@ export async function insertOne(
     event.priority,
     event.concurrencyKey,
   ];
-  return await insertOrFind("enqueue", async () => {
+  return await insertOrFind("enqueue", eventsTable(sql), async () => {
     const [inserted] = await driver.query(sql.insert, params);
     if (inserted !== undefined) {
       return {
@@ -93,6 +104,9 @@ export async function insertOne(
  *
  * @throws {DedupRaceError} When events the batch's keys met were purged
  * before they could be read, round after round (`insertOrFind`).
+ * @throws {ConstraintError} When a trigger skipped an event's insert
+ * (SQLite's `RAISE(IGNORE)`), or the application's own constraint refused
+ * it.
  */
 export async function insertAll(
   driver: Driver,
@@ -108,7 +122,7 @@ export async function insertAll(
   // the identities minted for them) in the next round: their ids come
   // after those of the batch's others.
   let pending = events.map((_, i) => i);
-  return await insertOrFind("enqueue", async () => {
+  return await insertOrFind("enqueue", eventsTable(sql), async () => {
     const first = pending.length === events.length;
     const round = await insertSome(
       driver,
