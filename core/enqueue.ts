@@ -288,7 +288,9 @@ export async function insertGroup(
  * Runs `fn` under a savepoint: its failure is undone and returned.
  * Throws `fn`'s error when the savepoint cannot be rolled back to, as when
  * the engine rolled the whole transaction back (SQLite does on an I/O
- * error or a full disk): the transaction must then fail as a whole.
+ * error or a full disk, and for a trigger's `RAISE(ROLLBACK)`): the
+ * transaction must then fail as a whole (a group commit runs its calls
+ * again each alone when a constraint did it: `group_commit.ts`).
  */
 async function undoable<T>(
   driver: Driver,
