@@ -35,7 +35,7 @@ import {
   transactionStatements,
   withinApplication,
 } from "./core/transaction.ts";
-import { insertOrFind } from "./core/insert_or_find.ts";
+import { insertOrFind, type InsertTarget } from "./core/insert_or_find.ts";
 import { SQLITE } from "./dialects/sqlite.ts";
 import { SQLITE_INBOX } from "./dialects/sqlite_inbox.ts";
 import type { InboxStatements } from "./types.ts";
@@ -160,6 +160,8 @@ export class Inbox implements AsyncDisposable {
   readonly #mutex: Mutex;
   readonly #runner: TransactionRunner;
   readonly #sql: InboxStatements;
+  // Where an acceptance records its identity, for insertOrFind.
+  readonly #target: InsertTarget;
   readonly #now: Clock;
   readonly #busyTimeoutMs: number;
   #closed = false;
@@ -181,6 +183,11 @@ export class Inbox implements AsyncDisposable {
       );
     }
     this.#sql = dialect.inbox;
+    this.#target = {
+      table: "inbox_accepted",
+      keys: "its identity",
+      oneWriter: dialect.oneWriter === true,
+    };
     this.#runner = new TransactionRunner(
       driver,
       dialect,
@@ -254,6 +261,9 @@ export class Inbox implements AsyncDisposable {
    * @throws {DedupRaceError} When the identity's record was purged between
    * the insert that met it and its lookup, round after round (on
    * PostgreSQL): nothing was recorded.
+   * @throws {ConstraintError} When on SQLite a trigger skipped the record's
+   * insert with `RAISE(IGNORE)` (code 1811, naming `inbox_accepted`): `fn`
+   * did not run.
    * @throws {RangeError} When `tx.run` or `tx.query` is given a
    * transaction-control statement (before it runs).
    * @throws {Error} When called from inside `fn` of an acceptance or a
@@ -273,7 +283,7 @@ export class Inbox implements AsyncDisposable {
     const driver = this.#driver;
     const sql = this.#sql;
     return await this.#write(op, async (now) => {
-      const seen = await insertOrFind(op, async () => {
+      const seen = await insertOrFind(op, this.#target, async () => {
         if ((await driver.query(sql.record, [key, checkedFence, now])).length) {
           return { acceptedFence: null };
         }

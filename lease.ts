@@ -247,6 +247,10 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * deadlock).
    * @throws {DedupRaceError} When the event `dedupKey` or `identity` met was
    * purged before it could be read, round after round (PostgreSQL only).
+   * @throws {ConstraintError} When the application's own constraint or
+   * trigger on `outbox_events` refused the insert (the engine's error,
+   * naming it; on PostgreSQL a `PostgresError`), or on SQLite a trigger
+   * skipped it with `RAISE(IGNORE)` (code 1811, naming the table).
    */
   async enqueue(
     payload: P,
@@ -280,6 +284,7 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * @throws {BusyError} When the database stays locked past `busyTimeoutMs`.
    * @throws {DedupRaceError} When events the batch's keys met were purged
    * before they could be read, round after round (PostgreSQL only).
+   * @throws {ConstraintError} As for `enqueue`, for any of its events.
    *
    * @example Enqueue a batch
    * ```ts

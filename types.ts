@@ -147,6 +147,16 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
   /** The inbox's statements (`inbox.ts`). */
   readonly inbox?: InboxStatements;
   /**
+   * Whether one write transaction at a time holds the database (SQLite): the
+   * lookup after an insert skipped for a taken key runs under the write lock
+   * that insert took, so it always finds the row the insert met, and one
+   * that finds none met no key: a trigger skipped the insert
+   * (`RAISE(IGNORE)`), which running the round again cannot get past.
+   * Absent (PostgreSQL): a purge may have deleted that row in between, and
+   * the round runs again (`core/insert_or_find.ts`).
+   */
+  readonly oneWriter?: boolean;
+  /**
    * The fenced acknowledgement of one lease as one statement, outside a
    * transaction. Parameters: now (null: the server's clock), event id,
    * token, fence. Rows: `now`, and `acknowledged`: 1, or 0 with nothing

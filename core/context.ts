@@ -27,8 +27,12 @@ export interface WriteOptions<T> {
     | undefined;
   /** Run again after a contention rollback. @default {true} */
   readonly rerun?: boolean;
-  /** What runs when a deferred constraint refused the COMMIT. */
-  readonly commitRefused?: (() => Promise<T>) | undefined;
+  /**
+   * What runs when a constraint refused the transaction as a whole: the
+   * COMMIT (a deferred one), or a statement that rolled it back (SQLite's
+   * `RAISE(ROLLBACK)`).
+   */
+  readonly refused?: (() => Promise<T>) | undefined;
 }
 
 /** An opened outbox's connection, settings and write path. */

@@ -12,7 +12,7 @@ import {
   type SqlValue,
 } from "../driver.ts";
 import { uuidv7 } from "../identity.ts";
-import { insertOrFind } from "./insert_or_find.ts";
+import { insertOrFind, type InsertTarget } from "./insert_or_find.ts";
 import type { Dialect, EnqueueResult } from "../types.ts";
 
 // A batch mints a token per event: a table halves the cost of formatting.
@@ -22,6 +22,15 @@ const HEX = Array.from(
 );
 const HEX_DIGITS = new TextEncoder().encode("0123456789abcdef");
 const ascii = new TextDecoder("latin1");
+
+/** Where an enqueue inserts, for `insertOrFind`. */
+function eventsTable(sql: Dialect): InsertTarget {
+  return {
+    table: "outbox_events",
+    keys: "its dedup key or identity",
+    oneWriter: sql.oneWriter === true,
+  };
+}
 
 /** One event as validated before any SQL: what `insertOne` inserts. */
 export interface PreparedEnqueue {
@@ -45,6 +54,8 @@ export type Settled<T> = { readonly value: T } | { readonly error: unknown };
  *
  * @throws {DedupRaceError} When the event its key met was purged before it
  * could be read, round after round (`insertOrFind`).
+ * @throws {ConstraintError} When a trigger skipped the insert (SQLite's
+ * `RAISE(IGNORE)`), or the application's own constraint refused it.
  */
 export async function insertOne(
   driver: Driver,
@@ -68,7 +79,7 @@ export async function insertOne(
     event.priority,
     event.concurrencyKey,
   ];
-  return await insertOrFind("enqueue", async () => {
+  return await insertOrFind("enqueue", eventsTable(sql), async () => {
     const [inserted] = await driver.query(sql.insert, params);
     if (inserted !== undefined) {
       return {
@@ -98,6 +109,9 @@ export async function insertOne(
  *
  * @throws {DedupRaceError} When events the batch's keys met were purged
  * before they could be read, round after round (`insertOrFind`).
+ * @throws {ConstraintError} When a trigger skipped an event's insert
+ * (SQLite's `RAISE(IGNORE)`), or the application's own constraint refused
+ * it.
  */
 export async function insertAll(
   driver: Driver,
@@ -113,7 +127,7 @@ export async function insertAll(
   // the identities minted for them) in the next round: their ids come
   // after those of the batch's others.
   let pending = events.map((_, i) => i);
-  return await insertOrFind("enqueue", async () => {
+  return await insertOrFind("enqueue", eventsTable(sql), async () => {
     const first = pending.length === events.length;
     const round = await insertSome(
       driver,
@@ -325,7 +339,9 @@ export async function insertGroup(
  * Runs `fn` under a savepoint: its failure is undone and returned.
  * Throws `fn`'s error when the savepoint cannot be rolled back to, as when
  * the engine rolled the whole transaction back (SQLite does on an I/O
- * error or a full disk): the transaction must then fail as a whole.
+ * error or a full disk, and for a trigger's `RAISE(ROLLBACK)`): the
+ * transaction must then fail as a whole (a group commit runs its calls
+ * again each alone when a constraint did it: `group_commit.ts`).
  */
 async function undoable<T>(
   driver: Driver,

@@ -3,8 +3,10 @@
  * outbox waits for the connection or its write lock share the next
  * transaction (up to 1,000 calls or 8 MiB of payloads), each undone alone
  * under its savepoint when it fails (`insertGroup` in `enqueue.ts`), and
- * run again one per transaction when a deferred constraint refused the
- * shared commit; and the listeners told of each commit that enqueued.
+ * run again one per transaction when a constraint refused the shared
+ * transaction as a whole (a deferred one at COMMIT, or a trigger's
+ * `RAISE(ROLLBACK)`, which no savepoint undoes alone); and the listeners
+ * told of each commit that enqueued.
  *
  * @module
  */
@@ -155,10 +157,11 @@ export class GroupCommit {
               }
             }
             : undefined,
-          // A deferred constraint one call broke refused the COMMIT of all:
-          // each runs again in a transaction of its own, in order and in
-          // this turn, so only that call fails.
-          commitRefused: group.calls.length === 1
+          // A constraint one call broke refused the transaction of all (a
+          // deferred one at COMMIT, a RAISE(ROLLBACK)), which the engine
+          // ended with nothing committed: each runs again in a transaction
+          // of its own, in order and in this turn, so only that call fails.
+          refused: group.calls.length === 1
             ? undefined
             : () => this.#eachAlone(group.calls),
         },

@@ -15,11 +15,27 @@
  *
  * On SQLite this cannot happen: writers are serialized, and the insert
  * took the write lock that the lookup runs under, so no purge commits
- * between them. The first round always settles there.
+ * between them (the dialect's `oneWriter`). A lookup that finds nothing
+ * there means the insert met no key: a trigger skipped it with
+ * `RAISE(IGNORE)`, which no further round gets past, so the call fails at
+ * once with a {@linkcode ConstraintError} naming the table.
  *
  * @module
  */
-import { DedupRaceError } from "../errors.ts";
+import { ConstraintError, DedupRaceError } from "../errors.ts";
+
+// SQLITE_CONSTRAINT_TRIGGER: what a trigger's RAISE(ABORT) refuses with.
+const CONSTRAINT_TRIGGER = 1811;
+
+/** Where a call inserts: for the error when a trigger skipped the insert. */
+export interface InsertTarget {
+  /** The table, e.g. `"outbox_events"`. */
+  readonly table: string;
+  /** The keys a row that took them would hold, e.g. `"its identity"`. */
+  readonly keys: string;
+  /** Whether the engine has one writer at a time (`Dialect.oneWriter`). */
+  readonly oneWriter: boolean;
+}
 
 /** How many rounds of insert and lookup a call runs before giving up. */
 export const INSERT_ROUNDS = 5;
@@ -30,18 +46,28 @@ export const INSERT_ROUNDS = 5;
  * deleted in between), which runs it again.
  *
  * @param op The call, for the error, e.g. `"enqueue"`.
+ * @param target Where it inserts, and whether the engine has one writer.
  * @param round One insert and its lookup.
  * @returns What the first settled round answered.
  * @throws {DedupRaceError} When {@linkcode INSERT_ROUNDS} rounds in a row
  * found a row gone.
+ * @throws {ConstraintError} When, with one writer, the lookup found nothing:
+ * a trigger skipped the insert.
  */
 export async function insertOrFind<T>(
   op: string,
+  target: InsertTarget,
   round: () => Promise<T | undefined>,
 ): Promise<T> {
   for (let n = 0; n < INSERT_ROUNDS; n++) {
     const settled = await round();
     if (settled !== undefined) return settled;
+    if (target.oneWriter) {
+      throw new ConstraintError(
+        `Cannot ${op} as a trigger on ${target.table} skipped its insert (RAISE(IGNORE)), and no row holds ${target.keys}: it was not stored, and calling again skips it again`,
+        CONSTRAINT_TRIGGER,
+      );
+    }
   }
   throw new DedupRaceError(op, INSERT_ROUNDS);
 }

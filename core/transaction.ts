@@ -266,8 +266,14 @@ export interface RunOptions<T> {
    * runs the transaction again, until `busyTimeoutMs`. @default {false}
    */
   readonly rerunBusy?: boolean;
-  /** Runs instead when a constraint refused the COMMIT (a deferred one). */
-  readonly commitRefused?: (() => Promise<T>) | undefined;
+  /**
+   * Runs instead when a constraint refused the transaction as a whole,
+   * ending it with nothing committed (the engine says so): the COMMIT (a
+   * deferred constraint), or a statement whose refusal rolled the whole
+   * transaction back (SQLite's `RAISE(ROLLBACK)` in a trigger), where no
+   * savepoint could undo the statement alone.
+   */
+  readonly refused?: (() => Promise<T>) | undefined;
   /** The statement that begins the transaction. @default {dialect.begin} */
   readonly begin?: string;
 }
@@ -341,6 +347,12 @@ export class TransactionRunner {
       return raw.inTransaction() ? "open" : "idle";
     }
     return undefined;
+  }
+
+  /** Whether the engine says a transaction is open (or failed) on the connection. */
+  #open(): boolean {
+    const status = this.status();
+    return status === "open" || status === "failed";
   }
 
   /** Whether the application has a transaction open on the connection. */
@@ -452,7 +464,7 @@ export class TransactionRunner {
     options: RunOptions<T>,
     deadline: number = performance.now() + this.#busyTimeoutMs,
   ): Promise<T> {
-    const { join = false, inOne, commitRefused } = options;
+    const { join = false, inOne, refused } = options;
     for (let retried = false;; retried = true) {
       // A held mutex may be this connection's own transaction, which a
       // queued call just waits for; after a retry it is the application's.
@@ -488,7 +500,7 @@ export class TransactionRunner {
       );
       // Still this call's turn in line, out of the connection's mutex.
       if (outcome !== null) {
-        return "refused" in outcome ? await commitRefused!() : outcome.value;
+        return "refused" in outcome ? await refused!() : outcome.value;
       }
     }
   }
@@ -500,7 +512,7 @@ export class TransactionRunner {
   async #own<T>(
     op: string,
     fn: (joined: boolean) => Promise<T>,
-    { rerun = true, rerunBusy = false, commitRefused, begin }: RunOptions<T>,
+    { rerun = true, rerunBusy = false, refused, begin }: RunOptions<T>,
   ): Promise<{ value: T } | { refused: true } | null> {
     const sql = this.#sql;
     const busyDeadline = performance.now() + this.#busyTimeoutMs;
@@ -533,11 +545,14 @@ export class TransactionRunner {
         if (!live.ended && this.status() !== "idle") {
           await this.#raw.run(sql.rollback).catch(() => {});
         }
-        // A deferred constraint is checked at COMMIT, past every
-        // savepoint: the caller may run the work again otherwise.
+        // A deferred constraint is checked at COMMIT, past every savepoint,
+        // and a RAISE(ROLLBACK) ends the transaction, savepoints and all:
+        // the caller may run the work again otherwise, once the engine no
+        // longer says a transaction is open (live.ended: it said idle), so
+        // that nothing of it can commit twice.
         if (
-          committing && commitRefused !== undefined &&
-          refusedByConstraint(error)
+          refused !== undefined && (committing || live.ended) &&
+          refusedByConstraint(error) && !this.#open()
         ) return { refused: true };
         const remainingMs = busyDeadline - performance.now();
         const contention = rerun &&

@@ -83,7 +83,7 @@ export class WritePath {
       join = false,
       inOne,
       rerun = true,
-      commitRefused,
+      refused,
     }: WriteOptions<T> = {},
   ): Promise<T> {
     this.checkOpen(op);
@@ -95,7 +95,7 @@ export class WritePath {
     return await this.#runner.run(
       op,
       async (joined) => await fn(await this.#start(op, expire), joined),
-      { join, inOne: now, rerun, commitRefused },
+      { join, inOne: now, rerun, refused },
     );
   }
 

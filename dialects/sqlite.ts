@@ -78,14 +78,19 @@ export const SQL = {
       WHERE type = 'trigger' AND name = 'outbox_events_claimed') AS triggers`,
   userVersion: "PRAGMA user_version",
   resetUserVersion: "PRAGMA user_version = 0",
-  // A conflict on the dedup key or the identity inserts nothing.
+  // A conflict on the dedup key or the identity inserts nothing; the
+  // targets name their indexes (outbox_events_dedup, a partial index whose
+  // WHERE the target repeats, and outbox_events_identity), so any other
+  // uniqueness the application adds refuses the insert with the engine's
+  // error naming it, as on PostgreSQL, rather than pass for a dedup hit.
   // ?10: the payload when it is bytes (?2 when JSON text): PostgreSQL keeps
   // the two in columns of their own.
   // ?11: priority, ?12: concurrency key.
   insert: `INSERT INTO outbox_events
     (id, queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity, priority, concurrency_key)
     VALUES (${NEXT_ID}, ?1, 'pending', coalesce(?2, ?10), ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?11, ?12)
-    ON CONFLICT DO NOTHING
+    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    ON CONFLICT (identity) DO NOTHING
     RETURNING id`,
   // The dedup key's event first: it is the one the caller's key names.
   existing: `SELECT id, identity FROM outbox_events
@@ -105,19 +110,20 @@ export const SQL = {
       e.value ->> 4, ?1 + (e.value ->> 5), e.value ->> 6, ?1, ?1, e.value ->> 7,
       e.value ->> 8, e.value ->> 9
     FROM json_each(?2) AS e WHERE true ORDER BY e.key
-    ON CONFLICT DO NOTHING
+    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    ON CONFLICT (identity) DO NOTHING
     RETURNING id, identity, queue, dedup_key`,
   // `insertAll` for a batch whose events differ only in payload (JSON text)
   // and identity, the common case: two values to read per element rather
   // than eight, which halves the statement's cost in WASM. ?1: now; ?2: a
   // JSON array of [payload JSON text, identity]; ?3: queue; ?4: delay in ms;
-  // ?5: max_attempts.
+  // ?5: max_attempts. No dedup key: the identity is its one conflict target.
   insertAlike: `INSERT INTO outbox_events
     (id, queue, state, payload, dedup_key, ordering_key, due_at, max_attempts, created_at, updated_at, identity)
     SELECT ${BATCH_ID}, ?3, 'pending', e.value ->> 0, NULL, NULL, ?1 + ?4, ?5, ?1, ?1,
       e.value ->> 1
     FROM json_each(?2) AS e WHERE true ORDER BY e.key
-    ON CONFLICT DO NOTHING
+    ON CONFLICT (identity) DO NOTHING
     RETURNING id, identity, queue, dedup_key`,
   // `existing` for the skipped rows of a batch. ?1: a JSON array of [queue,
   // dedup key or null, identity or null]: a key the batch's later element
@@ -268,6 +274,7 @@ export const SQL = {
 export const SQLITE: Dialect = {
   ...SQL,
   ...ADMIN_SQL,
+  oneWriter: true,
   flow: SQLITE_FLOW,
   inbox: SQLITE_INBOX,
   maintenance: {

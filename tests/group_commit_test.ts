@@ -7,7 +7,12 @@
 import assert from "node:assert/strict";
 import fc from "npm:fast-check@4.11.0";
 import type { Driver, Row } from "../driver.ts";
-import { BusyError, type EnqueueResult, Outbox } from "../mod.ts";
+import {
+  BusyError,
+  ConstraintError,
+  type EnqueueResult,
+  Outbox,
+} from "../mod.ts";
 import { openSqliteWasm } from "../deno/sqlite_wasm.ts";
 import { type DriverCase, DRIVERS } from "./drivers.ts";
 import { driverTest, type Harness, ManualClock, snapshot } from "./helpers.ts";
@@ -132,6 +137,50 @@ for (const driver of DRIVERS) {
     assert.deepEqual(await payloads(raw), ["one", "three", "after"]);
     assert.ok(eventId > three.eventId);
   });
+
+  if (driver.engine === "sqlite") {
+    test("12 grouped enqueue() calls, one of which a trigger's RAISE(ROLLBACK) refuses, ending the shared transaction: only that call fails, the 11 others commit once each, in call order", async ({ open, raw, sent }) => {
+      const [a] = await open();
+      await raw.exec(`CREATE TRIGGER app_rollback BEFORE INSERT ON outbox_events
+        WHEN NEW.payload = '"rolled back"'
+        BEGIN SELECT RAISE(ROLLBACK, 'refused by app'); END`);
+      let listened = 0;
+      a!.onEnqueue(() => listened++);
+      const names = Array.from(
+        { length: 12 },
+        (_, n) => n === 5 ? "rolled back" : `call ${n}`,
+      );
+      const before = sent();
+      const settled = await Promise.allSettled(
+        names.map((name) => a!.enqueue(name)),
+      );
+      // Before, all 12 rejected with call 5's error.
+      const error = rejected(settled[5]);
+      assert.ok(error instanceof ConstraintError, String(error));
+      assert.equal(error.message, "refused by app");
+      const results = settled.filter((_, n) => n !== 5).map(fulfilled);
+      const ids = results.map((r) => r.eventId);
+      assert.deepEqual(ids, ids.toSorted((x, y) => x - y));
+      assert.deepEqual(
+        await payloads(raw),
+        names.filter((name) => name !== "rolled back"),
+      );
+      assert.deepEqual(
+        (await raw.query("SELECT id FROM outbox_events ORDER BY id")).map((
+          row,
+        ) => Number(row["id"])),
+        ids,
+      );
+      // The shared transaction, then one of its own per call (BEGIN, the
+      // clock, the insert, COMMIT), not more.
+      assert.ok(sent() - before < 12 * 6, `${sent() - before} statements`);
+      assert.ok(listened >= 1);
+      // The connection is left with no transaction open, and goes on.
+      assert.equal(raw.inTransaction?.(), false);
+      await a!.enqueue("after");
+      assert.equal((await payloads(raw)).at(-1), "after");
+    });
+  }
 
   test("an enqueue made while the outbox's own transaction is open neither joins it nor overtakes the calls made before it", async ({ open, raw }) => {
     const [a] = await open();

@@ -1,0 +1,166 @@
+/**
+ * An enqueue that the application's own schema refuses, on every driver:
+ * its unique index on `outbox_events` fails the call with the engine's
+ * error naming that index (not a dedup race to call again), a dedup hit
+ * stays a dedup hit, and on SQLite a trigger's `RAISE(IGNORE)` fails the
+ * call with a `ConstraintError` naming the table.
+ */
+import assert from "node:assert/strict";
+import {
+  ConstraintError,
+  type Driver,
+  Inbox,
+  PostgresError,
+  uuidv7,
+} from "../mod.ts";
+import { DRIVERS } from "./drivers.ts";
+import { driverTest, type Harness, ManualClock } from "./helpers.ts";
+
+/** Every event's ordering key and payload, in id order. */
+async function stored(raw: Driver): Promise<[unknown, unknown][]> {
+  const rows = await raw.query(
+    "SELECT ordering_key, payload FROM outbox_events ORDER BY id",
+  );
+  return rows.map((
+    row,
+  ) => [row["ordering_key"], JSON.parse(String(row["payload"]))]);
+}
+
+const IGNORED =
+  "Cannot enqueue as a trigger on outbox_events skipped its insert (RAISE(IGNORE)), and no row holds its dedup key or identity: it was not stored, and calling again skips it again";
+
+for (const driver of DRIVERS) {
+  const test = (name: string, fn: (t: Harness) => Promise<void>) =>
+    driverTest(driver, name, fn);
+  // The engine's refusal, naming the application's index or its column.
+  const refusedByAppIndex = (error: unknown) => {
+    assert.ok(
+      error instanceof
+        (driver.engine === "sqlite" ? ConstraintError : PostgresError),
+      String(error),
+    );
+    // SQLite names the index's column, PostgreSQL the index.
+    assert.match(
+      (error as Error).message,
+      driver.engine === "sqlite"
+        ? /^UNIQUE constraint failed: outbox_events\.ordering_key$/
+        : /"app_k"/,
+    );
+    return true;
+  };
+
+  test("enqueue(), enqueueBatch(), tx.enqueue() and a grouped enqueue() refused by the application's unique index on outbox_events fail with the engine's error naming it; nothing of theirs is stored", async ({ open, raw }) => {
+    const [a] = await open();
+    await raw.exec("CREATE UNIQUE INDEX app_k ON outbox_events (ordering_key)");
+    await a!.enqueue("first", { orderingKey: "o" });
+    await assert.rejects(
+      a!.enqueue("lone", { orderingKey: "o" }),
+      refusedByAppIndex,
+    );
+    await assert.rejects(
+      a!.enqueueBatch([
+        { payload: "batch 1", orderingKey: "p" },
+        { payload: "batch 2", orderingKey: "o" },
+      ]),
+      refusedByAppIndex,
+    );
+    await assert.rejects(
+      a!.transaction((tx) => tx.enqueue("tx", { orderingKey: "o" })),
+      refusedByAppIndex,
+    );
+    const settled = await Promise.allSettled([
+      a!.enqueue("group 1", { orderingKey: "q" }),
+      a!.enqueue("group 2", { orderingKey: "o" }),
+      a!.enqueue("group 3", { orderingKey: "r" }),
+    ]);
+    assert.equal(settled[0]!.status, "fulfilled");
+    assert.equal(settled[1]!.status, "rejected");
+    refusedByAppIndex((settled[1] as PromiseRejectedResult).reason);
+    assert.equal(settled[2]!.status, "fulfilled");
+    assert.deepEqual(await stored(raw), [
+      ["o", "first"],
+      ["q", "group 1"],
+      ["r", "group 3"],
+    ]);
+  });
+
+  test("an enqueue whose dedup key is taken is deduplicated even when the application's unique index would refuse it too", async ({ open, raw }) => {
+    const [a] = await open();
+    await raw.exec("CREATE UNIQUE INDEX app_k ON outbox_events (ordering_key)");
+    const first = await a!.enqueue("first", {
+      dedupKey: "k",
+      orderingKey: "o",
+    });
+    assert.deepEqual(
+      await a!.enqueue("again", { dedupKey: "k", orderingKey: "o" }),
+      { ...first, deduplicated: true },
+    );
+    assert.deepEqual(
+      await a!.enqueueBatch([
+        { payload: "batch", dedupKey: "k", orderingKey: "o" },
+      ]),
+      [{ ...first, deduplicated: true }],
+    );
+    assert.deepEqual(await stored(raw), [["o", "first"]]);
+  });
+
+  if (driver.engine !== "sqlite") continue;
+
+  test("enqueue(), enqueueBatch(), tx.enqueue() and a grouped enqueue() whose insert a trigger skips with RAISE(IGNORE) fail with a ConstraintError naming outbox_events; the group's other calls commit", async ({ open, raw }) => {
+    const [a] = await open();
+    await raw.exec(`CREATE TRIGGER app_skip BEFORE INSERT ON outbox_events
+      WHEN NEW.payload = '"skip"' BEGIN SELECT RAISE(IGNORE); END`);
+    const ignored = (error: unknown) => {
+      assert.ok(error instanceof ConstraintError, String(error));
+      assert.equal(error.message, IGNORED);
+      // SQLITE_CONSTRAINT_TRIGGER, as a RAISE(ABORT) would give.
+      assert.equal(error.code, 1811);
+      return true;
+    };
+    await assert.rejects(a!.enqueue("skip"), ignored);
+    await assert.rejects(a!.enqueue("skip", { dedupKey: "k" }), ignored);
+    await assert.rejects(
+      a!.enqueueBatch([{ payload: "kept" }, { payload: "skip" }]),
+      ignored,
+    );
+    await assert.rejects(
+      a!.transaction((tx) => tx.enqueue("skip", { identity: uuidv7(0) })),
+      ignored,
+    );
+    const settled = await Promise.allSettled([
+      a!.enqueue("one"),
+      a!.enqueue("skip"),
+      a!.enqueue("three"),
+    ]);
+    assert.equal(settled[0]!.status, "fulfilled");
+    assert.equal(settled[1]!.status, "rejected");
+    ignored((settled[1] as PromiseRejectedResult).reason);
+    assert.equal(settled[2]!.status, "fulfilled");
+    assert.deepEqual(await stored(raw), [[null, "one"], [null, "three"]]);
+  });
+
+  Deno.test(`${driver.name}: inbox.accept() whose record a trigger skips with RAISE(IGNORE) fails with a ConstraintError naming inbox_accepted and runs no effect`, async () => {
+    const connections = await driver.open();
+    try {
+      const raw = connections.drivers[0]!;
+      await using inbox = await Inbox.open(raw, { now: new ManualClock().now });
+      await raw.exec(`CREATE TRIGGER app_skip BEFORE INSERT ON inbox_accepted
+        BEGIN SELECT RAISE(IGNORE); END`);
+      let effects = 0;
+      await assert.rejects(
+        inbox.accept(uuidv7(0), 1, () => Promise.resolve(effects++)),
+        (error: unknown) => {
+          assert.ok(error instanceof ConstraintError, String(error));
+          assert.equal(
+            error.message,
+            "Cannot accept as a trigger on inbox_accepted skipped its insert (RAISE(IGNORE)), and no row holds its identity: it was not stored, and calling again skips it again",
+          );
+          return true;
+        },
+      );
+      assert.equal(effects, 0);
+    } finally {
+      await connections.close();
+    }
+  });
+}
