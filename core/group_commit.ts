@@ -10,7 +10,11 @@
  *
  * @module
  */
-import { ConnectionLostError, PostgresError } from "../errors.ts";
+import {
+  ConnectionLostError,
+  ConstraintError,
+  PostgresError,
+} from "../errors.ts";
 import type { EnqueueResult } from "../types.ts";
 import { checkFunction } from "../validate.ts";
 import type { OutboxCore } from "./context.ts";
@@ -148,10 +152,13 @@ export class GroupCommit {
                   value,
                 ) => ({ value }));
               } catch (error) {
-                // A lost connection leaves unknown whether it committed.
+                // A lost connection leaves unknown whether it committed. A
+                // trigger's skipped insert failed the statement too
+                // (insertOrFind's ConstraintError).
                 if (
+                  error instanceof ConstraintError ||
                   error instanceof PostgresError &&
-                  !(error instanceof ConnectionLostError)
+                    !(error instanceof ConnectionLostError)
                 ) return undefined;
                 throw error;
               }

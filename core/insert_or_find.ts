@@ -20,9 +20,15 @@
  * `RAISE(IGNORE)`, which no further round gets past, so the call fails at
  * once with a {@linkcode ConstraintError} naming the table.
  *
+ * On PostgreSQL a `BEFORE INSERT` trigger that returns NULL skips the
+ * insert the same way, which a lookup cannot tell from a purge race. The
+ * statement itself sees it (a key went in, its event did not) and fails
+ * with {@linkcode SKIPPED_INSERT}, so its keys are undone with it, and the
+ * call fails with the same {@linkcode ConstraintError}.
+ *
  * @module
  */
-import { ConstraintError, DedupRaceError } from "../errors.ts";
+import { ConstraintError, DedupRaceError, PostgresError } from "../errors.ts";
 
 // SQLITE_CONSTRAINT_TRIGGER: what a trigger's RAISE(ABORT) refuses with.
 const CONSTRAINT_TRIGGER = 1811;
@@ -36,6 +42,13 @@ export interface InsertTarget {
   /** Whether the engine has one writer at a time (`Dialect.oneWriter`). */
   readonly oneWriter: boolean;
 }
+
+/**
+ * What a PostgreSQL statement fails with when a trigger skipped an insert
+ * its keys made: its cast to an integer of this text and a number fails
+ * (SQLSTATE 22P02), at run time, only in that case.
+ */
+export const SKIPPED_INSERT = "leased_outbox: a trigger skipped an insert";
 
 /** How many rounds of insert and lookup a call runs before giving up. */
 export const INSERT_ROUNDS = 5;
@@ -60,14 +73,32 @@ export async function insertOrFind<T>(
   round: () => Promise<T | undefined>,
 ): Promise<T> {
   for (let n = 0; n < INSERT_ROUNDS; n++) {
-    const settled = await round();
-    if (settled !== undefined) return settled;
-    if (target.oneWriter) {
-      throw new ConstraintError(
-        `Cannot ${op} as a trigger on ${target.table} skipped its insert (RAISE(IGNORE)), and no row holds ${target.keys}: it was not stored, and calling again skips it again`,
-        CONSTRAINT_TRIGGER,
-      );
+    let settled: T | undefined;
+    try {
+      settled = await round();
+    } catch (error) {
+      if (
+        error instanceof PostgresError && error.code === "22P02" &&
+        error.message.includes(SKIPPED_INSERT)
+      ) throw skipped(op, target, "its function returned NULL", error);
+      throw error;
     }
+    if (settled !== undefined) return settled;
+    if (target.oneWriter) throw skipped(op, target, "RAISE(IGNORE)");
   }
   throw new DedupRaceError(op, INSERT_ROUNDS);
+}
+
+/** The error of a call whose insert a trigger skipped (`how`). */
+function skipped(
+  op: string,
+  target: InsertTarget,
+  how: string,
+  cause?: unknown,
+): ConstraintError {
+  return new ConstraintError(
+    `Cannot ${op} as a trigger on ${target.table} skipped its insert (${how}), and no row holds ${target.keys}: it was not stored, and calling again skips it again`,
+    CONSTRAINT_TRIGGER,
+    cause === undefined ? undefined : { cause },
+  );
 }

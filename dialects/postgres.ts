@@ -47,6 +47,7 @@ import {
   POSTGRES_FLOW_STEP,
   spend,
 } from "./postgres_flow.ts";
+import { SKIPPED_INSERT } from "../core/insert_or_find.ts";
 import { POSTGRES_INBOX } from "./postgres_inbox.ts";
 import { POSTGRES_READY_STEP } from "./postgres_ready.ts";
 
@@ -569,6 +570,27 @@ function claimInOne(acknowledge?: string): string {
 }
 
 /**
+ * An expression that fails the statement with `SKIPPED_INSERT` (SQLSTATE
+ * 22P02) when it is evaluated, which is at run time only: it reads `at`.
+ * An enqueue's statement evaluates it when a key it inserted has no event,
+ * as when a `BEFORE INSERT` trigger on `outbox_events` returned NULL: the
+ * statement fails, its keys with it, and the call with a
+ * `ConstraintError` (`insertOrFind`), instead of a key left to dedup
+ * later calls to an event never stored.
+ */
+const skippedInsert = (at: string) =>
+  `('${SKIPPED_INSERT} ' || ${at})::integer`;
+
+/**
+ * The rows a batch's events insert `e` returned, and none but a failure
+ * (`skippedInsert`) when fewer than the keys `k` inserted.
+ */
+const INSERTED = `SELECT id, identity, queue, dedup_key FROM e
+  UNION ALL SELECT ${skippedInsert("c.n")}, NULL, NULL, NULL
+    FROM (SELECT count(*) AS n FROM k) AS c
+    WHERE c.n <> (SELECT count(*) FROM e)`;
+
+/**
  * The order a batch inserts its keys rows in, of the CTE `d`'s elements:
  * by queue and dedup key, and those without one by identity, the elements
  * of one key in array order (`d.n`), so a later one meets an earlier one's
@@ -607,8 +629,8 @@ const ALIKE = `WITH ${CLOCK}, ${ID_SEQUENCE}, ${BATCH},
     FROM d
     ${keyOrder("$3::text", "NULL::text", "(d.value ->> 1)::uuid")}
     ON CONFLICT DO NOTHING
-    RETURNING event_id)
-  INSERT INTO outbox_events
+    RETURNING event_id),
+  e AS (INSERT INTO outbox_events
     (id, queue, state, payload, dedup_key, ordering_key, due_at,
       max_attempts, created_at, updated_at, identity)
     SELECT d.id, $3::text, 'pending', d.value ->> 0, NULL, NULL,
@@ -616,7 +638,8 @@ const ALIKE = `WITH ${CLOCK}, ${ID_SEQUENCE}, ${BATCH},
       (SELECT now FROM n), (d.value ->> 1)::uuid
     FROM d WHERE d.id IN (SELECT event_id FROM k)
     ORDER BY d.n
-    RETURNING id, identity, queue, dedup_key`;
+    RETURNING id, identity, queue, dedup_key)
+  ${INSERTED}`;
 
 /**
  * `ALIKE` when the outbox minted every identity, which no other batch
@@ -631,6 +654,8 @@ const ALIKE = `WITH ${CLOCK}, ${ID_SEQUENCE}, ${BATCH},
  * is its text as written, so no payload is escaped as a JSON string by the
  * client and unescaped by `->>` (which parses the element again) on the
  * server, and each identity is parsed once; one row back instead of 256.
+ * Fewer events than elements (a trigger skipped some) fail it
+ * (`skippedInsert`).
  */
 const MINTED = `WITH ${CLOCK},
   e AS (INSERT INTO outbox_events
@@ -645,7 +670,10 @@ const MINTED = `WITH ${CLOCK},
     RETURNING id, identity, queue),
   k AS (INSERT INTO outbox_keys (identity, event_id, queue)
     SELECT identity, id, queue FROM e)
-  SELECT string_agg(id::text, ',' ORDER BY id) AS ids FROM e`;
+  SELECT CASE WHEN count(*) = cardinality($6::uuid[])
+      THEN string_agg(id::text, ',' ORDER BY id)
+      ELSE ${skippedInsert("count(*)")}::text END AS ids
+  FROM e`;
 
 /** The statements of the core on PostgreSQL. */
 export const POSTGRES = {
@@ -718,13 +746,14 @@ export const POSTGRES = {
       ORDER BY id FOR UPDATE) AS e ON true`,
   // The event's keys first (its identity and dedup key, whose unique
   // indexes are the dedup's lock, also after the event is done), then the
-  // event, only when its keys went in.
+  // event, only when its keys went in; a key without its event fails it
+  // (skippedInsert).
   insert: `WITH ${ID_SEQUENCE},
   k AS (INSERT INTO outbox_keys (identity, event_id, queue, dedup_key)
     SELECT $9::uuid, nextval(s.seq), $1::text, $3::text FROM s
     ON CONFLICT DO NOTHING
-    RETURNING event_id)
-  INSERT INTO outbox_events
+    RETURNING event_id),
+  e AS (INSERT INTO outbox_events
     (id, queue, state, payload, payload_bytes, dedup_key, ordering_key,
       due_at, max_attempts, created_at, updated_at, identity, priority,
       concurrency_key)
@@ -732,7 +761,10 @@ export const POSTGRES = {
       $4::text, $5::bigint, $6::integer, $7::bigint, $8::bigint, $9::uuid,
       $11::integer, $12::text
     FROM k
-    RETURNING id`,
+    RETURNING id)
+  SELECT CASE WHEN e.id IS NULL THEN ${skippedInsert("k.event_id")}
+      ELSE e.id END AS id
+  FROM k LEFT JOIN e ON true`,
   existing: `SELECT event_id AS id, identity FROM outbox_keys
     WHERE (queue = $1 AND dedup_key = $2) OR identity = $3
     ORDER BY dedup_key IS DISTINCT FROM $2 LIMIT 1`,
@@ -756,8 +788,8 @@ export const POSTGRES = {
     )
   }
     ON CONFLICT DO NOTHING
-    RETURNING event_id)
-  INSERT INTO outbox_events
+    RETURNING event_id),
+  e AS (INSERT INTO outbox_events
     (id, queue, state, payload, payload_bytes, dedup_key, ordering_key,
       due_at, max_attempts, created_at, updated_at, identity, priority,
       concurrency_key)
@@ -769,7 +801,8 @@ export const POSTGRES = {
       d.value ->> 9
     FROM d WHERE d.id IN (SELECT event_id FROM k)
     ORDER BY d.n
-    RETURNING id, identity, queue, dedup_key`,
+    RETURNING id, identity, queue, dedup_key)
+  ${INSERTED}`,
   insertAlike: ALIKE,
   insertMinted: MINTED,
   // The batch statements above run outside a transaction too, on the

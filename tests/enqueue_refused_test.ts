@@ -3,7 +3,8 @@
  * its unique index on `outbox_events` fails the call with the engine's
  * error naming that index (not a dedup race to call again), a dedup hit
  * stays a dedup hit, and on SQLite a trigger's `RAISE(IGNORE)` fails the
- * call with a `ConstraintError` naming the table.
+ * call with a `ConstraintError` naming the table, as on PostgreSQL a
+ * `BEFORE INSERT` trigger that returns NULL does.
  */
 import assert from "node:assert/strict";
 import {
@@ -25,9 +26,6 @@ async function stored(raw: Driver): Promise<[unknown, unknown][]> {
     row,
   ) => [row["ordering_key"], JSON.parse(String(row["payload"]))]);
 }
-
-const IGNORED =
-  "Cannot enqueue as a trigger on outbox_events skipped its insert (RAISE(IGNORE)), and no row holds its dedup key or identity: it was not stored, and calling again skips it again";
 
 for (const driver of DRIVERS) {
   const test = (name: string, fn: (t: Harness) => Promise<void>) =>
@@ -104,27 +102,63 @@ for (const driver of DRIVERS) {
     assert.deepEqual(await stored(raw), [["o", "first"]]);
   });
 
-  if (driver.engine !== "sqlite") continue;
+  // A trigger that skips the insert of an event whose payload is "skip":
+  // SQLite's RAISE(IGNORE), a PostgreSQL function returning NULL.
+  const skipTrigger = driver.engine === "sqlite"
+    ? [`CREATE TRIGGER app_skip BEFORE INSERT ON outbox_events
+      WHEN NEW.payload = '"skip"' BEGIN SELECT RAISE(IGNORE); END`]
+    : [
+      `CREATE FUNCTION app_skip() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+          IF NEW.payload = '"skip"' THEN RETURN NULL; END IF;
+          RETURN NEW;
+        END $$`,
+      `CREATE TRIGGER app_skip BEFORE INSERT ON outbox_events
+        FOR EACH ROW EXECUTE FUNCTION app_skip()`,
+    ];
+  const how = driver.engine === "sqlite"
+    ? "RAISE(IGNORE)"
+    : "its function returned NULL";
 
-  test("enqueue(), enqueueBatch(), tx.enqueue() and a grouped enqueue() whose insert a trigger skips with RAISE(IGNORE) fail with a ConstraintError naming outbox_events; the group's other calls commit", async ({ open, raw }) => {
+  test(`enqueue(), enqueueBatch() (minted identities, given identities, the general statement), tx.enqueue() and a grouped enqueue() whose insert a trigger skips (${how}) fail with a ConstraintError naming outbox_events, store nothing of theirs and leave no key behind; the group's other calls commit`, async ({ open, raw }) => {
     const [a] = await open();
-    await raw.exec(`CREATE TRIGGER app_skip BEFORE INSERT ON outbox_events
-      WHEN NEW.payload = '"skip"' BEGIN SELECT RAISE(IGNORE); END`);
+    for (const statement of skipTrigger) await raw.exec(statement);
     const ignored = (error: unknown) => {
       assert.ok(error instanceof ConstraintError, String(error));
-      assert.equal(error.message, IGNORED);
+      assert.equal(
+        error.message,
+        `Cannot enqueue as a trigger on outbox_events skipped its insert (${how}), and no row holds its dedup key or identity: it was not stored, and calling again skips it again`,
+      );
       // SQLITE_CONSTRAINT_TRIGGER, as a RAISE(ABORT) would give.
       assert.equal(error.code, 1811);
       return true;
     };
+    const [i0, i1, i2, i3] = [uuidv7(0), uuidv7(1), uuidv7(2), uuidv7(3)];
     await assert.rejects(a!.enqueue("skip"), ignored);
-    await assert.rejects(a!.enqueue("skip", { dedupKey: "k" }), ignored);
+    await assert.rejects(
+      a!.enqueue("skip", { dedupKey: "k", identity: i0 }),
+      ignored,
+    );
     await assert.rejects(
       a!.enqueueBatch([{ payload: "kept" }, { payload: "skip" }]),
       ignored,
     );
     await assert.rejects(
-      a!.transaction((tx) => tx.enqueue("skip", { identity: uuidv7(0) })),
+      a!.enqueueBatch([
+        { payload: "kept", identity: i2 },
+        { payload: "skip", identity: i1 },
+      ]),
+      ignored,
+    );
+    await assert.rejects(
+      a!.enqueueBatch([
+        { payload: "kept", dedupKey: "d" },
+        { payload: "skip", dedupKey: "e" },
+      ]),
+      ignored,
+    );
+    await assert.rejects(
+      a!.transaction((tx) => tx.enqueue("skip", { identity: i3 })),
       ignored,
     );
     const settled = await Promise.allSettled([
@@ -137,7 +171,36 @@ for (const driver of DRIVERS) {
     ignored((settled[1] as PromiseRejectedResult).reason);
     assert.equal(settled[2]!.status, "fulfilled");
     assert.deepEqual(await stored(raw), [[null, "one"], [null, "three"]]);
+    // The skipped calls' keys went with them: the same keys now insert.
+    const again = await a!.enqueueBatch([
+      { payload: "k", dedupKey: "k", identity: i0 },
+      { payload: "i1", identity: i1 },
+      { payload: "i2", identity: i2 },
+      { payload: "d", dedupKey: "d" },
+      { payload: "e", dedupKey: "e" },
+      { payload: "i3", identity: i3 },
+    ]);
+    assert.deepEqual(again.map((result) => result.deduplicated), [
+      false,
+      false,
+      false,
+      false,
+      false,
+      false,
+    ]);
+    assert.deepEqual((await stored(raw)).map(([, payload]) => payload), [
+      "one",
+      "three",
+      "k",
+      "i1",
+      "i2",
+      "d",
+      "e",
+      "i3",
+    ]);
   });
+
+  if (driver.engine !== "sqlite") continue;
 
   Deno.test(`${driver.name}: inbox.accept() whose record a trigger skips with RAISE(IGNORE) fails with a ConstraintError naming inbox_accepted and runs no effect`, async () => {
     const connections = await driver.open();
