@@ -249,8 +249,9 @@ export class Outbox<P = unknown> implements AsyncDisposable {
    * purged before it could be read, round after round (PostgreSQL only).
    * @throws {ConstraintError} When the application's own constraint or
    * trigger on `outbox_events` refused the insert (the engine's error,
-   * naming it; on PostgreSQL a `PostgresError`), or on SQLite a trigger
-   * skipped it with `RAISE(IGNORE)` (code 1811, naming the table).
+   * naming it; on PostgreSQL a `PostgresError`), or a trigger skipped it
+   * (SQLite's `RAISE(IGNORE)`, a PostgreSQL `BEFORE INSERT` trigger
+   * returning NULL: code 1811, naming the table).
    */
   async enqueue(
     payload: P,

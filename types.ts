@@ -153,7 +153,8 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    * that finds none met no key: a trigger skipped the insert
    * (`RAISE(IGNORE)`), which running the round again cannot get past.
    * Absent (PostgreSQL): a purge may have deleted that row in between, and
-   * the round runs again (`core/insert_or_find.ts`).
+   * the round runs again (`core/insert_or_find.ts`); an enqueue's statement
+   * itself fails when a trigger skipped its insert.
    */
   readonly oneWriter?: boolean;
   /**

@@ -55,7 +55,8 @@ export type Settled<T> = { readonly value: T } | { readonly error: unknown };
  * @throws {DedupRaceError} When the event its key met was purged before it
  * could be read, round after round (`insertOrFind`).
  * @throws {ConstraintError} When a trigger skipped the insert (SQLite's
- * `RAISE(IGNORE)`), or the application's own constraint refused it.
+ * `RAISE(IGNORE)`, PostgreSQL's NULL from a `BEFORE INSERT` trigger), or
+ * the application's own constraint refused it.
  */
 export async function insertOne(
   driver: Driver,
@@ -110,8 +111,8 @@ export async function insertOne(
  * @throws {DedupRaceError} When events the batch's keys met were purged
  * before they could be read, round after round (`insertOrFind`).
  * @throws {ConstraintError} When a trigger skipped an event's insert
- * (SQLite's `RAISE(IGNORE)`), or the application's own constraint refused
- * it.
+ * (SQLite's `RAISE(IGNORE)`, PostgreSQL's NULL from a `BEFORE INSERT`
+ * trigger), or the application's own constraint refused it.
  */
 export async function insertAll(
   driver: Driver,

@@ -64,8 +64,9 @@ export const INSERT_ROUNDS = 5;
  * @returns What the first settled round answered.
  * @throws {DedupRaceError} When {@linkcode INSERT_ROUNDS} rounds in a row
  * found a row gone.
- * @throws {ConstraintError} When, with one writer, the lookup found nothing:
- * a trigger skipped the insert.
+ * @throws {ConstraintError} When, with one writer, the lookup found nothing,
+ * or on PostgreSQL the round's statement failed with
+ * {@linkcode SKIPPED_INSERT}: a trigger skipped the insert.
  */
 export async function insertOrFind<T>(
   op: string,
