@@ -7,6 +7,25 @@
  */
 
 /**
+ * `statements` (PL/pgSQL) in a block that runs them only while the schema
+ * recorded in `outbox_schema` (none: 0) is older than `version`: a step's
+ * one-time upgrade of the rows, which the step's idempotent DDL around it
+ * cannot say.
+ *
+ * @ignore
+ */
+export const belowVersion = (version: number, statements: string): string =>
+  `DO $$
+DECLARE
+  found integer := 0;
+BEGIN
+  IF to_regclass('outbox_schema') IS NOT NULL THEN
+    EXECUTE 'SELECT coalesce(max(version), 0) FROM outbox_schema' INTO found;
+  END IF;
+  IF found < ${version} THEN${statements}  END IF;
+END $$;`;
+
+/**
  * Version 9, frozen as shipped and idempotent. An update is HOT only when
  * no column any index of the table names (in its key or its predicate)
  * changes, and when the page has room for the new version. So:
@@ -53,14 +72,10 @@ ALTER TABLE outbox_events ADD COLUMN IF NOT EXISTS keyed_lease boolean;
 ALTER TABLE outbox_events ADD COLUMN IF NOT EXISTS last_lease boolean;
 ALTER TABLE outbox_events SET (fillfactor = 40);
 
-DO $$
-DECLARE
-  found integer := 0;
-BEGIN
-  IF to_regclass('outbox_schema') IS NOT NULL THEN
-    EXECUTE 'SELECT coalesce(max(version), 0) FROM outbox_schema' INTO found;
-  END IF;
-  IF found < 9 THEN
+${
+  belowVersion(
+    9,
+    `
     UPDATE outbox_events SET done_at = updated_at
       WHERE state = 'dead' AND done_at IS NULL;
     UPDATE outbox_events SET done_at = NULL
@@ -70,8 +85,9 @@ BEGIN
           OR concurrency_key IS NOT NULL THEN true END,
         last_lease = CASE WHEN attempt >= max_attempts THEN true END
       WHERE state = 'leased';
-  END IF;
-END $$;
+`,
+  )
+}
 
 CREATE INDEX IF NOT EXISTS outbox_events_ready
   ON outbox_events (queue, priority DESC, due_at, id)

@@ -16,7 +16,8 @@ import {
   StatementTimeoutError,
 } from "../errors.ts";
 import { sharedPostgres, startPostgres } from "../scripts/postgres_server.ts";
-import { POSTGRES, POSTGRES_SCHEMA } from "../dialects/postgres.ts";
+import { POSTGRES } from "../dialects/postgres.ts";
+import { POSTGRES_SCHEMA } from "../dialects/postgres_schema.ts";
 import { Outbox } from "../lease.ts";
 
 /** The dialect's statement texts: the only ones the driver names. */
