@@ -55,6 +55,7 @@ import { uuidv7 } from "../identity.ts";
 import { type Driver, integerOf } from "../driver.ts";
 import type { Outbox } from "../mod.ts";
 import { median } from "./table.ts";
+import { alternateRounds, patched, quartiles } from "./variants.ts";
 
 interface Variant {
   /** A batch of its own on the outbox's connection, with `sql`. */
@@ -75,15 +76,6 @@ const MAX = 256;
 const QUEUE = "bench_peers_enqueue";
 const NOW = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 const CLOCK = `n AS MATERIALIZED (SELECT coalesce($1::bigint, ${NOW}) AS now)`;
-
-/** `text` with each [from, to] replaced, each `from` required to occur. */
-function patched(text: string, ...edits: [string, string][]): string {
-  for (const [from, to] of edits) {
-    if (!text.includes(from)) throw new Error(`No ${from} in the statement`);
-    text = text.replaceAll(from, to);
-  }
-  return text;
-}
 
 // insertMinted as version 8 shipped it (c176365).
 const V8 = `WITH ${CLOCK},
@@ -384,28 +376,13 @@ try {
     await status;
     console.log(`${count} batches of ${names[0]} profiled into ${perfOut}`);
   } else {
-    const keys = ["wall", "server", "client", "wal"] as const;
-    const runs = names.map(() => ({
-      wall: [] as number[],
-      server: [] as number[],
-      client: [] as number[],
-      wal: [] as number[],
-    }));
     const load = [Deno.loadavg()[0]!];
-    for (let r = 0; r < rounds; r++) {
-      const order = [...names.keys()];
-      if (r % 2 === 1) order.reverse();
-      for (const i of order) {
-        const m = await measured(names[i]!, i);
-        for (const key of keys) runs[i]![key].push(m[key]);
-      }
-    }
+    const runs = await alternateRounds(
+      names.length,
+      rounds,
+      (i) => measured(names[i]!, i),
+    );
     load.push(Deno.loadavg()[0]!);
-    const quartiles = (values: number[]) => {
-      const sorted = [...values].sort((a, b) => a - b);
-      const at = (f: number) => sorted[Math.floor((sorted.length - 1) * f)]!;
-      return [at(0.25), at(0.5), at(0.75)];
-    };
     const lines = [
       `${rounds} blocks of ${perBlock} batches of ${MAX} per variant, alternated, after ${drained} events claimed and acknowledged; load average ${
         load.map((l) => l.toFixed(1)).join(" to ")

@@ -65,6 +65,7 @@ import process from "node:process";
 import { POSTGRES } from "../dialects/postgres.ts";
 import { POSTGRES_AS_VERSION_8 } from "../tests/helpers.ts";
 import { median } from "./table.ts";
+import { alternateRounds, onCoreMs, patched, quartiles } from "./variants.ts";
 
 interface Variant {
   readonly claim?: string;
@@ -112,15 +113,6 @@ const BARE_ACKNOWLEDGE =
       d.concurrency_key
     FROM acked AS d RETURNING id)
   SELECT n.now, (SELECT count(*) FROM moved)::integer AS acknowledged FROM n`;
-
-/** `text` with each [from, to] replaced, each `from` required to occur. */
-function patched(text: string, ...edits: [string, string][]): string {
-  for (const [from, to] of edits) {
-    if (!text.includes(from)) throw new Error(`No ${from} in the statement`);
-    text = text.replaceAll(from, to);
-  }
-  return text;
-}
 
 /** The text of `sql` from `from` up to `to`. */
 function between(sql: string, from: string, to: string): string {
@@ -360,12 +352,9 @@ try {
       : dialect[`benchAcknowledge${i}`];
     return backends.get(variant.schema?.name ?? "public")!;
   };
-  const onCore = (pid: number) =>
-    Number(Deno.readTextFileSync(`/proc/${pid}/schedstat`).split(" ")[0]) /
-    1e6;
   const cycle = async (name: string, i: number) => {
     const { side, pid } = use(name, i);
-    const server = onCore(pid);
+    const server = onCoreMs(pid);
     const client = process.cpuUsage();
     const started = performance.now();
     const events = await side.cycle(MAX);
@@ -374,7 +363,7 @@ try {
     if (events !== MAX) throw new Error(`${name}: ${events} of ${MAX}`);
     return {
       wall,
-      server: onCore(pid) - server,
+      server: onCoreMs(pid) - server,
       client: (user + system) / 1e3,
     };
   };
@@ -382,28 +371,13 @@ try {
   for (const [i, name] of names.entries()) {
     for (let c = 0; c < 6; c++) await cycle(name, i);
   }
-  const runs = names.map(() => ({
-    wall: [] as number[],
-    server: [] as number[],
-    client: [] as number[],
-  }));
   const load = [Deno.loadavg()[0]!];
-  for (let r = 0; r < rounds; r++) {
-    const order = [...names.keys()];
-    if (r % 2 === 1) order.reverse();
-    for (const i of order) {
-      const m = await cycle(names[i]!, i);
-      runs[i]!.wall.push(m.wall);
-      runs[i]!.server.push(m.server);
-      runs[i]!.client.push(m.client);
-    }
-  }
+  const runs = await alternateRounds(
+    names.length,
+    rounds,
+    (i) => cycle(names[i]!, i),
+  );
   load.push(Deno.loadavg()[0]!);
-  const quartiles = (values: number[]) => {
-    const sorted = [...values].sort((a, b) => a - b);
-    const at = (f: number) => sorted[Math.floor((sorted.length - 1) * f)]!;
-    return [at(0.25), at(0.5), at(0.75)];
-  };
   const lines = [
     `${rounds} cycles of claim({ max: ${MAX} }) + acknowledge per variant, alternated, ${inflight} leases in flight; load average ${
       load.map((l) => l.toFixed(1)).join(" to ")
