@@ -6,29 +6,24 @@
  *
  * @module
  */
-import type {
-  BatchClaimOptions,
-  Lease,
-  ReleaseOptions,
-  Transaction,
-} from "../lease.ts";
-import {
-  DatabaseMovedError,
-  LeaseLostError,
-  PermanentError,
-  RetryAfterError,
-} from "../errors.ts";
+import type { BatchClaimOptions, Lease, ReleaseOptions } from "../lease.ts";
+import { DatabaseMovedError } from "../errors.ts";
 import { type CounterName, ProcessorTelemetry } from "../telemetry.ts";
 import {
   clearLongTimeout,
   describeError,
-  type LongTimer,
   setLongTimeout,
   type Settings,
   settingsOf,
 } from "./options.ts";
-import { asyncContext } from "../core/async_context.ts";
+import { callingSlot, runAsHandler } from "./handler_scope.ts";
 import { LeasesAhead } from "./ahead.ts";
+import { Wakeup } from "./wakeup.ts";
+import {
+  handlerTransaction,
+  type TransactionHost,
+} from "./handler_transaction.ts";
+import { backoffMs, releaseFor, Reports } from "./outcomes.ts";
 import { LeaseKeeper, type Slot } from "./lease_keeper.ts";
 import {
   LOOP,
@@ -53,20 +48,6 @@ interface Claimed<P> {
   readonly claimedAt: number;
   readonly claimedAtWall: number;
 }
-
-/** A running handler, as the async context of its code sees it. */
-interface HandlerScope {
-  readonly processor: object;
-  readonly slot: object;
-  readonly outer: HandlerScope | undefined;
-}
-
-/**
- * Which handlers the current async context runs inside, so that a
- * `stop()` made by a handler does not wait for that handler (where the
- * runtime has no `AsyncLocalStorage`, it is not detected).
- */
-const handlerScopes = asyncContext<HandlerScope>();
 
 /**
  * A running processing loop, from {@linkcode processEvents}.
@@ -95,6 +76,9 @@ export class Processor<P = unknown> implements AsyncDisposable {
   readonly #keeper: LeaseKeeper<P>;
   readonly #loop: Promise<void>;
   readonly #unsubscribe: () => void;
+  readonly #wakeup: Wakeup;
+  readonly #reports: Reports;
+  readonly #transactionHost: TransactionHost<P>;
   #loopState: LoopState = "starting";
   #writerState: WriterState = "idle";
   #stopping = false;
@@ -102,8 +86,6 @@ export class Processor<P = unknown> implements AsyncDisposable {
   #schedulesRunAt = -Infinity;
   #closed = false;
   #stopped: Promise<void> | undefined;
-  /** A wake that found no wait: the next wait returns at once. */
-  #woken = false;
   /** Lets the loop's claim, waiting for its turn to write, go ahead. */
   #claimTurn: (() => void) | undefined;
   /** The write acknowledging and claiming in one call, while under way. */
@@ -120,7 +102,6 @@ export class Processor<P = unknown> implements AsyncDisposable {
    */
   #drained = false;
   readonly #acknowledgements: { slot: Slot<P>; resolve: () => void }[] = [];
-  #waiter: (() => void) | undefined;
   /** Leases claimed ahead of a free handler slot (`prefetch`). */
   readonly #ahead: LeasesAhead<P>;
   /** Handlers that have not settled, timed-out ones included. */
@@ -165,6 +146,14 @@ export class Processor<P = unknown> implements AsyncDisposable {
           if (!this.#noteClosed(error)) this.#report(error);
         }),
     );
+    this.#reports = new Reports(this.#o);
+    this.#transactionHost = {
+      outbox,
+      keeper: this.#keeper,
+      count: (slot, name) => this.#count(slot, name),
+      noteClosed: (error) => this.#noteClosed(error),
+    };
+    this.#wakeup = new Wakeup(this.#o.timers, () => this.#stopping);
     this.#unsubscribe = outbox.onEnqueue(() => this.#wake());
     this.#o.signal?.addEventListener("abort", this.#onAbort);
     this.#loop = this.#run();
@@ -210,21 +199,11 @@ export class Processor<P = unknown> implements AsyncDisposable {
    */
   stop(): Promise<void> {
     this.#stopped ??= this.#stop();
-    const slot = this.#callingSlot();
+    const slot = callingSlot<Slot<P>>(this, (slot) => this.#slots.has(slot));
     if (slot === undefined) return this.#stopped;
     this.#stoppers.add(slot);
     this.#stopperJoined.resolve();
     return this.#othersStopped.promise;
-  }
-
-  /** The slot of this processor's handler the call is made from, if any. */
-  #callingSlot(): Slot<P> | undefined {
-    for (let scope = handlerScopes?.getStore(); scope; scope = scope.outer) {
-      if (scope.processor === this && this.#slots.has(scope.slot as Slot<P>)) {
-        return scope.slot as Slot<P>;
-      }
-    }
-    return undefined;
   }
 
   /** Same as {@linkcode Processor.stop}, for `await using`. */
@@ -274,9 +253,9 @@ export class Processor<P = unknown> implements AsyncDisposable {
       // claim comes back empty. The wake is taken before the read, so one
       // landing during it (a NOTIFY for an event the read missed) ends the
       // next wait at once.
-      const read = idle && !wokenByWait && !this.#woken;
+      const woken = this.#wakeup.take();
+      const read = idle && !wokenByWait && !woken;
       wokenByWait = false;
-      this.#woken = false;
       let dueAt: number | undefined;
       if (read) {
         this.#loopTo("reading");
@@ -443,34 +422,14 @@ export class Processor<P = unknown> implements AsyncDisposable {
     }
   }
 
-  /**
-   * Waits for `delayMs` (forever when `undefined`) or until woken; true when
-   * a wake ended it.
-   */
+  /** Waits for `delayMs` (forever when `undefined`) or until woken (`./wakeup.ts`). */
   #wait(delayMs: number | undefined): Promise<boolean> {
-    if (this.#woken || this.#stopping) {
-      this.#woken = false;
-      return Promise.resolve(true);
-    }
-    return new Promise((resolve) => {
-      let timer: LongTimer | undefined;
-      const end = (woken: boolean) => {
-        clearLongTimeout(this.#o.timers, timer);
-        this.#waiter = undefined;
-        this.#woken = false;
-        resolve(woken);
-      };
-      this.#waiter = () => end(true);
-      if (delayMs !== undefined) {
-        timer = setLongTimeout(this.#o.timers, () => end(false), delayMs);
-      }
-    });
+    return this.#wakeup.wait(delayMs);
   }
 
-  /** Ends the current wait; a wake that finds no wait makes the next one return at once. */
+  /** Ends the loop's current wait, or the next one at once. */
   #wake(): void {
-    if (this.#waiter === undefined) this.#woken = true;
-    else this.#waiter();
+    this.#wakeup.wake();
   }
 
   /**
@@ -524,7 +483,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         this.#keeper.checkOverdue(slot);
         slot.controller.signal.throwIfAborted();
       },
-      transaction: (fn) => this.#transaction(slot, fn),
+      transaction: (fn) => handlerTransaction(this.#transactionHost, slot, fn),
     };
     let outcome: Promise<unknown>;
     try {
@@ -532,16 +491,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         this.#telemetry.handle(
           slot,
           lease,
-          () => {
-            const scope = {
-              processor: this,
-              slot,
-              outer: handlerScopes?.getStore(),
-            };
-            return handlerScopes === undefined
-              ? this.#handler(lease, context)
-              : handlerScopes.run(scope, () => this.#handler(lease, context));
-          },
+          () => runAsHandler(this, slot, () => this.#handler(lease, context)),
         ),
       );
     } catch (error) {
@@ -561,55 +511,6 @@ export class Processor<P = unknown> implements AsyncDisposable {
         this.#telemetry.end(slot);
         this.#free(slot);
       });
-  }
-
-  async #transaction<T>(
-    slot: Slot<P>,
-    fn: (tx: Transaction) => Promise<T>,
-  ): Promise<T> {
-    const outbox = this.#outbox;
-    if (outbox.transaction === undefined) {
-      throw new TypeError(
-        "Cannot run transaction as this outbox has none (the browser's shared outbox forwards single calls only)",
-      );
-    }
-    // A second transaction would find the lease acknowledged by the first:
-    // refused here, rather than taken for a lease another worker took.
-    if (slot.transaction !== "none") {
-      const { eventId, fence } = slot.lease;
-      throw new Error(
-        slot.transaction === "committed"
-          ? `Cannot run context.transaction as this handler's first transaction acknowledged its lease already (event ${eventId}, fence ${fence}): its writes committed with it; make all of a handler's writes in one transaction`
-          : `Cannot run context.transaction as this handler's transaction is still running (event ${eventId}, fence ${fence}): await it; a handler's writes go in one transaction`,
-      );
-    }
-    slot.transaction = "running";
-    let result: T;
-    try {
-      result = await outbox.transaction(async (tx) => {
-        const value = await fn(tx);
-        await tx.acknowledge(slot.lease);
-        // Before the commit, so a renewal refused because of it is not a loss.
-        slot.acknowledged = true;
-        return value;
-      });
-    } catch (error) {
-      slot.acknowledged = false;
-      slot.transaction = "none";
-      if (error instanceof LeaseLostError) {
-        this.#count(slot, "staleAcknowledgements");
-        // Its current holder owns the event: no acknowledgement, no release.
-        if (slot.state === "running") this.#keeper.finish(slot);
-        this.#keeper.lose(slot, error);
-      } else {
-        this.#noteClosed(error);
-      }
-      throw error;
-    }
-    slot.transaction = "committed";
-    this.#count(slot, "acknowledged");
-    if (slot.state === "running") this.#keeper.finish(slot);
-    return result;
   }
 
   #succeed(slot: Slot<P>): Promise<void> {
@@ -757,17 +658,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     this.#handlerError(error, slot.lease);
     if (slot.state !== "running" || this.#closed) return;
     this.#keeper.finish(slot);
-    const text = describeError(error);
-    if (error instanceof PermanentError) {
-      await this.#release(slot, { error: text, deadLetter: true });
-    } else if (error instanceof RetryAfterError) {
-      await this.#release(slot, { error: text, delayMs: error.delayMs });
-    } else {
-      await this.#release(slot, {
-        error: text,
-        delayMs: this.#backoffMs(slot),
-      });
-    }
+    await this.#release(slot, releaseFor(this.#o, slot.lease, error));
   }
 
   /**
@@ -787,18 +678,8 @@ export class Processor<P = unknown> implements AsyncDisposable {
     this.#handlerError(error, slot.lease);
     slot.released = this.#release(slot, {
       error: describeError(error),
-      delayMs: this.#backoffMs(slot),
+      delayMs: backoffMs(this.#o, slot.lease.attempt),
     });
-  }
-
-  /** Exponential backoff with jitter, as in Deno std's `retry`. */
-  #backoffMs(slot: Slot<P>): number {
-    const exponent = Math.max(0, slot.lease.attempt - 1);
-    const capped = Math.min(
-      this.#o.backoffMaxMs,
-      this.#o.backoffMinMs * this.#o.backoffMultiplier ** exponent,
-    );
-    return Math.round(capped * (1 - this.#o.backoffJitter * this.#o.random()));
   }
 
   async #release(slot: Slot<P>, options: ReleaseOptions): Promise<void> {
@@ -816,22 +697,14 @@ export class Processor<P = unknown> implements AsyncDisposable {
     }
   }
 
-  /** Reports an error the loop survives; a throwing `onError` cannot stop it. */
+  /** Reports an error the loop survives (`./outcomes.ts`). */
   #report(error: unknown): void {
-    try {
-      this.#o.onError(error);
-    } catch (hookError) {
-      console.error("processEvents: the onError hook threw", hookError);
-    }
+    this.#reports.error(error);
   }
 
+  /** Tells `onHandlerError` what a handler threw (`./outcomes.ts`). */
   #handlerError(error: unknown, lease: Lease<P>): void {
-    if (this.#o.onHandlerError === undefined) return;
-    try {
-      this.#o.onHandlerError(error, lease);
-    } catch (hookError) {
-      this.#report(hookError);
-    }
+    this.#reports.handlerError(error, lease);
   }
 
   /** Counts for `counters` and for OpenTelemetry. */
