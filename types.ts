@@ -270,7 +270,14 @@ export interface InboxStatements {
    * already: answers the row's `fence` when it inserted, no row when not.
    */
   readonly record: string;
-  /** Answers `fence` of an identity's record (identity). */
+  /**
+   * Run when `record` inserted nothing: answers `fence` of the identity's
+   * record, or no row. With one writer (SQLite, `Dialect.oneWriter`) it
+   * reads (identity): no row means a trigger skipped the insert. Without
+   * (PostgreSQL) it takes `record`'s parameters and, when no row holds the
+   * identity any more, records it (`recorded` 1 then), failing when a
+   * trigger skipped that insert (`core/insert_or_find.ts`).
+   */
   readonly accepted: string;
   /** Deletes the records accepted before a time (epoch milliseconds). */
   readonly purge: string;
