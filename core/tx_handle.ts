@@ -9,7 +9,7 @@ import { LeaseLostError } from "../errors.ts";
 import { checkFunction } from "../validate.ts";
 import { checkLease, prepareBatch, prepareEnqueue } from "./arguments.ts";
 import type { OutboxCore } from "./context.ts";
-import { insertAll, insertOne } from "./enqueue.ts";
+import { allOrNone, insertAll, insertOne } from "./enqueue.ts";
 import type { GroupCommit } from "./group_commit.ts";
 import type { CheckedLease } from "./ledger.ts";
 import type { Transaction } from "./shapes.ts";
@@ -59,7 +59,16 @@ export async function runTransaction<T>(
           inside(op);
           const prepared = prepareBatch(op, events, core);
           enqueued = true;
-          return await insertAll(core.driver, core.sql, prepared, now);
+          if (prepared.length === 0) return [];
+          // All or none even when fn catches its error: a batch can fail
+          // after a statement stored some of it (a trigger's RAISE(IGNORE)
+          // on SQLite, a purge racing every round on PostgreSQL).
+          return await allOrNone(
+            core.driver,
+            core.sql,
+            () => core.runner.status(),
+            () => insertAll(core.driver, core.sql, prepared, now),
+          );
         },
         acknowledge: async (lease) => {
           inside("acknowledge");

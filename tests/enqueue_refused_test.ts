@@ -13,6 +13,7 @@ import {
   type Driver,
   Inbox,
   PostgresError,
+  TransactionEndedError,
   uuidv7,
 } from "../mod.ts";
 import { DRIVERS } from "./drivers.ts";
@@ -200,6 +201,79 @@ for (const driver of DRIVERS) {
       "i3",
     ]);
   });
+
+  test(
+    `tx.enqueueBatch() that a trigger's skip (${how}) of one event fails (on SQLite after its statement stored the others) is all or none when fn catches its error: ${
+      driver.engine === "sqlite"
+        ? "the transaction commits fn's other writes and none of the batch"
+        : "the statement failed the transaction, which commits nothing"
+    }; within() likewise`,
+    async ({ open, raw }) => {
+      const [a] = await open();
+      for (const statement of skipTrigger) await raw.exec(statement);
+      await raw.exec("CREATE TABLE app_rows (n integer)");
+      const ignored = (error: unknown) =>
+        error instanceof ConstraintError &&
+        error.message.startsWith(
+          "Cannot enqueue as a trigger on outbox_events",
+        );
+      let caught: unknown;
+      const committed = a!.transaction(async (tx) => {
+        await tx.run("INSERT INTO app_rows VALUES (1)");
+        try {
+          await tx.enqueueBatch([
+            { payload: "kept 1" },
+            { payload: "skip" },
+            { payload: "kept 2" },
+          ]);
+        } catch (error) {
+          caught = error;
+        }
+        if (driver.engine === "sqlite") {
+          await tx.run("INSERT INTO app_rows VALUES (2)");
+          await tx.enqueue("after");
+        }
+        return "done";
+      });
+      if (driver.engine === "sqlite") {
+        assert.equal(await committed, "done");
+      } else {
+        await assert.rejects(committed, TransactionEndedError);
+      }
+      assert.ok(ignored(caught), String(caught));
+      assert.deepEqual(
+        await stored(raw),
+        driver.engine === "sqlite" ? [[null, "after"]] : [],
+      );
+      assert.deepEqual(
+        (await raw.query("SELECT n FROM app_rows ORDER BY n")).map((row) =>
+          row["n"]
+        ),
+        driver.engine === "sqlite" ? [1, 2] : [],
+      );
+      // Joined to the application's transaction: the batch alone is undone.
+      await raw.exec("BEGIN");
+      await raw.run("INSERT INTO app_rows VALUES (3)");
+      await assert.rejects(
+        a!.within(() =>
+          a!.enqueueBatch([{ payload: "kept 3" }, { payload: "skip" }])
+        ),
+        ignored,
+      );
+      await raw.run("INSERT INTO app_rows VALUES (4)");
+      await raw.exec("COMMIT");
+      assert.deepEqual(
+        (await stored(raw)).map(([, payload]) => payload),
+        driver.engine === "sqlite" ? ["after"] : [],
+      );
+      assert.deepEqual(
+        (await raw.query("SELECT n FROM app_rows ORDER BY n")).map((row) =>
+          row["n"]
+        ),
+        driver.engine === "sqlite" ? [1, 2, 3, 4] : [3, 4],
+      );
+    },
+  );
 
   // A trigger that skips every record of the inbox's.
   const skipRecord = driver.engine === "sqlite"

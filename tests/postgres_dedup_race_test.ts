@@ -433,6 +433,41 @@ Deno.test("postgres: an enqueue whose key's event is purged between insert and l
   assert.equal((await r.outbox.stats()).pending, 0);
 });
 
+Deno.test("postgres: tx.enqueueBatch() that gives up with DedupRaceError after its first round stored its other events is all or none when fn catches the error: the transaction commits fn's other writes and none of the batch", async () => {
+  await using r = await race();
+  await r.raw.exec("CREATE TABLE app_rows (n integer)");
+  r.db.armAlways(
+    async () => {
+      await r.purger.enqueue({ other: true }, { dedupKey: "k" });
+    },
+    async () => {
+      await r.raw.run("DELETE FROM outbox_keys WHERE dedup_key = 'k'");
+      await r.raw.run("DELETE FROM outbox_events WHERE dedup_key = 'k'");
+    },
+  );
+  let caught: unknown;
+  assert.equal(
+    await r.outbox.transaction(async (tx) => {
+      await tx.run("INSERT INTO app_rows VALUES (1)");
+      try {
+        await tx.enqueueBatch([
+          { payload: { n: 1 } },
+          { payload: { n: 2 }, dedupKey: "k" },
+          { payload: { n: 3 } },
+        ]);
+      } catch (error) {
+        caught = error;
+      }
+      return "done";
+    }),
+    "done",
+  );
+  assert.ok(caught instanceof DedupRaceError, String(caught));
+  assert.equal(r.db.raced, 5);
+  assert.deepEqual(await r.raw.query("SELECT n FROM app_rows"), [{ n: 1 }]);
+  assert.equal((await r.outbox.stats()).pending, 0);
+});
+
 Deno.test("postgres: a batch whose dedup key was taken by a transaction that drew its event id after the batch's finds that event in one round", async () => {
   await using r = await race();
   const holder = await Outbox.open(await r.connect(), { now: r.clock.now });
