@@ -313,7 +313,10 @@ export interface Transaction {
   enqueue(payload: unknown, options?: EnqueueOptions): Promise<EnqueueResult>;
   /**
    * Enqueues events that commit with the caller's rows, in one statement,
-   * as {@linkcode Outbox.enqueueBatch} does.
+   * as {@linkcode Outbox.enqueueBatch} does: all or none, under a savepoint,
+   * so a batch that fails part-way (a trigger's `RAISE(IGNORE)` that only
+   * the lookup after the insert notices, a `DedupRaceError`) leaves none of
+   * its events even when `fn` catches its error and returns.
    */
   enqueueBatch(
     events: readonly BatchEvent<unknown>[],
