@@ -268,8 +268,8 @@ export class UnsafeIntegerError extends Error {
  * lookup records the identity itself when its row is gone, and gives up
  * after that one round (`rounds` 1) when another transaction recorded it
  * again meanwhile. Inside a transaction, nothing of the call is left, even
- * when `transaction(fn)`'s `fn` catches the error (a batch runs under a
- * savepoint); a batch enqueued outside one (one statement per round, each
+ * when `transaction(fn)`'s `fn` catches the error (the transaction then
+ * rejects with it); a batch enqueued outside one (one statement per round, each
  * its own commit) keeps the events earlier rounds inserted. Calling again
  * with the same keys and identities is safe.
  *

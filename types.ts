@@ -142,6 +142,15 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    * exact whatever the limit.
    */
   readonly queuesUpTo?: string;
+  /**
+   * Whether a statement's error fails the whole transaction, which then
+   * only rolls back (PostgreSQL). A call through `transaction(fn)`'s `tx`
+   * that fails part-way without a statement failing then fails the
+   * transaction too (`tx.enqueueBatch`), where SQLite's undoes the call
+   * alone under a savepoint: no subtransaction, nor its two round trips, on
+   * the batch's path.
+   */
+  readonly errorFailsTransaction?: boolean;
   /** The flow-control and schedule statements (`core/flow.ts`). */
   readonly flow?: FlowStatements;
   /** The inbox's statements (`inbox.ts`). */

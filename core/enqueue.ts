@@ -2,7 +2,7 @@
  * The statements of enqueueing, inside a transaction the caller runs: one
  * event, a batch in one statement, and a group commit's calls each undone
  * alone under a savepoint when the shared statement fails; a batch inside
- * the application's `transaction(fn)` all or none under one.
+ * the application's `transaction(fn)` all or none under one (SQLite).
  *
  * @module
  */
@@ -370,10 +370,10 @@ async function undoable<T>(
  * Runs `fn`, a batch of statements inside the caller's transaction, as one
  * unit: under a savepoint, rolled back to when `fn` fails part-way, so that
  * a caller that catches the error commits none of its writes (a
- * `transaction(fn)`'s `tx.enqueueBatch`). Not when the engine no longer
- * has the transaction open (`status`: SQLite rolled it back, a PostgreSQL
- * statement failed it): then nothing of it commits anyway, and on
- * PostgreSQL a rollback to the savepoint would revive it.
+ * `transaction(fn)`'s `tx.enqueueBatch` on SQLite). Not when the engine no
+ * longer has the transaction open (`status`: SQLite rolled it back): then
+ * nothing of it commits anyway (and on PostgreSQL, whose failed statement
+ * fails the transaction, a rollback to the savepoint would revive it).
  */
 export async function allOrNone<T>(
   driver: Driver,

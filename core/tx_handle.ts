@@ -31,6 +31,9 @@ export async function runTransaction<T>(
   let enqueued = false;
   let ended = false;
   let lost: LeaseLostError | undefined;
+  // A batch's error where the engine fails the whole transaction for one
+  // (errorFailsTransaction) but no statement failed: rethrown after fn.
+  let failed: unknown;
   const driver = core.driver;
   // Every call checks the handle is still inside its transaction: kept past
   // it, the handle would run outside the mutex and outside any transaction.
@@ -63,12 +66,23 @@ export async function runTransaction<T>(
           // All or none even when fn catches its error: a batch can fail
           // after a statement stored some of it (a trigger's RAISE(IGNORE)
           // on SQLite, a purge racing every round on PostgreSQL).
-          return await allOrNone(
-            core.driver,
-            core.sql,
-            () => core.runner.status(),
-            () => insertAll(core.driver, core.sql, prepared, now),
-          );
+          const insert = () => insertAll(core.driver, core.sql, prepared, now);
+          if (!core.sql.errorFailsTransaction) {
+            return await allOrNone(
+              core.driver,
+              core.sql,
+              () => core.runner.status(),
+              insert,
+            );
+          }
+          try {
+            return await insert();
+          } catch (error) {
+            // A statement's error failed the transaction already; any
+            // other fails it here, as PostgreSQL fails it for a statement.
+            if (core.runner.status() === "open") failed ??= error;
+            throw error;
+          }
         },
         acknowledge: async (lease) => {
           inside("acknowledge");
@@ -85,8 +99,9 @@ export async function runTransaction<T>(
           () => fn(tx),
         );
         // Catching the LeaseLostError inside fn must not let the stale
-        // worker's writes commit.
+        // worker's writes commit, nor catching a batch's error part of it.
         if (lost !== undefined) throw lost;
+        if (failed !== undefined) throw failed;
         return value;
       } finally {
         ended = true;

@@ -682,6 +682,8 @@ export const POSTGRES = {
   // A deadlock's victim; a serialization failure (at the session's
   // default isolation, for a statement outside the outbox's transactions).
   rerun: ["40P01", "40001"],
+  // Any statement's error leaves the transaction failed (status E).
+  errorFailsTransaction: true,
   tokenUsed:
     "SELECT 1 FROM outbox_ledger WHERE event_id = $1 AND kind = 'claimed' AND token = $2",
   claim: `UPDATE outbox_events AS e SET ${CLAIM_SET}, token = c.value
