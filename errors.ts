@@ -264,11 +264,14 @@ export class UnsafeIntegerError extends Error {
  * call could read it, in each of `rounds` rounds in a row: on PostgreSQL,
  * where the insert and the lookup are two statements, each with a fresh
  * snapshot. Every round the key is free again, so the call inserts again;
- * one that still meets a row gone each time gives up here. Inside a
- * transaction, nothing of the call is left (the transaction rolls back); a
- * batch enqueued outside one (one statement per round, each its own
- * commit) keeps the events earlier rounds inserted. Calling again with the
- * same keys and identities is safe.
+ * one that still meets a row gone each time gives up here. The inbox's
+ * lookup records the identity itself when its row is gone, and gives up
+ * after that one round (`rounds` 1) when another transaction recorded it
+ * again meanwhile. Inside a transaction, nothing of the call is left, even
+ * when `transaction(fn)`'s `fn` catches the error (the transaction then
+ * rejects with it); a batch enqueued outside one (one statement per round, each
+ * its own commit) keeps the events earlier rounds inserted. Calling again
+ * with the same keys and identities is safe.
  *
  * @example Usage
  * ```ts
@@ -291,10 +294,14 @@ export class DedupRaceError extends Error {
    *
    * @param op The call that gave up.
    * @param rounds How many rounds it ran.
+   * @param options `cause`: the statement's error, when one failed.
    */
-  constructor(op: string, rounds: number) {
+  constructor(op: string, rounds: number, options?: ErrorOptions) {
     super(
-      `Cannot ${op} as the row its dedup key or identity met was deleted before it could be read, in each of ${rounds} rounds (a purge racing the call): call again`,
+      `Cannot ${op} as the row its dedup key or identity met was deleted before it could be read, ${
+        rounds === 1 ? "and taken again" : `in each of ${rounds} rounds`
+      } (a purge racing the call): call again`,
+      options,
     );
     this.name = "DedupRaceError";
     this.op = op;

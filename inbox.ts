@@ -259,11 +259,13 @@ export class Inbox implements AsyncDisposable {
    * inside the transaction, also while `fn` awaited something else: nothing
    * was recorded.
    * @throws {DedupRaceError} When the identity's record was purged between
-   * the insert that met it and its lookup, round after round (on
-   * PostgreSQL): nothing was recorded.
-   * @throws {ConstraintError} When on SQLite a trigger skipped the record's
-   * insert with `RAISE(IGNORE)` (code 1811, naming `inbox_accepted`): `fn`
-   * did not run.
+   * the insert that met it and its lookup, and recorded again by another
+   * acceptance before the lookup's own insert (on PostgreSQL): nothing was
+   * recorded; calling again finds that record.
+   * @throws {ConstraintError} When a trigger skipped the record's insert
+   * (SQLite's `RAISE(IGNORE)`, PostgreSQL's `BEFORE INSERT` trigger returning
+   * NULL; code 1811, naming `inbox_accepted`): `fn` did not run, and nothing
+   * was recorded.
    * @throws {RangeError} When `tx.run` or `tx.query` is given a
    * transaction-control statement (before it runs).
    * @throws {Error} When called from inside `fn` of an acceptance or a
@@ -283,14 +285,21 @@ export class Inbox implements AsyncDisposable {
     const driver = this.#driver;
     const sql = this.#sql;
     return await this.#write(op, async (now) => {
+      const params = [key, checkedFence, now];
       const seen = await insertOrFind(op, this.#target, async () => {
-        if ((await driver.query(sql.record, [key, checkedFence, now])).length) {
+        if ((await driver.query(sql.record, params)).length) {
           return { acceptedFence: null };
         }
-        const [row] = await driver.query(sql.accepted, [key]);
-        return row === undefined
-          ? undefined
-          : { acceptedFence: integerOf(row, "fence") };
+        // Without one writer the lookup records the identity itself when
+        // its row is gone, and fails when a trigger skipped that insert.
+        const [row] = await driver.query(
+          sql.accepted,
+          this.#target.oneWriter ? [key] : params,
+        );
+        if (row === undefined) return undefined;
+        return {
+          acceptedFence: row["recorded"] === 1 ? null : integerOf(row, "fence"),
+        };
       });
       const { acceptedFence } = seen;
       if (acceptedFence !== null) {

@@ -142,6 +142,15 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
    * exact whatever the limit.
    */
   readonly queuesUpTo?: string;
+  /**
+   * Whether a statement's error fails the whole transaction, which then
+   * only rolls back (PostgreSQL). A call through `transaction(fn)`'s `tx`
+   * that fails part-way without a statement failing then fails the
+   * transaction too (`tx.enqueueBatch`), where SQLite's undoes the call
+   * alone under a savepoint: no subtransaction, nor its two round trips, on
+   * the batch's path.
+   */
+  readonly errorFailsTransaction?: boolean;
   /** The flow-control and schedule statements (`core/flow.ts`). */
   readonly flow?: FlowStatements;
   /** The inbox's statements (`inbox.ts`). */
@@ -270,7 +279,14 @@ export interface InboxStatements {
    * already: answers the row's `fence` when it inserted, no row when not.
    */
   readonly record: string;
-  /** Answers `fence` of an identity's record (identity). */
+  /**
+   * Run when `record` inserted nothing: answers `fence` of the identity's
+   * record, or no row. With one writer (SQLite, `Dialect.oneWriter`) it
+   * reads (identity): no row means a trigger skipped the insert. Without
+   * (PostgreSQL) it takes `record`'s parameters and, when no row holds the
+   * identity any more, records it (`recorded` 1 then), failing when a
+   * trigger skipped that insert (`core/insert_or_find.ts`).
+   */
   readonly accepted: string;
   /** Deletes the records accepted before a time (epoch milliseconds). */
   readonly purge: string;

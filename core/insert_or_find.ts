@@ -24,7 +24,11 @@
  * insert the same way, which a lookup cannot tell from a purge race. The
  * statement itself sees it (a key went in, its event did not) and fails
  * with {@linkcode SKIPPED_INSERT}, so its keys are undone with it, and the
- * call fails with the same {@linkcode ConstraintError}.
+ * call fails with the same {@linkcode ConstraintError}. The inbox's has no
+ * second table to tell by: its lookup inserts again when it finds no row,
+ * and fails with {@linkcode SKIPPED_INSERT} when that insert met no row and
+ * stored none, or with {@linkcode RACED_INSERT} when it met one recorded
+ * since (`dialects/postgres_inbox.ts`).
  *
  * @module
  */
@@ -50,6 +54,25 @@ export interface InsertTarget {
  */
 export const SKIPPED_INSERT = "leased_outbox: a trigger skipped an insert";
 
+/**
+ * What a PostgreSQL statement fails with, as for {@linkcode SKIPPED_INSERT},
+ * when the insert it made because the row a purge deleted was gone met
+ * another row that took the key since: a second race, which the statement
+ * cannot read back.
+ */
+export const RACED_INSERT = "leased_outbox: a purge raced an insert";
+
+/**
+ * A PostgreSQL expression that fails its statement with `marker` (SQLSTATE
+ * 22P02, the cast to an integer of text that is no number) when it is
+ * evaluated, which is at run time only: it reads `at`, a value of the
+ * statement's rows.
+ */
+export const failWith = (
+  marker: typeof SKIPPED_INSERT | typeof RACED_INSERT,
+  at: string,
+): string => `('${marker} ' || ${at})::integer`;
+
 /** How many rounds of insert and lookup a call runs before giving up. */
 export const INSERT_ROUNDS = 5;
 
@@ -63,7 +86,8 @@ export const INSERT_ROUNDS = 5;
  * @param round One insert and its lookup.
  * @returns What the first settled round answered.
  * @throws {DedupRaceError} When {@linkcode INSERT_ROUNDS} rounds in a row
- * found a row gone.
+ * found a row gone, or on PostgreSQL a round's statement failed with
+ * {@linkcode RACED_INSERT}.
  * @throws {ConstraintError} When, with one writer, the lookup found nothing,
  * or on PostgreSQL the round's statement failed with
  * {@linkcode SKIPPED_INSERT}: a trigger skipped the insert.
@@ -78,10 +102,14 @@ export async function insertOrFind<T>(
     try {
       settled = await round();
     } catch (error) {
-      if (
-        error instanceof PostgresError && error.code === "22P02" &&
-        error.message.includes(SKIPPED_INSERT)
-      ) throw skipped(op, target, "its function returned NULL", error);
+      if (error instanceof PostgresError && error.code === "22P02") {
+        if (error.message.includes(SKIPPED_INSERT)) {
+          throw skipped(op, target, "its function returned NULL", error);
+        }
+        if (error.message.includes(RACED_INSERT)) {
+          throw new DedupRaceError(op, n + 1, { cause: error });
+        }
+      }
       throw error;
     }
     if (settled !== undefined) return settled;

@@ -313,7 +313,13 @@ export interface Transaction {
   enqueue(payload: unknown, options?: EnqueueOptions): Promise<EnqueueResult>;
   /**
    * Enqueues events that commit with the caller's rows, in one statement,
-   * as {@linkcode Outbox.enqueueBatch} does.
+   * as {@linkcode Outbox.enqueueBatch} does: all or none even when `fn`
+   * catches its error. On SQLite under a savepoint, so a batch that fails
+   * part-way (a trigger's `RAISE(IGNORE)` that only the lookup after the
+   * insert notices) leaves none of its events and the transaction goes on;
+   * on PostgreSQL, where any error fails the whole transaction, one that
+   * fails without a statement failing (a `DedupRaceError`) fails it too:
+   * `transaction()` rejects with that error.
    */
   enqueueBatch(
     events: readonly BatchEvent<unknown>[],

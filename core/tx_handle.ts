@@ -9,7 +9,7 @@ import { LeaseLostError } from "../errors.ts";
 import { checkFunction } from "../validate.ts";
 import { checkLease, prepareBatch, prepareEnqueue } from "./arguments.ts";
 import type { OutboxCore } from "./context.ts";
-import { insertAll, insertOne } from "./enqueue.ts";
+import { allOrNone, insertAll, insertOne } from "./enqueue.ts";
 import type { GroupCommit } from "./group_commit.ts";
 import type { CheckedLease } from "./ledger.ts";
 import type { Transaction } from "./shapes.ts";
@@ -31,6 +31,9 @@ export async function runTransaction<T>(
   let enqueued = false;
   let ended = false;
   let lost: LeaseLostError | undefined;
+  // A batch's error where the engine fails the whole transaction for one
+  // (errorFailsTransaction) but no statement failed: rethrown after fn.
+  let failed: unknown;
   const driver = core.driver;
   // Every call checks the handle is still inside its transaction: kept past
   // it, the handle would run outside the mutex and outside any transaction.
@@ -59,7 +62,27 @@ export async function runTransaction<T>(
           inside(op);
           const prepared = prepareBatch(op, events, core);
           enqueued = true;
-          return await insertAll(core.driver, core.sql, prepared, now);
+          if (prepared.length === 0) return [];
+          // All or none even when fn catches its error: a batch can fail
+          // after a statement stored some of it (a trigger's RAISE(IGNORE)
+          // on SQLite, a purge racing every round on PostgreSQL).
+          const insert = () => insertAll(core.driver, core.sql, prepared, now);
+          if (!core.sql.errorFailsTransaction) {
+            return await allOrNone(
+              core.driver,
+              core.sql,
+              () => core.runner.status(),
+              insert,
+            );
+          }
+          try {
+            return await insert();
+          } catch (error) {
+            // A statement's error failed the transaction already; any
+            // other fails it here, as PostgreSQL fails it for a statement.
+            if (core.runner.status() === "open") failed ??= error;
+            throw error;
+          }
         },
         acknowledge: async (lease) => {
           inside("acknowledge");
@@ -76,8 +99,9 @@ export async function runTransaction<T>(
           () => fn(tx),
         );
         // Catching the LeaseLostError inside fn must not let the stale
-        // worker's writes commit.
+        // worker's writes commit, nor catching a batch's error part of it.
         if (lost !== undefined) throw lost;
+        if (failed !== undefined) throw failed;
         return value;
       } finally {
         ended = true;

@@ -14,10 +14,10 @@
  *   descriptors stay open (idle), and the next connection takes them;
  * - when the last one closes, a descriptor is closed only if the process
  *   holds no classic lock on its file (on Linux, as a lock test with an open
- *   file description finds them, or `/proc/locks` lists them, see
- *   `deno/proc_locks.ts`), and no connection of the `node:sqlite` driver
- *   has the file open (`drivers/node_sqlite_files.ts`, all there is to go
- *   by where `/proc/locks` is not); else it is parked, until a later open
+ *   file description finds them, or its descriptors' `/proc/self/fdinfo`
+ *   lists them, see `deno/proc_locks.ts`), and no connection of the
+ *   `node:sqlite` driver has the file open (`drivers/node_sqlite_files.ts`,
+ *   all there is to go by where `/proc` is not); else it is parked, until a later open
  *   of the file takes it, or a later look finds the locks gone: at each
  *   open and close of a database by the VFS while any is parked, and when a
  *   `node:sqlite` driver's connection closes.
@@ -26,7 +26,7 @@
  */
 import type { FileId, Libc } from "./libc.ts";
 import { ProcessLocks } from "./posix_locks.ts";
-import { classicLockedFiles, procLocksFile } from "./proc_locks.ts";
+import { classicLocks } from "./proc_locks.ts";
 import { CANTOPEN, VfsError } from "./vfs_codes.ts";
 import {
   nodeSqliteHasOpenFile,
@@ -236,26 +236,24 @@ function sweep(libc: Libc): void {
  * - the lock it finds is a classic one of this process: yes;
  * - else another process's lock, or an open file description's, may hide
  *   one of this process's (and with classic locks there is no such test):
- *   what `/proc/locks` lists, read once a sweep (some milliseconds, where
- *   the test takes one system call).
+ *   the `lock:` lines of this process's descriptors of the file in
+ *   `/proc/self/fdinfo` (`deno/proc_locks.ts`), exactly the locks it holds
+ *   there; its descriptors listed and asked for their file once a sweep.
  */
 function lockedBy(libc: Libc): (fd: number, inode: Inode) => boolean {
-  let listed: Set<string> | undefined | "unread" | null = null;
+  let classic: ((file: FileId) => boolean) | undefined | null = null;
   return (fd, inode) => {
     if (nodeSqliteHasOpenFile(inode.id)) return true;
     const holder = libc.lockHolder(fd);
     if (holder === undefined) return false;
     if (holder === Deno.pid) return true;
-    if (listed === null) {
-      try {
-        listed = classicLockedFiles(libc);
-      } catch {
-        // Not read (no descriptor left for it): kept, and looked at again.
-        listed = "unread";
-      }
+    try {
+      if (classic === null) classic = classicLocks(libc);
+      return classic?.(libc.fileId(fd)) === true;
+    } catch {
+      // Not read (no descriptor left for it): kept, and looked at again.
+      return true;
     }
-    if (listed === "unread") return true;
-    return listed?.has(procLocksFile(libc.fileId(fd))) === true;
   };
 }
 

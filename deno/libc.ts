@@ -72,6 +72,13 @@ export function symbolsOf(platform: Platform) {
     fchmod: { parameters: ["i32", "u32"], result: "i32" },
     fchown: { parameters: ["i32", "u32", "u32"], result: "i32" },
     geteuid: { parameters: [], result: "u32" },
+    // Linux's directory read (glibc 2.30 and later), for /proc/self/fd
+    // (deno/proc_locks.ts); absent elsewhere.
+    getdents64: {
+      parameters: ["i32", "buffer", "usize"],
+      result: "isize",
+      optional: true,
+    },
     // The same fcntl on a thread of Deno's blocking pool: F_OFD_SETLKW
     // sleeps in the kernel until the lock is granted, and the event loop
     // goes on meanwhile.
@@ -354,6 +361,38 @@ export class Libc {
   fileId(fd: number): FileId {
     if (this.#c.fstat(fd, this.#stat) !== 0) throw this.#fail("fstat");
     return this.#statId();
+  }
+
+  /**
+   * The device and inode of `fd`, or `undefined` when it is not open
+   * (EBADF): for descriptors listed a moment ago, which another thread may
+   * have closed since.
+   *
+   * @throws {LibcError} When `fstat` fails otherwise.
+   */
+  openFileId(fd: number): FileId | undefined {
+    if (this.#c.fstat(fd, this.#stat) === 0) return this.#statId();
+    const errno = this.#lastErrno();
+    if (errno === this.#errno.EBADF) return undefined;
+    throw this.#fail("fstat", errno);
+  }
+
+  /**
+   * Reads the directory open at `fd` on from where the last read ended,
+   * into `into` as Linux's `struct linux_dirent64` records (getdents64(2));
+   * returns the bytes read, 0 at its end.
+   *
+   * @throws {LibcError} When the call fails, or is not there (not Linux).
+   */
+  readDirectory(fd: number, into: Uint8Array): number {
+    const getdents = this.#c.getdents64;
+    if (getdents === null) throw this.#fail("getdents64: not in this libc", 0);
+    for (;;) {
+      const n = Number(getdents(fd, into, BigInt(into.length)));
+      if (n >= 0) return n;
+      const errno = this.#lastErrno();
+      if (errno !== this.#errno.EINTR) throw this.#fail("getdents64", errno);
+    }
   }
 
   /** stat(2) of `path` into the stat buffer: 0, or the errno it failed with. */

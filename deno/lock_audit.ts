@@ -3,15 +3,22 @@
  * write, truncate and sync the VFS does first checks that the kernel holds
  * every lock each open connection of this process believes it holds (its
  * SQLite lock level on the database file, its WAL locks and the dead-man
- * switch on `<db>-shm`), as `/proc/locks` lists them. A lock the kernel let
+ * switch on `<db>-shm`), as `/proc/self/fdinfo` lists them (see
+ * `deno/proc_locks.ts`). A lock the kernel let
  * go behind the VFS's back (classic POSIX locks go with any close of the
  * file in the process) fails the write with `SQLITE_IOERR_LOCK`, naming the
  * lock, before a byte is written without it.
  *
- * What the kernel lists is every owner's locks: classic ones carry the
- * process id and must be this process's; open file description locks carry
- * none (-1), so with them a lock dropped while no one else holds its bytes
- * is seen, but not one another process of this VFS took in between.
+ * What the kernel lists for this process's descriptors is exactly its own
+ * locks, in one read per descriptor: classic ones, and its open file
+ * descriptions' (which carry no process id, -1, in `/proc/locks`, where
+ * another process's lock on the same bytes hid a dropped one; here no
+ * other process's lock is listed). Each expected lock is looked for among
+ * all this process's locks on its file, not its connection's descriptor's
+ * alone (with classic locks they are the process's, merged, set through any
+ * of its descriptors), so a lock one connection dropped is not seen while
+ * another connection of this process holds the same bytes alike (two
+ * connections' SHARED).
  *
  * @module
  */
@@ -29,7 +36,7 @@ import {
   VfsError,
 } from "./vfs_codes.ts";
 import type { FileId, Libc } from "./libc.ts";
-import { type KernelLock, ownLocks, procLocksFile } from "./proc_locks.ts";
+import { type KernelLock, type OwnLocks, ownLocks } from "./proc_locks.ts";
 
 /** The environment variable that turns the audit on (tests only). */
 export const AUDIT_VARIABLE = "LEASED_OUTBOX_VFS_AUDIT";
@@ -55,7 +62,7 @@ const connections = new Set<AuditedConnection>();
 
 /**
  * Whether the audit is on: `LEASED_OUTBOX_VFS_AUDIT=1` where `--allow-env`
- * grants it, on Linux (which has `/proc/locks`). Read once.
+ * grants it, on Linux (which has `/proc/self/fdinfo`). Read once.
  */
 export function auditing(): boolean {
   if (enabled === undefined) {
@@ -80,26 +87,19 @@ export function unaudit(connection: AuditedConnection): void {
 }
 
 /**
- * Checks every audited connection's locks against `/proc/locks`.
+ * Checks every audited connection's locks against what
+ * `/proc/self/fdinfo` lists for this process's descriptors of its files.
  *
- * @param libc Reads `/proc/locks` (Deno asks for every permission to).
+ * @param libc Reads `/proc/self` (Deno asks for every permission to).
  * @param doing What is about to happen, for the error.
  * @throws {VfsError} (`SQLITE_IOERR_LOCK`) naming the connection, the lock
  *   and the bytes, when the kernel does not hold one.
  */
 export function checkLocks(libc: Libc, doing: string): void {
   if (connections.size === 0) return;
-  let missing = missingLocks(ownLocks(libc));
-  // The kernel hands /proc/locks out a page per read, each read listing
-  // the locks as they are then: other processes' locks coming and going
-  // shift the list, and a lock held all along can fall between two pages.
-  // A lock really let go stays missing; one read past is found again.
-  for (let read = 1; missing.length > 0 && read < AUDIT_READS; read++) {
-    const held = ownLocks(libc);
-    missing = missing.filter(([, lock]) => !isHeld(held, lock));
-  }
-  if (missing.length === 0) return;
-  const [connection, lock] = missing[0]!;
+  const missing = missingLocks(ownLocks(libc));
+  if (missing === undefined) return;
+  const [connection, lock] = missing;
   throw new VfsError(
     `Lock audit, before ${doing}: ${connection.path} believes it holds ${lock.name} (a ${
       lock.write ? "write" : "read"
@@ -108,32 +108,22 @@ export function checkLocks(libc: Libc, doing: string): void {
   );
 }
 
-/**
- * How many reads of /proc/locks must all miss a lock before the audit says
- * it is gone: a read misses a held lock a few times in a hundred when other
- * processes lock and unlock hundreds of times a second.
- */
-const AUDIT_READS = 8;
-
-/** Each audited connection's expected locks that `held` lacks. */
+/** The first audited connection's expected lock that `own` lacks. */
 function missingLocks(
-  held: readonly KernelLock[],
-): [AuditedConnection, ExpectedLock][] {
-  const missing: [AuditedConnection, ExpectedLock][] = [];
+  own: OwnLocks,
+): [AuditedConnection, ExpectedLock] | undefined {
   for (const connection of connections) {
     for (const lock of connection.expectedLocks()) {
-      if (!isHeld(held, lock)) missing.push([connection, lock]);
+      if (!isHeld(own.on(lock.file), lock)) return [connection, lock];
     }
   }
-  return missing;
+  return undefined;
 }
 
 /** Whether a lock in `held` covers `lock` (a write lock covers a read). */
 function isHeld(held: readonly KernelLock[], lock: ExpectedLock): boolean {
-  const file = procLocksFile(lock.file);
   return held.some((k) =>
-    k.file === file && k.first <= lock.first && k.last >= lock.last &&
-    (k.write || !lock.write)
+    k.first <= lock.first && k.last >= lock.last && (k.write || !lock.write)
   );
 }
 

@@ -19,8 +19,8 @@
  *   the process's last connection to the file closes (which is stricter
  *   than os_unix's pending-close list, closed when no lock is held), and
  *   past it while classic locks not the VFS's remain (native SQLite's, or
- *   a Worker's VFS's, as far as `/proc/locks` or the node:sqlite driver
- *   tell).
+ *   a Worker's VFS's, as far as `/proc/self/fdinfo` or the node:sqlite
+ *   driver tell).
  *
  * The bytes, their order and the conversions are `deno/ofd_locks.ts`'s
  * (os_unix's `unixLock` and `unixUnlock`), on one descriptor; there is no

@@ -1,25 +1,45 @@
 /**
- * What Linux's `/proc/locks` says of this process's byte-range locks: for
- * the lock audit (`deno/lock_audit.ts`), and for the descriptors the VFS
- * must not close while the process holds classic POSIX locks on their file
- * that are not the VFS's (`deno/inodes.ts`).
+ * This process's byte-range locks as Linux lists them in
+ * `/proc/self/fdinfo/<fd>`: for the lock audit (`deno/lock_audit.ts`), and
+ * for the descriptors the VFS must not close while the process holds
+ * classic POSIX locks on their file that are not the VFS's
+ * (`deno/inodes.ts`).
+ *
+ * Not `/proc/locks`: it lists every process's locks, a page per read, each
+ * read under the kernel's lock list lock, and other processes' locks coming
+ * and going between two reads shift the list, so that a read misses a lock
+ * held all along, or lists it twice, near a page's end (the lock audit
+ * missed one a few times in a hundred reads while other processes locked
+ * and unlocked hundreds of times a second; CI saw the VFS's RESERVED lock
+ * twice in a majority of eight). A descriptor's `fdinfo` lists, after its
+ * `lock:` tag, the locks set through its open file description: that
+ * description's own (open file description and `flock` locks), and the
+ * classic POSIX locks of the process reading it set through it (Linux's
+ * show_fd_locks, all in one read under the file's lock list lock, whatever
+ * other files' locks do). A classic lock lives only while every descriptor
+ * of its file in the process stays open (a close lets all the process's go),
+ * so the one it was set through is open and lists it: the `fdinfo` of this
+ * process's descriptors on a file lists exactly the locks it holds there,
+ * and no other process's.
  *
  * @module
  */
-import { type Libc, LibcError } from "./libc.ts";
+import { type FileId, type Libc, LibcError } from "./libc.ts";
 
 /** A byte-range lock the kernel lists: on `file`, bytes `first`–`last`. */
 export interface KernelLock {
-  /** The file as `/proc/locks` names it (see {@linkcode procLocksFile}). */
+  /** The file as the kernel names it (see {@linkcode procLocksFile}). */
   readonly file: string;
+  /** A classic POSIX lock (the process's), else an open file description's. */
+  readonly classic: boolean;
   readonly write: boolean;
   readonly first: number;
   readonly last: number;
 }
 
 /**
- * How `/proc/locks` names a file: `major:minor:inode`, the device numbers
- * in hex, from Linux's encoding of `st_dev` (new_encode_dev).
+ * How `/proc/locks` and `fdinfo` name a file: `major:minor:inode`, the
+ * device numbers in hex, from Linux's encoding of `st_dev` (new_encode_dev).
  */
 export function procLocksFile(id: { dev: bigint; ino: bigint }): string {
   const dev = Number(id.dev);
@@ -30,116 +50,165 @@ export function procLocksFile(id: { dev: bigint; ino: bigint }): string {
 }
 
 /**
- * This process's byte-range locks as `/proc/locks` lists them: classic
- * ones of this process id, and every open file description lock (they
- * carry no process id). Blocked requests (`->`) are not locks.
+ * One look at this process's locks: its descriptors as they are now, by
+ * file, and each file's locks read from their `fdinfo` when first asked.
  */
-export function ownLocks(libc: Libc): KernelLock[] {
-  const pid = String(Deno.pid);
-  const locks: KernelLock[] = [];
-  for (const line of readProcLocks(libc).text.split("\n")) {
-    const lock = parseLine(line);
-    if (lock === undefined) continue;
-    if (lock.kind === "POSIX" && lock.pid !== pid) continue;
-    locks.push(lock);
-  }
-  return locks;
+export interface OwnLocks {
+  /** This process's byte-range locks on `file`, read once per look. */
+  on(file: FileId): readonly KernelLock[];
 }
 
 /**
- * The files on which this process holds classic POSIX locks now, as
- * {@linkcode procLocksFile} names them; `undefined` where there is no
- * `/proc/locks` (not Linux, or no `/proc`).
+ * A look at this process's locks: lists `/proc/self/fd` and asks each
+ * descriptor's file (fstat), one system call each (see
+ * {@linkcode OwnLocks.on} for the locks).
  *
- * One read of `/proc/locks` (a page of it) lists the locks as they are at
- * that moment; a list longer than a page takes several, and locks of other
- * processes coming and going in between shift it, so that a lock held all
- * along can fall between two. Such a list is read again, up to
- * {@linkcode LISTING_READS} times, and what any read lists counts.
- *
- * @throws {LibcError} When `/proc/locks` is there but cannot be read (no
- *   descriptor left, EMFILE).
+ * @throws {LibcError} When `/proc/self/fd` cannot be read: ENOENT without
+ *   `/proc` (or off Linux), EMFILE with no descriptor left for it.
  */
-export function classicLockedFiles(libc: Libc): Set<string> | undefined {
-  if (Deno.build.os !== "linux") return undefined;
-  const pid = String(Deno.pid);
-  const files = new Set<string>();
-  for (let read = 0; read < LISTING_READS; read++) {
-    let listing: Listing;
-    try {
-      listing = readProcLocks(libc);
-    } catch (error) {
-      if (error instanceof LibcError && error.code === "ENOENT") {
-        return undefined;
-      }
-      throw error;
-    }
-    for (const line of listing.text.split("\n")) {
-      const lock = parseLine(line);
-      if (lock?.kind === "POSIX" && lock.pid === pid) files.add(lock.file);
-    }
-    if (listing.snapshot) break;
+export function ownLocks(libc: Libc): OwnLocks {
+  const fds: number[] = [];
+  const ids: FileId[] = [];
+  for (const fd of openDescriptors(libc)) {
+    const id = libc.openFileId(fd);
+    if (id === undefined) continue; // Closed since (another thread).
+    fds.push(fd);
+    ids.push(id);
   }
-  return files;
-}
-
-/**
- * How many times a list of more than a page is read: a read misses a held
- * lock a few times in a hundred when other processes lock and unlock
- * hundreds of times a second (the lock audit's measure).
- */
-export const LISTING_READS = 8;
-
-interface Listing {
-  readonly text: string;
-  /** Whether it came in one read, a snapshot (at most a page long). */
-  readonly snapshot: boolean;
-}
-
-/** The seq_file's buffer, what one read of it returns at most (x86-64). */
-const PAGE = 4096;
-
-/** One line's lock: "1: POSIX  ADVISORY  WRITE 1234 fe:00:5678 120 120". */
-function parseLine(
-  line: string,
-): (KernelLock & { kind: string; pid: string }) | undefined {
-  if (line.includes("->")) return undefined;
-  const fields = line.trim().split(/\s+/);
-  const kind = fields[1];
-  if (kind !== "POSIX" && kind !== "OFDLCK") return undefined;
+  const read = new Map<string, KernelLock[]>();
   return {
-    kind,
-    pid: fields[4]!,
-    file: fields[5]!,
-    write: fields[3] === "WRITE",
-    first: Number(fields[6]),
-    last: fields[7] === "EOF" ? Infinity : Number(fields[7]),
+    on(id) {
+      const file = procLocksFile(id);
+      let locks = read.get(file);
+      if (locks === undefined) {
+        locks = [];
+        for (let i = 0; i < fds.length; i++) {
+          if (ids[i]!.ino !== id.ino || ids[i]!.dev !== id.dev) continue;
+          locks.push(...descriptorLocks(libc, fds[i]!, file));
+        }
+        read.set(file, locks);
+      }
+      return locks;
+    },
   };
 }
 
-/** `/proc/locks` through libc: Deno's own read asks for `--allow-all`. */
-function readProcLocks(libc: Libc): Listing {
-  const fd = libc.open("/proc/locks", {
+/**
+ * Whether this process holds classic POSIX locks on a file, one look for
+ * all the files asked about; `undefined` where there is no `/proc/self/fd`
+ * (not Linux, or no `/proc`).
+ *
+ * @throws {LibcError} When `/proc/self/fd` is there but cannot be read (no
+ *   descriptor left, EMFILE); the function it returns, when a descriptor's
+ *   `fdinfo` cannot be.
+ */
+export function classicLocks(
+  libc: Libc,
+): ((file: FileId) => boolean) | undefined {
+  if (Deno.build.os !== "linux") return undefined;
+  let own: OwnLocks;
+  try {
+    own = ownLocks(libc);
+  } catch (error) {
+    if (error instanceof LibcError && error.code === "ENOENT") {
+      return undefined;
+    }
+    throw error;
+  }
+  return (file) => own.on(file).some((lock) => lock.classic);
+}
+
+/** Directory records read at once: a 32-byte record per descriptor. */
+const directory = new Uint8Array(32_768);
+/** One descriptor's `fdinfo`: a line per lock, a few lines else. */
+const info = new Uint8Array(65_536);
+const decoder = new TextDecoder();
+
+/**
+ * This process's descriptors, listed from `/proc/self/fd` (getdents64): a
+ * descriptor open throughout is listed once whatever others open and
+ * close, as the kernel lists them by number, from where the last read of
+ * the directory ended.
+ */
+function openDescriptors(libc: Libc): number[] {
+  const dir = libc.open("/proc/self/fd", {
     write: false,
     create: false,
     createNew: false,
   });
+  const fds: number[] = [];
   try {
-    const decoder = new TextDecoder();
-    const chunk = new Uint8Array(65_536);
-    let text = "";
-    for (let offset = 0;;) {
-      // A seq_file gives at most a page per read, whatever was asked, each
-      // under the kernel's lock list lock: only a read of nothing is the
-      // end, and a list of a page or less came in one.
-      const n = libc.read(fd, chunk, offset);
-      if (n === 0) {
-        return { text: text + decoder.decode(), snapshot: offset <= PAGE };
+    for (;;) {
+      const n = libc.readDirectory(dir, directory);
+      if (n === 0) break;
+      // struct linux_dirent64: d_ino (8 bytes), d_off (8), d_reclen (2),
+      // d_type (1), d_name (NUL-terminated): here a number, "." or "..".
+      const view = new DataView(directory.buffer, 0, n);
+      for (let at = 0; at < n; at += view.getUint16(at + 16, true)) {
+        let fd = 0;
+        let digits = 0;
+        for (let i = at + 19; directory[i] !== 0; i++, digits++) {
+          fd = fd * 10 + directory[i]! - 48;
+        }
+        if (digits > 0 && directory[at + 19] !== 46 && fd !== dir) {
+          fds.push(fd);
+        }
       }
-      offset += n;
-      text += decoder.decode(chunk.subarray(0, n), { stream: true });
     }
   } finally {
-    libc.close(fd);
+    libc.close(dir);
   }
+  return fds;
+}
+
+/**
+ * The byte-range locks `/proc/self/fdinfo/<fd>` lists on `file` (`flock`
+ * locks left out): none when `fd` was closed since it was listed.
+ */
+function descriptorLocks(libc: Libc, fd: number, file: string): KernelLock[] {
+  let handle: number;
+  try {
+    handle = libc.open(`/proc/self/fdinfo/${fd}`, {
+      write: false,
+      create: false,
+      createNew: false,
+    });
+  } catch (error) {
+    if (error instanceof LibcError && error.code === "ENOENT") return [];
+    throw error;
+  }
+  let text: string;
+  try {
+    // The whole text is made at the first read (a single_open seq_file):
+    // later reads of one opening go on in the same text.
+    const chunks: string[] = [];
+    for (let offset = 0;;) {
+      const n = libc.read(handle, info, offset);
+      chunks.push(decoder.decode(info.subarray(0, n), { stream: true }));
+      offset += n;
+      if (n < info.length) break;
+    }
+    text = chunks.join("") + decoder.decode();
+  } finally {
+    libc.close(handle);
+  }
+  const locks: KernelLock[] = [];
+  for (const line of text.split("\n")) {
+    if (!line.startsWith("lock:")) continue;
+    // "lock:\t1: POSIX  ADVISORY  WRITE 1234 fe:00:5678 120 120", as a
+    // /proc/locks line; OFDLCK with -1 for the process.
+    const fields = line.slice("lock:".length).trim().split(/\s+/);
+    const kind = fields[1];
+    if ((kind !== "POSIX" && kind !== "OFDLCK") || fields[5] !== file) {
+      continue;
+    }
+    locks.push({
+      file,
+      classic: kind === "POSIX",
+      write: fields[3] === "WRITE",
+      first: Number(fields[6]),
+      last: fields[7] === "EOF" ? Infinity : Number(fields[7]),
+    });
+  }
+  return locks;
 }

@@ -41,7 +41,7 @@
 import { CANCELLED, LEASE_EXPIRED, PURGE_BATCH } from "../admin.ts";
 import type { Dialect } from "../types.ts";
 import { claimGate, held, POSTGRES_FLOW, spend } from "./postgres_flow.ts";
-import { SKIPPED_INSERT } from "../core/insert_or_find.ts";
+import { failWith, SKIPPED_INSERT } from "../core/insert_or_find.ts";
 import { POSTGRES_INBOX } from "./postgres_inbox.ts";
 import {
   ALL_COLUMNS,
@@ -364,16 +364,14 @@ function claimInOne(acknowledge?: string): string {
 }
 
 /**
- * An expression that fails the statement with `SKIPPED_INSERT` (SQLSTATE
- * 22P02) when it is evaluated, which is at run time only: it reads `at`.
- * An enqueue's statement evaluates it when a key it inserted has no event,
- * as when a `BEFORE INSERT` trigger on `outbox_events` returned NULL: the
- * statement fails, its keys with it, and the call with a
- * `ConstraintError` (`insertOrFind`), instead of a key left to dedup
- * later calls to an event never stored.
+ * An expression that fails the statement with `SKIPPED_INSERT` when it is
+ * evaluated (`failWith`). An enqueue's statement evaluates it when a key it
+ * inserted has no event, as when a `BEFORE INSERT` trigger on
+ * `outbox_events` returned NULL: the statement fails, its keys with it, and
+ * the call with a `ConstraintError` (`insertOrFind`), instead of a key left
+ * to dedup later calls to an event never stored.
  */
-const skippedInsert = (at: string) =>
-  `('${SKIPPED_INSERT} ' || ${at})::integer`;
+const skippedInsert = (at: string) => failWith(SKIPPED_INSERT, at);
 
 /**
  * The rows a batch's events insert `e` returned, and none but a failure
@@ -684,6 +682,8 @@ export const POSTGRES = {
   // A deadlock's victim; a serialization failure (at the session's
   // default isolation, for a statement outside the outbox's transactions).
   rerun: ["40P01", "40001"],
+  // Any statement's error leaves the transaction failed (status E).
+  errorFailsTransaction: true,
   tokenUsed:
     "SELECT 1 FROM outbox_ledger WHERE event_id = $1 AND kind = 'claimed' AND token = $2",
   claim: `UPDATE outbox_events AS e SET ${CLAIM_SET}, token = c.value

@@ -140,12 +140,17 @@ const MAX_TIMEOUT_MS = 2_147_483_647;
 // ASCII only; a longer one can overflow the startup packet.
 const APPLICATION_NAME = /^[\x20-\x7e]{0,63}$/;
 /**
- * The statements worth a name: the dialect's, a bounded set, less
- * transaction control, which has nothing to plan (and so a transaction
- * still commits after the application's `DEALLOCATE ALL`).
+ * The statements worth a name: the dialect's (the core's, flow control's
+ * and the inbox's), a bounded set, less transaction control, which has
+ * nothing to plan (and so a transaction still commits after the
+ * application's `DEALLOCATE ALL`).
  */
 const PREPARED: ReadonlySet<string> = new Set(
-  [...Object.values(POSTGRES), ...Object.values(POSTGRES.flow)].filter((
+  [
+    ...Object.values(POSTGRES),
+    ...Object.values(POSTGRES.flow),
+    ...Object.values(POSTGRES.inbox),
+  ].filter((
     v,
   ): v is string => typeof v === "string" && transactionControl(v) === ""),
 );

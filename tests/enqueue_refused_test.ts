@@ -4,14 +4,16 @@
  * error naming that index (not a dedup race to call again), a dedup hit
  * stays a dedup hit, and on SQLite a trigger's `RAISE(IGNORE)` fails the
  * call with a `ConstraintError` naming the table, as on PostgreSQL a
- * `BEFORE INSERT` trigger that returns NULL does.
+ * `BEFORE INSERT` trigger that returns NULL does; the inbox's record alike.
  */
 import assert from "node:assert/strict";
 import {
   ConstraintError,
+  deliveryHeaders,
   type Driver,
   Inbox,
   PostgresError,
+  TransactionEndedError,
   uuidv7,
 } from "../mod.ts";
 import { DRIVERS } from "./drivers.ts";
@@ -200,28 +202,145 @@ for (const driver of DRIVERS) {
     ]);
   });
 
-  if (driver.engine !== "sqlite") continue;
+  test(
+    `tx.enqueueBatch() that a trigger's skip (${how}) of one event fails (on SQLite after its statement stored the others) is all or none when fn catches its error: ${
+      driver.engine === "sqlite"
+        ? "the transaction commits fn's other writes and none of the batch"
+        : "the statement failed the transaction, which commits nothing"
+    }; within() likewise`,
+    async ({ open, raw }) => {
+      const [a] = await open();
+      for (const statement of skipTrigger) await raw.exec(statement);
+      await raw.exec("CREATE TABLE app_rows (n integer)");
+      const ignored = (error: unknown) =>
+        error instanceof ConstraintError &&
+        error.message.startsWith(
+          "Cannot enqueue as a trigger on outbox_events",
+        );
+      let caught: unknown;
+      const committed = a!.transaction(async (tx) => {
+        await tx.run("INSERT INTO app_rows VALUES (1)");
+        try {
+          await tx.enqueueBatch([
+            { payload: "kept 1" },
+            { payload: "skip" },
+            { payload: "kept 2" },
+          ]);
+        } catch (error) {
+          caught = error;
+        }
+        if (driver.engine === "sqlite") {
+          await tx.run("INSERT INTO app_rows VALUES (2)");
+          await tx.enqueue("after");
+        }
+        return "done";
+      });
+      if (driver.engine === "sqlite") {
+        assert.equal(await committed, "done");
+      } else {
+        await assert.rejects(committed, TransactionEndedError);
+      }
+      assert.ok(ignored(caught), String(caught));
+      assert.deepEqual(
+        await stored(raw),
+        driver.engine === "sqlite" ? [[null, "after"]] : [],
+      );
+      assert.deepEqual(
+        (await raw.query("SELECT n FROM app_rows ORDER BY n")).map((row) =>
+          row["n"]
+        ),
+        driver.engine === "sqlite" ? [1, 2] : [],
+      );
+      // Joined to the application's transaction: the batch alone is undone.
+      await raw.exec("BEGIN");
+      await raw.run("INSERT INTO app_rows VALUES (3)");
+      await assert.rejects(
+        a!.within(() =>
+          a!.enqueueBatch([{ payload: "kept 3" }, { payload: "skip" }])
+        ),
+        ignored,
+      );
+      await raw.run("INSERT INTO app_rows VALUES (4)");
+      await raw.exec("COMMIT");
+      assert.deepEqual(
+        (await stored(raw)).map(([, payload]) => payload),
+        driver.engine === "sqlite" ? ["after"] : [],
+      );
+      assert.deepEqual(
+        (await raw.query("SELECT n FROM app_rows ORDER BY n")).map((row) =>
+          row["n"]
+        ),
+        driver.engine === "sqlite" ? [1, 2, 3, 4] : [3, 4],
+      );
+    },
+  );
 
-  Deno.test(`${driver.name}: inbox.accept() whose record a trigger skips with RAISE(IGNORE) fails with a ConstraintError naming inbox_accepted and runs no effect`, async () => {
+  // A trigger that skips every record of the inbox's.
+  const skipRecord = driver.engine === "sqlite"
+    ? [`CREATE TRIGGER app_skip_record BEFORE INSERT ON inbox_accepted
+      BEGIN SELECT RAISE(IGNORE); END`]
+    : [
+      `CREATE FUNCTION app_skip_record() RETURNS trigger LANGUAGE plpgsql
+        AS $$ BEGIN RETURN NULL; END $$`,
+      `CREATE TRIGGER app_skip_record BEFORE INSERT ON inbox_accepted
+        FOR EACH ROW EXECUTE FUNCTION app_skip_record()`,
+    ];
+
+  Deno.test(`${driver.name}: inbox.accept() and inbox.acceptRequest() whose record a trigger skips (${how}) fail with a ConstraintError naming inbox_accepted, run no effect and record nothing`, async () => {
     const connections = await driver.open();
     try {
       const raw = connections.drivers[0]!;
       await using inbox = await Inbox.open(raw, { now: new ManualClock().now });
-      await raw.exec(`CREATE TRIGGER app_skip BEFORE INSERT ON inbox_accepted
-        BEGIN SELECT RAISE(IGNORE); END`);
+      for (const statement of skipRecord) await raw.exec(statement);
+      const skipped = (error: unknown) => {
+        assert.ok(error instanceof ConstraintError, String(error));
+        assert.equal(
+          error.message,
+          `Cannot accept as a trigger on inbox_accepted skipped its insert (${how}), and no row holds its identity: it was not stored, and calling again skips it again`,
+        );
+        assert.equal(error.code, 1811);
+        return true;
+      };
       let effects = 0;
       await assert.rejects(
         inbox.accept(uuidv7(0), 1, () => Promise.resolve(effects++)),
-        (error: unknown) => {
-          assert.ok(error instanceof ConstraintError, String(error));
-          assert.equal(
-            error.message,
-            "Cannot accept as a trigger on inbox_accepted skipped its insert (RAISE(IGNORE)), and no row holds its identity: it was not stored, and calling again skips it again",
-          );
-          return true;
-        },
+        skipped,
       );
+      const request = new Request("http://x/", {
+        method: "POST",
+        headers: deliveryHeaders({ identity: uuidv7(1), fence: 1 }),
+      });
+      await assert.rejects(
+        inbox.acceptRequest(request, () => {
+          effects++;
+          return Promise.resolve();
+        }),
+        skipped,
+      );
+      // Inside the application's transaction (within): the call alone is
+      // undone, and the application's transaction goes on.
+      await raw.exec("CREATE TABLE app_rows (n integer)");
+      await raw.exec("BEGIN");
+      await raw.run("INSERT INTO app_rows VALUES (1)");
+      await assert.rejects(
+        inbox.within(() =>
+          inbox.accept(uuidv7(2), 1, () => Promise.resolve(effects++))
+        ),
+        skipped,
+      );
+      await raw.run("INSERT INTO app_rows VALUES (2)");
+      await raw.exec("COMMIT");
       assert.equal(effects, 0);
+      assert.deepEqual(
+        await raw.query("SELECT count(*) AS n FROM inbox_accepted"),
+        [{ n: 0 }],
+      );
+      assert.deepEqual(
+        (await raw.query("SELECT n FROM app_rows ORDER BY n")).map((row) =>
+          row["n"]
+        ),
+        [1, 2],
+      );
     } finally {
       await connections.close();
     }

@@ -331,6 +331,73 @@ Deno.test("postgres: an inbox acceptance whose identity's record is purged betwe
   assert.equal((await inbox.accept(identity, 2, effect)).status, "duplicate");
 });
 
+Deno.test("postgres: an inbox acceptance whose identity's record is purged before its lookup, and recorded again by another acceptance that commits while the lookup's insert waits, fails with DedupRaceError, runs no effect and records nothing", async () => {
+  const server = await sharedPostgres();
+  const schema = await server.createSchema();
+  const clock = new ManualClock(1_000_000);
+  const name = `race-${crypto.randomUUID()}`;
+  const db = new PurgeBeforeLookup(
+    await connectPostgres(server.url, {
+      schema,
+      listen: false,
+      applicationName: name,
+    }),
+  );
+  const connect = () => connectPostgres(server.url, { schema, listen: false });
+  await using inbox = await Inbox.open(db, { now: clock.now });
+  await using purger = await Inbox.open(await connect(), { now: clock.now });
+  await using other = await Inbox.open(await connect(), { now: clock.now });
+  const watcher = await connect();
+  try {
+    const identity = "0190b2c4-7d3e-7a11-8f00-5c0ffee0cafe";
+    let effects = 0;
+    const effect = () => Promise.resolve(effects++);
+    assert.equal((await purger.accept(identity, 1, effect)).status, "accepted");
+    clock.advance(1_000);
+    let commit = () => {};
+    const held = new Promise<void>((resolve) => commit = resolve);
+    let recorded = () => {};
+    const taken = new Promise<void>((resolve) => recorded = resolve);
+    let again: Promise<unknown> = Promise.resolve();
+    db.arm(async () => {
+      assert.equal(await purger.purge({ olderThanMs: 0 }), 1);
+      // Recorded, not committed, before the lookup's snapshot.
+      again = other.accept(identity, 3, async () => {
+        recorded();
+        await held;
+        return "other";
+      });
+      await taken;
+    });
+    const accepting = inbox.accept(identity, 2, effect);
+    await untilWaiting(watcher, name, accepting);
+    commit();
+    await assert.rejects(accepting, (error: unknown) => {
+      assert.ok(error instanceof DedupRaceError, String(error));
+      assert.equal(error.rounds, 1);
+      assert.equal(
+        error.message,
+        "Cannot accept as the row its dedup key or identity met was deleted before it could be read, and taken again (a purge racing the call): call again",
+      );
+      return true;
+    });
+    assert.deepEqual(await again, { status: "accepted", value: "other" });
+    assert.equal(effects, 1);
+    assert.equal(db.raced, 1);
+    assert.deepEqual(
+      await watcher.query("SELECT fence FROM inbox_accepted"),
+      [{ fence: 3 }],
+    );
+    // Calling again finds the record the other acceptance committed.
+    assert.deepEqual(await inbox.accept(identity, 2, effect), {
+      status: "stale",
+      acceptedFence: 3,
+    });
+  } finally {
+    await watcher.close();
+  }
+});
+
 Deno.test("postgres: an enqueue whose key's event is purged between insert and lookup in every round gives up after 5 with DedupRaceError, leaving none of its events", async () => {
   await using r = await race();
   // Before each insert another connection takes the key; before each
@@ -363,6 +430,41 @@ Deno.test("postgres: an enqueue whose key's event is purged between insert and l
     refused,
   );
   assert.equal(r.db.raced, 10);
+  assert.equal((await r.outbox.stats()).pending, 0);
+});
+
+Deno.test("postgres: tx.enqueueBatch() that gives up with DedupRaceError after its first round stored its other events fails the whole transaction even when fn catches the error, as a failed statement does there: transaction() rejects with it and nothing commits", async () => {
+  await using r = await race();
+  await r.raw.exec("CREATE TABLE app_rows (n integer)");
+  r.db.armAlways(
+    async () => {
+      await r.purger.enqueue({ other: true }, { dedupKey: "k" });
+    },
+    async () => {
+      await r.raw.run("DELETE FROM outbox_keys WHERE dedup_key = 'k'");
+      await r.raw.run("DELETE FROM outbox_events WHERE dedup_key = 'k'");
+    },
+  );
+  let caught: unknown;
+  await assert.rejects(
+    r.outbox.transaction(async (tx) => {
+      await tx.run("INSERT INTO app_rows VALUES (1)");
+      try {
+        await tx.enqueueBatch([
+          { payload: { n: 1 } },
+          { payload: { n: 2 }, dedupKey: "k" },
+          { payload: { n: 3 } },
+        ]);
+      } catch (error) {
+        caught = error;
+      }
+      return "done";
+    }),
+    (error: unknown) => error === caught,
+  );
+  assert.ok(caught instanceof DedupRaceError, String(caught));
+  assert.equal(r.db.raced, 5);
+  assert.deepEqual(await r.raw.query("SELECT n FROM app_rows"), []);
   assert.equal((await r.outbox.stats()).pending, 0);
 });
 

@@ -19,9 +19,13 @@ import { sharedPostgres, startPostgres } from "../scripts/postgres_server.ts";
 import { POSTGRES } from "../dialects/postgres.ts";
 import { POSTGRES_SCHEMA } from "../dialects/postgres_schema.ts";
 import { Outbox } from "../lease.ts";
+import { Inbox } from "../inbox.ts";
 
 /** The dialect's statement texts: the only ones the driver names. */
-const PREPARABLE: ReadonlySet<unknown> = new Set(Object.values(POSTGRES));
+const PREPARABLE: ReadonlySet<unknown> = new Set([
+  ...Object.values(POSTGRES),
+  ...Object.values(POSTGRES.inbox),
+]);
 
 /** A driver on a fresh schema of the shared server. */
 async function connect(
@@ -318,6 +322,24 @@ Deno.test("postgres driver: the outbox's statements are prepared by name, the ap
   await using off = await connect({ prepare: false });
   await off.query(POSTGRES.now);
   assert.deepEqual(await prepared(off), []);
+});
+
+Deno.test("postgres driver: the inbox's record and lookup are prepared by name too", async () => {
+  const db = await connect();
+  await using inbox = await Inbox.open(db);
+  const identity = "0190b2c4-7d3e-7a11-8f00-5c0ffee0cafe";
+  const effect = () => Promise.resolve();
+  assert.equal((await inbox.accept(identity, 1, effect)).status, "accepted");
+  assert.equal((await inbox.accept(identity, 1, effect)).status, "duplicate");
+  const named = (await db.query(
+    "SELECT statement FROM pg_prepared_statements WHERE name LIKE 'leased_outbox_%'",
+  )).map((row) => String(row["statement"]));
+  assert.deepEqual(
+    [POSTGRES.inbox.record, POSTGRES.inbox.accepted].map((sql) =>
+      named.filter((statement) => statement === sql).length
+    ),
+    [1, 1],
+  );
 });
 
 Deno.test("postgres driver: after the application drops the named statements, they are parsed again: at once outside a transaction, at the next one inside", async () => {

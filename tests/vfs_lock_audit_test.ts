@@ -119,7 +119,7 @@ for (const journalMode of ["truncate", "wal"] as const) {
 
 Deno.test({
   name:
-    "lock audit: while other processes take and drop hundreds of locks a second, which shifts /proc/locks between the pages of one read of it, no lock held all along is reported missing (1,000 WAL commits, none failed)",
+    "lock audit: while other processes take and drop hundreds of locks a second, which shifts /proc/locks between the pages of one read of it (the audit reads this process's fdinfo), no lock held all along is reported missing (1,000 WAL commits, none failed)",
   ignore: !linux,
   fn: async () => {
     const output = await new Deno.Command(Deno.execPath(), {

@@ -50,7 +50,7 @@ Deno.test("a classic lock the process holds on the file by other means survives 
   assert.equal(parkedDescriptors(), 0);
 });
 
-Deno.test("a classic lock of the process behind another owner's lock on the file, which the kernel's lock test finds first, is found in /proc/locks and kept", async () => {
+Deno.test("a classic lock of the process behind another owner's lock on the file, which the kernel's lock test finds first, is found in the process's fdinfo and kept", async () => {
   await using tmp = await tempDir("vfs_parked_");
   const dir = Deno.realPathSync(tmp.path);
   const path = join(dir, "hidden.db");
