@@ -18,7 +18,6 @@ import {
   checkOptions,
   checkSignal,
   describe,
-  MAX_ERROR_LENGTH,
 } from "../validate.ts";
 import type { ProcessableOutbox, ProcessOptions, Timers } from "./types.ts";
 
@@ -291,28 +290,4 @@ export function clearLongTimeout(
   timer: LongTimer | undefined,
 ): void {
   if (timer !== undefined) timers.clearTimeout(timer.handle);
-}
-
-/**
- * The error text an event keeps: whatever was thrown, as text SQLite can
- * store. An `Object.create(null)` or an error whose `message` getter throws
- * cannot be printed the usual way; NUL is cut by some drivers and lone
- * surrogates become U+FFFD, so both are replaced, after cutting to the
- * longest text kept (a cut may split a surrogate pair).
- */
-export function describeError(error: unknown): string {
-  let text = "an error that cannot be printed";
-  try {
-    text = error instanceof Error
-      ? `${error.name}: ${error.message}`
-      : String(error);
-  } catch {
-    try {
-      text = `an unprintable ${Object.prototype.toString.call(error)}`;
-    } catch {
-      // Even its tag throws (a hostile Proxy): the default text stays.
-    }
-  }
-  return text.replaceAll("\0", "\uFFFD").slice(0, MAX_ERROR_LENGTH)
-    .toWellFormed();
 }

@@ -11,12 +11,12 @@ import { DatabaseMovedError } from "../errors.ts";
 import { type CounterName, ProcessorTelemetry } from "../telemetry.ts";
 import {
   clearLongTimeout,
-  describeError,
   setLongTimeout,
   type Settings,
   settingsOf,
 } from "./options.ts";
 import { callingSlot, runAsHandler } from "./handler_scope.ts";
+import { describeError, isInstance } from "../validate.ts";
 import { LeasesAhead } from "./ahead.ts";
 import { Wakeup } from "./wakeup.ts";
 import {
@@ -721,7 +721,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
    * acknowledgement would fail the same way).
    */
   #noteClosed(error?: unknown): boolean {
-    const moved = error instanceof DatabaseMovedError;
+    const moved = isInstance(error, DatabaseMovedError);
     if (!moved && !this.#outbox.closed) return false;
     if (!this.#closed) {
       if (moved) this.#report(error);
