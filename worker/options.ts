@@ -18,6 +18,7 @@ import {
   checkOptions,
   checkSignal,
   describe,
+  missing,
 } from "../validate.ts";
 import type { ProcessableOutbox, ProcessOptions, Timers } from "./types.ts";
 
@@ -130,13 +131,12 @@ export function settingsOf(
     ? undefined
     : checkName(OP, "queue", options.queue);
   const concurrency = integer("concurrency", 1, MAX_BATCH) ?? 1;
-  const leaseMs = checkInteger(
-    OP,
-    "leaseMs",
-    options.leaseMs ?? outbox.leaseMs,
-    3,
-    MAX_DURATION_MS,
-  )!;
+  // null is refused as for every other option, not taken for the default;
+  // the outbox's own leaseMs is checked too (an outbox of the application's
+  // making may have none).
+  const leaseMs = integer("leaseMs", 3, MAX_DURATION_MS) ??
+    checkInteger(OP, "outbox.leaseMs", outbox.leaseMs, 3, MAX_DURATION_MS) ??
+    missing(OP, "outbox.leaseMs");
   const renewIntervalMs = integer("renewIntervalMs", 1, MAX_DURATION_MS) ??
     Math.floor(leaseMs / 3);
   const marginMs = integer("marginMs", 0, MAX_DURATION_MS) ??
