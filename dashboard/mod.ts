@@ -184,7 +184,7 @@ export function dashboard(
     );
   }
   const base = basePathOf(op, options.basePath);
-  const actions = options.actions ?? false;
+  const actions = options.actions === undefined ? false : options.actions;
   if (typeof actions !== "boolean") {
     throw new TypeError(
       `Cannot ${op} as 'actions' must be a boolean: current value is ${
@@ -211,7 +211,7 @@ export function dashboard(
   // As browsers send it, so that the same-origin check compares like
   // with like: "https://Admin.example.com/" is "https://admin.example.com".
   const origin = checkOrigin(op, "origin", options.origin);
-  const refreshMs = options.refreshMs ?? 5_000;
+  const refreshMs = options.refreshMs === undefined ? 5_000 : options.refreshMs;
   if (
     !Number.isSafeInteger(refreshMs) || refreshMs < 0 ||
     refreshMs > MAX_TIMER_MS
