@@ -168,7 +168,9 @@ export class Inbox implements AsyncDisposable {
 
   private constructor(driver: Driver, options: InboxOptions) {
     const op = "open inbox";
-    this.#now = checkFunction(op, "now", options.now ?? Date.now);
+    this.#now = options.now === undefined
+      ? Date.now
+      : checkFunction(op, "now", options.now);
     this.#busyTimeoutMs = checkInteger(
       op,
       "busyTimeoutMs",

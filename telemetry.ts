@@ -45,6 +45,7 @@ import {
   trace,
 } from "@opentelemetry/api";
 import type { Lease, Stats } from "./lease.ts";
+import { describeError, isInstance } from "./validate.ts";
 import {
   type GuardedSpan,
   type GuardedTracer,
@@ -90,15 +91,6 @@ export interface ObservedOutbox {
   readonly queue?: string;
   /** Counts a queue's events per state. */
   stats(options?: { readonly queue?: string }): Promise<Stats>;
-}
-
-/** `String(value)`, or its tag when that throws (a null-prototype object). */
-function describe(value: unknown): string {
-  try {
-    return String(value);
-  } catch {
-    return Object.prototype.toString.call(value);
-  }
 }
 
 interface Handling {
@@ -278,12 +270,15 @@ export class ProcessorTelemetry {
       this.#duration.record(performance.now() - startedAt, attributes);
       if (error === undefined) return;
       span.recordException(
-        error instanceof Error ? error : new Error(describe(error)),
+        isInstance(error, Error) ? error : new Error(describeError(error)),
       );
-      span.setStatus({ code: SpanStatusCode.ERROR, message: describe(error) });
+      span.setStatus({
+        code: SpanStatusCode.ERROR,
+        message: describeError(error),
+      });
       span.setAttribute(
         "error.type",
-        error instanceof Error ? error.name : typeof error,
+        isInstance(error, Error) ? error.name : typeof error,
       );
     };
     let result: T;
@@ -291,12 +286,12 @@ export class ProcessorTelemetry {
       // A span that records nothing needs no context to be found in.
       result = recording ? this.#inContext(span.span, handler) : handler();
     } catch (error) {
-      settled(error ?? new Error(describe(error)));
+      settled(error ?? new Error(describeError(error)));
       throw error;
     }
     Promise.resolve(result).then(
       () => settled(),
-      (error) => settled(error ?? new Error(describe(error))),
+      (error) => settled(error ?? new Error(describeError(error))),
     );
     return result;
   }

@@ -398,6 +398,51 @@ export function checkFunction<T>(
 }
 
 /**
+ * Whether `value` is an instance of `type`, false when asking throws: a
+ * handler may throw anything, a revoked `Proxy` (whose prototype cannot be
+ * read) or one whose `getPrototypeOf` trap throws included, and what
+ * classifies it must not throw in turn.
+ *
+ * @ignore
+ */
+export function isInstance<T>(
+  value: unknown,
+  type: abstract new (...args: never[]) => T,
+): value is T {
+  try {
+    return value instanceof type;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The error text an event keeps: whatever was thrown, as text SQLite can
+ * store. An `Object.create(null)` or an error whose `message` getter throws
+ * cannot be printed the usual way; NUL is cut by some drivers and lone
+ * surrogates become U+FFFD, so both are replaced, after cutting to the
+ * longest text kept (a cut may split a surrogate pair).
+ *
+ * @ignore
+ */
+export function describeError(error: unknown): string {
+  let text = "an error that cannot be printed";
+  try {
+    text = isInstance(error, Error)
+      ? `${error.name}: ${error.message}`
+      : String(error);
+  } catch {
+    try {
+      text = `an unprintable ${Object.prototype.toString.call(error)}`;
+    } catch {
+      // Even its tag throws (a hostile Proxy): the default text stays.
+    }
+  }
+  return text.replaceAll("\0", "\uFFFD").slice(0, MAX_ERROR_LENGTH)
+    .toWellFormed();
+}
+
+/**
  * `value` when it is an instance of `type` (`Request`, `Headers`,
  * `AbortSignal`); a `TypeError` naming `field` and the type otherwise.
  *

@@ -194,7 +194,9 @@ export async function purge(
     0,
     Number.MAX_SAFE_INTEGER,
   ) ?? missing(op, "olderThanMs");
-  const states = options.states ?? ["done", "dead"];
+  const states = options.states === undefined
+    ? ["done", "dead"]
+    : options.states;
   if (
     !Array.isArray(states) || states.length === 0 ||
     !states.every((state) => state === "done" || state === "dead")

@@ -284,7 +284,10 @@ export function outboxSettings(
   options: OutboxOptions,
 ): OutboxSettings {
   const op = "open outbox";
-  const now = options.now ?? (sql.now ? "database" : Date.now);
+  // undefined only: null is refused, as for every other option.
+  const now = options.now === undefined
+    ? (sql.now ? "database" : Date.now)
+    : options.now;
   if (
     typeof now !== "function" &&
     !(now === "database" && sql.now !== undefined)
@@ -295,7 +298,9 @@ export function outboxSettings(
       }`,
     );
   }
-  const queue = checkName(op, "queue", options.queue ?? "default");
+  const queue = options.queue === undefined
+    ? "default"
+    : checkName(op, "queue", options.queue);
   const leaseMs =
     checkInteger(op, "leaseMs", options.leaseMs, 1, MAX_DURATION_MS) ??
       30_000;

@@ -108,7 +108,7 @@ export function checkSchedule(
 ): { name: string; cron: Cron; timezone: string; missed: MissedTicks } {
   checkOptions(op, options, SCHEDULE_OPTIONS);
   const checkedName = checkName(op, "name", name);
-  const timezone = options.timezone ?? "UTC";
+  const timezone = options.timezone === undefined ? "UTC" : options.timezone;
   if (typeof timezone !== "string") {
     throw new TypeError(
       `Cannot ${op} as 'timezone' must be an IANA time zone name: current value is ${
@@ -125,7 +125,7 @@ export function checkSchedule(
       }`,
     );
   }
-  const missed = options.missed ?? "latest";
+  const missed = options.missed === undefined ? "latest" : options.missed;
   if (missed !== "latest" && missed !== "all") {
     throw new RangeError(
       `Cannot ${op} as 'missed' must be "latest" or "all": current value is ${

@@ -194,6 +194,23 @@ export function runTransactionBody<T>(
 }
 
 /**
+ * Runs `fn` outside every transaction body and application scope the
+ * current async context is in: what it starts (a processor's stopping:
+ * its releases and acknowledgements) is the loop's own work, not a call
+ * nested in the transaction of the code that asked for it, so it waits
+ * for that transaction to end rather than being refused as nested.
+ *
+ * @ignore
+ */
+export function outsideTransactions<T>(fn: () => T): T {
+  // run() with no store rather than exit(): in Deno, what exit() runs sees
+  // the outer store again after its first await.
+  return scopes === undefined
+    ? fn()
+    : scopes.run(undefined as unknown as Scope, fn);
+}
+
+/**
  * Which transaction's body, holding `mutex`, the current async context
  * runs inside (the innermost): `undefined` when none, and always where the
  * runtime has no `AsyncLocalStorage`.

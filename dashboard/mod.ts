@@ -34,6 +34,7 @@ import type { EventState, Outbox } from "../lease.ts";
 import type { OutboxReader } from "../reader.ts";
 import {
   checkFunction,
+  checkName,
   checkOptions,
   checkOrigin,
   describe,
@@ -183,7 +184,7 @@ export function dashboard(
     );
   }
   const base = basePathOf(op, options.basePath);
-  const actions = options.actions ?? false;
+  const actions = options.actions === undefined ? false : options.actions;
   if (typeof actions !== "boolean") {
     throw new TypeError(
       `Cannot ${op} as 'actions' must be a boolean: current value is ${
@@ -210,7 +211,7 @@ export function dashboard(
   // As browsers send it, so that the same-origin check compares like
   // with like: "https://Admin.example.com/" is "https://admin.example.com".
   const origin = checkOrigin(op, "origin", options.origin);
-  const refreshMs = options.refreshMs ?? 5_000;
+  const refreshMs = options.refreshMs === undefined ? 5_000 : options.refreshMs;
   if (
     !Number.isSafeInteger(refreshMs) || refreshMs < 0 ||
     refreshMs > MAX_TIMER_MS
@@ -468,20 +469,10 @@ async function show(
         }.`,
       );
     }
-    if (
-      (confirm[1] === "pause" || confirm[1] === "resume") &&
-      !query.get("queue")
-    ) {
-      return errorResponse(
-        context,
-        400,
-        `${
-          confirm[1] === "pause" ? "Pause" : "Resume"
-        } which queue? 'queue' must name one: got ${
-          describeField(query.get("queue"))
-        }.`,
-      );
-    }
+    const refusal = confirm[1] === "pause" || confirm[1] === "resume"
+      ? queueRefusal(confirm[1] === "pause", query.get("queue"))
+      : undefined;
+    if (refusal !== undefined) return errorResponse(context, 400, refusal);
     return page(confirmation(context, confirm[1]!, query));
   }
   return errorResponse(context, 404, "No such page.");
@@ -590,15 +581,12 @@ async function act(
     }
     case "/actions/pause":
     case "/actions/resume": {
-      const queue = form.get("queue");
-      if (typeof queue !== "string" || queue === "") {
-        return refused(
-          `${
-            path === "/actions/pause" ? "Pause" : "Resume"
-          } which queue? 'queue' must name one: got ${describeField(queue)}.`,
-        );
-      }
       const pause = path === "/actions/pause";
+      const queue = form.get("queue");
+      const refusal = queueRefusal(pause, queue);
+      if (refusal !== undefined || typeof queue !== "string") {
+        return refused(refusal!);
+      }
       await (pause ? outbox.pause(queue) : outbox.resume(queue));
       return page(donePage(
         context,
@@ -641,6 +629,27 @@ function idOf(text: FormDataEntryValue | null): number | undefined {
   if (typeof text !== "string" || !/^\d{1,15}$/.test(text)) return undefined;
   const id = Number(text);
   return id > 0 ? id : undefined;
+}
+
+/**
+ * Why `queue` cannot be paused or resumed, naming the field, or `undefined`
+ * when it names a queue: checked here, so that a name the outbox refuses
+ * (too long, a NUL) answers 400 rather than 500.
+ */
+function queueRefusal(
+  pause: boolean,
+  queue: FormDataEntryValue | null,
+): string | undefined {
+  const which = `${pause ? "Pause" : "Resume"} which queue?`;
+  if (typeof queue !== "string" || queue === "") {
+    return `${which} 'queue' must name one: got ${describeField(queue)}.`;
+  }
+  try {
+    checkName(pause ? "pause" : "resume", "queue", queue);
+  } catch (error) {
+    return `${which} ${(error as Error).message}.`;
+  }
+  return undefined;
 }
 
 /** A form or query field as a message shows it. */

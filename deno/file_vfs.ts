@@ -51,6 +51,7 @@ import type { loadSqlite3 } from "../drivers/sqlite_wasm.ts";
 import type { Sqlite3Static, WasmPointer } from "@sqlite.org/sqlite-wasm";
 import { createVfs, MAX_PATHNAME } from "./vfs_table.ts";
 import { OK, pause } from "./vfs_codes.ts";
+import { describe } from "../validate.ts";
 
 /** Options for {@linkcode installDenoFileVfs}. */
 export interface DenoFileVfsOptions {
@@ -106,7 +107,7 @@ export function installDenoFileVfs(
   if (typeof name !== "string" || name.length === 0) {
     throw new TypeError(
       `Cannot install the VFS as 'name' must be a non-empty string: current value is ${
-        String(name)
+        describe(name)
       }`,
     );
   }

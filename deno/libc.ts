@@ -441,7 +441,7 @@ export class Libc {
     if (errno === ENOENT || errno === ENOTDIR || errno === ENAMETOOLONG) {
       return undefined;
     }
-    if (errno !== 0) throw this.#fail(`stat '${path}'`, errno);
+    if (errno !== 0) return this.#statAgain(path, errno);
     const view = this.#statView;
     const { mode: [at, bytes], fileSize } = this.platform.stat;
     const mode = bytes === 2
@@ -451,6 +451,29 @@ export class Libc {
       regular: (mode & S_IFMT) === S_IFREG,
       size: Number(view.getBigInt64(fileSize, true)),
     };
+  }
+
+  /**
+   * `stat` after a failure whose errno is not one that means no file: read
+   * by a second FFI call after stat's, errno may have been set in between
+   * by the runtime itself (a futex wait leaves EAGAIN, which stat(2) never
+   * returns: a full test run saw "Resource temporarily unavailable (os
+   * error 11): stat '...-wal'" for a WAL file that did not exist). Asked
+   * again through `Deno.statSync`, which reads errno inside its own call.
+   */
+  #statAgain(path: string, errno: number): PathInfo | undefined {
+    let info: Deno.FileInfo;
+    try {
+      info = Deno.statSync(path);
+    } catch (error) {
+      if (
+        error instanceof Deno.errors.NotFound ||
+        error instanceof Deno.errors.NotADirectory ||
+        (error as { code?: unknown }).code === "ENAMETOOLONG"
+      ) return undefined;
+      throw this.#fail(`stat '${path}'`, errno);
+    }
+    return { regular: info.isFile, size: info.size };
   }
 
   /**

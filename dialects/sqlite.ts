@@ -76,6 +76,8 @@ export const SQL = {
       WHERE name = 'claimed_at') AS claimed_at,
     (SELECT count(*) FROM sqlite_schema
       WHERE type = 'trigger' AND name = 'outbox_events_claimed') AS triggers`,
+  // The columns of an outbox_events table found without outbox_schema.
+  legacyColumns: "SELECT name FROM pragma_table_info('outbox_events')",
   userVersion: "PRAGMA user_version",
   resetUserVersion: "PRAGMA user_version = 0",
   // A conflict on the dedup key or the identity inserts nothing; the

@@ -38,6 +38,7 @@ import {
   checkJournalMode,
   checkOneOf,
   checkOptions,
+  describe,
 } from "../validate.ts";
 import { jitteredWait } from "../core/backoff.ts";
 
@@ -161,7 +162,7 @@ export async function openNodeSqlite(
   if (!(path instanceof URL) && (typeof path !== "string" || path === "")) {
     throw new TypeError(
       `Cannot open database as 'path' must be a non-empty string or URL: current value is ${
-        String(path)
+        describe(path)
       }`,
     );
   }

@@ -32,7 +32,7 @@ import {
 } from "../driver.ts";
 import { POSTGRES } from "../dialects/postgres.ts";
 import { type Dialect, Outbox, type OutboxOptions } from "../lease.ts";
-import { checkBoolean, checkInteger } from "../validate.ts";
+import { checkBoolean, checkInteger, describe } from "../validate.ts";
 import {
   BusyError,
   ConnectionLostError,
@@ -817,10 +817,19 @@ function checkDriverOptions(url: string, options: PostgresDriverOptions): void {
   }
   checkBoolean("connect", "prepare", options.prepare, true);
   checkBoolean("connect", "listen", options.listen, true);
-  if (options.schema !== undefined && !SCHEMA.test(options.schema)) {
+  // A string only: SCHEMA.test would read anything else as String(it), an
+  // array ["jobs"] or an object's toString included, and the schema's name
+  // goes into SQL as given.
+  const schema: unknown = options.schema;
+  if (
+    schema !== undefined &&
+    (typeof schema !== "string" || !SCHEMA.test(schema))
+  ) {
     throw new TypeError(
       `Cannot connect as 'schema' must be a lowercase identifier of at most 63 characters, not beginning with pg_: current value is ${
-        JSON.stringify(String(options.schema).slice(0, 70))
+        typeof schema === "string"
+          ? JSON.stringify(schema.slice(0, 70))
+          : describe(schema)
       }`,
     );
   }

@@ -233,7 +233,7 @@ export function openDatabase(
   if (typeof path !== "string" || path.length === 0) {
     throw new TypeError(
       `Cannot open database as 'path' must be a non-empty string: current value is ${
-        String(path)
+        describe(path)
       }`,
     );
   }

@@ -375,6 +375,31 @@ Deno.test("defect 6: maxPayloadBytes is capped at what a claim was measured to r
   );
 });
 
+Deno.test("Outbox.open refuses a null queue or now, as every other option, rather than taking it for the default", async () => {
+  for (
+    const [option, message] of [
+      [
+        "queue",
+        "'queue' must be a string of 1 to 1024 characters, no NUL or lone surrogate: current value is null",
+      ],
+      ["now", "'now' must be a function: current value is null"],
+      [
+        "leaseMs",
+        "'leaseMs' must be a positive integer: current value is null",
+      ],
+    ] as const
+  ) {
+    await assert.rejects(
+      async () =>
+        await Outbox.open(await openSqliteWasm(":memory:"), {
+          [option]: null,
+        }),
+      new TypeError(`Cannot open outbox as ${message}`),
+      option,
+    );
+  }
+});
+
 function openFds(): number {
   return [...Deno.readDirSync("/proc/self/fd")].length;
 }

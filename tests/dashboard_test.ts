@@ -880,7 +880,7 @@ Deno.test("an event another program stored as done without its claim's time is e
   });
 });
 
-Deno.test("a dashboard action whose field is missing, blank or not decimal answers 400 naming the field, and changes nothing", async () => {
+Deno.test("a dashboard action whose field is missing, blank, not decimal or not a queue name answers 400 naming the field, and changes nothing", async () => {
   await withOutbox(async (outbox, clock) => {
     for (let i = 0; i < 2; i++) await deadLetter(outbox, "boom");
     await outbox.enqueue({ n: 2 });
@@ -941,6 +941,16 @@ Deno.test("a dashboard action whose field is missing, blank or not decimal answe
         { queue: "" },
         /Resume which queue\? 'queue' must name one: got ""\. Nothing changed\./,
       ],
+      [
+        "/actions/pause",
+        { queue: "mail\0" },
+        /Pause which queue\? Cannot pause as 'queue' must be a string of 1 to 1024 characters, no NUL or lone surrogate: current value is "mail\\u0000"\. Nothing changed\./,
+      ],
+      [
+        "/actions/resume",
+        { queue: "q".repeat(1025) },
+        /Resume which queue\? Cannot resume as 'queue' must be a string of 1 to 1024 characters, no NUL or lone surrogate: current value is "q{40}…"\. Nothing changed\./,
+      ],
     ];
     for (const [path, fields, message] of cases) {
       const response = await handler(
@@ -962,6 +972,10 @@ Deno.test("a dashboard action whose field is missing, blank or not decimal answe
         [
           "/confirm/resume?queue=",
           /Resume which queue\? 'queue' must name one: got ""\./,
+        ],
+        [
+          "/confirm/pause?queue=mail%00",
+          /Pause which queue\? Cannot pause as 'queue' must be a string of 1 to 1024 characters, no NUL or lone surrogate: current value is "mail\\u0000"\./,
         ],
       ] as const
     ) {

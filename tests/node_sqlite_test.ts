@@ -152,12 +152,21 @@ Deno.test("journalMode and synchronous options set those pragmas", async () => {
 });
 
 Deno.test("bad paths and options throw before opening", async () => {
-  await assert.rejects(
-    openNodeSqlite(""),
-    new TypeError(
-      "Cannot open database as 'path' must be a non-empty string or URL: current value is ",
-    ),
-  );
+  for (
+    const [path, shown] of [
+      ["", '""'],
+      [["a.db"], "an array"],
+      [{ toString: () => "a.db" }, "an object"],
+      [Object.create(null), "an object"],
+    ] as const
+  ) {
+    await assert.rejects(
+      openNodeSqlite(path as never),
+      new TypeError(
+        `Cannot open database as 'path' must be a non-empty string or URL: current value is ${shown}`,
+      ),
+    );
+  }
   await assert.rejects(
     // @ts-expect-error: the mode is checked at run time too
     openNodeSqlite(":memory:", { journalMode: "WAL" }),

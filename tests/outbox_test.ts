@@ -924,6 +924,17 @@ for (const driver of DRIVERS) {
     await assert.rejects(() => raw.query("SELECT 1"));
   });
 
+  test("open() refuses an application's own table named outbox_events, naming the columns an outbox has and it lacks", async ({ open, raw }) => {
+    await raw.exec(
+      "CREATE TABLE outbox_events (id INTEGER PRIMARY KEY, queue TEXT, body TEXT); INSERT INTO outbox_events (queue, body) VALUES ('q', 'keep')",
+    );
+    await assert.rejects(() => open(), {
+      name: "Error",
+      message:
+        "Cannot open outbox as the database's table outbox_events is not an outbox's: it has no column 'state', 'payload', 'dedup_key', 'ordering_key', 'due_at', 'lease_until', 'token', 'fence', 'attempt', 'max_attempts', 'last_error', 'created_at', 'updated_at', 'done_at' (and no outbox_schema table); rename that table, or keep the outbox in another database",
+    });
+  });
+
   test("open() upgrades a version 4 file that kept its version in user_version: the version moves to outbox_schema and user_version goes back to 0", async ({ open, raw }) => {
     await raw.exec(
       await Deno.readTextFile(

@@ -275,6 +275,21 @@ Deno.test("postgres driver: bad options are refused with TypeError or RangeError
     connectPostgres("postgres://x", { schema: "Robert'); DROP" }),
     TypeError,
   );
+  // Not a string: refused, not read as its String().
+  for (
+    const [schema, shown] of [
+      [["jobs"], "an array"],
+      [{ toString: () => "jobs" }, "an object"],
+      [5, "5"],
+    ] as const
+  ) {
+    await assert.rejects(
+      connectPostgres("postgres://x", { schema: schema as never }),
+      new TypeError(
+        `Cannot connect as 'schema' must be a lowercase identifier of at most 63 characters, not beginning with pg_: current value is ${shown}`,
+      ),
+    );
+  }
   await assert.rejects(
     connectPostgres("postgres://x", { statementTimeout: 5 } as never),
     new TypeError(

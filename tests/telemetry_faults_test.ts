@@ -267,7 +267,8 @@ Deno.test("a handler that rejects with an unprintable value (a null-prototype ob
   assert.deepEqual(result.reported, []);
   const failed = result.spans.filter((span) => span.status.code === 2);
   assert.equal(failed.length, EVENTS);
-  assert.equal(failed[0]!.status.message, "[object Object]");
+  // The text the event keeps as its last error (describeError).
+  assert.equal(failed[0]!.status.message, "an unprintable [object Object]");
   assert.equal(failed[0]!.attributes["error.type"], "object");
 });
 

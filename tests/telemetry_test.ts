@@ -325,3 +325,26 @@ Deno.test("Deno's built-in exporter (OTEL_DENO=true) sends the spans and the met
     assert.ok(metrics.includes(name), name);
   }
 });
+
+Deno.test("a handler throwing a revoked Proxy, sync or async, ends its span as an error with a placeholder text, and nothing crashes", async () => {
+  await using t = await sdk();
+  await t.outbox.enqueue({ sync: true });
+  await t.outbox.enqueue({ sync: false });
+  const revocable = Proxy.revocable({}, {});
+  revocable.revoke();
+  const processor = processEvents(t.outbox, (lease) => {
+    if ((lease.payload as { sync: boolean }).sync) throw revocable.proxy;
+    return Promise.reject(revocable.proxy);
+  }, t.options({ concurrency: 2 }));
+  await t.time.advance(0, t.wall);
+  await processor.stop();
+  assert.equal(processor.counters.released, 2);
+  const spans = t.spans();
+  assert.equal(spans.length, 2);
+  for (const span of spans) {
+    assert.equal(span.status.code, SpanStatusCode.ERROR);
+    assert.equal(span.status.message, "an error that cannot be printed");
+    assert.equal(span.attributes["error.type"], "object");
+    assert.equal(span.attributes["outbox.outcome"], "released");
+  }
+});

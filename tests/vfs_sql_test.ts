@@ -296,6 +296,24 @@ Deno.test("a path with a NUL character is refused with a TypeError naming it, be
   });
 });
 
+Deno.test("a path that is not a string is refused with a TypeError showing what it is, not its String()", async () => {
+  for (
+    const [path, shown] of [
+      ["", '""'],
+      [["a.db"], "an array"],
+      [{ toString: () => "a.db" }, "an object"],
+      [Object.create(null), "an object"],
+    ] as const
+  ) {
+    await assert.rejects(
+      openSqliteWasm(path as never),
+      new TypeError(
+        `Cannot open database as 'path' must be a non-empty string: current value is ${shown}`,
+      ),
+    );
+  }
+});
+
 Deno.test("opening waits while a writer holds the database exclusively, then succeeds", async () => {
   await withDir(async (dir) => {
     const path = join(dir, "wait.db");

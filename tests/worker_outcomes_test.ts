@@ -267,3 +267,28 @@ Deno.test("defect 9: a handler that acknowledges its own lease counts as acknowl
   assert.equal(processor.counters.staleAcknowledgements, 0);
   assert.equal((await f.outbox.stats()).done, 1);
 });
+
+Deno.test("a handler throwing a revoked Proxy, or one whose getPrototypeOf trap throws, has its event released with a placeholder text, and nothing crashes", async () => {
+  await using f = await fixture();
+  await f.outbox.enqueue({ n: 1 });
+  await f.outbox.enqueue({ n: 2 });
+  const revocable = Proxy.revocable({}, {});
+  revocable.revoke();
+  const trapping = new Proxy({}, {
+    getPrototypeOf() {
+      throw new Error("no prototype for you");
+    },
+  });
+  const processor = processEvents(f.outbox, (lease) => {
+    throw (lease.payload as { n: number }).n === 1 ? revocable.proxy : trapping;
+  }, f.options({ concurrency: 2 }));
+  await f.time.advance(0, f.wall);
+  await processor.stop();
+  assert.deepEqual(f.errors, []);
+  assert.equal(processor.counters.failed, 2);
+  assert.equal(processor.counters.released, 2);
+  const [first, second] = await f.outbox.list({ state: "pending" });
+  assert.equal(first?.attempt, 1);
+  assert.equal(first?.lastError, "an error that cannot be printed");
+  assert.equal(second?.lastError, "[object Object]");
+});

@@ -94,3 +94,52 @@ Deno.test("stop() called from outside while a handler also calls it waits for th
   assert.equal(stopped, true);
   assert.equal((await f.outbox.explain(eventId))?.state, "done");
 });
+
+Deno.test("stop() called inside a handler's context.transaction while another handler's acknowledgement waits for that transaction returns at once, and both events are acknowledged", async () => {
+  await using f = await fixture();
+  const first = await f.outbox.enqueue({ n: 1 });
+  const second = await f.outbox.enqueue({ n: 2 });
+  const otherReturned = Promise.withResolvers<void>();
+  const steps: string[] = [];
+  const processor: Processor = processEvents(f.outbox, async (lease, ctx) => {
+    if (lease.eventId === second.eventId) {
+      otherReturned.resolve();
+      return;
+    }
+    await ctx.transaction(async (tx) => {
+      await tx.run("SELECT 1");
+      // The other handler returned: its acknowledgement needs the
+      // connection this transaction holds.
+      await otherReturned.promise;
+      await processor.stop();
+      steps.push("stop returned");
+    });
+  }, f.options({ concurrency: 2 }));
+  await f.time.advance(0, f.wall);
+  assert.deepEqual(steps, ["stop returned"]);
+  await processor.stop();
+  assert.deepEqual(f.errors, []);
+  assert.equal((await f.outbox.explain(first.eventId))?.state, "done");
+  assert.equal((await f.outbox.explain(second.eventId))?.state, "done");
+  assert.equal(processor.counters.acknowledged, 2);
+});
+
+Deno.test("stop() called inside a handler's context.transaction gives back the leases claimed ahead once the transaction ends, rather than having their release refused as nested in it", async () => {
+  await using f = await fixture();
+  const first = await f.outbox.enqueue({ n: 1 });
+  const second = await f.outbox.enqueue({ n: 2 });
+  const processor: Processor = processEvents(f.outbox, async (_lease, ctx) => {
+    await ctx.transaction(async (tx) => {
+      await tx.run("SELECT 1");
+      await processor.stop();
+    });
+  }, f.options({ concurrency: 1, prefetch: true }));
+  await f.time.advance(0, f.wall);
+  await processor.stop();
+  assert.deepEqual(f.errors, []);
+  assert.equal((await f.outbox.explain(first.eventId))?.state, "done");
+  const ahead = await f.outbox.explain(second.eventId);
+  assert.equal(ahead?.state, "pending");
+  assert.equal(ahead?.attempt, 0);
+  assert.equal(processor.counters.claimed, 1);
+});

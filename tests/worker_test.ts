@@ -1555,7 +1555,7 @@ Deno.test("invalid options throw TypeError or RangeError naming the field", asyn
   assert.equal((await f.outbox.stats()).pending, 1);
 });
 
-Deno.test("processEvents() refuses a signal that is not an AbortSignal, timers without their functions and an outbox missing a method, naming them, before it subscribes to the outbox", async () => {
+Deno.test("processEvents() refuses a signal that is not an AbortSignal, timers without their functions, a null leaseMs and an outbox missing a method or its leaseMs, naming them, before it subscribes to the outbox", async () => {
   await using f = await fixture();
   let subscribed = 0;
   const watched = (without?: string) =>
@@ -1608,6 +1608,16 @@ Deno.test("processEvents() refuses a signal that is not an AbortSignal, timers w
     name: "TypeError",
     message:
       "Cannot process events as 'outbox' must be an outbox: its 'renew' is not a function",
+  });
+  assert.throws(start({ leaseMs: null }), {
+    name: "TypeError",
+    message:
+      "Cannot process events as 'leaseMs' must be an integer of at least 3: current value is null",
+  });
+  assert.throws(start({}, watched("leaseMs")), {
+    name: "TypeError",
+    message:
+      "Cannot process events as 'outbox.leaseMs' is required: current value is undefined",
   });
   assert.equal(subscribed, 0);
   // A real signal still works, and then the loop subscribes once.

@@ -11,6 +11,7 @@ import { LeaseLostError } from "../errors.ts";
 import type { CounterName } from "../telemetry.ts";
 import type { LeaseKeeper, Slot } from "./lease_keeper.ts";
 import type { ProcessableOutbox } from "./types.ts";
+import { isInstance } from "../validate.ts";
 
 /** What a handler's transaction needs of the processor. */
 export interface TransactionHost<P> {
@@ -67,7 +68,7 @@ export async function handlerTransaction<P, T>(
   } catch (error) {
     slot.acknowledged = false;
     slot.transaction = "none";
-    if (error instanceof LeaseLostError) {
+    if (isInstance(error, LeaseLostError)) {
       host.count(slot, "staleAcknowledgements");
       // Its current holder owns the event: no acknowledgement, no release.
       if (slot.state === "running") host.keeper.finish(slot);

@@ -18,7 +18,7 @@ import {
   checkOptions,
   checkSignal,
   describe,
-  MAX_ERROR_LENGTH,
+  missing,
 } from "../validate.ts";
 import type { ProcessableOutbox, ProcessOptions, Timers } from "./types.ts";
 
@@ -131,13 +131,12 @@ export function settingsOf(
     ? undefined
     : checkName(OP, "queue", options.queue);
   const concurrency = integer("concurrency", 1, MAX_BATCH) ?? 1;
-  const leaseMs = checkInteger(
-    OP,
-    "leaseMs",
-    options.leaseMs ?? outbox.leaseMs,
-    3,
-    MAX_DURATION_MS,
-  )!;
+  // null is refused as for every other option, not taken for the default;
+  // the outbox's own leaseMs is checked too (an outbox of the application's
+  // making may have none).
+  const leaseMs = integer("leaseMs", 3, MAX_DURATION_MS) ??
+    checkInteger(OP, "outbox.leaseMs", outbox.leaseMs, 3, MAX_DURATION_MS) ??
+    missing(OP, "outbox.leaseMs");
   const renewIntervalMs = integer("renewIntervalMs", 1, MAX_DURATION_MS) ??
     Math.floor(leaseMs / 3);
   const marginMs = integer("marginMs", 0, MAX_DURATION_MS) ??
@@ -291,28 +290,4 @@ export function clearLongTimeout(
   timer: LongTimer | undefined,
 ): void {
   if (timer !== undefined) timers.clearTimeout(timer.handle);
-}
-
-/**
- * The error text an event keeps: whatever was thrown, as text SQLite can
- * store. An `Object.create(null)` or an error whose `message` getter throws
- * cannot be printed the usual way; NUL is cut by some drivers and lone
- * surrogates become U+FFFD, so both are replaced, after cutting to the
- * longest text kept (a cut may split a surrogate pair).
- */
-export function describeError(error: unknown): string {
-  let text = "an error that cannot be printed";
-  try {
-    text = error instanceof Error
-      ? `${error.name}: ${error.message}`
-      : String(error);
-  } catch {
-    try {
-      text = `an unprintable ${Object.prototype.toString.call(error)}`;
-    } catch {
-      // Even its tag throws (a hostile Proxy): the default text stays.
-    }
-  }
-  return text.replaceAll("\0", "\uFFFD").slice(0, MAX_ERROR_LENGTH)
-    .toWellFormed();
 }

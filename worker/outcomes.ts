@@ -10,7 +10,8 @@
  */
 import type { Lease, ReleaseOptions } from "../lease.ts";
 import { PermanentError, RetryAfterError } from "../errors.ts";
-import { describeError, type Settings } from "./options.ts";
+import type { Settings } from "./options.ts";
+import { describeError, isInstance } from "../validate.ts";
 
 /**
  * The delay before the next attempt of an event whose attempt `attempt`
@@ -34,8 +35,10 @@ export function releaseFor(
   error: unknown,
 ): ReleaseOptions {
   const text = describeError(error);
-  if (error instanceof PermanentError) return { error: text, deadLetter: true };
-  if (error instanceof RetryAfterError) {
+  if (isInstance(error, PermanentError)) {
+    return { error: text, deadLetter: true };
+  }
+  if (isInstance(error, RetryAfterError)) {
     return { error: text, delayMs: error.delayMs };
   }
   return { error: text, delayMs: backoffMs(settings, lease.attempt) };

@@ -11,12 +11,13 @@ import { DatabaseMovedError } from "../errors.ts";
 import { type CounterName, ProcessorTelemetry } from "../telemetry.ts";
 import {
   clearLongTimeout,
-  describeError,
   setLongTimeout,
   type Settings,
   settingsOf,
 } from "./options.ts";
 import { callingSlot, runAsHandler } from "./handler_scope.ts";
+import { outsideTransactions } from "../core/transaction.ts";
+import { describeError, isInstance } from "../validate.ts";
 import { LeasesAhead } from "./ahead.ts";
 import { Wakeup } from "./wakeup.ts";
 import {
@@ -188,6 +189,9 @@ export class Processor<P = unknown> implements AsyncDisposable {
    * has finished or been released, and the calling handler then goes on
    * and settles as usual, its event acknowledged when it returns (or
    * released when it throws), within what is left of `stopTimeoutMs`.
+   * Called inside that handler's own `context.transaction(fn)`, it resolves
+   * at once: the others' acknowledgements and the leases going back need
+   * the connection the transaction holds, and go through when it ends.
    * Another caller's promise still waits for the calling handler too. The
    * call is told by `AsyncLocalStorage`: where the runtime has none
    * (browsers), a handler's own `stop()` waits the whole `stopTimeoutMs`,
@@ -198,11 +202,18 @@ export class Processor<P = unknown> implements AsyncDisposable {
    * called it too).
    */
   stop(): Promise<void> {
-    this.#stopped ??= this.#stop();
+    // Started outside the caller's transaction, if any: the leases it gives
+    // back are the loop's writes, which wait for that transaction to end
+    // rather than being refused as calls nested in it.
+    this.#stopped ??= outsideTransactions(() => this.#stop());
     const slot = callingSlot<Slot<P>>(this, (slot) => this.#slots.has(slot));
     if (slot === undefined) return this.#stopped;
     this.#stoppers.add(slot);
     this.#stopperJoined.resolve();
+    // Inside the handler's own context.transaction, the other handlers'
+    // acknowledgements and the leases going back wait for the connection
+    // that transaction holds: waiting for them there would wait for itself.
+    if (slot.transaction === "running") return Promise.resolve();
     return this.#othersStopped.promise;
   }
 
@@ -721,7 +732,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
    * acknowledgement would fail the same way).
    */
   #noteClosed(error?: unknown): boolean {
-    const moved = error instanceof DatabaseMovedError;
+    const moved = isInstance(error, DatabaseMovedError);
     if (!moved && !this.#outbox.closed) return false;
     if (!this.#closed) {
       if (moved) this.#report(error);

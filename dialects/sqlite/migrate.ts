@@ -55,6 +55,7 @@ export async function migrate(driver: Driver): Promise<void> {
     const [row] = await driver.query(SQL.schemaVersion);
     version = row === undefined ? 0 : integerOf(row, "version");
   } else if (tables.has("outbox_events")) {
+    await checkLegacyTable(driver);
     const [shape] = await driver.query(SQL.legacyShape);
     version = Number(shape?.["identity"]) > 0
       ? 4
@@ -86,4 +87,45 @@ export async function migrate(driver: Driver): Promise<void> {
     await driver.exec(step);
     await driver.run(SQL.recordVersion, [version + 1]);
   }
+}
+
+/**
+ * Every column of version 1's `outbox_events`, which every later version
+ * kept: a table of that name without them is the application's own, not
+ * an outbox of a release before `outbox_schema`.
+ */
+const LEGACY_COLUMNS = [
+  "id",
+  "queue",
+  "state",
+  "payload",
+  "dedup_key",
+  "ordering_key",
+  "due_at",
+  "lease_until",
+  "token",
+  "fence",
+  "attempt",
+  "max_attempts",
+  "last_error",
+  "created_at",
+  "updated_at",
+  "done_at",
+];
+
+/**
+ * Refuses an `outbox_events` table that is not an outbox's, before any
+ * upgrade step would fail on it with an engine error naming one column.
+ */
+async function checkLegacyTable(driver: Driver): Promise<void> {
+  const columns = new Set(
+    (await driver.query(SQL.legacyColumns)).map((row) => String(row["name"])),
+  );
+  const missing = LEGACY_COLUMNS.filter((name) => !columns.has(name));
+  if (missing.length === 0) return;
+  throw new Error(
+    `Cannot open outbox as the database's table outbox_events is not an outbox's: it has no column ${
+      missing.map((name) => `'${name}'`).join(", ")
+    } (and no outbox_schema table); rename that table, or keep the outbox in another database`,
+  );
 }
