@@ -305,6 +305,34 @@ Deno.test("backoffJitter takes a random fraction off each delay", async () => {
   assert.deepEqual(delays, [75, 150, 300]);
 });
 
+Deno.test("a random option that returns no number in [0, 1) or throws is reported by name, and the event goes back after the whole backoff", async () => {
+  for (
+    const [random, says] of [
+      [() => 1, "returned 1,"],
+      [() => -0.5, "returned -0.5,"],
+      [() => NaN, "returned NaN,"],
+      [() => "0.5" as unknown as number, "returned string,"],
+      [() => {
+        throw new Error("no entropy");
+      }, "threw: Error: no entropy"],
+    ] as const
+  ) {
+    await using f = await fixture();
+    const { eventId } = await f.outbox.enqueue({});
+    await using processor = processEvents(f.outbox, () => {
+      throw new Error("nope");
+    }, f.options({ backoffMinMs: 100, backoffJitter: 0.5, random }));
+    await f.time.advance(0, f.wall);
+    assert.equal(processor.counters.released, 1, says);
+    assert.equal(await dueIn(f, eventId), 100, says);
+    assert.equal(f.errors.length, 1, says);
+    const [error] = f.errors;
+    assert.ok(error instanceof RangeError, says);
+    assert.match(error.message, /the random option/);
+    assert.ok(error.message.includes(says), error.message);
+  }
+});
+
 /** How long until a pending event is due, by the lease clock. */
 async function dueIn(f: Fixture, eventId: number): Promise<number> {
   const [row] = await f.outbox.transaction((tx) =>

@@ -18,14 +18,49 @@ import { describeError, isInstance } from "../validate.ts";
  * (1 for the first) failed, in milliseconds: `backoffMinMs` times
  * `backoffMultiplier` per attempt after the first, at most `backoffMaxMs`,
  * less up to `backoffJitter` of it at random, as in Deno std's `retry`.
+ * A `random` option that throws or returns a number outside [0, 1) is
+ * reported (a `RangeError` naming it, to `report`) and no jitter is taken,
+ * so the event still goes back with a valid delay.
  */
-export function backoffMs(settings: Settings, attempt: number): number {
+export function backoffMs(
+  settings: Settings,
+  attempt: number,
+  report: (error: unknown) => void,
+): number {
   const exponent = Math.max(0, attempt - 1);
   const capped = Math.min(
     settings.backoffMaxMs,
     settings.backoffMinMs * settings.backoffMultiplier ** exponent,
   );
-  return Math.round(capped * (1 - settings.backoffJitter * settings.random()));
+  return Math.round(
+    capped * (1 - settings.backoffJitter * jitter(settings, report)),
+  );
+}
+
+/** `random()`'s number in [0, 1), or 0 (reported) when it gives none. */
+function jitter(settings: Settings, report: (error: unknown) => void): number {
+  let value: unknown;
+  try {
+    value = settings.random();
+  } catch (error) {
+    report(
+      new RangeError(
+        `Cannot take the backoff's jitter as the random option threw: ${
+          describeError(error)
+        }; the backoff is taken whole`,
+      ),
+    );
+    return 0;
+  }
+  if (typeof value === "number" && value >= 0 && value < 1) return value;
+  report(
+    new RangeError(
+      `Cannot take the backoff's jitter as the random option returned ${
+        typeof value === "number" ? value : typeof value
+      }, not a number in [0, 1); the backoff is taken whole`,
+    ),
+  );
+  return 0;
 }
 
 /** How a lease whose handler threw `error` goes back, its text kept. */
@@ -33,6 +68,7 @@ export function releaseFor(
   settings: Settings,
   lease: Lease<unknown>,
   error: unknown,
+  report: (error: unknown) => void,
 ): ReleaseOptions {
   const text = describeError(error);
   if (isInstance(error, PermanentError)) {
@@ -41,7 +77,7 @@ export function releaseFor(
   if (isInstance(error, RetryAfterError)) {
     return { error: text, delayMs: error.delayMs };
   }
-  return { error: text, delayMs: backoffMs(settings, lease.attempt) };
+  return { error: text, delayMs: backoffMs(settings, lease.attempt, report) };
 }
 
 /** The loop's two hooks, called so that a throwing hook cannot stop it. */

@@ -223,6 +223,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
   }
 
   readonly #onAbort = () => void this.stop();
+  readonly #reportError = (error: unknown) => this.#report(error);
 
   /** Moves the loop to `to`, asserting the transition (`./states.ts`). */
   #loopTo(to: LoopState): void {
@@ -669,7 +670,10 @@ export class Processor<P = unknown> implements AsyncDisposable {
     this.#handlerError(error, slot.lease);
     if (slot.state !== "running" || this.#closed) return;
     this.#keeper.finish(slot);
-    await this.#release(slot, releaseFor(this.#o, slot.lease, error));
+    await this.#release(
+      slot,
+      releaseFor(this.#o, slot.lease, error, this.#reportError),
+    );
   }
 
   /**
@@ -689,7 +693,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     this.#handlerError(error, slot.lease);
     slot.released = this.#release(slot, {
       error: describeError(error),
-      delayMs: backoffMs(this.#o, slot.lease.attempt),
+      delayMs: backoffMs(this.#o, slot.lease.attempt, this.#reportError),
     });
   }
 

@@ -268,7 +268,13 @@ export interface ProcessOptions {
   readonly monotonicNow?: () => number;
   /** Timer functions. @default {globalThis's setTimeout and clearTimeout} */
   readonly timers?: Timers;
-  /** Random numbers in [0, 1) for the jitter. @default {Math.random} */
+  /**
+   * Random numbers in [0, 1) for the jitter. One that throws or returns
+   * anything else is reported to `onError` (a `RangeError` naming it) and
+   * the backoff is taken whole.
+   *
+   * @default {Math.random}
+   */
   readonly random?: () => number;
   /**
    * Receives errors the loop survives (a claim, renewal, acknowledgement or
