@@ -209,7 +209,11 @@ export interface Dialect extends Readonly<Record<StatementName, string>> {
   readonly lock?: string | readonly string[];
   /** Creates what is missing of the schema, run under `lock`. */
   readonly setup?: string;
-  /** Answers `present`: whether the schema's version table exists. */
+  /**
+   * Answers `present`: whether the schema's version table exists; and
+   * `events`, whether a table named `outbox_events` does (every version
+   * creates both at once, so one without the other is not an outbox's).
+   */
   readonly schemaPresent?: string;
   /** The schema version `setup` creates. */
   readonly version?: number;

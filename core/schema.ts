@@ -39,7 +39,14 @@ async function setUp(
   await core.write("open outbox", async () => {
     const version = async () => {
       const [present] = await driver.query(sql.schemaPresent!);
-      if (!present?.["present"]) return 0;
+      if (!present?.["present"]) {
+        if (present?.["events"]) {
+          throw new Error(
+            "Cannot open outbox as the schema's table outbox_events is not an outbox's: there is no outbox_schema table beside it, which every version of the outbox creates with it; rename that table, or keep the outbox in another schema (the `schema` option)",
+          );
+        }
+        return 0;
+      }
       const [row] = await driver.query(sql.schemaVersion!);
       return Number(row?.["version"] ?? 0);
     };

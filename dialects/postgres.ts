@@ -505,7 +505,8 @@ export const POSTGRES = {
         ELSE current_setting('leased_outbox.lock_timeout') END, true)`,
   ],
   setup: POSTGRES_SCHEMA,
-  schemaPresent: "SELECT to_regclass('outbox_schema') IS NOT NULL AS present",
+  schemaPresent: `SELECT to_regclass('outbox_schema') IS NOT NULL AS present,
+    to_regclass('outbox_events') IS NOT NULL AS events`,
   schemaVersion: "SELECT max(version) AS version FROM outbox_schema",
   // One snapshot for all of a reader's reads, which write nothing.
   readBegin: "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",

@@ -1234,6 +1234,28 @@ Deno.test("postgres: an upgrade that waits for a reader's table lock longer than
   await outbox!.close();
 });
 
+Deno.test("postgres: open() refuses an application's own table named outbox_events (no outbox_schema beside it), naming it, and changes nothing", async () => {
+  const { url, schema } = await fresh();
+  await using db = await raw(url, schema);
+  await db.exec(
+    "CREATE TABLE outbox_events (id bigint PRIMARY KEY, body text); INSERT INTO outbox_events VALUES (1, 'keep')",
+  );
+  await assert.rejects(() => openPostgres(url, { schema }), {
+    name: "Error",
+    message:
+      /table outbox_events is not an outbox's: there is no outbox_schema/,
+  });
+  assert.deepEqual(
+    await db.query("SELECT id, body FROM outbox_events"),
+    [{ id: 1, body: "keep" }],
+  );
+  const [tables] = await db.query(
+    `SELECT count(*)::integer AS n FROM pg_tables WHERE schemaname = $1`,
+    [schema],
+  );
+  assert.equal(tables?.["n"], 1);
+});
+
 Deno.test("postgres: a schema of a newer version than this release's is refused at open with SchemaVersionError, and nothing changes", async () => {
   const { url, schema } = await fresh();
   await (await openPostgres(url, { schema })).close();
