@@ -155,7 +155,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       noteClosed: (error) => this.#noteClosed(error),
     };
     this.#wakeup = new Wakeup(this.#o.timers, () => this.#stopping);
-    this.#unsubscribe = outbox.onEnqueue(() => this.#wake());
+    this.#unsubscribe = outbox.onEnqueue(() => this.#wakeup.wake());
     this.#o.signal?.addEventListener("abort", this.#onAbort);
     this.#loop = this.#run();
     if (this.#o.signal?.aborted) void this.stop();
@@ -223,7 +223,8 @@ export class Processor<P = unknown> implements AsyncDisposable {
   }
 
   readonly #onAbort = () => void this.stop();
-  readonly #reportError = (error: unknown) => this.#report(error);
+  /** Reports an error the loop survives (`./outcomes.ts`). */
+  readonly #report = (error: unknown) => this.#reports.error(error);
 
   /** Moves the loop to `to`, asserting the transition (`./states.ts`). */
   #loopTo(to: LoopState): void {
@@ -253,7 +254,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       // acknowledgements' writes, not by polling while handlers run.
       if (this.#slots.size >= o.concurrency || this.#held() >= this.#budget()) {
         this.#loopTo("full");
-        wokenByWait = await this.#wait(undefined);
+        wokenByWait = await this.#wakeup.wait(undefined);
         continue;
       }
       // An idle loop reads when the next event comes due before it claims,
@@ -282,7 +283,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
         if (this.#noteClosed(error)) break;
         this.#report(error);
         this.#loopTo("backingOff");
-        wokenByWait = await this.#wait(idleMs);
+        wokenByWait = await this.#wakeup.wait(idleMs);
         idleMs = Math.min(idleMs * 2, o.pollMaxMs);
         continue;
       }
@@ -304,7 +305,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
       // watch for them only at a cost per commit (Outbox.watchWhileIdle).
       const unwatch = this.#outbox.watchWhileIdle?.();
       try {
-        wokenByWait = await this.#wait(
+        wokenByWait = await this.#wakeup.wait(
           dueAt === undefined
             ? idleMs
             : Math.min(idleMs, Math.max(1, dueAt - o.monotonicNow())),
@@ -432,16 +433,6 @@ export class Processor<P = unknown> implements AsyncDisposable {
       if (!this.#noteClosed(error)) this.#report(error);
       return undefined;
     }
-  }
-
-  /** Waits for `delayMs` (forever when `undefined`) or until woken (`./wakeup.ts`). */
-  #wait(delayMs: number | undefined): Promise<boolean> {
-    return this.#wakeup.wait(delayMs);
-  }
-
-  /** Ends the loop's current wait, or the next one at once. */
-  #wake(): void {
-    this.#wakeup.wake();
   }
 
   /**
@@ -643,7 +634,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
 
   /** Gives a slot back to the loop. */
   #free(slot: Slot<P>): void {
-    if (this.#slots.delete(slot)) this.#wake();
+    if (this.#slots.delete(slot)) this.#wakeup.wake();
   }
 
   /**
@@ -667,12 +658,12 @@ export class Processor<P = unknown> implements AsyncDisposable {
     // Its context.transaction committed: the event is done, and counted
     // acknowledged; what the handler threw after is reported, not counted.
     if (slot.transaction !== "committed") this.#counters.failed++;
-    this.#handlerError(error, slot.lease);
+    this.#reports.handlerError(error, slot.lease);
     if (slot.state !== "running" || this.#closed) return;
     this.#keeper.finish(slot);
     await this.#release(
       slot,
-      releaseFor(this.#o, slot.lease, error, this.#reportError),
+      releaseFor(this.#o, slot.lease, error, this.#report),
     );
   }
 
@@ -690,10 +681,10 @@ export class Processor<P = unknown> implements AsyncDisposable {
     );
     this.#counters.failed++;
     slot.controller.abort(error);
-    this.#handlerError(error, slot.lease);
+    this.#reports.handlerError(error, slot.lease);
     slot.released = this.#release(slot, {
       error: describeError(error),
-      delayMs: backoffMs(this.#o, slot.lease.attempt, this.#reportError),
+      delayMs: backoffMs(this.#o, slot.lease.attempt, this.#report),
     });
   }
 
@@ -710,16 +701,6 @@ export class Processor<P = unknown> implements AsyncDisposable {
     } catch (releaseError) {
       if (!this.#noteClosed(releaseError)) this.#report(releaseError);
     }
-  }
-
-  /** Reports an error the loop survives (`./outcomes.ts`). */
-  #report(error: unknown): void {
-    this.#reports.error(error);
-  }
-
-  /** Tells `onHandlerError` what a handler threw (`./outcomes.ts`). */
-  #handlerError(error: unknown, lease: Lease<P>): void {
-    this.#reports.handlerError(error, lease);
   }
 
   /** Counts for `counters` and for OpenTelemetry. */
@@ -751,7 +732,7 @@ export class Processor<P = unknown> implements AsyncDisposable {
     this.#unsubscribe();
     this.#telemetry.close();
     this.#o.signal?.removeEventListener("abort", this.#onAbort);
-    this.#wake();
+    this.#wakeup.wake();
     await this.#loop;
     // Its leases start handlers that stopping must wait for, or release.
     await this.#folding;
