@@ -14,7 +14,7 @@ import {
 } from "../driver.ts";
 import { uuidv7 } from "../identity.ts";
 import { insertOrFind, type InsertTarget } from "./insert_or_find.ts";
-import type { Dialect, EnqueueResult, TransactionStatus } from "../types.ts";
+import type { Dialect, EnqueueResult } from "../types.ts";
 
 // A batch mints a token per event: a table halves the cost of formatting.
 const HEX = Array.from(
@@ -368,33 +368,19 @@ async function undoable<T>(
 
 /**
  * Runs `fn`, a batch of statements inside the caller's transaction, as one
- * unit: under a savepoint, rolled back to when `fn` fails part-way, so that
- * a caller that catches the error commits none of its writes (a
- * `transaction(fn)`'s `tx.enqueueBatch` on SQLite). Not when the engine no
- * longer has the transaction open (`status`: SQLite rolled it back): then
- * nothing of it commits anyway (and on PostgreSQL, whose failed statement
- * fails the transaction, a rollback to the savepoint would revive it).
+ * unit ({@linkcode undoable}): rolled back to its savepoint when it fails
+ * part-way, so that a caller that catches the error commits none of its
+ * writes (a `transaction(fn)`'s `tx.enqueueBatch` on SQLite), and its error
+ * thrown.
  */
 export async function allOrNone<T>(
   driver: Driver,
   sql: Dialect,
-  status: () => TransactionStatus | undefined,
   fn: () => Promise<T>,
 ): Promise<T> {
-  await driver.run(sql.savepoint);
-  let value: T;
-  try {
-    value = await fn();
-  } catch (error) {
-    const now = status();
-    if (now === "open" || now === undefined) {
-      await driver.run(sql.rollbackToSavepoint);
-      await driver.run(sql.releaseSavepoint);
-    }
-    throw error;
-  }
-  await driver.run(sql.releaseSavepoint);
-  return value;
+  const settled = await undoable(driver, sql, fn);
+  if ("error" in settled) throw settled.error;
+  return settled.value;
 }
 
 /** `n` bytes from the platform's CSPRNG. */

@@ -68,12 +68,7 @@ export async function runTransaction<T>(
           // on SQLite, a purge racing every round on PostgreSQL).
           const insert = () => insertAll(core.driver, core.sql, prepared, now);
           if (!core.sql.errorFailsTransaction) {
-            return await allOrNone(
-              core.driver,
-              core.sql,
-              () => core.runner.status(),
-              insert,
-            );
+            return await allOrNone(core.driver, core.sql, insert);
           }
           try {
             return await insert();
