@@ -118,6 +118,20 @@ export function classicLocks(
   return (file) => own.on(file).some((lock) => lock.classic);
 }
 
+/**
+ * The fields of an `fdinfo` `lock:` line after the lock's number, as a
+ * `/proc/locks` line has them: kind (`POSIX`, `OFDLCK`, `FLOCK`), `ADVISORY`,
+ * `READ` or `WRITE`, the process (-1 for an open file description's), the
+ * file ({@linkcode procLocksFile}), the first byte and the last (or `EOF`);
+ * `undefined` for any other line. The line
+ * `lock:\t1: POSIX  ADVISORY  WRITE 1234 fe:00:5678 120 120` gives
+ * `POSIX ADVISORY WRITE 1234 fe:00:5678 120 120`.
+ */
+export function lockFields(line: string): string[] | undefined {
+  if (!line.startsWith("lock:")) return undefined;
+  return line.slice("lock:".length).trim().split(/\s+/).slice(1);
+}
+
 /** Directory records read at once: a 32-byte record per descriptor. */
 const directory = new Uint8Array(32_768);
 /** One descriptor's `fdinfo`: a line per lock, a few lines else. */
@@ -194,20 +208,18 @@ function descriptorLocks(libc: Libc, fd: number, file: string): KernelLock[] {
   }
   const locks: KernelLock[] = [];
   for (const line of text.split("\n")) {
-    if (!line.startsWith("lock:")) continue;
-    // "lock:\t1: POSIX  ADVISORY  WRITE 1234 fe:00:5678 120 120", as a
-    // /proc/locks line; OFDLCK with -1 for the process.
-    const fields = line.slice("lock:".length).trim().split(/\s+/);
-    const kind = fields[1];
-    if ((kind !== "POSIX" && kind !== "OFDLCK") || fields[5] !== file) {
+    const fields = lockFields(line);
+    if (fields === undefined) continue;
+    const kind = fields[0];
+    if ((kind !== "POSIX" && kind !== "OFDLCK") || fields[4] !== file) {
       continue;
     }
     locks.push({
       file,
       classic: kind === "POSIX",
-      write: fields[3] === "WRITE",
-      first: Number(fields[6]),
-      last: fields[7] === "EOF" ? Infinity : Number(fields[7]),
+      write: fields[2] === "WRITE",
+      first: Number(fields[5]),
+      last: fields[6] === "EOF" ? Infinity : Number(fields[6]),
     });
   }
   return locks;
