@@ -37,6 +37,33 @@ function holdTwoLocks(libc: { ofd: Libc; posix: Libc }, path: string) {
   };
 }
 
+/**
+ * Runs `fn` while this process holds {@linkcode holdTwoLocks}'s two locks on
+ * a file of a fresh directory and two other processes' 160 locks, 80 of
+ * them churning, make `/proc/locks` longer than a page (`startLockChurn`,
+ * its files in the same directory).
+ */
+async function underChurn(
+  fn: (
+    context: {
+      held: ReturnType<typeof holdTwoLocks>;
+      libc: { ofd: Libc; posix: Libc };
+      dir: string;
+    },
+  ) => Promise<void> | void,
+): Promise<void> {
+  await using tmp = await tempDir("vfs_own_locks_");
+  const path = join(tmp.path, "f");
+  Deno.writeFileSync(path, new Uint8Array(1));
+  const libc = {
+    ofd: bindLibc(platform, "ofd"),
+    posix: bindLibc(platform, "posix"),
+  };
+  using held = holdTwoLocks(libc, path);
+  await using _churn = await startLockChurn(tmp.path);
+  await fn({ held, libc, dir: tmp.path });
+}
+
 /** A lock as a line: "<OFD|POSIX> <READ|WRITE> <first> <last>". */
 function line(lock: KernelLock): string {
   return `${lock.classic ? "POSIX" : "OFD"} ${
@@ -50,63 +77,47 @@ Deno.test({
   name:
     "this process's locks read from its descriptors' fdinfo are exact in each of 1,000 looks while two other processes' 160 locks, 80 of them churning, make /proc/locks longer than a page and shift it between its pages; a classic lock is found every time",
   ignore: !linux,
-  fn: async () => {
-    await using tmp = await tempDir("vfs_own_locks_");
-    const path = join(tmp.path, "f");
-    Deno.writeFileSync(path, new Uint8Array(1));
-    const libc = {
-      ofd: bindLibc(platform, "ofd"),
-      posix: bindLibc(platform, "posix"),
-    };
-    using held = holdTwoLocks(libc, path);
-    await using _churn = await startLockChurn(tmp.path);
-    assert.ok(Deno.readTextFileSync("/proc/locks").length > 4096);
-    const wrong: string[] = [];
-    let classicFound = 0;
-    for (let look = 0; look < 1000; look++) {
-      const locks = ownLocks(libc.ofd).on(held.id).map(line).sort();
-      if (locks.join() !== HELD.join()) wrong.push(`${look}: ${locks}`);
-      if (classicLocks(libc.ofd)!(held.id)) classicFound++;
-    }
-    assert.deepEqual(wrong, []);
-    assert.equal(classicFound, 1000);
-  },
+  fn: () =>
+    underChurn(({ held, libc }) => {
+      assert.ok(Deno.readTextFileSync("/proc/locks").length > 4096);
+      const wrong: string[] = [];
+      let classicFound = 0;
+      for (let look = 0; look < 1000; look++) {
+        const locks = ownLocks(libc.ofd).on(held.id).map(line).sort();
+        if (locks.join() !== HELD.join()) wrong.push(`${look}: ${locks}`);
+        if (classicLocks(libc.ofd)!(held.id)) classicFound++;
+      }
+      assert.deepEqual(wrong, []);
+      assert.equal(classicFound, 1000);
+    }),
 });
 
 Deno.test({
   name:
     "/proc/locks, which the readers read before, misses or repeats locks held all along under the same churn (this process's two, and the 80 the churn's first locker holds): within 20,000 whole reads at least once (one read in a hundred for this process's two here, one in seven to two for all 82)",
   ignore: !linux,
-  fn: async () => {
-    await using tmp = await tempDir("vfs_own_locks_");
-    const path = join(tmp.path, "f");
-    Deno.writeFileSync(path, new Uint8Array(1));
-    const libc = {
-      ofd: bindLibc(platform, "ofd"),
-      posix: bindLibc(platform, "posix"),
-    };
-    using held = holdTwoLocks(libc, path);
-    await using _churn = await startLockChurn(tmp.path);
-    // Where the locks sit in the listing (and so whether a shift before a
-    // page's end moves them) depends on the processor each was taken on:
-    // the holder's 80 lines, beside this process's two, make a shifted
-    // line likelier on any machine.
-    const files = new Set([
-      procLocksFile(held.id),
-      ...Array.from({ length: 80 }, (_, i) => {
-        const { dev, ino } = Deno.statSync(join(tmp.path, `h${i}`));
-        return procLocksFile({ dev: BigInt(dev), ino: BigInt(ino!) });
-      }),
-    ]);
-    let listed = 82;
-    let reads = 0;
-    while (listed === 82 && reads < 20_000) {
-      reads++;
-      listed = Deno.readTextFileSync("/proc/locks").split("\n")
-        .filter((text) => files.has(text.trim().split(/\s+/)[5]!)).length;
-    }
-    assert.notEqual(listed, 82, `${reads} reads listed each lock once`);
-  },
+  fn: () =>
+    underChurn(({ held, dir }) => {
+      // Where the locks sit in the listing (and so whether a shift before a
+      // page's end moves them) depends on the processor each was taken on:
+      // the holder's 80 lines, beside this process's two, make a shifted
+      // line likelier on any machine.
+      const files = new Set([
+        procLocksFile(held.id),
+        ...Array.from({ length: 80 }, (_, i) => {
+          const { dev, ino } = Deno.statSync(join(dir, `h${i}`));
+          return procLocksFile({ dev: BigInt(dev), ino: BigInt(ino!) });
+        }),
+      ]);
+      let listed = 82;
+      let reads = 0;
+      while (listed === 82 && reads < 20_000) {
+        reads++;
+        listed = Deno.readTextFileSync("/proc/locks").split("\n")
+          .filter((text) => files.has(text.trim().split(/\s+/)[5]!)).length;
+      }
+      assert.notEqual(listed, 82, `${reads} reads listed each lock once`);
+    }),
 });
 
 Deno.test({
